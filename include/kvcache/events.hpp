@@ -1,0 +1,67 @@
+// Block events for KV-aware routers (vLLM BlockStored / BlockRemoved /
+// AllBlocksCleared). Queued in a fixed ring the caller drains; when the ring
+// is full new events are counted as dropped, so a router knows to resync.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvcache/block_hash.hpp"
+#include "kvcache/config.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+enum class EventKind : std::uint8_t { stored, removed, all_cleared };
+
+struct BlockEvent {
+  EventKind kind = EventKind::stored;
+  std::int32_t block = -1;  // -1 for all_cleared
+  BlockHash hash{};         // the block's hash (stored / removed)
+  BlockHash parent{};       // the chain parent (stored only)
+  friend constexpr bool operator==(const BlockEvent&, const BlockEvent&) = default;
+};
+
+class EventQueue {
+ public:
+  EventQueue() = default;
+  explicit EventQueue(std::int32_t capacity) : ring_(static_cast<std::size_t>(capacity < 0 ? 0 : capacity)) {}
+
+  std::int32_t capacity() const noexcept { return static_cast<std::int32_t>(ring_.size()); }
+  std::int32_t size() const noexcept { return size_; }
+  std::int64_t dropped() const noexcept { return dropped_; }
+
+  void push(const BlockEvent& e) noexcept {
+    if (ring_.empty()) return;  // events disabled
+    if (size_ == capacity()) {
+      ++dropped_;
+      return;
+    }
+    ring_[static_cast<std::size_t>((head_ + size_) % capacity())] = e;
+    ++size_;
+  }
+
+  // Moves up to out.size() oldest events into out; returns how many.
+  std::int32_t drain(std::span<BlockEvent> out) noexcept {
+    std::int32_t n = 0;
+    while (n < size_ && static_cast<std::size_t>(n) < out.size()) {
+      out[static_cast<std::size_t>(n)] = ring_[static_cast<std::size_t>((head_ + n) % capacity())];
+      ++n;
+    }
+    if (n > 0) {
+      head_ = (head_ + n) % capacity();
+      size_ -= n;
+    }
+    return n;
+  }
+
+  friend bool operator==(const EventQueue&, const EventQueue&) = default;
+
+ private:
+  std::vector<BlockEvent> ring_;
+  std::int32_t head_ = 0;
+  std::int32_t size_ = 0;
+  std::int64_t dropped_ = 0;
+};
+
+KVCACHE_END_NAMESPACE

@@ -1,0 +1,139 @@
+// What a KV pool looks like in memory: shape, dtype, layout, and the 64-bit
+// byte offset of every (block, layer, K|V, token, head). The caller owns the
+// memory; this only says how much it needs and where things are.
+#pragma once
+
+#include <cstdint>
+
+#include "kvcache/config.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+enum class DType : std::uint8_t { f32, f16, bf16, fp8_e4m3 };
+
+// Token/head order inside one (block, layer, K|V) plane.
+//   NHD: [block_size][kv_heads][head_dim]   (vLLM flash, FlashInfer kNHD)
+//   HND: [kv_heads][block_size][head_dim]   (FlashInfer kHND; head-major pages)
+enum class Layout : std::uint8_t { NHD, HND };
+
+// Where the planes of a block sit in the pool.
+//   interleaved: [num_blocks][layers][2][plane]  one block is one contiguous run
+//                (TensorRT-LLM style: swap / offload / copy a block with one memcpy)
+//   separate:    [layers][2][num_blocks][plane]  per-layer K and V tensors, as
+//                vLLM's [2, num_blocks, ...] per-layer caches
+enum class KvPlanes : std::uint8_t { interleaved, separate };
+
+constexpr std::int64_t dtype_bytes(DType d) noexcept {
+  switch (d) {
+    case DType::f32: return 4;
+    case DType::f16: return 2;
+    case DType::bf16: return 2;
+    case DType::fp8_e4m3: return 1;
+  }
+  return 0;
+}
+
+// Byte strides of one concrete pool. Trivially copyable: kernels take it by value.
+struct Strides {
+  std::int64_t block = 0, layer = 0, kv = 0, token = 0, head = 0;
+
+  KVCACHE_HOST_DEVICE constexpr std::int64_t offset(std::int64_t blk, std::int64_t layer_idx, std::int64_t kv_idx,
+                                                    std::int64_t tok, std::int64_t hd) const noexcept {
+    return blk * block + layer_idx * layer + kv_idx * kv + tok * token + hd * head;
+  }
+};
+
+struct GeometrySpec {
+  std::int32_t num_layers = 1;
+  std::int32_t num_kv_heads = 1;
+  std::int32_t head_dim = 128;
+  std::int32_t block_size = 16;
+  DType dtype = DType::f16;
+  Layout layout = Layout::NHD;
+  KvPlanes planes = KvPlanes::interleaved;
+};
+
+class Geometry {
+ public:
+  // A default Geometry is empty (all sizes 0); only make() builds a usable one.
+  Geometry() = default;
+
+  // Validates every field and that one block's size fits in int64.
+  static Result<Geometry> make(const GeometrySpec& s) noexcept {
+    if (s.num_layers < 1) return Status{Errc::invalid_argument, "num_layers", s.num_layers, 1};
+    if (s.num_kv_heads < 1) return Status{Errc::invalid_argument, "num_kv_heads", s.num_kv_heads, 1};
+    if (s.head_dim < 1) return Status{Errc::invalid_argument, "head_dim", s.head_dim, 1};
+    if (s.block_size < 1) return Status{Errc::invalid_argument, "block_size", s.block_size, 1};
+    const std::int64_t elem = dtype_bytes(s.dtype);
+    if (elem == 0) return Status{Errc::invalid_argument, "dtype", static_cast<std::int64_t>(s.dtype), 3};
+    if (s.layout != Layout::NHD && s.layout != Layout::HND)
+      return Status{Errc::invalid_argument, "layout", static_cast<std::int64_t>(s.layout), 1};
+    if (s.planes != KvPlanes::interleaved && s.planes != KvPlanes::separate)
+      return Status{Errc::invalid_argument, "planes", static_cast<std::int64_t>(s.planes), 1};
+    Geometry g;
+    g.spec_ = s;
+    std::int64_t head = 0, plane = 0, block = 0;
+    if (__builtin_mul_overflow(std::int64_t{s.head_dim}, elem, &head) ||
+        __builtin_mul_overflow(head, std::int64_t{s.num_kv_heads}, &plane) ||
+        __builtin_mul_overflow(plane, std::int64_t{s.block_size}, &plane) ||
+        __builtin_mul_overflow(plane, std::int64_t{2} * s.num_layers, &block))
+      return Status{Errc::geometry_overflow, "block_bytes", s.num_layers, INT64_MAX};
+    g.head_bytes_ = head;
+    g.plane_bytes_ = plane;
+    g.block_bytes_ = block;
+    return g;
+  }
+
+  constexpr const GeometrySpec& spec() const noexcept { return spec_; }
+  constexpr std::int32_t block_size() const noexcept { return spec_.block_size; }
+  constexpr std::int64_t element_bytes() const noexcept { return dtype_bytes(spec_.dtype); }
+  // One (block, layer, K|V) plane: block_size x kv_heads x head_dim elements.
+  constexpr std::int64_t plane_bytes() const noexcept { return plane_bytes_; }
+  // All layers, K and V, of one block.
+  constexpr std::int64_t block_bytes() const noexcept { return block_bytes_; }
+
+  // Bytes a pool of num_blocks blocks needs (null block included: it is block 0).
+  Result<std::int64_t> pool_bytes(std::int64_t num_blocks) const noexcept {
+    if (num_blocks < 1) return Status{Errc::invalid_argument, "num_blocks", num_blocks, 1};
+    std::int64_t total = 0;
+    if (__builtin_mul_overflow(num_blocks, block_bytes_, &total))
+      return Status{Errc::geometry_overflow, "num_blocks", num_blocks, INT64_MAX / block_bytes_};
+    return total;
+  }
+
+  // Strides of a pool of num_blocks blocks (separate planes depend on it).
+  Result<Strides> strides(std::int64_t num_blocks) const noexcept {
+    auto total = pool_bytes(num_blocks);
+    if (!total) return total.status();
+    Strides s;
+    const bool nhd = spec_.layout == Layout::NHD;
+    s.token = nhd ? std::int64_t{spec_.num_kv_heads} * head_bytes_ : head_bytes_;
+    s.head = nhd ? head_bytes_ : std::int64_t{spec_.block_size} * head_bytes_;
+    if (spec_.planes == KvPlanes::interleaved) {
+      s.kv = plane_bytes_;
+      s.layer = 2 * plane_bytes_;
+      s.block = block_bytes_;
+    } else {
+      s.block = plane_bytes_;
+      s.kv = num_blocks * plane_bytes_;
+      s.layer = 2 * s.kv;
+    }
+    return s;
+  }
+
+  friend constexpr bool operator==(const Geometry& a, const Geometry& b) noexcept {
+    return a.block_bytes_ == b.block_bytes_ && a.spec_.num_layers == b.spec_.num_layers &&
+           a.spec_.num_kv_heads == b.spec_.num_kv_heads && a.spec_.head_dim == b.spec_.head_dim &&
+           a.spec_.block_size == b.spec_.block_size && a.spec_.dtype == b.spec_.dtype &&
+           a.spec_.layout == b.spec_.layout && a.spec_.planes == b.spec_.planes;
+  }
+
+ private:
+  GeometrySpec spec_{};
+  std::int64_t head_bytes_ = 0;
+  std::int64_t plane_bytes_ = 0;
+  std::int64_t block_bytes_ = 0;
+};
+
+KVCACHE_END_NAMESPACE

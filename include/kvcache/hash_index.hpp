@@ -1,0 +1,94 @@
+// Fixed-capacity map BlockHash -> block id for the prefix cache. Open
+// addressing with linear probing and backward-shift deletion (no tombstones),
+// so it never allocates after construction and never degrades with churn.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <vector>
+
+#include "kvcache/block_hash.hpp"
+#include "kvcache/config.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+class HashIndex {
+ public:
+  HashIndex() = default;
+  // Room for max_entries keys at a load factor of at most 1/2.
+  explicit HashIndex(std::int32_t max_entries)
+      : keys_(std::bit_ceil(static_cast<std::uint64_t>(max_entries < 1 ? 1 : max_entries) * 2)),
+        values_(keys_.size(), kEmpty),
+        mask_(keys_.size() - 1) {}
+
+  std::int32_t size() const noexcept { return size_; }
+
+  // Block registered under `key`, or -1.
+  std::int32_t find(const BlockHash& key) const noexcept {
+    for (std::uint64_t i = bucket(key);; i = (i + 1) & mask_) {
+      if (values_[i] == kEmpty) return -1;
+      if (keys_[i] == key) return values_[i];
+    }
+  }
+
+  // Inserts if absent; returns false (and changes nothing) if the key is present.
+  bool insert(const BlockHash& key, std::int32_t value) noexcept {
+    std::uint64_t i = bucket(key);
+    for (; values_[i] != kEmpty; i = (i + 1) & mask_)
+      if (keys_[i] == key) return false;
+    keys_[i] = key;
+    values_[i] = value;
+    ++size_;
+    return true;
+  }
+
+  // Removes `key` if present.
+  bool erase(const BlockHash& key) noexcept {
+    std::uint64_t i = bucket(key);
+    for (; values_[i] != kEmpty; i = (i + 1) & mask_) {
+      if (!(keys_[i] == key)) continue;
+      // Backward shift: pull later entries of the probe run into the hole
+      // whenever their home bucket does not lie cyclically in (hole, j].
+      std::uint64_t hole = i;
+      for (std::uint64_t j = (i + 1) & mask_; values_[j] != kEmpty; j = (j + 1) & mask_) {
+        const std::uint64_t home = bucket(keys_[j]);
+        const bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+        if (stays) continue;
+        keys_[hole] = keys_[j];
+        values_[hole] = values_[j];
+        hole = j;
+      }
+      keys_[hole] = BlockHash{};
+      values_[hole] = kEmpty;
+      --size_;
+      return true;
+    }
+    return false;
+  }
+
+  void clear() noexcept {
+    for (auto& k : keys_) k = BlockHash{};
+    for (auto& v : values_) v = kEmpty;
+    size_ = 0;
+  }
+
+  template <class F>
+  void for_each(F&& f) const {
+    for (std::size_t i = 0; i < values_.size(); ++i)
+      if (values_[i] != kEmpty) f(keys_[i], values_[i]);
+  }
+
+  friend bool operator==(const HashIndex&, const HashIndex&) = default;
+
+ private:
+  static constexpr std::int32_t kEmpty = -1;
+  std::uint64_t bucket(const BlockHash& k) const noexcept {
+    return ((k.lo ^ (k.hi * 0x9e3779b97f4a7c15ULL)) * 0xbf58476d1ce4e5b9ULL >> 17) & mask_;
+  }
+  std::vector<BlockHash> keys_;
+  std::vector<std::int32_t> values_;
+  std::uint64_t mask_ = 0;
+  std::int32_t size_ = 0;
+};
+
+KVCACHE_END_NAMESPACE

@@ -1,0 +1,25 @@
+# Compiles policy_concepts.cpp in MODE; "good" must compile, every "bad_*"
+# must fail with a diagnostic that names the violated concept.
+execute_process(
+  COMMAND ${CXX} -std=c++20 -fsyntax-only -I${INCLUDE} -DKVCACHE_MODE_${MODE} ${SRC}
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(log "${out}${err}")
+if(MODE STREQUAL "good")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "conforming policies failed to compile:\n${log}")
+  endif()
+  return()
+endif()
+set(concept_EVICTION EvictionPolicy)
+set(concept_ADMISSION AdmissionPolicy)
+set(concept_SELECTION SelectionPolicy)
+string(REGEX REPLACE "^bad_" "" which "${MODE}")
+string(TOUPPER "${which}" which)
+if(rc EQUAL 0)
+  message(FATAL_ERROR "${MODE}: a non-conforming policy compiled")
+endif()
+if(NOT log MATCHES "${concept_${which}}")
+  message(FATAL_ERROR "${MODE}: the error does not name ${concept_${which}}:\n${log}")
+endif()
+string(LENGTH "${log}" len)
+message(STATUS "${MODE}: rejected by ${concept_${which}} (${len} chars of diagnostics)")

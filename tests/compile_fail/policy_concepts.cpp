@@ -1,0 +1,29 @@
+// Compiled by expect.cmake, once per KVCACHE_MODE_*: only "good" may compile.
+#include <kvcache/cache.hpp>
+
+namespace kv = kvcache;
+
+struct EvictionMissingBound {  // no max_tokens_after_eviction()
+  static constexpr kv::Signals required_signals = kv::no_signals;
+  std::int64_t max_tokens_held(std::int64_t n) const { return n; }
+  std::int64_t max_blocks_held(std::int64_t n, std::int32_t b) const { return (n + b - 1) / b; }
+};
+struct AdmissionReturningInt {  // admit() must return bool
+  static constexpr kv::Signals required_signals = kv::no_signals;
+  int admit(const kv::AdmissionQuery&) const { return 1; }
+};
+struct SelectionWithoutSignals {  // no required_signals
+  std::int32_t select(const kv::SelectionQuery&, std::span<std::int32_t>) const { return 0; }
+};
+
+#if defined(KVCACHE_MODE_good)
+using C = kv::Cache<>;
+#elif defined(KVCACHE_MODE_bad_eviction)
+using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::SelectAll, EvictionMissingBound>;
+#elif defined(KVCACHE_MODE_bad_admission)
+using C = kv::Cache<kv::BlockPool, kv::PageTable, AdmissionReturningInt>;
+#elif defined(KVCACHE_MODE_bad_selection)
+using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, SelectionWithoutSignals>;
+#endif
+
+std::size_t size_of_cache() { return sizeof(C); }

@@ -1,0 +1,134 @@
+#include <catch2/catch.hpp>
+
+#include <kvcache/cache.hpp>
+
+#include <vector>
+
+using namespace kvcache;
+
+namespace {
+Geometry geometry(std::int32_t bs = 16) {
+  return *Geometry::make({.num_layers = 2, .num_kv_heads = 2, .head_dim = 64, .block_size = bs});
+}
+CacheConfig config(std::int32_t blocks = 33, std::int32_t seqs = 4, std::int32_t per_seq = 8) {
+  return {.geometry = geometry(), .num_blocks = blocks, .max_sequences = seqs, .max_blocks_per_sequence = per_seq};
+}
+
+// Holds at most `cap` tokens: used to prove check_invariants() can fail.
+struct TinyBound {
+  static constexpr Signals required_signals = no_signals;
+  std::int64_t cap = 4;
+  std::int64_t max_tokens_held(std::int64_t n) const { return n < cap ? n : cap; }
+  std::int64_t max_blocks_held(std::int64_t n, std::int32_t b) const { return (max_tokens_held(n) + b - 1) / b; }
+  std::int64_t max_tokens_after_eviction() const { return cap; }
+};
+struct NeedsScores {
+  static constexpr Signals required_signals{Signals::attention_sums};
+  std::int64_t max_tokens_held(std::int64_t n) const { return n; }
+  std::int64_t max_blocks_held(std::int64_t n, std::int32_t b) const { return (n + b - 1) / b; }
+  std::int64_t max_tokens_after_eviction() const { return INT64_MAX; }
+};
+struct NotAPolicy {};
+}  // namespace
+
+static_assert(EvictionPolicy<KeepAll> && EvictionPolicy<TinyBound> && !EvictionPolicy<NotAPolicy>);
+static_assert(AdmissionPolicy<AdmitAll> && !AdmissionPolicy<NotAPolicy> && !AdmissionPolicy<KeepAll>);
+static_assert(SelectionPolicy<SelectAll> && !SelectionPolicy<NotAPolicy>);
+static_assert(!Cache<>::provided_signals.covers(NeedsScores::required_signals));
+
+// Empty policies and the default hasher take no space in the cache.
+struct BareLayout {
+  Geometry g;
+  BlockPool p;
+  PageTable t;
+};
+static_assert(sizeof(Cache<>) == sizeof(BareLayout));
+
+TEST_CASE("cache construction rejects an empty geometry and bad capacities") {
+  CHECK_THROWS_WITH(Cache<>(CacheConfig{}), Catch::Contains("geometry is empty"));
+  auto cfg = config();
+  cfg.max_sequences = 0;
+  CHECK_THROWS_WITH(Cache<>(cfg), Catch::Contains("max_streams=0"));
+  cfg = config();
+  cfg.num_blocks = 1;
+  CHECK_THROWS_WITH(Cache<>(cfg), Catch::Contains("num_blocks=1"));
+}
+
+TEST_CASE("accounting agrees with what the page table holds") {
+  Cache<> cache(config());
+  CHECK(cache.free_blocks() == 32);
+  CHECK(cache.max_tokens_after_eviction() == INT64_MAX);
+  CHECK(*cache.blocks_needed(100, 28) == 8);
+  CHECK(*cache.blocks_needed(0, 0) == 0);
+  CHECK(cache.blocks_needed(-1, 0).status().code() == Errc::invalid_argument);
+  CHECK(cache.blocks_needed(5, -3).status().what() == std::string("max_new"));
+  CHECK(cache.can_admit(100, 28));
+  CHECK_FALSE(cache.can_admit(100, 500));
+
+  auto s = *cache.add_sequence();
+  std::vector<std::int32_t> slots(128);
+  REQUIRE(cache.reserve(s, 100, slots).ok());
+  CHECK(*cache.tokens_held(s) == 100);
+  CHECK(*cache.blocks_held(s) == 7);
+  CHECK(cache.free_blocks() == 25);
+  REQUIRE(cache.reserve(s, 28, slots).ok());
+  CHECK(*cache.blocks_held(s) <= *cache.blocks_needed(100, 28));
+  REQUIRE(cache.check_invariants().ok());
+  REQUIRE(cache.free(s).ok());
+  CHECK(cache.tokens_held(s).status().code() == Errc::unknown_sequence);
+  CHECK(cache.blocks_held(s).status().code() == Errc::unknown_sequence);
+  CHECK(cache.free_blocks() == 32);
+}
+
+TEST_CASE("can_admit also needs a free sequence handle") {
+  Cache<> cache(config(33, 2));
+  REQUIRE(cache.add_sequence().ok());
+  REQUIRE(cache.add_sequence().ok());
+  CHECK_FALSE(cache.can_admit(1, 1));
+  CHECK(cache.free_sequences() == 0);
+}
+
+TEST_CASE("check_invariants enforces the eviction policy's advertised bound") {
+  Cache<BlockPool, PageTable, AdmitAll, SelectAll, TinyBound> cache(config());
+  CHECK(cache.max_tokens_after_eviction() == 4);
+  CHECK(*cache.blocks_needed(100, 100) == 1);
+  auto s = *cache.add_sequence();
+  std::vector<std::int32_t> slots(8);
+  REQUIRE(cache.reserve(s, 4, slots).ok());
+  REQUIRE(cache.check_invariants().ok());
+  REQUIRE(cache.reserve(s, 1, slots).ok());  // no eviction runs yet: the bound is broken
+  auto st = cache.check_invariants();
+  CHECK(st.code() == Errc::invariant_violated);
+  CHECK(std::string(st.what()) == "tokens_held");
+}
+
+TEST_CASE("the composed cache forwards sharing, rollback and exports") {
+  Cache<BlockPool, PageTable, AdmitAll, SelectAll, KeepAll, SipHasher128> cache(config(), {}, {}, {},
+                                                                                 SipHasher128(0x1234, 0x5678));
+  std::vector<std::int32_t> prompt(40);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = std::int32_t(i * 3);
+  auto a = *cache.add_sequence();
+  std::vector<std::int32_t> slots(64);
+  REQUIRE(cache.reserve(a, 40, slots).ok());
+  CHECK(*cache.publish(a, prompt) == 2);
+  auto b = cache.add_sequence(prompt);
+  REQUIRE(b.ok());
+  CHECK(b->cached_tokens == 32);
+  std::vector<BlockId> hits(4);
+  CHECK(cache.match_prefix(prompt, {}, hits) == 2);
+  auto c = *cache.fork(a);
+  REQUIRE(cache.truncate(c, 10).ok());
+  const std::array<SeqId, 3> seqs{a, b->seq, c};
+  std::vector<std::int32_t> indptr(4), indices(16), last(3), lens(3), dense(3 * 8);
+  REQUIRE(cache.export_csr(seqs, indptr, indices, last).ok());
+  REQUIRE(cache.export_lengths(seqs, lens).ok());
+  REQUIRE(cache.export_block_table(seqs, dense, 8).ok());
+  CHECK(lens == std::vector<std::int32_t>{40, 32, 30});
+  CHECK(indptr == std::vector<std::int32_t>{0, 3, 5, 7});
+  CHECK(last == std::vector<std::int32_t>{8, 16, 14});
+  CHECK(dense[8] == dense[0]);  // b shares a's first block
+  REQUIRE(cache.check_invariants().ok());
+  std::vector<BlockEvent> ev(8);
+  CHECK(cache.drain_events(ev) == 0);  // events are off unless asked for
+  CHECK(cache.reset_prefix_cache().code() == Errc::blocks_in_use);
+}

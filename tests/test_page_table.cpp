@@ -1,0 +1,221 @@
+#include <catch2/catch.hpp>
+
+#include <kvcache/page_table.hpp>
+#include <kvcache/page_table_export.hpp>
+
+#include <array>
+#include <vector>
+
+using namespace kvcache;
+
+namespace {
+struct Fixture {
+  BlockPool pool;
+  PageTable table;
+  Fixture(std::int32_t blocks, std::int32_t streams, std::int32_t per_stream, std::int32_t bs)
+      : pool(blocks), table(pool, streams, per_stream, bs) {}
+  void require_ok() const {
+    auto a = pool.check();
+    auto b = table.check(pool);
+    INFO(a.message() << " / " << b.message());
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+  }
+  // The call fails with `code` naming `what`, and pool and table are unchanged.
+  template <class F>
+  void fails_unchanged(Errc code, const char* what, F&& call) {
+    const BlockPool p0 = pool;
+    const PageTable t0 = table;
+    const Status st = call();
+    INFO(st.message());
+    REQUIRE(st.code() == code);
+    REQUIRE(std::string(st.what()) == what);
+    REQUIRE(pool == p0);
+    REQUIRE(table == t0);
+  }
+};
+}  // namespace
+
+TEST_CASE("construction errors name the bad value") {
+  BlockPool pool(8);
+  CHECK_THROWS_WITH(PageTable(pool, 0, 4, 16), Catch::Contains("max_streams=0"));
+  CHECK_THROWS_WITH(PageTable(pool, 4, 4, -1), Catch::Contains("block_size=-1"));
+  BlockPool big(4096);
+  CHECK_THROWS_WITH(PageTable(big, 4, 4, 1 << 20), Catch::Contains("overflows int32"));
+}
+
+TEST_CASE("reserve returns the slot mapping block by block") {
+  Fixture f(16, 4, 8, 4);
+  auto s = *f.table.add();
+  std::array<std::int32_t, 6> slots{};
+  auto r = f.table.reserve(f.pool, s, 6, slots);
+  REQUIRE(r.ok());
+  CHECK(r->new_blocks == 2);
+  CHECK(r->copy.src == -1);
+  const auto blocks = *f.table.blocks(s);
+  REQUIRE(blocks.size() == 2);
+  for (int i = 0; i < 6; ++i) CHECK(slots[std::size_t(i)] == blocks[std::size_t(i / 4)] * 4 + i % 4);
+  std::array<std::int32_t, 3> more{};
+  REQUIRE(f.table.reserve(f.pool, s, 3, more).ok());  // fills block 2 then opens block 3
+  CHECK(more[0] == blocks[1] * 4 + 2);
+  CHECK(more[1] == blocks[1] * 4 + 3);
+  CHECK(more[2] == (*f.table.blocks(s))[2] * 4);
+  CHECK(*f.table.tokens(s) == 9);
+  f.require_ok();
+}
+
+TEST_CASE("reserve failures change nothing") {
+  Fixture f(6, 2, 3, 4);  // 5 usable blocks, 12 tokens per stream
+  auto a = *f.table.add();
+  auto b = *f.table.add();
+  std::vector<std::int32_t> slots(32, 0);
+  REQUIRE(f.table.reserve(f.pool, a, 12, slots).ok());
+  f.fails_unchanged(Errc::capacity_exceeded, "n_tokens", [&] { return f.table.reserve(f.pool, a, 1, slots).status(); });
+  f.fails_unchanged(Errc::invalid_argument, "n_tokens", [&] { return f.table.reserve(f.pool, b, -1, slots).status(); });
+  f.fails_unchanged(Errc::buffer_too_small, "slots",
+                    [&] { return f.table.reserve(f.pool, b, 5, std::span(slots).first(4)).status(); });
+  REQUIRE(f.table.reserve(f.pool, b, 4, slots).ok());  // 4 blocks used, 1 left
+  f.fails_unchanged(Errc::out_of_blocks, "n_blocks", [&] { return f.table.reserve(f.pool, b, 5, slots).status(); });
+  f.require_ok();
+}
+
+TEST_CASE("stale handles are detected after free; forks of freed sequences fail") {
+  Fixture f(8, 2, 4, 4);
+  auto s = *f.table.add();
+  std::array<std::int32_t, 5> slots{};
+  REQUIRE(f.table.reserve(f.pool, s, 5, slots).ok());
+  REQUIRE(f.table.release(f.pool, s).ok());
+  CHECK(f.pool.num_used() == 0);
+  f.fails_unchanged(Errc::unknown_sequence, "seq.generation", [&] { return f.table.fork(f.pool, s).status(); });
+  f.fails_unchanged(Errc::unknown_sequence, "seq.generation", [&] { return f.table.release(f.pool, s); });
+  f.fails_unchanged(Errc::unknown_sequence, "seq.index",
+                    [&] { return f.table.truncate(f.pool, SeqId{7, 0}, 1); });
+  auto again = *f.table.add();  // the slot is reused with a new generation
+  CHECK(again.index == s.index);
+  CHECK(again.generation == s.generation + 1);
+  auto none = f.table.add();
+  REQUIRE(none.ok());
+  f.fails_unchanged(Errc::capacity_exceeded, "max_sequences", [&] { return f.table.add().status(); });
+  f.require_ok();
+}
+
+TEST_CASE("truncate releases emptied blocks and rejects too many tokens") {
+  Fixture f(8, 2, 4, 4);
+  auto s = *f.table.add();
+  std::array<std::int32_t, 10> slots{};
+  REQUIRE(f.table.reserve(f.pool, s, 10, slots).ok());
+  CHECK(f.pool.num_used() == 3);
+  f.fails_unchanged(Errc::truncate_too_many, "n_tokens", [&] { return f.table.truncate(f.pool, s, 11); });
+  f.fails_unchanged(Errc::invalid_argument, "n_tokens", [&] { return f.table.truncate(f.pool, s, -2); });
+  REQUIRE(f.table.truncate(f.pool, s, 3).ok());
+  CHECK(*f.table.tokens(s) == 7);
+  CHECK(f.pool.num_used() == 2);
+  std::array<std::int32_t, 1> one{};
+  REQUIRE(f.table.reserve(f.pool, s, 1, one).ok());
+  CHECK(one[0] == (*f.table.blocks(s))[1] * 4 + 3);  // rewrites position 7 in place
+  REQUIRE(f.table.truncate(f.pool, s, 8).ok());
+  CHECK(f.pool.num_used() == 0);
+  f.require_ok();
+}
+
+TEST_CASE("fork shares blocks; writing the shared partial tail copies it first") {
+  Fixture f(10, 3, 4, 4);
+  auto parent = *f.table.add();
+  std::array<std::int32_t, 6> slots{};
+  REQUIRE(f.table.reserve(f.pool, parent, 6, slots).ok());
+  auto child = *f.table.fork(f.pool, parent);
+  const auto pb = *f.table.blocks(parent);
+  CHECK(f.pool.ref_count(pb[0]) == 2);
+  CHECK(f.pool.ref_count(pb[1]) == 2);
+  CHECK(f.pool.num_used() == 2);
+  f.require_ok();
+
+  std::array<std::int32_t, 1> one{};
+  auto r = f.table.reserve(f.pool, child, 1, one);
+  REQUIRE(r.ok());
+  const auto cb = *f.table.blocks(child);
+  CHECK(r->copy == BlockCopy{pb[1], cb[1]});
+  CHECK(cb[0] == pb[0]);  // full block stays shared
+  CHECK(cb[1] != pb[1]);
+  CHECK(one[0] == cb[1] * 4 + 2);
+  CHECK(f.pool.ref_count(pb[1]) == 1);
+  // The parent's tail is now its own: written in place, no copy.
+  auto rp = f.table.reserve(f.pool, parent, 1, one);
+  REQUIRE(rp.ok());
+  CHECK(rp->copy.src == -1);
+  CHECK(one[0] == pb[1] * 4 + 2);
+  f.require_ok();
+  REQUIRE(f.table.release(f.pool, parent).ok());
+  REQUIRE(f.table.release(f.pool, child).ok());
+  CHECK(f.pool.num_used() == 0);
+  f.require_ok();
+}
+
+TEST_CASE("reserve_batch packs slots, pads with -1, and is all or nothing") {
+  Fixture f(12, 4, 4, 4);
+  auto a = *f.table.add();
+  auto b = *f.table.add();
+  std::vector<std::int32_t> slots(8, 99);
+  std::array<BlockCopy, 2> copies{};
+  const std::array<SeqId, 2> seqs{a, b};
+  const std::array<std::int32_t, 2> counts{3, 2};
+  auto r = f.table.reserve_batch(f.pool, seqs, counts, slots, copies);
+  REQUIRE(r.ok());
+  CHECK(r->slots == 5);
+  CHECK(r->copies == 0);
+  const auto ab = *f.table.blocks(a), bb = *f.table.blocks(b);
+  CHECK(slots == std::vector<std::int32_t>{ab[0] * 4, ab[0] * 4 + 1, ab[0] * 4 + 2, bb[0] * 4, bb[0] * 4 + 1, -1, -1, -1});
+  f.require_ok();
+
+  const std::array<SeqId, 2> dup{a, a};
+  f.fails_unchanged(Errc::duplicate_sequence, "seq.index",
+                    [&] { return f.table.reserve_batch(f.pool, dup, counts, slots, copies).status(); });
+  const std::array<std::int32_t, 2> huge{3, 40};
+  f.fails_unchanged(Errc::capacity_exceeded, "n_tokens",
+                    [&] { return f.table.reserve_batch(f.pool, seqs, huge, slots, copies).status(); });
+  const std::array<std::int32_t, 2> big{13, 4};  // would need 4 + 1 blocks... only if slots fit
+  f.fails_unchanged(Errc::buffer_too_small, "slots",
+                    [&] { return f.table.reserve_batch(f.pool, seqs, big, slots, copies).status(); });
+  const std::array<std::int32_t, 1> short_counts{1};
+  f.fails_unchanged(Errc::invalid_argument, "counts.size",
+                    [&] { return f.table.reserve_batch(f.pool, seqs, short_counts, slots, copies).status(); });
+}
+
+TEST_CASE("exports: dense table, CSR and lengths") {
+  Fixture f(16, 4, 4, 4);
+  auto a = *f.table.add();
+  auto b = *f.table.add();
+  auto c = *f.table.add();
+  std::vector<std::int32_t> slots(16);
+  REQUIRE(f.table.reserve(f.pool, a, 5, slots).ok());
+  REQUIRE(f.table.reserve(f.pool, c, 8, slots).ok());
+  const std::array<SeqId, 3> seqs{a, b, c};
+  const auto ab = *f.table.blocks(a), cb = *f.table.blocks(c);
+
+  std::vector<std::int32_t> dense(12, -5);
+  REQUIRE(export_block_table(f.table, seqs, dense, 4).ok());
+  CHECK(dense == std::vector<std::int32_t>{ab[0], ab[1], 0, 0, 0, 0, 0, 0, cb[0], cb[1], 0, 0});
+
+  std::vector<std::int32_t> indptr(4, -5), indices(4, -5), last(3, -5);
+  auto nnz = export_csr(f.table, seqs, indptr, indices, last);
+  REQUIRE(nnz.ok());
+  CHECK(*nnz == 4);
+  CHECK(indptr == std::vector<std::int32_t>{0, 2, 2, 4});
+  CHECK(indices == std::vector<std::int32_t>{ab[0], ab[1], cb[0], cb[1]});
+  CHECK(last == std::vector<std::int32_t>{1, 0, 4});  // partial, empty, full last page
+
+  std::vector<std::int32_t> lens(3, -5);
+  REQUIRE(export_lengths(f.table, seqs, lens).ok());
+  CHECK(lens == std::vector<std::int32_t>{5, 0, 8});
+
+  // Errors leave the output buffers untouched.
+  std::vector<std::int32_t> poison(12, -9);
+  CHECK(export_block_table(f.table, seqs, poison, 1).code() == Errc::buffer_too_small);
+  CHECK(export_block_table(f.table, seqs, std::span(poison).first(11), 4).code() == Errc::buffer_too_small);
+  std::vector<std::int32_t> small_indices(3, -9);
+  CHECK(export_csr(f.table, seqs, poison, small_indices, poison).status().code() == Errc::buffer_too_small);
+  CHECK(small_indices == std::vector<std::int32_t>(3, -9));
+  REQUIRE(f.table.release(f.pool, b).ok());
+  CHECK(export_lengths(f.table, seqs, poison).code() == Errc::unknown_sequence);
+  CHECK(poison == std::vector<std::int32_t>(12, -9));
+}
