@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <span>
 #include <stdexcept>
@@ -48,15 +49,10 @@ class PageTable {
         block_size_(positive(block_size, "block_size")),
         blocks_(static_cast<std::size_t>(max_streams) * static_cast<std::size_t>(max_blocks_per_stream),
                 BlockPool::null_block),
-        tokens_(static_cast<std::size_t>(max_streams), 0),
-        nblocks_(tokens_.size(), 0),
-        nhashed_(tokens_.size(), 0),
-        appended_(tokens_.size(), 0),
-        key_(tokens_.size()),
-        gen_(tokens_.size(), 0),
-        alive_(tokens_.size(), 0),
-        free_(tokens_.size()),
-        stamp_(tokens_.size(), 0) {
+        st_(static_cast<std::size_t>(max_streams)),
+        free_(st_.size()),
+        max_tokens_(max_blocks_per_stream * block_size),
+        shift_(std::has_single_bit(static_cast<std::uint32_t>(block_size)) ? std::countr_zero(static_cast<std::uint32_t>(block_size)) : -1) {
     // Slots are int32 (slot = block * block_size + offset), as kernels take them.
     if (std::int64_t{pool.capacity()} * block_size > INT32_MAX)
       throw std::invalid_argument("kvcache::PageTable: pool capacity " + std::to_string(pool.capacity()) +
@@ -72,27 +68,29 @@ class PageTable {
   std::int32_t max_blocks_per_stream() const noexcept { return max_blocks_; }
   std::int32_t num_streams() const noexcept { return max_streams_ - nfree_; }
   std::int32_t free_streams() const noexcept { return nfree_; }
-  std::int32_t blocks_for(std::int64_t tokens) const noexcept {
-    return static_cast<std::int32_t>((tokens + block_size_ - 1) / block_size_);
+  std::int32_t blocks_for(std::int64_t tokens) const noexcept { return div_b(tokens + block_size_ - 1); }
+
+  bool live(SeqId s) const noexcept {
+    return s.index < static_cast<std::uint32_t>(max_streams_) && st_[s.index].alive && st_[s.index].gen == s.generation;
   }
 
   Status validate(SeqId s) const noexcept {
     if (s.index >= static_cast<std::uint32_t>(max_streams_))
       return Status{Errc::unknown_sequence, "seq.index", s.index, max_streams_};
-    if (!alive_[s.index] || gen_[s.index] != s.generation)
-      return Status{Errc::unknown_sequence, "seq.generation", s.generation, gen_[s.index]};
+    if (!st_[s.index].alive || st_[s.index].gen != s.generation)
+      return Status{Errc::unknown_sequence, "seq.generation", s.generation, st_[s.index].gen};
     return {};
   }
 
   // Unchecked accessors (call validate first): the hot paths of exporters.
-  std::int32_t tokens_unchecked(SeqId s) const noexcept { return tokens_[s.index]; }
+  std::int32_t tokens_unchecked(SeqId s) const noexcept { return st_[s.index].tokens; }
   std::span<const BlockId> blocks_unchecked(SeqId s) const noexcept {
-    return {row(s.index), static_cast<std::size_t>(nblocks_[s.index])};
+    return {row(s.index), static_cast<std::size_t>(st_[s.index].nblocks)};
   }
 
   Result<std::int32_t> tokens(SeqId s) const noexcept {
     if (auto st = validate(s); !st) return st;
-    return tokens_[s.index];
+    return st_[s.index].tokens;
   }
   Result<std::span<const BlockId>> blocks(SeqId s) const noexcept {
     if (auto st = validate(s); !st) return st;
@@ -101,22 +99,22 @@ class PageTable {
   // Tokens ever appended (reserved minus truncated); eviction bounds use it.
   Result<std::int64_t> appended(SeqId s) const noexcept {
     if (auto st = validate(s); !st) return st;
-    return appended_[s.index];
+    return st_[s.index].appended;
   }
 
   // Calls f(SeqId) for every live stream, in slot order.
   template <class F>
   void for_each_stream(F&& f) const {
     for (std::uint32_t i = 0; i < static_cast<std::uint32_t>(max_streams_); ++i)
-      if (alive_[i]) f(SeqId{i, gen_[i]});
+      if (st_[i].alive) f(SeqId{i, st_[i].gen});
   }
 
   Result<SeqId> add(const PrefixKey& key = {}) noexcept {
     if (nfree_ == 0) return Status{Errc::capacity_exceeded, "max_sequences", max_streams_ + 1, max_streams_};
     const std::uint32_t i = static_cast<std::uint32_t>(free_[static_cast<std::size_t>(--nfree_)]);
-    alive_[i] = 1;
-    key_[i] = key;
-    return SeqId{i, gen_[i]};
+    st_[i].alive = 1;
+    st_[i].key = key;
+    return SeqId{i, st_[i].gen};
   }
 
   // Frees the stream; its blocks go back to the pool tail-first, so among
@@ -124,13 +122,13 @@ class PageTable {
   Status release(BlockPool& pool, SeqId s) noexcept {
     if (auto st = validate(s); !st) return st;
     const std::uint32_t i = s.index;
-    for (std::int32_t b = nblocks_[i]; b-- > 0;) (void)pool.release(row(i)[b]);
+    for (std::int32_t b = st_[i].nblocks; b-- > 0;) (void)pool.release(row(i)[b]);
     clear_row(i, 0);
-    tokens_[i] = nblocks_[i] = nhashed_[i] = 0;
-    appended_[i] = 0;
-    key_[i] = PrefixKey{};
-    alive_[i] = 0;
-    ++gen_[i];
+    st_[i].tokens = st_[i].nblocks = st_[i].nhashed = 0;
+    st_[i].appended = 0;
+    st_[i].key = PrefixKey{};
+    st_[i].alive = 0;
+    ++st_[i].gen;
     free_[static_cast<std::size_t>(nfree_++)] = static_cast<std::int32_t>(i);
     return {};
   }
@@ -154,18 +152,37 @@ class PageTable {
                                   std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept {
     if (counts.size() != seqs.size())
       return Status{Errc::invalid_argument, "counts.size", std::int64_t(counts.size()), std::int64_t(seqs.size())};
-    ++epoch_;
+    if (++epoch_ == 0) {  // stamps wrapped: clear them so no stale stamp matches
+      for (auto& st : st_) st.stamp = 0;
+      epoch_ = 1;
+    }
+    // Validation pass: the common case stays branch-light; errors rebuild
+    // their Status on the cold path.
+    // Members are copied to locals: the stamp stores could alias them otherwise.
+    Stream* const streams = st_.data();
+    const BlockId* const blocks = blocks_.data();
+    const std::uint32_t epoch = epoch_, nstreams = static_cast<std::uint32_t>(max_streams_);
+    const std::int32_t max_tokens = max_tokens_, max_blocks = max_blocks_;
     std::int64_t total_slots = 0, total_blocks = 0, total_copies = 0;
     for (std::size_t k = 0; k < seqs.size(); ++k) {
-      if (auto st = validate(seqs[k]); !st) return st;
-      if (stamp_[seqs[k].index] == epoch_)
-        return Status{Errc::duplicate_sequence, "seq.index", seqs[k].index, std::int64_t(k)};
-      stamp_[seqs[k].index] = epoch_;
-      Need need{};
-      if (auto st = plan_reserve(pool, seqs[k].index, counts[k], need); !st) return st;
-      total_slots += counts[k];
-      total_blocks += need.blocks;
-      total_copies += need.copy;
+      const SeqId s = seqs[k];
+      const std::int32_t n = counts[k];
+      if (s.index >= nstreams || !streams[s.index].alive || streams[s.index].gen != s.generation) [[unlikely]]
+        return validate(s);
+      Stream& st = streams[s.index];
+      if (st.stamp == epoch) [[unlikely]]
+        return Status{Errc::duplicate_sequence, "seq.index", s.index, std::int64_t(k)};
+      st.stamp = epoch;
+      const std::int32_t t = st.tokens;
+      if (n < 0 || n > max_tokens - t) [[unlikely]] {
+        Need unused{};
+        return plan_reserve(pool, s.index, n, unused);
+      }
+      const bool cow = n > 0 && mod_b(t) != 0 &&
+                       pool.ref_count(blocks[std::size_t(s.index) * std::size_t(max_blocks) + std::size_t(st.nblocks - 1)]) > 1;
+      total_blocks += blocks_for(std::int64_t{t} + n) - st.nblocks + cow;
+      total_copies += cow;
+      total_slots += n;
     }
     if (std::int64_t(slots.size()) < total_slots)
       return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), total_slots};
@@ -193,31 +210,31 @@ class PageTable {
     if (auto st = validate(s); !st) return st;
     const std::uint32_t i = s.index;
     if (n < 0) return Status{Errc::invalid_argument, "n_tokens", n, 0};
-    if (n > tokens_[i]) return Status{Errc::truncate_too_many, "n_tokens", n, tokens_[i]};
-    const std::int32_t t = tokens_[i] - n, keep = blocks_for(t);
-    for (std::int32_t b = nblocks_[i]; b-- > keep;) (void)pool.release(row(i)[b]);
+    if (n > st_[i].tokens) return Status{Errc::truncate_too_many, "n_tokens", n, st_[i].tokens};
+    const std::int32_t t = st_[i].tokens - n, keep = blocks_for(t);
+    for (std::int32_t b = st_[i].nblocks; b-- > keep;) (void)pool.release(row(i)[b]);
     clear_row(i, keep);
-    tokens_[i] = t;
-    nblocks_[i] = keep;
-    nhashed_[i] = std::min(nhashed_[i], t / block_size_);
-    appended_[i] -= n;
+    st_[i].tokens = t;
+    st_[i].nblocks = keep;
+    st_[i].nhashed = std::min(st_[i].nhashed, t / block_size_);
+    st_[i].appended -= n;
     return {};
   }
 
   // A new stream sharing every block of `s` (parallel sampling, beam search).
   Result<SeqId> fork(BlockPool& pool, SeqId s) noexcept {
     if (auto st = validate(s); !st) return st;
-    auto child = add(key_[s.index]);
+    auto child = add(st_[s.index].key);
     if (!child) return child.status();
     const std::uint32_t p = s.index, c = child->index;
-    for (std::int32_t b = 0; b < nblocks_[p]; ++b) {
+    for (std::int32_t b = 0; b < st_[p].nblocks; ++b) {
       row(c)[b] = row(p)[b];
       (void)pool.retain(row(p)[b]);
     }
-    tokens_[c] = tokens_[p];
-    nblocks_[c] = nblocks_[p];
-    nhashed_[c] = nhashed_[p];
-    appended_[c] = appended_[p];
+    st_[c].tokens = st_[p].tokens;
+    st_[c].nblocks = st_[p].nblocks;
+    st_[c].nhashed = st_[p].nhashed;
+    st_[c].appended = st_[p].appended;
     return child;
   }
 
@@ -249,9 +266,9 @@ class PageTable {
     std::span<BlockId> dst{row(s.index), static_cast<std::size_t>(max_blocks_)};
     const std::int32_t m = match_prefix(pool, tokens, key, hasher, dst);
     for (std::int32_t b = 0; b < m; ++b) (void)pool.retain(dst[static_cast<std::size_t>(b)]);
-    tokens_[s.index] = m * block_size_;
-    nblocks_[s.index] = nhashed_[s.index] = m;
-    appended_[s.index] = tokens_[s.index];
+    st_[s.index].tokens = m * block_size_;
+    st_[s.index].nblocks = st_[s.index].nhashed = m;
+    st_[s.index].appended = st_[s.index].tokens;
     return PrefixHit{s, m * block_size_};
   }
 
@@ -263,21 +280,21 @@ class PageTable {
                                const H& hasher) noexcept {
     if (auto st = validate(s); !st) return st;
     const std::uint32_t i = s.index;
-    if (std::int64_t(tokens.size()) > tokens_[i])
-      return Status{Errc::prefix_too_long, "tokens.size", std::int64_t(tokens.size()), tokens_[i]};
+    if (std::int64_t(tokens.size()) > st_[i].tokens)
+      return Status{Errc::prefix_too_long, "tokens.size", std::int64_t(tokens.size()), st_[i].tokens};
     const std::int32_t full = static_cast<std::int32_t>(tokens.size()) / block_size_;
     std::int32_t shared = 0;
-    BlockHash parent = nhashed_[i] == 0 ? chain_root(key_[i]) : pool.hash(row(i)[nhashed_[i] - 1]);
-    for (std::int32_t b = nhashed_[i]; b < full; ++b) {
+    BlockHash parent = st_[i].nhashed == 0 ? chain_root(st_[i].key) : pool.hash(row(i)[st_[i].nhashed - 1]);
+    for (std::int32_t b = st_[i].nhashed; b < full; ++b) {
       const BlockId blk = row(i)[b];
-      const BlockHash h = hasher(parent, tokens.subspan(std::size_t(b) * std::size_t(block_size_), std::size_t(block_size_)), key_[i].extra);
+      const BlockHash h = hasher(parent, tokens.subspan(std::size_t(b) * std::size_t(block_size_), std::size_t(block_size_)), st_[i].key.extra);
       if (!pool.has_hash(blk)) {
         auto r = pool.publish(blk, h, parent);
         shared += (r.ok() && *r) ? 1 : 0;
       }
       parent = h;
     }
-    nhashed_[i] = std::max(nhashed_[i], full);
+    st_[i].nhashed = std::max(st_[i].nhashed, full);
     return shared;
   }
 
@@ -287,22 +304,22 @@ class PageTable {
     std::vector<std::int32_t> refs(static_cast<std::size_t>(pool.capacity()), 0);
     std::int32_t alive = 0;
     for (std::uint32_t i = 0; i < std::uint32_t(max_streams_); ++i) {
-      if (!alive_[i]) {
-        if (tokens_[i] || nblocks_[i]) return Status{Errc::invariant_violated, "dead_stream", i, 0};
+      if (!st_[i].alive) {
+        if (st_[i].tokens || st_[i].nblocks) return Status{Errc::invariant_violated, "dead_stream", i, 0};
         continue;
       }
       ++alive;
-      if (nblocks_[i] != blocks_for(tokens_[i]) || nblocks_[i] > max_blocks_)
-        return Status{Errc::invariant_violated, "row_length", i, nblocks_[i]};
-      if (nhashed_[i] > tokens_[i] / block_size_) return Status{Errc::invariant_violated, "num_hashed", i, nhashed_[i]};
+      if (st_[i].nblocks != blocks_for(st_[i].tokens) || st_[i].nblocks > max_blocks_)
+        return Status{Errc::invariant_violated, "row_length", i, st_[i].nblocks};
+      if (st_[i].nhashed > st_[i].tokens / block_size_) return Status{Errc::invariant_violated, "num_hashed", i, st_[i].nhashed};
       for (std::int32_t b = 0; b < max_blocks_; ++b) {
         const BlockId blk = row(i)[b];
-        if (b >= nblocks_[i]) {
+        if (b >= st_[i].nblocks) {
           if (blk != BlockPool::null_block) return Status{Errc::invariant_violated, "row_tail", i, b};
           continue;
         }
         if (!pool.valid(blk)) return Status{Errc::invariant_violated, "row_block", i, blk};
-        if (b < nhashed_[i] && !pool.has_hash(blk)) return Status{Errc::invariant_violated, "unhashed", i, blk};
+        if (b < st_[i].nhashed && !pool.has_hash(blk)) return Status{Errc::invariant_violated, "unhashed", i, blk};
         ++refs[static_cast<std::size_t>(blk)];
       }
     }
@@ -316,9 +333,7 @@ class PageTable {
   // Equality of observable state (batch scratch stamps excluded).
   friend bool operator==(const PageTable& a, const PageTable& b) {
     return a.max_streams_ == b.max_streams_ && a.max_blocks_ == b.max_blocks_ && a.block_size_ == b.block_size_ &&
-           a.blocks_ == b.blocks_ && a.tokens_ == b.tokens_ && a.nblocks_ == b.nblocks_ && a.nhashed_ == b.nhashed_ &&
-           a.appended_ == b.appended_ && a.key_ == b.key_ && a.gen_ == b.gen_ && a.alive_ == b.alive_ &&
-           a.free_ == b.free_ && a.nfree_ == b.nfree_;
+           a.blocks_ == b.blocks_ && a.st_ == b.st_ && a.free_ == b.free_ && a.nfree_ == b.nfree_;
   }
 
  private:
@@ -337,62 +352,80 @@ class PageTable {
     return blocks_.data() + std::size_t(i) * std::size_t(max_blocks_);
   }
   void clear_row(std::uint32_t i, std::int32_t from) noexcept {
-    for (std::int32_t b = from; b < nblocks_[i]; ++b) row(i)[b] = BlockPool::null_block;
+    for (std::int32_t b = from; b < st_[i].nblocks; ++b) row(i)[b] = BlockPool::null_block;
   }
 
+  // Block sizes are almost always powers of two: shift and mask then.
+  std::int32_t div_b(std::int64_t x) const noexcept {
+    return static_cast<std::int32_t>(shift_ >= 0 ? x >> shift_ : x / block_size_);
+  }
+  std::int32_t mod_b(std::int32_t x) const noexcept { return shift_ >= 0 ? x & (block_size_ - 1) : x % block_size_; }
+
   Status plan_reserve(const BlockPool& pool, std::uint32_t i, std::int32_t n, Need& need) const noexcept {
+    const Stream& st = st_[i];
     if (n < 0) return Status{Errc::invalid_argument, "n_tokens", n, 0};
-    const std::int64_t room = std::int64_t{max_blocks_} * block_size_ - tokens_[i];
+    const std::int64_t room = max_tokens_ - st.tokens;
     if (n > room) return Status{Errc::capacity_exceeded, "n_tokens", n, room};
-    need.blocks = blocks_for(std::int64_t{tokens_[i]} + n) - nblocks_[i];
-    need.copy = 0;
-    if (n > 0 && tokens_[i] % block_size_ != 0 && pool.ref_count(row(i)[nblocks_[i] - 1]) > 1) need.copy = 1;
+    need.blocks = blocks_for(std::int64_t{st.tokens} + n) - st.nblocks;
+    need.copy = (n > 0 && mod_b(st.tokens) != 0 && pool.ref_count(row(i)[st.nblocks - 1]) > 1) ? 1 : 0;
     need.blocks += need.copy;
     return {};
   }
+
   void apply_reserve(BlockPool& pool, std::uint32_t i, std::int32_t n, std::int32_t* slots, ReserveInfo& info) noexcept {
     if (n == 0) return;
+    Stream& st = st_[i];
     BlockId* r = row(i);
-    const std::int32_t t = tokens_[i], nb = nblocks_[i];
-    if (t % block_size_ != 0) {  // the write lands in the partial tail block
-      if (pool.ref_count(r[nb - 1]) > 1) {
+    const std::int32_t t = st.tokens, nb = st.nblocks;
+    std::int32_t off = mod_b(t);
+    if (off != 0) {  // the write lands in the partial tail block
+      BlockId& tail = r[nb - 1];
+      if (pool.ref_count(tail) > 1) {
         const BlockId dst = *pool.allocate_one();
-        info.copy = BlockCopy{r[nb - 1], dst};
-        (void)pool.release(r[nb - 1]);
-        r[nb - 1] = dst;
-      } else {
-        (void)pool.unpublish(r[nb - 1]);  // its content changes: no prefix hit may see it
+        info.copy = BlockCopy{tail, dst};
+        (void)pool.release(tail);
+        tail = dst;
+      } else if (pool.has_hash(tail)) {
+        (void)pool.unpublish(tail);  // its content changes: no prefix hit may see it
       }
     }
     const std::int32_t need = blocks_for(std::int64_t{t} + n);
-    (void)pool.allocate(std::span<BlockId>(r + nb, static_cast<std::size_t>(need - nb)));
+    if (need > nb) (void)pool.allocate(std::span<BlockId>(r + nb, static_cast<std::size_t>(need - nb)));
     info.new_blocks = need - nb;
-    std::int32_t blk = t / block_size_, off = t % block_size_;
-    for (std::int32_t k = 0; k < n; ++k) {
-      slots[k] = r[blk] * block_size_ + off;
-      if (++off == block_size_) {
-        off = 0;
-        ++blk;
-      }
+    // Slots run consecutively inside a block: fill block by block.
+    for (std::int32_t k = 0, blk = div_b(t); k < n; off = 0, ++blk) {
+      const std::int32_t base = r[blk] * block_size_ + off, m = std::min(block_size_ - off, n - k);
+      for (std::int32_t j = 0; j < m; ++j) slots[k + j] = base + j;
+      k += m;
     }
-    tokens_[i] = t + n;
-    nblocks_[i] = need;
-    appended_[i] += n;
+    st.tokens = t + n;
+    st.nblocks = need;
+    st.appended += n;
   }
 
   std::int32_t max_streams_, max_blocks_, block_size_;
   std::vector<BlockId> blocks_;            // [max_streams][max_blocks], null-padded
-  std::vector<std::int32_t> tokens_;       // tokens held
-  std::vector<std::int32_t> nblocks_;      // == ceil(tokens / block_size)
-  std::vector<std::int32_t> nhashed_;      // leading blocks already published
-  std::vector<std::int64_t> appended_;     // tokens ever appended (eviction bounds)
-  std::vector<PrefixKey> key_;
-  std::vector<std::uint32_t> gen_;
-  std::vector<std::uint8_t> alive_;
+  // Everything about one stream in one cache line: a decode step touches it once.
+  struct Stream {
+    std::int32_t tokens = 0;    // tokens held
+    std::int32_t nblocks = 0;   // == ceil(tokens / block_size)
+    std::int32_t nhashed = 0;   // leading blocks already published
+    std::uint32_t gen = 0;      // handle generation
+    std::int64_t appended = 0;  // tokens ever appended (eviction bounds)
+    PrefixKey key{};
+    std::uint8_t alive = 0;
+    std::uint32_t stamp = 0;    // reserve_batch duplicate detection (scratch, not state)
+    friend bool operator==(const Stream& a, const Stream& b) {
+      return a.tokens == b.tokens && a.nblocks == b.nblocks && a.nhashed == b.nhashed && a.gen == b.gen &&
+             a.appended == b.appended && a.key == b.key && a.alive == b.alive;
+    }
+  };
+  std::vector<Stream> st_;
   std::vector<std::int32_t> free_;         // stack of free stream slots
   std::int32_t nfree_ = 0;
-  std::vector<std::uint32_t> stamp_;       // duplicate detection scratch for reserve_batch
   std::uint32_t epoch_ = 0;
+  std::int32_t max_tokens_;                // max_blocks_per_stream * block_size
+  std::int32_t shift_;                     // log2(block_size), or -1 if not a power of two
 };
 
 KVCACHE_END_NAMESPACE

@@ -4,6 +4,7 @@
 // per-sequence lengths. Every input is validated before any byte is written.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 
@@ -55,8 +56,7 @@ inline Result<std::int32_t> export_csr(const PageTable& t, std::span<const SeqId
   indptr[0] = 0;
   for (std::size_t k = 0; k < seqs.size(); ++k) {
     const auto blocks = t.blocks_unchecked(seqs[k]);
-    std::int32_t* dst = indices.data() + pos;
-    for (std::size_t b = 0; b < blocks.size(); ++b) dst[b] = blocks[b];
+    std::copy(blocks.begin(), blocks.end(), indices.data() + pos);
     pos += std::int32_t(blocks.size());
     indptr[k + 1] = pos;
     const std::int32_t n = t.tokens_unchecked(seqs[k]);
