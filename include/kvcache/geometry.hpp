@@ -24,7 +24,7 @@ enum class Layout : std::uint8_t { NHD, HND };
 //                vLLM's [2, num_blocks, ...] per-layer caches
 enum class KvPlanes : std::uint8_t { interleaved, separate };
 
-constexpr std::int64_t dtype_bytes(DType d) noexcept {
+KVCACHE_HOST_DEVICE constexpr std::int64_t dtype_bytes(DType d) noexcept {
   switch (d) {
     case DType::f32: return 4;
     case DType::f16: return 2;

@@ -1,0 +1,31 @@
+// CUDA launcher of block copy: one CTA per (pair, layer, K|V) plane. With a
+// pool in pinned, mapped host memory it is the batched device<->host swap.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "block_copy.hpp"
+#include "cuda_launch.cuh"
+
+KVCACHE_BEGIN_NAMESPACE
+
+__global__ void block_copy_kernel(BlockCopyParams p) {
+  const std::int64_t items = std::int64_t{p.num_pairs} * p.src.num_layers * 2;
+  for (std::int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+    const auto kv = static_cast<std::int32_t>(it % 2);
+    const auto layer = static_cast<std::int32_t>((it / 2) % p.src.num_layers);
+    const auto pair = static_cast<std::int32_t>(it / (2 * std::int64_t{p.src.num_layers}));
+    copy_plane(p, pair, layer, kv, static_cast<std::int32_t>(threadIdx.x), static_cast<std::int32_t>(blockDim.x));
+  }
+}
+
+inline cudaError_t block_copy_cuda(const BlockCopyParams& p, cudaStream_t stream) {
+  if (auto st = check_block_copy_shape(p); !st) return cuda_detail::invalid(st);
+  if (p.num_pairs == 0) return cudaSuccess;
+  const std::int32_t lanes = cuda_detail::lanes_for(p.dst.dtype, p.src.dtype, 1.0f, plane_elems(p.src), 256);
+  block_copy_kernel<<<cuda_detail::grid_for(std::int64_t{p.num_pairs} * p.src.num_layers * 2),
+                      cuda_detail::threads_for(1, lanes), 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+KVCACHE_END_NAMESPACE

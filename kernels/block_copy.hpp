@@ -1,0 +1,62 @@
+// Block copy: (src, dst) block pairs copied in one launch, all layers, K and V
+// (copy-on-write, compaction moves). src and dst may be different pools of the
+// same geometry: with one of them in pinned (mapped) host memory this is the
+// batched swap between device and host, one launch for all blocks.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common.hpp"
+#include "kvcache/sequence_id.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+struct BlockCopyParams {
+  PoolView src{}, dst{};
+  const BlockCopy* pairs = nullptr;
+  std::int32_t num_pairs = 0;
+};
+static_assert(std::is_trivially_copyable_v<BlockCopyParams>);
+
+// Elements of one (block, layer, K|V) plane: it is contiguous in every layout.
+KVCACHE_HOST_DEVICE inline std::int32_t plane_elems(const PoolView& v) noexcept {
+  return v.block_size * v.num_kv_heads * v.head_dim;
+}
+
+KVCACHE_HOST_DEVICE inline void copy_plane(const BlockCopyParams& p, std::int32_t pair, std::int32_t layer,
+                                           std::int32_t kv, std::int32_t lane, std::int32_t nlanes) noexcept {
+  const BlockCopy c = p.pairs[pair];
+  if (c.src < 0 || c.src >= p.src.num_blocks || c.dst < 0 || c.dst >= p.dst.num_blocks) return;
+  move_row(p.dst.row(c.dst, layer, kv, 0, 0), p.dst.dtype, p.src.row(c.src, layer, kv, 0, 0), p.src.dtype,
+           plane_elems(p.src), 1.0f, lane, nlanes);
+}
+
+inline Status check_block_copy_shape(const BlockCopyParams& p) noexcept {
+  if (!p.src.base || !p.dst.base) return Status{Errc::invalid_argument, "pool.base", 0, 1};
+  if (p.num_pairs < 0) return Status{Errc::invalid_argument, "num_pairs", p.num_pairs, 0};
+  if (p.num_pairs > 0 && !p.pairs) return Status{Errc::invalid_argument, "pairs", 0, 1};
+  if (p.src.dtype != p.dst.dtype || p.src.num_layers != p.dst.num_layers ||
+      plane_elems(p.src) != plane_elems(p.dst) || p.src.head_dim != p.dst.head_dim)
+    return Status{Errc::invalid_argument, "dst.geometry", 0, 0};
+  return {};
+}
+
+inline Status block_copy_host(const BlockCopyParams& p) noexcept {
+  if (auto st = check_block_copy_shape(p); !st) return st;
+  for (std::int32_t i = 0; i < p.num_pairs; ++i) {
+    if (p.pairs[i].src < 0 || p.pairs[i].src >= p.src.num_blocks)
+      return Status{Errc::invalid_argument, "pairs.src", i, p.src.num_blocks};
+    if (p.pairs[i].dst < 0 || p.pairs[i].dst >= p.dst.num_blocks)
+      return Status{Errc::invalid_argument, "pairs.dst", i, p.dst.num_blocks};
+  }
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+  for (std::int32_t i = 0; i < p.num_pairs; ++i)
+    for (std::int32_t l = 0; l < p.src.num_layers; ++l)
+      for (std::int32_t kv = 0; kv < 2; ++kv) copy_plane(p, i, l, kv, 0, 1);
+  return {};
+}
+
+KVCACHE_END_NAMESPACE

@@ -1,0 +1,171 @@
+// Shared by every kernel: the pool view kernels take by value, dtype
+// conversions, and the row mover. Everything here is KVCACHE_HOST_DEVICE and
+// compiles with g++ alone; the host backend and the CUDA kernels run the
+// same code, so their results are bit-identical (no intrinsics, explicit fma).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kvcache/config.hpp"
+#include "kvcache/geometry.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+// A concrete pool: caller memory + its geometry. Trivially copyable, by value.
+struct PoolView {
+  void* base = nullptr;
+  Strides strides{};
+  std::int64_t num_blocks = 0;
+  std::int32_t num_layers = 0, num_kv_heads = 0, head_dim = 0, block_size = 0;
+  DType dtype = DType::f16;
+
+  KVCACHE_HOST_DEVICE std::byte* row(std::int64_t block, std::int32_t layer, std::int32_t kv, std::int32_t token,
+                                     std::int32_t head) const noexcept {
+    return static_cast<std::byte*>(base) + strides.offset(block, layer, kv, token, head);
+  }
+};
+static_assert(std::is_trivially_copyable_v<PoolView>);
+
+inline Result<PoolView> make_pool_view(const Geometry& g, void* base, std::int64_t num_blocks) noexcept {
+  if (base == nullptr) return Status{Errc::invalid_argument, "base", 0, 1};
+  auto s = g.strides(num_blocks);
+  if (!s) return s.status();
+  const auto& sp = g.spec();
+  return PoolView{base, *s, num_blocks, sp.num_layers, sp.num_kv_heads, sp.head_dim, sp.block_size, sp.dtype};
+}
+
+// ---- dtype conversions (round to nearest even; fp8 = OCP E4M3FN, saturating) ----
+namespace cvt {
+KVCACHE_HOST_DEVICE inline std::uint32_t bits(float f) noexcept {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+KVCACHE_HOST_DEVICE inline float from_bits(std::uint32_t u) noexcept {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// Round-to-nearest-even right shift of a mantissa.
+KVCACHE_HOST_DEVICE inline std::uint32_t rne_shift(std::uint32_t m, std::uint32_t shift) noexcept {
+  if (shift >= 32) return 0;
+  const std::uint32_t r = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  return r + ((rem > half || (rem == half && (r & 1u))) ? 1u : 0u);
+}
+
+KVCACHE_HOST_DEVICE inline float bf16_to_f32(std::uint16_t h) noexcept { return from_bits(std::uint32_t{h} << 16); }
+KVCACHE_HOST_DEVICE inline std::uint16_t f32_to_bf16(float f) noexcept {
+  std::uint32_t u = bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+KVCACHE_HOST_DEVICE inline float f16_to_f32(std::uint16_t h) noexcept {
+  const std::uint32_t sign = std::uint32_t{h & 0x8000u} << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0) {
+    const float v = static_cast<float>(man) * 5.9604644775390625e-08f;  // man * 2^-24, exact
+    return from_bits(bits(v) | sign);
+  }
+  if (exp == 31) return from_bits(sign | 0x7f800000u | (man << 13));
+  return from_bits(sign | ((exp + 112u) << 23) | (man << 13));
+}
+KVCACHE_HOST_DEVICE inline std::uint16_t f32_to_f16(float f) noexcept {
+  const std::uint32_t u = bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);
+  if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
+  if (a >= 0x38800000u) {                                                    // normal half
+    std::uint32_t m = a - 0x38000000u;
+    m += 0xfffu + ((m >> 13) & 1u);
+    return static_cast<std::uint16_t>(sign | (m >> 13));
+  }
+  const std::uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u;  // subnormal half or zero
+  return static_cast<std::uint16_t>(sign | (e < 102 ? 0u : rne_shift(mant, 126u - e)));
+}
+
+KVCACHE_HOST_DEVICE inline float e4m3_to_f32(std::uint8_t q) noexcept {
+  const std::uint32_t sign = std::uint32_t{q & 0x80u} << 24, exp = (q >> 3) & 0xfu, man = q & 0x7u;
+  if (exp == 15 && man == 7) return from_bits(0x7fc00000u | sign);
+  if (exp == 0) return from_bits(bits(static_cast<float>(man) * 0.001953125f) | sign);  // man * 2^-9
+  return from_bits(sign | ((exp + 120u) << 23) | (man << 20));
+}
+KVCACHE_HOST_DEVICE inline std::uint8_t f32_to_e4m3(float f) noexcept {
+  const std::uint32_t u = bits(f), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<std::uint8_t>(sign | 0x7fu);
+  if (a >= 0x43e00000u) return static_cast<std::uint8_t>(sign | 0x7eu);  // >= 448: saturate
+  if (a >= 0x3c800000u) {                                                // normal: >= 2^-6
+    std::uint32_t m = a - 0x3c000000u;
+    m += 0x7ffffu + ((m >> 20) & 1u);
+    return static_cast<std::uint8_t>(sign | (m >> 20));
+  }
+  const std::uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u;
+  return static_cast<std::uint8_t>(sign | (e < 110 ? 0u : rne_shift(mant, 141u - e)));
+}
+}  // namespace cvt
+
+KVCACHE_HOST_DEVICE inline float load_elem(DType t, const void* p, std::int64_t i) noexcept {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::f16: return cvt::f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+    case DType::bf16: return cvt::bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+    case DType::fp8_e4m3: return cvt::e4m3_to_f32(static_cast<const std::uint8_t*>(p)[i]);
+  }
+  return 0.0f;
+}
+KVCACHE_HOST_DEVICE inline void store_elem(DType t, void* p, std::int64_t i, float v) noexcept {
+  switch (t) {
+    case DType::f32: static_cast<float*>(p)[i] = v; return;
+    case DType::f16: static_cast<std::uint16_t*>(p)[i] = cvt::f32_to_f16(v); return;
+    case DType::bf16: static_cast<std::uint16_t*>(p)[i] = cvt::f32_to_bf16(v); return;
+    case DType::fp8_e4m3: static_cast<std::uint8_t*>(p)[i] = cvt::f32_to_e4m3(v); return;
+  }
+}
+
+// How a row moves: raw bytes (same dtype, no scaling) in 16-byte vectors when
+// aligned, else element by element through float (dtype change or scale).
+struct alignas(16) Vec16 {
+  std::uint32_t w[4];
+};
+
+KVCACHE_HOST_DEVICE inline bool raw_move(DType dst, DType src, float mul) noexcept { return dst == src && mul == 1.0f; }
+
+// dst[i] = convert(src[i] * mul) for the row's n elements; lane/nlanes split
+// the row among cooperating threads (host: 0/1). A raw move goes by 16-byte
+// vectors when aligned; `by_elements` forces element units instead, so a
+// kernel that rewrites a row it just read can give both passes the same
+// partition (no lane then reads bytes another lane writes).
+KVCACHE_HOST_DEVICE inline void move_row(void* dst, DType dt, const void* src, DType st, std::int32_t n, float mul,
+                                         std::int32_t lane, std::int32_t nlanes, bool by_elements = false) noexcept {
+  const bool raw = raw_move(dt, st, mul);
+  if (raw && !by_elements) {
+    const std::int64_t bytes = std::int64_t{n} * dtype_bytes(dt);
+#if !defined(__CUDA_ARCH__)
+    if (nlanes == 1) {
+      std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+      return;
+    }
+#endif
+    if (((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src) |
+          static_cast<std::uintptr_t>(bytes)) & 15u) == 0) {
+      for (std::int64_t i = lane; i < bytes / 16; i += nlanes)
+        static_cast<Vec16*>(dst)[i] = static_cast<const Vec16*>(src)[i];
+    } else {
+      for (std::int64_t i = lane; i < bytes; i += nlanes)
+        static_cast<std::byte*>(dst)[i] = static_cast<const std::byte*>(src)[i];
+    }
+    return;
+  }
+  if (raw) {
+    const std::int64_t eb = dtype_bytes(dt);
+    for (std::int32_t i = lane; i < n; i += nlanes)
+      for (std::int64_t b = 0; b < eb; ++b)
+        static_cast<std::byte*>(dst)[i * eb + b] = static_cast<const std::byte*>(src)[i * eb + b];
+    return;
+  }
+  for (std::int32_t i = lane; i < n; i += nlanes) store_elem(dt, dst, i, load_elem(st, src, i) * mul);
+}
+
+KVCACHE_END_NAMESPACE

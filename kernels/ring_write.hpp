@@ -1,0 +1,63 @@
+// Ring write with promotion: each new token goes to a slot of its stream's
+// local ring; when the token it replaces is marked for promotion, that token
+// is first copied to a given global slot (write-gated admission, sliding
+// windows). Read-before-overwrite holds per thread: the promotion and the
+// write split the row the same way.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common.hpp"
+#include "scatter.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+struct RingWriteParams {
+  PoolView cache{};
+  KvSource src{};
+  std::int64_t num_tokens = 0;
+  std::int32_t first_layer = 0, num_layers = 1;
+  const std::int32_t* ring_slots = nullptr;     // where token t goes (negative = skip)
+  const std::int32_t* promote_slots = nullptr;  // where the replaced token goes first (-1 / null = dropped)
+  float k_scale = 1.0f, v_scale = 1.0f;
+};
+static_assert(std::is_trivially_copyable_v<RingWriteParams>);
+
+KVCACHE_HOST_DEVICE inline void ring_write_row(const RingWriteParams& p, std::int32_t layer, std::int64_t token,
+                                               std::int32_t kv, std::int32_t head, std::int32_t lane,
+                                               std::int32_t nlanes) noexcept {
+  const std::int64_t pool_slots = p.cache.num_blocks * p.cache.block_size, b = p.cache.block_size;
+  const std::int64_t ring = p.ring_slots[token];
+  if (ring < 0 || ring >= pool_slots) return;
+  const std::int32_t cache_layer = p.first_layer + layer;
+  std::byte* ring_row = p.cache.row(ring / b, cache_layer, kv, static_cast<std::int32_t>(ring % b), head);
+  const float mul = 1.0f / (kv == 0 ? p.k_scale : p.v_scale);
+  const bool by_elements = !raw_move(p.cache.dtype, p.src.dtype, mul);  // same partition in both passes
+  const std::int64_t promote = p.promote_slots ? p.promote_slots[token] : -1;
+  if (promote >= 0 && promote < pool_slots)
+    move_row(p.cache.row(promote / b, cache_layer, kv, static_cast<std::int32_t>(promote % b), head), p.cache.dtype,
+             ring_row, p.cache.dtype, p.cache.head_dim, 1.0f, lane, nlanes, by_elements);
+  move_row(ring_row, p.cache.dtype, p.src.row(kv, layer, token, head), p.src.dtype, p.cache.head_dim, mul, lane,
+           nlanes, by_elements);
+}
+
+inline Status ring_write_host(const RingWriteParams& p) noexcept {
+  ScatterParams shape{p.cache, p.src, TokenAddress{p.ring_slots}, p.num_tokens, p.first_layer, p.num_layers,
+                      p.k_scale, p.v_scale};
+  if (auto st = check_scatter_shape(shape); !st) return st;
+  if (p.num_tokens > 0 && !p.ring_slots) return Status{Errc::invalid_argument, "ring_slots", 0, 1};
+  const std::int64_t pool_slots = p.cache.num_blocks * p.cache.block_size;
+  for (std::int64_t t = 0; t < p.num_tokens; ++t) {
+    if (p.ring_slots[t] >= pool_slots) return Status{Errc::invalid_argument, "ring_slots", t, pool_slots};
+    if (p.promote_slots && p.promote_slots[t] >= pool_slots)
+      return Status{Errc::invalid_argument, "promote_slots", t, pool_slots};
+  }
+  for (std::int64_t t = 0; t < p.num_tokens; ++t)
+    for (std::int32_t l = 0; l < p.num_layers; ++l)
+      for (std::int32_t kv = 0; kv < 2; ++kv)
+        for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h) ring_write_row(p, l, t, kv, h, 0, 1);
+  return {};
+}
+
+KVCACHE_END_NAMESPACE

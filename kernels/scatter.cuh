@@ -1,0 +1,37 @@
+// CUDA launcher of scatter (append). One CTA per (layer, token) item in a
+// grid-stride loop; its threads cover (K|V, head) rows x 16-byte lanes.
+// num_layers > 1 writes all layers of a decode step in one launch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda_launch.cuh"
+#include "scatter.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+__global__ void scatter_kernel(ScatterParams p, std::int32_t lanes) {
+  const std::int64_t items = std::int64_t{p.num_layers} * p.num_tokens;
+  const std::int32_t rows = 2 * p.cache.num_kv_heads;
+  for (std::int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+    const auto layer = static_cast<std::int32_t>(it / p.num_tokens);
+    const std::int64_t token = it % p.num_tokens;
+    for (std::int32_t i = threadIdx.x; i < rows * lanes; i += blockDim.x) {
+      const std::int32_t row = i / lanes;
+      scatter_row(p, layer, token, row / p.cache.num_kv_heads, row % p.cache.num_kv_heads, i % lanes, lanes);
+    }
+  }
+}
+
+// Returns cudaErrorInvalidValue for a bad shape (checked on the host), else
+// the launch's error. Slots outside the pool are skipped on the device.
+inline cudaError_t scatter_cuda(const ScatterParams& p, cudaStream_t stream) {
+  if (auto st = check_scatter_shape(p); !st) return cuda_detail::invalid(st);
+  if (p.num_tokens == 0) return cudaSuccess;
+  const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale, p.cache.head_dim);
+  scatter_kernel<<<cuda_detail::grid_for(std::int64_t{p.num_layers} * p.num_tokens),
+                   cuda_detail::threads_for(2 * p.cache.num_kv_heads, lanes), 0, stream>>>(p, lanes);
+  return cudaGetLastError();
+}
+
+KVCACHE_END_NAMESPACE

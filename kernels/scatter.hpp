@@ -1,0 +1,102 @@
+// Scatter (append): new K/V rows into the paged pool, addressed by slot
+// mapping (-1 = skip) or by a CSR page table + per-token positions. One launch
+// may cover several layers (decode writes all layers of a step at once).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+// The new tokens' K and V: element (layer, token, head, d) at
+// k + layer*layer_stride + token*token_stride + head*head_stride (bytes), d
+// contiguous. K and V share strides, so both may be slices of a fused QKV tensor.
+struct KvSource {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  DType dtype = DType::f16;
+  std::int64_t layer_stride = 0, token_stride = 0, head_stride = 0;
+
+  KVCACHE_HOST_DEVICE const std::byte* row(std::int32_t kv, std::int32_t layer, std::int64_t token,
+                                           std::int32_t head) const noexcept {
+    return static_cast<const std::byte*>(kv == 0 ? k : v) + layer * layer_stride + token * token_stride +
+           head * head_stride;
+  }
+};
+
+// Where token t goes: slots[t] (block * B + offset, negative = skip), or, when
+// slots is null, page indices[indptr[seq[t]] + pos[t] / B] at entry pos[t] % B.
+struct TokenAddress {
+  const std::int32_t* slots = nullptr;
+  const std::int32_t* seq = nullptr;
+  const std::int32_t* pos = nullptr;
+  const std::int32_t* indptr = nullptr;
+  const std::int32_t* indices = nullptr;
+
+  KVCACHE_HOST_DEVICE std::int64_t slot(std::int64_t t, std::int32_t block_size) const noexcept {
+    if (slots) return slots[t];
+    const std::int32_t p = pos[t];
+    if (p < 0) return -1;
+    return std::int64_t{indices[indptr[seq[t]] + p / block_size]} * block_size + p % block_size;
+  }
+};
+
+struct ScatterParams {
+  PoolView cache{};
+  KvSource src{};
+  TokenAddress addr{};
+  std::int64_t num_tokens = 0;
+  std::int32_t first_layer = 0, num_layers = 1;  // source layer l lands in cache layer first_layer + l
+  float k_scale = 1.0f, v_scale = 1.0f;          // dequant scales: cache = input / scale (fp8)
+};
+static_assert(std::is_trivially_copyable_v<ScatterParams>);
+
+// One (layer, token, K|V, head) row. Slots outside the pool are skipped (the
+// host launcher reports them as errors before writing anything).
+KVCACHE_HOST_DEVICE inline void scatter_row(const ScatterParams& p, std::int32_t layer, std::int64_t token,
+                                            std::int32_t kv, std::int32_t head, std::int32_t lane,
+                                            std::int32_t nlanes) noexcept {
+  const std::int64_t slot = p.addr.slot(token, p.cache.block_size);
+  if (slot < 0 || slot >= p.cache.num_blocks * p.cache.block_size) return;
+  const float mul = 1.0f / (kv == 0 ? p.k_scale : p.v_scale);
+  move_row(p.cache.row(slot / p.cache.block_size, p.first_layer + layer, kv,
+                       static_cast<std::int32_t>(slot % p.cache.block_size), head),
+           p.cache.dtype, p.src.row(kv, layer, token, head), p.src.dtype, p.cache.head_dim, mul, lane, nlanes);
+}
+
+// Checks what the host can see: shapes, layers, scales (not device arrays).
+inline Status check_scatter_shape(const ScatterParams& p) noexcept {
+  if (!p.cache.base) return Status{Errc::invalid_argument, "cache.base", 0, 1};
+  if (p.num_tokens < 0) return Status{Errc::invalid_argument, "num_tokens", p.num_tokens, 0};
+  if (p.num_tokens > 0 && (!p.src.k || !p.src.v)) return Status{Errc::invalid_argument, "src.k/src.v", 0, 1};
+  if (!p.addr.slots && p.num_tokens > 0 && (!p.addr.seq || !p.addr.pos || !p.addr.indptr || !p.addr.indices))
+    return Status{Errc::invalid_argument, "addr", 0, 1};
+  if (p.num_layers < 1 || p.first_layer < 0 || p.first_layer + p.num_layers > p.cache.num_layers)
+    return Status{Errc::invalid_argument, "first_layer+num_layers", std::int64_t{p.first_layer} + p.num_layers,
+                  p.cache.num_layers};
+  if (!(p.k_scale > 0.0f) || !(p.v_scale > 0.0f))
+    return Status{Errc::invalid_argument, "k_scale/v_scale", 0, 0};
+  return {};
+}
+
+// Host backend: validates every slot first (a slot outside the pool is an
+// error naming the token), then writes. Nothing is written on error.
+inline Status scatter_host(const ScatterParams& p) noexcept {
+  if (auto st = check_scatter_shape(p); !st) return st;
+  const std::int64_t pool_slots = p.cache.num_blocks * p.cache.block_size;
+  for (std::int64_t t = 0; t < p.num_tokens; ++t)
+    if (p.addr.slot(t, p.cache.block_size) >= pool_slots)
+      return Status{Errc::invalid_argument, "slot_of_token", t, pool_slots};
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+  for (std::int64_t t = 0; t < p.num_tokens; ++t)
+    for (std::int32_t l = 0; l < p.num_layers; ++l)
+      for (std::int32_t kv = 0; kv < 2; ++kv)
+        for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h) scatter_row(p, l, t, kv, h, 0, 1);
+  return {};
+}
+
+KVCACHE_END_NAMESPACE

@@ -1,0 +1,115 @@
+// dtype conversions against independent references: the compiler's _Float16
+// for fp16, nearest-representable search over all codes for bf16 and fp8.
+#include <catch2/catch.hpp>
+
+#include <kvcache/kernels/common.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+using namespace kvcache;
+
+namespace {
+float f(std::uint32_t bits) {
+  float x;
+  std::memcpy(&x, &bits, 4);
+  return x;
+}
+// Random floats across every exponent, subnormals and the rounding edges included.
+std::vector<float> probe_floats(std::size_t n) {
+  std::mt19937_64 rng(Catch::rngSeed() + 17);
+  std::vector<float> v;
+  for (std::size_t i = 0; i < n; ++i) {
+    float x = f(static_cast<std::uint32_t>(rng()));
+    if (!std::isfinite(x)) continue;
+    v.push_back(x);
+    v.push_back(std::ldexp(x, -int(rng() % 140)));  // push into small ranges
+  }
+  for (float x : {0.0f, -0.0f, 1.0f, 65504.0f, 65519.99f, 65520.0f, 448.0f, 464.0f, 1e-8f, 5.96e-8f, 2.98e-8f,
+                  0.001953125f, 0.0009765625f, 1.0625f, 1.1875f})
+    v.push_back(x), v.push_back(-x);
+  return v;
+}
+// Nearest of a code table (ties to the even code), saturating at the largest finite.
+template <class Decode>
+std::uint32_t nearest_code(float x, std::uint32_t codes, Decode decode, std::uint32_t sign_bit) {
+  const double ax = std::fabs(double(x));
+  std::uint32_t best = 0;
+  double best_err = std::numeric_limits<double>::infinity();
+  for (std::uint32_t c = 0; c < codes; ++c) {
+    const double v = decode(c);
+    if (!std::isfinite(v)) continue;
+    const double err = std::fabs(v - ax);
+    if (err < best_err || (err == best_err && (c & 1u) == 0)) best = c, best_err = err;
+  }
+  return (std::signbit(x) ? sign_bit : 0u) | best;
+}
+}  // namespace
+
+TEST_CASE("fp16 conversion matches the compiler's _Float16 on every input") {
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    _Float16 ref;
+    const auto h16 = static_cast<std::uint16_t>(h);
+    std::memcpy(&ref, &h16, 2);
+    const float want = static_cast<float>(ref), got = cvt::f16_to_f32(h16);
+    if (std::isnan(want)) REQUIRE(std::isnan(got));
+    else REQUIRE(std::memcmp(&want, &got, 4) == 0);
+  }
+  for (float x : probe_floats(200000)) {
+    const _Float16 ref = static_cast<_Float16>(x);
+    std::uint16_t want;
+    std::memcpy(&want, &ref, 2);
+    INFO("x = " << x);
+    REQUIRE(cvt::f32_to_f16(x) == want);
+  }
+  CHECK(cvt::f32_to_f16(std::numeric_limits<float>::quiet_NaN()) == 0x7e00);
+}
+
+TEST_CASE("bf16 conversion rounds to nearest even and round-trips every code") {
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const auto code = static_cast<std::uint16_t>(h);
+    const float x = cvt::bf16_to_f32(code);
+    REQUIRE(cvt::bits(x) == std::uint32_t{code} << 16);
+    if (!std::isnan(x)) REQUIRE(cvt::f32_to_bf16(x) == code);
+  }
+  auto decode = [](std::uint32_t c) { return double(f(c << 16)); };
+  std::mt19937_64 rng(Catch::rngSeed());
+  for (int i = 0; i < 2000; ++i) {
+    // A value between two neighbouring bf16 codes, ties included.
+    const std::uint32_t c = static_cast<std::uint32_t>(rng() % 0x7f7f);
+    const std::uint32_t low = rng() % 4 == 0 ? 0x8000u : static_cast<std::uint32_t>(rng() % 0x10000);
+    const float x = f((c << 16) | low);
+    const std::uint32_t lo = c, hi = c + 1;
+    const double dl = std::fabs(decode(lo) - double(x)), dh = std::fabs(decode(hi) - double(x));
+    const std::uint32_t want = dl < dh ? lo : (dh < dl ? hi : ((lo & 1u) ? hi : lo));
+    REQUIRE(cvt::f32_to_bf16(x) == want);
+  }
+}
+
+TEST_CASE("fp8 e4m3 conversion: every code decodes per the format and encodes to the nearest code") {
+  auto decode = [](std::uint32_t c) {
+    const int e = int((c >> 3) & 15u), m = int(c & 7u);
+    if (e == 15 && m == 7) return std::numeric_limits<double>::quiet_NaN();
+    return e == 0 ? std::ldexp(double(m), -9) : std::ldexp(1.0 + m / 8.0, e - 7);
+  };
+  for (std::uint32_t c = 0; c < 256; ++c) {
+    const double want = decode(c & 0x7fu) * ((c & 0x80u) ? -1.0 : 1.0);
+    const float got = cvt::e4m3_to_f32(static_cast<std::uint8_t>(c));
+    if (std::isnan(want)) REQUIRE(std::isnan(got));
+    else REQUIRE(double(got) == want);
+    if (!std::isnan(want)) REQUIRE(cvt::f32_to_e4m3(got) == c);
+  }
+  CHECK(cvt::f32_to_e4m3(448.0f) == 0x7e);
+  CHECK(cvt::f32_to_e4m3(1e9f) == 0x7e);       // saturates
+  CHECK(cvt::f32_to_e4m3(-1e9f) == 0xfe);
+  CHECK(cvt::f32_to_e4m3(1.0625f) == 0x38);    // tie between 1.0 and 1.125 -> even
+  CHECK(cvt::f32_to_e4m3(std::numeric_limits<float>::quiet_NaN()) == 0x7f);
+  for (float x : probe_floats(20000)) {
+    if (std::fabs(x) > 448.0f) continue;
+    INFO("x = " << x);
+    REQUIRE(cvt::f32_to_e4m3(x) == nearest_code(x, 0x7f, decode, 0x80u));
+  }
+}
