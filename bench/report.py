@@ -29,23 +29,37 @@ def medians(path):
 
 def main():
     context, rows = medians(sys.argv[1])
-    memcpy = {int(r["out_bytes"]): r for name, r in rows.items() if name.startswith("BM_memcpy/")}
-    big = max(memcpy) if memcpy else None
+    ref_prefix = next((p for p in ("BM_memcpy/", "BM_d2d_copy/") if any(n.startswith(p) for n in rows)), "BM_memcpy/")
+    ref_name = "memcpy" if ref_prefix == "BM_memcpy/" else "D2D copy"
+    # References are matched by ref_id when the suite sets one, else by bytes.
+    key = lambda r: int(r["ref_id"]) if "ref_id" in r else int(r.get("out_bytes", -1))
+    memcpy = {key(r): r for name, r in rows.items() if name.startswith(ref_prefix)}
+    big = max(memcpy, key=lambda k: memcpy[k]["out_bytes"]) if memcpy else None
+    if context.get("gpu"):
+        print(f"GPU: {context['gpu']}.")
     print(f"Machine: {context.get('num_cpus')} CPUs at {context.get('mhz_per_cpu')} MHz, "
           f"median of {context.get('repetitions', '?')} repetitions.")
     if big:
-        print(f"Reference: memcpy of {big >> 20} MiB = {memcpy[big]['bytes_per_second'] / 1e9:.1f} GB/s "
+        print(f"Reference: {ref_name} of {int(memcpy[big]['out_bytes']) >> 20} MiB = {memcpy[big]['bytes_per_second'] / 1e9:.1f} GB/s "
               "(bytes copied per second), same run.\n")
     print("| benchmark | median | reference (same run) | ratio |")
     print("| --- | ---: | --- | ---: |")
     for name, r in rows.items():
-        if name.startswith("BM_memcpy/"):
+        if name.startswith(ref_prefix):
             continue
         ref, ratio = "—", "—"
         out = int(r.get("out_bytes", 0))
-        if out in memcpy:
-            ref = f"memcpy {out:,} B: {fmt_time(memcpy[out]['ns'])}"
-            ratio = f"{r['ns'] / memcpy[out]['ns']:.1f}× memcpy"
+        if key(r) in memcpy:
+            m = memcpy[key(r)]
+            if r.get("bandwidth"):  # a copy kernel: compare bandwidths
+                ref = f"{ref_name} {out:,} B: {m['bytes_per_second'] / 1e9:.1f} GB/s"
+                ratio = f"{r['bytes_per_second'] / m['bytes_per_second']:.2f}"
+                name = f"{name} ({r['bytes_per_second'] / 1e9:.1f} GB/s)"
+            else:
+                ref = f"{ref_name} {out:,} B: {fmt_time(m['ns'])}"
+                ratio = f"{r['ns'] / m['ns']:.1f}× {ref_name}"
+        if r.get("label"):
+            name = f"{name} [{r['label']}]"
         print(f"| {name.removeprefix('BM_')} | {fmt_time(r['ns'])} | {ref} | {ratio} |")
 
 

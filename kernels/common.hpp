@@ -132,6 +132,18 @@ struct alignas(16) Vec16 {
 
 KVCACHE_HOST_DEVICE inline bool raw_move(DType dst, DType src, float mul) noexcept { return dst == src && mul == 1.0f; }
 
+// Host copy of a row run. Fixed-size chunks compile to inline vector moves;
+// a library memcpy of >= 2 KiB switches to `rep movsb`, which runs several
+// times slower when source and destination share page offsets (4K aliasing),
+// as paged pools and token-strided inputs often do.
+inline void host_copy(void* dst, const void* src, std::size_t n) noexcept {
+  auto* d = static_cast<std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
+  for (; n >= 256; n -= 256, d += 256, s += 256) std::memcpy(d, s, 256);
+  for (; n >= 16; n -= 16, d += 16, s += 16) std::memcpy(d, s, 16);
+  if (n) std::memcpy(d, s, n);
+}
+
 // dst[i] = convert(src[i] * mul) for the row's n elements; lane/nlanes split
 // the row among cooperating threads (host: 0/1). A raw move goes by 16-byte
 // vectors when aligned; `by_elements` forces element units instead, so a
@@ -144,7 +156,7 @@ KVCACHE_HOST_DEVICE inline void move_row(void* dst, DType dt, const void* src, D
     const std::int64_t bytes = std::int64_t{n} * dtype_bytes(dt);
 #if !defined(__CUDA_ARCH__)
     if (nlanes == 1) {
-      std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+      host_copy(dst, src, static_cast<std::size_t>(bytes));
       return;
     }
 #endif

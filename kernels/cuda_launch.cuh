@@ -35,3 +35,49 @@ inline cudaError_t invalid(const Status& st) { return st.ok() ? cudaSuccess : cu
 
 }  // namespace cuda_detail
 KVCACHE_END_NAMESPACE
+
+KVCACHE_BEGIN_NAMESPACE
+namespace cuda_detail {
+
+// Raw 16-byte-vector copy of `rows` rows per item, `vecs` vectors per row, one
+// vector per thread (blockDim.x == rows * vecs). Each thread first loads its
+// vector of U consecutive items, then stores them: U loads in flight instead
+// of one. `ptrs(item, row, dst, src)` is the kernel's shared addressing body.
+template <int U, class Ptrs>
+__global__ void vec_copy_kernel(Ptrs ptrs, std::int64_t items, std::int32_t vecs) {
+  const std::int32_t row = static_cast<std::int32_t>(threadIdx.x) / vecs, v = static_cast<std::int32_t>(threadIdx.x) % vecs;
+  for (std::int64_t base = std::int64_t{blockIdx.x} * U; base < items; base += std::int64_t{gridDim.x} * U) {
+    Vec16 r[U];
+    Vec16* dst[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      dst[u] = nullptr;
+      std::byte* d = nullptr;
+      const std::byte* s = nullptr;
+      if (base + u < items && ptrs(base + u, row, d, s)) {
+        dst[u] = reinterpret_cast<Vec16*>(d) + v;
+        r[u] = reinterpret_cast<const Vec16*>(s)[v];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (dst[u]) *dst[u] = r[u];
+  }
+}
+
+// Small batches (decode) want every item in its own CTA for parallelism;
+// large ones (prefill) want loads in flight.
+template <class Ptrs>
+inline cudaError_t launch_vec_copy(const Ptrs& ptrs, std::int64_t items, std::int32_t rows, std::int32_t vecs,
+                                   cudaStream_t stream) {
+  const auto threads = static_cast<unsigned>(rows * vecs);
+  if (items < 4096) vec_copy_kernel<1><<<grid_for(items), threads, 0, stream>>>(ptrs, items, vecs);
+  else vec_copy_kernel<4><<<grid_for((items + 3) / 4), threads, 0, stream>>>(ptrs, items, vecs);
+  return cudaGetLastError();
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+inline bool aligned16(std::int64_t x) { return (x & 15) == 0; }
+
+}  // namespace cuda_detail
+KVCACHE_END_NAMESPACE

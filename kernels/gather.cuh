@@ -20,12 +20,34 @@ __global__ void gather_kernel(GatherParams p, std::int32_t lanes) {
   }
 }
 
+namespace cuda_detail {
+struct GatherPtrs {
+  GatherParams p;
+  __device__ bool operator()(std::int64_t item, std::int32_t row, std::byte*& dst, const std::byte*& src) const {
+    return gather_ptrs(p, gather_seq_of_row(p, item), item, row / p.cache.num_kv_heads, row % p.cache.num_kv_heads,
+                       dst, src);
+  }
+};
+inline bool gather_vectorizable(const GatherParams& p, std::int32_t rows, std::int32_t vecs) {
+  const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);
+  const Strides& c = p.cache.strides;
+  return raw_move(p.out_dtype, p.cache.dtype, p.k_scale) && raw_move(p.out_dtype, p.cache.dtype, p.v_scale) &&
+         aligned16(head_bytes) && aligned16(p.cache.base) && aligned16(p.k_out) && aligned16(p.v_out) &&
+         aligned16(c.block | c.layer | c.kv | c.token | c.head) && aligned16(p.token_stride | p.head_stride) &&
+         rows * vecs <= 1024;
+}
+}  // namespace cuda_detail
+
 inline cudaError_t gather_cuda(const GatherParams& p, cudaStream_t stream) {
   if (auto st = check_gather_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_rows == 0 || p.num_seqs == 0) return cudaSuccess;
+  const std::int32_t rows = 2 * p.cache.num_kv_heads;
+  const auto vecs = static_cast<std::int32_t>(std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype) / 16);
+  if (cuda_detail::gather_vectorizable(p, rows, vecs)) {
+    return cuda_detail::launch_vec_copy(cuda_detail::GatherPtrs{p}, p.num_rows, rows, vecs, stream);
+  }
   const std::int32_t lanes = cuda_detail::lanes_for(p.out_dtype, p.cache.dtype, p.k_scale, p.cache.head_dim);
-  gather_kernel<<<cuda_detail::grid_for(p.num_rows), cuda_detail::threads_for(2 * p.cache.num_kv_heads, lanes), 0,
-                  stream>>>(p, lanes);
+  gather_kernel<<<cuda_detail::grid_for(p.num_rows), cuda_detail::threads_for(rows, lanes), 0, stream>>>(p, lanes);
   return cudaGetLastError();
 }
 

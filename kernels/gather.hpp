@@ -25,18 +25,26 @@ struct GatherParams {
 };
 static_assert(std::is_trivially_copyable_v<GatherParams>);
 
+KVCACHE_HOST_DEVICE inline bool gather_ptrs(const GatherParams& p, std::int32_t seq, std::int64_t row, std::int32_t kv,
+                                            std::int32_t head, std::byte*& dst, const std::byte*& src) noexcept {
+  // Positions are int32 (a sequence's rows are int32-indexed): 32-bit division.
+  const auto pos = static_cast<std::uint32_t>(row - p.out_indptr[seq]), b = static_cast<std::uint32_t>(p.cache.block_size);
+  const std::int64_t page_slot = p.indptr[seq] + std::int64_t{pos / b};
+  if (page_slot >= p.indptr[seq + 1]) return false;  // more rows than pages: nothing to read
+  const std::int32_t page = p.indices[page_slot];
+  if (page < 0 || page >= p.cache.num_blocks) return false;
+  dst = static_cast<std::byte*>(kv == 0 ? p.k_out : p.v_out) + row * p.token_stride + head * p.head_stride;
+  src = p.cache.row(page, p.layer, kv, static_cast<std::int32_t>(pos % b), head);
+  return true;
+}
+
 KVCACHE_HOST_DEVICE inline void gather_row(const GatherParams& p, std::int32_t seq, std::int64_t row,
                                            std::int32_t kv, std::int32_t head, std::int32_t lane,
                                            std::int32_t nlanes) noexcept {
-  const std::int64_t pos = row - p.out_indptr[seq];
-  const std::int32_t b = p.cache.block_size;
-  const std::int64_t page_slot = p.indptr[seq] + pos / b;
-  if (page_slot >= p.indptr[seq + 1]) return;  // more rows than pages: nothing to read
-  const std::int32_t page = p.indices[page_slot];
-  if (page < 0 || page >= p.cache.num_blocks) return;
-  std::byte* out = static_cast<std::byte*>(kv == 0 ? p.k_out : p.v_out) + row * p.token_stride + head * p.head_stride;
-  move_row(out, p.out_dtype, p.cache.row(page, p.layer, kv, static_cast<std::int32_t>(pos % b), head), p.cache.dtype,
-           p.cache.head_dim, kv == 0 ? p.k_scale : p.v_scale, lane, nlanes);
+  std::byte* dst = nullptr;
+  const std::byte* src = nullptr;
+  if (!gather_ptrs(p, seq, row, kv, head, dst, src)) return;
+  move_row(dst, p.out_dtype, src, p.cache.dtype, p.cache.head_dim, kv == 0 ? p.k_scale : p.v_scale, lane, nlanes);
 }
 
 // Sequence owning output row r (binary search of out_indptr), for launchers
@@ -75,13 +83,26 @@ inline Status gather_host(const GatherParams& p) noexcept {
       if (p.indices[i] < 0 || p.indices[i] >= p.cache.num_blocks)
         return Status{Errc::invalid_argument, "indices", i, p.cache.num_blocks};
   }
+  // Heads contiguous in pool and output, no conversion: one copy per row run.
+  const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);
+  const bool runs = p.cache.strides.head == head_bytes && p.head_stride == head_bytes &&
+                    raw_move(p.out_dtype, p.cache.dtype, p.k_scale) && raw_move(p.out_dtype, p.cache.dtype, p.v_scale);
+  const std::int32_t b = p.cache.block_size;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(dynamic)
 #endif
   for (std::int32_t s = 0; s < p.num_seqs; ++s)
     for (std::int64_t r = p.out_indptr[s]; r < p.out_indptr[s + 1]; ++r)
-      for (std::int32_t kv = 0; kv < 2; ++kv)
+      for (std::int32_t kv = 0; kv < 2; ++kv) {
+        if (runs) {
+          const std::int64_t pos = r - p.out_indptr[s];
+          host_copy(static_cast<std::byte*>(kv == 0 ? p.k_out : p.v_out) + r * p.token_stride,
+                      p.cache.row(p.indices[p.indptr[s] + pos / b], p.layer, kv, static_cast<std::int32_t>(pos % b), 0),
+                      static_cast<std::size_t>(head_bytes * p.cache.num_kv_heads));
+          continue;
+        }
         for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h) gather_row(p, s, r, kv, h, 0, 1);
+      }
   return {};
 }
 

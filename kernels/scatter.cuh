@@ -23,14 +23,41 @@ __global__ void scatter_kernel(ScatterParams p, std::int32_t lanes) {
   }
 }
 
+namespace cuda_detail {
+struct ScatterPtrs {
+  ScatterParams p;
+  __device__ bool operator()(std::int64_t item, std::int32_t row, std::byte*& dst, const std::byte*& src) const {
+    const bool one = p.num_layers == 1;
+    const auto layer = one ? 0 : static_cast<std::int32_t>(item / p.num_tokens);
+    const std::int64_t token = one ? item : item % p.num_tokens;
+    return scatter_ptrs(p, layer, token, row / p.cache.num_kv_heads, row % p.cache.num_kv_heads, dst, src);
+  }
+};
+
+// Raw moves of 16-byte-aligned rows take the vector path.
+inline bool scatter_vectorizable(const ScatterParams& p, std::int32_t rows, std::int32_t vecs) {
+  const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);
+  const Strides& c = p.cache.strides;
+  return raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale) && raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.v_scale) &&
+         aligned16(head_bytes) && aligned16(p.cache.base) && aligned16(p.src.k) && aligned16(p.src.v) &&
+         aligned16(c.block | c.layer | c.kv | c.token | c.head) &&
+         aligned16(p.src.layer_stride | p.src.token_stride | p.src.head_stride) && rows * vecs <= 1024;
+}
+}  // namespace cuda_detail
+
 // Returns cudaErrorInvalidValue for a bad shape (checked on the host), else
 // the launch's error. Slots outside the pool are skipped on the device.
 inline cudaError_t scatter_cuda(const ScatterParams& p, cudaStream_t stream) {
   if (auto st = check_scatter_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_tokens == 0) return cudaSuccess;
+  const std::int64_t items = std::int64_t{p.num_layers} * p.num_tokens;
+  const std::int32_t rows = 2 * p.cache.num_kv_heads;
+  const auto vecs = static_cast<std::int32_t>(std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype) / 16);
+  if (cuda_detail::scatter_vectorizable(p, rows, vecs)) {
+    return cuda_detail::launch_vec_copy(cuda_detail::ScatterPtrs{p}, items, rows, vecs, stream);
+  }
   const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale, p.cache.head_dim);
-  scatter_kernel<<<cuda_detail::grid_for(std::int64_t{p.num_layers} * p.num_tokens),
-                   cuda_detail::threads_for(2 * p.cache.num_kv_heads, lanes), 0, stream>>>(p, lanes);
+  scatter_kernel<<<cuda_detail::grid_for(items), cuda_detail::threads_for(rows, lanes), 0, stream>>>(p, lanes);
   return cudaGetLastError();
 }
 

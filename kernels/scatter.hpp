@@ -53,17 +53,29 @@ struct ScatterParams {
 };
 static_assert(std::is_trivially_copyable_v<ScatterParams>);
 
-// One (layer, token, K|V, head) row. Slots outside the pool are skipped (the
-// host launcher reports them as errors before writing anything).
+// Where one (layer, token, K|V, head) row comes from and goes to; false when
+// the token is skipped (negative slot, or outside the pool: the host launcher
+// reports those as errors before writing anything).
+KVCACHE_HOST_DEVICE inline bool scatter_ptrs(const ScatterParams& p, std::int32_t layer, std::int64_t token,
+                                             std::int32_t kv, std::int32_t head, std::byte*& dst,
+                                             const std::byte*& src) noexcept {
+  const std::int64_t slot = p.addr.slot(token, p.cache.block_size);
+  if (slot < 0 || slot >= p.cache.num_blocks * p.cache.block_size) return false;
+  // Slots are int32 by contract: 32-bit division (64-bit is slow on GPUs).
+  const auto s32 = static_cast<std::uint32_t>(slot), b = static_cast<std::uint32_t>(p.cache.block_size);
+  dst = p.cache.row(s32 / b, p.first_layer + layer, kv, static_cast<std::int32_t>(s32 % b), head);
+  src = p.src.row(kv, layer, token, head);
+  return true;
+}
+
 KVCACHE_HOST_DEVICE inline void scatter_row(const ScatterParams& p, std::int32_t layer, std::int64_t token,
                                             std::int32_t kv, std::int32_t head, std::int32_t lane,
                                             std::int32_t nlanes) noexcept {
-  const std::int64_t slot = p.addr.slot(token, p.cache.block_size);
-  if (slot < 0 || slot >= p.cache.num_blocks * p.cache.block_size) return;
-  const float mul = 1.0f / (kv == 0 ? p.k_scale : p.v_scale);
-  move_row(p.cache.row(slot / p.cache.block_size, p.first_layer + layer, kv,
-                       static_cast<std::int32_t>(slot % p.cache.block_size), head),
-           p.cache.dtype, p.src.row(kv, layer, token, head), p.src.dtype, p.cache.head_dim, mul, lane, nlanes);
+  std::byte* dst = nullptr;
+  const std::byte* src = nullptr;
+  if (!scatter_ptrs(p, layer, token, kv, head, dst, src)) return;
+  move_row(dst, p.cache.dtype, src, p.src.dtype, p.cache.head_dim, 1.0f / (kv == 0 ? p.k_scale : p.v_scale), lane,
+           nlanes);
 }
 
 // Checks what the host can see: shapes, layers, scales (not device arrays).
@@ -89,13 +101,29 @@ inline Status scatter_host(const ScatterParams& p) noexcept {
   for (std::int64_t t = 0; t < p.num_tokens; ++t)
     if (p.addr.slot(t, p.cache.block_size) >= pool_slots)
       return Status{Errc::invalid_argument, "slot_of_token", t, pool_slots};
+  // When a token's heads are contiguous in both the source and the pool (NHD,
+  // dense heads, no conversion), its K (or V) is one run: copy it at once.
+  const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);
+  const bool runs = p.cache.strides.head == head_bytes && p.src.head_stride == head_bytes &&
+                    raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale) &&
+                    raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.v_scale);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
-  for (std::int64_t t = 0; t < p.num_tokens; ++t)
+  for (std::int64_t t = 0; t < p.num_tokens; ++t) {
+    const std::int64_t slot = p.addr.slot(t, p.cache.block_size);
+    if (slot < 0) continue;
     for (std::int32_t l = 0; l < p.num_layers; ++l)
-      for (std::int32_t kv = 0; kv < 2; ++kv)
+      for (std::int32_t kv = 0; kv < 2; ++kv) {
+        if (runs) {
+          host_copy(p.cache.row(slot / p.cache.block_size, p.first_layer + l, kv,
+                                  static_cast<std::int32_t>(slot % p.cache.block_size), 0),
+                      p.src.row(kv, l, t, 0), static_cast<std::size_t>(head_bytes * p.cache.num_kv_heads));
+          continue;
+        }
         for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h) scatter_row(p, l, t, kv, h, 0, 1);
+      }
+  }
   return {};
 }
 

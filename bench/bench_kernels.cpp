@@ -1,0 +1,112 @@
+// Host backend kernels: scatter, gather and block copy GB/s on the decode and
+// prefill shapes, against memcpy of the same payload in the same run.
+#include <kvcache/kernels/block_copy.hpp>
+#include <kvcache/kernels/gather.hpp>
+#include <kvcache/kernels/scatter.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+
+#include "kernel_shapes.hpp"
+
+namespace kv = kvcache;
+using namespace kvbench;
+
+namespace {
+
+struct Bufs {
+  Layout lay;
+  std::vector<std::byte> pool, k, v, k_out, v_out;
+  kv::PoolView view;
+  explicit Bufs(const Shape& s) : lay(layout(s)) {
+    auto g = *kv::Geometry::make(spec());
+    pool.assign(std::size_t(*g.pool_bytes(lay.pool_blocks)), std::byte{1});
+    view = *kv::make_pool_view(g, pool.data(), lay.pool_blocks);
+    k.assign(std::size_t(s.tokens() * kRowBytes), std::byte{2});
+    v = k;
+    k_out = k;
+    v_out = k;
+  }
+};
+
+void finish(benchmark::State& state, std::int64_t payload, int ref_id) {
+  state.SetBytesProcessed(std::int64_t(state.iterations()) * payload);
+  state.counters["out_bytes"] = double(payload);
+  state.counters["ref_id"] = ref_id;
+  state.counters["bandwidth"] = 1;
+}
+
+// Reference: memcpy of the kernel's payload, with the scattered side (the
+// destination, or the source for gather) walking a region as large as the
+// kernel's pool, so both see the same cache state; the dense side stays put.
+// args: payload bytes, region bytes, 1 = region is the source, reference id.
+void BM_memcpy(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0)), region = static_cast<std::size_t>(state.range(1));
+  const bool region_is_src = state.range(2) != 0;
+  std::vector<std::byte> dense(n + 64, std::byte{1}), big(region + n, std::byte{2});
+  std::size_t at = 0;
+  for (auto _ : state) {
+    std::byte* d = region_is_src ? dense.data() + 64 : big.data() + at;  // +64: no 4K aliasing (bench_core.cpp)
+    const std::byte* s = region_is_src ? big.data() + at : dense.data() + 64;
+    std::memcpy(d, s, n);
+    benchmark::ClobberMemory();
+    at = (at + n) % region;
+  }
+  finish(state, std::int64_t(n), int(state.range(3)));
+}
+
+void BM_scatter(benchmark::State& state, const Shape& s) {
+  Bufs b(s);
+  const kv::ScatterParams p{b.view, kv::KvSource{b.k.data(), b.v.data(), kv::DType::f16, 0, kRowBytes, 256},
+                            kv::TokenAddress{b.lay.slots.data()}, s.tokens()};
+  for (auto _ : state) {
+    if (!kv::scatter_host(p)) state.SkipWithError("scatter failed");
+    benchmark::ClobberMemory();
+  }
+  finish(state, s.payload(), s.seqs == kDecode.seqs ? 0 : 1);
+}
+
+void BM_gather(benchmark::State& state, const Shape& s) {
+  Bufs b(s);
+  const kv::GatherParams p{b.view, 0, b.lay.indptr.data(), b.lay.indices.data(), b.lay.out_indptr.data(), s.seqs,
+                           s.tokens(), b.k_out.data(), b.v_out.data(), kv::DType::f16, kRowBytes, 256};
+  for (auto _ : state) {
+    if (!kv::gather_host(p)) state.SkipWithError("gather failed");
+    benchmark::ClobberMemory();
+  }
+  finish(state, s.payload(), s.seqs == kDecode.seqs ? 2 : 3);
+}
+
+void BM_block_copy(benchmark::State& state, const Shape& s) {
+  Bufs b(s);
+  const kv::BlockCopyParams p{b.view, b.view, b.lay.pairs.data(), std::int32_t(b.lay.pairs.size())};
+  for (auto _ : state) {
+    if (!kv::block_copy_host(p)) state.SkipWithError("copy failed");
+    benchmark::ClobberMemory();
+  }
+  finish(state, std::int64_t(b.lay.pairs.size()) * 16 * kRowBytes * 2, s.seqs == kDecode.seqs ? 4 : 5);
+}
+
+}  // namespace
+
+// Pool bytes of a shape's layout (two regions of its blocks, one layer).
+std::int64_t pool_bytes(const Shape& s) { return (2 * s.blocks() + 1) * 16 * kRowBytes * 2; }
+std::int64_t copy_bytes(const Shape& s) { return s.blocks() * 16 * kRowBytes * 2; }
+
+BENCHMARK(BM_memcpy)
+    ->Args({kDecode.payload(), pool_bytes(kDecode), 0, 0})
+    ->Args({kPrefill.payload(), pool_bytes(kPrefill), 0, 1})
+    ->Args({kDecode.payload(), pool_bytes(kDecode), 1, 2})
+    ->Args({kPrefill.payload(), pool_bytes(kPrefill), 1, 3})
+    ->Args({copy_bytes(kDecode), pool_bytes(kDecode), 0, 4})
+    ->Args({copy_bytes(kPrefill), pool_bytes(kPrefill), 0, 5})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_scatter, decode_256x1, kDecode)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_scatter, prefill_8x2048, kPrefill)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_gather, decode_256x1, kDecode)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_gather, prefill_8x2048, kPrefill)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_block_copy, decode_256x1, kDecode)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_block_copy, prefill_8x2048, kPrefill)->Unit(benchmark::kMicrosecond);
+
+BENCHMARK_MAIN();

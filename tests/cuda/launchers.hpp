@@ -1,0 +1,30 @@
+// The CUDA launchers, compiled by nvcc in launchers.cu, callable from host
+// C++ test code built by g++ (Catch2 stays out of nvcc).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <kvcache/kernels/block_copy.hpp>
+#include <kvcache/kernels/compaction.hpp>
+#include <kvcache/kernels/gather.hpp>
+#include <kvcache/kernels/page_bounds.hpp>
+#include <kvcache/kernels/ring_write.hpp>
+#include <kvcache/kernels/rope.hpp>
+#include <kvcache/kernels/scatter.hpp>
+#include <kvcache/kernels/scores.hpp>
+
+namespace kvgpu {
+namespace kv = kvcache;
+cudaError_t scatter(const kv::ScatterParams& p, cudaStream_t s = nullptr);
+cudaError_t gather(const kv::GatherParams& p, cudaStream_t s = nullptr);
+cudaError_t block_copy(const kv::BlockCopyParams& p, cudaStream_t s = nullptr);
+cudaError_t ring_write(const kv::RingWriteParams& p, cudaStream_t s = nullptr);
+cudaError_t compaction(const kv::CompactionParams& p, cudaStream_t s = nullptr);
+cudaError_t rope(const kv::RopeParams& p, cudaStream_t s = nullptr);
+cudaError_t scores(const kv::ScoreParams& p, cudaStream_t s = nullptr);
+cudaError_t select_scratch_bytes(std::int32_t streams, std::int32_t max_keys, std::size_t* bytes);
+cudaError_t select(const float* scores, const std::int32_t* lengths, std::int32_t streams, std::int32_t max_keys,
+                   std::int32_t k, bool lowest, std::int32_t* out, void* scratch, std::size_t scratch_bytes,
+                   cudaStream_t s = nullptr);
+cudaError_t page_bounds(const kv::PageBoundsParams& p, cudaStream_t s = nullptr);
+}  // namespace kvgpu

@@ -1,0 +1,311 @@
+// Every CUDA kernel against the host backend on the same fresh random inputs:
+// outputs must be bit-identical. Without a GPU the binary exits 77 (skipped).
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <memory>
+#include <cstdio>
+#include <numeric>
+
+#include "../kernel_testing.hpp"
+#include "launchers.hpp"
+
+using namespace kvcache;
+using namespace kvtest;
+
+namespace {
+
+#define CUDA_OK(expr)                                           \
+  do {                                                          \
+    const cudaError_t err_ = (expr);                            \
+    INFO(#expr << ": " << cudaGetErrorString(err_));            \
+    REQUIRE(err_ == cudaSuccess);                               \
+  } while (0)
+
+// A device copy of a host buffer; download() brings it back.
+struct Dev {
+  void* p = nullptr;
+  std::size_t n = 0;
+  template <class T>
+  explicit Dev(const std::vector<T>& host) : n(host.size() * sizeof(T)) {
+    REQUIRE(cudaMalloc(&p, n ? n : 1) == cudaSuccess);
+    if (n) REQUIRE(cudaMemcpy(p, host.data(), n, cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  Dev(const Dev&) = delete;
+  ~Dev() { cudaFree(p); }
+  template <class T>
+  T* as() const { return static_cast<T*>(p); }
+  template <class T>
+  std::vector<T> download() const {
+    std::vector<T> out(n / sizeof(T));
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    REQUIRE(cudaMemcpy(out.data(), p, n, cudaMemcpyDeviceToHost) == cudaSuccess);
+    return out;
+  }
+};
+
+std::mt19937_64 fresh_rng() { return std::mt19937_64(Catch::rngSeed() ^ std::random_device{}()); }
+
+// A host pool with random finite content of its dtype, and its device twin.
+struct Twin {
+  Pool host;
+  std::unique_ptr<Dev> dev;
+  PoolView dview;
+  Twin(std::mt19937_64& rng, const GeometrySpec& g, std::int64_t blocks) : host(g, blocks) {
+    host.bytes = random_elems(rng, g.dtype, std::int64_t(host.bytes.size()) / dtype_bytes(g.dtype));
+    host.view.base = host.bytes.data();
+    dev = std::make_unique<Dev>(host.bytes);
+    dview = host.view;
+    dview.base = dev->p;
+  }
+  void require_same() { REQUIRE(dev->download<std::byte>() == host.bytes); }
+};
+
+std::vector<std::int32_t> shuffled(std::mt19937_64& rng, std::int64_t n) {
+  std::vector<std::int32_t> v(static_cast<std::size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  std::shuffle(v.begin(), v.end(), rng);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("cuda scatter == host scatter (slot mapping and CSR, all layouts, dtypes, multi-layer)") {
+  auto rng = fresh_rng();
+  for (int trial = 0; trial < 40; ++trial) {
+    const GeometrySpec g = random_spec(rng);
+    const std::int64_t blocks = 3 + std::int64_t(rng() % 8), tokens = std::min<std::int64_t>(blocks * g.block_size, 1 + std::int64_t(rng() % 70));
+    Twin pool(rng, g, blocks);
+    const DType in_dtype = g.dtype == DType::fp8_e4m3 ? DType::bf16 : g.dtype;
+    const int layers = g.num_layers;
+    const std::int64_t e = dtype_bytes(in_dtype), head = g.head_dim * e, per_token = 3 * g.num_kv_heads;
+    std::vector<std::byte> in = random_elems(rng, in_dtype, layers * tokens * per_token * g.head_dim);
+    Dev din(in);
+    auto slots = shuffled(rng, blocks * g.block_size);
+    slots.resize(static_cast<std::size_t>(tokens));
+    for (auto& s : slots)
+      if (rng() % 6 == 0) s = -1;
+    Dev dslots(slots);
+    auto src = [&](const std::byte* base) {
+      return KvSource{base + g.num_kv_heads * head, base + 2 * g.num_kv_heads * head, in_dtype,
+                      tokens * per_token * head, per_token * head, head};
+    };
+    ScatterParams hp{pool.host.view, src(in.data()), TokenAddress{slots.data()}, tokens, 0, layers, 0.5f, 1.5f};
+    ScatterParams dp{pool.dview, src(din.as<std::byte>()), TokenAddress{dslots.as<std::int32_t>()}, tokens, 0, layers, 0.5f, 1.5f};
+    REQUIRE(scatter_host(hp).ok());
+    CUDA_OK(kvgpu::scatter(dp));
+    pool.require_same();
+    // CSR addressing through an identity page table of one sequence.
+    std::vector<std::int32_t> indptr{0, std::int32_t(blocks)}, indices(shuffled(rng, blocks)), seq(slots.size(), 0), pos(slots);
+    Dev dindptr(indptr), dindices(indices), dseq(seq), dpos(pos);
+    hp.addr = TokenAddress{nullptr, seq.data(), pos.data(), indptr.data(), indices.data()};
+    dp.addr = TokenAddress{nullptr, dseq.as<std::int32_t>(), dpos.as<std::int32_t>(), dindptr.as<std::int32_t>(),
+                           dindices.as<std::int32_t>()};
+    REQUIRE(scatter_host(hp).ok());
+    CUDA_OK(kvgpu::scatter(dp));
+    pool.require_same();
+  }
+}
+
+TEST_CASE("cuda gather == host gather, ragged") {
+  auto rng = fresh_rng();
+  for (int trial = 0; trial < 30; ++trial) {
+    const GeometrySpec g = random_spec(rng);
+    const int nseq = 1 + int(rng() % 5), per_seq = 4;
+    const std::int64_t blocks = nseq * per_seq + 1;
+    Twin pool(rng, g, blocks);
+    std::vector<std::int32_t> indptr{0}, indices, out_indptr{0};
+    auto ids = shuffled(rng, blocks);
+    for (int s = 0; s < nseq; ++s) {
+      const int pages = int(rng() % (per_seq + 1));
+      for (int i = 0; i < pages; ++i) indices.push_back(ids[indices.size()]);
+      indptr.push_back(std::int32_t(indices.size()));
+      out_indptr.push_back(out_indptr.back() + (pages ? int(rng() % (pages * g.block_size)) + 1 : 0));
+    }
+    const std::int64_t rows = out_indptr.back();
+    const DType out_dtype = g.dtype == DType::fp8_e4m3 ? DType::f32 : g.dtype;
+    const std::int64_t row_bytes = g.num_kv_heads * g.head_dim * dtype_bytes(out_dtype);
+    std::vector<std::byte> k(static_cast<std::size_t>(rows * row_bytes + 64), std::byte{0x5a}), v(k);
+    Dev dk(k), dv(v), dindptr(indptr), dindices(indices), dout(out_indptr);
+    GatherParams hp{pool.host.view, int(rng() % g.num_layers), indptr.data(), indices.data(), out_indptr.data(), nseq, rows,
+                    k.data(), v.data(), out_dtype, row_bytes, g.head_dim * dtype_bytes(out_dtype), 0.25f, 2.0f};
+    GatherParams dp = hp;
+    dp.cache = pool.dview;
+    dp.indptr = dindptr.as<std::int32_t>();
+    dp.indices = dindices.as<std::int32_t>();
+    dp.out_indptr = dout.as<std::int32_t>();
+    dp.k_out = dk.p;
+    dp.v_out = dv.p;
+    REQUIRE(gather_host(hp).ok());
+    CUDA_OK(kvgpu::gather(dp));
+    REQUIRE(dk.download<std::byte>() == k);
+    REQUIRE(dv.download<std::byte>() == v);
+  }
+}
+
+TEST_CASE("cuda block copy == host, and the device <-> pinned host swap") {
+  auto rng = fresh_rng();
+  for (int trial = 0; trial < 20; ++trial) {
+    const GeometrySpec g = random_spec(rng);
+    const std::int64_t blocks = 10;
+    Twin pool(rng, g, blocks);
+    auto ids = shuffled(rng, blocks);
+    std::vector<BlockCopy> pairs;
+    for (int i = 0; i < 4; ++i) pairs.push_back({ids[std::size_t(i)], ids[std::size_t(i + 4)]});
+    Dev dpairs(pairs);
+    REQUIRE(block_copy_host({pool.host.view, pool.host.view, pairs.data(), 4}).ok());
+    CUDA_OK(kvgpu::block_copy({pool.dview, pool.dview, dpairs.as<BlockCopy>(), 4}));
+    pool.require_same();
+
+    // Swap out to pinned, mapped host memory and back in, one launch each way.
+    void* pinned = nullptr;
+    CUDA_OK(cudaHostAlloc(&pinned, pool.host.bytes.size(), cudaHostAllocMapped));
+    std::memset(pinned, 0x11, pool.host.bytes.size());
+    void* pinned_dev = nullptr;
+    CUDA_OK(cudaHostGetDevicePointer(&pinned_dev, pinned, 0));
+    PoolView host_tier = pool.dview;
+    host_tier.base = pinned_dev;
+    std::vector<BlockCopy> out{{ids[0], 1}, {ids[1], 2}}, back{{1, ids[8]}, {2, ids[9]}};
+    Dev dout(out), dback(back);
+    CUDA_OK(kvgpu::block_copy({pool.dview, host_tier, dout.as<BlockCopy>(), 2}));
+    CUDA_OK(kvgpu::block_copy({host_tier, pool.dview, dback.as<BlockCopy>(), 2}));
+    CUDA_OK(cudaDeviceSynchronize());
+    PoolView pinned_view = pool.host.view;
+    pinned_view.base = pinned;
+    std::vector<BlockCopy> href{{ids[0], ids[8]}, {ids[1], ids[9]}};
+    REQUIRE(block_copy_host({pool.host.view, pool.host.view, href.data(), 2}).ok());
+    pool.require_same();
+    REQUIRE(std::memcmp(pinned_view.row(1, 0, 0, 0, 0), pool.host.view.row(ids[0], 0, 0, 0, 0),
+                        std::size_t(g.block_size * g.num_kv_heads * g.head_dim * dtype_bytes(g.dtype))) == 0);
+    CUDA_OK(cudaFreeHost(pinned));
+  }
+}
+
+TEST_CASE("cuda ring write with promotion and compaction == host") {
+  auto rng = fresh_rng();
+  for (int trial = 0; trial < 30; ++trial) {
+    const GeometrySpec g = random_spec(rng);
+    const std::int64_t blocks = 6, slots_total = blocks * g.block_size;
+    Twin pool(rng, g, blocks);
+    auto ids = shuffled(rng, slots_total);
+    const std::int64_t tokens = std::max<std::int64_t>(1, std::min<std::int64_t>(slots_total / 2, 20));
+    std::vector<std::int32_t> ring(ids.begin(), ids.begin() + tokens), promote(static_cast<std::size_t>(tokens), -1);
+    for (std::int64_t t = 0; t < tokens; ++t)
+      if (rng() % 2) promote[std::size_t(t)] = ids[std::size_t(tokens + t)];
+    const DType in_dtype = rng() % 2 ? DType::f32 : g.dtype;
+    const std::int64_t row = g.head_dim * dtype_bytes(in_dtype);
+    std::vector<std::byte> in = random_elems(rng, in_dtype, 2 * tokens * g.num_layers * g.num_kv_heads * g.head_dim);
+    Dev din(in), dring(ring), dpromote(promote);
+    const std::int64_t half = std::int64_t(in.size()) / 2;
+    auto src = [&](const std::byte* b) {
+      return KvSource{b, b + half, in_dtype, tokens * g.num_kv_heads * row, g.num_kv_heads * row, row};
+    };
+    REQUIRE(ring_write_host({pool.host.view, src(in.data()), tokens, 0, g.num_layers, ring.data(), promote.data()}).ok());
+    CUDA_OK(kvgpu::ring_write({pool.dview, src(din.as<std::byte>()), tokens, 0, g.num_layers, dring.as<std::int32_t>(),
+                               dpromote.as<std::int32_t>()}));
+    pool.require_same();
+
+    std::vector<BlockId> row_blocks(shuffled(rng, blocks));
+    const std::int32_t length = std::int32_t(slots_total);
+    std::vector<std::int32_t> keep;
+    for (std::int32_t p = 0; p < length; ++p)
+      if (rng() % 3 == 0) keep.push_back(p);
+    std::vector<SlotMove> moves(keep.size());
+    std::vector<std::int32_t> order(keep.size());
+    auto n = plan_compaction(keep, length, row_blocks, g.block_size, moves, order);
+    REQUIRE(n.ok());
+    Dev dmoves(moves);
+    REQUIRE(compaction_host({pool.host.view, moves.data(), *n, 0, g.num_layers}).ok());
+    CUDA_OK(kvgpu::compaction({pool.dview, dmoves.as<SlotMove>(), *n, 0, g.num_layers}));
+    pool.require_same();
+  }
+}
+
+TEST_CASE("cuda rope, page bounds, scores and top-k == host") {
+  auto rng = fresh_rng();
+  for (int trial = 0; trial < 20; ++trial) {
+    GeometrySpec g = random_spec(rng);
+    Twin pool(rng, g, 6);
+    const std::int32_t max_delta = 40, half = g.head_dim / 2;
+    std::vector<float> cs((max_delta + 1) * half), sn(cs.size());
+    REQUIRE(make_rope_table(500000.0, g.head_dim, max_delta, cs, sn).ok());
+    std::vector<std::int32_t> blocks{0, 3, 5}, deltas{7, -40, 16};
+    Dev dcs(cs), dsn(sn), dblocks(blocks), ddeltas(deltas);
+    const RopeStyle style = trial % 2 ? RopeStyle::neox : RopeStyle::gptj;
+    REQUIRE(rope_host({pool.host.view, 0, g.num_layers, blocks.data(), deltas.data(), 3, cs.data(), sn.data(), max_delta, 0, style}).ok());
+    CUDA_OK(kvgpu::rope({pool.dview, 0, g.num_layers, dblocks.as<std::int32_t>(), ddeltas.as<std::int32_t>(), 3,
+                         dcs.as<float>(), dsn.as<float>(), max_delta, 0, style}));
+    pool.require_same();
+
+    std::vector<std::int32_t> pages{5, 2}, fill{g.block_size, int(rng() % (g.block_size + 1))};
+    std::vector<float> bounds(std::size_t(6 * g.num_kv_heads * 2 * g.head_dim), 9.0f);
+    Dev dpages(pages), dfill(fill), dbounds(bounds);
+    REQUIRE(page_bounds_host({pool.host.view, 0, pages.data(), fill.data(), 2, bounds.data()}).ok());
+    CUDA_OK(kvgpu::page_bounds({pool.dview, 0, dpages.as<std::int32_t>(), dfill.as<std::int32_t>(), 2, dbounds.as<float>()}));
+    REQUIRE(dbounds.download<float>() == bounds);
+  }
+  for (int trial = 0; trial < 20; ++trial) {
+    const int S = 1 + int(rng() % 5), H = 1 + int(rng() % 4), Q = 1 + int(rng() % 3), K = 1 + int(rng() % 3000);
+    std::vector<float> attn(std::size_t(S * H * Q * K)), scores(std::size_t(S * K), 0.0f);
+    for (auto& a : attn) a = float(rng() % 16) / 8.0f;  // coarse values: many ties
+    std::vector<std::int32_t> lens(static_cast<std::size_t>(S));
+    for (auto& l : lens) l = int(rng() % (K + 1));
+    Dev dattn(attn), dlens(lens), dscores(scores);
+    const ScoreReduce red = trial % 2 ? ScoreReduce::sum : ScoreReduce::mean_over_heads;
+    REQUIRE(scores_host({attn.data(), lens.data(), scores.data(), S, H, Q, K, red}).ok());
+    CUDA_OK(kvgpu::scores({dattn.as<float>(), dlens.as<std::int32_t>(), dscores.as<float>(), S, H, Q, K, red}));
+    REQUIRE(dscores.download<float>() == scores);
+    const int k = int(rng() % (K + 1));
+    const bool lowest = rng() % 2;
+    std::vector<std::int32_t> out(static_cast<std::size_t>(S * k) + 1, 7);
+    REQUIRE(select_host(scores.data(), lens.data(), S, K, k, lowest, out.data()).ok());
+    std::size_t bytes = 0;
+    CUDA_OK(kvgpu::select_scratch_bytes(S, K, &bytes));
+    std::vector<std::byte> scratch_host(bytes);
+    Dev scratch(scratch_host), dout(std::vector<std::int32_t>(out.size(), 7));
+    CUDA_OK(kvgpu::select(dscores.as<float>(), dlens.as<std::int32_t>(), S, K, k, lowest, dout.as<std::int32_t>(),
+                          scratch.p, bytes));
+    REQUIRE(dout.download<std::int32_t>() == out);
+  }
+}
+
+TEST_CASE("cuda scatter and gather reach a block past 4 GiB (64-bit offsets)") {
+  const GeometrySpec g{.num_layers = 1, .num_kv_heads = 8, .head_dim = 128, .block_size = 16};
+  auto geo = *Geometry::make(g);
+  const std::int64_t blocks = (std::int64_t{5} << 30) / geo.block_bytes() + 1;  // > 5 GiB
+  void* base = nullptr;
+  if (cudaMalloc(&base, std::size_t(*geo.pool_bytes(blocks))) != cudaSuccess) {
+    cudaGetLastError();
+    WARN("not enough device memory for the 5 GiB pool; case skipped");
+    return;
+  }
+  const PoolView view = *make_pool_view(geo, base, blocks);
+  std::mt19937_64 rng(3);
+  const std::int64_t row = 8 * 128 * 2;
+  std::vector<std::byte> in = random_elems(rng, DType::f16, 2 * 8 * 128), out(in.size(), std::byte{0});
+  std::vector<std::int32_t> slots{std::int32_t((blocks - 1) * 16 + 15)}, indptr{0, 1}, indices{std::int32_t(blocks - 1)},
+      out_indptr{0, 16};
+  Dev din(in), dslots(slots), dindptr(indptr), dindices(indices), dout_indptr(out_indptr);
+  std::vector<std::byte> dense(16 * row * 2);
+  Dev dk(dense), dv(dense);
+  CUDA_OK(kvgpu::scatter({view, KvSource{din.p, din.as<std::byte>() + row, DType::f16, 0, row, 256},
+                          TokenAddress{dslots.as<std::int32_t>()}, 1}));
+  CUDA_OK(kvgpu::gather({view, 0, dindptr.as<std::int32_t>(), dindices.as<std::int32_t>(), dout_indptr.as<std::int32_t>(), 1,
+                         16, dk.p, dv.p, DType::f16, row, 256}));
+  const auto k = dk.download<std::byte>(), v = dv.download<std::byte>();
+  REQUIRE(std::memcmp(k.data() + 15 * row, in.data(), std::size_t(row)) == 0);
+  REQUIRE(std::memcmp(v.data() + 15 * row, in.data() + row, std::size_t(row)) == 0);
+  cudaFree(base);
+}
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("test_kernels_cuda: no CUDA device; skipped\n");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}
