@@ -9,7 +9,7 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-__global__ void block_copy_kernel(BlockCopyParams p) {
+static __global__ void block_copy_kernel(BlockCopyParams p) {
   const std::int64_t items = std::int64_t{p.num_pairs} * p.src.num_layers * 2;
   for (std::int64_t it = blockIdx.x; it < items; it += gridDim.x) {
     const auto kv = static_cast<std::int32_t>(it % 2);

@@ -9,18 +9,17 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-__global__ void compaction_kernel(CompactionParams p, std::int32_t lanes) {
-  const std::int64_t items = std::int64_t{p.num_moves} * p.num_layers;
-  const std::int32_t rows = 2 * p.cache.num_kv_heads;
-  for (std::int64_t it = blockIdx.x; it < items; it += gridDim.x) {
-    const auto move = static_cast<std::int32_t>(it / p.num_layers);
-    const auto layer = static_cast<std::int32_t>(it % p.num_layers);
-    for (std::int32_t i = threadIdx.x; i < rows * lanes; i += blockDim.x) {
-      const std::int32_t row = i / lanes;
-      compaction_row(p, move, layer, row / p.cache.num_kv_heads, row % p.cache.num_kv_heads, i % lanes, lanes);
-    }
+namespace cuda_detail {
+// Item = (move, layer).
+struct CompactionRow {
+  CompactionParams p;
+  __device__ void operator()(std::int64_t item, std::int32_t kv, std::int32_t head, std::int32_t lane,
+                             std::int32_t lanes) const {
+    compaction_row(p, static_cast<std::int32_t>(item / p.num_layers), static_cast<std::int32_t>(item % p.num_layers), kv,
+                   head, lane, lanes);
   }
-}
+};
+}  // namespace cuda_detail
 
 inline cudaError_t compaction_cuda(const CompactionParams& p, cudaStream_t stream) {
   if (!p.cache.base || p.num_layers < 1 || p.first_layer < 0 || p.first_layer + p.num_layers > p.cache.num_layers ||
@@ -28,9 +27,8 @@ inline cudaError_t compaction_cuda(const CompactionParams& p, cudaStream_t strea
     return cudaErrorInvalidValue;
   if (p.num_moves == 0) return cudaSuccess;
   const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.cache.dtype, 1.0f, p.cache.head_dim);
-  compaction_kernel<<<cuda_detail::grid_for(std::int64_t{p.num_moves} * p.num_layers),
-                      cuda_detail::threads_for(2 * p.cache.num_kv_heads, lanes), 0, stream>>>(p, lanes);
-  return cudaGetLastError();
+  return cuda_detail::launch_kv_rows(cuda_detail::CompactionRow{p}, std::int64_t{p.num_moves} * p.num_layers,
+                                     p.cache.num_kv_heads, lanes, stream);
 }
 
 KVCACHE_END_NAMESPACE

@@ -44,7 +44,7 @@ namespace cuda_detail {
 // vector of U consecutive items, then stores them: U loads in flight instead
 // of one. `ptrs(item, row, dst, src)` is the kernel's shared addressing body.
 template <int U, class Ptrs>
-__global__ void vec_copy_kernel(Ptrs ptrs, std::int64_t items, std::int32_t vecs) {
+static __global__ void vec_copy_kernel(Ptrs ptrs, std::int64_t items, std::int32_t vecs) {
   const std::int32_t row = static_cast<std::int32_t>(threadIdx.x) / vecs, v = static_cast<std::int32_t>(threadIdx.x) % vecs;
   for (std::int64_t base = std::int64_t{blockIdx.x} * U; base < items; base += std::int64_t{gridDim.x} * U) {
     Vec16 r[U];
@@ -63,6 +63,26 @@ __global__ void vec_copy_kernel(Ptrs ptrs, std::int64_t items, std::int32_t vecs
     for (int u = 0; u < U; ++u)
       if (dst[u]) *dst[u] = r[u];
   }
+}
+
+// The generic row loop: CTAs take items (tokens, moves, ...) in a grid-stride
+// loop; threads cover (K|V, head) rows x lanes. `row(item, kv, head, lane,
+// lanes)` is the kernel's shared body.
+template <class Row>
+static __global__ void kv_rows_kernel(Row row, std::int64_t items, std::int32_t heads, std::int32_t lanes) {
+  const std::int32_t rows = 2 * heads;
+  for (std::int64_t it = blockIdx.x; it < items; it += gridDim.x)
+    for (std::int32_t i = static_cast<std::int32_t>(threadIdx.x); i < rows * lanes; i += static_cast<std::int32_t>(blockDim.x)) {
+      const std::int32_t r = i / lanes;
+      row(it, r / heads, r % heads, i % lanes, lanes);
+    }
+}
+
+template <class Row>
+inline cudaError_t launch_kv_rows(const Row& row, std::int64_t items, std::int32_t heads, std::int32_t lanes,
+                                  cudaStream_t stream) {
+  kv_rows_kernel<<<grid_for(items), threads_for(2 * heads, lanes), 0, stream>>>(row, items, heads, lanes);
+  return cudaGetLastError();
 }
 
 // Small batches (decode) want every item in its own CTA for parallelism;

@@ -9,18 +9,15 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-__global__ void gather_kernel(GatherParams p, std::int32_t lanes) {
-  const std::int32_t rows = 2 * p.cache.num_kv_heads;
-  for (std::int64_t r = blockIdx.x; r < p.num_rows; r += gridDim.x) {
-    const std::int32_t seq = gather_seq_of_row(p, r);
-    for (std::int32_t i = threadIdx.x; i < rows * lanes; i += blockDim.x) {
-      const std::int32_t row = i / lanes;
-      gather_row(p, seq, r, row / p.cache.num_kv_heads, row % p.cache.num_kv_heads, i % lanes, lanes);
-    }
-  }
-}
-
 namespace cuda_detail {
+// Item = output row.
+struct GatherRow {
+  GatherParams p;
+  __device__ void operator()(std::int64_t item, std::int32_t kv, std::int32_t head, std::int32_t lane,
+                             std::int32_t lanes) const {
+    gather_row(p, gather_seq_of_row(p, item), item, kv, head, lane, lanes);
+  }
+};
 struct GatherPtrs {
   GatherParams p;
   __device__ bool operator()(std::int64_t item, std::int32_t row, std::byte*& dst, const std::byte*& src) const {
@@ -47,8 +44,7 @@ inline cudaError_t gather_cuda(const GatherParams& p, cudaStream_t stream) {
     return cuda_detail::launch_vec_copy(cuda_detail::GatherPtrs{p}, p.num_rows, rows, vecs, stream);
   }
   const std::int32_t lanes = cuda_detail::lanes_for(p.out_dtype, p.cache.dtype, p.k_scale, p.cache.head_dim);
-  gather_kernel<<<cuda_detail::grid_for(p.num_rows), cuda_detail::threads_for(rows, lanes), 0, stream>>>(p, lanes);
-  return cudaGetLastError();
+  return cuda_detail::launch_kv_rows(cuda_detail::GatherRow{p}, p.num_rows, p.cache.num_kv_heads, lanes, stream);
 }
 
 KVCACHE_END_NAMESPACE

@@ -9,7 +9,7 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-__global__ void page_bounds_kernel(PageBoundsParams p) {
+static __global__ void page_bounds_kernel(PageBoundsParams p) {
   const std::int32_t per_page = p.cache.num_kv_heads * p.cache.head_dim;
   for (std::int64_t e = blockIdx.x; e < p.num_pages; e += gridDim.x)
     for (std::int32_t i = threadIdx.x; i < per_page; i += blockDim.x)

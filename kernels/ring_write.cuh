@@ -8,18 +8,16 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-__global__ void ring_write_kernel(RingWriteParams p, std::int32_t lanes) {
-  const std::int64_t items = std::int64_t{p.num_layers} * p.num_tokens;
-  const std::int32_t rows = 2 * p.cache.num_kv_heads;
-  for (std::int64_t it = blockIdx.x; it < items; it += gridDim.x) {
-    const auto layer = static_cast<std::int32_t>(it / p.num_tokens);
-    const std::int64_t token = it % p.num_tokens;
-    for (std::int32_t i = threadIdx.x; i < rows * lanes; i += blockDim.x) {
-      const std::int32_t row = i / lanes;
-      ring_write_row(p, layer, token, row / p.cache.num_kv_heads, row % p.cache.num_kv_heads, i % lanes, lanes);
-    }
+namespace cuda_detail {
+// Item = (layer, token).
+struct RingWriteRow {
+  RingWriteParams p;
+  __device__ void operator()(std::int64_t item, std::int32_t kv, std::int32_t head, std::int32_t lane,
+                             std::int32_t lanes) const {
+    ring_write_row(p, static_cast<std::int32_t>(item / p.num_tokens), item % p.num_tokens, kv, head, lane, lanes);
   }
-}
+};
+}  // namespace cuda_detail
 
 inline cudaError_t ring_write_cuda(const RingWriteParams& p, cudaStream_t stream) {
   ScatterParams shape{p.cache, p.src, TokenAddress{p.ring_slots}, p.num_tokens, p.first_layer, p.num_layers,
@@ -28,9 +26,8 @@ inline cudaError_t ring_write_cuda(const RingWriteParams& p, cudaStream_t stream
   if (p.num_tokens == 0) return cudaSuccess;
   if (!p.ring_slots) return cudaErrorInvalidValue;
   const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale, p.cache.head_dim);
-  ring_write_kernel<<<cuda_detail::grid_for(std::int64_t{p.num_layers} * p.num_tokens),
-                      cuda_detail::threads_for(2 * p.cache.num_kv_heads, lanes), 0, stream>>>(p, lanes);
-  return cudaGetLastError();
+  return cuda_detail::launch_kv_rows(cuda_detail::RingWriteRow{p}, std::int64_t{p.num_layers} * p.num_tokens,
+                                     p.cache.num_kv_heads, lanes, stream);
 }
 
 KVCACHE_END_NAMESPACE

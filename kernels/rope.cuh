@@ -10,7 +10,7 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-__global__ void rope_kernel(RopeParams p, std::int32_t lanes) {
+static __global__ void rope_kernel(RopeParams p, std::int32_t lanes) {
   const std::int64_t per_entry = std::int64_t{p.num_layers} * p.cache.block_size;
   const std::int64_t items = std::int64_t{p.num_entries} * per_entry;
   for (std::int64_t it = blockIdx.x; it < items; it += gridDim.x) {

@@ -10,20 +10,15 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-__global__ void scatter_kernel(ScatterParams p, std::int32_t lanes) {
-  const std::int64_t items = std::int64_t{p.num_layers} * p.num_tokens;
-  const std::int32_t rows = 2 * p.cache.num_kv_heads;
-  for (std::int64_t it = blockIdx.x; it < items; it += gridDim.x) {
-    const auto layer = static_cast<std::int32_t>(it / p.num_tokens);
-    const std::int64_t token = it % p.num_tokens;
-    for (std::int32_t i = threadIdx.x; i < rows * lanes; i += blockDim.x) {
-      const std::int32_t row = i / lanes;
-      scatter_row(p, layer, token, row / p.cache.num_kv_heads, row % p.cache.num_kv_heads, i % lanes, lanes);
-    }
-  }
-}
-
 namespace cuda_detail {
+// Item = (layer, token).
+struct ScatterRow {
+  ScatterParams p;
+  __device__ void operator()(std::int64_t item, std::int32_t kv, std::int32_t head, std::int32_t lane,
+                             std::int32_t lanes) const {
+    scatter_row(p, static_cast<std::int32_t>(item / p.num_tokens), item % p.num_tokens, kv, head, lane, lanes);
+  }
+};
 struct ScatterPtrs {
   ScatterParams p;
   __device__ bool operator()(std::int64_t item, std::int32_t row, std::byte*& dst, const std::byte*& src) const {
@@ -57,8 +52,7 @@ inline cudaError_t scatter_cuda(const ScatterParams& p, cudaStream_t stream) {
     return cuda_detail::launch_vec_copy(cuda_detail::ScatterPtrs{p}, items, rows, vecs, stream);
   }
   const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale, p.cache.head_dim);
-  scatter_kernel<<<cuda_detail::grid_for(items), cuda_detail::threads_for(rows, lanes), 0, stream>>>(p, lanes);
-  return cudaGetLastError();
+  return cuda_detail::launch_kv_rows(cuda_detail::ScatterRow{p}, items, p.cache.num_kv_heads, lanes, stream);
 }
 
 KVCACHE_END_NAMESPACE

@@ -13,7 +13,7 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-__global__ void score_kernel(ScoreParams p) {
+static __global__ void score_kernel(ScoreParams p) {
   const std::int64_t n = std::int64_t{p.num_streams} * p.max_keys;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
     score_elem(p, static_cast<std::int32_t>(i / p.max_keys), static_cast<std::int32_t>(i % p.max_keys));
@@ -65,7 +65,7 @@ inline cudaError_t carve(void* base, std::int32_t streams, std::int32_t max_keys
   return cudaSuccess;
 }
 
-__global__ void select_prepare(const float* scores, const std::int32_t* lengths, std::int32_t streams,
+static __global__ void select_prepare(const float* scores, const std::int32_t* lengths, std::int32_t streams,
                                std::int32_t max_keys, SelectScratch s) {
   const std::int64_t n = std::int64_t{streams} * max_keys;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x) {
@@ -80,7 +80,7 @@ __global__ void select_prepare(const float* scores, const std::int32_t* lengths,
   }
 }
 
-__global__ void select_finish(const std::int32_t* lengths, std::int32_t streams, std::int32_t max_keys, std::int32_t k,
+static __global__ void select_finish(const std::int32_t* lengths, std::int32_t streams, std::int32_t max_keys, std::int32_t k,
                               SelectScratch s, std::int32_t* out) {
   const std::int64_t n = std::int64_t{streams} * k;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x) {
