@@ -40,7 +40,9 @@ def main():
     print(f"Machine: {context.get('num_cpus')} CPUs at {context.get('mhz_per_cpu')} MHz, "
           f"median of {context.get('repetitions', '?')} repetitions.")
     if big:
-        print(f"Reference: {ref_name} of {int(memcpy[big]['out_bytes']) >> 20} MiB = {memcpy[big]['bytes_per_second'] / 1e9:.1f} GB/s "
+        size = int(memcpy[big]["out_bytes"])
+        size = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+        print(f"Reference: {ref_name} of {size} = {memcpy[big]['bytes_per_second'] / 1e9:.1f} GB/s "
               "(bytes copied per second), same run.\n")
     print("| benchmark | median | reference (same run) | ratio |")
     print("| --- | ---: | --- | ---: |")

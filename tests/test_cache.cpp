@@ -23,7 +23,7 @@ struct TinyBound {
   std::int64_t max_tokens_after_eviction() const { return cap; }
 };
 struct NeedsScores {
-  static constexpr Signals required_signals{Signals::attention_sums};
+  static constexpr Signals required_signals{Signals::gate_scores};
   std::int64_t max_tokens_held(std::int64_t n) const { return n; }
   std::int64_t max_blocks_held(std::int64_t n, std::int32_t b) const { return (n + b - 1) / b; }
   std::int64_t max_tokens_after_eviction() const { return INT64_MAX; }
@@ -91,7 +91,8 @@ TEST_CASE("can_admit also needs a free sequence handle") {
 TEST_CASE("check_invariants enforces the eviction policy's advertised bound") {
   Cache<BlockPool, PageTable, AdmitAll, SelectAll, TinyBound> cache(config());
   CHECK(cache.max_tokens_after_eviction() == 4);
-  CHECK(*cache.blocks_needed(100, 100) == 1);
+  CHECK(*cache.blocks_needed(100, 100) == 7);  // the prompt is held whole until the policy runs
+  CHECK(*cache.blocks_needed(2, 100) == 1);
   auto s = *cache.add_sequence();
   std::vector<std::int32_t> slots(8);
   REQUIRE(cache.reserve(s, 4, slots).ok());

@@ -8,6 +8,7 @@
 //   cache.export_csr(seqs, indptr, indices, last_page_len);
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <span>
@@ -19,6 +20,7 @@
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/eviction/keep_all.hpp"
+#include "kvcache/eviction/plan.hpp"
 #include "kvcache/geometry.hpp"
 #include "kvcache/page_table.hpp"
 #include "kvcache/page_table_export.hpp"
@@ -57,9 +59,9 @@ template <BlockAllocator Pool = BlockPool, BlockTableFor<Pool> Table = PageTable
           SelectionPolicy Selection = SelectAll, EvictionPolicy Eviction = KeepAll, BlockHasher Hasher = FastBlockHasher>
 class Cache {
  public:
-  // Score signals this cache can feed to policies. Observation arrives with
-  // the eviction policies; until then a policy that needs a signal is refused.
-  static constexpr Signals provided_signals = no_signals;
+  // Score signals this cache can feed to policies: observe() takes one score
+  // per held token, already reduced over heads and the step's queries.
+  static constexpr Signals provided_signals{Signals::attention_sums};
   static_assert(provided_signals.covers(Admission::required_signals),
                 "kvcache::Cache: the admission policy needs score signals this cache does not provide");
   static_assert(provided_signals.covers(Selection::required_signals),
@@ -75,7 +77,10 @@ class Cache {
         admission_(admission),
         selection_(selection),
         eviction_(eviction),
-        hasher_(hasher) {}
+        hasher_(hasher) {
+    if constexpr (ObservingEviction<Eviction>)
+      eviction_.bind(cfg.max_sequences, cfg.max_blocks_per_sequence * cfg.geometry.block_size());
+  }
 
   const Geometry& geometry() const noexcept { return geometry_; }
   std::int32_t block_size() const noexcept { return table_.block_size(); }
@@ -91,8 +96,18 @@ class Cache {
   Result<PrefixHit> add_sequence(std::span<const std::int32_t> prompt, const PrefixKey& key = {}) noexcept {
     return table_.add_with_prefix(pool_, prompt, key, hasher_);
   }
-  Result<SeqId> fork(SeqId s) noexcept { return table_.fork(pool_, s); }
-  Status free(SeqId s) noexcept { return table_.release(pool_, s); }
+  Result<SeqId> fork(SeqId s) noexcept {
+    auto child = table_.fork(pool_, s);
+    if constexpr (ObservingEviction<Eviction>)
+      if (child) eviction_.copy_state(s.index, child->index);
+    return child;
+  }
+  Status free(SeqId s) noexcept {
+    auto st = table_.release(pool_, s);
+    if constexpr (ObservingEviction<Eviction>)
+      if (st) eviction_.reset(s.index);
+    return st;
+  }
 
   // --- writes --------------------------------------------------------------
   Result<ReserveInfo> reserve(SeqId s, std::int32_t n, std::span<std::int32_t> slots) noexcept {
@@ -102,7 +117,58 @@ class Cache {
                                   std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept {
     return table_.reserve_batch(pool_, seqs, counts, slots, copies);
   }
-  Status truncate(SeqId s, std::int32_t n) noexcept { return table_.truncate(pool_, s, n); }
+  Status truncate(SeqId s, std::int32_t n) noexcept {
+    auto st = table_.truncate(pool_, s, n);
+    if constexpr (ObservingEviction<Eviction>)
+      if (st) eviction_.on_truncate(s.index, *table_.tokens(s));
+    return st;
+  }
+
+  // --- eviction ----------------------------------------------------------------
+  // Feeds the policy one score per token the sequence holds.
+  Status observe(SeqId s, std::span<const float> scores) noexcept
+    requires ObservingEviction<Eviction>
+  {
+    if (auto st = table_.validate(s); !st) return st;
+    const std::int32_t held = table_.tokens_unchecked(s);
+    if (std::int64_t(scores.size()) != held)
+      return Status{Errc::invalid_argument, "scores.size", std::int64_t(scores.size()), held};
+    return eviction_.observe(s.index, scores);
+  }
+  // Runs the policy on one sequence: the chosen logical blocks leave its page
+  // table (ascending, into `evicted`), and the kept blocks that moved are
+  // listed in `rotations` for key re-rotation. Shared blocks never move:
+  // candidates start after the sequence's last shared block. Buffers too
+  // small for the plan are an error, and nothing changes.
+  Result<EvictionResult> evict(SeqId s, std::span<std::int32_t> evicted, std::span<BlockRotation> rotations) noexcept {
+    if (auto st = table_.validate(s); !st) return st;
+    if constexpr (!ObservingEviction<Eviction>) {
+      return EvictionResult{};
+    } else {
+      const auto blocks = table_.blocks_unchecked(s);
+      std::int32_t first_candidate = 0;
+      for (std::int32_t b = 0; b < std::int32_t(blocks.size()); ++b)
+        if (pool_.ref_count(blocks[std::size_t(b)]) > 1) first_candidate = b + 1;
+      auto n = eviction_.plan(s.index, table_.tokens_unchecked(s), first_candidate, evicted);
+      if (!n) return n.status();
+      if (*n == 0) return EvictionResult{};
+      const std::int32_t first = evicted[0], moved = std::int32_t(blocks.size()) - first - *n;
+      if (std::int64_t(rotations.size()) < moved)
+        return Status{Errc::buffer_too_small, "rotations", std::int64_t(rotations.size()), moved};
+      std::int32_t k = 0, r = 0;
+      for (std::int32_t b = first; b < std::int32_t(blocks.size()); ++b) {
+        if (k < *n && evicted[std::size_t(k)] == b) {
+          ++k;
+          continue;
+        }
+        rotations[std::size_t(r++)] = BlockRotation{blocks[std::size_t(b)], b - k, -k * block_size()};
+      }
+      const auto chosen = std::span<const std::int32_t>(evicted.data(), std::size_t(*n));
+      (void)table_.remove_blocks(pool_, s, chosen);  // cannot fail: the plan is valid and unshared
+      eviction_.on_removed(s.index, chosen);
+      return EvictionResult{*n, r};
+    }
+  }
 
   // --- prefix sharing ------------------------------------------------------
   std::int32_t match_prefix(std::span<const std::int32_t> tokens, const PrefixKey& key,
@@ -144,7 +210,9 @@ class Cache {
   Result<std::int64_t> blocks_needed(std::int64_t prompt_len, std::int64_t max_new) const noexcept {
     if (prompt_len < 0) return Status{Errc::invalid_argument, "prompt_len", prompt_len, 0};
     if (max_new < 0) return Status{Errc::invalid_argument, "max_new", max_new, 0};
-    return eviction_.max_blocks_held(prompt_len + max_new, block_size());
+    // The prompt is held whole until the policy first runs (prefill peak).
+    const std::int64_t prefill = (prompt_len + block_size() - 1) / block_size();
+    return std::max(prefill, eviction_.max_blocks_held(prompt_len + max_new, block_size()));
   }
   // A sequence handle is free and the pool can cover blocks_needed now.
   bool can_admit(std::int64_t prompt_len, std::int64_t max_new) const noexcept {
@@ -172,7 +240,11 @@ class Cache {
     return bad;
   }
 
-  friend bool operator==(const Cache& a, const Cache& b) { return a.pool_ == b.pool_ && a.table_ == b.table_; }
+  friend bool operator==(const Cache& a, const Cache& b) {
+    if constexpr (ObservingEviction<Eviction>)
+      if (!(a.eviction_ == b.eviction_)) return false;
+    return a.pool_ == b.pool_ && a.table_ == b.table_;
+  }
 
  private:
   static const Geometry& valid_geometry(const Geometry& g) {

@@ -221,6 +221,47 @@ class PageTable {
     return {};
   }
 
+  // Removes whole logical blocks (strictly ascending, full) from the stream;
+  // every block from the first removed one on must be held by this stream
+  // alone: later blocks move up, the
+  // removed ones return to the pool. Only the table changes; no data moves.
+  // Blocks from the first removed one on lose their published hashes (their
+  // positions, and after re-rotation their keys, change).
+  Status remove_blocks(BlockPool& pool, SeqId s, std::span<const std::int32_t> logical) noexcept {
+    if (auto st = validate(s); !st) return st;
+    const std::uint32_t i = s.index;
+    Stream& st = st_[i];
+    const std::int32_t full = st.tokens / block_size_;
+    for (std::size_t k = 0; k < logical.size(); ++k) {
+      const std::int32_t b = logical[k];
+      if (b < 0 || b >= full || (k > 0 && b <= logical[k - 1]))
+        return Status{Errc::invalid_argument, "logical_block", b, full};
+    }
+    if (logical.empty()) return {};
+    BlockId* r = row(i);
+    // A shared block never moves (its keys would be re-rotated under the other holders).
+    for (std::int32_t b = logical.front(); b < st.nblocks; ++b)
+      if (pool.ref_count(r[b]) != 1) return Status{Errc::invalid_argument, "shared_block", b, pool.ref_count(r[b])};
+    for (std::int32_t b = logical.front(); b < st.nblocks; ++b)
+      if (pool.has_hash(r[b])) (void)pool.unpublish(r[b]);
+    std::int32_t out = logical.front();
+    std::size_t k = 0;
+    for (std::int32_t b = logical.front(); b < st.nblocks; ++b) {
+      if (k < logical.size() && logical[k] == b) {
+        (void)pool.release(r[b]);
+        ++k;
+        continue;
+      }
+      r[out++] = r[b];
+    }
+    for (std::int32_t b = out; b < st.nblocks; ++b) r[b] = BlockPool::null_block;
+    const auto removed = static_cast<std::int32_t>(logical.size());
+    st.nblocks -= removed;
+    st.tokens -= removed * block_size_;
+    st.nhashed = std::min(st.nhashed, logical.front());
+    return {};
+  }
+
   // A new stream sharing every block of `s` (parallel sampling, beam search).
   Result<SeqId> fork(BlockPool& pool, SeqId s) noexcept {
     if (auto st = validate(s); !st) return st;

@@ -11,6 +11,7 @@
 #include <span>
 
 #include "kvcache/config.hpp"
+#include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -71,5 +72,22 @@ concept EvictionPolicy = requires(const P& p, std::int64_t n, std::int32_t block
   { p.max_blocks_held(n, block_size) } -> std::same_as<std::int64_t>;
   { p.max_tokens_after_eviction() } -> std::same_as<std::int64_t>;
 };
+
+// An eviction policy that learns from scores and decides per stream. The
+// cache sizes its state once (bind), feeds it (observe), asks it for logical
+// blocks to drop (plan), and tells it what happened to the stream so its state
+// moves with the cache (on_removed, on_truncate, reset, copy_state on fork).
+template <class P>
+concept ObservingEviction =
+    EvictionPolicy<P> && requires(P& p, std::uint32_t s, std::int32_t n, std::span<const float> scores,
+                                  std::span<std::int32_t> out, std::span<const std::int32_t> blocks) {
+      p.bind(n, n);
+      { p.observe(s, scores) } -> std::same_as<Status>;
+      { p.plan(s, n, n, out) } -> std::same_as<Result<std::int32_t>>;
+      p.on_removed(s, blocks);
+      p.on_truncate(s, n);
+      p.reset(s);
+      p.copy_state(s, s);
+    };
 
 KVCACHE_END_NAMESPACE
