@@ -1,6 +1,6 @@
 #include <catch2/catch.hpp>
 
-#include <kvcache/page_table.hpp>
+#include <kvcache/prefix_sharing.hpp>
 
 #include <numeric>
 #include <vector>
@@ -24,7 +24,7 @@ struct Fixture {
     auto s = *table.add(key);
     std::vector<std::int32_t> slots(tokens.size());
     REQUIRE(table.reserve(pool, s, std::int32_t(tokens.size()), slots).ok());
-    REQUIRE(table.publish(pool, s, tokens, hasher).ok());
+    REQUIRE(publish_prefix(table, pool, s, tokens, hasher).ok());
     return s;
   }
 };
@@ -41,7 +41,7 @@ TEST_CASE("a published prefix is shared by the next sequence, full blocks only, 
   auto a = f.prefill(prompt);
   CHECK(f.pool.num_published() == 3);
 
-  auto hit = f.table.add_with_prefix(f.pool, prompt, {}, f.hasher);
+  auto hit = add_with_prefix(f.table, f.pool, prompt, {}, f.hasher);
   REQUIRE(hit.ok());
   CHECK(hit->cached_tokens == 12);
   const auto ab = *f.table.blocks(a), bb = *f.table.blocks(hit->seq);
@@ -51,12 +51,12 @@ TEST_CASE("a published prefix is shared by the next sequence, full blocks only, 
   f.require_ok();
 
   // Exactly 12 tokens: at most 11 may be reused, so only 2 blocks.
-  auto exact = f.table.add_with_prefix(f.pool, iota(12), {}, f.hasher);
+  auto exact = add_with_prefix(f.table, f.pool, iota(12), {}, f.hasher);
   CHECK(exact->cached_tokens == 8);
   // A different first token: nothing shared.
   auto other = iota(14);
   other[0] = 7;
-  CHECK(f.table.add_with_prefix(f.pool, other, {}, f.hasher)->cached_tokens == 0);
+  CHECK(add_with_prefix(f.table, f.pool, other, {}, f.hasher)->cached_tokens == 0);
   f.require_ok();
 }
 
@@ -65,10 +65,10 @@ TEST_CASE("salt and extra keys isolate chains") {
   const auto prompt = iota(9);
   f.prefill(prompt, {.salt = 1, .extra = 0});
   std::vector<BlockId> out(8);
-  CHECK(f.table.match_prefix(f.pool, prompt, {.salt = 1}, f.hasher, out) == 2);
-  CHECK(f.table.match_prefix(f.pool, prompt, {.salt = 2}, f.hasher, out) == 0);
-  CHECK(f.table.match_prefix(f.pool, prompt, {.salt = 1, .extra = 5}, f.hasher, out) == 0);
-  CHECK(f.table.match_prefix(f.pool, prompt, {.salt = 1}, f.hasher, std::span(out).first(1)) == 1);
+  CHECK(match_prefix(f.table, f.pool, prompt, {.salt = 1}, f.hasher, out) == 2);
+  CHECK(match_prefix(f.table, f.pool, prompt, {.salt = 2}, f.hasher, out) == 0);
+  CHECK(match_prefix(f.table, f.pool, prompt, {.salt = 1, .extra = 5}, f.hasher, out) == 0);
+  CHECK(match_prefix(f.table, f.pool, prompt, {.salt = 1}, f.hasher, std::span(out).first(1)) == 1);
 }
 
 TEST_CASE("publish validates the prefix length and is incremental") {
@@ -79,20 +79,20 @@ TEST_CASE("publish validates the prefix length and is incremental") {
   const auto tokens = iota(10);
   const BlockPool p0 = f.pool;
   const PageTable t0 = f.table;
-  auto bad = f.table.publish(f.pool, s, tokens, f.hasher);
+  auto bad = publish_prefix(f.table, f.pool, s, tokens, f.hasher);
   CHECK(bad.status().code() == Errc::prefix_too_long);
   CHECK(bad.status().value() == 10);
   CHECK(bad.status().limit() == 6);
   CHECK(f.pool == p0);
   CHECK(f.table == t0);
 
-  CHECK(*f.table.publish(f.pool, s, std::span(tokens).first(6), f.hasher) == 1);
+  CHECK(*publish_prefix(f.table, f.pool, s, std::span(tokens).first(6), f.hasher) == 1);
   REQUIRE(f.table.reserve(f.pool, s, 2, slots).ok());
-  CHECK(*f.table.publish(f.pool, s, std::span(tokens).first(8), f.hasher) == 1);
-  CHECK(*f.table.publish(f.pool, s, std::span(tokens).first(8), f.hasher) == 0);  // nothing new
+  CHECK(*publish_prefix(f.table, f.pool, s, std::span(tokens).first(8), f.hasher) == 1);
+  CHECK(*publish_prefix(f.table, f.pool, s, std::span(tokens).first(8), f.hasher) == 0);  // nothing new
   // The incremental chain equals a one-shot chain from another sequence.
   std::vector<BlockId> out(4);
-  CHECK(f.table.match_prefix(f.pool, iota(9), {}, f.hasher, out) == 2);
+  CHECK(match_prefix(f.table, f.pool, iota(9), {}, f.hasher, out) == 2);
   f.require_ok();
 }
 
@@ -105,7 +105,7 @@ TEST_CASE("freed prefixes stay cached, are hit from the free queue, and recycle 
   CHECK(f.pool.num_cached() == 4);
   CHECK(f.pool.num_used() == 0);
 
-  auto hit = f.table.add_with_prefix(f.pool, iota(17), {}, f.hasher);
+  auto hit = add_with_prefix(f.table, f.pool, iota(17), {}, f.hasher);
   CHECK(hit->cached_tokens == 16);
   CHECK(f.pool.num_cached() == 0);
   CHECK(f.pool.num_used() == 4);
@@ -132,7 +132,7 @@ TEST_CASE("freed prefixes stay cached, are hit from the free queue, and recycle 
   REQUIRE(f.table.reserve(f.pool, last, 1, slots).ok());
   CHECK((*f.table.blocks(last))[0] == chain[3]);  // the tail block was recycled
   std::vector<BlockId> out(4);
-  CHECK(f.table.match_prefix(f.pool, iota(17), {}, f.hasher, out) == 3);  // prefix still intact
+  CHECK(match_prefix(f.table, f.pool, iota(17), {}, f.hasher, out) == 3);  // prefix still intact
   f.require_ok();
 
   std::vector<BlockEvent> ev(64);
@@ -178,6 +178,6 @@ TEST_CASE("rolling back into a published block: the hash lives until a write, th
   CHECK(rb->copy.src == -1);
   CHECK_FALSE(f.pool.has_hash(shared));
   std::vector<BlockId> out(4);
-  CHECK(f.table.match_prefix(f.pool, iota(9), {}, f.hasher, out) == 1);
+  CHECK(match_prefix(f.table, f.pool, iota(9), {}, f.hasher, out) == 1);
   f.require_ok();
 }

@@ -25,6 +25,7 @@
 #include "kvcache/page_table.hpp"
 #include "kvcache/page_table_export.hpp"
 #include "kvcache/policy.hpp"
+#include "kvcache/prefix_sharing.hpp"
 #include "kvcache/selection/select_all.hpp"
 #include "kvcache/status.hpp"
 
@@ -94,7 +95,7 @@ class Cache {
   Result<SeqId> add_sequence(const PrefixKey& key = {}) noexcept { return table_.add(key); }
   // A new sequence that starts with the cached prefix of `prompt` shared.
   Result<PrefixHit> add_sequence(std::span<const std::int32_t> prompt, const PrefixKey& key = {}) noexcept {
-    return table_.add_with_prefix(pool_, prompt, key, hasher_);
+    return add_with_prefix(table_, pool_, prompt, key, hasher_);
   }
   Result<SeqId> fork(SeqId s) noexcept {
     auto child = table_.fork(pool_, s);
@@ -173,10 +174,10 @@ class Cache {
   // --- prefix sharing ------------------------------------------------------
   std::int32_t match_prefix(std::span<const std::int32_t> tokens, const PrefixKey& key,
                             std::span<BlockId> out) const noexcept {
-    return table_.match_prefix(pool_, tokens, key, hasher_, out);
+    return kvcache::match_prefix(table_, pool_, tokens, key, hasher_, out);
   }
   Result<std::int32_t> publish(SeqId s, std::span<const std::int32_t> tokens) noexcept {
-    return table_.publish(pool_, s, tokens, hasher_);
+    return publish_prefix(table_, pool_, s, tokens, hasher_);
   }
   std::int32_t drain_events(std::span<BlockEvent> out) noexcept { return pool_.drain_events(out); }
   Status reset_prefix_cache() noexcept { return pool_.reset_prefix_cache(); }

@@ -35,12 +35,9 @@ struct BatchInfo {
   std::int32_t copies = 0;  // copy commands written
 };
 
-struct PrefixHit {
-  SeqId seq{};
-  std::int32_t cached_tokens = 0;
-};
-
 class PageTable {
+  friend struct PrefixSharing;  // prefix_sharing.hpp: match / adopt / publish
+
  public:
   PageTable(const BlockPool& pool, std::int32_t max_streams, std::int32_t max_blocks_per_stream,
             std::int32_t block_size)
@@ -277,66 +274,6 @@ class PageTable {
     st_[c].nhashed = st_[p].nhashed;
     st_[c].appended = st_[p].appended;
     return child;
-  }
-
-  // Longest run of cached full blocks for `tokens` (at most (len-1)/B blocks:
-  // the last token is always recomputed for its logits). Writes them to out.
-  template <BlockHasher H>
-  std::int32_t match_prefix(const BlockPool& pool, std::span<const std::int32_t> tokens, const PrefixKey& key,
-                            const H& hasher, std::span<BlockId> out) const noexcept {
-    const std::int64_t limit = std::min<std::int64_t>(
-        {tokens.empty() ? 0 : std::int64_t(tokens.size() - 1) / block_size_, std::int64_t(out.size()), max_blocks_});
-    BlockHash parent = chain_root(key);
-    std::int32_t m = 0;
-    for (; m < limit; ++m) {
-      parent = hasher(parent, tokens.subspan(std::size_t(m) * std::size_t(block_size_), std::size_t(block_size_)), key.extra);
-      const BlockId b = pool.lookup(parent);
-      if (b < 0) break;
-      out[static_cast<std::size_t>(m)] = b;
-    }
-    return m;
-  }
-
-  // add() seeded with the cached prefix of `tokens`: the hit blocks are shared
-  // (retained), the sequence starts with cached_tokens tokens.
-  template <BlockHasher H>
-  Result<PrefixHit> add_with_prefix(BlockPool& pool, std::span<const std::int32_t> tokens, const PrefixKey& key,
-                                    const H& hasher) noexcept {
-    if (nfree_ == 0) return Status{Errc::capacity_exceeded, "max_sequences", max_streams_ + 1, max_streams_};
-    const SeqId s = *add(key);
-    std::span<BlockId> dst{row(s.index), static_cast<std::size_t>(max_blocks_)};
-    const std::int32_t m = match_prefix(pool, tokens, key, hasher, dst);
-    for (std::int32_t b = 0; b < m; ++b) (void)pool.retain(dst[static_cast<std::size_t>(b)]);
-    st_[s.index].tokens = m * block_size_;
-    st_[s.index].nblocks = st_[s.index].nhashed = m;
-    st_[s.index].appended = st_[s.index].tokens;
-    return PrefixHit{s, m * block_size_};
-  }
-
-  // Publishes the full blocks of `tokens` (the sequence's tokens from position
-  // 0, already written to the cache) for prefix reuse. Returns how many blocks
-  // became shareable. The caller vouches that `tokens` is what was written.
-  template <BlockHasher H>
-  Result<std::int32_t> publish(BlockPool& pool, SeqId s, std::span<const std::int32_t> tokens,
-                               const H& hasher) noexcept {
-    if (auto st = validate(s); !st) return st;
-    const std::uint32_t i = s.index;
-    if (std::int64_t(tokens.size()) > st_[i].tokens)
-      return Status{Errc::prefix_too_long, "tokens.size", std::int64_t(tokens.size()), st_[i].tokens};
-    const std::int32_t full = static_cast<std::int32_t>(tokens.size()) / block_size_;
-    std::int32_t shared = 0;
-    BlockHash parent = st_[i].nhashed == 0 ? chain_root(st_[i].key) : pool.hash(row(i)[st_[i].nhashed - 1]);
-    for (std::int32_t b = st_[i].nhashed; b < full; ++b) {
-      const BlockId blk = row(i)[b];
-      const BlockHash h = hasher(parent, tokens.subspan(std::size_t(b) * std::size_t(block_size_), std::size_t(block_size_)), st_[i].key.extra);
-      if (!pool.has_hash(blk)) {
-        auto r = pool.publish(blk, h, parent);
-        shared += (r.ok() && *r) ? 1 : 0;
-      }
-      parent = h;
-    }
-    st_[i].nhashed = std::max(st_[i].nhashed, full);
-    return shared;
   }
 
   // Every block held by exactly its holders, rows consistent with lengths,
