@@ -44,7 +44,7 @@ TEST_CASE("configuration errors name the field") {
                     Catch::Contains("pool_window=0"));
 }
 
-TEST_CASE("lifetime counters grow by the length increase; max-pool looks forward") {
+TEST_CASE("lifetime counters grow by the length increase, max-pool looks forward") {
   BlockScoreEviction p(small(Aggregation::norm_sum, 3));
   p.bind(1, 64);
   REQUIRE(p.observe(0, std::vector<float>{1, 5, 2}).ok());
@@ -229,7 +229,7 @@ TEST_CASE("random score streams: the plan matches a brute-force reference, the b
   }
 }
 
-TEST_CASE("shared blocks never move; bad scores and small buffers change nothing") {
+TEST_CASE("shared blocks never move, and bad scores or small buffers change nothing") {
   EvictCache cache(config(), {}, {}, BlockScoreEviction(small()));
   auto a = *cache.add_sequence();
   std::vector<std::int32_t> slots(32), evicted(8);

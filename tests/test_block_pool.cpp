@@ -107,7 +107,7 @@ TEST_CASE("free-but-cached: recycled last, least recently freed first, and a hit
   CHECK(ev[2] == BlockEvent{EventKind::removed, b[1], h(11), {}});
 }
 
-TEST_CASE("publish is write-once; a duplicate hash keeps the first block") {
+TEST_CASE("publish is write-once, a duplicate hash keeps the first block") {
   BlockPool p(5, 8);
   const BlockId a = *p.allocate_one(), b = *p.allocate_one();
   REQUIRE(*p.publish(a, h(1), h(0)));

@@ -79,7 +79,7 @@ TEST_CASE("reserve failures change nothing") {
   f.require_ok();
 }
 
-TEST_CASE("stale handles are detected after free; forks of freed sequences fail") {
+TEST_CASE("stale handles are detected after free, forks of freed sequences fail") {
   Fixture f(8, 2, 4, 4);
   auto s = *f.table.add();
   std::array<std::int32_t, 5> slots{};
@@ -118,7 +118,7 @@ TEST_CASE("truncate releases emptied blocks and rejects too many tokens") {
   f.require_ok();
 }
 
-TEST_CASE("fork shares blocks; writing the shared partial tail copies it first") {
+TEST_CASE("fork shares blocks, writing the shared partial tail copies it first") {
   Fixture f(10, 3, 4, 4);
   auto parent = *f.table.add();
   std::array<std::int32_t, 6> slots{};

@@ -86,7 +86,7 @@ TEST_CASE("rope rejects a block outside the pool or a delta beyond the table, ro
   CHECK(pool.bytes == before);
 }
 
-TEST_CASE("scores sum attention over heads and queries; mean divides by heads") {
+TEST_CASE("scores sum attention over heads and queries, mean divides by heads") {
   auto rng = fresh_rng();
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
   const int S = 3, H = 4, Q = 3, K = 50;
