@@ -22,9 +22,7 @@ struct CompactionRow {
 }  // namespace cuda_detail
 
 inline cudaError_t compaction_cuda(const CompactionParams& p, cudaStream_t stream) {
-  if (!p.cache.base || p.num_layers < 1 || p.first_layer < 0 || p.first_layer + p.num_layers > p.cache.num_layers ||
-      p.num_moves < 0 || (p.num_moves > 0 && !p.moves))
-    return cudaErrorInvalidValue;
+  if (auto st = check_compaction_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_moves == 0) return cudaSuccess;
   const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.cache.dtype, 1.0f, p.cache.head_dim);
   return cuda_detail::launch_kv_rows(cuda_detail::CompactionRow{p}, std::int64_t{p.num_moves} * p.num_layers,

@@ -75,10 +75,17 @@ KVCACHE_HOST_DEVICE inline void compaction_row(const CompactionParams& p, std::i
            p.cache.head_dim, 1.0f, lane, nlanes);
 }
 
-inline Status compaction_host(const CompactionParams& p) noexcept {
+// What the host can see; shared by both launchers.
+inline Status check_compaction_shape(const CompactionParams& p) noexcept {
   if (!p.cache.base) return Status{Errc::invalid_argument, "cache.base", 0, 1};
   if (p.num_layers < 1 || p.first_layer < 0 || p.first_layer + p.num_layers > p.cache.num_layers)
     return Status{Errc::invalid_argument, "first_layer+num_layers", std::int64_t{p.first_layer} + p.num_layers, p.cache.num_layers};
+  if (p.num_moves < 0 || (p.num_moves > 0 && !p.moves)) return Status{Errc::invalid_argument, "moves", p.num_moves, 0};
+  return {};
+}
+
+inline Status compaction_host(const CompactionParams& p) noexcept {
+  if (auto st = check_compaction_shape(p); !st) return st;
   const std::int64_t pool_slots = p.cache.num_blocks * p.cache.block_size;
   for (std::int32_t i = 0; i < p.num_moves; ++i)
     if (p.moves[i].src < 0 || p.moves[i].src >= pool_slots || p.moves[i].dst < 0 || p.moves[i].dst >= pool_slots)

@@ -17,9 +17,7 @@ static __global__ void page_bounds_kernel(PageBoundsParams p) {
 }
 
 inline cudaError_t page_bounds_cuda(const PageBoundsParams& p, cudaStream_t stream) {
-  if (!p.cache.base || p.num_pages < 0 || (p.num_pages > 0 && (!p.pages || !p.fill || !p.bounds)) || p.layer < 0 ||
-      p.layer >= p.cache.num_layers)
-    return cudaErrorInvalidValue;
+  if (auto st = check_page_bounds_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_pages == 0) return cudaSuccess;
   page_bounds_kernel<<<cuda_detail::grid_for(p.num_pages), cuda_detail::threads_for(1, p.cache.num_kv_heads * p.cache.head_dim),
                        0, stream>>>(p);

@@ -38,10 +38,17 @@ KVCACHE_HOST_DEVICE inline void page_bounds_elem(const PageBoundsParams& p, std:
   out[p.cache.head_dim + d] = mn;
 }
 
-inline Status page_bounds_host(const PageBoundsParams& p) noexcept {
+// What the host can see; shared by both launchers.
+inline Status check_page_bounds_shape(const PageBoundsParams& p) noexcept {
+  if (p.num_pages < 0) return Status{Errc::invalid_argument, "num_pages", p.num_pages, 0};
   if (!p.cache.base || (p.num_pages > 0 && (!p.pages || !p.fill || !p.bounds)))
     return Status{Errc::invalid_argument, "pointers", 0, 1};
   if (p.layer < 0 || p.layer >= p.cache.num_layers) return Status{Errc::invalid_argument, "layer", p.layer, p.cache.num_layers};
+  return {};
+}
+
+inline Status page_bounds_host(const PageBoundsParams& p) noexcept {
+  if (auto st = check_page_bounds_shape(p); !st) return st;
   for (std::int32_t e = 0; e < p.num_pages; ++e) {
     if (p.pages[e] < 0 || p.pages[e] >= p.cache.num_blocks) return Status{Errc::invalid_argument, "pages", e, p.cache.num_blocks};
     if (p.fill[e] < 0 || p.fill[e] > p.cache.block_size) return Status{Errc::invalid_argument, "fill", e, p.cache.block_size};

@@ -20,11 +20,8 @@ struct RingWriteRow {
 }  // namespace cuda_detail
 
 inline cudaError_t ring_write_cuda(const RingWriteParams& p, cudaStream_t stream) {
-  ScatterParams shape{p.cache, p.src, TokenAddress{p.ring_slots}, p.num_tokens, p.first_layer, p.num_layers,
-                      p.k_scale, p.v_scale};
-  if (auto st = check_scatter_shape(shape); !st) return cuda_detail::invalid(st);
+  if (auto st = check_ring_write_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_tokens == 0) return cudaSuccess;
-  if (!p.ring_slots) return cudaErrorInvalidValue;
   const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale, p.cache.head_dim);
   return cuda_detail::launch_kv_rows(cuda_detail::RingWriteRow{p}, std::int64_t{p.num_layers} * p.num_tokens,
                                      p.cache.num_kv_heads, lanes, stream);

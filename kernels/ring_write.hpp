@@ -42,11 +42,15 @@ KVCACHE_HOST_DEVICE inline void ring_write_row(const RingWriteParams& p, std::in
            nlanes, by_elements);
 }
 
-inline Status ring_write_host(const RingWriteParams& p) noexcept {
-  ScatterParams shape{p.cache, p.src, TokenAddress{p.ring_slots}, p.num_tokens, p.first_layer, p.num_layers,
-                      p.k_scale, p.v_scale};
-  if (auto st = check_scatter_shape(shape); !st) return st;
+// What the host can see (shapes, layers, scales); shared by both launchers.
+inline Status check_ring_write_shape(const RingWriteParams& p) noexcept {
   if (p.num_tokens > 0 && !p.ring_slots) return Status{Errc::invalid_argument, "ring_slots", 0, 1};
+  return check_scatter_shape({p.cache, p.src, TokenAddress{p.ring_slots}, p.num_tokens, p.first_layer, p.num_layers,
+                              p.k_scale, p.v_scale});
+}
+
+inline Status ring_write_host(const RingWriteParams& p) noexcept {
+  if (auto st = check_ring_write_shape(p); !st) return st;
   const std::int64_t pool_slots = p.cache.num_blocks * p.cache.block_size;
   for (std::int64_t t = 0; t < p.num_tokens; ++t) {
     if (p.ring_slots[t] >= pool_slots) return Status{Errc::invalid_argument, "ring_slots", t, pool_slots};
