@@ -14,15 +14,19 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "kvcache/admission/admit_all.hpp"
 #include "kvcache/block_hash.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
+#include "kvcache/eviction/compaction_plan.hpp"
 #include "kvcache/eviction/keep_all.hpp"
 #include "kvcache/eviction/plan.hpp"
 #include "kvcache/geometry.hpp"
 #include "kvcache/page_table.hpp"
+#include "kvcache/page_table_edits.hpp"
 #include "kvcache/page_table_export.hpp"
 #include "kvcache/policy.hpp"
 #include "kvcache/prefix_sharing.hpp"
@@ -60,9 +64,10 @@ template <BlockAllocator Pool = BlockPool, BlockTableFor<Pool> Table = PageTable
           SelectionPolicy Selection = SelectAll, EvictionPolicy Eviction = KeepAll, BlockHasher Hasher = FastBlockHasher>
 class Cache {
  public:
-  // Score signals this cache can feed to policies: observe() takes one score
-  // per held token, already reduced over heads and the step's queries.
-  static constexpr Signals provided_signals{Signals::attention_sums};
+  // Score signals this cache can feed to policies: observe() takes the score
+  // forms of ScoreKind (policy.hpp).
+  static constexpr Signals provided_signals{Signals::attention_sums | Signals::head_attention_sums |
+                                            Signals::last_query_attention};
   static_assert(provided_signals.covers(Admission::required_signals),
                 "kvcache::Cache: the admission policy needs score signals this cache does not provide");
   static_assert(provided_signals.covers(Selection::required_signals),
@@ -79,8 +84,13 @@ class Cache {
         selection_(selection),
         eviction_(eviction),
         hasher_(hasher) {
-    if constexpr (ObservingEviction<Eviction>)
-      eviction_.bind(cfg.max_sequences, cfg.max_blocks_per_sequence * cfg.geometry.block_size());
+    const std::int32_t cap = cfg.max_blocks_per_sequence * cfg.geometry.block_size();
+    if constexpr (StatefulEviction<Eviction>) eviction_.bind(cfg.max_sequences, cap);
+    if constexpr (TokenEviction<Eviction>) {
+      scratch_.chosen.resize(std::size_t(cap));
+      scratch_.keep.resize(std::size_t(cap));
+      scratch_.order.resize(std::size_t(cap));
+    }
   }
 
   const Geometry& geometry() const noexcept { return geometry_; }
@@ -99,13 +109,13 @@ class Cache {
   }
   Result<SeqId> fork(SeqId s) noexcept {
     auto child = table_.fork(pool_, s);
-    if constexpr (ObservingEviction<Eviction>)
+    if constexpr (StatefulEviction<Eviction>)
       if (child) eviction_.copy_state(s.index, child->index);
     return child;
   }
   Status free(SeqId s) noexcept {
     auto st = table_.release(pool_, s);
-    if constexpr (ObservingEviction<Eviction>)
+    if constexpr (StatefulEviction<Eviction>)
       if (st) eviction_.reset(s.index);
     return st;
   }
@@ -120,55 +130,62 @@ class Cache {
   }
   Status truncate(SeqId s, std::int32_t n) noexcept {
     auto st = table_.truncate(pool_, s, n);
-    if constexpr (ObservingEviction<Eviction>)
+    if constexpr (StatefulEviction<Eviction>)
       if (st) eviction_.on_truncate(s.index, *table_.tokens(s));
     return st;
   }
 
   // --- eviction ----------------------------------------------------------------
-  // Feeds the policy one score per token the sequence holds.
-  Status observe(SeqId s, std::span<const float> scores) noexcept
+  // Feeds the policy one step's scores for the sequence's held tokens (slot
+  // order). A kind the policy does not read, a wrong shape, a NaN or a
+  // negative value is an error naming it, and nothing changes.
+  Status observe(SeqId s, const Scores& sc) noexcept
     requires ObservingEviction<Eviction>
   {
     if (auto st = table_.validate(s); !st) return st;
-    const std::int32_t held = table_.tokens_unchecked(s);
-    if (std::int64_t(scores.size()) != held)
-      return Status{Errc::invalid_argument, "scores.size", std::int64_t(scores.size()), held};
-    return eviction_.observe(s.index, scores);
+    if (!Eviction::required_signals.covers(signal_of(sc.kind)))
+      return Status{Errc::invalid_argument, "scores.kind", std::int64_t(sc.kind), std::int64_t(Eviction::required_signals.bits)};
+    const std::int64_t held = table_.tokens_unchecked(s);
+    if (sc.rows < 1) return Status{Errc::invalid_argument, "scores.rows", sc.rows, 1};
+    if (std::int64_t(sc.values.size()) != held * sc.rows)
+      return Status{Errc::invalid_argument, "scores.size", std::int64_t(sc.values.size()), held * sc.rows};
+    const float* in = sc.values.data();
+    bool ok = true;  // branch-free scan (vectorizes); NaN fails the comparison
+    for (std::size_t i = 0; i < sc.values.size(); ++i) ok &= in[i] >= 0.0f;
+    if (!ok)
+      for (std::size_t i = 0; i < sc.values.size(); ++i)
+        if (!(in[i] >= 0.0f)) return Status{Errc::invalid_argument, "scores_at", std::int64_t(i), 0};
+    return eviction_.observe(s.index, sc, view(s, 0));
   }
-  // Runs the policy on one sequence: the chosen logical blocks leave its page
-  // table (ascending, into `evicted`), and the kept blocks that moved are
-  // listed in `rotations` for key re-rotation. Shared blocks never move:
-  // candidates start after the sequence's last shared block. Buffers too
-  // small for the plan are an error, and nothing changes.
-  Result<EvictionResult> evict(SeqId s, std::span<std::int32_t> evicted, std::span<BlockRotation> rotations) noexcept {
+  // Shorthand: one score per held token, reduced over heads and queries.
+  Status observe(SeqId s, std::span<const float> scores) noexcept
+    requires ObservingEviction<Eviction>
+  {
+    return observe(s, Scores{ScoreKind::attention_sums, scores, 1});
+  }
+
+  // Runs the policy on one sequence. What leaves and what the engine must do
+  // depends on the policy's kind (policy.hpp):
+  //   block   chosen logical blocks leave the row (ascending, into out.blocks);
+  //           kept blocks that moved go to out.rotations (block, new index,
+  //           position delta) for key re-rotation. Shared blocks never move:
+  //           candidates start after the sequence's last shared block.
+  //   token   each group's tokens leave; the survivors are compacted: run
+  //           out.moves[out.group_moves[g] .. out.group_moves[g+1]) with the
+  //           compaction kernel on group g's heads before the next write. The
+  //           row then drops its tail. Tokens in shared blocks never leave.
+  //   window  the oldest tokens leave the front; blocks with no live token go
+  //           back to the pool. Nothing to run.
+  // A buffer too small for the plan is an error, and nothing changes.
+  Result<EvictionResult> evict(SeqId s, const EvictionSpans& out) noexcept {
     if (auto st = table_.validate(s); !st) return st;
-    if constexpr (!ObservingEviction<Eviction>) {
-      return EvictionResult{};
-    } else {
-      const auto blocks = table_.blocks_unchecked(s);
-      std::int32_t first_candidate = 0;
-      for (std::int32_t b = 0; b < std::int32_t(blocks.size()); ++b)
-        if (pool_.ref_count(blocks[std::size_t(b)]) > 1) first_candidate = b + 1;
-      auto n = eviction_.plan(s.index, table_.tokens_unchecked(s), first_candidate, evicted);
-      if (!n) return n.status();
-      if (*n == 0) return EvictionResult{};
-      const std::int32_t first = evicted[0], moved = std::int32_t(blocks.size()) - first - *n;
-      if (std::int64_t(rotations.size()) < moved)
-        return Status{Errc::buffer_too_small, "rotations", std::int64_t(rotations.size()), moved};
-      std::int32_t k = 0, r = 0;
-      for (std::int32_t b = first; b < std::int32_t(blocks.size()); ++b) {
-        if (k < *n && evicted[std::size_t(k)] == b) {
-          ++k;
-          continue;
-        }
-        rotations[std::size_t(r++)] = BlockRotation{blocks[std::size_t(b)], b - k, -k * block_size()};
-      }
-      const auto chosen = std::span<const std::int32_t>(evicted.data(), std::size_t(*n));
-      (void)table_.remove_blocks(pool_, s, chosen);  // cannot fail: the plan is valid and unshared
-      eviction_.on_removed(s.index, chosen);
-      return EvictionResult{*n, r};
-    }
+    if constexpr (BlockEviction<Eviction>) return evict_blocks(s, out.blocks, out.rotations);
+    else if constexpr (TokenEviction<Eviction>) return evict_tokens(s, out.moves, out.group_moves);
+    else if constexpr (WindowEviction<Eviction>) return evict_front(s);
+    else return EvictionResult{};
+  }
+  Result<EvictionResult> evict(SeqId s, std::span<std::int32_t> blocks, std::span<BlockRotation> rotations) noexcept {
+    return evict(s, EvictionSpans{.blocks = blocks, .rotations = rotations});
   }
 
   // --- prefix sharing ------------------------------------------------------
@@ -207,12 +224,19 @@ class Cache {
     return static_cast<std::int32_t>(b->size());
   }
   // Pool blocks a new sequence needs over its whole life under the eviction
-  // policy's bound (the bound is non-decreasing in tokens appended).
-  Result<std::int64_t> blocks_needed(std::int64_t prompt_len, std::int64_t max_new) const noexcept {
+  // policy's bound (the bound is non-decreasing in tokens appended). With
+  // prefill_chunk > 0 the engine runs evict() after every prefill chunk of at
+  // most that many tokens, so the prompt never sits whole in the cache.
+  Result<std::int64_t> blocks_needed(std::int64_t prompt_len, std::int64_t max_new,
+                                     std::int64_t prefill_chunk = 0) const noexcept {
     if (prompt_len < 0) return Status{Errc::invalid_argument, "prompt_len", prompt_len, 0};
     if (max_new < 0) return Status{Errc::invalid_argument, "max_new", max_new, 0};
-    // The prompt is held whole until the policy first runs (prefill peak).
-    const std::int64_t prefill = (prompt_len + block_size() - 1) / block_size();
+    if (prefill_chunk < 0) return Status{Errc::invalid_argument, "prefill_chunk", prefill_chunk, 0};
+    std::int64_t peak = prompt_len;  // held whole until the policy first runs
+    const std::int64_t after = eviction_.max_tokens_after_eviction();
+    if (prefill_chunk > 0 && after < prompt_len) peak = std::min(prompt_len, after + prefill_chunk);
+    const std::int64_t slack = WindowEviction<Eviction> ? block_size() - 1 : 0;  // a window's dead front slots
+    const std::int64_t prefill = (peak + slack + block_size() - 1) / block_size();
     return std::max(prefill, eviction_.max_blocks_held(prompt_len + max_new, block_size()));
   }
   // A sequence handle is free and the pool can cover blocks_needed now.
@@ -242,12 +266,86 @@ class Cache {
   }
 
   friend bool operator==(const Cache& a, const Cache& b) {
-    if constexpr (ObservingEviction<Eviction>)
+    if constexpr (StatefulEviction<Eviction>)
       if (!(a.eviction_ == b.eviction_)) return false;
     return a.pool_ == b.pool_ && a.table_ == b.table_;
   }
 
  private:
+  StreamView view(SeqId s, std::int32_t first_candidate) const noexcept {
+    return {table_.tokens_unchecked(s), table_.appended_unchecked(s), first_candidate};
+  }
+  // The block after the sequence's last shared one: nothing below it may move.
+  std::int32_t first_unshared_block(SeqId s) const noexcept {
+    const auto blocks = table_.blocks_unchecked(s);
+    for (auto b = std::int32_t(blocks.size()); b-- > 0;)
+      if (pool_.ref_count(blocks[std::size_t(b)]) > 1) return b + 1;
+    return 0;
+  }
+
+  Result<EvictionResult> evict_blocks(SeqId s, std::span<std::int32_t> evicted, std::span<BlockRotation> rotations) noexcept {
+    const auto blocks = table_.blocks_unchecked(s);
+    auto n = eviction_.plan(s.index, view(s, first_unshared_block(s)), evicted);
+    if (!n) return n.status();
+    if (*n == 0) return EvictionResult{};
+    const std::int32_t first = evicted[0], moved = std::int32_t(blocks.size()) - first - *n;
+    if (std::int64_t(rotations.size()) < moved)
+      return Status{Errc::buffer_too_small, "rotations", std::int64_t(rotations.size()), moved};
+    std::int32_t k = 0, r = 0;
+    for (std::int32_t b = first; b < std::int32_t(blocks.size()); ++b) {
+      if (k < *n && evicted[std::size_t(k)] == b) {
+        ++k;
+        continue;
+      }
+      rotations[std::size_t(r++)] = BlockRotation{blocks[std::size_t(b)], b - k, -k * block_size()};
+    }
+    const auto chosen = std::span<const std::int32_t>(evicted.data(), std::size_t(*n));
+    if (auto st = remove_blocks(table_, pool_, s, chosen); !st) return st;  // a policy bug; nothing changed
+    eviction_.on_removed(s.index, chosen);
+    return EvictionResult{.evicted = *n, .rotations = r, .tokens = *n * block_size()};
+  }
+
+  Result<EvictionResult> evict_tokens(SeqId s, std::span<SlotMove> moves, std::span<std::int32_t> group_moves) noexcept {
+    const std::int32_t fc = first_unshared_block(s) * block_size();
+    const StreamView v = view(s, fc);
+    const std::int32_t count = eviction_.evict_count(s.index, v), groups = eviction_.groups();
+    if (count <= 0) return EvictionResult{};
+    if (count > v.held - fc) return Status{Errc::invariant_violated, "evict_count", count, v.held - fc};
+    const std::int64_t need = std::int64_t{groups} * count;
+    if (std::int64_t(moves.size()) < need) return Status{Errc::buffer_too_small, "moves", std::int64_t(moves.size()), need};
+    if (std::int64_t(group_moves.size()) < groups + 1)
+      return Status{Errc::buffer_too_small, "group_moves", std::int64_t(group_moves.size()), groups + 1};
+    const auto blocks = table_.blocks_unchecked(s);
+    const std::int32_t keep_n = v.held - count;
+    std::int32_t off = 0, first_hole = v.held;
+    const std::span<std::int32_t> chosen(scratch_.chosen.data(), std::size_t(count));
+    for (std::int32_t g = 0; g < groups; ++g) {
+      eviction_.choose(s.index, v, g, chosen);
+      first_hole = std::min(first_hole, chosen[0]);
+      std::int32_t k = 0, j = 0;  // keep = [0, held) minus chosen
+      for (std::int32_t t = 0; t < v.held; ++t) {
+        if (k < count && chosen[std::size_t(k)] == t) ++k;
+        else scratch_.keep[std::size_t(j++)] = t;
+      }
+      auto n = plan_compaction(std::span<const std::int32_t>(scratch_.keep.data(), std::size_t(keep_n)), v.held, blocks,
+                               block_size(), moves.subspan(std::size_t(off)), scratch_.order);
+      group_moves[std::size_t(g)] = off;
+      off += *n;  // cannot fail: keep is ascending and in range, buffers hold count moves per group
+      eviction_.on_compacted(s.index, g, std::span<const std::int32_t>(scratch_.order.data(), std::size_t(keep_n)));
+    }
+    group_moves[std::size_t(groups)] = off;
+    (void)drop_tail(table_, pool_, s, count, first_hole);
+    return EvictionResult{.tokens = count, .moves = off};
+  }
+
+  Result<EvictionResult> evict_front(SeqId s) noexcept {
+    const std::int32_t n = eviction_.front_excess(table_.tokens_unchecked(s));
+    if (n <= 0) return EvictionResult{};
+    const auto before = std::int32_t(table_.blocks_unchecked(s).size());
+    (void)drop_front(table_, pool_, s, n);
+    return EvictionResult{.evicted = before - std::int32_t(table_.blocks_unchecked(s).size()), .tokens = n};
+  }
+
   static const Geometry& valid_geometry(const Geometry& g) {
     if (g.block_bytes() == 0)
       throw std::invalid_argument("kvcache::Cache: CacheConfig.geometry is empty; build it with Geometry::make");
@@ -261,6 +359,11 @@ class Cache {
   [[no_unique_address]] Selection selection_;
   [[no_unique_address]] Eviction eviction_;
   [[no_unique_address]] Hasher hasher_;
+  struct TokenScratch {
+    std::vector<std::int32_t> chosen, keep, order;  // sized once
+  };
+  struct NoScratch {};
+  [[no_unique_address]] std::conditional_t<TokenEviction<Eviction>, TokenScratch, NoScratch> scratch_;
 };
 
 KVCACHE_END_NAMESPACE

@@ -36,7 +36,8 @@ struct BatchInfo {
 };
 
 class PageTable {
-  friend struct PrefixSharing;  // prefix_sharing.hpp: match / adopt / publish
+  friend struct PrefixSharing;   // prefix_sharing.hpp: match / adopt / publish
+  friend struct PageTableEdits;  // page_table_edits.hpp: what eviction does to a row
 
  public:
   PageTable(const BlockPool& pool, std::int32_t max_streams, std::int32_t max_blocks_per_stream,
@@ -84,6 +85,10 @@ class PageTable {
   std::span<const BlockId> blocks_unchecked(SeqId s) const noexcept {
     return {row(s.index), static_cast<std::size_t>(st_[s.index].nblocks)};
   }
+  // Dead slots at the head of the first block (a sliding window dropped them;
+  // 0 otherwise). The row holds front + tokens slots; kernels that read the
+  // row mask the front with their window.
+  std::int32_t front_unchecked(SeqId s) const noexcept { return st_[s.index].front; }
 
   Result<std::int32_t> tokens(SeqId s) const noexcept {
     if (auto st = validate(s); !st) return st;
@@ -93,6 +98,11 @@ class PageTable {
     if (auto st = validate(s); !st) return st;
     return blocks_unchecked(s);
   }
+  Result<std::int32_t> front(SeqId s) const noexcept {
+    if (auto st = validate(s); !st) return st;
+    return st_[s.index].front;
+  }
+  std::int64_t appended_unchecked(SeqId s) const noexcept { return st_[s.index].appended; }
   // Tokens ever appended (reserved minus truncated); eviction bounds use it.
   Result<std::int64_t> appended(SeqId s) const noexcept {
     if (auto st = validate(s); !st) return st;
@@ -121,7 +131,7 @@ class PageTable {
     const std::uint32_t i = s.index;
     for (std::int32_t b = st_[i].nblocks; b-- > 0;) (void)pool.release(row(i)[b]);
     clear_row(i, 0);
-    st_[i].tokens = st_[i].nblocks = st_[i].nhashed = 0;
+    st_[i].tokens = st_[i].nblocks = st_[i].nhashed = st_[i].front = 0;
     st_[i].appended = 0;
     st_[i].key = PrefixKey{};
     st_[i].alive = 0;
@@ -170,7 +180,7 @@ class PageTable {
       if (st.stamp == epoch) [[unlikely]]
         return Status{Errc::duplicate_sequence, "seq.index", s.index, std::int64_t(k)};
       st.stamp = epoch;
-      const std::int32_t t = st.tokens;
+      const std::int32_t t = st.front + st.tokens;  // slots in the row
       if (n < 0 || n > max_tokens - t) [[unlikely]] {
         Need unused{};
         return plan_reserve(pool, s.index, n, unused);
@@ -208,54 +218,8 @@ class PageTable {
     const std::uint32_t i = s.index;
     if (n < 0) return Status{Errc::invalid_argument, "n_tokens", n, 0};
     if (n > st_[i].tokens) return Status{Errc::truncate_too_many, "n_tokens", n, st_[i].tokens};
-    const std::int32_t t = st_[i].tokens - n, keep = blocks_for(t);
-    for (std::int32_t b = st_[i].nblocks; b-- > keep;) (void)pool.release(row(i)[b]);
-    clear_row(i, keep);
-    st_[i].tokens = t;
-    st_[i].nblocks = keep;
-    st_[i].nhashed = std::min(st_[i].nhashed, t / block_size_);
+    cut_tail(pool, i, n);
     st_[i].appended -= n;
-    return {};
-  }
-
-  // Removes whole logical blocks (strictly ascending, full) from the stream;
-  // every block from the first removed one on must be held by this stream
-  // alone: later blocks move up, the
-  // removed ones return to the pool. Only the table changes; no data moves.
-  // Blocks from the first removed one on lose their published hashes (their
-  // positions, and after re-rotation their keys, change).
-  Status remove_blocks(BlockPool& pool, SeqId s, std::span<const std::int32_t> logical) noexcept {
-    if (auto st = validate(s); !st) return st;
-    const std::uint32_t i = s.index;
-    Stream& st = st_[i];
-    const std::int32_t full = st.tokens / block_size_;
-    for (std::size_t k = 0; k < logical.size(); ++k) {
-      const std::int32_t b = logical[k];
-      if (b < 0 || b >= full || (k > 0 && b <= logical[k - 1]))
-        return Status{Errc::invalid_argument, "logical_block", b, full};
-    }
-    if (logical.empty()) return {};
-    BlockId* r = row(i);
-    // A shared block never moves (its keys would be re-rotated under the other holders).
-    for (std::int32_t b = logical.front(); b < st.nblocks; ++b)
-      if (pool.ref_count(r[b]) != 1) return Status{Errc::invalid_argument, "shared_block", b, pool.ref_count(r[b])};
-    for (std::int32_t b = logical.front(); b < st.nblocks; ++b)
-      if (pool.has_hash(r[b])) (void)pool.unpublish(r[b]);
-    std::int32_t out = logical.front();
-    std::size_t k = 0;
-    for (std::int32_t b = logical.front(); b < st.nblocks; ++b) {
-      if (k < logical.size() && logical[k] == b) {
-        (void)pool.release(r[b]);
-        ++k;
-        continue;
-      }
-      r[out++] = r[b];
-    }
-    for (std::int32_t b = out; b < st.nblocks; ++b) r[b] = BlockPool::null_block;
-    const auto removed = static_cast<std::int32_t>(logical.size());
-    st.nblocks -= removed;
-    st.tokens -= removed * block_size_;
-    st.nhashed = std::min(st.nhashed, logical.front());
     return {};
   }
 
@@ -272,6 +236,7 @@ class PageTable {
     st_[c].tokens = st_[p].tokens;
     st_[c].nblocks = st_[p].nblocks;
     st_[c].nhashed = st_[p].nhashed;
+    st_[c].front = st_[p].front;
     st_[c].appended = st_[p].appended;
     return child;
   }
@@ -283,13 +248,16 @@ class PageTable {
     std::int32_t alive = 0;
     for (std::uint32_t i = 0; i < std::uint32_t(max_streams_); ++i) {
       if (!st_[i].alive) {
-        if (st_[i].tokens || st_[i].nblocks) return Status{Errc::invariant_violated, "dead_stream", i, 0};
+        if (st_[i].tokens || st_[i].nblocks || st_[i].front) return Status{Errc::invariant_violated, "dead_stream", i, 0};
         continue;
       }
       ++alive;
-      if (st_[i].nblocks != blocks_for(st_[i].tokens) || st_[i].nblocks > max_blocks_)
+      const std::int32_t used = st_[i].front + st_[i].tokens;
+      if (st_[i].front < 0 || st_[i].front >= block_size_ || (st_[i].tokens == 0 && st_[i].front != 0))
+        return Status{Errc::invariant_violated, "front", i, st_[i].front};
+      if (st_[i].nblocks != blocks_for(used) || st_[i].nblocks > max_blocks_)
         return Status{Errc::invariant_violated, "row_length", i, st_[i].nblocks};
-      if (st_[i].nhashed > st_[i].tokens / block_size_) return Status{Errc::invariant_violated, "num_hashed", i, st_[i].nhashed};
+      if (st_[i].nhashed > used / block_size_) return Status{Errc::invariant_violated, "num_hashed", i, st_[i].nhashed};
       for (std::int32_t b = 0; b < max_blocks_; ++b) {
         const BlockId blk = row(i)[b];
         if (b >= st_[i].nblocks) {
@@ -341,11 +309,12 @@ class PageTable {
 
   Status plan_reserve(const BlockPool& pool, std::uint32_t i, std::int32_t n, Need& need) const noexcept {
     const Stream& st = st_[i];
+    const std::int32_t used = st.front + st.tokens;
     if (n < 0) return Status{Errc::invalid_argument, "n_tokens", n, 0};
-    const std::int64_t room = max_tokens_ - st.tokens;
+    const std::int64_t room = max_tokens_ - used;
     if (n > room) return Status{Errc::capacity_exceeded, "n_tokens", n, room};
-    need.blocks = blocks_for(std::int64_t{st.tokens} + n) - st.nblocks;
-    need.copy = (n > 0 && mod_b(st.tokens) != 0 && pool.ref_count(row(i)[st.nblocks - 1]) > 1) ? 1 : 0;
+    need.blocks = blocks_for(std::int64_t{used} + n) - st.nblocks;
+    need.copy = (n > 0 && mod_b(used) != 0 && pool.ref_count(row(i)[st.nblocks - 1]) > 1) ? 1 : 0;
     need.blocks += need.copy;
     return {};
   }
@@ -354,7 +323,7 @@ class PageTable {
     if (n == 0) return;
     Stream& st = st_[i];
     BlockId* r = row(i);
-    const std::int32_t t = st.tokens, nb = st.nblocks;
+    const std::int32_t t = st.front + st.tokens, nb = st.nblocks;
     std::int32_t off = mod_b(t);
     if (off != 0) {  // the write lands in the partial tail block
       BlockId& tail = r[nb - 1];
@@ -376,26 +345,40 @@ class PageTable {
       for (std::int32_t j = 0; j < m; ++j) slots[k + j] = base + j;
       k += m;
     }
-    st.tokens = t + n;
+    st.tokens += n;
     st.nblocks = need;
     st.appended += n;
+  }
+
+  // Drops the last n held tokens; blocks left empty return to the pool.
+  // Callers update `appended` (rollback) or not (eviction).
+  void cut_tail(BlockPool& pool, std::uint32_t i, std::int32_t n) noexcept {
+    Stream& st = st_[i];
+    const std::int32_t t = st.tokens - n, used = t == 0 ? 0 : st.front + t, keep = blocks_for(used);
+    for (std::int32_t b = st.nblocks; b-- > keep;) (void)pool.release(row(i)[b]);
+    clear_row(i, keep);
+    st.tokens = t;
+    st.front = t == 0 ? 0 : st.front;
+    st.nblocks = keep;
+    st.nhashed = std::min(st.nhashed, used / block_size_);
   }
 
   std::int32_t max_streams_, max_blocks_, block_size_;
   std::vector<BlockId> blocks_;            // [max_streams][max_blocks], null-padded
   // Everything about one stream in one cache line: a decode step touches it once.
   struct Stream {
-    std::int32_t tokens = 0;    // tokens held
-    std::int32_t nblocks = 0;   // == ceil(tokens / block_size)
+    std::int32_t tokens = 0;    // tokens held (live)
+    std::int32_t nblocks = 0;   // == ceil((front + tokens) / block_size)
     std::int32_t nhashed = 0;   // leading blocks already published
     std::uint32_t gen = 0;      // handle generation
     std::int64_t appended = 0;  // tokens ever appended (eviction bounds)
     PrefixKey key{};
     std::uint8_t alive = 0;
+    std::int32_t front = 0;     // dead slots before the first live token (< block_size)
     std::uint32_t stamp = 0;    // reserve_batch duplicate detection (scratch, not state)
     friend bool operator==(const Stream& a, const Stream& b) {
       return a.tokens == b.tokens && a.nblocks == b.nblocks && a.nhashed == b.nhashed && a.gen == b.gen &&
-             a.appended == b.appended && a.key == b.key && a.alive == b.alive;
+             a.appended == b.appended && a.key == b.key && a.alive == b.alive && a.front == b.front;
     }
   };
   std::vector<Stream> st_;

@@ -1,7 +1,9 @@
 // Exports a page table into caller-provided int32 buffers, in the encodings
 // attention kernels read: dense [num_seqs, row_stride] block table (vLLM /
 // FlashAttention), CSR indptr / indices / last_page_len (FlashInfer), and
-// per-sequence lengths. Every input is validated before any byte is written.
+// per-sequence lengths. They describe the slots a row holds: front +
+// tokens, where front > 0 only under a sliding window (its kernel masks the
+// dead front slots with the window). Every input is validated before any byte is written.
 #pragma once
 
 #include <algorithm>
@@ -59,7 +61,7 @@ inline Result<std::int32_t> export_csr(const PageTable& t, std::span<const SeqId
     std::copy(blocks.begin(), blocks.end(), indices.data() + pos);
     pos += std::int32_t(blocks.size());
     indptr[k + 1] = pos;
-    const std::int32_t n = t.tokens_unchecked(seqs[k]);
+    const std::int32_t n = t.front_unchecked(seqs[k]) + t.tokens_unchecked(seqs[k]);
     last_page_len[k] = n == 0 ? 0 : (n - 1) % bs + 1;
   }
   return pos;
@@ -70,7 +72,7 @@ inline Status export_lengths(const PageTable& t, std::span<const SeqId> seqs, st
     return Status{Errc::buffer_too_small, "out", std::int64_t(out.size()), std::int64_t(seqs.size())};
   for (const SeqId s : seqs)
     if (auto st = t.validate(s); !st) return st;
-  for (std::size_t k = 0; k < seqs.size(); ++k) out[k] = t.tokens_unchecked(seqs[k]);
+  for (std::size_t k = 0; k < seqs.size(); ++k) out[k] = t.front_unchecked(seqs[k]) + t.tokens_unchecked(seqs[k]);
   return {};
 }
 

@@ -73,21 +73,84 @@ concept EvictionPolicy = requires(const P& p, std::int64_t n, std::int32_t block
   { p.max_tokens_after_eviction() } -> std::same_as<std::int64_t>;
 };
 
-// An eviction policy that learns from scores and decides per stream. The
-// cache sizes its state once (bind), feeds it (observe), asks it for logical
-// blocks to drop (plan), and tells it what happened to the stream so its state
-// moves with the cache (on_removed, on_truncate, reset, copy_state on fork).
+// One step's attention scores for one stream, in a form attention kernels
+// emit: `rows` rows of one float per held token (slot order), row-major.
+//   attention_sums        rows == 1: summed over heads and the step's queries
+//   head_attention_sums   rows == the policy's groups (kv-heads, or layers x
+//                         kv-heads): summed over each group's queries
+//   last_query_attention  rows == heads: softmax of the step's last query
+// The cache checks the shape and rejects NaN or negative values before any
+// policy sees them.
+enum class ScoreKind : std::uint8_t { attention_sums, head_attention_sums, last_query_attention };
+
+constexpr Signals signal_of(ScoreKind k) noexcept {
+  switch (k) {
+    case ScoreKind::attention_sums: return Signals{Signals::attention_sums};
+    case ScoreKind::head_attention_sums: return Signals{Signals::head_attention_sums};
+    case ScoreKind::last_query_attention: return Signals{Signals::last_query_attention};
+  }
+  return {};
+}
+
+struct Scores {
+  ScoreKind kind = ScoreKind::attention_sums;
+  std::span<const float> values{};
+  std::int32_t rows = 1;
+};
+
+// What a policy knows about a stream when it observes or plans.
+struct StreamView {
+  std::int32_t held = 0;             // live tokens
+  std::int64_t appended = 0;         // tokens ever appended: the next token's position
+  std::int32_t first_candidate = 0;  // nothing below this may leave (after shared blocks):
+                                     // a block index for block policies, a token index for token policies
+};
+
+// Per-stream state that moves with the cache: sized once (bind), copied on
+// fork, cut on rollback (on_truncate), cleared when the stream is freed.
 template <class P>
-concept ObservingEviction =
-    EvictionPolicy<P> && requires(P& p, std::uint32_t s, std::int32_t n, std::span<const float> scores,
-                                  std::span<std::int32_t> out, std::span<const std::int32_t> blocks) {
-      p.bind(n, n);
-      { p.observe(s, scores) } -> std::same_as<Status>;
-      { p.plan(s, n, n, out) } -> std::same_as<Result<std::int32_t>>;
-      p.on_removed(s, blocks);
-      p.on_truncate(s, n);
-      p.reset(s);
-      p.copy_state(s, s);
-    };
+concept StatefulEviction = EvictionPolicy<P> && requires(P& p, std::uint32_t s, std::int32_t n) {
+  p.bind(n, n);
+  p.on_truncate(s, n);
+  p.reset(s);
+  p.copy_state(s, s);
+};
+
+// A policy that learns from scores. It is handed validated scores only.
+template <class P>
+concept ObservingEviction = StatefulEviction<P> && requires(P& p, std::uint32_t s, const Scores& sc, const StreamView& v) {
+  { p.observe(s, sc, v) } -> std::same_as<Status>;
+};
+
+// Drops whole logical blocks: a page-table edit, no data moves. plan() writes
+// the blocks to drop (ascending) and returns how many.
+template <class P>
+concept BlockEviction = StatefulEviction<P> && requires(P& p, std::uint32_t s, const StreamView& v,
+                                                        std::span<std::int32_t> out, std::span<const std::int32_t> blocks) {
+  { p.plan(s, v, out) } -> std::same_as<Result<std::int32_t>>;
+  p.on_removed(s, blocks);
+};
+
+// Drops single tokens; the cache compacts the survivors (compaction kernel).
+// groups() streams of choices share one page table (kv-heads, or layers x
+// kv-heads): each group picks its own tokens, all evict the same count.
+// choose() writes one group's count token indices (ascending, >= first_candidate);
+// on_compacted() says slot p now holds what slot order[p] held.
+template <class P>
+concept TokenEviction = StatefulEviction<P> && requires(P& p, const P& cp, std::uint32_t s, const StreamView& v,
+                                                        std::int32_t g, std::span<std::int32_t> out,
+                                                        std::span<const std::int32_t> order) {
+  { cp.groups() } -> std::same_as<std::int32_t>;
+  { p.evict_count(s, v) } -> std::same_as<std::int32_t>;
+  p.choose(s, v, g, out);
+  p.on_compacted(s, g, order);
+};
+
+// Keeps a trailing window: the cache drops front_excess(held) tokens from the
+// front of the stream (whole blocks go back to the pool; no data moves).
+template <class P>
+concept WindowEviction = EvictionPolicy<P> && requires(const P& p, std::int32_t held) {
+  { p.front_excess(held) } -> std::same_as<std::int32_t>;
+};
 
 KVCACHE_END_NAMESPACE

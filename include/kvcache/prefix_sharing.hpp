@@ -65,6 +65,9 @@ struct PrefixSharing {
                                       const H& hasher) noexcept {
     if (auto st = t.validate(s); !st) return st;
     const std::uint32_t i = s.index;
+    // After eviction the held tokens are no longer the written prefix.
+    if (t.st_[i].front != 0 || t.st_[i].tokens != t.st_[i].appended)
+      return Status{Errc::invalid_argument, "evicted_tokens", t.st_[i].appended - t.st_[i].tokens, 0};
     if (std::int64_t(tokens.size()) > t.st_[i].tokens)
       return Status{Errc::prefix_too_long, "tokens.size", std::int64_t(tokens.size()), t.st_[i].tokens};
     const std::int32_t full = static_cast<std::int32_t>(tokens.size()) / t.block_size_;

@@ -74,39 +74,29 @@ class BlockScoreEviction {
 
   // Registers one step's scores for the stream's held tokens (scores.size()
   // == tokens held). A NaN, a negative score or a wrong length is an error
-  // naming it, and nothing changes.
+  // naming it, and nothing changes. (Standalone use; the cache validates and
+  // calls the Scores overload.)
   Status observe(std::uint32_t s, std::span<const float> scores) noexcept {
     const auto n = static_cast<std::int64_t>(scores.size());
     if (n > cap_) return Status{Errc::invalid_argument, "scores.size", n, cap_};
     if (n < len_[s]) return Status{Errc::invalid_argument, "scores.size", n, len_[s]};
-    const float* in = scores.data();
-    bool ok = true;  // branch-free scan (vectorizes); NaN fails the comparison
-    for (std::int64_t i = 0; i < n; ++i) ok &= in[i] >= 0.0f;
-    if (!ok)
-      for (std::int64_t i = 0; i < n; ++i)
-        if (!(in[i] >= 0.0f)) return Status{Errc::invalid_argument, "scores_at", i, 0};
-    float* acc = acc_.data() + std::size_t(s) * std::size_t(cap_);
-    std::int32_t* cnt = cnt_.data() + std::size_t(s) * std::size_t(cap_);
-    const std::int32_t old = len_[s], grow = static_cast<std::int32_t>(n) - old;
-    if (grow > 0)
-      for (std::int32_t i = 0; i < old; ++i) cnt[i] += grow;      // lifetimes grow by the length increase
-    for (std::int32_t j = 0; j < grow; ++j) cnt[old + j] = grow - j;  // new tokens: grow .. 1
-    if (c_.pool_window == 1) {
-      for (std::int64_t i = 0; i < n; ++i) acc[i] += in[i];
-    } else {
-      for (std::int64_t i = 0; i < n; ++i) {
-        float v = in[i];
-        for (std::int64_t w = 1; w < c_.pool_window && i + w < n; ++w) v = std::max(v, in[i + w]);
-        acc[i] += v;
-      }
-    }
-    len_[s] = static_cast<std::int32_t>(n);
+    for (std::int64_t i = 0; i < n; ++i)
+      if (!(scores[std::size_t(i)] >= 0.0f)) return Status{Errc::invalid_argument, "scores_at", i, 0};
+    accumulate(s, scores.data(), n);
+    return {};
+  }
+  Status observe(std::uint32_t s, const Scores& sc, const StreamView& v) noexcept {
+    if (v.held < len_[s]) return Status{Errc::invalid_argument, "scores.size", v.held, len_[s]};
+    accumulate(s, sc.values.data(), v.held);
     return {};
   }
 
   // Logical blocks to evict from a stream holding `held` tokens, ascending,
   // written to out; candidates start at first_candidate (the cache passes the
   // block after the last shared one). Returns how many.
+  Result<std::int32_t> plan(std::uint32_t s, const StreamView& v, std::span<std::int32_t> out) noexcept {
+    return plan(s, v.held, v.first_candidate, out);
+  }
   Result<std::int32_t> plan(std::uint32_t s, std::int32_t held, std::int32_t first_candidate,
                             std::span<std::int32_t> out) noexcept {
     const std::int32_t b = c_.block_size;
@@ -131,6 +121,27 @@ class BlockScoreEviction {
     return n;
   }
 
+ private:
+  void accumulate(std::uint32_t s, const float* in, std::int64_t n) noexcept {
+    float* acc = acc_.data() + std::size_t(s) * std::size_t(cap_);
+    std::int32_t* cnt = cnt_.data() + std::size_t(s) * std::size_t(cap_);
+    const std::int32_t old = len_[s], grow = static_cast<std::int32_t>(n) - old;
+    if (grow > 0)
+      for (std::int32_t i = 0; i < old; ++i) cnt[i] += grow;      // lifetimes grow by the length increase
+    for (std::int32_t j = 0; j < grow; ++j) cnt[old + j] = grow - j;  // new tokens: grow .. 1
+    if (c_.pool_window == 1) {
+      for (std::int64_t i = 0; i < n; ++i) acc[i] += in[i];
+    } else {
+      for (std::int64_t i = 0; i < n; ++i) {
+        float v = in[i];
+        for (std::int64_t w = 1; w < c_.pool_window && i + w < n; ++w) v = std::max(v, in[i + w]);
+        acc[i] += v;
+      }
+    }
+    len_[s] = static_cast<std::int32_t>(n);
+  }
+
+ public:
   // The cache removed these logical blocks (ascending): scores move with them.
   void on_removed(std::uint32_t s, std::span<const std::int32_t> blocks) noexcept {
     float* acc = acc_.data() + std::size_t(s) * std::size_t(cap_);
@@ -190,6 +201,6 @@ class BlockScoreEviction {
   std::vector<std::int32_t> len_;
   std::vector<Candidate> scratch_;
 };
-static_assert(EvictionPolicy<BlockScoreEviction>);
+static_assert(BlockEviction<BlockScoreEviction> && ObservingEviction<BlockScoreEviction>);
 
 KVCACHE_END_NAMESPACE

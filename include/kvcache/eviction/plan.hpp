@@ -2,8 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "kvcache/config.hpp"
+#include "kvcache/eviction/compaction_plan.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -16,9 +18,20 @@ struct BlockRotation {
   friend constexpr bool operator==(const BlockRotation&, const BlockRotation&) = default;
 };
 
+// Where Cache::evict writes what the engine must act on; a policy kind uses
+// only its own spans (cache.hpp says which).
+struct EvictionSpans {
+  std::span<std::int32_t> blocks{};       // block policies: logical blocks removed
+  std::span<BlockRotation> rotations{};   // block policies: kept blocks that moved
+  std::span<SlotMove> moves{};            // token policies: compaction moves, group after group
+  std::span<std::int32_t> group_moves{};  // token policies: groups() + 1 offsets into moves
+};
+
 struct EvictionResult {
-  std::int32_t evicted = 0;    // logical blocks removed (written to the caller's buffer)
+  std::int32_t evicted = 0;    // blocks that left the row (written to blocks for block policies)
   std::int32_t rotations = 0;  // kept blocks that moved
+  std::int32_t tokens = 0;     // tokens that left
+  std::int32_t moves = 0;      // compaction moves written (all groups)
 };
 
 KVCACHE_END_NAMESPACE

@@ -1,0 +1,111 @@
+// What eviction does to a stream's row, as page-table edits: no K/V byte
+// moves here. Each call validates first and changes nothing on error.
+//   remove_blocks  drop whole logical blocks; later blocks move up (block policies)
+//   drop_front     drop the oldest tokens; fully dead blocks leave (sliding window)
+//   drop_tail      drop the last tokens after the engine compacted (token policies)
+// Eviction never lowers `appended` (tokens ever appended): bounds use it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+
+#include "kvcache/block_pool.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/page_table.hpp"
+#include "kvcache/sequence_id.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+struct PageTableEdits {
+  // Blocks at or after `b` lose their published hashes: their content or
+  // their position (and after re-rotation their keys) changes.
+  static void unpublish_from(PageTable& t, BlockPool& pool, std::uint32_t i, std::int32_t first) noexcept {
+    for (std::int32_t b = first; b < t.st_[i].nblocks; ++b)
+      if (pool.has_hash(t.row(i)[b])) (void)pool.unpublish(t.row(i)[b]);
+    t.st_[i].nhashed = std::min(t.st_[i].nhashed, first);
+  }
+
+  static Status remove_blocks(PageTable& t, BlockPool& pool, SeqId s, std::span<const std::int32_t> logical) noexcept {
+    if (auto st = t.validate(s); !st) return st;
+    const std::uint32_t i = s.index;
+    PageTable::Stream& st = t.st_[i];
+    const std::int32_t bs = t.block_size_, full = (st.front + st.tokens) / bs, lowest = st.front > 0 ? 1 : 0;
+    for (std::size_t k = 0; k < logical.size(); ++k) {
+      const std::int32_t b = logical[k];
+      if (b < lowest || b >= full || (k > 0 && b <= logical[k - 1]))
+        return Status{Errc::invalid_argument, "logical_block", b, full};
+    }
+    if (logical.empty()) return {};
+    BlockId* r = t.row(i);
+    // A shared block never moves (its keys would be re-rotated under the other holders).
+    for (std::int32_t b = logical.front(); b < st.nblocks; ++b)
+      if (pool.ref_count(r[b]) != 1) return Status{Errc::invalid_argument, "shared_block", b, pool.ref_count(r[b])};
+    const std::int32_t first = logical.front();
+    unpublish_from(t, pool, i, first);
+    std::int32_t out = first;
+    std::size_t k = 0;
+    for (std::int32_t b = first; b < st.nblocks; ++b) {
+      if (k < logical.size() && logical[k] == b) {
+        (void)pool.release(r[b]);
+        ++k;
+        continue;
+      }
+      r[out++] = r[b];
+    }
+    for (std::int32_t b = out; b < st.nblocks; ++b) r[b] = BlockPool::null_block;
+    const auto removed = static_cast<std::int32_t>(logical.size());
+    st.nblocks -= removed;
+    st.tokens -= removed * bs;
+    return {};
+  }
+
+  // The n oldest live tokens leave. Blocks that hold no live token go back
+  // to the pool (shared ones just lose this holder) and the row moves up;
+  // a partly dead first block stays with `front` dead slots.
+  static Status drop_front(PageTable& t, BlockPool& pool, SeqId s, std::int32_t n) noexcept {
+    if (auto st = t.validate(s); !st) return st;
+    const std::uint32_t i = s.index;
+    PageTable::Stream& st = t.st_[i];
+    if (n < 0 || n > st.tokens) return Status{Errc::invalid_argument, "n_tokens", n, st.tokens};
+    if (n == 0) return {};
+    const std::int32_t bs = t.block_size_;
+    const std::int32_t dead = n == st.tokens ? st.nblocks : (st.front + n) / bs;
+    BlockId* r = t.row(i);
+    for (std::int32_t b = 0; b < dead; ++b) (void)pool.release(r[b]);
+    std::copy(r + dead, r + st.nblocks, r);
+    std::fill(r + st.nblocks - dead, r + st.nblocks, BlockPool::null_block);
+    st.nblocks -= dead;
+    st.tokens -= n;
+    st.front = st.tokens == 0 ? 0 : (st.front + n) % bs;
+    st.nhashed = std::max(0, st.nhashed - dead);
+    return {};
+  }
+
+  // The engine compacted the stream (slots from first_rewritten on changed):
+  // the last n tokens leave. Rewritten blocks lose their published hashes.
+  static Status drop_tail(PageTable& t, BlockPool& pool, SeqId s, std::int32_t n, std::int32_t first_rewritten) noexcept {
+    if (auto st = t.validate(s); !st) return st;
+    const std::uint32_t i = s.index;
+    PageTable::Stream& st = t.st_[i];
+    if (n < 0 || n > st.tokens) return Status{Errc::invalid_argument, "n_tokens", n, st.tokens};
+    if (first_rewritten < 0 || first_rewritten > st.tokens)
+      return Status{Errc::invalid_argument, "first_rewritten", first_rewritten, st.tokens};
+    unpublish_from(t, pool, i, (st.front + first_rewritten) / t.block_size_);
+    t.cut_tail(pool, i, n);
+    return {};
+  }
+};
+
+inline Status remove_blocks(PageTable& t, BlockPool& pool, SeqId s, std::span<const std::int32_t> logical) noexcept {
+  return PageTableEdits::remove_blocks(t, pool, s, logical);
+}
+inline Status drop_front(PageTable& t, BlockPool& pool, SeqId s, std::int32_t n) noexcept {
+  return PageTableEdits::drop_front(t, pool, s, n);
+}
+inline Status drop_tail(PageTable& t, BlockPool& pool, SeqId s, std::int32_t n, std::int32_t first_rewritten) noexcept {
+  return PageTableEdits::drop_tail(t, pool, s, n, first_rewritten);
+}
+
+KVCACHE_END_NAMESPACE
