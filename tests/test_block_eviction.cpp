@@ -8,6 +8,8 @@
 #include <kvcache/kernels/rope.hpp>
 
 #include <algorithm>
+#include <array>
+#include <set>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -264,4 +266,33 @@ TEST_CASE("shared blocks never move, and bad scores or small buffers change noth
   CHECK_FALSE(before == ready);
   REQUIRE(cache.free(b).ok());
   CHECK(cache.evict(b, evicted, rot).status().code() == Errc::unknown_sequence);
+}
+
+TEST_CASE("one stream per layer: each layer picks its own blocks, every layer evicts the same count") {
+  constexpr int L = 3;
+  EvictCache cache(config(128, 4, 16), {}, {}, BlockScoreEviction(small(Aggregation::norm_sum)));
+  std::array<SeqId, L> layer{};
+  for (auto& s : layer) s = *cache.add_sequence();
+  std::vector<std::int32_t> slots(32), evicted(8);
+  std::vector<BlockRotation> rot(8);
+  std::mt19937 rng(7);
+  std::set<std::vector<std::int32_t>> distinct;
+  for (int step = 0; step < 40; ++step) {
+    std::int32_t count = -1;
+    for (int l = 0; l < L; ++l) {
+      REQUIRE(cache.reserve(layer[std::size_t(l)], 1, slots).ok());
+      const auto held = std::size_t(*cache.tokens_held(layer[std::size_t(l)]));
+      std::vector<float> sc(held);
+      for (auto& v : sc) v = float(rng() % 100);
+      REQUIRE(cache.observe(layer[std::size_t(l)], sc).ok());
+      auto r = cache.evict(layer[std::size_t(l)], evicted, rot);
+      REQUIRE(r.ok());
+      if (count >= 0) REQUIRE(r->evicted == count);
+      count = r->evicted;
+      if (r->evicted > 0) distinct.insert(std::vector<std::int32_t>(evicted.begin(), evicted.begin() + r->evicted));
+    }
+    for (int l = 1; l < L; ++l) REQUIRE(*cache.tokens_held(layer[std::size_t(l)]) == *cache.tokens_held(layer[0]));
+  }
+  CHECK(distinct.size() > 1);  // the layers did not all choose alike
+  CHECK(cache.check_invariants().ok());
 }

@@ -232,11 +232,11 @@ class Cache {
     if (prompt_len < 0) return Status{Errc::invalid_argument, "prompt_len", prompt_len, 0};
     if (max_new < 0) return Status{Errc::invalid_argument, "max_new", max_new, 0};
     if (prefill_chunk < 0) return Status{Errc::invalid_argument, "prefill_chunk", prefill_chunk, 0};
-    std::int64_t peak = prompt_len;  // held whole until the policy first runs
+    std::int64_t peak = prompt_len;  // slots: held whole until the policy first runs
     const std::int64_t after = eviction_.max_tokens_after_eviction();
-    if (prefill_chunk > 0 && after < prompt_len) peak = std::min(prompt_len, after + prefill_chunk);
     const std::int64_t slack = WindowEviction<Eviction> ? block_size() - 1 : 0;  // a window's dead front slots
-    const std::int64_t prefill = (peak + slack + block_size() - 1) / block_size();
+    if (prefill_chunk > 0 && after < prompt_len) peak = std::min(prompt_len, after + prefill_chunk + slack);
+    const std::int64_t prefill = (peak + block_size() - 1) / block_size();
     return std::max(prefill, eviction_.max_blocks_held(prompt_len + max_new, block_size()));
   }
   // A sequence handle is free and the pool can cover blocks_needed now.

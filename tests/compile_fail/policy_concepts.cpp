@@ -12,6 +12,13 @@ struct AdmissionReturningInt {  // admit() must return bool
   static constexpr kv::Signals required_signals = kv::no_signals;
   int admit(const kv::AdmissionQuery&) const { return 1; }
 };
+struct EvictionNeedingKeyNorms {  // a signal the cache cannot supply
+  static constexpr kv::Signals required_signals{kv::Signals::key_norms};
+  std::int64_t max_tokens_held(std::int64_t n) const { return n; }
+  std::int64_t max_blocks_held(std::int64_t n, std::int32_t b) const { return (n + b - 1) / b; }
+  std::int64_t max_tokens_after_eviction() const { return n_max; }
+  static constexpr std::int64_t n_max = 1 << 20;
+};
 struct SelectionWithoutSignals {  // no required_signals
   std::int32_t select(const kv::SelectionQuery&, std::span<std::int32_t>) const { return 0; }
 };
@@ -20,6 +27,8 @@ struct SelectionWithoutSignals {  // no required_signals
 using C = kv::Cache<>;
 #elif defined(KVCACHE_MODE_bad_eviction)
 using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::SelectAll, EvictionMissingBound>;
+#elif defined(KVCACHE_MODE_bad_signals)
+using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::SelectAll, EvictionNeedingKeyNorms>;
 #elif defined(KVCACHE_MODE_bad_admission)
 using C = kv::Cache<kv::BlockPool, kv::PageTable, AdmissionReturningInt>;
 #elif defined(KVCACHE_MODE_bad_selection)

@@ -1,0 +1,81 @@
+// Sinks + window (StreamingLLM): the first `sinks` tokens stay for the
+// stream's life, as do the last `window`; the oldest blocks between them
+// leave whole, once a stream holds pinned + window + B tokens (pinned =
+// sinks rounded up to whole blocks: a block is the unit, so up to B − 1
+// tokens after the sinks are pinned with them). Eviction edits the page table
+// only; the kept blocks that moved are reported with their position delta,
+// which is what StreamingLLM's in-cache positions need (re-rotate the keys
+// with the rope kernel, or store pre-RoPE keys and ignore it).
+// Bound: pinned + window + B − 1 tokens.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+#include "kvcache/config.hpp"
+#include "kvcache/policy.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+struct SinkWindowConfig {
+  std::int32_t sinks = 4;
+  std::int32_t window = 1024;
+  std::int32_t block_size = 16;
+};
+
+class SinkWindowEviction {
+ public:
+  static constexpr Signals required_signals = no_signals;
+
+  explicit SinkWindowEviction(const SinkWindowConfig& c) : c_(c) {
+    auto bad = [](const char* what, std::int32_t v) {
+      throw std::invalid_argument(std::string("kvcache::SinkWindowEviction: ") + what + "=" + std::to_string(v));
+    };
+    if (c.block_size < 1) bad("block_size", c.block_size);
+    if (c.sinks < 0) bad("sinks", c.sinks);
+    if (c.window < 1) bad("window", c.window);
+  }
+  const SinkWindowConfig& config() const noexcept { return c_; }
+  std::int32_t pinned() const noexcept { return (c_.sinks + c_.block_size - 1) / c_.block_size * c_.block_size; }
+
+  std::int64_t max_tokens_after_eviction() const noexcept {
+    return std::int64_t{pinned()} + c_.window + c_.block_size - 1;
+  }
+  std::int64_t max_tokens_held(std::int64_t appended) const noexcept {
+    return std::min(appended, max_tokens_after_eviction());
+  }
+  std::int64_t max_blocks_held(std::int64_t appended, std::int32_t b) const noexcept {
+    return (std::min(appended, max_tokens_after_eviction() + 1) + b - 1) / b;
+  }
+
+  // No per-stream state.
+  void bind(std::int32_t, std::int32_t) noexcept {}
+  void on_truncate(std::uint32_t, std::int32_t) noexcept {}
+  void reset(std::uint32_t) noexcept {}
+  void copy_state(std::uint32_t, std::uint32_t) noexcept {}
+  void on_removed(std::uint32_t, std::span<const std::int32_t>) noexcept {}
+
+  // The oldest whole blocks after the pinned ones (and after shared blocks)
+  // that lie entirely before the window.
+  Result<std::int32_t> plan(std::uint32_t, const StreamView& v, std::span<std::int32_t> out) const noexcept {
+    const std::int32_t b = c_.block_size, p = pinned();
+    if (v.held < std::int64_t{p} + c_.window + b) return 0;
+    const std::int32_t lo = std::max(p / b, v.first_candidate), hi = (v.held - c_.window) / b;
+    const std::int32_t n = std::min((v.held - p - c_.window) / b, hi - lo);
+    if (n <= 0) return 0;
+    if (std::int64_t(out.size()) < n) return Status{Errc::buffer_too_small, "evicted", std::int64_t(out.size()), n};
+    for (std::int32_t k = 0; k < n; ++k) out[std::size_t(k)] = lo + k;
+    return n;
+  }
+  friend bool operator==(const SinkWindowEviction&, const SinkWindowEviction&) { return true; }
+
+ private:
+  SinkWindowConfig c_;
+};
+static_assert(BlockEviction<SinkWindowEviction>);
+
+KVCACHE_END_NAMESPACE

@@ -1,0 +1,111 @@
+// SnapKV: one-shot compression right after prefill. The attention of the
+// prompt's last `window` queries (the observation window), summed over those
+// queries, is max-pooled over `kernel` neighbouring tokens; each group keeps
+// its `capacity` best-pooled prompt tokens plus the window, and the rest
+// leave (ties: the older token). Later tokens are only appended: the policy
+// runs once per stream, at the first evict() after an observe().
+//
+// Scores: head_attention_sums, one row per group (kv-head, or layer x
+// kv-head), summed over the window's queries; attention_sums when groups == 1.
+// Bound: none after the prompt (decode grows the stream), so the accounting
+// is the appended count; SnapKV saves memory for the decode phase, and the
+// prompt peak stays whole.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kvcache/config.hpp"
+#include "kvcache/eviction/token_state.hpp"
+#include "kvcache/policy.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+struct SnapKVConfig {
+  std::int32_t capacity = 1024;  // prompt tokens kept per group, besides the window
+  std::int32_t window = 32;      // observation window: the prompt's last queries, always kept
+  std::int32_t kernel = 7;       // max-pool width (odd; 1 = none)
+  std::int32_t groups = 1;
+};
+
+class SnapKVEviction : public TokenPolicyBase {
+ public:
+  static constexpr Signals required_signals{Signals::head_attention_sums | Signals::attention_sums};
+
+  explicit SnapKVEviction(const SnapKVConfig& c) : TokenPolicyBase(c.groups), c_(c) {
+    auto bad = [](const char* what, std::int32_t v) {
+      throw std::invalid_argument(std::string("kvcache::SnapKVEviction: ") + what + "=" + std::to_string(v));
+    };
+    if (c.capacity < 1) bad("capacity", c.capacity);
+    if (c.window < 1) bad("window", c.window);
+    if (c.kernel < 1 || c.kernel % 2 == 0) bad("kernel", c.kernel);
+    if (c.groups < 1) bad("groups", c.groups);
+  }
+  const SnapKVConfig& config() const noexcept { return c_; }
+
+  std::int64_t max_tokens_held(std::int64_t appended) const noexcept { return appended; }
+  std::int64_t max_blocks_held(std::int64_t appended, std::int32_t b) const noexcept { return (appended + b - 1) / b; }
+  std::int64_t max_tokens_after_eviction() const noexcept { return std::numeric_limits<std::int64_t>::max(); }
+
+  void bind(std::int32_t streams, std::int32_t cap) {
+    TokenPolicyBase::bind(streams, cap);
+    state_.assign(std::size_t(streams), fresh);
+    pooled_.resize(std::size_t(cap));
+  }
+  Status observe(std::uint32_t s, const Scores& sc, const StreamView& v) noexcept {
+    if (auto st = check_rows(sc, groups_); !st) return st;
+    add_rows(s, sc, v);
+    if (state_[s] == fresh) state_[s] = observed;
+    return {};
+  }
+  // Compressed once: true after the first evict() that followed an observe().
+  bool compressed(std::uint32_t s) const noexcept { return state_[s] == done; }
+
+  std::int32_t evict_count(std::uint32_t s, const StreamView& v) noexcept {
+    if (state_[s] != observed) return 0;
+    state_[s] = done;
+    st_.sync(s, v);
+    const std::int64_t over = std::int64_t{v.held} - c_.capacity - c_.window;
+    return over <= 0 ? 0 : static_cast<std::int32_t>(std::min<std::int64_t>(over, evictable(v, c_.window)));
+  }
+  // Before any compaction slot order is position order: pooling runs over
+  // the prompt's slots outside the window.
+  void choose(std::uint32_t s, const StreamView& v, std::int32_t g, std::span<std::int32_t> out) noexcept {
+    const std::int32_t n = v.held - c_.window, half = c_.kernel / 2;
+    const float* sc = st_.scores(s, g);
+    for (std::int32_t j = 0; j < n; ++j) {
+      float m = sc[j];
+      for (std::int32_t k = std::max(0, j - half); k <= std::min(n - 1, j + half); ++k) m = std::max(m, sc[k]);
+      pooled_[std::size_t(j)] = m;
+    }
+    const std::int64_t window_from = v.appended - c_.window;
+    st_.choose_lowest(s, g, v, out, [&](float, std::int32_t, std::int32_t slot) { return pooled_[std::size_t(slot)]; },
+                      [&](std::int32_t pos) { return pos < window_from; });
+  }
+  void reset(std::uint32_t s) noexcept {
+    TokenPolicyBase::reset(s);
+    state_[s] = fresh;
+  }
+  void copy_state(std::uint32_t from, std::uint32_t to) noexcept {
+    TokenPolicyBase::copy_state(from, to);
+    state_[to] = state_[from];
+  }
+  friend bool operator==(const SnapKVEviction& a, const SnapKVEviction& b) {
+    return static_cast<const TokenPolicyBase&>(a) == b && a.state_ == b.state_;
+  }
+
+ private:
+  enum : std::uint8_t { fresh, observed, done };
+  SnapKVConfig c_;
+  std::vector<std::uint8_t> state_;
+  std::vector<float> pooled_;
+};
+static_assert(TokenEviction<SnapKVEviction> && ObservingEviction<SnapKVEviction>);
+
+KVCACHE_END_NAMESPACE
