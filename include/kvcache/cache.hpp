@@ -88,8 +88,7 @@ class Cache {
     if constexpr (StatefulEviction<Eviction>) eviction_.bind(cfg.max_sequences, cap);
     if constexpr (TokenEviction<Eviction>) {
       scratch_.chosen.resize(std::size_t(cap));
-      scratch_.keep.resize(std::size_t(cap));
-      scratch_.order.resize(std::size_t(cap));
+      scratch_.index_moves.resize(std::size_t(cap));
     }
   }
 
@@ -316,22 +315,30 @@ class Cache {
     if (std::int64_t(group_moves.size()) < groups + 1)
       return Status{Errc::buffer_too_small, "group_moves", std::int64_t(group_moves.size()), groups + 1};
     const auto blocks = table_.blocks_unchecked(s);
-    const std::int32_t keep_n = v.held - count;
+    const std::int32_t kept = v.held - count, bs = block_size();
+    auto slot = [&](std::int32_t t) { return blocks[std::size_t(t / bs)] * bs + t % bs; };
     std::int32_t off = 0, first_hole = v.held;
     const std::span<std::int32_t> chosen(scratch_.chosen.data(), std::size_t(count));
     for (std::int32_t g = 0; g < groups; ++g) {
       eviction_.choose(s.index, v, g, chosen);
       first_hole = std::min(first_hole, chosen[0]);
-      std::int32_t k = 0, j = 0;  // keep = [0, held) minus chosen
-      for (std::int32_t t = 0; t < v.held; ++t) {
-        if (k < count && chosen[std::size_t(k)] == t) ++k;
-        else scratch_.keep[std::size_t(j++)] = t;
+      // Holes below `kept` are filled by the kept tokens at or past it, lowest
+      // first: the fewest moves, sources never overwritten (compaction_plan.hpp).
+      std::int32_t holes = 0;
+      while (holes < count && chosen[std::size_t(holes)] < kept) ++holes;
+      std::int32_t k = holes, m = 0;
+      for (std::int32_t t = kept; m < holes; ++t) {
+        if (k < count && chosen[std::size_t(k)] == t) {
+          ++k;
+          continue;
+        }
+        scratch_.index_moves[std::size_t(m)] = SlotMove{t, chosen[std::size_t(m)]};
+        moves[std::size_t(off + m)] = SlotMove{slot(t), slot(chosen[std::size_t(m)])};
+        ++m;
       }
-      auto n = plan_compaction(std::span<const std::int32_t>(scratch_.keep.data(), std::size_t(keep_n)), v.held, blocks,
-                               block_size(), moves.subspan(std::size_t(off)), scratch_.order);
       group_moves[std::size_t(g)] = off;
-      off += *n;  // cannot fail: keep is ascending and in range, buffers hold count moves per group
-      eviction_.on_compacted(s.index, g, std::span<const std::int32_t>(scratch_.order.data(), std::size_t(keep_n)));
+      off += holes;
+      eviction_.on_compacted(s.index, g, std::span<const SlotMove>(scratch_.index_moves.data(), std::size_t(holes)), kept);
     }
     group_moves[std::size_t(groups)] = off;
     (void)drop_tail(table_, pool_, s, count, first_hole);
@@ -360,7 +367,8 @@ class Cache {
   [[no_unique_address]] Eviction eviction_;
   [[no_unique_address]] Hasher hasher_;
   struct TokenScratch {
-    std::vector<std::int32_t> chosen, keep, order;  // sized once
+    std::vector<std::int32_t> chosen;     // one group's evicted token indices
+    std::vector<SlotMove> index_moves;    // its compaction in token indices; both sized once
   };
   struct NoScratch {};
   [[no_unique_address]] std::conditional_t<TokenEviction<Eviction>, TokenScratch, NoScratch> scratch_;

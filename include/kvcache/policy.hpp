@@ -11,6 +11,7 @@
 #include <span>
 
 #include "kvcache/config.hpp"
+#include "kvcache/eviction/compaction_plan.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
@@ -135,15 +136,16 @@ concept BlockEviction = StatefulEviction<P> && requires(P& p, std::uint32_t s, c
 // groups() streams of choices share one page table (kv-heads, or layers x
 // kv-heads): each group picks its own tokens, all evict the same count.
 // choose() writes one group's count token indices (ascending, >= first_candidate);
-// on_compacted() says slot p now holds what slot order[p] held.
+// on_compacted() gets the group's moves as token indices (src -> dst) and the
+// tokens kept.
 template <class P>
 concept TokenEviction = StatefulEviction<P> && requires(P& p, const P& cp, std::uint32_t s, const StreamView& v,
                                                         std::int32_t g, std::span<std::int32_t> out,
-                                                        std::span<const std::int32_t> order) {
+                                                        std::span<const SlotMove> moves) {
   { cp.groups() } -> std::same_as<std::int32_t>;
   { p.evict_count(s, v) } -> std::same_as<std::int32_t>;
   p.choose(s, v, g, out);
-  p.on_compacted(s, g, order);
+  p.on_compacted(s, g, moves, g);
 };
 
 // Keeps a trailing window: the cache drops front_excess(held) tokens from the

@@ -218,8 +218,11 @@ TEST_CASE("cuda ring write with promotion and compaction == host") {
     auto n = plan_compaction(keep, length, row_blocks, g.block_size, moves, order);
     REQUIRE(n.ok());
     Dev dmoves(moves);
-    REQUIRE(compaction_host({pool.host.view, moves.data(), *n, 0, g.num_layers}).ok());
-    CUDA_OK(kvgpu::compaction({pool.dview, dmoves.as<SlotMove>(), *n, 0, g.num_layers}));
+    // A head range, as token policies that choose per kv-head launch it (0 heads = every head).
+    const auto first_head = std::int32_t(rng() % std::uint64_t(g.num_kv_heads));
+    const auto num_heads = std::int32_t(rng() % std::uint64_t(g.num_kv_heads - first_head + 1));
+    REQUIRE(compaction_host({pool.host.view, moves.data(), *n, 0, g.num_layers, first_head, num_heads}).ok());
+    CUDA_OK(kvgpu::compaction({pool.dview, dmoves.as<SlotMove>(), *n, 0, g.num_layers, first_head, num_heads}));
     pool.require_same();
   }
 }

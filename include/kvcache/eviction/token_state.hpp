@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvcache/config.hpp"
+#include "kvcache/eviction/compaction_plan.hpp"
 #include "kvcache/policy.hpp"
 #include "kvcache/status.hpp"
 
@@ -25,6 +26,7 @@ class TokenState {
     pos_.assign(n, 0);
     len_.assign(std::size_t(streams), 0);
     cand_.resize(std::size_t(cap));
+    mark_.assign(std::size_t(cap), 0);
   }
   std::int32_t groups() const noexcept { return groups_; }
   std::int32_t length(std::uint32_t s) const noexcept { return len_[s]; }
@@ -53,26 +55,48 @@ class TokenState {
                      Eligible eligible) noexcept {
     const float* sc = scores(s, g);
     const std::int32_t* pos = positions(s, g);
+    const auto k = static_cast<std::int32_t>(out.size());
+    if (k <= kSmall) {  // decode: one pass keeping the k lowest in a max-heap
+      Candidate* heap = cand_.data();
+      std::int32_t n = 0;
+      for (std::int32_t j = v.first_candidate; j < v.held; ++j) {
+        if (!eligible(pos[j])) continue;
+        const Candidate c{key(sc[j], pos[j], j), pos[j], j};
+        if (n < k) {
+          heap[n++] = c;
+          std::push_heap(heap, heap + n);
+        } else if (c < heap[0]) {
+          std::pop_heap(heap, heap + n);
+          heap[n - 1] = c;
+          std::push_heap(heap, heap + n);
+        }
+      }
+      for (std::int32_t i = 0; i < k; ++i) out[std::size_t(i)] = heap[i].slot;
+      std::sort(out.begin(), out.end());
+      return;
+    }
     std::int32_t n = 0;
     for (std::int32_t j = v.first_candidate; j < v.held; ++j)
       if (eligible(pos[j])) cand_[std::size_t(n++)] = {key(sc[j], pos[j], j), pos[j], j};
-    const auto k = static_cast<std::ptrdiff_t>(out.size());
     if (k < n) std::nth_element(cand_.begin(), cand_.begin() + (k - 1), cand_.begin() + n);
-    for (std::ptrdiff_t i = 0; i < k; ++i) out[std::size_t(i)] = cand_[std::size_t(i)].slot;
-    std::sort(out.begin(), out.end());
+    for (std::int32_t i = 0; i < k; ++i) mark_[std::size_t(cand_[std::size_t(i)].slot)] = 1;
+    std::int32_t o = 0;  // ascending by slot without a sort
+    for (std::int32_t j = v.first_candidate; j < v.held; ++j)
+      if (mark_[std::size_t(j)]) {
+        out[std::size_t(o++)] = j;
+        mark_[std::size_t(j)] = 0;
+      }
   }
 
-  // Slot p of group g now holds what slot order[p] held; the stream keeps
-  // order.size() tokens once the last group is done.
-  void compact(std::uint32_t s, std::int32_t g, std::span<const std::int32_t> order) noexcept {
+  // Group g's compaction: slot m.dst now holds what slot m.src held (token
+  // indices); the stream keeps n tokens once the last group is done.
+  void compact(std::uint32_t s, std::int32_t g, std::span<const SlotMove> moves, std::int32_t n) noexcept {
     float* sc = scores(s, g);
     std::int32_t* pos = pos_.data() + at(s, g);
-    const auto n = static_cast<std::int32_t>(order.size());
-    for (std::int32_t p = 0; p < n; ++p)
-      if (order[std::size_t(p)] != p) {  // sources are all >= n: nothing read is overwritten
-        sc[p] = sc[order[std::size_t(p)]];
-        pos[p] = pos[order[std::size_t(p)]];
-      }
+    for (const SlotMove& m : moves) {  // sources are all >= n: nothing read is overwritten
+      sc[m.dst] = sc[m.src];
+      pos[m.dst] = pos[m.src];
+    }
     std::fill(sc + n, sc + len_[s], 0.0f);
     std::fill(pos + n, pos + len_[s], 0);
     if (g == groups_ - 1) len_[s] = n;
@@ -97,6 +121,7 @@ class TokenState {
   }
 
  private:
+  static constexpr std::int32_t kSmall = 32;
   struct Candidate {
     float key;
     std::int32_t pos, slot;
@@ -112,6 +137,7 @@ class TokenState {
   std::vector<std::int32_t> pos_;
   std::vector<std::int32_t> len_;
   std::vector<Candidate> cand_;
+  std::vector<std::uint8_t> mark_;
 };
 
 // Scores of one group from a validated Scores view: row g, or the single row
@@ -136,8 +162,8 @@ class TokenPolicyBase {
   explicit TokenPolicyBase(std::int32_t groups) : groups_(groups) {}
   void bind(std::int32_t streams, std::int32_t cap) { st_.bind(streams, cap, groups_); }
   std::int32_t groups() const noexcept { return groups_; }
-  void on_compacted(std::uint32_t s, std::int32_t g, std::span<const std::int32_t> order) noexcept {
-    st_.compact(s, g, order);
+  void on_compacted(std::uint32_t s, std::int32_t g, std::span<const SlotMove> moves, std::int32_t kept) noexcept {
+    st_.compact(s, g, moves, kept);
   }
   void on_truncate(std::uint32_t s, std::int32_t held) noexcept { st_.truncate(s, held); }
   void reset(std::uint32_t s) noexcept { st_.truncate(s, 0); }
