@@ -1,6 +1,8 @@
 // After construction, no cache operation touches the heap: global operator
 // new is counted while a mixed workload (hits, misses, errors) runs.
 #include <kvcache/cache.hpp>
+#include <kvcache/eviction/h2o.hpp>
+#include <kvcache/eviction/sliding_window.hpp>
 
 #include <array>
 #include <cstdio>
@@ -58,7 +60,33 @@ int main() {
       if (!cache.free(seqs[i]).ok()) ++bad;
     if (cache.free(seqs[0]).ok()) ++bad;  // stale handle
   }
-  const long during = g_allocations - before;
-  std::printf("heap allocations during the workload: %ld; unexpected results: %ld\n", during, bad);
+  const long during_core = g_allocations - before;
+  // Eviction: per-head H2O (scores, choice, compaction moves) and a sliding window.
+  using H2O = Cache<BlockPool, PageTable, AdmitAll, SelectAll, H2OEviction>;
+  using Window = Cache<BlockPool, PageTable, AdmitAll, SelectAll, SlidingWindow>;
+  const CacheConfig ecfg{.geometry = g, .num_blocks = 256, .max_sequences = 4, .max_blocks_per_sequence = 64};
+  H2O h2o(ecfg, {}, {}, H2OEviction({.heavy = 200, .recent = 40, .groups = 8}));
+  Window window(ecfg, {}, {}, SlidingWindow(100));
+  std::vector<float> scores(8 * 1024, 0.25f);
+  std::vector<SlotMove> moves(8 * 1024);
+  std::vector<std::int32_t> group_moves(9);
+  const long before_eviction = g_allocations;
+  for (int round = 0; round < 20; ++round) {
+    const SeqId a = *h2o.add_sequence(), b = *window.add_sequence();
+    for (int step = 0; step < 300; ++step) {
+      const std::int32_t n = step < 10 ? 32 : 1;
+      if (!h2o.reserve(a, n, slots).ok() || !window.reserve(b, n, slots).ok()) ++bad;
+      const auto held = static_cast<std::size_t>(*h2o.tokens_held(a));
+      scores[held % scores.size()] = float(step % 7);
+      if (!h2o.observe(a, Scores{ScoreKind::head_attention_sums, std::span(scores).first(8 * held), 8}).ok()) ++bad;
+      if (!h2o.evict(a, EvictionSpans{.moves = moves, .group_moves = group_moves}).ok()) ++bad;
+      if (!window.evict(b, EvictionSpans{}).ok()) ++bad;
+    }
+    if (h2o.observe(a, Scores{ScoreKind::last_query_attention, scores, 8}).ok()) ++bad;  // must fail, without allocating
+    if (!h2o.free(a).ok() || !window.free(b).ok()) ++bad;
+  }
+  const long during_eviction = g_allocations - before_eviction, during = during_core + during_eviction;
+  std::printf("heap allocations during the workload: %ld (eviction part: %ld); unexpected results: %ld\n", during,
+              during_eviction, bad);
   return during == 0 && bad == 0 ? 0 : 1;
 }
