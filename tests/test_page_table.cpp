@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <kvcache/page_table.hpp>
+#include <kvcache/page_table_edits.hpp>
 #include <kvcache/page_table_export.hpp>
 
 #include <array>
@@ -218,4 +219,40 @@ TEST_CASE("exports: dense table, CSR and lengths") {
   REQUIRE(f.table.release(f.pool, b).ok());
   CHECK(export_lengths(f.table, seqs, poison).code() == Errc::unknown_sequence);
   CHECK(poison == std::vector<std::int32_t>(12, -9));
+}
+
+TEST_CASE("eviction edits: drop_front keeps a dead front, errors change nothing") {
+  Fixture f(16, 2, 8, 4);
+  auto s = *f.table.add();
+  std::vector<std::int32_t> slots(16);
+  REQUIRE(f.table.reserve(f.pool, s, 10, slots).ok());  // blocks b0 b1 b2 (2 tokens)
+  const BlockId b1 = (*f.table.blocks(s))[1];
+  f.fails_unchanged(Errc::invalid_argument, "n_tokens", [&] { return drop_front(f.table, f.pool, s, 11); });
+  f.fails_unchanged(Errc::invalid_argument, "n_tokens", [&] { return drop_front(f.table, f.pool, s, -1); });
+  REQUIRE(drop_front(f.table, f.pool, s, 5).ok());  // b0 leaves; b1 keeps 1 dead slot
+  CHECK(*f.table.tokens(s) == 5);
+  CHECK(*f.table.front(s) == 1);
+  CHECK((*f.table.blocks(s))[0] == b1);
+  CHECK(*f.table.appended(s) == 10);
+  f.require_ok();
+  // A reserve continues after the live tokens, not after `tokens` slots.
+  REQUIRE(f.table.reserve(f.pool, s, 3, slots).ok());
+  CHECK(slots[0] == (*f.table.blocks(s))[1] * 4 + 2);
+  f.require_ok();
+  std::array<std::int32_t, 1> len{};
+  REQUIRE(export_lengths(f.table, std::array{s}, len).ok());
+  CHECK(len[0] == 1 + 8);  // front + tokens: the slots a kernel reads
+  // Block 0 is partly dead: only whole live blocks may be removed.
+  f.fails_unchanged(Errc::invalid_argument, "logical_block", [&] { return remove_blocks(f.table, f.pool, s, std::array{0}); });
+  f.fails_unchanged(Errc::invalid_argument, "first_rewritten",
+                    [&] { return drop_tail(f.table, f.pool, s, 1, 9); });
+  f.fails_unchanged(Errc::invalid_argument, "n_tokens", [&] { return drop_tail(f.table, f.pool, s, 9, 0); });
+  REQUIRE(drop_tail(f.table, f.pool, s, 2, 3).ok());
+  CHECK(*f.table.tokens(s) == 6);
+  CHECK(*f.table.appended(s) == 13);
+  f.require_ok();
+  REQUIRE(drop_front(f.table, f.pool, s, 6).ok());  // everything: the row is empty and the front resets
+  CHECK(f.table.blocks(s)->empty());
+  CHECK(*f.table.front(s) == 0);
+  f.require_ok();
 }
