@@ -67,6 +67,7 @@ TEST_CASE("sliding window holds exactly the last W tokens in a ring of ceil(W/B)
       REQUIRE(*cache.tokens_held(st.s) == std::min<std::int64_t>(st.appended, W));
       REQUIRE(st.held() == iota(std::max<std::int64_t>(0, st.appended - W), st.appended));
       REQUIRE(*cache.blocks_held(st.s) <= (W + B - 1) / B + 1);
+      REQUIRE(*cache.blocks_held(st.s) <= *cache.blocks_needed(st.appended, 0, 9));  // chunks of at most 9
       REQUIRE(cache.check_invariants().ok());
       // Exports describe front + held slots; the window mask hides the front.
       std::vector<std::int32_t> indptr(2), indices(16), last(1), len(1);
@@ -122,6 +123,7 @@ TEST_CASE("sinks + window keeps the pinned blocks and the last W tokens, and rep
       const auto held = st.held();
       INFO("sinks=" << sinks << " appended=" << st.appended);
       REQUIRE(std::int64_t(held.size()) <= policy.max_tokens_held(st.appended));
+      REQUIRE(*cache.blocks_held(st.s) <= *cache.blocks_needed(st.appended, 0, 3));
       REQUIRE(cache.check_invariants().ok());
       // Reference: positions [0, pinned) and a contiguous run that ends at appended and spans at least W.
       for (std::int32_t p = 0; p < std::min<std::int32_t>(pinned, std::int32_t(held.size())); ++p) REQUIRE(held[std::size_t(p)] == p);
