@@ -1,0 +1,289 @@
+// A small continuous-batching engine over kvcache: requests are admitted by
+// the cache's accounting, prompts are prefilled in chunks, every step decodes
+// one token per running request, and when the pool runs out the
+// lowest-priority running request is preempted (its blocks freed, its prompt
+// and tokens so far re-prefilled later). The eviction policy is a template
+// parameter and is fed the scores it reads from the attention the forward
+// pass computes. Greedy decoding: runs are reproducible.
+#pragma once
+
+#include <kvcache/kernels/compaction.hpp>
+#include <kvcache/kvcache.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "forward.hpp"
+#include "kv_store.hpp"
+#include "model.hpp"
+
+namespace engine {
+
+struct Request {
+  std::int32_t id = 0, priority = 0;  // a larger priority is preempted last
+  std::vector<std::int32_t> prompt;
+  std::int32_t max_new = 0;
+  // Progress.
+  std::vector<std::int32_t> output;
+  std::int32_t fed = 0;  // tokens of prompt + output already in the cache
+  bool running = false, done = false;
+  kvcache::SeqId seq{};
+  std::int64_t peak_kv = 0, need_blocks = 0;
+  std::vector<float> last_logits;
+};
+
+struct EngineConfig {
+  std::int32_t max_kv_tokens = 4096;  // the pool: max_kv_tokens / block_size blocks
+  std::int32_t block_size = 16;
+  std::int32_t chunk = 64;            // prefill chunk
+  std::int32_t max_batch = 8;         // running requests at most
+  bool evict_in_prefill = true;       // run eviction after every prefill chunk (not for SnapKV)
+  // Admission by the cache's accounting: `lifetime` admits a request only if
+  // the pool covers blocks_needed for its whole life (no preemption can
+  // happen); `optimistic` admits when its prefill peak fits now, as vLLM
+  // does, and preempts the lowest-priority request when decoding runs out.
+  bool optimistic = false;
+};
+
+struct EngineStats {
+  std::int64_t steps = 0, tokens_generated = 0, preemptions = 0, reprefilled = 0, kv_high_water = 0, max_batch = 0;
+  std::vector<std::int64_t> kv_over_time;  // tokens held by all requests after each step
+};
+
+template <class Policy>
+class Engine {
+ public:
+  using Cache = kvcache::Cache<kvcache::BlockPool, kvcache::PageTable, kvcache::AdmitAll, kvcache::SelectAll, Policy>;
+
+  Engine(const Model& m, const EngineConfig& cfg, Policy policy)
+      : m_(m), cfg_(cfg), fwd_(m),
+        geometry_(*kvcache::Geometry::make({.num_layers = m.config().layers, .num_kv_heads = m.config().kv_heads,
+                                            .head_dim = m.config().head_dim(), .block_size = cfg.block_size,
+                                            .dtype = kvcache::DType::f32})),
+        blocks_(cfg.max_kv_tokens / cfg.block_size + 1),
+        memory_(std::size_t(*geometry_.pool_bytes(blocks_))),
+        pool_(*kvcache::make_pool_view(geometry_, memory_.data(), blocks_)),
+        cache_({.geometry = geometry_, .num_blocks = blocks_, .max_sequences = cfg.max_batch,
+                .max_blocks_per_sequence = m.config().context / cfg.block_size + 2},
+               {}, {}, policy),
+        positions_(std::size_t(groups()) * std::size_t(blocks_) * std::size_t(cfg.block_size), -1) {}
+
+  const Cache& cache() const { return cache_; }
+
+  // Negative log-likelihood (nats) of text[1..] given the text before it,
+  // fed in chunks with the policy active: eviction after every chunk, or
+  // (SnapKV: evict_in_prefill false) once, after the first `prompt` tokens.
+  // Returns {total nll, predictions, peak tokens held}.
+  struct Score {
+    double nll = 0.0;
+    std::int64_t predictions = 0, peak_kv = 0;
+  };
+  Score score(std::span<const std::int32_t> text, std::int32_t prompt) {
+    Request r;
+    r.seq = *cache_.add_sequence();
+    Score out;
+    std::vector<float> logits;
+    std::vector<std::int32_t> slots(std::size_t(cfg_.chunk));
+    const std::int32_t V = m_.config().vocab;
+    for (std::int32_t at = 0; at + 1 < std::int32_t(text.size());) {
+      const std::int32_t n = std::min(cfg_.chunk, std::int32_t(text.size()) - 1 - at);
+      if (auto res = cache_.reserve(r.seq, n, std::span(slots).first(std::size_t(n))); !res)
+        throw std::runtime_error("score: " + res.status().message());
+      AttentionTrace trace;
+      PagedKv<Cache> kv(cache_, pool_, r.seq, std::span<const std::int32_t>(slots).first(std::size_t(n)), at,
+                        positions_, groups());
+      fwd_.run(kv, text.subspan(std::size_t(at), std::size_t(n)), at, logits, false, &trace);
+      out.peak_kv = std::max(out.peak_kv, *cache_.tokens_held(r.seq));
+      for (std::int32_t i = 0; i < n; ++i) {  // log-softmax at the target
+        const float* lg = &logits[std::size_t(i) * std::size_t(V)];
+        const float mx = *std::max_element(lg, lg + V);
+        double z = 0.0;
+        for (std::int32_t v = 0; v < V; ++v) z += std::exp(double(lg[v] - mx));
+        out.nll += std::log(z) + mx - lg[text[std::size_t(at + i + 1)]];
+        ++out.predictions;
+      }
+      at += n;
+      if (cfg_.evict_in_prefill || (at >= prompt && at - n < prompt)) feed_and_evict(r, trace);
+    }
+    (void)cache_.free(r.seq);
+    return out;
+  }
+  const EngineStats& stats() const { return stats_; }
+
+  // Runs until every request is done.
+  void run(std::vector<Request>& reqs) {
+    while (std::any_of(reqs.begin(), reqs.end(), [](const Request& r) { return !r.done; })) step(reqs);
+  }
+
+  void step(std::vector<Request>& reqs) {
+    admit(reqs);
+    std::vector<Request*> running;
+    for (auto& r : reqs)
+      if (r.running) running.push_back(&r);
+    std::sort(running.begin(), running.end(), [](auto* a, auto* b) { return a->priority > b->priority; });
+    for (Request* r : running) {
+      if (!r->running) continue;  // preempted earlier in this step
+      advance(*r, reqs);
+    }
+    std::int64_t held = 0, batch = 0;
+    for (auto& r : reqs)
+      if (r.running) held += *cache_.tokens_held(r.seq), ++batch;
+    stats_.max_batch = std::max(stats_.max_batch, batch);
+    stats_.kv_high_water = std::max(stats_.kv_high_water, held);
+    stats_.kv_over_time.push_back(held);
+    ++stats_.steps;
+  }
+
+ private:
+  std::int32_t groups() const {
+    if constexpr (kvcache::TokenEviction<Policy>) return cache_.eviction().groups();
+    else return 1;
+  }
+  std::int64_t* pos_table(std::int32_t g) {
+    return positions_.data() + std::size_t(g) * std::size_t(blocks_) * std::size_t(cfg_.block_size);
+  }
+  std::int32_t tokens_of(const Request& r) const { return std::int32_t(r.prompt.size() + r.output.size()); }
+  std::int64_t chunk_for_accounting() const { return cfg_.evict_in_prefill ? cfg_.chunk : 0; }
+
+  // Highest priority first, while a handle is free and the pool covers the
+  // request's whole life under the policy's bound.
+  void admit(std::vector<Request>& reqs) {
+    std::vector<Request*> waiting;
+    for (auto& r : reqs)
+      if (!r.running && !r.done) waiting.push_back(&r);
+    std::stable_sort(waiting.begin(), waiting.end(), [](auto* a, auto* b) { return a->priority > b->priority; });
+    // Blocks promised to running requests but not reserved yet are not free.
+    std::int64_t promised = 0;
+    for (auto& r : reqs)
+      if (r.running) promised += std::max<std::int64_t>(0, r.need_blocks - *cache_.blocks_held(r.seq));
+    for (Request* r : waiting) {
+      const std::int64_t remaining_new = r->max_new - std::int64_t(r->output.size());
+      auto need = cache_.blocks_needed(tokens_of(*r), cfg_.optimistic ? 0 : remaining_new, chunk_for_accounting());
+      if (!need || cache_.free_sequences() == 0 || *need > cache_.free_blocks() - promised) break;
+      r->seq = *cache_.add_sequence();
+      r->running = true;
+      r->fed = 0;
+      r->need_blocks = *need;
+      promised += *need;
+    }
+  }
+
+  // One step of one request: a prefill chunk, or one decoded token.
+  void advance(Request& r, std::vector<Request>& reqs) {
+    const std::int32_t total = tokens_of(r);
+    const std::int32_t n = std::min(cfg_.chunk, total - r.fed);  // a prefill chunk, or the last token decoded
+    std::vector<std::int32_t> slots(static_cast<std::size_t>(n));
+    for (;;) {
+      auto res = cache_.reserve(r.seq, n, slots);
+      if (res) {
+        if (res->copy.src >= 0) throw std::runtime_error("unexpected copy-on-write: nothing is shared here");
+        break;
+      }
+      if (res.status().code() != kvcache::Errc::out_of_blocks) throw std::runtime_error(res.status().message());
+      if (!preempt_lowest(reqs, r)) return;  // r itself was preempted
+    }
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(n));
+    for (std::int32_t i = 0; i < n; ++i) {
+      const std::int32_t at = r.fed + i;
+      tokens[std::size_t(i)] = at < std::int32_t(r.prompt.size()) ? r.prompt[std::size_t(at)]
+                                                                   : r.output[std::size_t(at) - r.prompt.size()];
+    }
+    AttentionTrace trace;
+    PagedKv<Cache> kv(cache_, pool_, r.seq, slots, r.fed, positions_, groups());
+    fwd_.run(kv, tokens, r.fed, r.last_logits, true, &trace);
+    r.fed += n;
+    r.peak_kv = std::max(r.peak_kv, *cache_.tokens_held(r.seq));
+    const bool prefill_done = r.fed >= total;
+    if (cfg_.evict_in_prefill || prefill_done) feed_and_evict(r, trace);
+    if (prefill_done) {
+      const auto& lg = r.last_logits;
+      r.output.push_back(std::int32_t(std::max_element(lg.begin(), lg.end()) - lg.begin()));
+      ++stats_.tokens_generated;
+      if (std::int32_t(r.output.size()) >= r.max_new) finish(r);
+    }
+  }
+
+  void feed_and_evict(Request& r, const AttentionTrace& trace) {
+    const auto held = std::size_t(*cache_.tokens_held(r.seq));
+    if constexpr (kvcache::ObservingEviction<Policy>) {
+      using kvcache::Signals;
+      const auto& c = m_.config();
+      kvcache::Scores sc{};
+      if constexpr (Policy::required_signals.covers(Signals{Signals::last_query_attention})) {
+        sc = {kvcache::ScoreKind::last_query_attention, trace.last_query, c.q_heads};
+      } else if (groups() == c.kv_heads && c.kv_heads > 1) {
+        sc = {kvcache::ScoreKind::head_attention_sums, trace.head_sums, c.kv_heads};
+      } else {
+        reduced_.assign(held, 0.0f);
+        for (std::int32_t g = 0; g < c.kv_heads; ++g)
+          for (std::size_t t = 0; t < held; ++t) reduced_[t] += trace.head_sums[std::size_t(g) * held + t];
+        sc = {kvcache::ScoreKind::attention_sums, reduced_, 1};
+      }
+      if (auto st = cache_.observe(r.seq, sc); !st) throw std::runtime_error("observe: " + st.message());
+    }
+    evicted_.resize(std::size_t(m_.config().context));
+    rotations_.resize(evicted_.size());
+    moves_.resize(std::size_t(groups()) * held);
+    group_moves_.resize(std::size_t(groups() + 1));
+    auto e = cache_.evict(r.seq, kvcache::EvictionSpans{evicted_, rotations_, moves_, group_moves_});
+    if (!e) throw std::runtime_error("evict: " + e.status().message());
+    if constexpr (kvcache::TokenEviction<Policy>) {
+      const std::int32_t G = groups();
+      for (std::int32_t g = 0; g < G && e->moves > 0; ++g) {
+        const std::int32_t lo = group_moves_[std::size_t(g)], hi = group_moves_[std::size_t(g + 1)];
+        kvcache::CompactionParams p{.cache = pool_, .moves = moves_.data() + lo, .num_moves = hi - lo, .first_layer = 0,
+                                    .num_layers = m_.config().layers, .first_head = G == 1 ? 0 : g,
+                                    .num_heads = G == 1 ? 0 : 1};
+        if (auto st = kvcache::compaction_host(p); !st) throw std::runtime_error("compaction: " + st.message());
+        std::int64_t* pos = pos_table(g);
+        for (std::int32_t k = lo; k < hi; ++k) pos[moves_[std::size_t(k)].dst] = pos[moves_[std::size_t(k)].src];
+      }
+    }
+  }
+
+  // Frees the lowest-priority running request (not `keep` unless it is the
+  // only one); it goes back to waiting and re-prefills what it had.
+  bool preempt_lowest(std::vector<Request>& reqs, Request& keep) {
+    Request* victim = nullptr;
+    for (auto& r : reqs)
+      if (r.running && (!victim || r.priority < victim->priority || (r.priority == victim->priority && r.id > victim->id)))
+        victim = &r;
+    if (!victim) throw std::runtime_error("out of blocks with nothing to preempt");
+    const auto running = std::count_if(reqs.begin(), reqs.end(), [](const Request& r) { return r.running; });
+    if (victim == &keep && running == 1)
+      throw std::runtime_error("request " + std::to_string(keep.id) + " does not fit the pool on its own");
+    ++stats_.preemptions;
+    stats_.reprefilled += victim->fed;
+    (void)cache_.free(victim->seq);
+    victim->running = false;
+    victim->fed = 0;
+    return victim != &keep;
+  }
+  void finish(Request& r) {
+    (void)cache_.free(r.seq);
+    r.running = false;
+    r.done = true;
+  }
+
+  const Model& m_;
+  EngineConfig cfg_;
+  Forward fwd_;
+  kvcache::Geometry geometry_;
+  std::int32_t blocks_;
+  std::vector<std::byte> memory_;
+  kvcache::PoolView pool_;
+  Cache cache_;
+  std::vector<std::int64_t> positions_;  // [groups][pool slot]: token position, moves with compaction
+  EngineStats stats_;
+  std::vector<float> reduced_;
+  std::vector<std::int32_t> evicted_, group_moves_;
+  std::vector<kvcache::BlockRotation> rotations_;
+  std::vector<kvcache::SlotMove> moves_;
+};
+
+}  // namespace engine

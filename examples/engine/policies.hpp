@@ -1,0 +1,44 @@
+// Every eviction policy of the library, by name, sized to a token budget.
+#pragma once
+
+#include <kvcache/kvcache.hpp>
+
+#include <string>
+#include <vector>
+
+#include "engine.hpp"
+#include "model.hpp"
+
+namespace engine {
+
+inline const std::vector<std::string>& policy_names() {
+  static const std::vector<std::string> names{"keep_all", "sliding_window", "sink_window",       "block_scores",
+                                              "h2o",      "tova",           "snapkv",            "average_attention"};
+  return names;
+}
+
+// Calls f(policy, adjust) with the named policy holding about `budget` tokens
+// per request; adjust(EngineConfig&) applies what the policy needs from the
+// engine. Returns false for an unknown name.
+template <class F>
+bool with_policy(const std::string& name, std::int32_t budget, const ModelConfig& c, F&& f) {
+  constexpr std::int32_t B = 16;
+  auto plain = [](EngineConfig&) {};
+  if (name == "keep_all") return f(kvcache::KeepAll{}, plain), true;
+  if (name == "sliding_window") return f(kvcache::SlidingWindow(budget), plain), true;
+  if (name == "sink_window")
+    return f(kvcache::SinkWindowEviction({.sinks = 4, .window = budget - 2 * B, .block_size = B}), plain), true;
+  if (name == "block_scores")
+    return f(kvcache::BlockScoreEviction({.start = B, .recent = 4 * B, .max = budget - B, .block_size = B}), plain), true;
+  if (name == "h2o") return f(kvcache::H2OEviction({.heavy = budget - 32, .recent = 32, .groups = c.kv_heads}), plain), true;
+  if (name == "tova") return f(kvcache::TovaEviction({.budget = budget}), plain), true;
+  if (name == "snapkv")  // one-shot after the prompt: no eviction between prefill chunks
+    return f(kvcache::SnapKVEviction({.capacity = budget - 32, .window = 32, .kernel = 7, .groups = c.kv_heads}),
+             [](EngineConfig& e) { e.evict_in_prefill = false; }),
+           true;
+  if (name == "average_attention")
+    return f(kvcache::AverageAttentionEviction({.budget = budget, .step = 32}), plain), true;
+  return false;
+}
+
+}  // namespace engine

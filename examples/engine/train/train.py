@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Trains the example engine's tiny model once; CI and the demo never run this.
+
+A llama-style byte-level decoder (RMSNorm, RoPE, grouped-query attention,
+SwiGLU) on the King James Bible from Debian's `bible-kjv` package, split into
+train and held-out parts. Writes, next to this script's `../model/`:
+
+  kjv-tiny.bin       the weights (format: see write_weights), float32
+  kjv-tiny.sha256    their checksum
+  heldout.bin        the held-out text's token ids (bytes: token id = byte)
+  reference.bin      logits of the trained model on a fixed prompt, for the
+                     C++ forward-pass test (float32 [T][vocab])
+
+Reproducible: fixed seeds, single-process data order. Run with Debian's
+interpreter: /usr/bin/python3 examples/engine/train/train.py [--minutes 25]
+"""
+import argparse
+import hashlib
+import math
+import pathlib
+import struct
+import subprocess
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+CONFIG = dict(vocab=256, dim=128, layers=4, q_heads=4, kv_heads=2, hidden=352, context=1024, rope_theta=10000.0,
+              norm_eps=1e-5)
+MAGIC = b"KVCM"
+VERSION = 1
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_tables(head_dim, context, theta):
+    # NeoX pairing: dimension i rotates with i + head_dim / 2.
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    ang = torch.arange(context, dtype=torch.float64)[:, None] * inv[None, :]
+    return torch.cos(ang).float(), torch.sin(ang).float()
+
+
+def apply_rope(x, cos, sin):  # x [B, H, T, D]
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, hq, hkv = c["dim"], c["q_heads"], c["kv_heads"]
+        self.hd = d // hq
+        self.hq, self.hkv = hq, hkv
+        self.attn_norm = RMSNorm(d, c["norm_eps"])
+        self.wq = nn.Linear(d, hq * self.hd, bias=False)
+        self.wk = nn.Linear(d, hkv * self.hd, bias=False)
+        self.wv = nn.Linear(d, hkv * self.hd, bias=False)
+        self.wo = nn.Linear(hq * self.hd, d, bias=False)
+        self.mlp_norm = RMSNorm(d, c["norm_eps"])
+        self.w_gate = nn.Linear(d, c["hidden"], bias=False)
+        self.w_up = nn.Linear(d, c["hidden"], bias=False)
+        self.w_down = nn.Linear(c["hidden"], d, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.wq(h).view(B, T, self.hq, self.hd).transpose(1, 2)
+        k = self.wk(h).view(B, T, self.hkv, self.hd).transpose(1, 2)
+        v = self.wv(h).view(B, T, self.hkv, self.hd).transpose(1, 2)
+        q, k = apply_rope(q, cos[:T], sin[:T]), apply_rope(k, cos[:T], sin[:T])
+        rep = self.hq // self.hkv  # q-head j reads kv-head j // rep
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True) if hasattr(F, "scaled_dot_product_attention") \
+            else self._attention(q, k, v)
+        x = x + self.wo(a.transpose(1, 2).reshape(B, T, -1))
+        h = self.mlp_norm(x)
+        return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
+
+    @staticmethod
+    def _attention(q, k, v):
+        T = q.shape[2]
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        return torch.softmax(s, dim=-1) @ v
+
+
+class Model(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.embed = nn.Embedding(c["vocab"], c["dim"])
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c["layers"]))
+        self.norm = RMSNorm(c["dim"], c["norm_eps"])
+        self.out = nn.Linear(c["dim"], c["vocab"], bias=False)
+        cos, sin = rope_tables(c["dim"] // c["q_heads"], c["context"], c["rope_theta"])
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for b in self.blocks:
+            x = b(x, self.cos, self.sin)
+        return self.out(self.norm(x))
+
+
+def write_weights(model, path):
+    """Little-endian. Header: magic 'KVCM', u32 version, then u32 vocab, dim,
+    layers, q_heads, kv_heads, hidden, context, f32 rope_theta, f32 norm_eps.
+    Then float32 tensors, row-major as PyTorch stores them ([out][in] for
+    linear layers): embed [vocab][dim]; per layer: attn_norm [dim], wq, wk, wv,
+    wo, mlp_norm [dim], w_gate, w_up, w_down; final norm [dim]; out [vocab][dim]."""
+    c = model.c
+    head = MAGIC + struct.pack("<8I2f", VERSION, c["vocab"], c["dim"], c["layers"], c["q_heads"], c["kv_heads"],
+                               c["hidden"], c["context"], c["rope_theta"], c["norm_eps"])
+    tensors = [model.embed.weight]
+    for b in model.blocks:
+        tensors += [b.attn_norm.weight, b.wq.weight, b.wk.weight, b.wv.weight, b.wo.weight, b.mlp_norm.weight,
+                    b.w_gate.weight, b.w_up.weight, b.w_down.weight]
+    tensors += [model.norm.weight, model.out.weight]
+    body = b"".join(t.detach().float().contiguous().numpy().astype("<f4").tobytes() for t in tensors)
+    path.write_bytes(head + body)
+    return hashlib.sha256(head + body).hexdigest()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=float, default=25.0)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=16)
+    args = ap.parse_args()
+    torch.manual_seed(1234)
+    torch.set_num_threads(2)
+    out = pathlib.Path(__file__).resolve().parent.parent / "model"
+    out.mkdir(exist_ok=True)
+
+    text = subprocess.run(["bible", "-f", "Gen1:1-Rev22:21"], capture_output=True, check=True).stdout
+    data = torch.tensor(list(text), dtype=torch.long)
+    split = int(len(data) * 0.95)  # the last 5% (the end of the New Testament) is held out
+    train, heldout = data[:split], data[split:]
+    print(f"text: {len(data)} bytes; train {len(train)}, held out {len(heldout)}")
+
+    model = Model(CONFIG)
+    print(f"parameters: {sum(p.numel() for p in model.parameters()):,}")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.05)
+    gen = torch.Generator().manual_seed(1)
+    budget, start, step = args.minutes * 60, time.time(), 0
+    while time.time() - start < budget:
+        # Longer sequences late in training teach RoPE the full context.
+        seq = args.seq if time.time() - start < 0.7 * budget else CONFIG["context"]
+        batch = max(1, args.batch * args.seq // seq)
+        ix = torch.randint(0, len(train) - seq - 1, (batch,), generator=gen)
+        x = torch.stack([train[i:i + seq] for i in ix])
+        y = torch.stack([train[i + 1:i + seq + 1] for i in ix])
+        frac = (time.time() - start) / budget
+        for g in opt.param_groups:  # warmup, then cosine decay over the time budget
+            g["lr"] = 3e-3 * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        loss = F.cross_entropy(model(x).view(-1, CONFIG["vocab"]), y.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 50 == 0:
+            print(f"step {step:5d}  {time.time() - start:6.0f}s  seq {seq}  loss {loss.item():.3f}", flush=True)
+        step += 1
+
+    model.eval()
+    with torch.no_grad():
+        n, nll = 0, 0.0
+        for i in range(0, min(len(heldout), 64 * 1024) - 1, CONFIG["context"]):
+            chunk = heldout[i:i + CONFIG["context"] + 1]
+            logits = model(chunk[None, :-1])
+            nll += F.cross_entropy(logits[0], chunk[1:], reduction="sum").item()
+            n += len(chunk) - 1
+        print(f"held-out: {nll / n / math.log(2):.3f} bits/byte, perplexity {math.exp(nll / n):.3f} over {n} bytes")
+        prompt = heldout[:64]
+        ref = model(prompt[None])[0].float().numpy().astype("<f4")
+    digest = write_weights(model, out / "kjv-tiny.bin")
+    (out / "kjv-tiny.sha256").write_text(f"{digest}  kjv-tiny.bin\n")
+    (out / "heldout.bin").write_bytes(bytes(heldout[:64 * 1024].tolist()))
+    (out / "reference.bin").write_bytes(struct.pack("<2I", ref.shape[0], ref.shape[1]) + ref.tobytes())
+    print(f"wrote {out}: weights sha256 {digest}")
+
+
+if __name__ == "__main__":
+    main()
