@@ -7,6 +7,7 @@ import pathlib
 import sys
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -14,6 +15,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 d = pathlib.Path(sys.argv[1])
 rows = list(csv.DictReader(open(d / "quality.csv")))
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+for r in rows:  # the full cache (budget 0) is the reference line
+    if r["policy"] == "keep_all":
+        a1.axhline(1.0, color="grey", ls="--", lw=1)
+        a2.axhline(float(r["perplexity"]), color="grey", ls="--", lw=1, label="full cache")
+rows = [r for r in rows if r["policy"] != "keep_all"]
 for policy in dict.fromkeys(r["policy"] for r in rows):
     pts = [(int(r["budget"]), float(r["agreement"]), float(r["perplexity"])) for r in rows if r["policy"] == policy]
     a1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=policy)
@@ -22,6 +28,7 @@ a1.set(xlabel="budget (tokens per request)", ylabel="greedy token agreement with
 a2.set(xlabel="budget (tokens per request)", ylabel="held-out perplexity (policy active)", xscale="log")
 for a in (a1, a2):
     a.set_xticks([128, 256, 512], ["128", "256", "512"])
+    a.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     a.grid(alpha=0.3)
 a2.legend(fontsize=8)
 fig.suptitle("kvcache example engine: quality against KV budget (tiny KJV model)")

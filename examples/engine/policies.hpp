@@ -30,7 +30,9 @@ bool with_policy(const std::string& name, std::int32_t budget, const ModelConfig
     return f(kvcache::SinkWindowEviction({.sinks = 4, .window = budget - 2 * B, .block_size = B}), plain), true;
   if (name == "block_scores")
     return f(kvcache::BlockScoreEviction({.start = B, .recent = 4 * B, .max = budget - B, .block_size = B}), plain), true;
-  if (name == "h2o") return f(kvcache::H2OEviction({.heavy = budget - 32, .recent = 32, .groups = c.kv_heads}), plain), true;
+  if (name == "h2o")  // half heavy hitters, half recent: the H2O paper's split
+    return f(kvcache::H2OEviction({.heavy = budget / 2, .recent = budget - budget / 2, .groups = c.kv_heads}), plain),
+           true;
   if (name == "tova") return f(kvcache::TovaEviction({.budget = budget}), plain), true;
   if (name == "snapkv")  // one-shot after the prompt: no eviction between prefill chunks
     return f(kvcache::SnapKVEviction({.capacity = budget - 32, .window = 32, .kernel = 7, .groups = c.kv_heads}),
