@@ -3,6 +3,7 @@
 
 #include <kvcache/kvcache.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,11 @@ bool with_policy(const std::string& name, std::int32_t budget, const ModelConfig
   if (name == "sliding_window") return f(kvcache::SlidingWindow(budget), plain), true;
   if (name == "sink_window")
     return f(kvcache::SinkWindowEviction({.sinks = 4, .window = budget - 2 * B, .block_size = B}), plain), true;
-  if (name == "block_scores")
-    return f(kvcache::BlockScoreEviction({.start = B, .recent = 4 * B, .max = budget - B, .block_size = B}), plain), true;
+  if (name == "block_scores") {  // a 64-token recent area, smaller when the budget leaves no evictable block
+    const std::int32_t recent = std::max(B, std::min(4 * B, (budget - 3 * B) / B * B));
+    return f(kvcache::BlockScoreEviction({.start = B, .recent = recent, .max = budget - B, .block_size = B}), plain),
+           true;
+  }
   if (name == "h2o")  // half heavy hitters, half recent: the H2O paper's split
     return f(kvcache::H2OEviction({.heavy = budget / 2, .recent = budget - budget / 2, .groups = c.kv_heads}), plain),
            true;
