@@ -6,6 +6,7 @@
 //   kvcache_engine --policy NAME [--budget N]   one policy: its output and figures
 //   kvcache_engine --out DIR                    also writes DIR/quality.csv and DIR/memory.csv (plots)
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -83,7 +84,8 @@ void with(const std::string& name, std::int32_t budget, const engine::ModelConfi
         adjust(cfg);
         f(policy, cfg);
       }))
-    throw std::invalid_argument("unknown policy '" + name + "'");
+    throw std::invalid_argument(fmt::format("unknown policy '{}' (one of: {})", name,
+                                            fmt::join(engine::policy_names(), ", ")));
 }
 
 double agreement(const std::vector<engine::Request>& a, const std::vector<engine::Request>& b) {
@@ -112,7 +114,15 @@ int main(int argc, char** argv) try {
     const std::string a = argv[i];
     if (i + 1 >= argc) return fmt::print(stderr, "{} needs a value\n", a), 2;
     if (a == "--policy") only = argv[i + 1];
-    else if (a == "--budget") budget = std::stoi(argv[i + 1]);
+    else if (a == "--budget") {
+      std::size_t used = 0;
+      try {
+        budget = std::stoi(argv[i + 1], &used);
+      } catch (const std::exception&) {
+      }
+      if (used == 0 || argv[i + 1][used] != '\0' || budget <= 0)
+        return fmt::print(stderr, "--budget needs a positive token count, got '{}'\n", argv[i + 1]), 2;
+    }
     else if (a == "--out") out_dir = argv[i + 1];
     else return fmt::print(stderr, "usage: {} [--policy NAME] [--budget TOKENS] [--out DIR]\n", argv[0]), 2;
   }
@@ -125,6 +135,7 @@ int main(int argc, char** argv) try {
   const engine::EngineConfig roomy{.max_kv_tokens = 8192, .block_size = 16, .chunk = 64, .max_batch = 8};
 
   if (!only.empty()) {  // one policy: what it generates, and its figures
+    with(only, budget, c, roomy, [](auto, const engine::EngineConfig&) {});  // a bad name or size fails first
     const auto reqs = workload(text, 4, 512, 128);
     const auto full = serve(model, kvcache::KeepAll{}, roomy, reqs);
     with(only, budget, c, roomy, [&](auto policy, const engine::EngineConfig& cfg) {
