@@ -7,13 +7,12 @@
 // pass computes. Greedy decoding: runs are reproducible.
 #pragma once
 
-#include <kvcache/kernels/compaction.hpp>
-#include <kvcache/kvcache.hpp>
-
 #include <algorithm>
 #include <cmath>
-#include <span>
 #include <cstdint>
+#include <kvcache/kernels/compaction.hpp>
+#include <kvcache/kvcache.hpp>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -40,9 +39,9 @@ struct Request {
 struct EngineConfig {
   std::int32_t max_kv_tokens = 4096;  // the pool: max_kv_tokens / block_size blocks
   std::int32_t block_size = 16;
-  std::int32_t chunk = 64;            // prefill chunk
-  std::int32_t max_batch = 8;         // running requests at most
-  bool evict_in_prefill = true;       // run eviction after every prefill chunk (not for SnapKV)
+  std::int32_t chunk = 64;       // prefill chunk
+  std::int32_t max_batch = 8;    // running requests at most
+  bool evict_in_prefill = true;  // run eviction after every prefill chunk (not for SnapKV)
   // Admission by the cache's accounting: `lifetime` admits a request only if
   // the pool covers blocks_needed for its whole life (no preemption can
   // happen); `optimistic` admits when its prefill peak fits now, as vLLM
@@ -61,14 +60,20 @@ class Engine {
   using Cache = kvcache::Cache<kvcache::BlockPool, kvcache::PageTable, kvcache::AdmitAll, kvcache::SelectAll, Policy>;
 
   Engine(const Model& m, const EngineConfig& cfg, Policy policy)
-      : m_(m), cfg_(cfg), fwd_(m),
-        geometry_(*kvcache::Geometry::make({.num_layers = m.config().layers, .num_kv_heads = m.config().kv_heads,
-                                            .head_dim = m.config().head_dim(), .block_size = cfg.block_size,
+      : m_(m),
+        cfg_(cfg),
+        fwd_(m),
+        geometry_(*kvcache::Geometry::make({.num_layers = m.config().layers,
+                                            .num_kv_heads = m.config().kv_heads,
+                                            .head_dim = m.config().head_dim(),
+                                            .block_size = cfg.block_size,
                                             .dtype = kvcache::DType::f32})),
         blocks_(cfg.max_kv_tokens / cfg.block_size + 1),
         memory_(std::size_t(*geometry_.pool_bytes(blocks_))),
         pool_(*kvcache::make_pool_view(geometry_, memory_.data(), blocks_)),
-        cache_({.geometry = geometry_, .num_blocks = blocks_, .max_sequences = cfg.max_batch,
+        cache_({.geometry = geometry_,
+                .num_blocks = blocks_,
+                .max_sequences = cfg.max_batch,
                 .max_blocks_per_sequence = m.config().context / cfg.block_size + 2},
                {}, {}, policy),
         positions_(std::size_t(groups()) * std::size_t(blocks_) * std::size_t(cfg.block_size), -1) {}
@@ -141,8 +146,10 @@ class Engine {
 
  private:
   std::int32_t groups() const {
-    if constexpr (kvcache::TokenEviction<Policy>) return cache_.eviction().groups();
-    else return 1;
+    if constexpr (kvcache::TokenEviction<Policy>)
+      return cache_.eviction().groups();
+    else
+      return 1;
   }
   std::int64_t* pos_table(std::int32_t g) {
     return positions_.data() + std::size_t(g) * std::size_t(blocks_) * std::size_t(cfg_.block_size);
@@ -190,8 +197,8 @@ class Engine {
     std::vector<std::int32_t> tokens(static_cast<std::size_t>(n));
     for (std::int32_t i = 0; i < n; ++i) {
       const std::int32_t at = r.fed + i;
-      tokens[std::size_t(i)] = at < std::int32_t(r.prompt.size()) ? r.prompt[std::size_t(at)]
-                                                                   : r.output[std::size_t(at) - r.prompt.size()];
+      tokens[std::size_t(i)] =
+          at < std::int32_t(r.prompt.size()) ? r.prompt[std::size_t(at)] : r.output[std::size_t(at) - r.prompt.size()];
     }
     AttentionTrace trace;
     PagedKv<Cache> kv(cache_, pool_, r.seq, slots, r.fed, positions_, groups());
@@ -236,8 +243,12 @@ class Engine {
       const std::int32_t G = groups();
       for (std::int32_t g = 0; g < G && e->moves > 0; ++g) {
         const std::int32_t lo = group_moves_[std::size_t(g)], hi = group_moves_[std::size_t(g + 1)];
-        kvcache::CompactionParams p{.cache = pool_, .moves = moves_.data() + lo, .num_moves = hi - lo, .first_layer = 0,
-                                    .num_layers = m_.config().layers, .first_head = G == 1 ? 0 : g,
+        kvcache::CompactionParams p{.cache = pool_,
+                                    .moves = moves_.data() + lo,
+                                    .num_moves = hi - lo,
+                                    .first_layer = 0,
+                                    .num_layers = m_.config().layers,
+                                    .first_head = G == 1 ? 0 : g,
                                     .num_heads = G == 1 ? 0 : 1};
         if (auto st = kvcache::compaction_host(p); !st) throw std::runtime_error("compaction: " + st.message());
         std::int64_t* pos = pos_table(g);
@@ -251,7 +262,8 @@ class Engine {
   bool preempt_lowest(std::vector<Request>& reqs, Request& keep) {
     Request* victim = nullptr;
     for (auto& r : reqs)
-      if (r.running && (!victim || r.priority < victim->priority || (r.priority == victim->priority && r.id > victim->id)))
+      if (r.running &&
+          (!victim || r.priority < victim->priority || (r.priority == victim->priority && r.id > victim->id)))
         victim = &r;
     if (!victim) throw std::runtime_error("out of blocks with nothing to preempt");
     const auto running = std::count_if(reqs.begin(), reqs.end(), [](const Request& r) { return r.running; });

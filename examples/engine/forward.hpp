@@ -18,9 +18,9 @@ namespace engine {
 //   write(layer, k, v)           the chunk's rows [n][kv_heads][head_dim]
 //   read(layer, head)            -> HeldKv of every held token of that kv-head
 struct HeldKv {
-  const float* k = nullptr;             // [count][row_stride], the head's row at offset 0
+  const float* k = nullptr;  // [count][row_stride], the head's row at offset 0
   const float* v = nullptr;
-  const std::int64_t* pos = nullptr;    // [count] token positions
+  const std::int64_t* pos = nullptr;  // [count] token positions
   std::int32_t count = 0, row_stride = 0;
 };
 

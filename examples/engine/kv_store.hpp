@@ -8,12 +8,11 @@
 //                 match token for token.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <kvcache/kernels/gather.hpp>
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/kvcache.hpp>
-
-#include <cstdint>
-#include <array>
 #include <span>
 #include <stdexcept>
 #include <vector>
@@ -56,7 +55,13 @@ class PagedKv {
   // ([groups][pool slots]); it lives across calls.
   PagedKv(const Cache& cache, const kvcache::PoolView& pool, kvcache::SeqId seq, std::span<const std::int32_t> slots,
           std::int64_t first_pos, std::vector<std::int64_t>& positions, std::int32_t groups = 1)
-      : cache_(cache), pool_(pool), seq_(seq), slots_(slots), first_(first_pos), slot_pos_(positions), groups_(groups),
+      : cache_(cache),
+        pool_(pool),
+        seq_(seq),
+        slots_(slots),
+        first_(first_pos),
+        slot_pos_(positions),
+        groups_(groups),
         pool_slots_(pool.num_blocks * pool.block_size) {}
 
   void write(std::int32_t l, const float* k, const float* v, std::int32_t n) {
@@ -65,7 +70,8 @@ class PagedKv {
     if (auto st = kvcache::scatter_host(p); !st) throw std::runtime_error("scatter: " + st.message());
     if (l == 0)
       for (std::int32_t g = 0; g < groups_; ++g)
-        for (std::int32_t i = 0; i < n; ++i) slot_pos_[std::size_t(g * pool_slots_ + slots_[std::size_t(i)])] = first_ + i;
+        for (std::int32_t i = 0; i < n; ++i)
+          slot_pos_[std::size_t(g * pool_slots_ + slots_[std::size_t(i)])] = first_ + i;
     gathered_ = -1;
   }
   HeldKv read(std::int32_t l, std::int32_t g) {
@@ -83,15 +89,17 @@ class PagedKv {
     indices_.resize(blocks.size());
     std::array<std::int32_t, 2> indptr{};
     std::array<std::int32_t, 1> last{};
-    if (auto r = cache_.export_csr(one, indptr, indices_, last); !r) throw std::runtime_error("csr: " + r.status().message());
+    if (auto r = cache_.export_csr(one, indptr, indices_, last); !r)
+      throw std::runtime_error("csr: " + r.status().message());
     const std::int32_t front = *cache_.table().front(seq_), B = pool_.block_size;
     held_ = std::int32_t(*cache_.tokens_held(seq_));
     const std::int32_t rows = front + held_, hd = pool_.head_dim, row = pool_.num_kv_heads * hd;
     k_all_.resize(std::size_t(rows) * std::size_t(row));
     v_all_.resize(k_all_.size());
     const std::array<std::int32_t, 2> out_indptr{0, rows};
-    kvcache::GatherParams p{pool_, l, indptr.data(), indices_.data(), out_indptr.data(), 1, rows,
-                            k_all_.data(), v_all_.data(), kvcache::DType::f32, row * 4, hd * 4};
+    kvcache::GatherParams p{pool_,   l,     indptr.data(), indices_.data(), out_indptr.data(),
+                            1,       rows,  k_all_.data(), v_all_.data(),   kvcache::DType::f32,
+                            row * 4, hd * 4};
     if (auto st = kvcache::gather_host(p); !st) throw std::runtime_error("gather: " + st.message());
     // Skip a sliding window's dead front slots.
     k_.assign(k_all_.begin() + std::ptrdiff_t(front) * row, k_all_.end());
@@ -100,7 +108,8 @@ class PagedKv {
     for (std::int32_t g = 0; g < groups_; ++g)
       for (std::int32_t t = 0; t < held_; ++t) {
         const std::int32_t j = front + t;
-        pos_[std::size_t(g * held_ + t)] = slot_pos_[std::size_t(g * pool_slots_ + blocks[std::size_t(j / B)] * B + j % B)];
+        pos_[std::size_t(g * held_ + t)] =
+            slot_pos_[std::size_t(g * pool_slots_ + blocks[std::size_t(j / B)] * B + j % B)];
       }
     gathered_ = l;
   }

@@ -62,7 +62,8 @@ struct Served {
 };
 
 template <class Policy>
-Served serve(const engine::Model& m, Policy p, const engine::EngineConfig& cfg, std::vector<engine::Request> reqs) {
+Served serve(const engine::Model& m, Policy p, const engine::EngineConfig& cfg, std::vector<engine::Request> reqs,
+             const std::string& label = "") {
   engine::Engine<Policy> e(m, cfg, p);
   const auto t0 = std::chrono::steady_clock::now();
   std::int64_t shown = 0;
@@ -70,10 +71,10 @@ Served serve(const engine::Model& m, Policy p, const engine::EngineConfig& cfg, 
     e.step(reqs);
     if (e.stats().tokens_generated - shown >= 256) {  // a progress line on long runs
       shown = e.stats().tokens_generated;
-      fmt::print(stderr, "\r  {} tokens generated, step {}   ", shown, e.stats().steps);
+      fmt::print(stderr, "\r  {}: {} tokens generated, step {}   ", label, shown, e.stats().steps);
     }
   }
-  if (shown) fmt::print(stderr, "\r{:50}\r", "");
+  if (shown) fmt::print(stderr, "\r{:80}\r", "");
   return {e.stats(), reqs, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
 
@@ -84,8 +85,8 @@ void with(const std::string& name, std::int32_t budget, const engine::ModelConfi
         adjust(cfg);
         f(policy, cfg);
       }))
-    throw std::invalid_argument(fmt::format("unknown policy '{}' (one of: {})", name,
-                                            fmt::join(engine::policy_names(), ", ")));
+    throw std::invalid_argument(
+        fmt::format("unknown policy '{}' (one of: {})", name, fmt::join(engine::policy_names(), ", ")));
 }
 
 double agreement(const std::vector<engine::Request>& a, const std::vector<engine::Request>& b) {
@@ -113,7 +114,8 @@ int main(int argc, char** argv) try {
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
     if (i + 1 >= argc) return fmt::print(stderr, "{} needs a value\n", a), 2;
-    if (a == "--policy") only = argv[i + 1];
+    if (a == "--policy")
+      only = argv[i + 1];
     else if (a == "--budget") {
       std::size_t used = 0;
       try {
@@ -122,28 +124,31 @@ int main(int argc, char** argv) try {
       }
       if (used == 0 || argv[i + 1][used] != '\0' || budget <= 0)
         return fmt::print(stderr, "--budget needs a positive token count, got '{}'\n", argv[i + 1]), 2;
-    }
-    else if (a == "--out") out_dir = argv[i + 1];
-    else return fmt::print(stderr, "usage: {} [--policy NAME] [--budget TOKENS] [--out DIR]\n", argv[0]), 2;
+    } else if (a == "--out")
+      out_dir = argv[i + 1];
+    else
+      return fmt::print(stderr, "usage: {} [--policy NAME] [--budget TOKENS] [--out DIR]\n", argv[0]), 2;
   }
   const engine::Model model(std::string(ENGINE_MODEL_DIR) + "/kjv-tiny.bin");
   const auto text = heldout();
   const auto& c = model.config();
-  fmt::print("model: {} layers, width {}, {} q-heads / {} kv-heads, context {}, byte-level, trained on the KJV; "
-             "greedy decoding\n\n",
-             c.layers, c.dim, c.q_heads, c.kv_heads, c.context);
+  fmt::print(
+      "model: {} layers, width {}, {} q-heads / {} kv-heads, context {}, byte-level, trained on the KJV; "
+      "greedy decoding\n\n",
+      c.layers, c.dim, c.q_heads, c.kv_heads, c.context);
   const engine::EngineConfig roomy{.max_kv_tokens = 8192, .block_size = 16, .chunk = 64, .max_batch = 8};
 
   if (!only.empty()) {  // one policy: what it generates, and its figures
     with(only, budget, c, roomy, [](auto, const engine::EngineConfig&) {});  // a bad name or size fails first
     const auto reqs = workload(text, 4, 512, 128);
-    const auto full = serve(model, kvcache::KeepAll{}, roomy, reqs);
+    const auto full = serve(model, kvcache::KeepAll{}, roomy, reqs, "keep_all");
     with(only, budget, c, roomy, [&](auto policy, const engine::EngineConfig& cfg) {
-      const auto r = serve(model, policy, cfg, reqs);
-      fmt::print("{} at {} tokens: peak KV per request {} tokens, high-water {} tokens, {:.0f} tokens/s, "
-                 "token agreement with the full cache {:.3f}\n\n",
-                 only, budget, r.peak_per_request(), r.stats.kv_high_water, r.tokens_per_second(),
-                 agreement(full.reqs, r.reqs));
+      const auto r = serve(model, policy, cfg, reqs, only);
+      fmt::print(
+          "{} at {} tokens: peak KV per request {} tokens, high-water {} tokens, {:.0f} tokens/s, "
+          "token agreement with the full cache {:.3f}\n\n",
+          only, budget, r.peak_per_request(), r.stats.kv_high_water, r.tokens_per_second(),
+          agreement(full.reqs, r.reqs));
       for (const auto& q : r.reqs)
         fmt::print("request {}: ...{}\n  -> {}\n", q.id, std::string(q.prompt.end() - 60, q.prompt.end()),
                    std::string(q.output.begin(), q.output.end()));
@@ -153,17 +158,18 @@ int main(int argc, char** argv) try {
 
   // 1. Memory: the same concurrent requests, full cache against sliding window.
   const auto reqs = workload(text, 6, 512, 128);
-  fmt::print("### 1. Memory: 6 concurrent requests, prompts of 416-512 tokens, 128 new tokens each, chunks of 64\n\n"
-             "| cache | peak KV per request (tokens) | KV high-water, all requests (tokens) | tokens/s |\n"
-             "| --- | ---: | ---: | ---: |\n");
+  fmt::print(
+      "### 1. Memory: 6 concurrent requests, prompts of 416-512 tokens, 128 new tokens each, chunks of 64\n\n"
+      "| cache | peak KV per request (tokens) | KV high-water, all requests (tokens) | tokens/s |\n"
+      "| --- | ---: | ---: | ---: |\n");
   std::map<std::string, std::vector<std::int64_t>> kv_over_time;
-  const auto full = serve(model, kvcache::KeepAll{}, roomy, reqs);
+  const auto full = serve(model, kvcache::KeepAll{}, roomy, reqs, "1. memory: keep_all");
   fmt::print("| full (keep_all) | {} | {} | {:.0f} |\n", full.peak_per_request(), full.stats.kv_high_water,
              full.tokens_per_second());
   kv_over_time["keep_all"] = full.stats.kv_over_time;
   for (std::int32_t w : {256, 128}) {
     with("sliding_window", w, c, roomy, [&](auto policy, const engine::EngineConfig& cfg) {
-      const auto r = serve(model, policy, cfg, reqs);
+      const auto r = serve(model, policy, cfg, reqs, fmt::format("1. memory: sliding_window {}", w));
       fmt::print("| sliding window {} | {} | {} | {:.0f} |\n", w, r.peak_per_request(), r.stats.kv_high_water,
                  r.tokens_per_second());
       kv_over_time[fmt::format("sliding_window_{}", w)] = r.stats.kv_over_time;
@@ -171,21 +177,22 @@ int main(int argc, char** argv) try {
   }
 
   // 2. Preemption under a tight pool, optimistic admission.
-  fmt::print("\n### 2. Preemption: the same requests in a pool of 1,536 tokens, admitted when their prefill fits\n\n"
-             "| policy | preemptions | re-prefilled tokens | steps | tokens/s |\n| --- | ---: | ---: | ---: | ---: |\n");
+  fmt::print(
+      "\n### 2. Preemption: the same requests in a pool of 1,536 tokens, admitted when their prefill fits\n\n"
+      "| policy | preemptions | re-prefilled tokens | steps | tokens/s |\n| --- | ---: | ---: | ---: | ---: |\n");
   engine::EngineConfig tight = roomy;
   tight.max_kv_tokens = 1536;
   tight.optimistic = true;
   for (const std::string name : {"keep_all", "sliding_window", "h2o", "average_attention"})
     with(name, 256, c, tight, [&](auto policy, const engine::EngineConfig& cfg) {
-      const auto r = serve(model, policy, cfg, reqs);
+      const auto r = serve(model, policy, cfg, reqs, "2. preemption: " + name);
       fmt::print("| {}{} | {} | {} | {} | {:.0f} |\n", name, name == "keep_all" ? "" : " 256", r.stats.preemptions,
                  r.stats.reprefilled, r.stats.steps, r.tokens_per_second());
     });
 
   // 3. Quality against budget.
   const auto qreqs = workload(text, 4, 512, 96);
-  const auto qfull = serve(model, kvcache::KeepAll{}, roomy, qreqs);
+  const auto qfull = serve(model, kvcache::KeepAll{}, roomy, qreqs, "3. quality: keep_all");
   engine::EngineConfig scoring = roomy;
   scoring.chunk = 16;
   auto perplexity = [&](auto policy, const engine::EngineConfig& cfg, std::int64_t& peak) {
@@ -202,19 +209,20 @@ int main(int argc, char** argv) try {
   };
   std::int64_t full_peak = 0;
   const double full_ppl = perplexity(kvcache::KeepAll{}, scoring, full_peak);
-  fmt::print("\n### 3. Quality against budget: greedy agreement with the full cache (4 requests, 512-token prompts, "
-             "96 new tokens), held-out perplexity over 1,024-token contexts fed in chunks of 16 with the policy "
-             "active\n\nfull cache: perplexity {:.3f}, peak KV {} tokens\n\n"
-             "| policy | budget | token agreement | tokens before first divergence | perplexity | peak KV (tokens) |\n"
-             "| --- | ---: | ---: | ---: | ---: | ---: |\n",
-             full_ppl, full_peak);
+  fmt::print(
+      "\n### 3. Quality against budget: greedy agreement with the full cache (4 requests, 512-token prompts, "
+      "96 new tokens), held-out perplexity over 1,024-token contexts fed in chunks of 16 with the policy "
+      "active\n\nfull cache: perplexity {:.3f}, peak KV {} tokens\n\n"
+      "| policy | budget | token agreement | tokens before first divergence | perplexity | peak KV (tokens) |\n"
+      "| --- | ---: | ---: | ---: | ---: | ---: |\n",
+      full_ppl, full_peak);
   std::string csv = fmt::format("policy,budget,agreement,divergence,perplexity,peak_kv\nkeep_all,0,1,{},{:.4f},{}\n",
                                 qreqs.front().max_new, full_ppl, full_peak);  // budget 0: the reference
   for (const auto& name : engine::policy_names()) {
     if (name == "keep_all") continue;
     for (std::int32_t b : {128, 256, 512})
       with(name, b, c, roomy, [&](auto policy, const engine::EngineConfig& cfg) {
-        const auto r = serve(model, policy, cfg, qreqs);
+        const auto r = serve(model, policy, cfg, qreqs, fmt::format("3. quality: {} {}", name, b));
         auto sc = scoring;
         sc.evict_in_prefill = cfg.evict_in_prefill;
         std::int64_t peak = 0;
@@ -226,9 +234,10 @@ int main(int argc, char** argv) try {
   }
 
   // 4. Batch capacity under a fixed pool: long prompts, short outputs.
-  fmt::print("\n### 4. Batch capacity: 12 requests with 768-token prompts and 32 new tokens, a pool of 3,072 tokens, "
-             "admission by lifetime need\n\n| policy | eviction | largest batch | steps | tokens/s |\n"
-             "| --- | --- | ---: | ---: | ---: |\n");
+  fmt::print(
+      "\n### 4. Batch capacity: 12 requests with 768-token prompts and 32 new tokens, a pool of 3,072 tokens, "
+      "admission by lifetime need\n\n| policy | eviction | largest batch | steps | tokens/s |\n"
+      "| --- | --- | ---: | ---: | ---: |\n");
   const auto long_reqs = workload(text, 12, 768 + 96, 32);
   engine::EngineConfig fixed = roomy;
   fixed.max_kv_tokens = 3072;
@@ -239,10 +248,13 @@ int main(int argc, char** argv) try {
       auto cfg0 = fixed;
       cfg0.evict_in_prefill = in_prefill;
       with(name, 256, c, cfg0, [&](auto policy, const engine::EngineConfig& cfg) {
-        const auto r = serve(model, policy, cfg, long_reqs);
+        const auto r = serve(model, policy, cfg, long_reqs,
+                             fmt::format("4. capacity: {} {}", name, in_prefill ? "prefill+decode" : "decode"));
         fmt::print("| {}{} | {} | {} | {} | {:.0f} |\n", name, name == "keep_all" ? "" : " 256",
-                   name == "keep_all" ? "none" : in_prefill ? "prefill + decode" : "decode only", r.stats.max_batch,
-                   r.stats.steps, r.tokens_per_second());
+                   name == "keep_all" ? "none"
+                   : in_prefill       ? "prefill + decode"
+                                      : "decode only",
+                   r.stats.max_batch, r.stats.steps, r.tokens_per_second());
       });
     }
 

@@ -35,8 +35,15 @@ class Model {
     std::uint32_t u[8];
     std::memcpy(u, bytes.data() + 4, sizeof u);
     if (u[0] != 1) throw std::runtime_error(path + ": format version " + std::to_string(u[0]) + ", expected 1");
-    c_ = {std::int32_t(u[1]), std::int32_t(u[2]), std::int32_t(u[3]), std::int32_t(u[4]),
-          std::int32_t(u[5]), std::int32_t(u[6]), std::int32_t(u[7]), 0.0f, 0.0f};
+    c_ = {std::int32_t(u[1]),
+          std::int32_t(u[2]),
+          std::int32_t(u[3]),
+          std::int32_t(u[4]),
+          std::int32_t(u[5]),
+          std::int32_t(u[6]),
+          std::int32_t(u[7]),
+          0.0f,
+          0.0f};
     std::memcpy(&c_.rope_theta, bytes.data() + 36, 4);
     std::memcpy(&c_.norm_eps, bytes.data() + 40, 4);
     if (c_.dim <= 0 || c_.q_heads <= 0 || c_.kv_heads <= 0 || c_.dim % c_.q_heads || c_.q_heads % c_.kv_heads)
@@ -53,7 +60,8 @@ class Model {
       p += n;
       return t;
     };
-    const std::size_t d = std::size_t(c_.dim), kv = std::size_t(c_.kv_heads * c_.head_dim()), h = std::size_t(c_.hidden);
+    const std::size_t d = std::size_t(c_.dim), kv = std::size_t(c_.kv_heads * c_.head_dim()),
+                      h = std::size_t(c_.hidden);
     embed_ = take(std::size_t(c_.vocab) * d);
     for (std::int32_t l = 0; l < c_.layers; ++l)
       layers_.push_back({take(d), take(d * d), take(kv * d), take(kv * d), take(d * d), take(d), take(h * d),

@@ -1,9 +1,8 @@
 // Every eviction policy of the library, by name, sized to a token budget.
 #pragma once
 
-#include <kvcache/kvcache.hpp>
-
 #include <algorithm>
+#include <kvcache/kvcache.hpp>
 #include <string>
 #include <vector>
 
@@ -13,8 +12,8 @@
 namespace engine {
 
 inline const std::vector<std::string>& policy_names() {
-  static const std::vector<std::string> names{"keep_all", "sliding_window", "sink_window",       "block_scores",
-                                              "h2o",      "tova",           "snapkv",            "average_attention"};
+  static const std::vector<std::string> names{"keep_all", "sliding_window", "sink_window", "block_scores",
+                                              "h2o",      "tova",           "snapkv",      "average_attention"};
   return names;
 }
 

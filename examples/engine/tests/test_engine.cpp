@@ -4,7 +4,6 @@
 // contiguous buffer; preemption changes nothing; every policy runs inside
 // the engine within its bound.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -64,8 +63,11 @@ TEST_CASE("keep-all through the paged cache gives exactly the contiguous buffer'
   const engine::Model model(kDir + "/kjv-tiny.bin");
   const auto& c = model.config();
   constexpr std::int32_t B = 16, kPrompt = 100, kNew = 60;
-  const auto g = *kv::Geometry::make({.num_layers = c.layers, .num_kv_heads = c.kv_heads, .head_dim = c.head_dim(),
-                                      .block_size = B, .dtype = kv::DType::f32});
+  const auto g = *kv::Geometry::make({.num_layers = c.layers,
+                                      .num_kv_heads = c.kv_heads,
+                                      .head_dim = c.head_dim(),
+                                      .block_size = B,
+                                      .dtype = kv::DType::f32});
   constexpr std::int32_t kBlocks = 64;
   std::vector<std::byte> memory(std::size_t(*g.pool_bytes(kBlocks)));
   const auto pool = *kv::make_pool_view(g, memory.data(), kBlocks);
@@ -82,7 +84,8 @@ TEST_CASE("keep-all through the paged cache gives exactly the contiguous buffer'
   for (std::int32_t at = 0; at < kPrompt; at += 32) {
     const std::int32_t n = std::min(32, kPrompt - at);
     REQUIRE(cache.reserve(seq, n, slots).ok());
-    engine::PagedKv<kv::Cache<>> store(cache, pool, seq, std::span<const std::int32_t>(slots).first(std::size_t(n)), at, positions);
+    engine::PagedKv<kv::Cache<>> store(cache, pool, seq, std::span<const std::int32_t>(slots).first(std::size_t(n)), at,
+                                       positions);
     paged_fwd.run(store, std::span(prompt).subspan(std::size_t(at), std::size_t(n)), at, lp, true);
   }
   plain_fwd.run(plain, prompt, 0, lc, true);
@@ -167,8 +170,7 @@ TEST_CASE("every policy serves requests through the engine within its bound") {
             // The requests hold at most 272 tokens: a budget of 512 evicts nothing.
             if (budget == 512) CHECK(rs[i].output == full[i].output);
           }
-          if (budget == 96 && name != "keep_all")
-            CHECK(e.stats().kv_high_water < 3 * 272);  // it really evicted
+          if (budget == 96 && name != "keep_all") CHECK(e.stats().kv_high_water < 3 * 272);  // it really evicted
         });
         REQUIRE(known);
       }
