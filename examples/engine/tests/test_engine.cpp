@@ -35,6 +35,21 @@ std::vector<std::int32_t> heldout(std::size_t n) {
   return t;
 }
 std::int32_t argmax(const float* x, std::int32_t n) { return std::int32_t(std::max_element(x, x + n) - x); }
+// `count` requests whose prompts start `stride` bytes apart in `text`, the
+// i-th `len + i * grow` long; priorities alternate 0, 1.
+std::vector<engine::Request> requests(const std::vector<std::int32_t>& text, int count, int stride, int len, int grow,
+                                      std::int32_t max_new) {
+  std::vector<engine::Request> reqs;
+  for (int i = 0; i < count; ++i) {
+    engine::Request r;
+    r.id = i;
+    r.priority = i % 2;
+    r.prompt.assign(text.begin() + i * stride, text.begin() + i * stride + len + grow * i);
+    r.max_new = max_new;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
 }  // namespace
 
 TEST_CASE("the C++ forward pass matches the stored PyTorch logits") {
@@ -106,15 +121,7 @@ TEST_CASE("keep-all through the paged cache gives exactly the contiguous buffer'
 TEST_CASE("preemption and re-prefill do not change what the scheduler generates") {
   const engine::Model model(kDir + "/kjv-tiny.bin");
   const auto text = heldout(4096);
-  std::vector<engine::Request> reqs;
-  for (int i = 0; i < 4; ++i) {
-    engine::Request r;
-    r.id = i;
-    r.priority = i % 2;
-    r.prompt.assign(text.begin() + i * 700, text.begin() + i * 700 + 90 + 10 * i);
-    r.max_new = 40;
-    reqs.push_back(r);
-  }
+  const auto reqs = requests(text, 4, 700, 90, 10, 40);
   auto run = [&](const engine::EngineConfig& cfg) {
     engine::Engine<kv::KeepAll> e(model, cfg, {});
     auto rs = reqs;
@@ -135,14 +142,7 @@ TEST_CASE("preemption and re-prefill do not change what the scheduler generates"
 TEST_CASE("every policy serves requests through the engine within its bound") {
   const engine::Model model(kDir + "/kjv-tiny.bin");
   const auto text = heldout(4096);
-  std::vector<engine::Request> reqs;
-  for (int i = 0; i < 3; ++i) {
-    engine::Request r;
-    r.id = i;
-    r.prompt.assign(text.begin() + i * 900, text.begin() + i * 900 + 200 + 24 * i);
-    r.max_new = 24;
-    reqs.push_back(r);
-  }
+  const auto reqs = requests(text, 3, 900, 200, 24, 24);
   const engine::EngineConfig cfg0{.max_kv_tokens = 4096, .block_size = 16, .chunk = 32, .max_batch = 3};
   auto full = reqs;
   engine::Engine<kv::KeepAll>(model, cfg0, {}).run(full);
