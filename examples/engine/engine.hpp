@@ -257,8 +257,9 @@ class Engine {
     }
   }
 
-  // Frees the lowest-priority running request (not `keep` unless it is the
-  // only one); it goes back to waiting and re-prefills what it had.
+  // Frees the lowest-priority running request, which may be `keep` itself
+  // (then false: `keep` stops this step); it goes back to waiting and
+  // re-prefills what it had. `keep` alone and still short of blocks throws.
   bool preempt_lowest(std::vector<Request>& reqs, Request& keep) {
     Request* victim = nullptr;
     for (auto& r : reqs)
