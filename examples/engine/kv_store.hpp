@@ -68,49 +68,54 @@ class PagedKv {
     const std::int64_t hd = pool_.head_dim, row = std::int64_t{pool_.num_kv_heads} * hd;
     kvcache::ScatterParams p{pool_, {k, v, kvcache::DType::f32, 0, row * 4, hd * 4}, {slots_.data()}, n, l, 1};
     if (auto st = kvcache::scatter_host(p); !st) throw std::runtime_error("scatter: " + st.message());
-    if (l == 0)
+    if (l == 0) {
       for (std::int32_t g = 0; g < groups_; ++g)
         for (std::int32_t i = 0; i < n; ++i)
           slot_pos_[std::size_t(g * pool_slots_ + slots_[std::size_t(i)])] = first_ + i;
+      mapped_ = false;  // positions changed
+    }
     gathered_ = -1;
   }
   HeldKv read(std::int32_t l, std::int32_t g) {
     const std::int32_t hd = pool_.head_dim, row = pool_.num_kv_heads * hd;
     if (gathered_ != l) gather(l);
     const std::int32_t group = groups_ == 1 ? 0 : g;
-    return {k_.data() + std::ptrdiff_t(g) * hd, v_.data() + std::ptrdiff_t(g) * hd,
-            pos_.data() + std::ptrdiff_t(group) * held_, held_, row};
+    const std::ptrdiff_t first = std::ptrdiff_t(front_) * row + std::ptrdiff_t(g) * hd;  // past the dead front
+    return {k_.data() + first, v_.data() + first, pos_.data() + std::ptrdiff_t(group) * held_, held_, row};
   }
 
  private:
-  void gather(std::int32_t l) {
+  // The page table and positions are the same for every layer of one
+  // forward call (write() fills layer 0 first), so they are read once.
+  void map() {
     const std::array<kvcache::SeqId, 1> one{seq_};
     const auto blocks = *cache_.table().blocks(seq_);
     indices_.resize(blocks.size());
-    std::array<std::int32_t, 2> indptr{};
-    std::array<std::int32_t, 1> last{};
-    if (auto r = cache_.export_csr(one, indptr, indices_, last); !r)
+    if (auto r = cache_.export_csr(one, indptr_, indices_, last_); !r)
       throw std::runtime_error("csr: " + r.status().message());
-    const std::int32_t front = *cache_.table().front(seq_), B = pool_.block_size;
+    // A sliding window's dead front slots are gathered too (the CSR starts at
+    // the row's first block); read() starts past them.
+    front_ = *cache_.table().front(seq_);
     held_ = std::int32_t(*cache_.tokens_held(seq_));
-    const std::int32_t rows = front + held_, hd = pool_.head_dim, row = pool_.num_kv_heads * hd;
-    k_all_.resize(std::size_t(rows) * std::size_t(row));
-    v_all_.resize(k_all_.size());
-    const std::array<std::int32_t, 2> out_indptr{0, rows};
-    kvcache::GatherParams p{pool_,   l,     indptr.data(), indices_.data(), out_indptr.data(),
-                            1,       rows,  k_all_.data(), v_all_.data(),   kvcache::DType::f32,
-                            row * 4, hd * 4};
-    if (auto st = kvcache::gather_host(p); !st) throw std::runtime_error("gather: " + st.message());
-    // Skip a sliding window's dead front slots.
-    k_.assign(k_all_.begin() + std::ptrdiff_t(front) * row, k_all_.end());
-    v_.assign(v_all_.begin() + std::ptrdiff_t(front) * row, v_all_.end());
+    const std::int32_t B = pool_.block_size;
     pos_.resize(std::size_t(groups_) * std::size_t(held_));
     for (std::int32_t g = 0; g < groups_; ++g)
       for (std::int32_t t = 0; t < held_; ++t) {
-        const std::int32_t j = front + t;
+        const std::int32_t j = front_ + t;
         pos_[std::size_t(g * held_ + t)] =
             slot_pos_[std::size_t(g * pool_slots_ + blocks[std::size_t(j / B)] * B + j % B)];
       }
+    mapped_ = true;
+  }
+  void gather(std::int32_t l) {
+    if (!mapped_) map();
+    const std::int32_t rows = front_ + held_, hd = pool_.head_dim, row = pool_.num_kv_heads * hd;
+    k_.resize(std::size_t(rows) * std::size_t(row));
+    v_.resize(k_.size());
+    const std::array<std::int32_t, 2> out_indptr{0, rows};
+    kvcache::GatherParams p{pool_, l,         indptr_.data(), indices_.data(),     out_indptr.data(), 1,
+                            rows,  k_.data(), v_.data(),      kvcache::DType::f32, row * 4,           hd * 4};
+    if (auto st = kvcache::gather_host(p); !st) throw std::runtime_error("gather: " + st.message());
     gathered_ = l;
   }
 
@@ -122,9 +127,12 @@ class PagedKv {
   std::vector<std::int64_t>& slot_pos_;
   std::int32_t groups_;
   std::int64_t pool_slots_;
-  std::int32_t gathered_ = -1, held_ = 0;
+  bool mapped_ = false;
+  std::int32_t gathered_ = -1, held_ = 0, front_ = 0;
+  std::array<std::int32_t, 2> indptr_{};
+  std::array<std::int32_t, 1> last_{};
   std::vector<std::int32_t> indices_;
-  std::vector<float> k_all_, v_all_, k_, v_;
+  std::vector<float> k_, v_;  // [front + held][kv_heads][head_dim]
   std::vector<std::int64_t> pos_;
 };
 
