@@ -37,6 +37,18 @@ inline Result<PoolView> make_pool_view(const Geometry& g, void* base, std::int64
   return PoolView{base, *s, num_blocks, sp.num_layers, sp.num_kv_heads, sp.head_dim, sp.block_size, sp.dtype};
 }
 
+// A host-visible CSR page table of n sequences (indptr has n + 1 entries):
+// offsets start at 0 or more and never decrease, so indices holds
+// indptr[n] entries. An error names the first bad entry.
+inline Status check_csr(const std::int32_t* indptr, std::int32_t n) noexcept {
+  if (n <= 0) return {};
+  if (!indptr) return Status{Errc::invalid_argument, "indptr", 0, 1};
+  if (indptr[0] < 0) return Status{Errc::invalid_argument, "indptr_at", 0, 0};
+  for (std::int32_t s = 0; s < n; ++s)
+    if (indptr[s + 1] < indptr[s]) return Status{Errc::invalid_argument, "indptr_at", s + 1, indptr[s]};
+  return {};
+}
+
 // ---- dtype conversions (round to nearest even; fp8 = OCP E4M3FN, saturating) ----
 namespace cvt {
 KVCACHE_HOST_DEVICE inline std::uint32_t bits(float f) noexcept {

@@ -74,8 +74,9 @@ inline Status gather_host(const GatherParams& p) noexcept {
   if (auto st = check_gather_shape(p); !st) return st;
   if (p.num_seqs > 0 && (p.out_indptr[0] != 0 || p.out_indptr[p.num_seqs] != p.num_rows))
     return Status{Errc::invalid_argument, "out_indptr", p.num_seqs > 0 ? p.out_indptr[p.num_seqs] : 0, p.num_rows};
+  if (auto st = check_csr(p.indptr, p.num_seqs); !st) return st;
   for (std::int32_t s = 0; s < p.num_seqs; ++s) {
-    const std::int64_t rows = p.out_indptr[s + 1] - p.out_indptr[s];
+    const std::int64_t rows = std::int64_t{p.out_indptr[s + 1]} - p.out_indptr[s];
     const std::int64_t pages = p.indptr[s + 1] - p.indptr[s];
     if (rows < 0 || rows > pages * p.cache.block_size)
       return Status{Errc::invalid_argument, "rows_of_seq", s, pages * p.cache.block_size};

@@ -20,7 +20,8 @@ enum class RopeStyle : std::uint8_t { neox, gptj };
 // for delta in [0, max_delta]. Computed in double, stored as float.
 inline Status make_rope_table(double theta, std::int32_t rotary_dim, std::int32_t max_delta, std::span<float> cos_out,
                               std::span<float> sin_out) noexcept {
-  if (!(theta > 0.0) || !std::isfinite(theta)) return Status{Errc::invalid_argument, "theta", std::int64_t(theta), 0};
+  if (!(theta > 0.0) || !std::isfinite(theta))  // the value is reported only when it converts (no NaN or inf to int)
+    return Status{Errc::invalid_argument, "theta", std::isfinite(theta) && std::fabs(theta) < 9.2e18 ? std::int64_t(theta) : 0, 0};
   if (rotary_dim < 2 || rotary_dim % 2) return Status{Errc::invalid_argument, "rotary_dim", rotary_dim, 2};
   if (max_delta < 0) return Status{Errc::invalid_argument, "max_delta", max_delta, 0};
   const std::int64_t half = rotary_dim / 2, need = (std::int64_t{max_delta} + 1) * half;
@@ -75,7 +76,7 @@ KVCACHE_HOST_DEVICE inline void rope_row(const RopeParams& p, std::int32_t entry
 
 inline Status check_rope_shape(const RopeParams& p) noexcept {
   if (!p.cache.base) return Status{Errc::invalid_argument, "cache.base", 0, 1};
-  if (p.num_layers < 1 || p.first_layer < 0 || p.first_layer + p.num_layers > p.cache.num_layers)
+  if (p.num_layers < 1 || p.first_layer < 0 || std::int64_t{p.first_layer} + p.num_layers > p.cache.num_layers)
     return Status{Errc::invalid_argument, "first_layer+num_layers", std::int64_t{p.first_layer} + p.num_layers, p.cache.num_layers};
   const std::int32_t r = rope_dims(p);
   if (r < 2 || r % 2 || r > p.cache.head_dim) return Status{Errc::invalid_argument, "rotary_dim", r, p.cache.head_dim};

@@ -27,19 +27,25 @@ struct KvSource {
 };
 
 // Where token t goes: slots[t] (block * B + offset, negative = skip), or, when
-// slots is null, page indices[indptr[seq[t]] + pos[t] / B] at entry pos[t] % B.
+// slots is null, page indices[indptr[seq[t]] + pos[t] / B] at entry pos[t] % B
+// of a CSR table of num_seqs sequences (indptr has num_seqs + 1 entries). A
+// negative position skips the token; so does, on CUDA, a sequence outside
+// [0, num_seqs) or a position past its pages (the host backend reports both).
 struct TokenAddress {
   const std::int32_t* slots = nullptr;
   const std::int32_t* seq = nullptr;
   const std::int32_t* pos = nullptr;
   const std::int32_t* indptr = nullptr;
   const std::int32_t* indices = nullptr;
+  std::int32_t num_seqs = 0;  // CSR mode: sequences in indptr
 
   KVCACHE_HOST_DEVICE std::int64_t slot(std::int64_t t, std::int32_t block_size) const noexcept {
     if (slots) return slots[t];
-    const std::int32_t p = pos[t];
-    if (p < 0) return -1;
-    return std::int64_t{indices[indptr[seq[t]] + p / block_size]} * block_size + p % block_size;
+    const std::int32_t p = pos[t], s = seq[t];
+    if (p < 0 || s < 0 || s >= num_seqs) return -1;
+    const std::int32_t page = p / block_size;
+    if (page >= std::int64_t{indptr[s + 1]} - indptr[s]) return -1;
+    return std::int64_t{indices[indptr[s] + page]} * block_size + p % block_size;
   }
 };
 
@@ -85,7 +91,8 @@ inline Status check_scatter_shape(const ScatterParams& p) noexcept {
   if (p.num_tokens > 0 && (!p.src.k || !p.src.v)) return Status{Errc::invalid_argument, "src.k/src.v", 0, 1};
   if (!p.addr.slots && p.num_tokens > 0 && (!p.addr.seq || !p.addr.pos || !p.addr.indptr || !p.addr.indices))
     return Status{Errc::invalid_argument, "addr", 0, 1};
-  if (p.num_layers < 1 || p.first_layer < 0 || p.first_layer + p.num_layers > p.cache.num_layers)
+  if (!p.addr.slots && p.addr.num_seqs < 0) return Status{Errc::invalid_argument, "addr.num_seqs", p.addr.num_seqs, 0};
+  if (p.num_layers < 1 || p.first_layer < 0 || std::int64_t{p.first_layer} + p.num_layers > p.cache.num_layers)
     return Status{Errc::invalid_argument, "first_layer+num_layers", std::int64_t{p.first_layer} + p.num_layers,
                   p.cache.num_layers};
   if (!(p.k_scale > 0.0f) || !(p.v_scale > 0.0f))
@@ -98,6 +105,16 @@ inline Status check_scatter_shape(const ScatterParams& p) noexcept {
 inline Status scatter_host(const ScatterParams& p) noexcept {
   if (auto st = check_scatter_shape(p); !st) return st;
   const std::int64_t pool_slots = p.cache.num_blocks * p.cache.block_size;
+  if (!p.addr.slots && p.num_tokens > 0) {  // CSR mode: the table, then each token's sequence and page
+    if (auto st = check_csr(p.addr.indptr, p.addr.num_seqs); !st) return st;
+    for (std::int64_t t = 0; t < p.num_tokens; ++t) {
+      const std::int32_t pos = p.addr.pos[t], s = p.addr.seq[t];
+      if (pos < 0) continue;
+      if (s < 0 || s >= p.addr.num_seqs) return Status{Errc::invalid_argument, "seq_of_token", t, p.addr.num_seqs};
+      const std::int64_t room = (std::int64_t{p.addr.indptr[s + 1]} - p.addr.indptr[s]) * p.cache.block_size;
+      if (pos >= room) return Status{Errc::invalid_argument, "pos_of_token", t, room};
+    }
+  }
   for (std::int64_t t = 0; t < p.num_tokens; ++t)
     if (p.addr.slot(t, p.cache.block_size) >= pool_slots)
       return Status{Errc::invalid_argument, "slot_of_token", t, pool_slots};

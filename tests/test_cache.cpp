@@ -45,7 +45,7 @@ struct BareLayout {
 static_assert(sizeof(Cache<>) == sizeof(BareLayout));
 
 TEST_CASE("cache construction rejects an empty geometry and bad capacities") {
-  CHECK_THROWS_WITH(Cache<>(CacheConfig{}), Catch::Contains("geometry is empty"));
+  CHECK_THROWS_WITH(Cache<>(CacheConfig{}), Catch::Contains("geometry (empty"));
   auto cfg = config();
   cfg.max_sequences = 0;
   CHECK_THROWS_WITH(Cache<>(cfg), Catch::Contains("max_streams=0"));

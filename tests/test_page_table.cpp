@@ -42,7 +42,18 @@ TEST_CASE("construction errors name the bad value") {
   CHECK_THROWS_WITH(PageTable(pool, 0, 4, 16), Catch::Contains("max_streams=0"));
   CHECK_THROWS_WITH(PageTable(pool, 4, 4, -1), Catch::Contains("block_size=-1"));
   BlockPool big(4096);
-  CHECK_THROWS_WITH(PageTable(big, 4, 4, 1 << 20), Catch::Contains("overflows int32"));
+  CHECK_THROWS_WITH(PageTable(big, 4, 4, 1 << 20), Catch::Contains("num_blocks*block_size=4294967296"));
+  // The product is checked before anything is computed from it.
+  CHECK_THROWS_WITH(PageTable(pool, 4, 1 << 30, 16), Catch::Contains("max_blocks_per_stream*block_size=17179869184"));
+  // Capacities past the bookkeeping limit are a typed error, not bad_alloc.
+  try {
+    PageTable(pool, 1 << 30, 16, 16);
+    FAIL("no error");
+  } catch (const ConfigError& e) {
+    CHECK(e.status().code() == Errc::capacity_exceeded);
+    CHECK(std::string(e.status().what()) == "max_sequences");
+    CHECK(e.status().value() == (1 << 30));
+  }
 }
 
 TEST_CASE("reserve returns the slot mapping block by block") {
@@ -169,8 +180,10 @@ TEST_CASE("reserve_batch packs slots, pads with -1, and is all or nothing") {
   f.require_ok();
 
   const std::array<SeqId, 2> dup{a, a};
-  f.fails_unchanged(Errc::duplicate_sequence, "seq.index",
+  f.fails_unchanged(Errc::duplicate_sequence, "seqs_at",
                     [&] { return f.table.reserve_batch(f.pool, dup, counts, slots, copies).status(); });
+  CHECK(f.table.reserve_batch(f.pool, dup, counts, slots, copies).status().message() ==
+        "duplicate_sequence: seqs_at=1 (seq.index " + std::to_string(a.index) + ")");
   const std::array<std::int32_t, 2> huge{3, 40};
   f.fails_unchanged(Errc::capacity_exceeded, "n_tokens",
                     [&] { return f.table.reserve_batch(f.pool, seqs, huge, slots, copies).status(); });

@@ -28,6 +28,10 @@ TEST_CASE("rope table holds cos/sin of delta * theta^(-2i/d)") {
   CHECK(s[0] == 0.0f);
   CHECK(std::string(make_rope_table(0.0, 8, 4, c, s).what()) == "theta");
   CHECK(std::string(make_rope_table(-5.0, 8, 4, c, s).what()) == "theta");
+  // NaN and infinities are reported without converting them to an integer (UBSan would flag it).
+  CHECK(make_rope_table(std::nan(""), 8, 4, c, s).message() == "invalid_argument: theta=0 (limit 0)");
+  CHECK(make_rope_table(-HUGE_VAL, 8, 4, c, s).message() == "invalid_argument: theta=0 (limit 0)");
+  CHECK(make_rope_table(-1e300, 8, 4, c, s).message() == "invalid_argument: theta=0 (limit 0)");
   CHECK(std::string(make_rope_table(10000.0, 7, 4, c, s).what()) == "rotary_dim");
   CHECK(make_rope_table(10000.0, 8, 5, c, s).code() == Errc::buffer_too_small);
 }
@@ -83,6 +87,9 @@ TEST_CASE("rope rejects a block outside the pool or a delta beyond the table, ro
   deltas[1] = -2;
   blocks[0] = 3;
   CHECK(std::string(rope_host(p).what()) == "blocks");
+  blocks[0] = 1;
+  p.first_layer = INT32_MAX;
+  CHECK(rope_host(p).message() == "invalid_argument: first_layer+num_layers=2147483648 (limit 1)");
   CHECK(pool.bytes == before);
 }
 

@@ -107,7 +107,7 @@ TEST_CASE("scatter writes exactly the slotted rows, all layouts and dtypes") {
       for (std::int64_t t = 0; t < tokens; ++t) pos[std::size_t(t)] = slots[std::size_t(t)];  // identity table
       ScatterParams pc = p;
       pc.cache = csr_pool.view;
-      pc.addr = TokenAddress{nullptr, seq.data(), pos.data(), indptr.data(), indices.data()};
+      pc.addr = TokenAddress{nullptr, seq.data(), pos.data(), indptr.data(), indices.data(), 1};
       REQUIRE(scatter_host(pc).ok());
       REQUIRE(csr_pool.bytes == pool.bytes);
     }
@@ -132,10 +132,27 @@ TEST_CASE("scatter errors name the bad value and write nothing") {
   p.addr.slots = slots.data();
   p.num_layers = 3;
   CHECK(std::string(scatter_host(p).what()) == "first_layer+num_layers");
+  p.first_layer = INT32_MAX;  // the range sum would overflow int32
+  CHECK(scatter_host(p).message() == "invalid_argument: first_layer+num_layers=2147483650 (limit 2)");
+  p.first_layer = 0;
   p.num_layers = 1;
   p.k_scale = 0.0f;
   CHECK(std::string(scatter_host(p).what()) == "k_scale/v_scale");
+  p.k_scale = 1.0f;
+  // CSR addressing: a sequence outside the table, a position past its pages,
+  // a decreasing indptr are errors naming the token or entry, found before any write.
+  std::vector<std::int32_t> indptr{0, 1, 2}, indices{1, 2}, seq{0, 1, 1}, pos{3, 0, 4};
+  p.addr = TokenAddress{nullptr, seq.data(), pos.data(), indptr.data(), indices.data(), 2};
+  CHECK(scatter_host(p).message() == "invalid_argument: pos_of_token=2 (limit 4)");
+  pos[2] = 1;
+  seq[1] = 2;
+  CHECK(scatter_host(p).message() == "invalid_argument: seq_of_token=1 (limit 2)");
+  seq[1] = 1;
+  indptr[2] = 0;
+  CHECK(scatter_host(p).message() == "invalid_argument: indptr_at=2 (limit 1)");
   CHECK(pool.bytes == before);
+  indptr[2] = 2;
+  CHECK(scatter_host(p).ok());
 }
 
 TEST_CASE("gather(scatter(x)) == x through real page tables, ragged batches") {
@@ -202,5 +219,10 @@ TEST_CASE("gather rejects a page table that does not cover its rows") {
   out_indptr[1] = 4;
   gp.num_rows = 4;
   CHECK(std::string(gather_host(gp).what()) == "indices");
+  indptr = {5, 1};  // decreasing: never read past it
+  gp.indptr = indptr.data();
+  CHECK(gather_host(gp).message() == "invalid_argument: indptr_at=1 (limit 5)");
+  indptr = {-3, 1};
+  CHECK(gather_host(gp).message() == "invalid_argument: indptr_at=0 (limit 0)");
   CHECK(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{7}; }));
 }

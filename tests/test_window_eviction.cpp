@@ -86,7 +86,8 @@ TEST_CASE("sliding window: blocks_needed covers the ring, shared front blocks on
   C cache(config(), {}, {}, SlidingWindow(8));
   CHECK(*cache.blocks_needed(4, 0) == 1);
   CHECK(*cache.blocks_needed(100, 1000) == 100 / B);          // the prompt sits whole before the first trim
-  CHECK(*cache.blocks_needed(100, 1000, 4) == (8 + 4 + B - 1 + B - 1) / B);  // trimmed after every 4-token chunk
+  // window + chunk + dead front (B - 1) + what evicting before attention keeps for the last chunk (chunk - 1)
+  CHECK(*cache.blocks_needed(100, 1000, 4) == (8 + 4 + (B - 1) + (4 - 1) + B - 1) / B);  // trimmed after every 4-token chunk
   CHECK(*cache.blocks_needed(10, 1000, 4) == 3);
   std::vector<std::int64_t> mem(64 * B, -1);
   Stream<C> a{cache, *cache.add_sequence(), mem};
@@ -138,4 +139,49 @@ TEST_CASE("sinks + window keeps the pinned blocks and the last W tokens, and rep
       }
     }
   }
+}
+
+// Every query of a chunk sees, through the window mask (window_left = W − 1,
+// causal), exactly the keys max(0, q − W + 1) .. q: read back from memory.
+TEST_CASE("sliding window with chunks: every query finds its whole window, evicting before or after attention") {
+  using C = Cache<BlockPool, PageTable, AdmitAll, SelectAll, SlidingWindow>;
+  constexpr std::int32_t W = 10;
+  for (const bool before_attention : {true, false})
+    for (std::int32_t chunk : {1, B, W, W + 3, 3 * W}) {
+      C cache(config(64, 32), {}, {}, SlidingWindow(W));
+      std::vector<std::int64_t> mem(64 * B, -1);
+      Stream<C> st{cache, *cache.add_sequence(), mem};
+      std::int64_t peak_blocks = 0, queries = 0;
+      const std::int64_t prompt = 5 * W + 3;
+      while (st.appended < prompt + 20) {
+        const auto n = std::int32_t(st.appended < prompt ? std::min<std::int64_t>(chunk, prompt - st.appended) : 1);
+        st.append(n);
+        peak_blocks = std::max<std::int64_t>(peak_blocks, *cache.blocks_held(st.s));
+        if (before_attention) REQUIRE(cache.evict(st.s, {}, n).ok());  // n queries pending
+        REQUIRE(cache.check_invariants().ok());
+        const auto held = st.held();  // attention: the chunk's n queries
+        for (std::int64_t q = st.appended - n; q < st.appended; ++q, ++queries) {
+          std::vector<std::int64_t> seen;
+          for (const std::int64_t k : held)
+            if (k <= q && k >= q - W + 1) seen.push_back(k);
+          INFO("chunk " << chunk << " query " << q << (before_attention ? " (evict before)" : " (evict after)"));
+          REQUIRE(seen == iota(std::max<std::int64_t>(0, q - W + 1), q + 1));
+        }
+        if (!before_attention) REQUIRE(cache.evict(st.s, {}).ok());
+        REQUIRE(cache.check_invariants().ok());
+      }
+      CHECK(queries == prompt + 20);
+      CHECK(peak_blocks <= *cache.blocks_needed(prompt, 20, chunk));
+      if (before_attention) CHECK(*cache.tokens_held(st.s) == W);  // decode: one pending query keeps exactly W
+    }
+  // pending_queries is checked: at most the tokens held, and only window policies take it.
+  C cache(config(), {}, {}, SlidingWindow(4));
+  const SeqId s = *cache.add_sequence();
+  std::vector<std::int32_t> slots(3);
+  REQUIRE(cache.reserve(s, 3, slots).ok());
+  CHECK(cache.evict(s, {}, 4).status().message() == "invalid_argument: pending_queries=4 (limit 3)");
+  CHECK(cache.evict(s, {}, -1).status().code() == Errc::invalid_argument);
+  Cache<> keep(config());
+  const SeqId k = *keep.add_sequence();
+  CHECK(keep.evict(k, {}, 1).status().message() == "invalid_argument: pending_queries=1 (limit 0)");
 }

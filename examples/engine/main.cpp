@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "engine.hpp"
 #include "policies.hpp"
 
@@ -67,9 +69,12 @@ Served serve(const engine::Model& m, Policy p, const engine::EngineConfig& cfg, 
   engine::Engine<Policy> e(m, cfg, p);
   const auto t0 = std::chrono::steady_clock::now();
   std::int64_t shown = 0;
+  // A progress line rewritten in place only on a terminal: a redirected log
+  // stays one line per record.
+  const bool tty = isatty(fileno(stderr)) != 0;
   while (std::any_of(reqs.begin(), reqs.end(), [](const auto& r) { return !r.done; })) {
     e.step(reqs);
-    if (e.stats().tokens_generated - shown >= 256) {  // a progress line on long runs
+    if (tty && e.stats().tokens_generated - shown >= 256) {  // a progress line on long runs
       shown = e.stats().tokens_generated;
       fmt::print(stderr, "\r  {}: {} tokens generated, step {}   ", label, shown, e.stats().steps);
     }

@@ -186,11 +186,11 @@ class BlockPool {
 
   static constexpr std::size_t ix(std::int32_t i) noexcept { return static_cast<std::size_t>(i); }
 
+  // Block 0 is the null block, so a usable pool has at least 2; every block
+  // costs about 64 bytes of host bookkeeping (links, hash, ref count, index).
   static std::size_t checked(std::int32_t num_blocks) {
-    if (num_blocks < 2)
-      throw std::invalid_argument("kvcache::BlockPool: num_blocks=" + std::to_string(num_blocks) +
-                                  " must be >= 2 (block 0 is the null block)");
-    return static_cast<std::size_t>(num_blocks);
+    if (num_blocks < 2) throw ConfigError("kvcache::BlockPool", Status{Errc::invalid_argument, "num_blocks", num_blocks, 2});
+    return checked_elements("kvcache::BlockPool", "num_blocks", num_blocks, num_blocks, 64);
   }
 
   void link_before(BlockId at, BlockId b) noexcept {

@@ -19,6 +19,7 @@
 
 #include "kvcache/admission/admit_all.hpp"
 #include "kvcache/block_hash.hpp"
+#include "kvcache/bound_ledger.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/eviction/compaction_plan.hpp"
@@ -75,9 +76,13 @@ class Cache {
   static_assert(provided_signals.covers(Eviction::required_signals),
                 "kvcache::Cache: the eviction policy needs score signals this cache does not provide");
 
+  // Policies that can leave a stream above its bound between calls: the
+  // cache keeps a ledger of where each stream stands (bound_ledger.hpp).
+  static constexpr bool evicts = BlockEviction<Eviction> || TokenEviction<Eviction> || WindowEviction<Eviction>;
+
   explicit Cache(const CacheConfig& cfg, Admission admission = {}, Selection selection = {}, Eviction eviction = {},
                  Hasher hasher = {})
-      : geometry_(valid_geometry(cfg.geometry)),
+      : geometry_(valid_geometry(cfg.geometry, eviction)),
         pool_(cfg.num_blocks, cfg.event_capacity),
         table_(pool_, cfg.max_sequences, cfg.max_blocks_per_sequence, cfg.geometry.block_size()),
         admission_(admission),
@@ -86,6 +91,7 @@ class Cache {
         hasher_(hasher) {
     const std::int32_t cap = cfg.max_blocks_per_sequence * cfg.geometry.block_size();
     if constexpr (StatefulEviction<Eviction>) eviction_.bind(cfg.max_sequences, cap);
+    if constexpr (evicts) ledger_.bind(cfg.max_sequences);
     if constexpr (TokenEviction<Eviction>) {
       scratch_.chosen.resize(std::size_t(cap));
       scratch_.index_moves.resize(std::size_t(cap));
@@ -110,12 +116,16 @@ class Cache {
     auto child = table_.fork(pool_, s);
     if constexpr (StatefulEviction<Eviction>)
       if (child) eviction_.copy_state(s.index, child->index);
+    if constexpr (evicts)
+      if (child) ledger_.copy(s.index, child->index);
     return child;
   }
   Status free(SeqId s) noexcept {
     auto st = table_.release(pool_, s);
     if constexpr (StatefulEviction<Eviction>)
       if (st) eviction_.reset(s.index);
+    if constexpr (evicts)
+      if (st) ledger_.reset(s.index);
     return st;
   }
 
@@ -127,22 +137,34 @@ class Cache {
                                   std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept {
     return table_.reserve_batch(pool_, seqs, counts, slots, copies);
   }
+  // Rollback: the n most recently appended tokens leave. A token policy's
+  // compaction reorders the row, so after an evict() that evicted tokens a
+  // rollback reaches back only to that call: n larger than the tokens
+  // appended since is truncate_too_many naming the limit, and nothing changes.
   Status truncate(SeqId s, std::int32_t n) noexcept {
+    if constexpr (TokenEviction<Eviction>) {
+      if (auto st = table_.validate(s); !st) return st;
+      const std::int64_t limit = ledger_.rollback_limit(s.index, table_.appended_unchecked(s));
+      if (n > limit) return Status{Errc::truncate_too_many, "n_tokens", n, limit};
+    }
     auto st = table_.truncate(pool_, s, n);
     if constexpr (StatefulEviction<Eviction>)
-      if (st) eviction_.on_truncate(s.index, *table_.tokens(s));
+      if (st) eviction_.on_truncate(s.index, table_.tokens_unchecked(s));
+    if constexpr (evicts)
+      if (st) ledger_.on_truncate(s.index, table_.appended_unchecked(s));
     return st;
   }
 
   // --- eviction ----------------------------------------------------------------
   // Feeds the policy one step's scores for the sequence's held tokens (slot
-  // order). A kind the policy does not read, a wrong shape, a NaN or a
-  // negative value is an error naming it, and nothing changes.
+  // order). Scores are finite and >= 0. A kind outside ScoreKind or one the
+  // policy does not read, a wrong shape, a NaN, an infinity or a negative
+  // value is an error naming it, and nothing changes.
   Status observe(SeqId s, const Scores& sc) noexcept
     requires ObservingEviction<Eviction>
   {
     if (auto st = table_.validate(s); !st) return st;
-    if (!Eviction::required_signals.covers(signal_of(sc.kind)))
+    if (!valid_kind(sc.kind) || !Eviction::required_signals.covers(signal_of(sc.kind)))
       return Status{Errc::invalid_argument, "scores.kind", std::int64_t(sc.kind), std::int64_t(Eviction::required_signals.bits)};
     const std::int64_t held = table_.tokens_unchecked(s);
     if (sc.rows < 1) return Status{Errc::invalid_argument, "scores.rows", sc.rows, 1};
@@ -150,10 +172,10 @@ class Cache {
       return Status{Errc::invalid_argument, "scores.size", std::int64_t(sc.values.size()), held * sc.rows};
     const float* in = sc.values.data();
     bool ok = true;  // branch-free scan (vectorizes); NaN fails the comparison
-    for (std::size_t i = 0; i < sc.values.size(); ++i) ok &= in[i] >= 0.0f;
+    for (std::size_t i = 0; i < sc.values.size(); ++i) ok &= (in[i] >= 0.0f) & (in[i] <= kMaxScore);
     if (!ok)
       for (std::size_t i = 0; i < sc.values.size(); ++i)
-        if (!(in[i] >= 0.0f)) return Status{Errc::invalid_argument, "scores_at", std::int64_t(i), 0};
+        if (!(in[i] >= 0.0f && in[i] <= kMaxScore)) return Status{Errc::invalid_argument, "scores_at", std::int64_t(i), 0};
     return eviction_.observe(s.index, sc, view(s, 0));
   }
   // Shorthand: one score per held token, reduced over heads and queries.
@@ -173,15 +195,26 @@ class Cache {
   //           out.moves[out.group_moves[g] .. out.group_moves[g+1]) with the
   //           compaction kernel on group g's heads before the next write. The
   //           row then drops its tail. Tokens in shared blocks never leave.
+  //           group_moves (groups() + 1 entries) is required and always
+  //           written: a call with nothing to evict writes empty ranges.
   //   window  the oldest tokens leave the front; blocks with no live token go
-  //           back to the pool. Nothing to run.
-  // A buffer too small for the plan is an error, and nothing changes.
-  Result<EvictionResult> evict(SeqId s, const EvictionSpans& out) noexcept {
+  //           back to the pool. Nothing to run. `pending_queries`: the last
+  //           held tokens whose attention has not run yet (evict between
+  //           reserve and attention); the window keeps what they need.
+  // pending_queries is for window policies; others take 0. A buffer too
+  // small for the plan is an error, and nothing changes.
+  Result<EvictionResult> evict(SeqId s, const EvictionSpans& out, std::int32_t pending_queries = 0) noexcept {
     if (auto st = table_.validate(s); !st) return st;
-    if constexpr (BlockEviction<Eviction>) return evict_blocks(s, out.blocks, out.rotations);
-    else if constexpr (TokenEviction<Eviction>) return evict_tokens(s, out.moves, out.group_moves);
-    else if constexpr (WindowEviction<Eviction>) return evict_front(s);
-    else return EvictionResult{};
+    const std::int32_t held = table_.tokens_unchecked(s);
+    if (pending_queries < 0 || pending_queries > held || (!WindowEviction<Eviction> && pending_queries != 0))
+      return Status{Errc::invalid_argument, "pending_queries", pending_queries, WindowEviction<Eviction> ? held : 0};
+    Result<EvictionResult> r = EvictionResult{};
+    if constexpr (BlockEviction<Eviction>) r = evict_blocks(s, out.blocks, out.rotations);
+    else if constexpr (TokenEviction<Eviction>) r = evict_tokens(s, out.moves, out.group_moves);
+    else if constexpr (WindowEviction<Eviction>) r = evict_front(s, pending_queries);
+    if constexpr (evicts)
+      if (r) settle(s, pending_queries, TokenEviction<Eviction> && r.value().tokens > 0);
+    return r;
   }
   Result<EvictionResult> evict(SeqId s, std::span<std::int32_t> blocks, std::span<BlockRotation> rotations) noexcept {
     return evict(s, EvictionSpans{.blocks = blocks, .rotations = rotations});
@@ -222,21 +255,26 @@ class Cache {
     if (!b) return b.status();
     return static_cast<std::int32_t>(b->size());
   }
+  // Longest prompt_len + max_new accounting accepts (2^62: no overflow below).
+  static constexpr std::int64_t max_length = std::int64_t{1} << 62;
   // Pool blocks a new sequence needs over its whole life under the eviction
   // policy's bound (the bound is non-decreasing in tokens appended). With
   // prefill_chunk > 0 the engine runs evict() after every prefill chunk of at
   // most that many tokens, so the prompt never sits whole in the cache.
   Result<std::int64_t> blocks_needed(std::int64_t prompt_len, std::int64_t max_new,
                                      std::int64_t prefill_chunk = 0) const noexcept {
-    if (prompt_len < 0) return Status{Errc::invalid_argument, "prompt_len", prompt_len, 0};
-    if (max_new < 0) return Status{Errc::invalid_argument, "max_new", max_new, 0};
+    if (prompt_len < 0 || prompt_len > max_length) return Status{Errc::invalid_argument, "prompt_len", prompt_len, max_length};
+    if (max_new < 0 || max_new > max_length - prompt_len)
+      return Status{Errc::invalid_argument, "max_new", max_new, max_length - prompt_len};
     if (prefill_chunk < 0) return Status{Errc::invalid_argument, "prefill_chunk", prefill_chunk, 0};
     std::int64_t peak = prompt_len;  // slots: held whole until the policy first runs
     const std::int64_t after = eviction_.max_tokens_after_eviction();
-    const std::int64_t slack = WindowEviction<Eviction> ? block_size() - 1 : 0;  // a window's dead front slots
-    if (prefill_chunk > 0 && after < prompt_len) peak = std::min(prompt_len, after + prefill_chunk + slack);
-    const std::int64_t prefill = (peak + block_size() - 1) / block_size();
-    return std::max(prefill, eviction_.max_blocks_held(prompt_len + max_new, block_size()));
+    // A window's dead front slots (< B), and, when it evicts before attention,
+    // the W − 1 + chunk it keeps for the previous chunk's queries.
+    const std::int64_t chunk = std::min(prefill_chunk, prompt_len);
+    const std::int64_t slack = WindowEviction<Eviction> ? block_size() - 1 + std::max<std::int64_t>(0, chunk - 1) : 0;
+    if (chunk > 0 && after < prompt_len) peak = std::min(prompt_len, after + chunk + slack);
+    return std::max(blocks_for_tokens(peak, block_size()), eviction_.max_blocks_held(prompt_len + max_new, block_size()));
   }
   // A sequence handle is free and the pool can cover blocks_needed now.
   bool can_admit(std::int64_t prompt_len, std::int64_t max_new) const noexcept {
@@ -247,18 +285,41 @@ class Cache {
   std::int32_t free_sequences() const noexcept { return table_.free_streams(); }
   std::int64_t max_tokens_after_eviction() const noexcept { return eviction_.max_tokens_after_eviction(); }
 
-  // Pool, table and the eviction contract: every live stream holds no more
-  // than the policy advertised for what it appended. O(pool + table).
+  // Tokens the sequence holds above its policy's bound because shared
+  // blocks (prefix sharing, fork) kept the last evict() from going lower.
+  // The scheduler counts them as memory it cannot reclaim yet; the next
+  // evict() after the sharing ends brings the sequence back within its bound.
+  Result<std::int64_t> shared_excess(SeqId s) const noexcept {
+    if (auto st = table_.validate(s); !st) return st;
+    if constexpr (evicts) return ledger_.at(s.index).excess;
+    else return std::int64_t{0};
+  }
+  // The sum of shared_excess over every live sequence. O(sequences).
+  std::int64_t shared_excess() const noexcept {
+    std::int64_t total = 0;
+    if constexpr (evicts) table_.for_each_stream([&](SeqId s) { total += ledger_.at(s.index).excess; });
+    return total;
+  }
+
+  // Pool, table and the eviction contract; invariant_violated always means
+  // a library bug, never a legal state. A stream holds no more than the
+  // policy's bound for what it appended as of its last evict(), plus the
+  // tokens reserved since (not yet met by the policy) and its shared excess;
+  // a stream the policy has fully met also holds no more blocks than the
+  // policy advertised. O(pool + table).
   Status check_invariants() const {
     if (auto st = pool_.check(); !st) return st;
     if (auto st = table_.check(pool_); !st) return st;
     Status bad{};
     table_.for_each_stream([&](SeqId s) {
-      const std::int64_t appended = *table_.appended(s), held = *table_.tokens(s);
+      const std::int64_t appended = table_.appended_unchecked(s), held = table_.tokens_unchecked(s);
       const std::int64_t blocks = std::int64_t(table_.blocks_unchecked(s).size());
-      if (bad.ok() && held > eviction_.max_tokens_held(appended))
-        bad = Status{Errc::invariant_violated, "tokens_held", held, eviction_.max_tokens_held(appended)};
-      if (bad.ok() && blocks > eviction_.max_blocks_held(appended, block_size()))
+      BoundLedger::Entry e{.settled = appended};
+      if constexpr (evicts) e = ledger_.at(s.index);
+      const std::int64_t limit = eviction_.max_tokens_held(e.settled) + (appended - e.settled) + e.excess;
+      if (bad.ok() && held > limit) bad = Status{Errc::invariant_violated, "tokens_held", held, limit};
+      const bool met = e.settled == appended && e.excess == 0;
+      if (bad.ok() && met && blocks > eviction_.max_blocks_held(appended, block_size()))
         bad = Status{Errc::invariant_violated, "blocks_held", blocks, eviction_.max_blocks_held(appended, block_size())};
     });
     return bad;
@@ -267,6 +328,8 @@ class Cache {
   friend bool operator==(const Cache& a, const Cache& b) {
     if constexpr (StatefulEviction<Eviction>)
       if (!(a.eviction_ == b.eviction_)) return false;
+    if constexpr (evicts)
+      if (!(a.ledger_ == b.ledger_)) return false;
     return a.pool_ == b.pool_ && a.table_ == b.table_;
   }
 
@@ -305,15 +368,21 @@ class Cache {
   }
 
   Result<EvictionResult> evict_tokens(SeqId s, std::span<SlotMove> moves, std::span<std::int32_t> group_moves) noexcept {
-    const std::int32_t fc = first_unshared_block(s) * block_size();
+    const std::int32_t groups = eviction_.groups();
+    if (std::int64_t(group_moves.size()) < std::int64_t{groups} + 1)
+      return Status{Errc::buffer_too_small, "group_moves", std::int64_t(group_moves.size()), std::int64_t{groups} + 1};
+    // A shared partial tail block pins every held token (fc == held).
+    const std::int32_t fc = std::min(first_unshared_block(s) * block_size(), table_.tokens_unchecked(s));
     const StreamView v = view(s, fc);
-    const std::int32_t count = eviction_.evict_count(s.index, v), groups = eviction_.groups();
-    if (count <= 0) return EvictionResult{};
+    const std::int32_t count = std::max(0, eviction_.evict_count(s.index, v));
     if (count > v.held - fc) return Status{Errc::invariant_violated, "evict_count", count, v.held - fc};
     const std::int64_t need = std::int64_t{groups} * count;
     if (std::int64_t(moves.size()) < need) return Status{Errc::buffer_too_small, "moves", std::int64_t(moves.size()), need};
-    if (std::int64_t(group_moves.size()) < groups + 1)
-      return Status{Errc::buffer_too_small, "group_moves", std::int64_t(group_moves.size()), groups + 1};
+    eviction_.begin_eviction(s.index, v);  // validated: from here on the call succeeds
+    if (count == 0) {  // an empty plan is empty ranges, never the last call's moves
+      std::fill_n(group_moves.begin(), std::size_t(groups) + 1, 0);
+      return EvictionResult{};
+    }
     const auto blocks = table_.blocks_unchecked(s);
     const std::int32_t kept = v.held - count, bs = block_size();
     auto slot = [&](std::int32_t t) { return blocks[std::size_t(t / bs)] * bs + t % bs; };
@@ -345,17 +414,30 @@ class Cache {
     return EvictionResult{.tokens = count, .moves = off};
   }
 
-  Result<EvictionResult> evict_front(SeqId s) noexcept {
-    const std::int32_t n = eviction_.front_excess(table_.tokens_unchecked(s));
+  Result<EvictionResult> evict_front(SeqId s, std::int32_t pending) noexcept {
+    const std::int32_t n = eviction_.front_excess(table_.tokens_unchecked(s), pending);
     if (n <= 0) return EvictionResult{};
     const auto before = std::int32_t(table_.blocks_unchecked(s).size());
     (void)drop_front(table_, pool_, s, n);
     return EvictionResult{.evicted = before - std::int32_t(table_.blocks_unchecked(s).size()), .tokens = n};
   }
 
-  static const Geometry& valid_geometry(const Geometry& g) {
+  // The policy evicted (r ok): record where the stream now stands.
+  void settle(SeqId s, std::int32_t pending, bool reordered) noexcept {
+    const std::int64_t appended = table_.appended_unchecked(s), held = table_.tokens_unchecked(s);
+    const std::int64_t settled = appended - std::max(0, pending - 1);  // later pending queries wait for attention
+    const std::int64_t over = held - eviction_.max_tokens_held(settled) - (appended - settled);
+    // Above the bound is legal only where shared blocks stopped the policy.
+    ledger_.settle(s.index, settled, over > 0 && first_unshared_block(s) > 0 ? over : 0, reordered, appended);
+  }
+
+  // A usable geometry, and a policy that counts blocks in the geometry's size.
+  static const Geometry& valid_geometry(const Geometry& g, const Eviction& e) {
     if (g.block_bytes() == 0)
-      throw std::invalid_argument("kvcache::Cache: CacheConfig.geometry is empty; build it with Geometry::make");
+      throw ConfigError("kvcache::Cache", Status{Errc::invalid_argument, "geometry (empty: build it with Geometry::make)", 0, 1});
+    if constexpr (requires { e.block_size(); })
+      if (e.block_size() != g.block_size())
+        throw ConfigError("kvcache::Cache", Status{Errc::invalid_argument, "eviction.block_size", e.block_size(), g.block_size()});
     return g;
   }
 
@@ -366,6 +448,8 @@ class Cache {
   [[no_unique_address]] Selection selection_;
   [[no_unique_address]] Eviction eviction_;
   [[no_unique_address]] Hasher hasher_;
+  struct NoLedger {};
+  [[no_unique_address]] std::conditional_t<evicts, BoundLedger, NoLedger> ledger_;
   struct TokenScratch {
     std::vector<std::int32_t> chosen;     // one group's evicted token indices
     std::vector<SlotMove> index_moves;    // its compaction in token indices; both sized once

@@ -9,6 +9,7 @@
 
 #include "kvcache/block_hash.hpp"
 #include "kvcache/config.hpp"
+#include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -25,7 +26,7 @@ struct BlockEvent {
 class EventQueue {
  public:
   EventQueue() = default;
-  explicit EventQueue(std::int32_t capacity) : ring_(static_cast<std::size_t>(capacity < 0 ? 0 : capacity)) {}
+  explicit EventQueue(std::int32_t capacity) : ring_(checked(capacity)) {}
 
   std::int32_t capacity() const noexcept { return static_cast<std::int32_t>(ring_.size()); }
   std::int32_t size() const noexcept { return size_; }
@@ -58,6 +59,11 @@ class EventQueue {
   friend bool operator==(const EventQueue&, const EventQueue&) = default;
 
  private:
+  static std::size_t checked(std::int32_t capacity) {
+    if (capacity < 0) throw ConfigError("kvcache::EventQueue", Status{Errc::invalid_argument, "event_capacity", capacity, 0});
+    return checked_elements("kvcache::EventQueue", "event_capacity", capacity, capacity, static_cast<std::int64_t>(sizeof(BlockEvent)));
+  }
+
   std::vector<BlockEvent> ring_;
   std::int32_t head_ = 0;
   std::int32_t size_ = 0;

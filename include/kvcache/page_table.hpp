@@ -45,18 +45,11 @@ class PageTable {
       : max_streams_(positive(max_streams, "max_streams")),
         max_blocks_(positive(max_blocks_per_stream, "max_blocks_per_stream")),
         block_size_(positive(block_size, "block_size")),
-        blocks_(static_cast<std::size_t>(max_streams) * static_cast<std::size_t>(max_blocks_per_stream),
-                BlockPool::null_block),
+        blocks_(checked_sizes(pool, max_streams, max_blocks_per_stream, block_size), BlockPool::null_block),
         st_(static_cast<std::size_t>(max_streams)),
         free_(st_.size()),
-        max_tokens_(max_blocks_per_stream * block_size),
+        max_tokens_(max_blocks_per_stream * block_size),  // checked_sizes: fits int32
         shift_(std::has_single_bit(static_cast<std::uint32_t>(block_size)) ? std::countr_zero(static_cast<std::uint32_t>(block_size)) : -1) {
-    // Slots are int32 (slot = block * block_size + offset), as kernels take them.
-    if (std::int64_t{pool.capacity()} * block_size > INT32_MAX)
-      throw std::invalid_argument("kvcache::PageTable: pool capacity " + std::to_string(pool.capacity()) +
-                                  " x block_size " + std::to_string(block_size) + " overflows int32 slots");
-    if (std::int64_t{max_blocks_per_stream} * block_size > INT32_MAX)
-      throw std::invalid_argument("kvcache::PageTable: max_blocks_per_stream x block_size overflows int32");
     for (std::int32_t i = 0; i < max_streams; ++i) free_[static_cast<std::size_t>(i)] = max_streams - 1 - i;
     nfree_ = max_streams;
   }
@@ -178,7 +171,7 @@ class PageTable {
         return validate(s);
       Stream& st = streams[s.index];
       if (st.stamp == epoch) [[unlikely]]
-        return Status{Errc::duplicate_sequence, "seq.index", s.index, std::int64_t(k)};
+        return Status{Errc::duplicate_sequence, "seqs_at", std::int64_t(k), s.index};
       st.stamp = epoch;
       const std::int32_t t = st.front + st.tokens;  // slots in the row
       if (n < 0 || n > max_tokens - t) [[unlikely]] {
@@ -289,8 +282,21 @@ class PageTable {
   };
 
   static std::int32_t positive(std::int32_t v, const char* what) {
-    if (v < 1) throw std::invalid_argument(std::string("kvcache::PageTable: ") + what + "=" + std::to_string(v) + " must be >= 1");
+    if (v < 1) throw ConfigError("kvcache::PageTable", Status{Errc::invalid_argument, what, v, 1});
     return v;
+  }
+  // Slots are int32 (slot = block * block_size + offset), as kernels take
+  // them; so are a stream's token indices. Returns the row storage's size.
+  static std::size_t checked_sizes(const BlockPool& pool, std::int32_t streams, std::int32_t max_blocks, std::int32_t bs) {
+    if (std::int64_t{pool.capacity()} * bs > INT32_MAX)
+      throw ConfigError("kvcache::PageTable", Status{Errc::capacity_exceeded, "num_blocks*block_size",
+                                                     std::int64_t{pool.capacity()} * bs, INT32_MAX});
+    if (std::int64_t{max_blocks} * bs > INT32_MAX)
+      throw ConfigError("kvcache::PageTable", Status{Errc::capacity_exceeded, "max_blocks_per_stream*block_size",
+                                                     std::int64_t{max_blocks} * bs, INT32_MAX});
+    const std::int64_t per_stream = std::int64_t{max_blocks} * static_cast<std::int64_t>(sizeof(BlockId) + sizeof(Stream)) + 4;
+    (void)checked_elements("kvcache::PageTable", "max_sequences", streams, streams, per_stream);
+    return static_cast<std::size_t>(streams) * static_cast<std::size_t>(max_blocks);
   }
 
   BlockId* row(std::uint32_t i) noexcept { return blocks_.data() + std::size_t(i) * std::size_t(max_blocks_); }

@@ -73,7 +73,9 @@ struct PageTableEdits {
     const std::int32_t bs = t.block_size_;
     const std::int32_t dead = n == st.tokens ? st.nblocks : (st.front + n) / bs;
     BlockId* r = t.row(i);
-    for (std::int32_t b = 0; b < dead; ++b) (void)pool.release(r[b]);
+    // Tail first, as free() and truncate(): among equally old cached blocks
+    // the chain's tail is recycled first and its root stays reachable.
+    for (std::int32_t b = dead; b-- > 0;) (void)pool.release(r[b]);
     std::copy(r + dead, r + st.nblocks, r);
     std::fill(r + st.nblocks - dead, r + st.nblocks, BlockPool::null_block);
     st.nblocks -= dead;

@@ -11,7 +11,7 @@
 #include <span>
 
 #include "kvcache/config.hpp"
-#include "kvcache/eviction/compaction_plan.hpp"
+#include "kvcache/slot_move.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
@@ -31,6 +31,14 @@ struct Signals {
 };
 
 inline constexpr Signals no_signals{};
+
+/// Blocks of `block_size` tokens that `tokens` tokens fill: ceil(tokens / B),
+/// without the overflow of (tokens + B - 1) / B near INT64_MAX. 0 for
+/// tokens <= 0 or block_size < 1.
+constexpr std::int64_t blocks_for_tokens(std::int64_t tokens, std::int32_t block_size) noexcept {
+  if (tokens <= 0 || block_size < 1) return 0;
+  return tokens / block_size + (tokens % block_size != 0 ? 1 : 0);
+}
 
 // One token about to be written, as admission sees it.
 struct AdmissionQuery {
@@ -84,6 +92,15 @@ concept EvictionPolicy = requires(const P& p, std::int64_t n, std::int32_t block
 // policy sees them.
 enum class ScoreKind : std::uint8_t { attention_sums, head_attention_sums, last_query_attention };
 
+/// True for the kinds ScoreKind names (a cast integer may name none).
+constexpr bool valid_kind(ScoreKind k) noexcept {
+  return k == ScoreKind::attention_sums || k == ScoreKind::head_attention_sums || k == ScoreKind::last_query_attention;
+}
+
+/// The largest score observe() accepts: scores are finite (an infinity would
+/// turn sums and averages into NaN).
+inline constexpr float kMaxScore = 3.40282346638528859812e+38F;
+
 constexpr Signals signal_of(ScoreKind k) noexcept {
   switch (k) {
     case ScoreKind::attention_sums: return Signals{Signals::attention_sums};
@@ -135,24 +152,28 @@ concept BlockEviction = StatefulEviction<P> && requires(P& p, std::uint32_t s, c
 // Drops single tokens; the cache compacts the survivors (compaction kernel).
 // groups() streams of choices share one page table (kv-heads, or layers x
 // kv-heads): each group picks its own tokens, all evict the same count.
-// choose() writes one group's count token indices (ascending, >= first_candidate);
-// on_compacted() gets the group's moves as token indices (src -> dst) and the
-// tokens kept.
+// evict_count() only reads (the cache checks the caller's buffers against
+// it); begin_eviction() then updates the stream's state for this call, even
+// when the count is 0 (SnapKV's one shot is spent). choose() writes one
+// group's count token indices (ascending, >= first_candidate); on_compacted()
+// gets the group's moves as token indices (src -> dst) and the tokens kept.
 template <class P>
 concept TokenEviction = StatefulEviction<P> && requires(P& p, const P& cp, std::uint32_t s, const StreamView& v,
                                                         std::int32_t g, std::span<std::int32_t> out,
                                                         std::span<const SlotMove> moves) {
   { cp.groups() } -> std::same_as<std::int32_t>;
-  { p.evict_count(s, v) } -> std::same_as<std::int32_t>;
+  { cp.evict_count(s, v) } -> std::same_as<std::int32_t>;
+  p.begin_eviction(s, v);
   p.choose(s, v, g, out);
   p.on_compacted(s, g, moves, g);
 };
 
-// Keeps a trailing window: the cache drops front_excess(held) tokens from the
-// front of the stream (whole blocks go back to the pool; no data moves).
+// Keeps a trailing window: the cache drops front_excess(held, pending) tokens
+// from the front of the stream (whole blocks go back to the pool; no data
+// moves). `pending`: the last held tokens whose queries have not attended yet.
 template <class P>
 concept WindowEviction = EvictionPolicy<P> && requires(const P& p, std::int32_t held) {
-  { p.front_excess(held) } -> std::same_as<std::int32_t>;
+  { p.front_excess(held, held) } -> std::same_as<std::int32_t>;
 };
 
 KVCACHE_END_NAMESPACE

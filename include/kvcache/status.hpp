@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -62,11 +65,13 @@ class [[nodiscard]] Status {
   constexpr std::int64_t value() const noexcept { return value_; }
   constexpr std::int64_t limit() const noexcept { return limit_; }
 
-  // Cold path only: builds e.g. "out_of_blocks: n_blocks=9 (limit 4)".
+  // Cold path only: builds e.g. "out_of_blocks: n_blocks=9 (limit 4)";
+  // for duplicate_sequence the second number is the repeated handle's index:
+  // "duplicate_sequence: seqs_at=3 (seq.index 0)".
   std::string message() const {
     if (ok()) return "ok";
-    return std::string(to_string(code_)) + ": " + what_ + "=" + std::to_string(value_) + " (limit " +
-           std::to_string(limit_) + ")";
+    const char* label = code_ == Errc::duplicate_sequence ? " (seq.index " : " (limit ";
+    return std::string(to_string(code_)) + ": " + what_ + "=" + std::to_string(value_) + label + std::to_string(limit_) + ")";
   }
 
   friend constexpr bool operator==(const Status&, const Status&) = default;
@@ -78,20 +83,94 @@ class [[nodiscard]] Status {
   std::int64_t limit_ = 0;
 };
 
-// A value or the Status that explains why there is none.
+/// Thrown when the value of a failed Result is read (operator*, operator->,
+/// value()): an error never reads as a default-constructed success. Carries
+/// the Status that explains the failure.
+class BadResultAccess : public std::logic_error {
+ public:
+  /// Wraps the failed call's Status.
+  explicit BadResultAccess(const Status& s) : std::logic_error("kvcache: value of a failed Result: " + s.message()), status_(s) {}
+  /// The failed call's Status.
+  const Status& status() const noexcept { return status_; }
+
+ private:
+  Status status_;
+};
+
+/// Thrown by constructors given a bad configuration (a size out of range, a
+/// product that overflows, a capacity too large to allocate). Carries the
+/// Status naming the field, its value and the limit.
+class ConfigError : public std::invalid_argument {
+ public:
+  /// `who` names the class ("kvcache::PageTable").
+  ConfigError(const char* who, const Status& s) : std::invalid_argument(std::string(who) + ": " + s.message()), status_(s) {}
+  /// What was wrong: code, field, value, limit.
+  const Status& status() const noexcept { return status_; }
+
+ private:
+  Status status_;
+};
+
+/// Host bookkeeping a constructor may size: beyond this many bytes a
+/// capacity is rejected as capacity_exceeded before anything is allocated.
+inline constexpr std::int64_t max_bookkeeping_bytes = std::int64_t{1} << 36;  // 64 GiB
+
+/// The product of `count` elements of `elem_bytes` each, checked against
+/// overflow and max_bookkeeping_bytes; throws ConfigError naming `what`.
+inline std::size_t checked_elements(const char* who, const char* what, std::int64_t value, std::int64_t count,
+                                    std::int64_t elem_bytes) {
+  std::int64_t bytes = 0;
+  if (count < 0 || __builtin_mul_overflow(count, elem_bytes, &bytes) || bytes > max_bookkeeping_bytes)
+    throw ConfigError(who, Status{Errc::capacity_exceeded, what, value, max_bookkeeping_bytes / (elem_bytes > 0 ? elem_bytes : 1)});
+  return static_cast<std::size_t>(count);
+}
+
+namespace detail {
+/// Reading the value of a failed Result: throws BadResultAccess, or prints
+/// the Status and aborts when the engine builds without exceptions.
+[[noreturn]] inline void bad_result_access(const Status& s) {
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
+  throw BadResultAccess(s);
+#else
+  std::fprintf(stderr, "kvcache: value of a failed Result: %s\n", s.message().c_str());
+  std::abort();
+#endif
+}
+}  // namespace detail
+
+/// A value or the Status that explains why there is none. Reading the value
+/// of a failed Result (operator*, operator->, value()) throws BadResultAccess
+/// (aborts under -fno-exceptions): check ok() first.
 template <class T>
 class [[nodiscard]] Result {
  public:
+  /// Success with a value.
   constexpr Result(T value) noexcept : value_(std::move(value)) {}  // NOLINT: implicit by design
+  /// Failure: `status` must not be ok.
   constexpr Result(Status status) noexcept : status_(status) {}     // NOLINT: implicit by design
 
+  /// True when the call succeeded.
   constexpr bool ok() const noexcept { return status_.ok(); }
+  /// Same as ok().
   constexpr explicit operator bool() const noexcept { return ok(); }
+  /// Why the call failed (ok when it did not).
   constexpr const Status& status() const noexcept { return status_; }
-  constexpr const T& value() const& noexcept { return value_; }
-  constexpr T& value() & noexcept { return value_; }
-  constexpr const T& operator*() const noexcept { return value_; }
-  constexpr const T* operator->() const noexcept { return &value_; }
+  /// The value; throws BadResultAccess on a failed Result.
+  constexpr const T& value() const& {
+    if (!ok()) detail::bad_result_access(status_);
+    return value_;
+  }
+  /// The value; throws BadResultAccess on a failed Result.
+  constexpr T& value() & {
+    if (!ok()) detail::bad_result_access(status_);
+    return value_;
+  }
+  /// The value, or `fallback` on a failed Result (never throws).
+  constexpr T value_or(T fallback) const noexcept { return ok() ? value_ : fallback; }
+  /// The value; throws BadResultAccess on a failed Result.
+  constexpr const T& operator*() const { return value(); }
+  /// Member access to the value; throws BadResultAccess on a failed Result.
+  constexpr const T* operator->() const { return &value(); }
 
  private:
   Status status_{};

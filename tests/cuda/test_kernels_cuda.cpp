@@ -101,9 +101,9 @@ TEST_CASE("cuda scatter == host scatter (slot mapping and CSR, all layouts, dtyp
     // CSR addressing through an identity page table of one sequence.
     std::vector<std::int32_t> indptr{0, std::int32_t(blocks)}, indices(shuffled(rng, blocks)), seq(slots.size(), 0), pos(slots);
     Dev dindptr(indptr), dindices(indices), dseq(seq), dpos(pos);
-    hp.addr = TokenAddress{nullptr, seq.data(), pos.data(), indptr.data(), indices.data()};
+    hp.addr = TokenAddress{nullptr, seq.data(), pos.data(), indptr.data(), indices.data(), 1};
     dp.addr = TokenAddress{nullptr, dseq.as<std::int32_t>(), dpos.as<std::int32_t>(), dindptr.as<std::int32_t>(),
-                           dindices.as<std::int32_t>()};
+                           dindices.as<std::int32_t>(), 1};
     REQUIRE(scatter_host(hp).ok());
     CUDA_OK(kvgpu::scatter(dp));
     pool.require_same();

@@ -191,7 +191,7 @@ def main():
     (out / "kjv-tiny.sha256").write_text(f"{digest}  kjv-tiny.bin\n")
     (out / "heldout.bin").write_bytes(bytes(heldout[:64 * 1024].tolist()))
     (out / "reference.bin").write_bytes(struct.pack("<2I", ref.shape[0], ref.shape[1]) + ref.tobytes())
-    print(f"wrote {out}: weights sha256 {digest}")
+    print(f"wrote {out.name}/: weights sha256 {digest}")  # no absolute path: logs are shipped
 
 
 if __name__ == "__main__":

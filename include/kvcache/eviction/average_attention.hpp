@@ -35,8 +35,8 @@ class AverageAttentionEviction : public TokenPolicyBase {
   static constexpr Signals required_signals{Signals::head_attention_sums | Signals::attention_sums};
 
   explicit AverageAttentionEviction(const AverageAttentionConfig& c) : TokenPolicyBase(c.groups), c_(c) {
-    auto bad = [](const char* what, std::int32_t v) {
-      throw std::invalid_argument(std::string("kvcache::AverageAttentionEviction: ") + what + "=" + std::to_string(v));
+    auto bad = [](const char* what, std::int64_t v, std::int64_t limit = 1) {
+      throw ConfigError("kvcache::AverageAttentionEviction", Status{Errc::invalid_argument, what, v, limit});
     };
     if (c.budget < 1) bad("budget", c.budget);
     if (c.step < 1 || c.step >= c.budget) bad("step", c.step);
@@ -49,7 +49,7 @@ class AverageAttentionEviction : public TokenPolicyBase {
     return std::min(appended, max_tokens_after_eviction());
   }
   std::int64_t max_blocks_held(std::int64_t appended, std::int32_t b) const noexcept {
-    return (std::min<std::int64_t>(appended, c_.budget) + b - 1) / b;
+    return blocks_for_tokens(std::min<std::int64_t>(appended, c_.budget), b);
   }
 
   Status observe(std::uint32_t s, const Scores& sc, const StreamView& v) noexcept {
@@ -57,9 +57,8 @@ class AverageAttentionEviction : public TokenPolicyBase {
     add_rows(s, sc, v);
     return {};
   }
-  std::int32_t evict_count(std::uint32_t s, const StreamView& v) noexcept {
+  std::int32_t evict_count(std::uint32_t, const StreamView& v) const noexcept {
     if (v.held < c_.budget) return 0;
-    st_.sync(s, v);
     return std::min(c_.step * ((v.held - c_.budget) / c_.step + 1), evictable(v, 0));
   }
   void choose(std::uint32_t s, const StreamView& v, std::int32_t g, std::span<std::int32_t> out) noexcept {

@@ -41,32 +41,36 @@ class BlockScoreEviction {
   static constexpr Signals required_signals{Signals::attention_sums};
 
   explicit BlockScoreEviction(const BlockScoreConfig& c) : c_(c) {
-    auto bad = [](const char* what, std::int32_t v) {
-      throw std::invalid_argument(std::string("kvcache::BlockScoreEviction: ") + what + "=" + std::to_string(v));
+    auto bad = [](const char* what, std::int64_t v, std::int64_t limit = 1) {
+      throw ConfigError("kvcache::BlockScoreEviction", Status{Errc::invalid_argument, what, v, limit});
     };
     if (c.block_size < 1) bad("block_size", c.block_size);
     if (c.start <= 0 || c.start % c.block_size) bad("start", c.start);
     if (c.recent <= 0 || c.recent % c.block_size) bad("recent", c.recent);
-    if (c.max <= c.start + c.recent || c.max % c.block_size) bad("max", c.max);
+    if (c.max <= std::int64_t{c.start} + c.recent || c.max % c.block_size) bad("max", c.max, std::int64_t{c.start} + c.recent + 1);
+    if (std::int64_t{c.max} + c.block_size > INT32_MAX) bad("max", c.max, std::int64_t{INT32_MAX} - c.block_size);
     if (c.pool_window < 1) bad("pool_window", c.pool_window);
   }
 
   const BlockScoreConfig& config() const noexcept { return c_; }
+  std::int32_t block_size() const noexcept { return c_.block_size; }
 
   // --- accounting: after the policy ran, a stream holds at most this -------
   std::int64_t max_tokens_held(std::int64_t appended) const noexcept {
     return appended < std::int64_t{c_.max} + c_.block_size ? appended : max_tokens_after_eviction();
   }
   std::int64_t max_blocks_held(std::int64_t appended, std::int32_t block_size) const noexcept {
-    return (max_tokens_held(appended) + block_size - 1) / block_size;
+    return blocks_for_tokens(max_tokens_held(appended), block_size);
   }
   std::int64_t max_tokens_after_eviction() const noexcept { return std::int64_t{c_.max} + c_.block_size - 1; }
 
   // --- state (the cache calls these) -----------------------------------------
   // Sizes the per-stream state once; nothing is allocated afterwards.
   void bind(std::int32_t streams, std::int32_t tokens_per_stream) {
+    const std::size_t n = checked_elements("kvcache::BlockScoreEviction", "max_sequences*tokens_per_stream", streams,
+                                           std::int64_t{streams} * tokens_per_stream, 8);
     cap_ = tokens_per_stream;
-    acc_.assign(std::size_t(streams) * std::size_t(cap_), 0.0f);
+    acc_.assign(n, 0.0f);
     cnt_.assign(acc_.size(), 0);
     len_.assign(std::size_t(streams), 0);
     scratch_.resize(std::size_t(cap_ / c_.block_size + 1));

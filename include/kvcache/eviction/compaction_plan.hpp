@@ -11,15 +11,10 @@
 
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
+#include "kvcache/slot_move.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
-
-struct SlotMove {
-  std::int32_t src = -1;
-  std::int32_t dst = -1;
-  friend constexpr bool operator==(const SlotMove&, const SlotMove&) = default;
-};
 
 // keep: strictly ascending positions < length. blocks: the stream's page-table
 // row. Writes the moves (slot -> slot) and order[p] = the old position now at

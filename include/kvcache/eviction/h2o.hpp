@@ -32,11 +32,11 @@ class H2OEviction : public TokenPolicyBase {
   static constexpr Signals required_signals{Signals::head_attention_sums | Signals::attention_sums};
 
   explicit H2OEviction(const H2OConfig& c) : TokenPolicyBase(c.groups), c_(c) {
-    auto bad = [](const char* what, std::int32_t v) {
-      throw std::invalid_argument(std::string("kvcache::H2OEviction: ") + what + "=" + std::to_string(v));
+    auto bad = [](const char* what, std::int64_t v, std::int64_t limit = 1) {
+      throw ConfigError("kvcache::H2OEviction", Status{Errc::invalid_argument, what, v, limit});
     };
     if (c.heavy < 1) bad("heavy", c.heavy);
-    if (c.recent < 0) bad("recent", c.recent);
+    if (c.recent < 0) bad("recent", c.recent, 0);
     if (c.groups < 1) bad("groups", c.groups);
   }
   const H2OConfig& config() const noexcept { return c_; }
@@ -45,7 +45,7 @@ class H2OEviction : public TokenPolicyBase {
   std::int64_t max_tokens_held(std::int64_t appended) const noexcept { return std::min(appended, budget()); }
   // One decode token sits in the cache before evict() runs.
   std::int64_t max_blocks_held(std::int64_t appended, std::int32_t b) const noexcept {
-    return (std::min(appended, budget() + 1) + b - 1) / b;
+    return blocks_for_tokens(std::min(appended, budget() + 1), b);
   }
   std::int64_t max_tokens_after_eviction() const noexcept { return budget(); }
 
@@ -54,9 +54,8 @@ class H2OEviction : public TokenPolicyBase {
     add_rows(s, sc, v);
     return {};
   }
-  std::int32_t evict_count(std::uint32_t s, const StreamView& v) noexcept {
+  std::int32_t evict_count(std::uint32_t, const StreamView& v) const noexcept {
     if (v.held <= budget()) return 0;
-    st_.sync(s, v);
     return std::min(v.held - static_cast<std::int32_t>(budget()), evictable(v, c_.recent));
   }
   void choose(std::uint32_t s, const StreamView& v, std::int32_t g, std::span<std::int32_t> out) noexcept {

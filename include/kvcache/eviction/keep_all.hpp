@@ -12,7 +12,7 @@ struct KeepAll {
   static constexpr Signals required_signals = no_signals;
   constexpr std::int64_t max_tokens_held(std::int64_t appended) const noexcept { return appended; }
   constexpr std::int64_t max_blocks_held(std::int64_t appended, std::int32_t block_size) const noexcept {
-    return (appended + block_size - 1) / block_size;
+    return blocks_for_tokens(appended, block_size);
   }
   constexpr std::int64_t max_tokens_after_eviction() const noexcept { return INT64_MAX; }
 };

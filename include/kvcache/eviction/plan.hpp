@@ -5,7 +5,7 @@
 #include <span>
 
 #include "kvcache/config.hpp"
-#include "kvcache/eviction/compaction_plan.hpp"
+#include "kvcache/slot_move.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

@@ -32,13 +32,17 @@ class SinkWindowEviction {
   static constexpr Signals required_signals = no_signals;
 
   explicit SinkWindowEviction(const SinkWindowConfig& c) : c_(c) {
-    auto bad = [](const char* what, std::int32_t v) {
-      throw std::invalid_argument(std::string("kvcache::SinkWindowEviction: ") + what + "=" + std::to_string(v));
+    auto bad = [](const char* what, std::int64_t v, std::int64_t limit = 1) {
+      throw ConfigError("kvcache::SinkWindowEviction", Status{Errc::invalid_argument, what, v, limit});
     };
     if (c.block_size < 1) bad("block_size", c.block_size);
-    if (c.sinks < 0) bad("sinks", c.sinks);
+    if (c.sinks < 0) bad("sinks", c.sinks, 0);
     if (c.window < 1) bad("window", c.window);
+    // pinned + window + block_size counts tokens in int32 (a stream's length).
+    const std::int64_t pinned = (std::int64_t{c.sinks} + c.block_size - 1) / c.block_size * c.block_size;
+    if (pinned + c.window + c.block_size > INT32_MAX) bad("sinks+window", pinned + c.window + c.block_size, INT32_MAX);
   }
+  std::int32_t block_size() const noexcept { return c_.block_size; }
   const SinkWindowConfig& config() const noexcept { return c_; }
   std::int32_t pinned() const noexcept { return (c_.sinks + c_.block_size - 1) / c_.block_size * c_.block_size; }
 
@@ -49,7 +53,7 @@ class SinkWindowEviction {
     return std::min(appended, max_tokens_after_eviction());
   }
   std::int64_t max_blocks_held(std::int64_t appended, std::int32_t b) const noexcept {
-    return (std::min(appended, max_tokens_after_eviction() + 1) + b - 1) / b;
+    return blocks_for_tokens(std::min(appended, max_tokens_after_eviction() + 1), b);
   }
 
   // No per-stream state.

@@ -8,10 +8,16 @@
 // hides them. Keys keep their original positions: rotate queries by the
 // absolute position, not by the exported length.
 //
-// When the trim happens is the engine's choice: evict() after reserve() and
-// before attention gives each query exactly `window` keys (itself included);
-// evict() after attention gives the "window + 1 during attention" lag.
-// Accounting: tokens_held == min(appended, window) after evict().
+// When the trim happens is the engine's choice; either way every query finds
+// each key its window needs (the W − 1 before it, and itself):
+//   after attention   evict(seq, {}): the stream keeps its last W tokens, and
+//                     the next chunk's queries find them all.
+//   before attention  evict(seq, {}, n) with the n tokens just reserved as
+//                     pending queries: the stream keeps W − 1 + n tokens
+//                     (what the chunk's earliest query needs; W when n = 1).
+// The attention kernel's window mask (window_left = W − 1) then shows query
+// q exactly the keys at positions max(0, q − W + 1) .. q.
+// Accounting: tokens_held == min(appended, W) after evict() with n <= 1.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +27,7 @@
 
 #include "kvcache/config.hpp"
 #include "kvcache/policy.hpp"
+#include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -29,17 +36,22 @@ class SlidingWindow {
   static constexpr Signals required_signals = no_signals;
 
   explicit SlidingWindow(std::int32_t window) : w_(window) {
-    if (window < 1) throw std::invalid_argument("kvcache::SlidingWindow: window=" + std::to_string(window));
+    if (window < 1) throw ConfigError("kvcache::SlidingWindow", Status{Errc::invalid_argument, "window", window, 1});
   }
   std::int32_t window() const noexcept { return w_; }
 
   std::int64_t max_tokens_held(std::int64_t appended) const noexcept { return std::min<std::int64_t>(appended, w_); }
   // window + 1 live tokens (one decode token before the trim) plus < B dead slots.
   std::int64_t max_blocks_held(std::int64_t appended, std::int32_t b) const noexcept {
-    return std::min((appended + b - 1) / b, (std::int64_t{w_} + b - 1) / b + 1);
+    return std::min(blocks_for_tokens(appended, b), blocks_for_tokens(w_, b) + 1);
   }
   std::int64_t max_tokens_after_eviction() const noexcept { return w_; }
-  std::int32_t front_excess(std::int32_t held) const noexcept { return std::max(0, held - w_); }
+  // Tokens to drop from the front of a stream holding `held`, the last
+  // `pending` of which are queries whose attention has not run yet.
+  std::int32_t front_excess(std::int32_t held, std::int32_t pending) const noexcept {
+    const std::int64_t keep = std::int64_t{w_} + std::max(0, pending - 1);
+    return static_cast<std::int32_t>(std::max<std::int64_t>(0, held - keep));
+  }
 
  private:
   std::int32_t w_;

@@ -39,8 +39,8 @@ class SnapKVEviction : public TokenPolicyBase {
   static constexpr Signals required_signals{Signals::head_attention_sums | Signals::attention_sums};
 
   explicit SnapKVEviction(const SnapKVConfig& c) : TokenPolicyBase(c.groups), c_(c) {
-    auto bad = [](const char* what, std::int32_t v) {
-      throw std::invalid_argument(std::string("kvcache::SnapKVEviction: ") + what + "=" + std::to_string(v));
+    auto bad = [](const char* what, std::int64_t v, std::int64_t limit = 1) {
+      throw ConfigError("kvcache::SnapKVEviction", Status{Errc::invalid_argument, what, v, limit});
     };
     if (c.capacity < 1) bad("capacity", c.capacity);
     if (c.window < 1) bad("window", c.window);
@@ -50,7 +50,7 @@ class SnapKVEviction : public TokenPolicyBase {
   const SnapKVConfig& config() const noexcept { return c_; }
 
   std::int64_t max_tokens_held(std::int64_t appended) const noexcept { return appended; }
-  std::int64_t max_blocks_held(std::int64_t appended, std::int32_t b) const noexcept { return (appended + b - 1) / b; }
+  std::int64_t max_blocks_held(std::int64_t appended, std::int32_t b) const noexcept { return blocks_for_tokens(appended, b); }
   std::int64_t max_tokens_after_eviction() const noexcept { return std::numeric_limits<std::int64_t>::max(); }
 
   void bind(std::int32_t streams, std::int32_t cap) {
@@ -67,12 +67,16 @@ class SnapKVEviction : public TokenPolicyBase {
   // Compressed once: true after the first evict() that followed an observe().
   bool compressed(std::uint32_t s) const noexcept { return state_[s] == done; }
 
-  std::int32_t evict_count(std::uint32_t s, const StreamView& v) noexcept {
+  std::int32_t evict_count(std::uint32_t s, const StreamView& v) const noexcept {
     if (state_[s] != observed) return 0;
-    state_[s] = done;
-    st_.sync(s, v);
     const std::int64_t over = std::int64_t{v.held} - c_.capacity - c_.window;
     return over <= 0 ? 0 : static_cast<std::int32_t>(std::min<std::int64_t>(over, evictable(v, c_.window)));
+  }
+  // The one shot is spent at the first evict() after an observe(), even when
+  // the prompt already fits.
+  void begin_eviction(std::uint32_t s, const StreamView& v) noexcept {
+    if (state_[s] == observed) state_[s] = done;
+    TokenPolicyBase::begin_eviction(s, v);
   }
   // Before any compaction slot order is position order: pooling runs over
   // the prompt's slots outside the window.

@@ -19,9 +19,11 @@ KVCACHE_BEGIN_NAMESPACE
 class TokenState {
  public:
   void bind(std::int32_t streams, std::int32_t cap, std::int32_t groups) {
+    // One float score and one int32 position per (stream, group, slot).
+    const std::size_t n = checked_elements("kvcache::TokenState", "max_sequences*groups*tokens_per_stream",
+                                           std::int64_t{streams} * groups, std::int64_t{streams} * groups * cap, 8);
     cap_ = cap;
     groups_ = groups;
-    const std::size_t n = std::size_t(streams) * std::size_t(groups) * std::size_t(cap);
     score_.assign(n, 0.0f);
     pos_.assign(n, 0);
     len_.assign(std::size_t(streams), 0);
@@ -168,6 +170,8 @@ class TokenPolicyBase {
   void on_truncate(std::uint32_t s, std::int32_t held) noexcept { st_.truncate(s, held); }
   void reset(std::uint32_t s) noexcept { st_.truncate(s, 0); }
   void copy_state(std::uint32_t from, std::uint32_t to) noexcept { st_.copy(from, to); }
+  // Tokens appended since the last observe join the state (score 0).
+  void begin_eviction(std::uint32_t s, const StreamView& v) noexcept { st_.sync(s, v); }
 
   // Group g's scores and original positions, by slot.
   std::span<const float> scores(std::uint32_t s, std::int32_t g) const noexcept {

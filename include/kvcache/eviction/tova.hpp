@@ -31,13 +31,13 @@ class TovaEviction : public TokenPolicyBase {
   static constexpr Signals required_signals{Signals::last_query_attention};
 
   explicit TovaEviction(const TovaConfig& c) : TokenPolicyBase(1), c_(c) {
-    if (c.budget < 1) throw std::invalid_argument("kvcache::TovaEviction: budget=" + std::to_string(c.budget));
+    if (c.budget < 1) throw ConfigError("kvcache::TovaEviction", Status{Errc::invalid_argument, "budget", c.budget, 1});
   }
   const TovaConfig& config() const noexcept { return c_; }
 
   std::int64_t max_tokens_held(std::int64_t appended) const noexcept { return std::min<std::int64_t>(appended, c_.budget); }
   std::int64_t max_blocks_held(std::int64_t appended, std::int32_t b) const noexcept {
-    return (std::min<std::int64_t>(appended, std::int64_t{c_.budget} + 1) + b - 1) / b;
+    return blocks_for_tokens(std::min<std::int64_t>(appended, std::int64_t{c_.budget} + 1), b);
   }
   std::int64_t max_tokens_after_eviction() const noexcept { return c_.budget; }
 
@@ -52,9 +52,8 @@ class TovaEviction : public TokenPolicyBase {
     for (std::int32_t j = 0; j < v.held; ++j) out[j] *= inv;
     return {};
   }
-  std::int32_t evict_count(std::uint32_t s, const StreamView& v) noexcept {
+  std::int32_t evict_count(std::uint32_t, const StreamView& v) const noexcept {
     if (v.held <= c_.budget) return 0;
-    st_.sync(s, v);
     return std::min(v.held - c_.budget, evictable(v, 0));
   }
   void choose(std::uint32_t s, const StreamView& v, std::int32_t g, std::span<std::int32_t> out) noexcept {
