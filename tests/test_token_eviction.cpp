@@ -354,6 +354,8 @@ TEST_CASE("compaction head ranges are checked") {
   CHECK(compaction_host(p).code() == Errc::invalid_argument);
   p = {.cache = pool.view, .first_head = 1, .num_heads = INT32_MAX};  // the sum would overflow int32
   CHECK(compaction_host(p).message() == "invalid_argument: first_head+num_heads=2147483648 (limit 2)");
+  p = {.cache = pool.view, .first_head = INT32_MIN};  // found by fuzz_kernels: the report itself overflowed
+  CHECK(compaction_host(p).code() == Errc::invalid_argument);
   p = {.cache = pool.view, .first_layer = INT32_MAX};
   CHECK(compaction_host(p).message() == "invalid_argument: first_layer+num_layers=2147483648 (limit 1)");
   p = {.cache = pool.view, .first_head = 1};

@@ -1,0 +1,292 @@
+// libFuzzer target: random operation sequences through the public API under
+// every eviction policy, with a shadow of every sequence's KV. The pool is
+// real memory: the K element of (slot, head) holds the position of the token
+// written there, copy-on-write and compaction moves run through the host
+// kernels, and after every operation each live sequence's row must read back
+// a legal set of positions for its policy. A failed call must leave the
+// cache exactly as it was; check_invariants() must hold after every call.
+#include <kvcache/cache.hpp>
+#include <kvcache/eviction/average_attention.hpp>
+#include <kvcache/eviction/block_scores.hpp>
+#include <kvcache/eviction/h2o.hpp>
+#include <kvcache/eviction/sink_window.hpp>
+#include <kvcache/eviction/sliding_window.hpp>
+#include <kvcache/eviction/snapkv.hpp>
+#include <kvcache/eviction/tova.hpp>
+#include <kvcache/kernels/block_copy.hpp>
+#include <kvcache/kernels/compaction.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+namespace kv = kvcache;
+
+namespace {
+constexpr std::int32_t B = 4, G = 2, kBlocks = 32, kSeqs = 4, kPerSeq = 16;
+
+[[noreturn]] void fail(const char* what, const std::string& detail = "") {
+  std::fprintf(stderr, "fuzz_cache: %s %s\n", what, detail.c_str());
+  std::abort();
+}
+
+// Reads the fuzzer's bytes as a stream of small integers (0 past the end).
+struct Input {
+  const std::uint8_t* p;
+  std::size_t n;
+  std::uint32_t byte() { return n ? (--n, *p++) : 0u; }
+  std::int32_t upto(std::int32_t m) { return std::int32_t(byte() % std::uint32_t(m + 1)); }
+  std::int64_t wide() {  // extreme values for accounting
+    switch (byte() % 4) {
+      case 0: return std::numeric_limits<std::int64_t>::max();
+      case 1: return -std::int64_t(byte());
+      case 2: return std::int64_t(byte()) << (byte() % 62);
+      default: return byte();
+    }
+  }
+  float score() {
+    switch (byte() % 16) {
+      case 0: return std::numeric_limits<float>::quiet_NaN();
+      case 1: return std::numeric_limits<float>::infinity();
+      case 2: return -1.0f;
+      default: return float(byte()) / 64.0f;
+    }
+  }
+};
+
+template <class Policy>
+struct Run {
+  using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::SelectAll, Policy>;
+  kv::GeometrySpec spec{.num_layers = 1, .num_kv_heads = G, .head_dim = 1, .block_size = B, .dtype = kv::DType::f32};
+  C cache;
+  // [block][K,V][token][head], NHD, head_dim 1: K of (slot, head) holds a position.
+  std::vector<float> mem = std::vector<float>(std::size_t(kBlocks * 2 * B * G), -1.0f);
+  kv::PoolView pool = *kv::make_pool_view(*kv::Geometry::make(spec), mem.data(), kBlocks);
+  std::vector<kv::SeqId> live;
+
+  explicit Run(Policy p)
+      : cache({.geometry = *kv::Geometry::make(spec), .num_blocks = kBlocks, .max_sequences = kSeqs,
+               .max_blocks_per_sequence = kPerSeq, .event_capacity = 8},
+              {}, {}, std::move(p)) {}
+
+  float& at(std::int32_t slot, std::int32_t head) { return mem[std::size_t((slot / B) * 2 * B * G + (slot % B) * G + head)]; }
+  std::int32_t groups() const {
+    if constexpr (kv::TokenEviction<Policy>) return cache.eviction().groups();
+    else return 1;
+  }
+
+  void write(const kv::SeqId s, std::span<const std::int32_t> slots, const kv::BlockCopy copy, std::int64_t first_pos) {
+    if (copy.src >= 0 && !kv::block_copy_host({pool, pool, &copy, 1}).ok()) fail("block_copy");
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      for (std::int32_t h = 0; h < G; ++h) at(slots[i], h) = float(first_pos + std::int64_t(i));
+    (void)s;
+  }
+
+  // Every live row reads back positions that are distinct, older than the
+  // next one, and what the policy says it keeps.
+  void check() {
+    if (auto st = cache.check_invariants(); !st) fail("check_invariants", st.message());
+    for (const kv::SeqId s : live) {
+      const auto blocks = *cache.table().blocks(s);
+      const std::int32_t front = *cache.table().front(s), held = std::int32_t(*cache.tokens_held(s));
+      const std::int64_t appended = *cache.table().appended(s);
+      for (std::int32_t h = 0; h < G; ++h) {
+        std::vector<std::int64_t> pos;
+        for (std::int32_t j = front; j < front + held; ++j)
+          pos.push_back(std::int64_t(at(blocks[std::size_t(j / B)] * B + j % B, h)));
+        if constexpr (kv::TokenEviction<Policy>) {
+          const auto tracked = cache.eviction().positions(s.index, h / (G / groups()));
+          for (std::size_t j = 0; j < std::min(pos.size(), tracked.size()); ++j)
+            if (tracked[j] != pos[j]) fail("position differs from the policy's", std::to_string(j));
+          std::sort(pos.begin(), pos.end());
+        }
+        for (std::size_t j = 0; j < pos.size(); ++j) {
+          if (pos[j] < 0 || pos[j] >= appended) fail("position out of range", std::to_string(pos[j]));
+          if (j > 0 && pos[j] <= pos[j - 1]) {
+            std::string row;
+            for (auto x : pos) row += std::to_string(x) + " ";
+            fail("positions not ascending/distinct:", row + "(seq " + std::to_string(s.index) + ")");
+          }
+        }
+        if constexpr (kv::WindowEviction<Policy> || std::is_same_v<Policy, kv::KeepAll>)
+          if (!pos.empty() && pos.front() != appended - held) fail("window or keep-all is not the newest tokens");
+      }
+    }
+  }
+
+  void step(Input& in) {
+    const auto before = cache;
+    const auto mem_before = mem;
+    kv::Status st{};
+    const kv::SeqId s = live.empty() ? kv::SeqId{in.byte() % 8, 0} : live[in.byte() % live.size()];
+    bool writes_memory = false;
+    const std::uint32_t op = in.byte() % 12;
+    if (std::getenv("KVCACHE_FUZZ_TRACE")) std::fprintf(stderr, "op %u seq %u\n", op, s.index);
+    switch (op) {
+      case 0: {
+        auto r = cache.add_sequence();
+        if (r) live.push_back(*r);
+        st = r.status();
+        break;
+      }
+      case 1: {  // prefix add: the "text" is token id = position
+        std::vector<std::int32_t> prompt(std::size_t(in.upto(40)));
+        std::iota(prompt.begin(), prompt.end(), 0);
+        auto r = cache.add_sequence(prompt);
+        if (r) live.push_back(r->seq);
+        st = r.status();
+        break;
+      }
+      case 2:
+      case 3: {
+        const std::int32_t n = in.upto(12) - 1;
+        std::vector<std::int32_t> slots(std::size_t(in.upto(12)));
+        const std::int64_t first = cache.table().appended(s).value_or(0);
+        auto r = cache.reserve(s, n, slots);
+        st = r.status();
+        if (r && std::getenv("KVCACHE_FUZZ_TRACE")) {
+          std::fprintf(stderr, "  reserve %d first %ld copy %d -> %d:", n, long(first), r->copy.src, r->copy.dst);
+          for (std::int32_t i = 0; i < n; ++i) std::fprintf(stderr, " %d", slots[std::size_t(i)]);
+          std::fprintf(stderr, "\n");
+        }
+        if (r) write(s, std::span(slots).first(std::size_t(n)), r->copy, first), writes_memory = true;
+        break;
+      }
+      case 4: {  // a batch over every live sequence
+        std::vector<std::int32_t> counts(live.size()), firsts(live.size()), slots(std::size_t(in.upto(40)));
+        std::vector<kv::BlockCopy> copies(std::size_t(in.upto(4)));
+        std::vector<kv::SeqId> seqs = live;
+        if (!seqs.empty() && in.byte() % 8 == 0) seqs.back() = seqs.front();  // a duplicate
+        for (std::size_t i = 0; i < seqs.size(); ++i) {
+          counts[i] = in.upto(5);
+          firsts[i] = std::int32_t(cache.table().appended(seqs[i]).value_or(0));
+        }
+        auto r = cache.reserve_batch(seqs, counts, slots, copies);
+        st = r.status();
+        if (r && std::getenv("KVCACHE_FUZZ_TRACE")) {
+          for (std::size_t i = 0; i < seqs.size(); ++i) std::fprintf(stderr, "  seq %u count %d first %d\n", seqs[i].index, counts[i], firsts[i]);
+          for (std::int32_t c = 0; c < r->copies; ++c) std::fprintf(stderr, "  copy %d -> %d\n", copies[std::size_t(c)].src, copies[std::size_t(c)].dst);
+          for (auto x : slots) std::fprintf(stderr, " %d", x);
+          std::fprintf(stderr, "\n");
+        }
+        if (r) {
+          for (std::int32_t c = 0; c < r->copies; ++c)
+            if (!kv::block_copy_host({pool, pool, &copies[std::size_t(c)], 1}).ok()) fail("block_copy");
+          std::size_t o = 0;
+          for (std::size_t i = 0; i < seqs.size(); o += std::size_t(counts[i]), ++i)
+            write(seqs[i], std::span(slots).subspan(o, std::size_t(counts[i])), {}, firsts[i]);
+          writes_memory = true;
+        }
+        break;
+      }
+      case 5: {
+        auto r = cache.fork(s);
+        if (r) live.push_back(*r);
+        st = r.status();
+        break;
+      }
+      case 6: st = cache.truncate(s, in.upto(6) - 1); break;
+      case 7:
+        st = cache.free(s);
+        if (st) std::erase(live, s);
+        break;
+      case 8: {
+        std::vector<std::int32_t> tokens(std::size_t(in.upto(40)));
+        std::iota(tokens.begin(), tokens.end(), 0);
+        st = cache.publish(s, tokens).status();
+        break;
+      }
+      case 9:
+        if constexpr (kv::ObservingEviction<Policy>) {
+          const std::int32_t held = std::int32_t(cache.tokens_held(s).value_or(0));
+          const auto kind = kv::ScoreKind(in.byte() % 4);
+          const std::int32_t rows = in.upto(3);
+          std::vector<float> v(std::size_t(std::max(0, rows * held + in.upto(2) - 1)));
+          const bool clean = in.byte() % 2;
+          for (auto& x : v) x = clean ? float(in.byte()) / 64.0f : in.score();
+          st = cache.observe(s, kv::Scores{kind, v, rows});
+        }
+        break;
+      case 10: {
+        std::vector<std::int32_t> blocks(std::size_t(in.upto(16))), group_moves(std::size_t(in.upto(4)));
+        std::vector<kv::BlockRotation> rotations(std::size_t(in.upto(16)));
+        std::vector<kv::SlotMove> moves(std::size_t(in.upto(80)));
+        const std::int32_t pending = kv::WindowEviction<Policy> ? in.upto(8) : (in.byte() % 16 == 0);
+        auto r = cache.evict(s, kv::EvictionSpans{blocks, rotations, moves, group_moves}, pending);
+        st = r.status();
+        if (r && kv::TokenEviction<Policy>) {
+          const std::int32_t gs = groups(), heads = G / gs;
+          for (std::int32_t g = 0; g < gs; ++g) {
+            kv::CompactionParams p{.cache = pool, .moves = moves.data() + group_moves[std::size_t(g)],
+                                   .num_moves = group_moves[std::size_t(g + 1)] - group_moves[std::size_t(g)],
+                                   .first_head = g * heads, .num_heads = heads};
+            if (!kv::compaction_host(p).ok()) fail("compaction");
+          }
+          writes_memory = true;
+        }
+        break;
+      }
+      default: {  // exports into buffers of any size, accounting with extreme values
+        std::vector<std::int32_t> a(std::size_t(in.upto(20))), b(std::size_t(in.upto(40))), c(std::size_t(in.upto(6)));
+        std::vector<kv::SeqId> seqs = live;
+        if (in.byte() % 8 == 0) seqs.push_back(kv::SeqId{in.byte() % 8, in.byte()});  // maybe stale
+        (void)cache.export_csr(seqs, a, b, c);
+        (void)cache.export_block_table(seqs, b, in.upto(20) - 1);
+        (void)cache.export_lengths(seqs, c);
+        (void)cache.blocks_needed(in.wide(), in.wide(), in.wide());
+        (void)cache.can_admit(in.wide(), in.wide());
+        (void)cache.shared_excess();
+        std::vector<kv::BlockEvent> ev(std::size_t(in.upto(4)));
+        (void)cache.drain_events(ev);
+        if (!(cache == before)) {  // draining events changes the pool: compare everything else by re-draining
+          auto copy = before;
+          std::vector<kv::BlockEvent> ev2(ev.size());
+          (void)copy.drain_events(ev2);
+          if (!(cache == copy)) fail("a read-only call changed the cache");
+        }
+        return check();
+      }
+    }
+    if (!st.ok()) {
+      if (st.code() == kv::Errc::invariant_violated) fail("invariant_violated from a call", st.message());
+      if (!(cache == before)) fail("a failed call changed the cache", st.message());
+      if (mem != mem_before) fail("a failed call wrote memory", st.message());
+    }
+    (void)writes_memory;
+    check();
+  }
+};
+
+template <class Policy>
+void run(Policy p, Input& in) {
+  Run<Policy> r(std::move(p));
+  for (int ops = 0; ops < 400 && in.n > 0; ++ops) r.step(in);
+}
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  Input in{data, size};
+  switch (in.byte() % 8) {
+    case 0: run(kv::KeepAll{}, in); break;
+    case 1: run(kv::SlidingWindow(1 + in.upto(12)), in); break;
+    case 2: run(kv::SinkWindowEviction({.sinks = in.upto(6), .window = 1 + in.upto(12), .block_size = B}), in); break;
+    case 3: run(kv::BlockScoreEviction({.start = B, .recent = B, .max = 3 * B + B * in.upto(3), .block_size = B,
+                                        .aggregation = kv::Aggregation(in.byte() % 2), .pool_window = 1 + in.upto(2)}),
+                in);
+      break;
+    case 4: run(kv::H2OEviction({.heavy = 1 + in.upto(6), .recent = in.upto(6), .groups = in.byte() % 2 ? G : 1}), in); break;
+    case 5: run(kv::TovaEviction({.budget = 1 + in.upto(12)}), in); break;
+    case 6: run(kv::SnapKVEviction({.capacity = 1 + in.upto(8), .window = 1 + in.upto(4), .kernel = 1 + 2 * in.upto(2),
+                                    .groups = in.byte() % 2 ? G : 1}),
+                in);
+      break;
+    default: {
+      const std::int32_t budget = 2 + in.upto(12);
+      run(kv::AverageAttentionEviction({.budget = budget, .step = 1 + in.upto(budget - 2), .groups = in.byte() % 2 ? G : 1}), in);
+    }
+  }
+  return 0;
+}

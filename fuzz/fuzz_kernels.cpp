@@ -1,0 +1,116 @@
+// libFuzzer target: the host kernels with arbitrary addresses, tables,
+// ranges and moves. The host backend validates everything it can see before
+// writing, so a call either succeeds or returns an error with the pool and
+// the outputs untouched; ASan and UBSan catch any read or write outside them.
+#include <kvcache/kernels/block_copy.hpp>
+#include <kvcache/kernels/compaction.hpp>
+#include <kvcache/kernels/gather.hpp>
+#include <kvcache/kernels/rope.hpp>
+#include <kvcache/kernels/scatter.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace kv = kvcache;
+
+namespace {
+struct Input {
+  const std::uint8_t* p;
+  std::size_t n;
+  std::uint32_t byte() { return n ? (--n, *p++) : 0u; }
+  // Mostly small values, sometimes extreme: int32 edges and negatives.
+  std::int32_t value(std::int32_t small) {
+    switch (byte() % 8) {
+      case 0: return INT32_MAX - std::int32_t(byte() % 4);
+      case 1: return -std::int32_t(byte() % 4) - 1;
+      case 2: return INT32_MIN;
+      default: return std::int32_t(byte() % std::uint32_t(small + 1));
+    }
+  }
+  std::vector<std::int32_t> ints(std::size_t count, std::int32_t small) {
+    std::vector<std::int32_t> v(count);
+    for (auto& x : v) x = value(small);
+    return v;
+  }
+};
+
+[[noreturn]] void fail(const char* what, const kv::Status& st) {
+  std::fprintf(stderr, "fuzz_kernels: %s wrote after an error: %s\n", what, st.message().c_str());
+  std::abort();
+}
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  Input in{data, size};
+  const kv::GeometrySpec spec{.num_layers = 1 + std::int32_t(in.byte() % 2), .num_kv_heads = 1 + std::int32_t(in.byte() % 2),
+                              .head_dim = 2, .block_size = 1 + std::int32_t(in.byte() % 4), .dtype = kv::DType::f32,
+                              .layout = kv::Layout(in.byte() % 2), .planes = kv::KvPlanes(in.byte() % 2)};
+  const auto g = kv::Geometry::make(spec);
+  const std::int64_t blocks = 4;
+  std::vector<std::byte> mem(std::size_t(*g->pool_bytes(blocks)), std::byte{1});
+  const auto pool = *kv::make_pool_view(*g, mem.data(), blocks);
+  const auto before = mem;
+  const std::int32_t slots_in_pool = std::int32_t(blocks) * spec.block_size;
+  std::vector<float> src(64 * 64, 0.5f), out(64 * 64, 0.0f);
+  const auto out_before = out;
+  kv::Status st{};
+  const std::int32_t tokens = std::int32_t(in.byte() % 8);
+  switch (in.byte() % 6) {
+    case 0: {  // scatter by slot mapping
+      auto slots = in.ints(std::size_t(tokens), slots_in_pool);
+      kv::ScatterParams p{pool, {src.data(), src.data(), kv::DType::f32, 8 * 64, 8 * 8, 8}, kv::TokenAddress{slots.data()},
+                          tokens, in.value(2), in.value(2)};
+      st = kv::scatter_host(p);
+      break;
+    }
+    case 1: {  // scatter through a CSR page table
+      const std::int32_t seqs = std::int32_t(in.byte() % 3);
+      auto seq = in.ints(std::size_t(tokens), 3), pos = in.ints(std::size_t(tokens), 12);
+      auto indptr = in.ints(std::size_t(seqs) + 1, 4), indices = in.ints(8, 4);
+      for (auto& x : indptr)  // indices holds 8 entries: larger offsets break the caller's contract
+        if (x > 8) x = 8;
+      kv::ScatterParams p{pool, {src.data(), src.data(), kv::DType::f32, 8 * 64, 8 * 8, 8},
+                          kv::TokenAddress{nullptr, seq.data(), pos.data(), indptr.data(), indices.data(), seqs}, tokens};
+      st = kv::scatter_host(p);
+      break;
+    }
+    case 2: {  // gather
+      const std::int32_t seqs = std::int32_t(in.byte() % 3);
+      auto indptr = in.ints(std::size_t(seqs) + 1, 8), indices = in.ints(8, 4), out_indptr = in.ints(std::size_t(seqs) + 1, 16);
+      for (auto& x : indptr)
+        if (x > 8) x = 8;
+      for (auto& x : out_indptr)
+        if (x > 16) x = 16;
+      kv::GatherParams p{pool, in.value(2), indptr.data(), indices.data(), out_indptr.data(), seqs,
+                         seqs > 0 ? out_indptr[std::size_t(seqs)] : 0, out.data(), out.data() + 2048, kv::DType::f32,
+                         2 * 8 * 4, 8};
+      st = kv::gather_host(p);
+      break;
+    }
+    case 3: {  // block copy
+      std::vector<kv::BlockCopy> pairs(static_cast<std::size_t>(tokens));
+      for (auto& c : pairs) c = {in.value(4), in.value(4)};
+      st = kv::block_copy_host({pool, pool, pairs.data(), tokens});
+      break;
+    }
+    case 4: {  // compaction
+      std::vector<kv::SlotMove> moves(static_cast<std::size_t>(tokens));
+      for (auto& m : moves) m = {in.value(slots_in_pool), in.value(slots_in_pool)};
+      kv::CompactionParams p{pool, moves.data(), tokens, in.value(2), in.value(2), in.value(2), in.value(2)};
+      st = kv::compaction_host(p);
+      break;
+    }
+    default: {  // rope on listed blocks with a table from make_rope_table
+      const std::int32_t max_delta = std::int32_t(in.byte() % 4);
+      std::vector<float> cs(std::size_t(max_delta + 1), 1.0f), sn(std::size_t(max_delta + 1), 0.0f);
+      const double theta = in.byte() % 4 == 0 ? -1.0 : 10000.0;
+      (void)kv::make_rope_table(theta, 2, max_delta, cs, sn);
+      auto blocks_list = in.ints(std::size_t(tokens), 4), deltas = in.ints(std::size_t(tokens), 4);
+      kv::RopeParams p{pool, in.value(2), in.value(2), blocks_list.data(), deltas.data(), tokens, cs.data(), sn.data(), max_delta};
+      st = kv::rope_host(p);
+    }
+  }
+  if (!st.ok() && (mem != before || out != out_before)) fail("a kernel", st);
+  return 0;
+}
