@@ -36,8 +36,9 @@ KVCACHE_HOST_DEVICE inline void compaction_row(const CompactionParams& p, std::i
 }
 
 // Heads the launch covers: the range, or every head from first_head on.
-inline std::int32_t heads_of(const CompactionParams& p) noexcept {
-  return p.num_heads > 0 ? p.num_heads : p.cache.num_kv_heads - p.first_head;
+// In 64 bits: the range is checked (and reported) even when first_head is far out of it.
+inline std::int64_t heads_of(const CompactionParams& p) noexcept {
+  return p.num_heads > 0 ? p.num_heads : std::int64_t{p.cache.num_kv_heads} - p.first_head;
 }
 
 // What the host can see; shared by both launchers.
@@ -45,8 +46,7 @@ inline Status check_compaction_shape(const CompactionParams& p) noexcept {
   if (!p.cache.base) return Status{Errc::invalid_argument, "cache.base", 0, 1};
   if (p.num_layers < 1 || p.first_layer < 0 || std::int64_t{p.first_layer} + p.num_layers > p.cache.num_layers)
     return Status{Errc::invalid_argument, "first_layer+num_layers", std::int64_t{p.first_layer} + p.num_layers, p.cache.num_layers};
-  // In 64 bits: the range is reported even when first_head is far out of it.
-  const std::int64_t heads = p.num_heads > 0 ? p.num_heads : std::int64_t{p.cache.num_kv_heads} - p.first_head;
+  const std::int64_t heads = heads_of(p);
   if (p.num_heads < 0 || p.first_head < 0 || heads < 1 || p.first_head + heads > p.cache.num_kv_heads)
     return Status{Errc::invalid_argument, "first_head+num_heads", p.first_head + heads, p.cache.num_kv_heads};
   if (p.num_moves < 0 || (p.num_moves > 0 && !p.moves)) return Status{Errc::invalid_argument, "moves", p.num_moves, 0};
