@@ -19,6 +19,7 @@ static __global__ void block_copy_kernel(BlockCopyParams p) {
   }
 }
 
+/// CUDA launcher of block_copy on `stream`; returns the launch's error, never synchronizes.
 inline cudaError_t block_copy_cuda(const BlockCopyParams& p, cudaStream_t stream) {
   if (auto st = check_block_copy_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_pairs == 0) return cudaSuccess;

@@ -12,18 +12,21 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Parameters of block_copy: (src, dst) block pairs copied across every layer, K and V.
 struct BlockCopyParams {
-  PoolView src{}, dst{};
-  const BlockCopy* pairs = nullptr;
-  std::int32_t num_pairs = 0;
+  PoolView src{};  ///< Pool read from.
+  PoolView dst{};  ///< Pool written to (same geometry; may be src).
+  const BlockCopy* pairs = nullptr;  ///< The pairs.
+  std::int32_t num_pairs = 0;  ///< Pairs in `pairs`.
 };
 static_assert(std::is_trivially_copyable_v<BlockCopyParams>);
 
-// Elements of one (block, layer, K|V) plane: it is contiguous in every layout.
+/// Elements of one (block, layer, K|V) plane: it is contiguous in every layout.
 KVCACHE_HOST_DEVICE inline std::int32_t plane_elems(const PoolView& v) noexcept {
   return v.block_size * v.num_kv_heads * v.head_dim;
 }
 
+/// Copies one (pair, layer, K|V) plane; lanes split the bytes (shared by both backends).
 KVCACHE_HOST_DEVICE inline void copy_plane(const BlockCopyParams& p, std::int32_t pair, std::int32_t layer,
                                            std::int32_t kv, std::int32_t lane, std::int32_t nlanes) noexcept {
   const BlockCopy c = p.pairs[pair];
@@ -32,6 +35,7 @@ KVCACHE_HOST_DEVICE inline void copy_plane(const BlockCopyParams& p, std::int32_
            plane_elems(p.src), 1.0f, lane, nlanes);
 }
 
+/// Checks the parameters' shape (pool, pair count, pointers).
 inline Status check_block_copy_shape(const BlockCopyParams& p) noexcept {
   if (!p.src.base || !p.dst.base) return Status{Errc::invalid_argument, "pool.base", 0, 1};
   if (p.num_pairs < 0) return Status{Errc::invalid_argument, "num_pairs", p.num_pairs, 0};
@@ -42,6 +46,7 @@ inline Status check_block_copy_shape(const BlockCopyParams& p) noexcept {
   return {};
 }
 
+/// Host backend: validates every pair, then copies; nothing is written on an error.
 inline Status block_copy_host(const BlockCopyParams& p) noexcept {
   if (auto st = check_block_copy_shape(p); !st) return st;
   for (std::int32_t i = 0; i < p.num_pairs; ++i) {

@@ -14,14 +14,18 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-// A concrete pool: caller memory + its geometry. Trivially copyable, by value.
+/// A concrete pool: caller memory + its geometry. Trivially copyable, by value.
 struct PoolView {
-  void* base = nullptr;
-  Strides strides{};
-  std::int64_t num_blocks = 0;
-  std::int32_t num_layers = 0, num_kv_heads = 0, head_dim = 0, block_size = 0;
-  DType dtype = DType::f16;
+  void* base = nullptr;  ///< Base address of the pool.
+  Strides strides{};  ///< Byte strides of the geometry.
+  std::int64_t num_blocks = 0;  ///< Blocks in the pool.
+  std::int32_t num_layers = 0;  ///< Layers per block.
+  std::int32_t num_kv_heads = 0;  ///< Kv-heads per token.
+  std::int32_t head_dim = 0;  ///< Elements per head.
+  std::int32_t block_size = 0;  ///< Tokens per block.
+  DType dtype = DType::f16;  ///< Element type.
 
+  /// Address of one (block, layer, K|V, token, head) row of head_dim elements.
   KVCACHE_HOST_DEVICE std::byte* row(std::int64_t block, std::int32_t layer, std::int32_t kv, std::int32_t token,
                                      std::int32_t head) const noexcept {
     return static_cast<std::byte*>(base) + strides.offset(block, layer, kv, token, head);
@@ -29,6 +33,7 @@ struct PoolView {
 };
 static_assert(std::is_trivially_copyable_v<PoolView>);
 
+/// A view of `num_blocks` blocks of geometry g at base; invalid_argument for a null base, geometry_overflow past int64.
 inline Result<PoolView> make_pool_view(const Geometry& g, void* base, std::int64_t num_blocks) noexcept {
   if (base == nullptr) return Status{Errc::invalid_argument, "base", 0, 1};
   auto s = g.strides(num_blocks);
@@ -37,9 +42,9 @@ inline Result<PoolView> make_pool_view(const Geometry& g, void* base, std::int64
   return PoolView{base, *s, num_blocks, sp.num_layers, sp.num_kv_heads, sp.head_dim, sp.block_size, sp.dtype};
 }
 
-// A host-visible CSR page table of n sequences (indptr has n + 1 entries):
-// offsets start at 0 or more and never decrease, so indices holds
-// indptr[n] entries. An error names the first bad entry.
+/// A host-visible CSR page table of n sequences (indptr has n + 1 entries):
+/// offsets start at 0 or more and never decrease, so indices holds
+/// indptr[n] entries. An error names the first bad entry.
 inline Status check_csr(const std::int32_t* indptr, std::int32_t n) noexcept {
   if (n <= 0) return {};
   if (!indptr) return Status{Errc::invalid_argument, "indptr", 0, 1};
@@ -118,6 +123,7 @@ KVCACHE_HOST_DEVICE inline std::uint8_t f32_to_e4m3(float f) noexcept {
 }
 }  // namespace cvt
 
+/// Element i of p, converted from t to float.
 KVCACHE_HOST_DEVICE inline float load_elem(DType t, const void* p, std::int64_t i) noexcept {
   switch (t) {
     case DType::f32: return static_cast<const float*>(p)[i];
@@ -127,6 +133,7 @@ KVCACHE_HOST_DEVICE inline float load_elem(DType t, const void* p, std::int64_t 
   }
   return 0.0f;
 }
+/// Stores v as element i of p in type t (round to nearest even; fp8 saturates).
 KVCACHE_HOST_DEVICE inline void store_elem(DType t, void* p, std::int64_t i, float v) noexcept {
   switch (t) {
     case DType::f32: static_cast<float*>(p)[i] = v; return;
@@ -136,18 +143,20 @@ KVCACHE_HOST_DEVICE inline void store_elem(DType t, void* p, std::int64_t i, flo
   }
 }
 
-// How a row moves: raw bytes (same dtype, no scaling) in 16-byte vectors when
-// aligned, else element by element through float (dtype change or scale).
+/// How a row moves: raw bytes (same dtype, no scaling) in 16-byte vectors when
+/// aligned, else element by element through float (dtype change or scale).
 struct alignas(16) Vec16 {
+  /// The 128 bits, least significant word first.
   std::uint32_t w[4];
 };
 
+/// True when a row can move as raw bytes (same type, no scaling).
 KVCACHE_HOST_DEVICE inline bool raw_move(DType dst, DType src, float mul) noexcept { return dst == src && mul == 1.0f; }
 
-// Host copy of a row run. Fixed-size chunks compile to inline vector moves;
-// a library memcpy of >= 2 KiB switches to `rep movsb`, which runs several
-// times slower when source and destination share page offsets (4K aliasing),
-// as paged pools and token-strided inputs often do.
+/// Host copy of a row run. Fixed-size chunks compile to inline vector moves;
+/// a library memcpy of >= 2 KiB switches to `rep movsb`, which runs several
+/// times slower when source and destination share page offsets (4K aliasing),
+/// as paged pools and token-strided inputs often do.
 inline void host_copy(void* dst, const void* src, std::size_t n) noexcept {
   auto* d = static_cast<std::byte*>(dst);
   const auto* s = static_cast<const std::byte*>(src);
@@ -156,11 +165,11 @@ inline void host_copy(void* dst, const void* src, std::size_t n) noexcept {
   if (n) std::memcpy(d, s, n);
 }
 
-// dst[i] = convert(src[i] * mul) for the row's n elements; lane/nlanes split
-// the row among cooperating threads (host: 0/1). A raw move goes by 16-byte
-// vectors when aligned; `by_elements` forces element units instead, so a
-// kernel that rewrites a row it just read can give both passes the same
-// partition (no lane then reads bytes another lane writes).
+/// dst[i] = convert(src[i] * mul) for the row's n elements; lane/nlanes split
+/// the row among cooperating threads (host: 0/1). A raw move goes by 16-byte
+/// vectors when aligned; `by_elements` forces element units instead, so a
+/// kernel that rewrites a row it just read can give both passes the same
+/// partition (no lane then reads bytes another lane writes).
 KVCACHE_HOST_DEVICE inline void move_row(void* dst, DType dt, const void* src, DType st, std::int32_t n, float mul,
                                          std::int32_t lane, std::int32_t nlanes, bool by_elements = false) noexcept {
   const bool raw = raw_move(dt, st, mul);

@@ -21,6 +21,7 @@ struct CompactionRow {
 };
 }  // namespace cuda_detail
 
+/// CUDA launcher of compaction on `stream`; returns the launch's error, never synchronizes.
 inline cudaError_t compaction_cuda(const CompactionParams& p, cudaStream_t stream) {
   if (auto st = check_compaction_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_moves == 0) return cudaSuccess;

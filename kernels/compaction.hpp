@@ -13,15 +13,19 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Parameters of compaction: slot moves over a layer range and a kv-head range.
 struct CompactionParams {
-  PoolView cache{};
-  const SlotMove* moves = nullptr;
-  std::int32_t num_moves = 0;
-  std::int32_t first_layer = 0, num_layers = 1;
-  std::int32_t first_head = 0, num_heads = 0;  // kv-head range; num_heads 0 = every head
+  PoolView cache{};  ///< The pool.
+  const SlotMove* moves = nullptr;  ///< Moves (src slot, dst slot); independent of each other.
+  std::int32_t num_moves = 0;  ///< Moves in `moves`.
+  std::int32_t first_layer = 0;  ///< First layer moved.
+  std::int32_t num_layers = 1;  ///< Layers moved.
+  std::int32_t first_head = 0;  ///< First kv-head moved.
+  std::int32_t num_heads = 0;  ///< kv-head range; num_heads 0 = every head
 };
 static_assert(std::is_trivially_copyable_v<CompactionParams>);
 
+/// Runs one move for one (layer, K|V, head) row; lanes split the row (shared by both backends).
 KVCACHE_HOST_DEVICE inline void compaction_row(const CompactionParams& p, std::int32_t move, std::int32_t layer,
                                                std::int32_t kv, std::int32_t head, std::int32_t lane,
                                                std::int32_t nlanes) noexcept {
@@ -35,13 +39,13 @@ KVCACHE_HOST_DEVICE inline void compaction_row(const CompactionParams& p, std::i
            p.cache.head_dim, 1.0f, lane, nlanes);
 }
 
-// Heads the launch covers: the range, or every head from first_head on.
-// In 64 bits: the range is checked (and reported) even when first_head is far out of it.
+/// Heads the launch covers: the range, or every head from first_head on.
+/// In 64 bits: the range is checked (and reported) even when first_head is far out of it.
 inline std::int64_t heads_of(const CompactionParams& p) noexcept {
   return p.num_heads > 0 ? p.num_heads : std::int64_t{p.cache.num_kv_heads} - p.first_head;
 }
 
-// What the host can see; shared by both launchers.
+/// What the host can see; shared by both launchers.
 inline Status check_compaction_shape(const CompactionParams& p) noexcept {
   if (!p.cache.base) return Status{Errc::invalid_argument, "cache.base", 0, 1};
   if (p.num_layers < 1 || p.first_layer < 0 || std::int64_t{p.first_layer} + p.num_layers > p.cache.num_layers)
@@ -53,6 +57,7 @@ inline Status check_compaction_shape(const CompactionParams& p) noexcept {
   return {};
 }
 
+/// Host backend: validates every move and the ranges, then moves; nothing is written on an error.
 inline Status compaction_host(const CompactionParams& p) noexcept {
   if (auto st = check_compaction_shape(p); !st) return st;
   const std::int64_t pool_slots = p.cache.num_blocks * p.cache.block_size;

@@ -35,6 +35,7 @@ inline bool gather_vectorizable(const GatherParams& p, std::int32_t rows, std::i
 }
 }  // namespace cuda_detail
 
+/// CUDA launcher of gather on `stream`; returns the launch's error, never synchronizes.
 inline cudaError_t gather_cuda(const GatherParams& p, cudaStream_t stream) {
   if (auto st = check_gather_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_rows == 0 || p.num_seqs == 0) return cudaSuccess;

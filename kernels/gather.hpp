@@ -9,22 +9,26 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Parameters of gather: a batch's paged K/V into dense ragged rows.
 struct GatherParams {
-  PoolView cache{};
-  std::int32_t layer = 0;
-  const std::int32_t* indptr = nullptr;      // CSR page table of the batch
-  const std::int32_t* indices = nullptr;
-  const std::int32_t* out_indptr = nullptr;  // [num_seqs + 1]: rows of sequence b are out_indptr[b] .. [b+1)
-  std::int32_t num_seqs = 0;
-  std::int64_t num_rows = 0;                 // out_indptr[num_seqs]
-  void* k_out = nullptr;
-  void* v_out = nullptr;
-  DType out_dtype = DType::f16;
-  std::int64_t token_stride = 0, head_stride = 0;  // output strides in bytes
-  float k_scale = 1.0f, v_scale = 1.0f;            // output = cache * scale (fp8 dequant)
+  PoolView cache{};  ///< The pool.
+  std::int32_t layer = 0;  ///< Layer read.
+  const std::int32_t* indptr = nullptr;  ///< CSR page table of the batch
+  const std::int32_t* indices = nullptr;  ///< CSR page indices.
+  const std::int32_t* out_indptr = nullptr;  ///< [num_seqs + 1]: rows of sequence b are out_indptr[b] .. [b+1)
+  std::int32_t num_seqs = 0;  ///< Sequences in the batch.
+  std::int64_t num_rows = 0;  ///< out_indptr[num_seqs]
+  void* k_out = nullptr;  ///< K output.
+  void* v_out = nullptr;  ///< V output.
+  DType out_dtype = DType::f16;  ///< Output element type.
+  std::int64_t token_stride = 0;  ///< Output bytes between tokens.
+  std::int64_t head_stride = 0;  ///< output strides in bytes
+  float k_scale = 1.0f;  ///< K output = cache x k_scale.
+  float v_scale = 1.0f;  ///< output = cache * scale (fp8 dequant)
 };
 static_assert(std::is_trivially_copyable_v<GatherParams>);
 
+/// Source and destination of one (sequence, row, K|V, head); false when the row is outside the sequence's pages.
 KVCACHE_HOST_DEVICE inline bool gather_ptrs(const GatherParams& p, std::int32_t seq, std::int64_t row, std::int32_t kv,
                                             std::int32_t head, std::byte*& dst, const std::byte*& src) noexcept {
   // Positions are int32 (a sequence's rows are int32-indexed): 32-bit division.
@@ -38,6 +42,7 @@ KVCACHE_HOST_DEVICE inline bool gather_ptrs(const GatherParams& p, std::int32_t 
   return true;
 }
 
+/// Gathers one (sequence, row, K|V, head) row; lanes split the row (shared by both backends).
 KVCACHE_HOST_DEVICE inline void gather_row(const GatherParams& p, std::int32_t seq, std::int64_t row,
                                            std::int32_t kv, std::int32_t head, std::int32_t lane,
                                            std::int32_t nlanes) noexcept {
@@ -47,8 +52,8 @@ KVCACHE_HOST_DEVICE inline void gather_row(const GatherParams& p, std::int32_t s
   move_row(dst, p.out_dtype, src, p.cache.dtype, p.cache.head_dim, kv == 0 ? p.k_scale : p.v_scale, lane, nlanes);
 }
 
-// Sequence owning output row r (binary search of out_indptr), for launchers
-// that go row-parallel.
+/// Sequence owning output row r (binary search of out_indptr), for launchers
+/// that go row-parallel.
 KVCACHE_HOST_DEVICE inline std::int32_t gather_seq_of_row(const GatherParams& p, std::int64_t r) noexcept {
   std::int32_t lo = 0, hi = p.num_seqs - 1;
   while (lo < hi) {
@@ -59,6 +64,7 @@ KVCACHE_HOST_DEVICE inline std::int32_t gather_seq_of_row(const GatherParams& p,
   return lo;
 }
 
+/// Checks the parameters' shape (pool, layer, counts, pointers).
 inline Status check_gather_shape(const GatherParams& p) noexcept {
   if (!p.cache.base) return Status{Errc::invalid_argument, "cache.base", 0, 1};
   if (p.layer < 0 || p.layer >= p.cache.num_layers) return Status{Errc::invalid_argument, "layer", p.layer, p.cache.num_layers};
@@ -69,7 +75,7 @@ inline Status check_gather_shape(const GatherParams& p) noexcept {
   return {};
 }
 
-// Host backend: validates the page table and row counts, then copies.
+/// Host backend: validates the page table and row counts, then copies.
 inline Status gather_host(const GatherParams& p) noexcept {
   if (auto st = check_gather_shape(p); !st) return st;
   if (p.num_seqs > 0 && (p.out_indptr[0] != 0 || p.out_indptr[p.num_seqs] != p.num_rows))

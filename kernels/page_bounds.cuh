@@ -16,6 +16,7 @@ static __global__ void page_bounds_kernel(PageBoundsParams p) {
       page_bounds_elem(p, static_cast<std::int32_t>(e), i / p.cache.head_dim, i % p.cache.head_dim);
 }
 
+/// CUDA launcher of page_bounds on `stream`; returns the launch's error, never synchronizes.
 inline cudaError_t page_bounds_cuda(const PageBoundsParams& p, cudaStream_t stream) {
   if (auto st = check_page_bounds_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_pages == 0) return cudaSuccess;

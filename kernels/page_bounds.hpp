@@ -12,16 +12,18 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Parameters of page_bounds: per page and kv-head, element-wise key max and min (Quest metadata).
 struct PageBoundsParams {
-  PoolView cache{};
-  std::int32_t layer = 0;
-  const std::int32_t* pages = nullptr;  // blocks to refresh
-  const std::int32_t* fill = nullptr;   // tokens held by each listed page
-  std::int32_t num_pages = 0;
-  float* bounds = nullptr;
+  PoolView cache{};  ///< The pool.
+  std::int32_t layer = 0;  ///< Layer read.
+  const std::int32_t* pages = nullptr;  ///< blocks to refresh
+  const std::int32_t* fill = nullptr;  ///< tokens held by each listed page
+  std::int32_t num_pages = 0;  ///< Pages in `pages`.
+  float* bounds = nullptr;  ///< Output: [page][head][max, min][dim] floats.
 };
 static_assert(std::is_trivially_copyable_v<PageBoundsParams>);
 
+/// Max and min of one (page, head, dim) over the page's tokens (shared by both backends).
 KVCACHE_HOST_DEVICE inline void page_bounds_elem(const PageBoundsParams& p, std::int32_t entry, std::int32_t head,
                                                  std::int32_t d) noexcept {
   const std::int32_t page = p.pages[entry];
@@ -38,7 +40,7 @@ KVCACHE_HOST_DEVICE inline void page_bounds_elem(const PageBoundsParams& p, std:
   out[p.cache.head_dim + d] = mn;
 }
 
-// What the host can see; shared by both launchers.
+/// What the host can see; shared by both launchers.
 inline Status check_page_bounds_shape(const PageBoundsParams& p) noexcept {
   if (p.num_pages < 0) return Status{Errc::invalid_argument, "num_pages", p.num_pages, 0};
   if (!p.cache.base || (p.num_pages > 0 && (!p.pages || !p.fill || !p.bounds)))
@@ -47,6 +49,7 @@ inline Status check_page_bounds_shape(const PageBoundsParams& p) noexcept {
   return {};
 }
 
+/// Host backend: validates every page, then writes the bounds; nothing is written on an error.
 inline Status page_bounds_host(const PageBoundsParams& p) noexcept {
   if (auto st = check_page_bounds_shape(p); !st) return st;
   for (std::int32_t e = 0; e < p.num_pages; ++e) {

@@ -19,6 +19,7 @@ struct RingWriteRow {
 };
 }  // namespace cuda_detail
 
+/// CUDA launcher of ring_write on `stream`; returns the launch's error, never synchronizes.
 inline cudaError_t ring_write_cuda(const RingWriteParams& p, cudaStream_t stream) {
   if (auto st = check_ring_write_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_tokens == 0) return cudaSuccess;

@@ -13,17 +13,21 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Parameters of ring_write: tokens into ring slots, promoting marked replaced tokens first.
 struct RingWriteParams {
-  PoolView cache{};
-  KvSource src{};
-  std::int64_t num_tokens = 0;
-  std::int32_t first_layer = 0, num_layers = 1;
-  const std::int32_t* ring_slots = nullptr;     // where token t goes (negative = skip)
-  const std::int32_t* promote_slots = nullptr;  // where the replaced token goes first (-1 / null = dropped)
-  float k_scale = 1.0f, v_scale = 1.0f;
+  PoolView cache{};  ///< The pool.
+  KvSource src{};  ///< The new K/V.
+  std::int64_t num_tokens = 0;  ///< Tokens written.
+  std::int32_t first_layer = 0;  ///< First layer written.
+  std::int32_t num_layers = 1;  ///< Layers written.
+  const std::int32_t* ring_slots = nullptr;  ///< where token t goes (negative = skip)
+  const std::int32_t* promote_slots = nullptr;  ///< where the replaced token goes first (-1 / null = dropped)
+  float k_scale = 1.0f;  ///< Quantization scale of K (cache = input / scale).
+  float v_scale = 1.0f;  ///< Quantization scale of V.
 };
 static_assert(std::is_trivially_copyable_v<RingWriteParams>);
 
+/// Writes one (layer, token) into its ring slot, promoting the replaced token first when marked.
 KVCACHE_HOST_DEVICE inline void ring_write_row(const RingWriteParams& p, std::int32_t layer, std::int64_t token,
                                                std::int32_t kv, std::int32_t head, std::int32_t lane,
                                                std::int32_t nlanes) noexcept {
@@ -42,13 +46,14 @@ KVCACHE_HOST_DEVICE inline void ring_write_row(const RingWriteParams& p, std::in
            nlanes, by_elements);
 }
 
-// What the host can see (shapes, layers, scales); shared by both launchers.
+/// What the host can see (shapes, layers, scales); shared by both launchers.
 inline Status check_ring_write_shape(const RingWriteParams& p) noexcept {
   if (p.num_tokens > 0 && !p.ring_slots) return Status{Errc::invalid_argument, "ring_slots", 0, 1};
   return check_scatter_shape({p.cache, p.src, TokenAddress{p.ring_slots}, p.num_tokens, p.first_layer, p.num_layers,
                               p.k_scale, p.v_scale});
 }
 
+/// Host backend: validates every slot, then writes; nothing is written on an error.
 inline Status ring_write_host(const RingWriteParams& p) noexcept {
   if (auto st = check_ring_write_shape(p); !st) return st;
   const std::int64_t pool_slots = p.cache.num_blocks * p.cache.block_size;

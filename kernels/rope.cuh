@@ -22,6 +22,7 @@ static __global__ void rope_kernel(RopeParams p, std::int32_t lanes) {
   }
 }
 
+/// CUDA launcher of rope on `stream`; returns the launch's error, never synchronizes.
 inline cudaError_t rope_cuda(const RopeParams& p, cudaStream_t stream) {
   if (auto st = check_rope_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_entries == 0) return cudaSuccess;

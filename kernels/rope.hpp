@@ -14,10 +14,11 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Which dimensions a rotation pairs: NeoX (d, d + R/2) or GPT-J (2d, 2d + 1).
 enum class RopeStyle : std::uint8_t { neox, gptj };
 
-// cos/sin[delta * (rotary_dim/2) + i] = cos/sin(delta * theta^(-2i/rotary_dim)),
-// for delta in [0, max_delta]. Computed in double, stored as float.
+/// cos/sin[delta * (rotary_dim/2) + i] = cos/sin(delta * theta^(-2i/rotary_dim)),
+/// for delta in [0, max_delta]. Computed in double, stored as float.
 inline Status make_rope_table(double theta, std::int32_t rotary_dim, std::int32_t max_delta, std::span<float> cos_out,
                               std::span<float> sin_out) noexcept {
   if (!(theta > 0.0) || !std::isfinite(theta))  // the value is reported only when it converts (no NaN or inf to int)
@@ -36,25 +37,28 @@ inline Status make_rope_table(double theta, std::int32_t rotary_dim, std::int32_
   return {};
 }
 
+/// Parameters of rope: re-rotate the keys of listed blocks by a per-block position delta.
 struct RopeParams {
-  PoolView cache{};
-  std::int32_t first_layer = 0, num_layers = 1;
-  const std::int32_t* blocks = nullptr;  // blocks whose keys rotate
-  const std::int32_t* deltas = nullptr;  // position delta per block, in tokens (signed)
-  std::int32_t num_entries = 0;
-  const float* cos = nullptr;
-  const float* sin = nullptr;
-  std::int32_t max_delta = 0;            // rows in the table: |delta| <= max_delta
-  std::int32_t rotary_dim = 0;           // leading dims rotated (0 = head_dim)
-  RopeStyle style = RopeStyle::neox;
+  PoolView cache{};  ///< The pool.
+  std::int32_t first_layer = 0;  ///< First layer rotated.
+  std::int32_t num_layers = 1;  ///< Layers rotated.
+  const std::int32_t* blocks = nullptr;  ///< blocks whose keys rotate
+  const std::int32_t* deltas = nullptr;  ///< position delta per block, in tokens (signed)
+  std::int32_t num_entries = 0;  ///< Entries in blocks and deltas.
+  const float* cos = nullptr;  ///< cos table: (max_delta + 1) rows of rotary_dim / 2.
+  const float* sin = nullptr;  ///< sin table, same shape.
+  std::int32_t max_delta = 0;  ///< rows in the table: |delta| <= max_delta
+  std::int32_t rotary_dim = 0;  ///< leading dims rotated (0 = head_dim)
+  RopeStyle style = RopeStyle::neox;  ///< NeoX (d, d + R/2) or GPT-J (2d, 2d + 1) pairs.
 };
 static_assert(std::is_trivially_copyable_v<RopeParams>);
 
+/// Dimensions rotated: rotary_dim, or head_dim when it is 0.
 KVCACHE_HOST_DEVICE inline std::int32_t rope_dims(const RopeParams& p) noexcept {
   return p.rotary_dim > 0 ? p.rotary_dim : p.cache.head_dim;
 }
 
-// One (entry, layer, token, head) key row; lanes split the rotation pairs.
+/// One (entry, layer, token, head) key row; lanes split the rotation pairs.
 KVCACHE_HOST_DEVICE inline void rope_row(const RopeParams& p, std::int32_t entry, std::int32_t layer,
                                          std::int32_t token, std::int32_t head, std::int32_t lane,
                                          std::int32_t nlanes) noexcept {
@@ -74,6 +78,7 @@ KVCACHE_HOST_DEVICE inline void rope_row(const RopeParams& p, std::int32_t entry
   }
 }
 
+/// Checks the parameters' shape (pool, layer range, rotary dims, pointers, max_delta).
 inline Status check_rope_shape(const RopeParams& p) noexcept {
   if (!p.cache.base) return Status{Errc::invalid_argument, "cache.base", 0, 1};
   if (p.num_layers < 1 || p.first_layer < 0 || std::int64_t{p.first_layer} + p.num_layers > p.cache.num_layers)
@@ -85,8 +90,8 @@ inline Status check_rope_shape(const RopeParams& p) noexcept {
   return {};
 }
 
-// Host backend: an entry naming a block outside the pool or a delta beyond the
-// table is an error naming the entry, and nothing is rotated.
+/// Host backend: an entry naming a block outside the pool or a delta beyond the
+/// table is an error naming the entry, and nothing is rotated.
 inline Status rope_host(const RopeParams& p) noexcept {
   if (auto st = check_rope_shape(p); !st) return st;
   for (std::int32_t e = 0; e < p.num_entries; ++e) {

@@ -40,8 +40,8 @@ inline bool scatter_vectorizable(const ScatterParams& p, std::int32_t rows, std:
 }
 }  // namespace cuda_detail
 
-// Returns cudaErrorInvalidValue for a bad shape (checked on the host), else
-// the launch's error. Slots outside the pool are skipped on the device.
+/// Returns cudaErrorInvalidValue for a bad shape (checked on the host), else
+/// the launch's error. Slots outside the pool are skipped on the device.
 inline cudaError_t scatter_cuda(const ScatterParams& p, cudaStream_t stream) {
   if (auto st = check_scatter_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_tokens == 0) return cudaSuccess;

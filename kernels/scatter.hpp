@@ -10,15 +10,18 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-// The new tokens' K and V: element (layer, token, head, d) at
-// k + layer*layer_stride + token*token_stride + head*head_stride (bytes), d
-// contiguous. K and V share strides, so both may be slices of a fused QKV tensor.
+/// The new tokens' K and V: element (layer, token, head, d) at
+/// k + layer*layer_stride + token*token_stride + head*head_stride (bytes), d
+/// contiguous. K and V share strides, so both may be slices of a fused QKV tensor.
 struct KvSource {
-  const void* k = nullptr;
-  const void* v = nullptr;
-  DType dtype = DType::f16;
-  std::int64_t layer_stride = 0, token_stride = 0, head_stride = 0;
+  const void* k = nullptr;  ///< K of token 0, head 0, layer 0.
+  const void* v = nullptr;  ///< V of token 0, head 0, layer 0.
+  DType dtype = DType::f16;  ///< Input element type.
+  std::int64_t layer_stride = 0;  ///< Bytes between layers (multi-layer writes).
+  std::int64_t token_stride = 0;  ///< Bytes between tokens.
+  std::int64_t head_stride = 0;  ///< Bytes between heads.
 
+  /// Address of one input row (K or V, layer, token, head).
   KVCACHE_HOST_DEVICE const std::byte* row(std::int32_t kv, std::int32_t layer, std::int64_t token,
                                            std::int32_t head) const noexcept {
     return static_cast<const std::byte*>(kv == 0 ? k : v) + layer * layer_stride + token * token_stride +
@@ -26,19 +29,20 @@ struct KvSource {
   }
 };
 
-// Where token t goes: slots[t] (block * B + offset, negative = skip), or, when
-// slots is null, page indices[indptr[seq[t]] + pos[t] / B] at entry pos[t] % B
-// of a CSR table of num_seqs sequences (indptr has num_seqs + 1 entries). A
-// negative position skips the token; so does, on CUDA, a sequence outside
-// [0, num_seqs) or a position past its pages (the host backend reports both).
+/// Where token t goes: slots[t] (block * B + offset, negative = skip), or, when
+/// slots is null, page indices[indptr[seq[t]] + pos[t] / B] at entry pos[t] % B
+/// of a CSR table of num_seqs sequences (indptr has num_seqs + 1 entries). A
+/// negative position skips the token; so does, on CUDA, a sequence outside
+/// [0, num_seqs) or a position past its pages (the host backend reports both).
 struct TokenAddress {
-  const std::int32_t* slots = nullptr;
-  const std::int32_t* seq = nullptr;
-  const std::int32_t* pos = nullptr;
-  const std::int32_t* indptr = nullptr;
-  const std::int32_t* indices = nullptr;
-  std::int32_t num_seqs = 0;  // CSR mode: sequences in indptr
+  const std::int32_t* slots = nullptr;  ///< Slot mapping: slot per token (-1 = skip); null selects CSR mode.
+  const std::int32_t* seq = nullptr;  ///< CSR mode: sequence (batch row) of each token.
+  const std::int32_t* pos = nullptr;  ///< CSR mode: position of each token in its sequence.
+  const std::int32_t* indptr = nullptr;  ///< CSR mode: page ranges per sequence (num_seqs + 1).
+  const std::int32_t* indices = nullptr;  ///< CSR mode: physical pages.
+  std::int32_t num_seqs = 0;  ///< CSR mode: sequences in indptr
 
+  /// Slot of token t (negative: skip).
   KVCACHE_HOST_DEVICE std::int64_t slot(std::int64_t t, std::int32_t block_size) const noexcept {
     if (slots) return slots[t];
     const std::int32_t p = pos[t], s = seq[t];
@@ -49,19 +53,22 @@ struct TokenAddress {
   }
 };
 
+/// Parameters of scatter: new K/V rows into the pool.
 struct ScatterParams {
-  PoolView cache{};
-  KvSource src{};
-  TokenAddress addr{};
-  std::int64_t num_tokens = 0;
-  std::int32_t first_layer = 0, num_layers = 1;  // source layer l lands in cache layer first_layer + l
-  float k_scale = 1.0f, v_scale = 1.0f;          // dequant scales: cache = input / scale (fp8)
+  PoolView cache{};  ///< The pool.
+  KvSource src{};  ///< The new K/V.
+  TokenAddress addr{};  ///< Where each token goes.
+  std::int64_t num_tokens = 0;  ///< Tokens written.
+  std::int32_t first_layer = 0;  ///< First cache layer written.
+  std::int32_t num_layers = 1;  ///< source layer l lands in cache layer first_layer + l
+  float k_scale = 1.0f;  ///< Quantization scale of K (cache = input / scale).
+  float v_scale = 1.0f;  ///< dequant scales: cache = input / scale (fp8)
 };
 static_assert(std::is_trivially_copyable_v<ScatterParams>);
 
-// Where one (layer, token, K|V, head) row comes from and goes to; false when
-// the token is skipped (negative slot, or outside the pool: the host launcher
-// reports those as errors before writing anything).
+/// Where one (layer, token, K|V, head) row comes from and goes to; false when
+/// the token is skipped (negative slot, or outside the pool: the host launcher
+/// reports those as errors before writing anything).
 KVCACHE_HOST_DEVICE inline bool scatter_ptrs(const ScatterParams& p, std::int32_t layer, std::int64_t token,
                                              std::int32_t kv, std::int32_t head, std::byte*& dst,
                                              const std::byte*& src) noexcept {
@@ -74,6 +81,7 @@ KVCACHE_HOST_DEVICE inline bool scatter_ptrs(const ScatterParams& p, std::int32_
   return true;
 }
 
+/// Writes one (layer, token, K|V, head) row; lanes split the row (shared by both backends).
 KVCACHE_HOST_DEVICE inline void scatter_row(const ScatterParams& p, std::int32_t layer, std::int64_t token,
                                             std::int32_t kv, std::int32_t head, std::int32_t lane,
                                             std::int32_t nlanes) noexcept {
@@ -84,7 +92,7 @@ KVCACHE_HOST_DEVICE inline void scatter_row(const ScatterParams& p, std::int32_t
            nlanes);
 }
 
-// Checks what the host can see: shapes, layers, scales (not device arrays).
+/// Checks what the host can see: shapes, layers, scales (not device arrays).
 inline Status check_scatter_shape(const ScatterParams& p) noexcept {
   if (!p.cache.base) return Status{Errc::invalid_argument, "cache.base", 0, 1};
   if (p.num_tokens < 0) return Status{Errc::invalid_argument, "num_tokens", p.num_tokens, 0};
@@ -100,8 +108,8 @@ inline Status check_scatter_shape(const ScatterParams& p) noexcept {
   return {};
 }
 
-// Host backend: validates every slot first (a slot outside the pool is an
-// error naming the token), then writes. Nothing is written on error.
+/// Host backend: validates every slot first (a slot outside the pool is an
+/// error naming the token), then writes. Nothing is written on error.
 inline Status scatter_host(const ScatterParams& p) noexcept {
   if (auto st = check_scatter_shape(p); !st) return st;
   const std::int64_t pool_slots = p.cache.num_blocks * p.cache.block_size;

@@ -19,6 +19,7 @@ static __global__ void score_kernel(ScoreParams p) {
     score_elem(p, static_cast<std::int32_t>(i / p.max_keys), static_cast<std::int32_t>(i % p.max_keys));
 }
 
+/// CUDA launcher of scores on `stream`; returns the launch's error, never synchronizes.
 inline cudaError_t scores_cuda(const ScoreParams& p, cudaStream_t stream) {
   if (auto st = check_score_shape(p); !st) return cuda_detail::invalid(st);
   const std::int64_t n = std::int64_t{p.num_streams} * p.max_keys;
@@ -90,13 +91,13 @@ static __global__ void select_finish(const std::int32_t* lengths, std::int32_t s
 }
 }  // namespace cuda_detail
 
-// Scratch bytes select_cuda needs for this shape (asks CUB: needs a device).
+/// Scratch bytes select_cuda needs for this shape (asks CUB: needs a device).
 inline cudaError_t select_scratch_bytes(std::int32_t num_streams, std::int32_t max_keys, std::size_t* bytes) {
   cuda_detail::SelectScratch s{};
   return cuda_detail::carve(nullptr, num_streams, max_keys, s, *bytes);
 }
 
-// Same contract as select_host; scores are not checked for NaN on the device.
+/// Same contract as select_host; scores are not checked for NaN on the device.
 inline cudaError_t select_cuda(const float* scores, const std::int32_t* lengths, std::int32_t num_streams,
                                std::int32_t max_keys, std::int32_t k, bool lowest, std::int32_t* out, void* scratch,
                                std::size_t scratch_bytes, cudaStream_t stream) {

@@ -15,19 +15,24 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// How scores reduce over heads: sum (with the queries), or mean over heads.
 enum class ScoreReduce : std::uint8_t { sum, mean_over_heads };
 
-// attn: [num_streams][num_heads][num_queries][max_keys] float; scores:
-// [num_streams][max_keys]; key k of stream s counts if k < lengths[s].
+/// attn: [num_streams][num_heads][num_queries][max_keys] float; scores:
+/// [num_streams][max_keys]; key k of stream s counts if k < lengths[s].
 struct ScoreParams {
-  const float* attn = nullptr;
-  const std::int32_t* lengths = nullptr;
-  float* scores = nullptr;
-  std::int32_t num_streams = 0, num_heads = 1, num_queries = 1, max_keys = 0;
-  ScoreReduce reduce = ScoreReduce::sum;
+  const float* attn = nullptr;  ///< Attention probabilities [stream][head][query][key].
+  const std::int32_t* lengths = nullptr;  ///< Keys per stream.
+  float* scores = nullptr;  ///< Output: [stream][key] scores.
+  std::int32_t num_streams = 0;  ///< Streams.
+  std::int32_t num_heads = 1;  ///< Heads per stream.
+  std::int32_t num_queries = 1;  ///< Queries per stream.
+  std::int32_t max_keys = 0;  ///< Key stride of attn and scores.
+  ScoreReduce reduce = ScoreReduce::sum;  ///< sum over heads and queries, or mean over heads.
 };
 static_assert(std::is_trivially_copyable_v<ScoreParams>);
 
+/// Score of key k of stream s (shared by both backends).
 KVCACHE_HOST_DEVICE inline void score_elem(const ScoreParams& p, std::int32_t s, std::int32_t k) noexcept {
   if (k >= p.lengths[s]) return;
   const std::int64_t per_head = std::int64_t{p.num_queries} * p.max_keys;
@@ -38,6 +43,7 @@ KVCACHE_HOST_DEVICE inline void score_elem(const ScoreParams& p, std::int32_t s,
   p.scores[std::int64_t{s} * p.max_keys + k] = p.reduce == ScoreReduce::sum ? acc : acc / float(p.num_heads);
 }
 
+/// Checks the parameters' shape (counts, pointers).
 inline Status check_score_shape(const ScoreParams& p) noexcept {
   if (p.num_streams < 0 || p.num_heads < 1 || p.num_queries < 1 || p.max_keys < 0)
     return Status{Errc::invalid_argument, "shape", p.num_streams, 0};
@@ -46,6 +52,7 @@ inline Status check_score_shape(const ScoreParams& p) noexcept {
   return {};
 }
 
+/// Host backend: validates the shape, then writes every stream's scores.
 inline Status scores_host(const ScoreParams& p) noexcept {
   if (auto st = check_score_shape(p); !st) return st;
   for (std::int32_t s = 0; s < p.num_streams; ++s)
@@ -55,16 +62,16 @@ inline Status scores_host(const ScoreParams& p) noexcept {
   return {};
 }
 
-// Floats as order-preserving unsigned keys; -0 counts as +0 (the CUDA path
-// canonicalizes before sorting, so both backends rank identically).
+/// Floats as order-preserving unsigned keys; -0 counts as +0 (the CUDA path
+/// canonicalizes before sorting, so both backends rank identically).
 KVCACHE_HOST_DEVICE inline std::uint32_t radix_key(float f) noexcept {
   std::uint32_t u = cvt::bits(f);
   if (u == 0x80000000u) u = 0;
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// out[s * k + j] = position of the j-th lowest (or highest) score of stream s,
-// ties to the lower position; -1 where the stream has fewer than k tokens.
+/// out[s * k + j] = position of the j-th lowest (or highest) score of stream s,
+/// ties to the lower position; -1 where the stream has fewer than k tokens.
 inline Status select_host(const float* scores, const std::int32_t* lengths, std::int32_t num_streams,
                           std::int32_t max_keys, std::int32_t k, bool lowest, std::int32_t* out) {
   if (k < 0 || k > max_keys) return Status{Errc::invalid_argument, "k", k, max_keys};

@@ -11,20 +11,22 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// 128-bit chained hash of one full block (FastBlockHasher fills only `lo`).
 struct BlockHash {
-  std::uint64_t lo = 0;
-  std::uint64_t hi = 0;
+  std::uint64_t lo = 0;  ///< Low 64 bits.
+  std::uint64_t hi = 0;  ///< High 64 bits (0 for 64-bit hashers).
   friend constexpr bool operator==(const BlockHash&, const BlockHash&) = default;
 };
 
-// What a sequence mixes into its chain: `salt` seeds the root (cache_salt,
-// tenant id); `extra` enters every block (LoRA adapter id, multimodal key).
+/// What a sequence mixes into its chain: `salt` seeds the root (cache_salt,
+/// tenant id); `extra` enters every block (LoRA adapter id, multimodal key).
 struct PrefixKey {
-  std::uint64_t salt = 0;
-  std::uint64_t extra = 0;
+  std::uint64_t salt = 0;  ///< Root of the sequence's hash chain: a tenant or cache-namespace key.
+  std::uint64_t extra = 0;  ///< Mixed into every block: LoRA id, multimodal content key, ...
   friend constexpr bool operator==(const PrefixKey&, const PrefixKey&) = default;
 };
 
+/// The hash a sequence's chain starts from: its salt.
 constexpr BlockHash chain_root(const PrefixKey& key) noexcept { return BlockHash{key.salt, ~key.salt}; }
 
 template <class H>
@@ -40,11 +42,12 @@ constexpr std::uint64_t pack_tokens(std::int32_t a, std::int32_t b) noexcept {
 }
 }  // namespace detail
 
-// Default: a fast 64-bit multiply-rotate hash (a few ns per 16-token block).
-// Fine when one tenant owns the cache; an attacker who can choose prompts can
-// search for collisions, so shared multi-tenant caches should use SipHasher128
-// with a secret key, or plug in a cryptographic hash through BlockHasher.
+/// Default: a fast 64-bit multiply-rotate hash (a few ns per 16-token block).
+/// Fine when one tenant owns the cache; an attacker who can choose prompts can
+/// search for collisions, so shared multi-tenant caches should use SipHasher128
+/// with a secret key, or plug in a cryptographic hash through BlockHasher.
 struct FastBlockHasher {
+  /// Hash of one block: its parent's hash, its tokens, and `extra`.
   BlockHash operator()(const BlockHash& parent, std::span<const std::int32_t> tokens,
                        std::uint64_t extra) const noexcept {
     constexpr std::uint64_t k1 = 0x9e3779b97f4a7c15ULL, k2 = 0xc2b2ae3d27d4eb4fULL;
@@ -65,14 +68,16 @@ struct FastBlockHasher {
   }
 };
 
-// SipHash-2-4 with 128-bit output, keyed. The input is the little-endian byte
-// string parent.lo | parent.hi | extra | tokens (int32 each). With a secret
-// key, crafting colliding prompts needs the key; a 128-bit output makes
-// accidental collisions negligible. Costs a few times FastBlockHasher.
+/// SipHash-2-4 with 128-bit output, keyed. The input is the little-endian byte
+/// string parent.lo | parent.hi | extra | tokens (int32 each). With a secret
+/// key, crafting colliding prompts needs the key; a 128-bit output makes
+/// accidental collisions negligible. Costs a few times FastBlockHasher.
 class SipHasher128 {
  public:
+  /// A hasher keyed with a secret 128-bit key (k0, k1).
   constexpr SipHasher128(std::uint64_t k0, std::uint64_t k1) noexcept : k0_(k0), k1_(k1) {}
 
+  /// Hash of one block: its parent's hash, its tokens, and `extra`.
   BlockHash operator()(const BlockHash& parent, std::span<const std::int32_t> tokens,
                        std::uint64_t extra) const noexcept {
     State s(k0_, k1_);
@@ -86,7 +91,7 @@ class SipHasher128 {
     return s.finish((len << 56) | tail);
   }
 
-  // Plain SipHash-2-4-128 over bytes; checks the core against published vectors.
+  /// Plain SipHash-2-4-128 over bytes; checks the core against published vectors.
   static BlockHash bytes(std::uint64_t k0, std::uint64_t k1, const std::uint8_t* p, std::size_t n) noexcept {
     State s(k0, k1);
     std::size_t i = 0;

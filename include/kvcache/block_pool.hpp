@@ -22,15 +22,17 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Physical block id (0: the null block).
 using BlockId = std::int32_t;
 
+/// The physical blocks: O(1) allocate / retain / release, ref counts, free-but-cached blocks and their hash index.
 class BlockPool {
  public:
-  // Block 0 is the null block: never handed out, never freed. Padded writes
-  // and out-of-window table entries point at it.
+  /// Block 0 is the null block: never handed out, never freed. Padded writes
+  /// and out-of-window table entries point at it.
   static constexpr BlockId null_block = 0;
 
-  // num_blocks includes the null block. event_capacity 0 disables events.
+  /// num_blocks includes the null block. event_capacity 0 disables events.
   explicit BlockPool(std::int32_t num_blocks, std::int32_t event_capacity = 0)
       : ref_(checked(num_blocks), 0),
         prev_(static_cast<std::size_t>(num_blocks) + 1),
@@ -45,22 +47,29 @@ class BlockPool {
     num_free_ = num_blocks - 1;
   }
 
-  std::int32_t capacity() const noexcept { return sentinel_; }  // null block included
-  // Blocks allocate() can hand out now: plain free + free-but-cached.
+  std::int32_t capacity() const noexcept { return sentinel_; }  ///< null block included
+  /// Blocks allocate() can hand out now: plain free + free-but-cached.
   std::int32_t num_free() const noexcept { return num_free_; }
+  /// Free blocks that still hold a published hash (a prefix hit can reuse them).
   std::int32_t num_cached() const noexcept { return num_cached_; }
+  /// Blocks with a ref count above 0.
   std::int32_t num_used() const noexcept { return sentinel_ - 1 - num_free_; }
-  // Blocks that currently serve prefix hits (used or free-but-cached).
+  /// Blocks that currently serve prefix hits (used or free-but-cached).
   std::int32_t num_published() const noexcept { return index_.size(); }
 
+  /// True for an id allocate() can hand out (not the null block, inside the pool).
   bool valid(BlockId b) const noexcept { return b > null_block && b < sentinel_; }
+  /// Holders of block b (0: free).
   std::int32_t ref_count(BlockId b) const noexcept { return ref_[static_cast<std::size_t>(b)]; }
+  /// True when block b carries a content hash (published).
   bool has_hash(BlockId b) const noexcept { return hstate_[static_cast<std::size_t>(b)] != kNoHash; }
+  /// True when block b's hash is in the index (a prefix lookup can find it).
   bool is_cached(BlockId b) const noexcept { return hstate_[static_cast<std::size_t>(b)] == kIndexed; }
+  /// Block b's content hash (meaningful when has_hash(b)).
   const BlockHash& hash(BlockId b) const noexcept { return hash_[static_cast<std::size_t>(b)]; }
 
-  // All-or-nothing: fills every entry of `out` with a fresh block (ref 1) or
-  // fails with out_of_blocks and changes nothing.
+  /// All-or-nothing: fills every entry of `out` with a fresh block (ref 1) or
+  /// fails with out_of_blocks and changes nothing.
   Status allocate(std::span<BlockId> out) noexcept {
     const auto n = static_cast<std::int64_t>(out.size());
     if (n > num_free_) return Status{Errc::out_of_blocks, "n_blocks", n, num_free_};
@@ -68,13 +77,14 @@ class BlockPool {
     return {};
   }
 
+  /// One block with ref count 1; out_of_blocks when none is free.
   Result<BlockId> allocate_one() noexcept {
     if (num_free_ == 0) return Status{Errc::out_of_blocks, "n_blocks", 1, 0};
     return take_front();
   }
 
-  // Adds a holder. Valid on a used block, or on a free-but-cached one (a
-  // prefix hit takes it back from the queue).
+  /// Adds a holder. Valid on a used block, or on a free-but-cached one (a
+  /// prefix hit takes it back from the queue).
   Status retain(BlockId b) noexcept {
     if (!valid(b)) return Status{Errc::invalid_argument, "block", b, sentinel_ - 1};
     auto& r = ref_[static_cast<std::size_t>(b)];
@@ -88,7 +98,7 @@ class BlockPool {
     return {};
   }
 
-  // Drops a holder; at zero the block becomes free (cached if it has content).
+  /// Drops a holder; at zero the block becomes free (cached if it has content).
   Status release(BlockId b) noexcept {
     if (!valid(b)) return Status{Errc::invalid_argument, "block", b, sentinel_ - 1};
     auto& r = ref_[static_cast<std::size_t>(b)];
@@ -106,9 +116,9 @@ class BlockPool {
     return {};
   }
 
-  // Gives a used, full block its content hash (write-once). Returns true if the
-  // block now serves prefix hits, false if another block already holds that
-  // hash (the block keeps the hash for chaining but is not shared).
+  /// Gives a used, full block its content hash (write-once). Returns true if the
+  /// block now serves prefix hits, false if another block already holds that
+  /// hash (the block keeps the hash for chaining but is not shared).
   Result<bool> publish(BlockId b, const BlockHash& h, const BlockHash& parent) noexcept {
     if (!valid(b)) return Status{Errc::invalid_argument, "block", b, sentinel_ - 1};
     if (ref_count(b) == 0) return Status{Errc::not_allocated, "block", b, 0};
@@ -123,7 +133,7 @@ class BlockPool {
     return true;
   }
 
-  // The content of a used block is about to change: forget its hash.
+  /// The content of a used block is about to change: forget its hash.
   Status unpublish(BlockId b) noexcept {
     if (!valid(b)) return Status{Errc::invalid_argument, "block", b, sentinel_ - 1};
     if (ref_count(b) == 0) return Status{Errc::not_allocated, "block", b, 0};
@@ -131,10 +141,10 @@ class BlockPool {
     return {};
   }
 
-  // Block holding cached content with this hash, or -1.
+  /// Block holding cached content with this hash, or -1.
   BlockId lookup(const BlockHash& h) const noexcept { return index_.find(h); }
 
-  // Forgets all cached content; refused while any block is in use (as vLLM).
+  /// Forgets all cached content; refused while any block is in use (as vLLM).
   Status reset_prefix_cache() noexcept {
     if (num_used() > 0) return Status{Errc::blocks_in_use, "num_used", num_used(), 0};
     index_.clear();
@@ -144,10 +154,12 @@ class BlockPool {
     return {};
   }
 
+  /// Moves up to out.size() pending events into out, oldest first; returns how many.
   std::int32_t drain_events(std::span<BlockEvent> out) noexcept { return events_.drain(out); }
+  /// The pending block events.
   const EventQueue& events() const noexcept { return events_; }
 
-  // Full consistency check, O(capacity). For tests and debug builds.
+  /// Full consistency check, O(capacity). For tests and debug builds.
   Status check() const {
     if (ref_[ix(null_block)] != 0 || hstate_[ix(null_block)] != kNoHash)
       return Status{Errc::invariant_violated, "null_block", ref_[ix(null_block)], 0};

@@ -18,6 +18,7 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Per stream: where the policy last met its bound, and how far sharing kept it above (see check_invariants).
 class BoundLedger {
  public:
   /// What the ledger knows about one stream.

@@ -36,12 +36,13 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// What a Cache is built from: geometry and capacities.
 struct CacheConfig {
-  Geometry geometry{};                     // block_size comes from here
-  std::int32_t num_blocks = 0;             // pool capacity, null block included
-  std::int32_t max_sequences = 0;
-  std::int32_t max_blocks_per_sequence = 0;
-  std::int32_t event_capacity = 0;         // 0: no block events
+  Geometry geometry{};  ///< block_size comes from here
+  std::int32_t num_blocks = 0;  ///< pool capacity, null block included
+  std::int32_t max_sequences = 0;  ///< Live sequences at once (handles).
+  std::int32_t max_blocks_per_sequence = 0;  ///< Longest row, in blocks.
+  std::int32_t event_capacity = 0;  ///< 0: no block events
 };
 
 template <class P>
@@ -63,10 +64,11 @@ concept BlockTableFor = requires(T& t, const T& ct, P& p, SeqId s, std::span<std
 
 template <BlockAllocator Pool = BlockPool, BlockTableFor<Pool> Table = PageTable, AdmissionPolicy Admission = AdmitAll,
           SelectionPolicy Selection = SelectAll, EvictionPolicy Eviction = KeepAll, BlockHasher Hasher = FastBlockHasher>
+/// The composed KV-cache manager: pool, page table, admission, selection and eviction policies, block hasher.
 class Cache {
  public:
-  // Score signals this cache can feed to policies: observe() takes the score
-  // forms of ScoreKind (policy.hpp).
+  /// Score signals this cache can feed to policies: observe() takes the score
+  /// forms of ScoreKind (policy.hpp).
   static constexpr Signals provided_signals{Signals::attention_sums | Signals::head_attention_sums |
                                             Signals::last_query_attention};
   static_assert(provided_signals.covers(Admission::required_signals),
@@ -76,10 +78,11 @@ class Cache {
   static_assert(provided_signals.covers(Eviction::required_signals),
                 "kvcache::Cache: the eviction policy needs score signals this cache does not provide");
 
-  // Policies that can leave a stream above its bound between calls: the
-  // cache keeps a ledger of where each stream stands (bound_ledger.hpp).
+  /// Policies that can leave a stream above its bound between calls: the
+  /// cache keeps a ledger of where each stream stands (bound_ledger.hpp).
   static constexpr bool evicts = BlockEviction<Eviction> || TokenEviction<Eviction> || WindowEviction<Eviction>;
 
+  /// Builds the cache; throws ConfigError for a bad configuration (zero sizes, overflow, a policy unlike the geometry).
   explicit Cache(const CacheConfig& cfg, Admission admission = {}, Selection selection = {}, Eviction eviction = {},
                  Hasher hasher = {})
       : geometry_(valid_geometry(cfg.geometry, eviction)),
@@ -98,20 +101,29 @@ class Cache {
     }
   }
 
+  /// The geometry the cache was built with.
   const Geometry& geometry() const noexcept { return geometry_; }
+  /// Tokens per block.
   std::int32_t block_size() const noexcept { return table_.block_size(); }
+  /// The block pool (read-only).
   const Pool& pool() const noexcept { return pool_; }
+  /// The page table (read-only): rows, front(), blocks().
   const Table& table() const noexcept { return table_; }
+  /// The admission policy.
   const Admission& admission() const noexcept { return admission_; }
+  /// The selection policy.
   const Selection& selection() const noexcept { return selection_; }
+  /// The eviction policy (read-only: positions, scores, config).
   const Eviction& eviction() const noexcept { return eviction_; }
 
   // --- sequences -----------------------------------------------------------
+  /// A new empty sequence; capacity_exceeded when every handle is in use.
   Result<SeqId> add_sequence(const PrefixKey& key = {}) noexcept { return table_.add(key); }
-  // A new sequence that starts with the cached prefix of `prompt` shared.
+  /// A new sequence that starts with the cached prefix of `prompt` shared.
   Result<PrefixHit> add_sequence(std::span<const std::int32_t> prompt, const PrefixKey& key = {}) noexcept {
     return add_with_prefix(table_, pool_, prompt, key, hasher_);
   }
+  /// A new sequence sharing every block of s (copy-on-write on the next write into a shared block).
   Result<SeqId> fork(SeqId s) noexcept {
     auto child = table_.fork(pool_, s);
     if constexpr (StatefulEviction<Eviction>)
@@ -120,6 +132,7 @@ class Cache {
       if (child) ledger_.copy(s.index, child->index);
     return child;
   }
+  /// Ends s: the handle dies, its blocks go back tail first; published blocks stay cached.
   Status free(SeqId s) noexcept {
     auto st = table_.release(pool_, s);
     if constexpr (StatefulEviction<Eviction>)
@@ -130,17 +143,20 @@ class Cache {
   }
 
   // --- writes --------------------------------------------------------------
+  /// Room for n more tokens of s, all or nothing: slots[0..n) get their slots, and a copy-on-write
+  /// command comes back when the tail block is shared.
   Result<ReserveInfo> reserve(SeqId s, std::int32_t n, std::span<std::int32_t> slots) noexcept {
     return table_.reserve(pool_, s, n, slots);
   }
+  /// Reserves counts[k] tokens for seqs[k], all or nothing; slots padded with -1, copy-on-write commands in copies.
   Result<BatchInfo> reserve_batch(std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
                                   std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept {
     return table_.reserve_batch(pool_, seqs, counts, slots, copies);
   }
-  // Rollback: the n most recently appended tokens leave. A token policy's
-  // compaction reorders the row, so after an evict() that evicted tokens a
-  // rollback reaches back only to that call: n larger than the tokens
-  // appended since is truncate_too_many naming the limit, and nothing changes.
+  /// Rollback: the n most recently appended tokens leave. A token policy's
+  /// compaction reorders the row, so after an evict() that evicted tokens a
+  /// rollback reaches back only to that call: n larger than the tokens
+  /// appended since is truncate_too_many naming the limit, and nothing changes.
   Status truncate(SeqId s, std::int32_t n) noexcept {
     if constexpr (TokenEviction<Eviction>) {
       if (auto st = table_.validate(s); !st) return st;
@@ -156,10 +172,10 @@ class Cache {
   }
 
   // --- eviction ----------------------------------------------------------------
-  // Feeds the policy one step's scores for the sequence's held tokens (slot
-  // order). Scores are finite and >= 0. A kind outside ScoreKind or one the
-  // policy does not read, a wrong shape, a NaN, an infinity or a negative
-  // value is an error naming it, and nothing changes.
+  /// Feeds the policy one step's scores for the sequence's held tokens (slot
+  /// order). Scores are finite and >= 0. A kind outside ScoreKind or one the
+  /// policy does not read, a wrong shape, a NaN, an infinity or a negative
+  /// value is an error naming it, and nothing changes.
   Status observe(SeqId s, const Scores& sc) noexcept
     requires ObservingEviction<Eviction>
   {
@@ -178,31 +194,31 @@ class Cache {
         if (!(in[i] >= 0.0f && in[i] <= kMaxScore)) return Status{Errc::invalid_argument, "scores_at", std::int64_t(i), 0};
     return eviction_.observe(s.index, sc, view(s, 0));
   }
-  // Shorthand: one score per held token, reduced over heads and queries.
+  /// Shorthand: one score per held token, reduced over heads and queries.
   Status observe(SeqId s, std::span<const float> scores) noexcept
     requires ObservingEviction<Eviction>
   {
     return observe(s, Scores{ScoreKind::attention_sums, scores, 1});
   }
 
-  // Runs the policy on one sequence. What leaves and what the engine must do
-  // depends on the policy's kind (policy.hpp):
-  //   block   chosen logical blocks leave the row (ascending, into out.blocks);
-  //           kept blocks that moved go to out.rotations (block, new index,
-  //           position delta) for key re-rotation. Shared blocks never move:
-  //           candidates start after the sequence's last shared block.
-  //   token   each group's tokens leave; the survivors are compacted: run
-  //           out.moves[out.group_moves[g] .. out.group_moves[g+1]) with the
-  //           compaction kernel on group g's heads before the next write. The
-  //           row then drops its tail. Tokens in shared blocks never leave.
-  //           group_moves (groups() + 1 entries) is required and always
-  //           written: a call with nothing to evict writes empty ranges.
-  //   window  the oldest tokens leave the front; blocks with no live token go
-  //           back to the pool. Nothing to run. `pending_queries`: the last
-  //           held tokens whose attention has not run yet (evict between
-  //           reserve and attention); the window keeps what they need.
-  // pending_queries is for window policies; others take 0. A buffer too
-  // small for the plan is an error, and nothing changes.
+  /// Runs the policy on one sequence. What leaves and what the engine must do
+  /// depends on the policy's kind (policy.hpp):
+  ///   block   chosen logical blocks leave the row (ascending, into out.blocks);
+  ///           kept blocks that moved go to out.rotations (block, new index,
+  ///           position delta) for key re-rotation. Shared blocks never move:
+  ///           candidates start after the sequence's last shared block.
+  ///   token   each group's tokens leave; the survivors are compacted: run
+  ///           out.moves[out.group_moves[g] .. out.group_moves[g+1]) with the
+  ///           compaction kernel on group g's heads before the next write. The
+  ///           row then drops its tail. Tokens in shared blocks never leave.
+  ///           group_moves (groups() + 1 entries) is required and always
+  ///           written: a call with nothing to evict writes empty ranges.
+  ///   window  the oldest tokens leave the front; blocks with no live token go
+  ///           back to the pool. Nothing to run. `pending_queries`: the last
+  ///           held tokens whose attention has not run yet (evict between
+  ///           reserve and attention); the window keeps what they need.
+  /// pending_queries is for window policies; others take 0. A buffer too
+  /// small for the plan is an error, and nothing changes.
   Result<EvictionResult> evict(SeqId s, const EvictionSpans& out, std::int32_t pending_queries = 0) noexcept {
     if (auto st = table_.validate(s); !st) return st;
     const std::int32_t held = table_.tokens_unchecked(s);
@@ -216,51 +232,61 @@ class Cache {
       if (r) settle(s, pending_queries, TokenEviction<Eviction> && r.value().tokens > 0);
     return r;
   }
+  /// Shorthand for block policies: evict(s, {blocks, rotations}).
   Result<EvictionResult> evict(SeqId s, std::span<std::int32_t> blocks, std::span<BlockRotation> rotations) noexcept {
     return evict(s, EvictionSpans{.blocks = blocks, .rotations = rotations});
   }
 
   // --- prefix sharing ------------------------------------------------------
+  /// Cached blocks of the longest published prefix of `tokens` into out; returns how many.
   std::int32_t match_prefix(std::span<const std::int32_t> tokens, const PrefixKey& key,
                             std::span<BlockId> out) const noexcept {
     return kvcache::match_prefix(table_, pool_, tokens, key, hasher_, out);
   }
+  /// Publishes s's full blocks of `tokens` (its first tokens) for prefix hits; returns blocks newly published.
   Result<std::int32_t> publish(SeqId s, std::span<const std::int32_t> tokens) noexcept {
     return publish_prefix(table_, pool_, s, tokens, hasher_);
   }
+  /// Moves pending block events (stored / removed / all_cleared) into out; returns how many.
   std::int32_t drain_events(std::span<BlockEvent> out) noexcept { return pool_.drain_events(out); }
+  /// Drops every cached hash (free-but-cached blocks become plain free); emits all_cleared.
   Status reset_prefix_cache() noexcept { return pool_.reset_prefix_cache(); }
 
   // --- exports for attention kernels ----------------------------------------
+  /// Dense block table: row k of out (row_stride entries) holds seqs[k]'s blocks, null-padded.
   Status export_block_table(std::span<const SeqId> seqs, std::span<std::int32_t> out,
                             std::int32_t row_stride) const noexcept {
     return kvcache::export_block_table(table_, seqs, out, row_stride);
   }
+  /// FlashInfer paging for seqs: indptr (n+1), indices, last_page_len; returns pages written.
   Result<std::int32_t> export_csr(std::span<const SeqId> seqs, std::span<std::int32_t> indptr,
                                   std::span<std::int32_t> indices, std::span<std::int32_t> last_page_len) const noexcept {
     return kvcache::export_csr(table_, seqs, indptr, indices, last_page_len);
   }
+  /// Slots each row spans (front + tokens held) into out.
   Status export_lengths(std::span<const SeqId> seqs, std::span<std::int32_t> out) const noexcept {
     return kvcache::export_lengths(table_, seqs, out);
   }
 
   // --- accounting (what the scheduler asks) ---------------------------------
+  /// Live tokens s holds.
   Result<std::int64_t> tokens_held(SeqId s) const noexcept {
     auto t = table_.tokens(s);
     if (!t) return t.status();
     return std::int64_t{*t};
   }
+  /// Blocks s's row holds.
   Result<std::int32_t> blocks_held(SeqId s) const noexcept {
     auto b = table_.blocks(s);
     if (!b) return b.status();
     return static_cast<std::int32_t>(b->size());
   }
-  // Longest prompt_len + max_new accounting accepts (2^62: no overflow below).
+  /// Longest prompt_len + max_new accounting accepts (2^62: no overflow below).
   static constexpr std::int64_t max_length = std::int64_t{1} << 62;
-  // Pool blocks a new sequence needs over its whole life under the eviction
-  // policy's bound (the bound is non-decreasing in tokens appended). With
-  // prefill_chunk > 0 the engine runs evict() after every prefill chunk of at
-  // most that many tokens, so the prompt never sits whole in the cache.
+  /// Pool blocks a new sequence needs over its whole life under the eviction
+  /// policy's bound (the bound is non-decreasing in tokens appended). With
+  /// prefill_chunk > 0 the engine runs evict() after every prefill chunk of at
+  /// most that many tokens, so the prompt never sits whole in the cache.
   Result<std::int64_t> blocks_needed(std::int64_t prompt_len, std::int64_t max_new,
                                      std::int64_t prefill_chunk = 0) const noexcept {
     if (prompt_len < 0 || prompt_len > max_length) return Status{Errc::invalid_argument, "prompt_len", prompt_len, max_length};
@@ -276,37 +302,40 @@ class Cache {
     if (chunk > 0 && after < prompt_len) peak = std::min(prompt_len, after + chunk + slack);
     return std::max(blocks_for_tokens(peak, block_size()), eviction_.max_blocks_held(prompt_len + max_new, block_size()));
   }
-  // A sequence handle is free and the pool can cover blocks_needed now.
+  /// A sequence handle is free and the pool can cover blocks_needed now.
   bool can_admit(std::int64_t prompt_len, std::int64_t max_new) const noexcept {
     auto need = blocks_needed(prompt_len, max_new);
     return need.ok() && table_.free_streams() > 0 && *need <= pool_.num_free();
   }
+  /// Blocks allocate() can hand out now (plain free + free-but-cached).
   std::int32_t free_blocks() const noexcept { return pool_.num_free(); }
+  /// Sequence handles still free.
   std::int32_t free_sequences() const noexcept { return table_.free_streams(); }
+  /// The eviction policy's bound for any stream (INT64_MAX for keep-all).
   std::int64_t max_tokens_after_eviction() const noexcept { return eviction_.max_tokens_after_eviction(); }
 
-  // Tokens the sequence holds above its policy's bound because shared
-  // blocks (prefix sharing, fork) kept the last evict() from going lower.
-  // The scheduler counts them as memory it cannot reclaim yet; the next
-  // evict() after the sharing ends brings the sequence back within its bound.
+  /// Tokens the sequence holds above its policy's bound because shared
+  /// blocks (prefix sharing, fork) kept the last evict() from going lower.
+  /// The scheduler counts them as memory it cannot reclaim yet; the next
+  /// evict() after the sharing ends brings the sequence back within its bound.
   Result<std::int64_t> shared_excess(SeqId s) const noexcept {
     if (auto st = table_.validate(s); !st) return st;
     if constexpr (evicts) return ledger_.at(s.index).excess;
     else return std::int64_t{0};
   }
-  // The sum of shared_excess over every live sequence. O(sequences).
+  /// The sum of shared_excess over every live sequence. O(sequences).
   std::int64_t shared_excess() const noexcept {
     std::int64_t total = 0;
     if constexpr (evicts) table_.for_each_stream([&](SeqId s) { total += ledger_.at(s.index).excess; });
     return total;
   }
 
-  // Pool, table and the eviction contract; invariant_violated always means
-  // a library bug, never a legal state. A stream holds no more than the
-  // policy's bound for what it appended as of its last evict(), plus the
-  // tokens reserved since (not yet met by the policy) and its shared excess;
-  // a stream the policy has fully met also holds no more blocks than the
-  // policy advertised. O(pool + table).
+  /// Pool, table and the eviction contract; invariant_violated always means
+  /// a library bug, never a legal state. A stream holds no more than the
+  /// policy's bound for what it appended as of its last evict(), plus the
+  /// tokens reserved since (not yet met by the policy) and its shared excess;
+  /// a stream the policy has fully met also holds no more blocks than the
+  /// policy advertised. O(pool + table).
   Status check_invariants() const {
     if (auto st = pool_.check(); !st) return st;
     if (auto st = table_.check(pool_); !st) return st;

@@ -13,25 +13,33 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// What happened to a block: published (stored), recycled (removed), or the whole prefix cache dropped.
 enum class EventKind : std::uint8_t { stored, removed, all_cleared };
 
+/// One block event for KV-aware routers.
 struct BlockEvent {
-  EventKind kind = EventKind::stored;
-  std::int32_t block = -1;  // -1 for all_cleared
-  BlockHash hash{};         // the block's hash (stored / removed)
-  BlockHash parent{};       // the chain parent (stored only)
+  EventKind kind = EventKind::stored;  ///< stored, removed or all_cleared.
+  std::int32_t block = -1;  ///< -1 for all_cleared
+  BlockHash hash{};  ///< the block's hash (stored / removed)
+  BlockHash parent{};  ///< the chain parent (stored only)
   friend constexpr bool operator==(const BlockEvent&, const BlockEvent&) = default;
 };
 
+/// Fixed-capacity ring of block events; overflow drops the oldest and counts it.
 class EventQueue {
  public:
   EventQueue() = default;
+  /// A ring of `capacity` events (0: events off); throws ConfigError when negative or too large.
   explicit EventQueue(std::int32_t capacity) : ring_(checked(capacity)) {}
 
+  /// Events the ring holds at most.
   std::int32_t capacity() const noexcept { return static_cast<std::int32_t>(ring_.size()); }
+  /// Events waiting to be drained.
   std::int32_t size() const noexcept { return size_; }
+  /// Events lost to overflow since construction: a router that sees it grow must resync.
   std::int64_t dropped() const noexcept { return dropped_; }
 
+  /// Appends e, dropping the oldest when full.
   void push(const BlockEvent& e) noexcept {
     if (ring_.empty()) return;  // events disabled
     if (size_ == capacity()) {
@@ -42,7 +50,7 @@ class EventQueue {
     ++size_;
   }
 
-  // Moves up to out.size() oldest events into out; returns how many.
+  /// Moves up to out.size() oldest events into out; returns how many.
   std::int32_t drain(std::span<BlockEvent> out) noexcept {
     std::int32_t n = 0;
     while (n < size_ && static_cast<std::size_t>(n) < out.size()) {

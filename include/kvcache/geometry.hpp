@@ -10,20 +10,22 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Element type of the pool: fp32, fp16, bf16 or fp8 e4m3.
 enum class DType : std::uint8_t { f32, f16, bf16, fp8_e4m3 };
 
-// Token/head order inside one (block, layer, K|V) plane.
-//   NHD: [block_size][kv_heads][head_dim]   (vLLM flash, FlashInfer kNHD)
-//   HND: [kv_heads][block_size][head_dim]   (FlashInfer kHND; head-major pages)
+/// Token/head order inside one (block, layer, K|V) plane.
+///   NHD: [block_size][kv_heads][head_dim]   (vLLM flash, FlashInfer kNHD)
+///   HND: [kv_heads][block_size][head_dim]   (FlashInfer kHND; head-major pages)
 enum class Layout : std::uint8_t { NHD, HND };
 
-// Where the planes of a block sit in the pool.
-//   interleaved: [num_blocks][layers][2][plane]  one block is one contiguous run
-//                (TensorRT-LLM style: swap / offload / copy a block with one memcpy)
-//   separate:    [layers][2][num_blocks][plane]  per-layer K and V tensors, as
-//                vLLM's [2, num_blocks, ...] per-layer caches
+/// Where the planes of a block sit in the pool.
+///   interleaved: [num_blocks][layers][2][plane]  one block is one contiguous run
+///                (TensorRT-LLM style: swap / offload / copy a block with one memcpy)
+///   separate:    [layers][2][num_blocks][plane]  per-layer K and V tensors, as
+///                vLLM's [2, num_blocks, ...] per-layer caches
 enum class KvPlanes : std::uint8_t { interleaved, separate };
 
+/// Bytes per element of d.
 KVCACHE_HOST_DEVICE constexpr std::int64_t dtype_bytes(DType d) noexcept {
   switch (d) {
     case DType::f32: return 4;
@@ -34,32 +36,39 @@ KVCACHE_HOST_DEVICE constexpr std::int64_t dtype_bytes(DType d) noexcept {
   return 0;
 }
 
-// Byte strides of one concrete pool. Trivially copyable: kernels take it by value.
+/// Byte strides of one concrete pool. Trivially copyable: kernels take it by value.
 struct Strides {
-  std::int64_t block = 0, layer = 0, kv = 0, token = 0, head = 0;
+  std::int64_t block = 0;  ///< Bytes between consecutive blocks.
+  std::int64_t layer = 0;  ///< Bytes between consecutive layers of a block.
+  std::int64_t kv = 0;  ///< Bytes between K and V.
+  std::int64_t token = 0;  ///< Bytes between consecutive tokens.
+  std::int64_t head = 0;  ///< Bytes between consecutive kv-heads.
 
+  /// Byte offset of (block, layer, K|V, token, head) from the pool's base.
   KVCACHE_HOST_DEVICE constexpr std::int64_t offset(std::int64_t blk, std::int64_t layer_idx, std::int64_t kv_idx,
                                                     std::int64_t tok, std::int64_t hd) const noexcept {
     return blk * block + layer_idx * layer + kv_idx * kv + tok * token + hd * head;
   }
 };
 
+/// What a KV pool is made of; Geometry::make validates it.
 struct GeometrySpec {
-  std::int32_t num_layers = 1;
-  std::int32_t num_kv_heads = 1;
-  std::int32_t head_dim = 128;
-  std::int32_t block_size = 16;
-  DType dtype = DType::f16;
-  Layout layout = Layout::NHD;
-  KvPlanes planes = KvPlanes::interleaved;
+  std::int32_t num_layers = 1;  ///< Transformer layers stored per block.
+  std::int32_t num_kv_heads = 1;  ///< Key/value heads (GQA groups).
+  std::int32_t head_dim = 128;  ///< Elements per head.
+  std::int32_t block_size = 16;  ///< Tokens per block.
+  DType dtype = DType::f16;  ///< Element type: f32, f16, bf16 or fp8_e4m3.
+  Layout layout = Layout::NHD;  ///< NHD ([token][head][dim]) or HND ([head][token][dim]) within a block.
+  KvPlanes planes = KvPlanes::interleaved;  ///< interleaved ([block][layer][K,V]) or separate ([layer][K,V][block]).
 };
 
+/// A validated GeometrySpec with its byte sizes and strides.
 class Geometry {
  public:
   // A default Geometry is empty (all sizes 0); only make() builds a usable one.
   Geometry() = default;
 
-  // Validates every field and that one block's size fits in int64.
+  /// Validates every field and that one block's size fits in int64.
   static Result<Geometry> make(const GeometrySpec& s) noexcept {
     if (s.num_layers < 1) return Status{Errc::invalid_argument, "num_layers", s.num_layers, 1};
     if (s.num_kv_heads < 1) return Status{Errc::invalid_argument, "num_kv_heads", s.num_kv_heads, 1};
@@ -85,15 +94,18 @@ class Geometry {
     return g;
   }
 
+  /// The validated spec.
   constexpr const GeometrySpec& spec() const noexcept { return spec_; }
+  /// Tokens per block.
   constexpr std::int32_t block_size() const noexcept { return spec_.block_size; }
+  /// Bytes per element of the dtype.
   constexpr std::int64_t element_bytes() const noexcept { return dtype_bytes(spec_.dtype); }
-  // One (block, layer, K|V) plane: block_size x kv_heads x head_dim elements.
+  /// One (block, layer, K|V) plane: block_size x kv_heads x head_dim elements.
   constexpr std::int64_t plane_bytes() const noexcept { return plane_bytes_; }
-  // All layers, K and V, of one block.
+  /// All layers, K and V, of one block.
   constexpr std::int64_t block_bytes() const noexcept { return block_bytes_; }
 
-  // Bytes a pool of num_blocks blocks needs (null block included: it is block 0).
+  /// Bytes a pool of num_blocks blocks needs (null block included: it is block 0).
   Result<std::int64_t> pool_bytes(std::int64_t num_blocks) const noexcept {
     if (num_blocks < 1) return Status{Errc::invalid_argument, "num_blocks", num_blocks, 1};
     std::int64_t total = 0;
@@ -102,7 +114,7 @@ class Geometry {
     return total;
   }
 
-  // Strides of a pool of num_blocks blocks (separate planes depend on it).
+  /// Strides of a pool of num_blocks blocks (separate planes depend on it).
   Result<Strides> strides(std::int64_t num_blocks) const noexcept {
     auto total = pool_bytes(num_blocks);
     if (!total) return total.status();

@@ -12,18 +12,20 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Open-addressing map from block hash to block id, sized once (no allocation after construction).
 class HashIndex {
  public:
   HashIndex() = default;
-  // Room for max_entries keys at a load factor of at most 1/2.
+  /// Room for max_entries keys at a load factor of at most 1/2.
   explicit HashIndex(std::int32_t max_entries)
       : keys_(std::bit_ceil(static_cast<std::uint64_t>(max_entries < 1 ? 1 : max_entries) * 2)),
         values_(keys_.size(), kEmpty),
         mask_(keys_.size() - 1) {}
 
+  /// Hashes indexed.
   std::int32_t size() const noexcept { return size_; }
 
-  // Block registered under `key`, or -1.
+  /// Block registered under `key`, or -1.
   std::int32_t find(const BlockHash& key) const noexcept {
     for (std::uint64_t i = bucket(key);; i = (i + 1) & mask_) {
       if (values_[i] == kEmpty) return -1;
@@ -31,7 +33,7 @@ class HashIndex {
     }
   }
 
-  // Inserts if absent; returns false (and changes nothing) if the key is present.
+  /// Inserts if absent; returns false (and changes nothing) if the key is present.
   bool insert(const BlockHash& key, std::int32_t value) noexcept {
     std::uint64_t i = bucket(key);
     for (; values_[i] != kEmpty; i = (i + 1) & mask_)
@@ -42,7 +44,7 @@ class HashIndex {
     return true;
   }
 
-  // Removes `key` if present.
+  /// Removes `key` if present.
   bool erase(const BlockHash& key) noexcept {
     std::uint64_t i = bucket(key);
     for (; values_[i] != kEmpty; i = (i + 1) & mask_) {
@@ -66,12 +68,14 @@ class HashIndex {
     return false;
   }
 
+  /// Removes every entry.
   void clear() noexcept {
     for (auto& k : keys_) k = BlockHash{};
     for (auto& v : values_) v = kEmpty;
     size_ = 0;
   }
 
+  /// Calls f(hash, block) for every entry.
   template <class F>
   void for_each(F&& f) const {
     for (std::size_t i = 0; i < values_.size(); ++i)

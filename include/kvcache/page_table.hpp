@@ -23,23 +23,27 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-// copy.src < 0: nothing to copy. Otherwise the engine copies block src to dst
-// before writing the new tokens (copy-on-write of a shared tail block).
+/// copy.src < 0: nothing to copy. Otherwise the engine copies block src to dst
+/// before writing the new tokens (copy-on-write of a shared tail block).
 struct ReserveInfo {
-  std::int32_t new_blocks = 0;
-  BlockCopy copy{};
+  std::int32_t new_blocks = 0;  ///< Blocks allocated for this reservation.
+  BlockCopy copy{};  ///< Copy-on-write command to run before writing (src < 0: none).
 };
 
+/// What reserve_batch() did.
 struct BatchInfo {
-  std::int32_t slots = 0;   // slots written (the rest of the buffer is -1)
-  std::int32_t copies = 0;  // copy commands written
+  std::int32_t slots = 0;  ///< slots written (the rest of the buffer is -1)
+  std::int32_t copies = 0;  ///< copy commands written
 };
 
+/// Logical to physical blocks per stream, with dense generation-checked handles.
 class PageTable {
   friend struct PrefixSharing;   // prefix_sharing.hpp: match / adopt / publish
   friend struct PageTableEdits;  // page_table_edits.hpp: what eviction does to a row
 
  public:
+  /// A table of `max_streams` rows of up to `max_blocks_per_stream` blocks over `pool`; throws ConfigError for bad
+  /// sizes.
   PageTable(const BlockPool& pool, std::int32_t max_streams, std::int32_t max_blocks_per_stream,
             std::int32_t block_size)
       : max_streams_(positive(max_streams, "max_streams")),
@@ -54,17 +58,25 @@ class PageTable {
     nfree_ = max_streams;
   }
 
+  /// Tokens per block.
   std::int32_t block_size() const noexcept { return block_size_; }
+  /// Rows (handles) the table has.
   std::int32_t max_streams() const noexcept { return max_streams_; }
+  /// Longest row, in blocks.
   std::int32_t max_blocks_per_stream() const noexcept { return max_blocks_; }
+  /// Rows in use.
   std::int32_t num_streams() const noexcept { return max_streams_ - nfree_; }
+  /// Rows free.
   std::int32_t free_streams() const noexcept { return nfree_; }
+  /// Blocks that `tokens` tokens fill.
   std::int32_t blocks_for(std::int64_t tokens) const noexcept { return div_b(tokens + block_size_ - 1); }
 
+  /// True when s names a live row of this generation.
   bool live(SeqId s) const noexcept {
     return s.index < static_cast<std::uint32_t>(max_streams_) && st_[s.index].alive && st_[s.index].gen == s.generation;
   }
 
+  /// ok, or unknown_sequence naming the stale index or generation.
   Status validate(SeqId s) const noexcept {
     if (s.index >= static_cast<std::uint32_t>(max_streams_))
       return Status{Errc::unknown_sequence, "seq.index", s.index, max_streams_};
@@ -73,42 +85,48 @@ class PageTable {
     return {};
   }
 
-  // Unchecked accessors (call validate first): the hot paths of exporters.
+  /// Unchecked accessors (call validate first): the hot paths of exporters.
   std::int32_t tokens_unchecked(SeqId s) const noexcept { return st_[s.index].tokens; }
+  /// s's blocks, s assumed valid.
   std::span<const BlockId> blocks_unchecked(SeqId s) const noexcept {
     return {row(s.index), static_cast<std::size_t>(st_[s.index].nblocks)};
   }
-  // Dead slots at the head of the first block (a sliding window dropped them;
-  // 0 otherwise). The row holds front + tokens slots; kernels that read the
-  // row mask the front with their window.
+  /// Dead slots at the head of the first block (a sliding window dropped them;
+  /// 0 otherwise). The row holds front + tokens slots; kernels that read the
+  /// row mask the front with their window.
   std::int32_t front_unchecked(SeqId s) const noexcept { return st_[s.index].front; }
 
+  /// Live tokens s holds.
   Result<std::int32_t> tokens(SeqId s) const noexcept {
     if (auto st = validate(s); !st) return st;
     return st_[s.index].tokens;
   }
+  /// s's physical blocks, in logical order.
   Result<std::span<const BlockId>> blocks(SeqId s) const noexcept {
     if (auto st = validate(s); !st) return st;
     return blocks_unchecked(s);
   }
+  /// Dead slots before s's first live token (sliding window only, < block size).
   Result<std::int32_t> front(SeqId s) const noexcept {
     if (auto st = validate(s); !st) return st;
     return st_[s.index].front;
   }
+  /// Tokens ever appended to s (the next token's position), s assumed valid.
   std::int64_t appended_unchecked(SeqId s) const noexcept { return st_[s.index].appended; }
-  // Tokens ever appended (reserved minus truncated); eviction bounds use it.
+  /// Tokens ever appended (reserved minus truncated); eviction bounds use it.
   Result<std::int64_t> appended(SeqId s) const noexcept {
     if (auto st = validate(s); !st) return st;
     return st_[s.index].appended;
   }
 
-  // Calls f(SeqId) for every live stream, in slot order.
+  /// Calls f(SeqId) for every live stream, in slot order.
   template <class F>
   void for_each_stream(F&& f) const {
     for (std::uint32_t i = 0; i < static_cast<std::uint32_t>(max_streams_); ++i)
       if (st_[i].alive) f(SeqId{i, st_[i].gen});
   }
 
+  /// A new empty row; capacity_exceeded when every handle is in use.
   Result<SeqId> add(const PrefixKey& key = {}) noexcept {
     if (nfree_ == 0) return Status{Errc::capacity_exceeded, "max_sequences", max_streams_ + 1, max_streams_};
     const std::uint32_t i = static_cast<std::uint32_t>(free_[static_cast<std::size_t>(--nfree_)]);
@@ -117,8 +135,8 @@ class PageTable {
     return SeqId{i, st_[i].gen};
   }
 
-  // Frees the stream; its blocks go back to the pool tail-first, so among
-  // equally old cached blocks the chain tail is recycled first.
+  /// Frees the stream; its blocks go back to the pool tail-first, so among
+  /// equally old cached blocks the chain tail is recycled first.
   Status release(BlockPool& pool, SeqId s) noexcept {
     if (auto st = validate(s); !st) return st;
     const std::uint32_t i = s.index;
@@ -133,7 +151,7 @@ class PageTable {
     return {};
   }
 
-  // Room for n more tokens; writes their slots to slots[0..n). All or nothing.
+  /// Room for n more tokens; writes their slots to slots[0..n). All or nothing.
   Result<ReserveInfo> reserve(BlockPool& pool, SeqId s, std::int32_t n, std::span<std::int32_t> slots) noexcept {
     if (auto st = validate(s); !st) return st;
     Need need{};
@@ -145,9 +163,9 @@ class PageTable {
     return info;
   }
 
-  // reserve() for a batch: counts[i] tokens for seqs[i], slots packed in order
-  // into `slots`, the rest of `slots` padded with -1 (padded CUDA-graph
-  // batches). Copy commands (one per shared tail) go to `copies`.
+  /// reserve() for a batch: counts[i] tokens for seqs[i], slots packed in order
+  /// into `slots`, the rest of `slots` padded with -1 (padded CUDA-graph
+  /// batches). Copy commands (one per shared tail) go to `copies`.
   Result<BatchInfo> reserve_batch(BlockPool& pool, std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
                                   std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept {
     if (counts.size() != seqs.size())
@@ -202,10 +220,10 @@ class PageTable {
     return out;
   }
 
-  // Drops the last n tokens (speculative-decoding rollback). Blocks left empty
-  // return to the pool. A published block that becomes the partial tail keeps
-  // its hash (its content is still valid) until a write: then a shared tail is
-  // copied first and an unshared one loses its hash before it is overwritten.
+  /// Drops the last n tokens (speculative-decoding rollback). Blocks left empty
+  /// return to the pool. A published block that becomes the partial tail keeps
+  /// its hash (its content is still valid) until a write: then a shared tail is
+  /// copied first and an unshared one loses its hash before it is overwritten.
   Status truncate(BlockPool& pool, SeqId s, std::int32_t n) noexcept {
     if (auto st = validate(s); !st) return st;
     const std::uint32_t i = s.index;
@@ -216,7 +234,7 @@ class PageTable {
     return {};
   }
 
-  // A new stream sharing every block of `s` (parallel sampling, beam search).
+  /// A new stream sharing every block of `s` (parallel sampling, beam search).
   Result<SeqId> fork(BlockPool& pool, SeqId s) noexcept {
     if (auto st = validate(s); !st) return st;
     auto child = add(st_[s.index].key);
@@ -234,8 +252,8 @@ class PageTable {
     return child;
   }
 
-  // Every block held by exactly its holders, rows consistent with lengths,
-  // handles conserved. Assumes the table is the pool's only client.
+  /// Every block held by exactly its holders, rows consistent with lengths,
+  /// handles conserved. Assumes the table is the pool's only client.
   Status check(const BlockPool& pool) const {
     std::vector<std::int32_t> refs(static_cast<std::size_t>(pool.capacity()), 0);
     std::int32_t alive = 0;
@@ -269,7 +287,7 @@ class PageTable {
     return {};
   }
 
-  // Equality of observable state (batch scratch stamps excluded).
+  /// Equality of observable state (batch scratch stamps excluded).
   friend bool operator==(const PageTable& a, const PageTable& b) {
     return a.max_streams_ == b.max_streams_ && a.max_blocks_ == b.max_blocks_ && a.block_size_ == b.block_size_ &&
            a.blocks_ == b.blocks_ && a.st_ == b.st_ && a.free_ == b.free_ && a.nfree_ == b.nfree_;

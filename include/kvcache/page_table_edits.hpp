@@ -18,15 +18,17 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// What eviction does to a row, as table edits (no data moves).
 struct PageTableEdits {
-  // Blocks at or after `b` lose their published hashes: their content or
-  // their position (and after re-rotation their keys) changes.
+  /// Blocks at or after `b` lose their published hashes: their content or
+  /// their position (and after re-rotation their keys) changes.
   static void unpublish_from(PageTable& t, BlockPool& pool, std::uint32_t i, std::int32_t first) noexcept {
     for (std::int32_t b = first; b < t.st_[i].nblocks; ++b)
       if (pool.has_hash(t.row(i)[b])) (void)pool.unpublish(t.row(i)[b]);
     t.st_[i].nhashed = std::min(t.st_[i].nhashed, first);
   }
 
+  /// Removes the listed logical blocks (ascending) from s; later blocks move up; their blocks go back to the pool.
   static Status remove_blocks(PageTable& t, BlockPool& pool, SeqId s, std::span<const std::int32_t> logical) noexcept {
     if (auto st = t.validate(s); !st) return st;
     const std::uint32_t i = s.index;
@@ -61,9 +63,9 @@ struct PageTableEdits {
     return {};
   }
 
-  // The n oldest live tokens leave. Blocks that hold no live token go back
-  // to the pool (shared ones just lose this holder) and the row moves up;
-  // a partly dead first block stays with `front` dead slots.
+  /// The n oldest live tokens leave. Blocks that hold no live token go back
+  /// to the pool (shared ones just lose this holder) and the row moves up;
+  /// a partly dead first block stays with `front` dead slots.
   static Status drop_front(PageTable& t, BlockPool& pool, SeqId s, std::int32_t n) noexcept {
     if (auto st = t.validate(s); !st) return st;
     const std::uint32_t i = s.index;
@@ -85,8 +87,8 @@ struct PageTableEdits {
     return {};
   }
 
-  // The engine compacted the stream (slots from first_rewritten on changed):
-  // the last n tokens leave. Rewritten blocks lose their published hashes.
+  /// The engine compacted the stream (slots from first_rewritten on changed):
+  /// the last n tokens leave. Rewritten blocks lose their published hashes.
   static Status drop_tail(PageTable& t, BlockPool& pool, SeqId s, std::int32_t n, std::int32_t first_rewritten) noexcept {
     if (auto st = t.validate(s); !st) return st;
     const std::uint32_t i = s.index;
@@ -100,12 +102,15 @@ struct PageTableEdits {
   }
 };
 
+/// PageTableEdits::remove_blocks as a free function.
 inline Status remove_blocks(PageTable& t, BlockPool& pool, SeqId s, std::span<const std::int32_t> logical) noexcept {
   return PageTableEdits::remove_blocks(t, pool, s, logical);
 }
+/// PageTableEdits::drop_front as a free function.
 inline Status drop_front(PageTable& t, BlockPool& pool, SeqId s, std::int32_t n) noexcept {
   return PageTableEdits::drop_front(t, pool, s, n);
 }
+/// PageTableEdits::drop_tail as a free function.
 inline Status drop_tail(PageTable& t, BlockPool& pool, SeqId s, std::int32_t n, std::int32_t first_rewritten) noexcept {
   return PageTableEdits::drop_tail(t, pool, s, n, first_rewritten);
 }

@@ -16,7 +16,7 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-// Row k of `out` holds the blocks of seqs[k], padded with the null block.
+/// Row k of `out` holds the blocks of seqs[k], padded with the null block.
 inline Status export_block_table(const PageTable& t, std::span<const SeqId> seqs, std::span<std::int32_t> out,
                                  std::int32_t row_stride) noexcept {
   if (row_stride < 1) return Status{Errc::invalid_argument, "row_stride", row_stride, 1};
@@ -38,8 +38,8 @@ inline Status export_block_table(const PageTable& t, std::span<const SeqId> seqs
   return {};
 }
 
-// FlashInfer paging: pages of seqs[k] are indices[indptr[k] .. indptr[k+1]);
-// the last holds last_page_len[k] tokens (0 for an empty sequence). Returns nnz.
+/// FlashInfer paging: pages of seqs[k] are indices[indptr[k] .. indptr[k+1]);
+/// the last holds last_page_len[k] tokens (0 for an empty sequence). Returns nnz.
 inline Result<std::int32_t> export_csr(const PageTable& t, std::span<const SeqId> seqs,
                                        std::span<std::int32_t> indptr, std::span<std::int32_t> indices,
                                        std::span<std::int32_t> last_page_len) noexcept {
@@ -67,6 +67,7 @@ inline Result<std::int32_t> export_csr(const PageTable& t, std::span<const SeqId
   return pos;
 }
 
+/// Slots each row spans (front + tokens held) into out, one per sequence.
 inline Status export_lengths(const PageTable& t, std::span<const SeqId> seqs, std::span<std::int32_t> out) noexcept {
   if (out.size() < seqs.size())
     return Status{Errc::buffer_too_small, "out", std::int64_t(out.size()), std::int64_t(seqs.size())};

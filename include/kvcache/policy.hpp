@@ -16,21 +16,23 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-// Signals an attention kernel (or a recomputation) can feed to policies.
+/// Signals an attention kernel (or a recomputation) can feed to policies.
 struct Signals {
-  std::uint32_t bits = 0;
-  static constexpr std::uint32_t head_attention_sums = 1u << 0;  // per token, per head, summed over queries
-  static constexpr std::uint32_t attention_sums = 1u << 1;       // per token, reduced over heads
+  std::uint32_t bits = 0;  ///< The signals, as a bit set.
+  static constexpr std::uint32_t head_attention_sums = 1u << 0;  ///< per token, per head, summed over queries
+  static constexpr std::uint32_t attention_sums = 1u << 1;  ///< per token, reduced over heads
+  /// Per token: the softmax of the step's last query, per head.
   static constexpr std::uint32_t last_query_attention = 1u << 2;
-  static constexpr std::uint32_t key_norms = 1u << 3;
-  static constexpr std::uint32_t page_key_bounds = 1u << 4;      // per page, per head key min/max
-  static constexpr std::uint32_t gate_scores = 1u << 5;
+  static constexpr std::uint32_t key_norms = 1u << 3;  ///< Per token: the key's norm.
+  static constexpr std::uint32_t page_key_bounds = 1u << 4;  ///< per page, per head key min/max
+  static constexpr std::uint32_t gate_scores = 1u << 5;  ///< Per token: a learned write gate (admission).
 
+  /// True when every signal in `need` is in this set.
   constexpr bool covers(Signals need) const noexcept { return (need.bits & ~bits) == 0; }
   friend constexpr bool operator==(Signals, Signals) = default;
 };
 
-inline constexpr Signals no_signals{};
+inline constexpr Signals no_signals{};  ///< The empty signal set.
 
 /// Blocks of `block_size` tokens that `tokens` tokens fill: ceil(tokens / B),
 /// without the overflow of (tokens + B - 1) / B near INT64_MAX. 0 for
@@ -40,20 +42,20 @@ constexpr std::int64_t blocks_for_tokens(std::int64_t tokens, std::int32_t block
   return tokens / block_size + (tokens % block_size != 0 ? 1 : 0);
 }
 
-// One token about to be written, as admission sees it.
+/// One token about to be written, as admission sees it.
 struct AdmissionQuery {
-  std::int32_t layer = 0;
-  std::int32_t head = 0;
-  std::int64_t position = 0;
-  float gate = 1.0f;  // gate score when Signals::gate_scores is provided
+  std::int32_t layer = 0;  ///< Layer of the token.
+  std::int32_t head = 0;  ///< Kv-head of the token.
+  std::int64_t position = 0;  ///< Position of the token in its sequence.
+  float gate = 1.0f;  ///< gate score when Signals::gate_scores is provided
 };
 
-// One read: num_pages logical pages exist; at most budget may be read.
+/// One read: num_pages logical pages exist; at most budget may be read.
 struct SelectionQuery {
-  std::int32_t layer = 0;
-  std::int32_t head = 0;
-  std::int32_t num_pages = 0;
-  std::int32_t budget = 0;
+  std::int32_t layer = 0;  ///< Layer of the query.
+  std::int32_t head = 0;  ///< Query head.
+  std::int32_t num_pages = 0;  ///< Logical pages the sequence has.
+  std::int32_t budget = 0;  ///< Pages the query may read at most.
 };
 
 template <class P>
@@ -82,14 +84,14 @@ concept EvictionPolicy = requires(const P& p, std::int64_t n, std::int32_t block
   { p.max_tokens_after_eviction() } -> std::same_as<std::int64_t>;
 };
 
-// One step's attention scores for one stream, in a form attention kernels
-// emit: `rows` rows of one float per held token (slot order), row-major.
-//   attention_sums        rows == 1: summed over heads and the step's queries
-//   head_attention_sums   rows == the policy's groups (kv-heads, or layers x
-//                         kv-heads): summed over each group's queries
-//   last_query_attention  rows == heads: softmax of the step's last query
-// The cache checks the shape and rejects NaN or negative values before any
-// policy sees them.
+/// One step's attention scores for one stream, in a form attention kernels
+/// emit: `rows` rows of one float per held token (slot order), row-major.
+///   attention_sums        rows == 1: summed over heads and the step's queries
+///   head_attention_sums   rows == the policy's groups (kv-heads, or layers x
+///                         kv-heads): summed over each group's queries
+///   last_query_attention  rows == heads: softmax of the step's last query
+/// The cache checks the shape and rejects NaN or negative values before any
+/// policy sees them.
 enum class ScoreKind : std::uint8_t { attention_sums, head_attention_sums, last_query_attention };
 
 /// True for the kinds ScoreKind names (a cast integer may name none).
@@ -101,6 +103,7 @@ constexpr bool valid_kind(ScoreKind k) noexcept {
 /// turn sums and averages into NaN).
 inline constexpr float kMaxScore = 3.40282346638528859812e+38F;
 
+/// The signal a score form provides (empty for a value outside ScoreKind).
 constexpr Signals signal_of(ScoreKind k) noexcept {
   switch (k) {
     case ScoreKind::attention_sums: return Signals{Signals::attention_sums};
@@ -110,17 +113,18 @@ constexpr Signals signal_of(ScoreKind k) noexcept {
   return {};
 }
 
+/// One step's scores for one stream (see ScoreKind for the shapes).
 struct Scores {
-  ScoreKind kind = ScoreKind::attention_sums;
-  std::span<const float> values{};
-  std::int32_t rows = 1;
+  ScoreKind kind = ScoreKind::attention_sums;  ///< Which form the values have.
+  std::span<const float> values{};  ///< rows x held floats, row-major, finite and non-negative.
+  std::int32_t rows = 1;  ///< Rows in values.
 };
 
-// What a policy knows about a stream when it observes or plans.
+/// What a policy knows about a stream when it observes or plans.
 struct StreamView {
-  std::int32_t held = 0;             // live tokens
-  std::int64_t appended = 0;         // tokens ever appended: the next token's position
-  std::int32_t first_candidate = 0;  // nothing below this may leave (after shared blocks):
+  std::int32_t held = 0;  ///< live tokens
+  std::int64_t appended = 0;  ///< tokens ever appended: the next token's position
+  std::int32_t first_candidate = 0;  ///< nothing below this may leave (after shared blocks):
                                      // a block index for block policies, a token index for token policies
 };
 

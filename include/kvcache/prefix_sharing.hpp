@@ -17,14 +17,16 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// What add_sequence(prompt, key) found.
 struct PrefixHit {
-  SeqId seq{};
-  std::int32_t cached_tokens = 0;
+  SeqId seq{};  ///< The new sequence.
+  std::int32_t cached_tokens = 0;  ///< Tokens already in the cache (whole blocks, at most the prompt's length - 1).
 };
 
+/// Prefix matching, adoption and publishing over a pool and a page table.
 struct PrefixSharing {
-  // Longest run of cached full blocks for `tokens` (at most (len-1)/B blocks:
-  // the last token is always recomputed for its logits). Writes them to out.
+  /// Longest run of cached full blocks for `tokens` (at most (len-1)/B blocks:
+  /// the last token is always recomputed for its logits). Writes them to out.
   template <BlockHasher H>
   static std::int32_t match(const PageTable& t, const BlockPool& pool, std::span<const std::int32_t> tokens,
                             const PrefixKey& key, const H& hasher, std::span<BlockId> out) noexcept {
@@ -41,8 +43,8 @@ struct PrefixSharing {
     return m;
   }
 
-  // add() seeded with the cached prefix of `tokens`: the hit blocks are shared
-  // (retained), the sequence starts with cached_tokens tokens.
+  /// add() seeded with the cached prefix of `tokens`: the hit blocks are shared
+  /// (retained), the sequence starts with cached_tokens tokens.
   template <BlockHasher H>
   static Result<PrefixHit> add(PageTable& t, BlockPool& pool, std::span<const std::int32_t> tokens,
                                const PrefixKey& key, const H& hasher) noexcept {
@@ -57,9 +59,9 @@ struct PrefixSharing {
     return PrefixHit{s, m * t.block_size_};
   }
 
-  // Publishes the full blocks of `tokens` (the sequence's tokens from position
-  // 0, already written to the cache) for prefix reuse. Returns how many blocks
-  // became shareable. The caller vouches that `tokens` is what was written.
+  /// Publishes the full blocks of `tokens` (the sequence's tokens from position
+  /// 0, already written to the cache) for prefix reuse. Returns how many blocks
+  /// became shareable. The caller vouches that `tokens` is what was written.
   template <BlockHasher H>
   static Result<std::int32_t> publish(PageTable& t, BlockPool& pool, SeqId s, std::span<const std::int32_t> tokens,
                                       const H& hasher) noexcept {
@@ -88,20 +90,20 @@ struct PrefixSharing {
 
 };
 
-// Longest run of cached full blocks for `tokens`, at most (len-1)/B blocks
-// (the last token is always recomputed for its logits), written to out.
+/// Longest run of cached full blocks for `tokens`, at most (len-1)/B blocks
+/// (the last token is always recomputed for its logits), written to out.
 template <BlockHasher H>
 std::int32_t match_prefix(const PageTable& t, const BlockPool& pool, std::span<const std::int32_t> tokens,
                           const PrefixKey& key, const H& hasher, std::span<BlockId> out) noexcept {
   return PrefixSharing::match(t, pool, tokens, key, hasher, out);
 }
-// A new sequence starting with the cached prefix of `tokens` (blocks retained).
+/// A new sequence starting with the cached prefix of `tokens` (blocks retained).
 template <BlockHasher H>
 Result<PrefixHit> add_with_prefix(PageTable& t, BlockPool& pool, std::span<const std::int32_t> tokens,
                                   const PrefixKey& key, const H& hasher) noexcept {
   return PrefixSharing::add(t, pool, tokens, key, hasher);
 }
-// Publishes the full blocks of the sequence's first tokens.size() tokens.
+/// Publishes the full blocks of the sequence's first tokens.size() tokens.
 template <BlockHasher H>
 Result<std::int32_t> publish_prefix(PageTable& t, BlockPool& pool, SeqId s, std::span<const std::int32_t> tokens,
                                     const H& hasher) noexcept {

@@ -13,6 +13,7 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Error codes; Status::message() spells them with the argument, value and limit.
 enum class Errc : std::uint8_t {
   ok = 0,
   invalid_argument,    // a value outside its documented domain (negative count, null block, ...)
@@ -30,6 +31,7 @@ enum class Errc : std::uint8_t {
   invariant_violated,  // check() found corrupted state (a bug, never bad input)
 };
 
+/// The code's name, as in messages.
 constexpr const char* to_string(Errc e) noexcept {
   switch (e) {
     case Errc::ok: return "ok";
@@ -50,24 +52,31 @@ constexpr const char* to_string(Errc e) noexcept {
   return "unknown_errc";
 }
 
-// `what` is a string literal naming the offending argument; `value` is what the
-// caller passed and `limit` the bound it broke (meaning depends on the code).
+/// `what` is a string literal naming the offending argument; `value` is what the
+/// caller passed and `limit` the bound it broke (meaning depends on the code).
 class [[nodiscard]] Status {
  public:
   constexpr Status() noexcept = default;
+  /// An error: code, the argument it names, its value and the limit it broke.
   constexpr Status(Errc code, const char* what, std::int64_t value = 0, std::int64_t limit = 0) noexcept
       : code_(code), what_(what), value_(value), limit_(limit) {}
 
+  /// True for success.
   constexpr bool ok() const noexcept { return code_ == Errc::ok; }
+  /// ok().
   constexpr explicit operator bool() const noexcept { return ok(); }
+  /// The error code (Errc::ok on success).
   constexpr Errc code() const noexcept { return code_; }
+  /// Name of the argument at fault (empty on success).
   constexpr const char* what() const noexcept { return what_; }
+  /// The bad value.
   constexpr std::int64_t value() const noexcept { return value_; }
+  /// The limit it broke.
   constexpr std::int64_t limit() const noexcept { return limit_; }
 
-  // Cold path only: builds e.g. "out_of_blocks: n_blocks=9 (limit 4)";
-  // for duplicate_sequence the second number is the repeated handle's index:
-  // "duplicate_sequence: seqs_at=3 (seq.index 0)".
+  /// Cold path only: builds e.g. "out_of_blocks: n_blocks=9 (limit 4)";
+  /// for duplicate_sequence the second number is the repeated handle's index:
+  /// "duplicate_sequence: seqs_at=3 (seq.index 0)".
   std::string message() const {
     if (ok()) return "ok";
     const char* label = code_ == Errc::duplicate_sequence ? " (seq.index " : " (limit ";

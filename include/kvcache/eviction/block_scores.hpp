@@ -25,21 +25,25 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// How scores accumulate: plain sum, or sum divided by the token's lifetime counter.
 enum class Aggregation : std::uint8_t { sum, norm_sum };
 
+/// Configuration of BlockScoreEviction (token counts are multiples of block_size).
 struct BlockScoreConfig {
-  std::int32_t start = 32;    // tokens never evicted at the front (multiple of block_size, > 0)
-  std::int32_t recent = 128;  // tokens never evicted at the back (multiple of block_size, > 0)
-  std::int32_t max = 672;     // tokens kept after eviction (multiple of block_size, > start + recent)
-  std::int32_t block_size = 16;
-  Aggregation aggregation = Aggregation::norm_sum;
-  std::int32_t pool_window = 1;  // forward max-pool over incoming scores (1 = none)
+  std::int32_t start = 32;  ///< tokens never evicted at the front (multiple of block_size, > 0)
+  std::int32_t recent = 128;  ///< tokens never evicted at the back (multiple of block_size, > 0)
+  std::int32_t max = 672;  ///< tokens kept after eviction (multiple of block_size, > start + recent)
+  std::int32_t block_size = 16;  ///< Tokens per block; must equal the geometry's.
+  Aggregation aggregation = Aggregation::norm_sum;  ///< sum, or norm_sum (divided by a lifetime counter).
+  std::int32_t pool_window = 1;  ///< forward max-pool over incoming scores (1 = none)
 };
 
+/// OpenVINO GenAI's three-area block eviction: keeps start and recent areas and the best-scored blocks between.
 class BlockScoreEviction {
  public:
-  static constexpr Signals required_signals{Signals::attention_sums};
+  static constexpr Signals required_signals{Signals::attention_sums};  ///< Reads head-reduced attention sums.
 
+  /// Throws ConfigError for sizes that are not positive block multiples or overflow.
   explicit BlockScoreEviction(const BlockScoreConfig& c) : c_(c) {
     auto bad = [](const char* what, std::int64_t v, std::int64_t limit = 1) {
       throw ConfigError("kvcache::BlockScoreEviction", Status{Errc::invalid_argument, what, v, limit});
@@ -52,20 +56,25 @@ class BlockScoreEviction {
     if (c.pool_window < 1) bad("pool_window", c.pool_window);
   }
 
+  /// The configuration.
   const BlockScoreConfig& config() const noexcept { return c_; }
+  /// Tokens per block the policy counts in.
   std::int32_t block_size() const noexcept { return c_.block_size; }
 
   // --- accounting: after the policy ran, a stream holds at most this -------
+  /// Tokens held after evict() once `appended` tokens were appended.
   std::int64_t max_tokens_held(std::int64_t appended) const noexcept {
     return appended < std::int64_t{c_.max} + c_.block_size ? appended : max_tokens_after_eviction();
   }
+  /// Blocks held after evict() once `appended` tokens were appended.
   std::int64_t max_blocks_held(std::int64_t appended, std::int32_t block_size) const noexcept {
     return blocks_for_tokens(max_tokens_held(appended), block_size);
   }
+  /// max + B - 1: the partial last block counts as recent.
   std::int64_t max_tokens_after_eviction() const noexcept { return std::int64_t{c_.max} + c_.block_size - 1; }
 
   // --- state (the cache calls these) -----------------------------------------
-  // Sizes the per-stream state once; nothing is allocated afterwards.
+  /// Sizes the per-stream state once; nothing is allocated afterwards.
   void bind(std::int32_t streams, std::int32_t tokens_per_stream) {
     const std::size_t n = checked_elements("kvcache::BlockScoreEviction", "max_sequences*tokens_per_stream", streams,
                                            std::int64_t{streams} * tokens_per_stream, 8);
@@ -76,10 +85,10 @@ class BlockScoreEviction {
     scratch_.resize(std::size_t(cap_ / c_.block_size + 1));
   }
 
-  // Registers one step's scores for the stream's held tokens (scores.size()
-  // == tokens held). A NaN, a negative score or a wrong length is an error
-  // naming it, and nothing changes. (Standalone use; the cache validates and
-  // calls the Scores overload.)
+  /// Registers one step's scores for the stream's held tokens (scores.size()
+  /// == tokens held). A NaN, a negative score or a wrong length is an error
+  /// naming it, and nothing changes. (Standalone use; the cache validates and
+  /// calls the Scores overload.)
   Status observe(std::uint32_t s, std::span<const float> scores) noexcept {
     const auto n = static_cast<std::int64_t>(scores.size());
     if (n > cap_) return Status{Errc::invalid_argument, "scores.size", n, cap_};
@@ -89,18 +98,20 @@ class BlockScoreEviction {
     accumulate(s, scores.data(), n);
     return {};
   }
+  /// Accumulates one score per held token (optionally max-pooled) into its block's score.
   Status observe(std::uint32_t s, const Scores& sc, const StreamView& v) noexcept {
     if (v.held < len_[s]) return Status{Errc::invalid_argument, "scores.size", v.held, len_[s]};
     accumulate(s, sc.values.data(), v.held);
     return {};
   }
 
-  // Logical blocks to evict from a stream holding `held` tokens, ascending,
-  // written to out; candidates start at first_candidate (the cache passes the
-  // block after the last shared one). Returns how many.
+  /// Logical blocks to evict from a stream holding `held` tokens, ascending,
+  /// written to out; candidates start at first_candidate (the cache passes the
+  /// block after the last shared one). Returns how many.
   Result<std::int32_t> plan(std::uint32_t s, const StreamView& v, std::span<std::int32_t> out) noexcept {
     return plan(s, v.held, v.first_candidate, out);
   }
+  /// Writes the logical blocks to remove (ascending) to out; returns how many.
   Result<std::int32_t> plan(std::uint32_t s, std::int32_t held, std::int32_t first_candidate,
                             std::span<std::int32_t> out) noexcept {
     const std::int32_t b = c_.block_size;
@@ -146,7 +157,7 @@ class BlockScoreEviction {
   }
 
  public:
-  // The cache removed these logical blocks (ascending): scores move with them.
+  /// The cache removed these logical blocks (ascending): scores move with them.
   void on_removed(std::uint32_t s, std::span<const std::int32_t> blocks) noexcept {
     float* acc = acc_.data() + std::size_t(s) * std::size_t(cap_);
     std::int32_t* cnt = cnt_.data() + std::size_t(s) * std::size_t(cap_);
@@ -164,24 +175,27 @@ class BlockScoreEviction {
     std::fill(cnt + out, cnt + len, 0);
     len_[s] = out;
   }
-  // The stream now holds `held` tokens (rollback): forget the rest.
+  /// The stream now holds `held` tokens (rollback): forget the rest.
   void on_truncate(std::uint32_t s, std::int32_t held) noexcept {
     if (held >= len_[s]) return;
     std::fill(acc_.begin() + std::ptrdiff_t(s) * cap_ + held, acc_.begin() + std::ptrdiff_t(s) * cap_ + len_[s], 0.0f);
     std::fill(cnt_.begin() + std::ptrdiff_t(s) * cap_ + held, cnt_.begin() + std::ptrdiff_t(s) * cap_ + len_[s], 0);
     len_[s] = held;
   }
+  /// Forgets stream s.
   void reset(std::uint32_t s) noexcept { on_truncate(s, 0); }
+  /// Copies stream from's scores and counters to stream to (fork).
   void copy_state(std::uint32_t from, std::uint32_t to) noexcept {
     std::copy_n(acc_.begin() + std::ptrdiff_t(from) * cap_, cap_, acc_.begin() + std::ptrdiff_t(to) * cap_);
     std::copy_n(cnt_.begin() + std::ptrdiff_t(from) * cap_, cap_, cnt_.begin() + std::ptrdiff_t(to) * cap_);
     len_[to] = len_[from];
   }
 
-  // Inspection (tests, debugging): the stream's registered tokens.
+  /// Inspection (tests, debugging): the stream's registered tokens.
   std::span<const float> accumulators(std::uint32_t s) const noexcept {
     return {acc_.data() + std::size_t(s) * std::size_t(cap_), std::size_t(len_[s])};
   }
+  /// Stream s's per-token lifetime counters (norm_sum), by slot.
   std::span<const std::int32_t> counters(std::uint32_t s) const noexcept {
     return {cnt_.data() + std::size_t(s) * std::size_t(cap_), std::size_t(len_[s])};
   }

@@ -16,9 +16,9 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-// keep: strictly ascending positions < length. blocks: the stream's page-table
-// row. Writes the moves (slot -> slot) and order[p] = the old position now at
-// p, for p < keep.size(). Returns the number of moves.
+/// keep: strictly ascending positions < length. blocks: the stream's page-table
+/// row. Writes the moves (slot -> slot) and order[p] = the old position now at
+/// p, for p < keep.size(). Returns the number of moves.
 inline Result<std::int32_t> plan_compaction(std::span<const std::int32_t> keep, std::int32_t length,
                                             std::span<const BlockId> blocks, std::int32_t block_size,
                                             std::span<SlotMove> moves, std::span<std::int32_t> order) noexcept {

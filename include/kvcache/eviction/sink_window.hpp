@@ -21,16 +21,19 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Configuration of SinkWindowEviction.
 struct SinkWindowConfig {
-  std::int32_t sinks = 4;
-  std::int32_t window = 1024;
-  std::int32_t block_size = 16;
+  std::int32_t sinks = 4;  ///< First tokens always kept (rounded up to whole blocks).
+  std::int32_t window = 1024;  ///< Newest tokens always kept.
+  std::int32_t block_size = 16;  ///< Tokens per block; must equal the geometry's.
 };
 
+/// StreamingLLM: attention sinks plus a recent window, evicting whole blocks between them.
 class SinkWindowEviction {
  public:
-  static constexpr Signals required_signals = no_signals;
+  static constexpr Signals required_signals = no_signals;  ///< Reads no score signal.
 
+  /// Throws ConfigError for block_size or window < 1, sinks < 0, or a length past int32.
   explicit SinkWindowEviction(const SinkWindowConfig& c) : c_(c) {
     auto bad = [](const char* what, std::int64_t v, std::int64_t limit = 1) {
       throw ConfigError("kvcache::SinkWindowEviction", Status{Errc::invalid_argument, what, v, limit});
@@ -42,29 +45,39 @@ class SinkWindowEviction {
     const std::int64_t pinned = (std::int64_t{c.sinks} + c.block_size - 1) / c.block_size * c.block_size;
     if (pinned + c.window + c.block_size > INT32_MAX) bad("sinks+window", pinned + c.window + c.block_size, INT32_MAX);
   }
+  /// Tokens per block the policy counts in.
   std::int32_t block_size() const noexcept { return c_.block_size; }
+  /// The configuration.
   const SinkWindowConfig& config() const noexcept { return c_; }
+  /// Sinks rounded up to whole blocks: tokens never evicted at the front.
   std::int32_t pinned() const noexcept { return (c_.sinks + c_.block_size - 1) / c_.block_size * c_.block_size; }
 
+  /// pinned() + window + B - 1.
   std::int64_t max_tokens_after_eviction() const noexcept {
     return std::int64_t{pinned()} + c_.window + c_.block_size - 1;
   }
+  /// Tokens held after evict() once `appended` tokens were appended.
   std::int64_t max_tokens_held(std::int64_t appended) const noexcept {
     return std::min(appended, max_tokens_after_eviction());
   }
+  /// Blocks held after evict() once `appended` tokens were appended.
   std::int64_t max_blocks_held(std::int64_t appended, std::int32_t b) const noexcept {
     return blocks_for_tokens(std::min(appended, max_tokens_after_eviction() + 1), b);
   }
 
-  // No per-stream state.
+  /// No per-stream state.
   void bind(std::int32_t, std::int32_t) noexcept {}
+  /// Stateless: nothing to cut on rollback.
   void on_truncate(std::uint32_t, std::int32_t) noexcept {}
+  /// Stateless: nothing to forget.
   void reset(std::uint32_t) noexcept {}
+  /// Stateless: nothing to copy on fork.
   void copy_state(std::uint32_t, std::uint32_t) noexcept {}
+  /// Stateless: nothing to update when blocks leave.
   void on_removed(std::uint32_t, std::span<const std::int32_t>) noexcept {}
 
-  // The oldest whole blocks after the pinned ones (and after shared blocks)
-  // that lie entirely before the window.
+  /// The oldest whole blocks after the pinned ones (and after shared blocks)
+  /// that lie entirely before the window.
   Result<std::int32_t> plan(std::uint32_t, const StreamView& v, std::span<std::int32_t> out) const noexcept {
     const std::int32_t b = c_.block_size, p = pinned();
     if (v.held < std::int64_t{p} + c_.window + b) return 0;

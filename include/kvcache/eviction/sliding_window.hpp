@@ -31,23 +31,28 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Keeps the last W tokens; dead blocks at the front go back to the pool (a ring of pages, no copy).
 class SlidingWindow {
  public:
-  static constexpr Signals required_signals = no_signals;
+  static constexpr Signals required_signals = no_signals;  ///< Reads no score signal.
 
+  /// A window of `window` tokens; throws ConfigError when it is below 1.
   explicit SlidingWindow(std::int32_t window) : w_(window) {
     if (window < 1) throw ConfigError("kvcache::SlidingWindow", Status{Errc::invalid_argument, "window", window, 1});
   }
+  /// W.
   std::int32_t window() const noexcept { return w_; }
 
+  /// min(appended, W).
   std::int64_t max_tokens_held(std::int64_t appended) const noexcept { return std::min<std::int64_t>(appended, w_); }
-  // window + 1 live tokens (one decode token before the trim) plus < B dead slots.
+  /// window + 1 live tokens (one decode token before the trim) plus < B dead slots.
   std::int64_t max_blocks_held(std::int64_t appended, std::int32_t b) const noexcept {
     return std::min(blocks_for_tokens(appended, b), blocks_for_tokens(w_, b) + 1);
   }
+  /// W.
   std::int64_t max_tokens_after_eviction() const noexcept { return w_; }
-  // Tokens to drop from the front of a stream holding `held`, the last
-  // `pending` of which are queries whose attention has not run yet.
+  /// Tokens to drop from the front of a stream holding `held`, the last
+  /// `pending` of which are queries whose attention has not run yet.
   std::int32_t front_excess(std::int32_t held, std::int32_t pending) const noexcept {
     const std::int64_t keep = std::int64_t{w_} + std::max(0, pending - 1);
     return static_cast<std::int32_t>(std::max<std::int64_t>(0, held - keep));

@@ -16,8 +16,11 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Per stream and group: the held tokens' scores and original positions, by slot.
 class TokenState {
  public:
+  /// Sizes the state: `streams` streams of up to `cap` tokens for `groups` groups; throws ConfigError past the
+  /// bookkeeping limit.
   void bind(std::int32_t streams, std::int32_t cap, std::int32_t groups) {
     // One float score and one int32 position per (stream, group, slot).
     const std::size_t n = checked_elements("kvcache::TokenState", "max_sequences*groups*tokens_per_stream",
@@ -30,15 +33,20 @@ class TokenState {
     cand_.resize(std::size_t(cap));
     mark_.assign(std::size_t(cap), 0);
   }
+  /// Groups per stream.
   std::int32_t groups() const noexcept { return groups_; }
+  /// Tokens stream s tracks.
   std::int32_t length(std::uint32_t s) const noexcept { return len_[s]; }
 
+  /// Group g's scores of stream s, by slot.
   float* scores(std::uint32_t s, std::int32_t g) noexcept { return score_.data() + at(s, g); }
+  /// Group g's scores of stream s, by slot.
   const float* scores(std::uint32_t s, std::int32_t g) const noexcept { return score_.data() + at(s, g); }
+  /// Group g's original token positions of stream s, by slot.
   const std::int32_t* positions(std::uint32_t s, std::int32_t g) const noexcept { return pos_.data() + at(s, g); }
 
-  // Tokens appended since the last call join with score 0; the newest held
-  // token sits at position appended - 1.
+  /// Tokens appended since the last call join with score 0; the newest held
+  /// token sits at position appended - 1.
   void sync(std::uint32_t s, const StreamView& v) noexcept {
     const std::int32_t old = len_[s];
     if (v.held <= old) return;
@@ -49,9 +57,9 @@ class TokenState {
     len_[s] = v.held;
   }
 
-  // Writes the `out.size()` eligible slots of group g in [v.first_candidate,
-  // v.held) with the lowest key(score, position), ascending by slot. Ties go
-  // to the older token. The caller guarantees enough eligible slots.
+  /// Writes the `out.size()` eligible slots of group g in [v.first_candidate,
+  /// v.held) with the lowest key(score, position), ascending by slot. Ties go
+  /// to the older token. The caller guarantees enough eligible slots.
   template <class Key, class Eligible>
   void choose_lowest(std::uint32_t s, std::int32_t g, const StreamView& v, std::span<std::int32_t> out, Key key,
                      Eligible eligible) noexcept {
@@ -90,8 +98,8 @@ class TokenState {
       }
   }
 
-  // Group g's compaction: slot m.dst now holds what slot m.src held (token
-  // indices); the stream keeps n tokens once the last group is done.
+  /// Group g's compaction: slot m.dst now holds what slot m.src held (token
+  /// indices); the stream keeps n tokens once the last group is done.
   void compact(std::uint32_t s, std::int32_t g, std::span<const SlotMove> moves, std::int32_t n) noexcept {
     float* sc = scores(s, g);
     std::int32_t* pos = pos_.data() + at(s, g);
@@ -103,6 +111,7 @@ class TokenState {
     std::fill(pos + n, pos + len_[s], 0);
     if (g == groups_ - 1) len_[s] = n;
   }
+  /// Keeps the first `held` tokens of stream s (rollback).
   void truncate(std::uint32_t s, std::int32_t held) noexcept {
     if (held >= len_[s]) return;
     for (std::int32_t g = 0; g < groups_; ++g) {
@@ -111,6 +120,7 @@ class TokenState {
     }
     len_[s] = held;
   }
+  /// Copies stream from's state to stream to (fork).
   void copy(std::uint32_t from, std::uint32_t to) noexcept {
     const auto span = std::ptrdiff_t(groups_) * cap_;
     std::copy_n(score_.begin() + std::ptrdiff_t(at(from, 0)), span, score_.begin() + std::ptrdiff_t(at(to, 0)));
@@ -142,48 +152,56 @@ class TokenState {
   std::vector<std::uint8_t> mark_;
 };
 
-// Scores of one group from a validated Scores view: row g, or the single row
-// when the form has one row for every group.
+/// Scores of one group from a validated Scores view: row g, or the single row
+/// when the form has one row for every group.
 inline std::span<const float> group_row(const Scores& sc, std::int32_t g, std::int32_t held) noexcept {
   const std::int32_t r = sc.rows == 1 ? 0 : g;
   return sc.values.subspan(std::size_t(r) * std::size_t(held), std::size_t(held));
 }
 
-// The rows a policy with `groups` groups accepts: one per group, or a single
-// reduced row (attention_sums) that every group shares.
+/// The rows a policy with `groups` groups accepts: one per group, or a single
+/// reduced row (attention_sums) that every group shares.
 inline Status check_rows(const Scores& sc, std::int32_t groups) noexcept {
   if (sc.kind == ScoreKind::attention_sums ? sc.rows != 1 : sc.rows != groups)
     return Status{Errc::invalid_argument, "scores.rows", sc.rows, sc.kind == ScoreKind::attention_sums ? 1 : groups};
   return {};
 }
 
-// The hooks every token policy shares (the cache calls them; tests inspect
-// scores and positions). A policy derives from it and adds its rule.
+/// The hooks every token policy shares (the cache calls them; tests inspect
+/// scores and positions). A policy derives from it and adds its rule.
 class TokenPolicyBase {
  public:
+  /// A token policy with `groups` independent choices per stream.
   explicit TokenPolicyBase(std::int32_t groups) : groups_(groups) {}
+  /// Sizes the per-stream state: `streams` streams of up to `cap` tokens.
   void bind(std::int32_t streams, std::int32_t cap) { st_.bind(streams, cap, groups_); }
+  /// Independent choices per stream (kv-heads, or layers x kv-heads).
   std::int32_t groups() const noexcept { return groups_; }
+  /// Moves group g's scores and positions with the compaction moves; the group keeps `kept` tokens.
   void on_compacted(std::uint32_t s, std::int32_t g, std::span<const SlotMove> moves, std::int32_t kept) noexcept {
     st_.compact(s, g, moves, kept);
   }
+  /// Keeps the first `held` tokens of stream s (rollback).
   void on_truncate(std::uint32_t s, std::int32_t held) noexcept { st_.truncate(s, held); }
+  /// Forgets stream s.
   void reset(std::uint32_t s) noexcept { st_.truncate(s, 0); }
+  /// Copies stream from's state to stream to (fork).
   void copy_state(std::uint32_t from, std::uint32_t to) noexcept { st_.copy(from, to); }
-  // Tokens appended since the last observe join the state (score 0).
+  /// Tokens appended since the last observe join the state (score 0).
   void begin_eviction(std::uint32_t s, const StreamView& v) noexcept { st_.sync(s, v); }
 
-  // Group g's scores and original positions, by slot.
+  /// Group g's scores and original positions, by slot.
   std::span<const float> scores(std::uint32_t s, std::int32_t g) const noexcept {
     return {st_.scores(s, g), std::size_t(st_.length(s))};
   }
+  /// Group g's original token positions of stream s, by slot: what the engine's memory must hold after compaction.
   std::span<const std::int32_t> positions(std::uint32_t s, std::int32_t g) const noexcept {
     return {st_.positions(s, g), std::size_t(st_.length(s))};
   }
   friend bool operator==(const TokenPolicyBase& a, const TokenPolicyBase& b) { return a.st_ == b.st_; }
 
  protected:
-  // Adds (or with replace, stores) each group's row to its scores.
+  /// Adds (or with replace, stores) each group's row to its scores.
   void add_rows(std::uint32_t s, const Scores& sc, const StreamView& v, bool replace = false) noexcept {
     st_.sync(s, v);
     for (std::int32_t g = 0; g < groups_; ++g) {
@@ -194,14 +212,14 @@ class TokenPolicyBase {
         for (std::int32_t j = 0; j < v.held; ++j) acc[j] += row[std::size_t(j)];
     }
   }
-  // Token candidates at or after first_candidate, less `protect` of them.
+  /// Token candidates at or after first_candidate, less `protect` of them.
   static std::int32_t evictable(const StreamView& v, std::int32_t protect) noexcept {
     const std::int32_t candidates = v.held - v.first_candidate;
     return candidates - std::min(protect, candidates);
   }
 
-  std::int32_t groups_;
-  TokenState st_;
+  std::int32_t groups_;  ///< Independent choices per stream.
+  TokenState st_;  ///< Scores and positions of every stream.
 };
 
 KVCACHE_END_NAMESPACE

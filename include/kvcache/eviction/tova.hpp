@@ -22,26 +22,35 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Configuration of TovaEviction.
 struct TovaConfig {
-  std::int32_t budget = 512;  // tokens kept
+  std::int32_t budget = 512;  ///< tokens kept
 };
 
+/// TOVA: drops the tokens the step's last query attends least (averaged over heads) once a stream holds more than
+/// `budget`.
 class TovaEviction : public TokenPolicyBase {
  public:
+  /// Reads the last query's attention, one row per head.
   static constexpr Signals required_signals{Signals::last_query_attention};
 
+  /// Throws ConfigError for budget < 1.
   explicit TovaEviction(const TovaConfig& c) : TokenPolicyBase(1), c_(c) {
     if (c.budget < 1) throw ConfigError("kvcache::TovaEviction", Status{Errc::invalid_argument, "budget", c.budget, 1});
   }
+  /// The configuration.
   const TovaConfig& config() const noexcept { return c_; }
 
+  /// min(appended, budget).
   std::int64_t max_tokens_held(std::int64_t appended) const noexcept { return std::min<std::int64_t>(appended, c_.budget); }
+  /// Blocks held after evict() once `appended` tokens were appended.
   std::int64_t max_blocks_held(std::int64_t appended, std::int32_t b) const noexcept {
     return blocks_for_tokens(std::min<std::int64_t>(appended, std::int64_t{c_.budget} + 1), b);
   }
+  /// budget.
   std::int64_t max_tokens_after_eviction() const noexcept { return c_.budget; }
 
-  // Stores the head-averaged last-query attention.
+  /// Stores the head-averaged last-query attention.
   Status observe(std::uint32_t s, const Scores& sc, const StreamView& v) noexcept {
     st_.sync(s, v);
     float* out = st_.scores(s, 0);
@@ -52,10 +61,12 @@ class TovaEviction : public TokenPolicyBase {
     for (std::int32_t j = 0; j < v.held; ++j) out[j] *= inv;
     return {};
   }
+  /// Tokens the next evict() drops: held - budget (0 within budget).
   std::int32_t evict_count(std::uint32_t, const StreamView& v) const noexcept {
     if (v.held <= c_.budget) return 0;
     return std::min(v.held - c_.budget, evictable(v, 0));
   }
+  /// Writes the lowest-attended tokens (ties: the older), ascending.
   void choose(std::uint32_t s, const StreamView& v, std::int32_t g, std::span<std::int32_t> out) noexcept {
     st_.choose_lowest(s, g, v, out, [](float score, std::int32_t, std::int32_t) { return score; },
                       [](std::int32_t) { return true; });

@@ -1,0 +1,147 @@
+// The engine side the README's snippets name without declaring it (cfg,
+// chunks, slots, write_kv, attention, pool, stream, ...), as two fixtures:
+// test_readme.cpp runs the snippets inside them on the host, readme_cuda.cu
+// compiles the GPU snippets inside them with nvcc. Without CUDA, the runtime
+// names come from cuda_on_host.hpp. Every buffer is as large as the README
+// says it must be; nothing is sized to hide a snippet's mistake.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include <kvcache/kvcache.hpp>
+#include <kvcache/eviction/average_attention.hpp>
+#include <kvcache/eviction/block_scores.hpp>
+#include <kvcache/eviction/h2o.hpp>
+#include <kvcache/eviction/sink_window.hpp>
+#include <kvcache/eviction/sliding_window.hpp>
+#include <kvcache/eviction/snapkv.hpp>
+#include <kvcache/eviction/tova.hpp>
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#else
+#include "cuda_on_host.hpp"
+#endif
+
+namespace readme {
+namespace kv = kvcache;
+using std::int32_t;
+using std::int64_t;
+
+// One sequence under one policy: 96 prefill chunks of 64 tokens, then 1,024
+// decode steps. 1 layer, 2 kv-heads (4 query heads), head_dim 2, f32,
+// block 16; K of (slot, head) holds the token's position in dim 0.
+struct PolicyEngine {
+  static constexpr int32_t num_layers = 1, num_kv_heads = 2, num_heads = 4, head_dim = 2, block = 16;
+  static constexpr int32_t num_blocks = 1024, max_blocks = 512;
+  kv::GeometrySpec spec{.num_layers = num_layers, .num_kv_heads = num_kv_heads, .head_dim = head_dim,
+                        .block_size = block, .dtype = kv::DType::f32};
+  kv::CacheConfig cfg{.geometry = kv::Geometry::make(spec).value(), .num_blocks = num_blocks, .max_sequences = 4,
+                      .max_blocks_per_sequence = max_blocks};
+  int32_t prompt_len = 2048, max_new = 1024;
+  std::vector<int32_t> chunks = make_chunks();
+  std::vector<int32_t> slots = std::vector<int32_t>(std::size_t(prompt_len));  // the largest chunk
+  // Eviction output: token policies may move groups x held tokens; block policies list blocks.
+  std::vector<kv::SlotMove> moves = std::vector<kv::SlotMove>(std::size_t(num_kv_heads * max_blocks * block));
+  std::vector<int32_t> group_moves = std::vector<int32_t>(num_kv_heads + 1);
+  std::vector<int32_t> evicted = std::vector<int32_t>(max_blocks);
+  std::vector<kv::BlockRotation> rotations = std::vector<kv::BlockRotation>(max_blocks);
+  std::vector<int32_t> blocks = std::vector<int32_t>(max_blocks), deltas = std::vector<int32_t>(max_blocks);
+  std::vector<float> scores, sums, per_head_sums, last_query_probs, window_sums;
+  // "Device" memory: the pool and the kernels' inputs.
+  std::vector<float> memory = std::vector<float>(std::size_t(num_blocks * block * num_kv_heads * head_dim * 2));
+  kv::PoolView pool = kv::make_pool_view(cfg.geometry, memory.data(), num_blocks).value();
+  cudaStream_t stream{};
+  std::vector<kv::SlotMove> moves_on_device = std::vector<kv::SlotMove>(moves.size());
+  kv::SlotMove* moves_dev = moves_on_device.data();
+  std::vector<int32_t> blocks_on_device = blocks, deltas_on_device = deltas;
+  int32_t* blocks_dev = blocks_on_device.data();
+  int32_t* deltas_dev = deltas_on_device.data();
+  int32_t max_delta = max_blocks * block;
+  std::vector<float> cos_on_device = std::vector<float>(std::size_t((max_delta + 1) * head_dim / 2));
+  std::vector<float> sin_on_device = cos_on_device;
+  float* cos_dev = cos_on_device.data();
+  float* sin_dev = sin_on_device.data();
+
+  int64_t written = 0;  // tokens written: the next token's position
+  int64_t last_chunk = 0;
+  // Sliding window W (0: none): attention records by how many keys the held
+  // tokens fell short of what the chunk's earliest query needs (W - 1 before it).
+  int64_t window = 0, keys_missing = 0;
+  std::mt19937 rng{20261123};
+
+  static std::vector<int32_t> make_chunks() {
+    std::vector<int32_t> c(96, 64);
+    c.insert(c.end(), 1024, 1);
+    return c;
+  }
+  int64_t total_tokens() const {
+    int64_t t = 0;
+    for (int32_t n : chunks) t += n;
+    return t;
+  }
+  float* key(int32_t slot, int32_t head) {
+    return static_cast<float*>(static_cast<void*>(pool.row(slot / block, 0, 0, slot % block, head)));
+  }
+  // The engine's scatter: K of every head holds the token's position.
+  void write_kv(std::span<const int32_t> to, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+      for (int32_t h = 0; h < num_kv_heads; ++h) *key(to[std::size_t(i)], h) = float(written + i);
+    written += n;
+    last_chunk = n;
+  }
+  // The engine's attention with a score output: rows x held scores, quantized
+  // so ties (and the tie-breaks) occur.
+  void attention(int32_t rows, int64_t held, std::vector<float>& out) {
+    if (window > 0) keys_missing = std::max(keys_missing, std::min(written, window - 1 + last_chunk) - held);
+    out.resize(std::size_t(rows * held));
+    std::uniform_int_distribution<int> q(0, 31);
+    for (float& x : out) x = float(q(rng)) / 32.0f;
+  }
+};
+
+// The kernels section: a 2-layer fp16 pool of 8 blocks (2 kv-heads x 8 dims)
+// and a fused QKV input of 20 tokens per layer (4 query heads).
+struct KernelEngine {
+  static constexpr int32_t num_layers = 2, kv_heads = 2, q_heads = 4, head_dim = 8, block = 16;
+  static constexpr int64_t num_blocks = 8, num_tokens = 20;
+  kv::Geometry geometry = kv::Geometry::make({.num_layers = num_layers, .num_kv_heads = kv_heads,
+                                              .head_dim = head_dim, .block_size = block, .dtype = kv::DType::f16})
+                              .value();
+  std::vector<std::byte> memory = std::vector<std::byte>(std::size_t(geometry.pool_bytes(num_blocks).value()));
+  void* kv_memory = memory.data();
+  int32_t layer = 1;
+  int64_t head_bytes = head_dim * 2, qkv_token_stride = (q_heads + 2 * kv_heads) * head_bytes;
+  int64_t per_layer_bytes = num_tokens * qkv_token_stride;
+  std::vector<std::byte> qkv = std::vector<std::byte>(std::size_t(num_layers * per_layer_bytes));
+  const void* k_ptr = qkv.data() + q_heads * head_bytes;
+  const void* v_ptr = qkv.data() + (q_heads + kv_heads) * head_bytes;
+  std::vector<int32_t> slot_buffer = make_slots();
+  const int32_t* slots_dev = slot_buffer.data();
+  std::vector<kv::BlockCopy> copy_buffer{{.src = 1, .dst = 3}};
+  const kv::BlockCopy* copies_dev = copy_buffer.data();
+  int32_t num_copies = 1;
+  std::vector<int32_t> block_buffer{2}, delta_buffer{-5};
+  const int32_t* blocks_dev = block_buffer.data();
+  const int32_t* deltas_dev = delta_buffer.data();
+  int32_t num_rotations = 1, max_delta = 64;
+  std::vector<float> cos_buffer = std::vector<float>(std::size_t((max_delta + 1) * head_dim / 2)), sin_buffer = cos_buffer;
+  float* cos_dev = cos_buffer.data();
+  float* sin_dev = sin_buffer.data();
+  cudaStream_t stream{};
+
+  KernelEngine() {  // every input element distinct and exactly representable in fp16
+    for (std::size_t i = 0; i < qkv.size() / 2; ++i)
+      kv::store_elem(kv::DType::f16, qkv.data(), std::int64_t(i), float(int(i % 997) - 498) / 64.0f);
+  }
+  static std::vector<int32_t> make_slots() {  // tokens 0..19 at slots 16..35: blocks 1 and 2
+    std::vector<int32_t> s(num_tokens);
+    for (std::size_t t = 0; t < s.size(); ++t) s[t] = int32_t(block + int32_t(t));
+    return s;
+  }
+};
+}  // namespace readme

@@ -1,0 +1,38 @@
+// The README's GPU snippets compiled by nvcc against the real launchers, in
+// the fixtures test_readme runs them in on the host: a launcher's signature
+// or a parameter struct that drifts from the README fails the build.
+#include <kvcache/kernels/block_copy.cuh>
+#include <kvcache/kernels/compaction.cuh>
+#include <kvcache/kernels/rope.cuh>
+#include <kvcache/kernels/scatter.cuh>
+
+#include "readme/engine.hpp"
+
+namespace readme {
+struct GpuSnippets : PolicyEngine {
+  void block_scores();
+  void h2o();
+  void tova();
+  void average_attention();
+};
+struct GpuKernels : KernelEngine {
+  void kernels();
+};
+
+void GpuSnippets::block_scores() {
+#include "snippets/block_scores.inc"
+}
+void GpuSnippets::h2o() {
+#include "snippets/h2o.inc"
+}
+void GpuSnippets::tova() {
+#include "snippets/tova.inc"
+}
+void GpuSnippets::average_attention() {
+#include "snippets/average_attention.inc"
+}
+void GpuKernels::kernels() {
+#include "snippets/pool_view.inc"
+#include "snippets/kernels.inc"
+}
+}  // namespace readme

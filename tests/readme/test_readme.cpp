@@ -1,0 +1,232 @@
+// Every ```cpp block of the README, compiled and run as written (the build
+// extracts them into snippets/NAME.inc; a block without a test fails the
+// build). Each runs inside a fixture that supplies the engine's names, then
+// the test checks what the snippet did: results, bounds, invariants, and for
+// the token policies the memory the snippet's compaction left behind.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "readme/engine.hpp"
+
+namespace kv = kvcache;
+using std::int32_t;
+using std::int64_t;
+
+// The README declares its custom policy at namespace scope.
+#include "snippets/custom_policy.inc"
+
+namespace readme {
+namespace {
+
+struct QuickStart {
+  std::vector<int32_t> prompt = std::vector<int32_t>(40, 7);
+};
+
+struct PrefixHit {
+  kv::Cache<> cache{{.geometry = kv::Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8,
+                                                    .block_size = 16}).value(),
+                     .num_blocks = 16, .max_sequences = 4, .max_blocks_per_sequence = 8}};
+  std::vector<int32_t> prompt = std::vector<int32_t>(40, 3);
+  std::vector<int32_t> slots = std::vector<int32_t>(40);
+  std::uint64_t tenant_id = 42;
+  PrefixHit() {  // an earlier request of the same tenant computed and published the prompt
+    auto first = cache.add_sequence(prompt, {.salt = tenant_id}).value();
+    REQUIRE(cache.reserve(first.seq, 40, slots).ok());
+    REQUIRE(cache.publish(first.seq, prompt).value() == 2);
+  }
+};
+
+struct Sip {
+  kv::CacheConfig cfg{.geometry = kv::Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8,
+                                                     .block_size = 16}).value(),
+                      .num_blocks = 16, .max_sequences = 4, .max_blocks_per_sequence = 8};
+  std::uint64_t key0 = 0x0706050403020100, key1 = 0x0f0e0d0c0b0a0908;
+};
+
+// One H2O sequence after a 2,000-token prefill, scores observed.
+struct EvictStep : PolicyEngine {
+  kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::SelectAll, kv::H2OEviction> cache{
+      cfg, {}, {}, kv::H2OEviction({.heavy = 1024, .recent = 256, .groups = num_kv_heads})};
+  kv::SeqId seq = cache.add_sequence().value();
+  int32_t num_groups = num_kv_heads;
+  EvictStep() {
+    REQUIRE(cache.reserve(seq, 2000, slots).ok());
+    attention(num_groups, 2000, sums);
+  }
+};
+
+// Token i of the row is at this slot (the dead front of a window included).
+template <class C>
+int32_t slot_of(const C& cache, kv::SeqId seq, int32_t i) {
+  const auto row = cache.table().blocks(seq).value();
+  return row[std::size_t(i / PolicyEngine::block)] * PolicyEngine::block + i % PolicyEngine::block;
+}
+
+// After a token policy's snippet: K of every head, read through the row, is
+// the position the policy tracks for the head's group.
+template <class C>
+void require_memory_is_policy(PolicyEngine& e, const C& cache, kv::SeqId seq) {
+  const auto held = int32_t(cache.tokens_held(seq).value());
+  const int32_t heads_per_group = PolicyEngine::num_kv_heads / cache.eviction().groups();
+  for (int32_t h = 0; h < PolicyEngine::num_kv_heads; ++h) {
+    const auto tracked = cache.eviction().positions(seq.index, h / heads_per_group);
+    REQUIRE(int32_t(tracked.size()) == held);
+    for (int32_t j = 0; j < held; ++j) REQUIRE(int64_t(*e.key(slot_of(cache, seq, j), h)) == tracked[std::size_t(j)]);
+  }
+}
+
+// Every chunk went through (no `break`), and the cache is consistent.
+template <class C>
+void require_ran_clean(const PolicyEngine& e, const C& cache, kv::SeqId seq) {
+  REQUIRE(e.written == e.total_tokens());
+  REQUIRE(cache.check_invariants().ok());
+  REQUIRE(cache.tokens_held(seq).value() <= cache.max_tokens_after_eviction());
+}
+
+}  // namespace
+
+TEST_CASE_METHOD(QuickStart, "README quick start: geometry, pool size, reserve, publish") {
+#include "snippets/quickstart.inc"
+  REQUIRE(bytes.value() == int64_t{4096} * 32 * 2 * 16 * 8 * 128 * 2);  // blocks x layers x K,V x tokens x heads x dims x fp16
+  REQUIRE(r.ok());
+  REQUIRE(r->new_blocks == 3);
+  REQUIRE(r->copy.src < 0);
+  REQUIRE(shared.value() == 2);  // 40 tokens: two full blocks
+  REQUIRE(cache.tokens_held(*seq).value() == 40);
+  REQUIRE(cache.check_invariants().ok());
+}
+
+TEST_CASE_METHOD(PrefixHit, "README prefix sharing: a hit reserves only what is not cached") {
+#include "snippets/prefix_hit.inc"
+  REQUIRE(hit->cached_tokens == 32);
+  REQUIRE(r.ok());
+  REQUIRE(r->new_blocks == 1);
+  REQUIRE(cache.tokens_held(hit->seq).value() == 40);
+  REQUIRE(cache.check_invariants().ok());
+}
+
+TEST_CASE_METHOD(Sip, "README hashers: a cache with SipHash-2-4 shares prefixes") {
+#include "snippets/sip_hasher.inc"
+  std::vector<int32_t> prompt(33, 5), slots(33);
+  auto a = cache.add_sequence(prompt, {.salt = 1}).value();
+  REQUIRE(cache.reserve(a.seq, 33, slots).ok());
+  REQUIRE(cache.publish(a.seq, prompt).value() == 2);
+  REQUIRE(cache.add_sequence(prompt, {.salt = 1}).value().cached_tokens == 32);
+  REQUIRE(cache.add_sequence(prompt, {.salt = 2}).value().cached_tokens == 0);  // another tenant's salt
+}
+
+TEST_CASE("README custom policy: a cache composes it and holds it to its bound") {
+  kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::SelectAll, MyEviction> cache(
+      {.geometry = kv::Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 16}).value(),
+       .num_blocks = 16, .max_sequences = 2, .max_blocks_per_sequence = 8});
+  std::vector<int32_t> slots(50);
+  auto seq = cache.add_sequence().value();
+  REQUIRE(cache.reserve(seq, 50, slots).ok());
+  REQUIRE(cache.blocks_needed(50, 10).value() == 4);
+  REQUIRE(cache.check_invariants().ok());
+}
+
+TEST_CASE_METHOD(EvictStep, "README eviction step: observe, then evict with every span") {
+#include "snippets/evict_step.inc"
+  REQUIRE(r.ok());
+  REQUIRE(r->tokens == 2000 - 1280);
+  REQUIRE(r->moves == group_moves[std::size_t(num_groups)]);
+  REQUIRE(cache.tokens_held(seq).value() == 1280);
+  REQUIRE(cache.check_invariants().ok());
+}
+
+TEST_CASE_METHOD(PolicyEngine, "README sliding window: every chunk evicted before attention keeps what it needs") {
+  window = 4096;
+#include "snippets/sliding_window.inc"
+  require_ran_clean(*this, cache, seq);
+  REQUIRE(keys_missing == 0);  // every query found its W - 1 keys before it
+  const auto held = int32_t(cache.tokens_held(seq).value());
+  REQUIRE(held == 4096);  // the last evict had one pending query: exactly W
+  const int32_t front = cache.table().front(seq).value();
+  for (int32_t j = 0; j < held; ++j)  // the live tokens are the last W, in order, after the dead front
+    REQUIRE(int64_t(*key(slot_of(cache, seq, front + j), 0)) == written - held + j);
+}
+
+TEST_CASE_METHOD(PolicyEngine, "README sinks + window: the stream stays within its bound") {
+#include "snippets/sink_window.inc"
+  require_ran_clean(*this, cache, seq);
+  REQUIRE(cache.tokens_held(seq).value() > 2048);
+  for (int32_t j = 0; j < 16; ++j)  // the sinks' block stays first
+    REQUIRE(int64_t(*key(slot_of(cache, seq, j), 0)) == j);
+}
+
+TEST_CASE_METHOD(PolicyEngine, "README block scores: observe, evict and re-rotate the moved blocks") {
+  REQUIRE(kv::make_rope_table(10000.0, head_dim, max_delta, cos_on_device, sin_on_device).ok());
+#include "snippets/block_scores.inc"
+  require_ran_clean(*this, cache, seq);
+  REQUIRE(cache.tokens_held(seq).value() >= 32 + 128);
+  for (int32_t j = 0; j < 32; ++j)  // the start area never moves, so it is never rotated
+    REQUIRE(int64_t(*key(slot_of(cache, seq, j), 0)) == j);
+}
+
+TEST_CASE_METHOD(PolicyEngine, "README H2O: memory compacted per head matches the policy's tokens") {
+#include "snippets/h2o.inc"
+  require_ran_clean(*this, cache, seq);
+  REQUIRE(cache.tokens_held(seq).value() == 1280);
+  require_memory_is_policy(*this, cache, seq);
+}
+
+TEST_CASE_METHOD(PolicyEngine, "README TOVA: memory compacted for every head matches the policy's tokens") {
+#include "snippets/tova.inc"
+  require_ran_clean(*this, cache, seq);
+  REQUIRE(cache.tokens_held(seq).value() == 2048);
+  require_memory_is_policy(*this, cache, seq);
+}
+
+TEST_CASE_METHOD(PolicyEngine, "README SnapKV: one compression after the prompt") {
+#include "snippets/snapkv.inc"
+  REQUIRE(r.ok());
+  REQUIRE(r->tokens == prompt_len - (1024 + 32));
+  REQUIRE(cache.tokens_held(seq).value() == 1024 + 32);
+  REQUIRE(cache.check_invariants().ok());
+}
+
+TEST_CASE_METHOD(PolicyEngine, "README average attention: chunked prefill and decode stay below the budget") {
+#include "snippets/average_attention.inc"
+  require_ran_clean(*this, cache, seq);
+  REQUIRE(cache.tokens_held(seq).value() < 2048);
+  REQUIRE(cache.blocks_held(seq).value() <= need.value());
+  require_memory_is_policy(*this, cache, seq);
+}
+
+TEST_CASE_METHOD(KernelEngine, "README kernels: scatter a fused QKV slice, copy a block, re-rotate keys") {
+#include "snippets/pool_view.inc"
+#include "snippets/kernels.inc"
+  const kv::GeometrySpec& g = geometry.spec();
+  auto cached = [&](int64_t blk, int32_t l, int32_t kvp, int32_t tok, int32_t h, int32_t d) {
+    return kv::load_elem(kv::DType::f16, pool->row(blk, l, kvp, tok, h), d);
+  };
+  auto input = [&](int32_t l, int32_t kvp, int64_t t, int32_t h, int32_t d) {
+    const auto* base = static_cast<const std::byte*>(kvp == 0 ? k_ptr : v_ptr);
+    return kv::load_elem(kv::DType::f16, base + l * per_layer_bytes + t * qkv_token_stride + h * head_bytes, d);
+  };
+  for (int32_t l = 0; l < g.num_layers; ++l)
+    for (int32_t h = 0; h < g.num_kv_heads; ++h)
+      for (int32_t d = 0; d < g.head_dim; ++d)
+        for (int64_t t = 0; t < num_tokens; ++t) {
+          const int64_t blk = 1 + t / 16;
+          const int32_t off = int32_t(t % 16);
+          REQUIRE(cached(blk, l, 1, off, h, d) == input(l, 1, t, h, d));     // V as written
+          if (blk == 1) {
+            REQUIRE(cached(1, l, 0, off, h, d) == input(l, 0, t, h, d));      // K as written
+            REQUIRE(cached(3, l, 0, off, h, d) == cached(1, l, 0, off, h, d));  // the copy-on-write copy
+            REQUIRE(cached(3, l, 1, off, h, d) == cached(1, l, 1, off, h, d));
+          } else if (d < g.head_dim / 2) {  // block 2's keys rotated by -5 positions (NeoX pairs d, d + D/2)
+            const double angle = -5.0 * std::pow(500000.0, -2.0 * d / g.head_dim);
+            const double x = input(l, 0, t, h, d), y = input(l, 0, t, h, d + g.head_dim / 2);
+            REQUIRE(cached(2, l, 0, off, h, d) == Approx(x * std::cos(angle) - y * std::sin(angle)).margin(1e-2));
+            REQUIRE(cached(2, l, 0, off, h, d + g.head_dim / 2) ==
+                    Approx(y * std::cos(angle) + x * std::sin(angle)).margin(1e-2));
+          }
+        }
+}
+
+}  // namespace readme
