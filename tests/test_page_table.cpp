@@ -193,6 +193,25 @@ TEST_CASE("reserve_batch packs slots, pads with -1, and is all or nothing") {
   const std::array<std::int32_t, 1> short_counts{1};
   f.fails_unchanged(Errc::invalid_argument, "counts.size",
                     [&] { return f.table.reserve_batch(f.pool, seqs, short_counts, slots, copies).status(); });
+  CHECK(slots == std::vector<std::int32_t>(8, -1));  // a failed batch leaves no slot a scatter could write
+
+  // a's next token fits its tail and is appended during validation; a later
+  // error (b's count, a repeated a, too few slots, too few blocks) undoes it.
+  const std::array<std::int32_t, 2> one_then_huge{1, 40}, ones{1, 1};
+  f.fails_unchanged(Errc::capacity_exceeded, "n_tokens",
+                    [&] { return f.table.reserve_batch(f.pool, seqs, one_then_huge, slots, copies).status(); });
+  f.fails_unchanged(Errc::duplicate_sequence, "seqs_at",
+                    [&] { return f.table.reserve_batch(f.pool, dup, ones, slots, copies).status(); });
+  std::vector<std::int32_t> one_slot(1);
+  const std::array<std::int32_t, 2> one_then_two{1, 2};
+  f.fails_unchanged(Errc::buffer_too_small, "slots",
+                    [&] { return f.table.reserve_batch(f.pool, seqs, one_then_two, one_slot, copies).status(); });
+  const std::array<std::int32_t, 2> one_then_many{1, 14};  // b needs 3 more blocks, 2 are free
+  while (f.pool.num_free() > 2) REQUIRE(f.pool.allocate_one().ok());
+  std::vector<std::int32_t> room(16, 99);
+  f.fails_unchanged(Errc::out_of_blocks, "n_blocks",
+                    [&] { return f.table.reserve_batch(f.pool, seqs, one_then_many, room, copies).status(); });
+  CHECK(room == std::vector<std::int32_t>(16, -1));
 }
 
 TEST_CASE("exports: dense table, CSR and lengths") {

@@ -154,6 +154,11 @@ class PageTable {
   /// Room for n more tokens; writes their slots to slots[0..n). All or nothing.
   Result<ReserveInfo> reserve(BlockPool& pool, SeqId s, std::int32_t n, std::span<std::int32_t> slots) noexcept {
     if (auto st = validate(s); !st) return st;
+    Stream& stream = st_[s.index];
+    if (const std::int32_t off = mod_b(stream.front + stream.tokens);
+        n > 0 && off != 0 && slots.size() >= static_cast<std::size_t>(n) &&
+        append_in_tail(pool, stream, row(s.index)[stream.nblocks - 1], block_size_, off, n, slots.data()))
+      return ReserveInfo{};  // fits the tail: nothing to allocate, nothing can fail
     Need need{};
     if (auto st = plan_reserve(pool, s.index, n, need); !st) return st;
     if (slots.size() < static_cast<std::size_t>(n)) return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), n};
@@ -165,59 +170,105 @@ class PageTable {
 
   /// reserve() for a batch: counts[i] tokens for seqs[i], slots packed in order
   /// into `slots`, the rest of `slots` padded with -1 (padded CUDA-graph
-  /// batches). Copy commands (one per shared tail) go to `copies`.
+  /// batches). Copy commands (one per shared tail) go to `copies`. All or
+  /// nothing: on an error the table and pool are unchanged and every entry of
+  /// `slots` is -1, so a scatter launched anyway writes nothing.
   Result<BatchInfo> reserve_batch(BlockPool& pool, std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
                                   std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept {
     if (counts.size() != seqs.size())
-      return Status{Errc::invalid_argument, "counts.size", std::int64_t(counts.size()), std::int64_t(seqs.size())};
-    if (++epoch_ == 0) {  // stamps wrapped: clear them so no stale stamp matches
+      return batch_failed(slots, Status{Errc::invalid_argument, "counts.size", std::int64_t(counts.size()),
+                                        std::int64_t(seqs.size())});
+    // Stamps mark the streams this call has seen (duplicates) and, in the low
+    // bit, the ones it already appended to.
+    epoch_ += 2;
+    if (epoch_ < 2) {  // wrapped: clear the stamps so no stale one matches
       for (auto& st : st_) st.stamp = 0;
-      epoch_ = 1;
+      epoch_ = 2;
     }
-    // Validation pass: the common case stays branch-light; errors rebuild
-    // their Status on the cold path.
+    // One pass validates every entry and appends the common decode case (the
+    // tokens fit a tail block only this stream holds) at once, so a step
+    // touches each stream once. Entries that allocate or copy are planned
+    // here, chained (their first slot holds -2 - k until applied), and applied
+    // after the all-or-nothing checks. An error undoes the appends.
     // Members are copied to locals: the stamp stores could alias them otherwise.
     Stream* const streams = st_.data();
     const BlockId* const blocks = blocks_.data();
     const std::uint32_t epoch = epoch_, nstreams = static_cast<std::uint32_t>(max_streams_);
     const std::int32_t max_tokens = max_tokens_, max_blocks = max_blocks_;
-    std::int64_t total_slots = 0, total_blocks = 0, total_copies = 0;
+    const BlockMath bm = math();
+    std::int32_t* const out = slots.data();
+    const std::int64_t room = std::int64_t(slots.size());
+    std::int64_t total_slots = 0, total_blocks = 0, may_copy = 0;
+    std::int32_t first = -1;  // slot offset of the first planned entry
+    Stream* last = nullptr;   // the last planned entry's stream
     for (std::size_t k = 0; k < seqs.size(); ++k) {
       const SeqId s = seqs[k];
       const std::int32_t n = counts[k];
       if (s.index >= nstreams || !streams[s.index].alive || streams[s.index].gen != s.generation) [[unlikely]]
-        return validate(s);
+        return batch_undo(seqs, counts, k, slots, validate(s));
       Stream& st = streams[s.index];
-      if (st.stamp == epoch) [[unlikely]]
-        return Status{Errc::duplicate_sequence, "seqs_at", std::int64_t(k), s.index};
-      st.stamp = epoch;
+      if ((st.stamp & ~1u) == epoch) [[unlikely]]
+        return batch_undo(seqs, counts, k, slots, Status{Errc::duplicate_sequence, "seqs_at", std::int64_t(k), s.index});
       const std::int32_t t = st.front + st.tokens;  // slots in the row
       if (n < 0 || n > max_tokens - t) [[unlikely]] {
         Need unused{};
-        return plan_reserve(pool, s.index, n, unused);
+        return batch_undo(seqs, counts, k, slots, plan_reserve(pool, s.index, n, unused));
       }
-      const bool cow = n > 0 && mod_b(t) != 0 &&
-                       pool.ref_count(blocks[std::size_t(s.index) * std::size_t(max_blocks) + std::size_t(st.nblocks - 1)]) > 1;
-      total_blocks += blocks_for(std::int64_t{t} + n) - st.nblocks + cow;
-      total_copies += cow;
+      const std::int32_t off = bm.mod(t);
+      const bool fits = total_slots + n <= room;
+      if (fits && off != 0 && n > 0 &&
+          append_in_tail(pool, st, blocks[std::size_t(s.index) * std::size_t(max_blocks) + std::size_t(st.nblocks - 1)],
+                         bm.size, off, n, out + total_slots)) {
+        st.stamp = epoch | 1u;
+        total_slots += n;
+        continue;
+      }
+      st.stamp = epoch;
+      if (fits && n > 0) {  // chained through the streams: the apply pass visits only these
+        out[total_slots] = -2 - static_cast<std::int32_t>(k);
+        st.next = -1;
+        (last ? last->next : first) = static_cast<std::int32_t>(total_slots);
+        last = &st;
+      }
+      total_blocks += bm.blocks_for(std::int64_t{t} + n) - st.nblocks;
+      may_copy += n > 0 && off != 0;
       total_slots += n;
     }
-    if (std::int64_t(slots.size()) < total_slots)
-      return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), total_slots};
-    if (std::int64_t(copies.size()) < total_copies)
-      return Status{Errc::buffer_too_small, "copies", std::int64_t(copies.size()), total_copies};
-    if (total_blocks > pool.num_free()) return Status{Errc::out_of_blocks, "n_blocks", total_blocks, pool.num_free()};
-    BatchInfo out{};
-    std::int32_t* dst = slots.data();
-    for (std::size_t k = 0; k < seqs.size(); ++k) {
-      ReserveInfo info{};
-      apply_reserve(pool, seqs[k].index, counts[k], dst, info);
-      dst += counts[k];
-      if (info.copy.src >= 0) copies[static_cast<std::size_t>(out.copies++)] = info.copy;
+    const std::size_t all = seqs.size();
+    if (room < total_slots)
+      return batch_undo(seqs, counts, all, slots, Status{Errc::buffer_too_small, "slots", room, total_slots});
+    // A planned write into a partial tail needs a copy-on-write block if the
+    // tail is shared; that is looked up only when the upper bound (every such
+    // tail shared) would not fit the pool or `copies`.
+    std::int64_t total_copies = may_copy;
+    if (may_copy > 0 && (std::int64_t(copies.size()) < may_copy || total_blocks + may_copy > pool.num_free())) {
+      total_copies = 0;
+      for (std::size_t k = 0; k < all; ++k) {
+        const Stream& st = streams[seqs[k].index];
+        if (st.stamp != epoch) continue;  // appended in place: no copy
+        total_copies += counts[k] > 0 && bm.mod(st.front + st.tokens) != 0 &&
+                        pool.ref_count(blocks[std::size_t(seqs[k].index) * std::size_t(max_blocks) +
+                                              std::size_t(st.nblocks - 1)]) > 1;
+      }
     }
-    out.slots = static_cast<std::int32_t>(total_slots);
-    for (std::int32_t* end = slots.data() + slots.size(); dst != end; ++dst) *dst = -1;
-    return out;
+    total_blocks += total_copies;
+    if (std::int64_t(copies.size()) < total_copies)
+      return batch_undo(seqs, counts, all, slots,
+                        Status{Errc::buffer_too_small, "copies", std::int64_t(copies.size()), total_copies});
+    if (total_blocks > pool.num_free())
+      return batch_undo(seqs, counts, all, slots, Status{Errc::out_of_blocks, "n_blocks", total_blocks, pool.num_free()});
+    BatchInfo info{};
+    for (std::int32_t at = first; at >= 0;) {  // the planned entries, in batch order
+      const std::size_t k = static_cast<std::size_t>(-2 - out[at]);
+      const std::int32_t next = streams[seqs[k].index].next;
+      ReserveInfo r{};
+      apply_reserve(pool, seqs[k].index, counts[k], out + at, r);
+      if (r.copy.src >= 0) copies[static_cast<std::size_t>(info.copies++)] = r.copy;
+      at = next;
+    }
+    info.slots = static_cast<std::int32_t>(total_slots);
+    for (std::int32_t* p = out + total_slots, *end = out + room; p != end; ++p) *p = -1;
+    return info;
   }
 
   /// Drops the last n tokens (speculative-decoding rollback). Blocks left empty
@@ -326,10 +377,17 @@ class PageTable {
   }
 
   // Block sizes are almost always powers of two: shift and mask then.
-  std::int32_t div_b(std::int64_t x) const noexcept {
-    return static_cast<std::int32_t>(shift_ >= 0 ? x >> shift_ : x / block_size_);
-  }
-  std::int32_t mod_b(std::int32_t x) const noexcept { return shift_ >= 0 ? x & (block_size_ - 1) : x % block_size_; }
+  // Block arithmetic by value: the batch loops keep it in registers (stores
+  // into Stream's int32 fields could alias the members and force reloads).
+  struct BlockMath {
+    std::int32_t size, shift;  // shift >= 0: size is a power of two
+    std::int32_t div(std::int64_t x) const noexcept { return static_cast<std::int32_t>(shift >= 0 ? x >> shift : x / size); }
+    std::int32_t mod(std::int32_t x) const noexcept { return shift >= 0 ? x & (size - 1) : x % size; }
+    std::int32_t blocks_for(std::int64_t tokens) const noexcept { return div(tokens + size - 1); }
+  };
+  BlockMath math() const noexcept { return {block_size_, shift_}; }
+  std::int32_t div_b(std::int64_t x) const noexcept { return math().div(x); }
+  std::int32_t mod_b(std::int32_t x) const noexcept { return math().mod(x); }
 
   Status plan_reserve(const BlockPool& pool, std::uint32_t i, std::int32_t n, Need& need) const noexcept {
     const Stream& st = st_[i];
@@ -343,6 +401,24 @@ class PageTable {
     return {};
   }
 
+  // A failed batch leaves every slot -1 (a scatter launched anyway writes nothing).
+  static Status batch_failed(std::span<std::int32_t> slots, Status st) noexcept {
+    for (std::int32_t& x : slots) x = -1;
+    return st;
+  }
+  // Undoes the in-place appends of seqs[0..k) (stamped epoch | 1), then fails.
+  Status batch_undo(std::span<const SeqId> seqs, std::span<const std::int32_t> counts, std::size_t k,
+                    std::span<std::int32_t> slots, Status st) noexcept {
+    for (std::size_t j = 0; j < k; ++j) {
+      Stream& s = st_[seqs[j].index];
+      if (s.stamp != (epoch_ | 1u)) continue;
+      s.tokens -= counts[j];
+      s.appended -= counts[j];
+      s.stamp = epoch_;
+    }
+    return batch_failed(slots, st);
+  }
+
   void apply_reserve(BlockPool& pool, std::uint32_t i, std::int32_t n, std::int32_t* slots, ReserveInfo& info) noexcept {
     if (n == 0) return;
     Stream& st = st_[i];
@@ -351,6 +427,7 @@ class PageTable {
     std::int32_t off = mod_b(t);
     if (off != 0) {  // the write lands in the partial tail block
       BlockId& tail = r[nb - 1];
+      if (append_in_tail(pool, st, tail, block_size_, off, n, slots)) return;
       if (pool.ref_count(tail) > 1) {
         const BlockId dst = *pool.allocate_one();
         info.copy = BlockCopy{tail, dst};
@@ -400,12 +477,26 @@ class PageTable {
     std::uint8_t alive = 0;
     std::int32_t front = 0;     // dead slots before the first live token (< block_size)
     std::uint32_t stamp = 0;    // reserve_batch duplicate detection (scratch, not state)
+    std::int32_t next = -1;     // reserve_batch: slot offset of the next planned entry (scratch)
     friend bool operator==(const Stream& a, const Stream& b) {
       return a.tokens == b.tokens && a.nblocks == b.nblocks && a.nhashed == b.nhashed && a.gen == b.gen &&
              a.appended == b.appended && a.key == b.key && a.alive == b.alive && a.front == b.front;
     }
   };
   std::vector<Stream> st_;
+
+  // Decode's common case, no allocation: the n tokens fit the partial tail
+  // block (at `off`), which only this stream holds and nobody can hit.
+  static bool append_in_tail(const BlockPool& pool, Stream& st, BlockId tail, std::int32_t block_size, std::int32_t off,
+                             std::int32_t n, std::int32_t* slots) noexcept {
+    if (n > block_size - off || pool.ref_count(tail) != 1 || pool.has_hash(tail)) return false;
+    const std::int32_t base = tail * block_size + off;
+    for (std::int32_t j = 0; j < n; ++j) slots[j] = base + j;
+    st.tokens += n;
+    st.appended += n;
+    return true;
+  }
+
   std::vector<std::int32_t> free_;         // stack of free stream slots
   std::int32_t nfree_ = 0;
   std::uint32_t epoch_ = 0;
