@@ -69,7 +69,7 @@ class PageTable {
   /// Rows free.
   std::int32_t free_streams() const noexcept { return nfree_; }
   /// Blocks that `tokens` tokens fill.
-  std::int32_t blocks_for(std::int64_t tokens) const noexcept { return div_b(tokens + block_size_ - 1); }
+  std::int32_t blocks_for(std::int64_t tokens) const noexcept { return math().blocks_for(tokens); }
 
   /// True when s names a live row of this generation.
   bool live(SeqId s) const noexcept {
@@ -419,6 +419,7 @@ class PageTable {
     return batch_failed(slots, st);
   }
 
+  // The general append; callers have tried append_in_tail first.
   void apply_reserve(BlockPool& pool, std::uint32_t i, std::int32_t n, std::int32_t* slots, ReserveInfo& info) noexcept {
     if (n == 0) return;
     Stream& st = st_[i];
@@ -427,7 +428,6 @@ class PageTable {
     std::int32_t off = mod_b(t);
     if (off != 0) {  // the write lands in the partial tail block
       BlockId& tail = r[nb - 1];
-      if (append_in_tail(pool, st, tail, block_size_, off, n, slots)) return;
       if (pool.ref_count(tail) > 1) {
         const BlockId dst = *pool.allocate_one();
         info.copy = BlockCopy{tail, dst};
