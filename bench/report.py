@@ -18,7 +18,9 @@ def medians(path):
     with open(path) as f:
         data = json.load(f)
     rows = {}
-    for b in data["benchmarks"]:
+    # Registration order, whatever order the runs were interleaved in.
+    order = lambda b: (b.get("family_index", 0), b.get("per_family_instance_index", 0))
+    for b in sorted(data["benchmarks"], key=order):
         if b.get("aggregate_name") != "median":
             continue
         scale = {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}[b.get("time_unit", "ns")]

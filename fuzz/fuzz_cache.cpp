@@ -158,8 +158,9 @@ struct Run {
         std::vector<kv::BlockCopy> copies(std::size_t(in.upto(4)));
         std::vector<kv::SeqId> seqs = live;
         if (!seqs.empty() && in.byte() % 8 == 0) seqs.back() = seqs.front();  // a duplicate
+        const bool decode = in.byte() % 3 == 0;  // every count 1: the decode step's own pass
         for (std::size_t i = 0; i < seqs.size(); ++i) {
-          counts[i] = in.upto(5);
+          counts[i] = decode ? 1 : in.upto(5);
           firsts[i] = std::int32_t(cache.table().appended(seqs[i]).value_or(0));
         }
         auto r = cache.reserve_batch(seqs, counts, slots, copies);

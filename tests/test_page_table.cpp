@@ -214,6 +214,46 @@ TEST_CASE("reserve_batch packs slots, pads with -1, and is all or nothing") {
   CHECK(room == std::vector<std::int32_t>(16, -1));
 }
 
+TEST_CASE("a decode batch (every count 1) gives the slots and blocks of single reserves") {
+  for (const std::int32_t bs : {4, 3}) {  // the mask path and the division path
+    INFO("block size " << bs);
+    Fixture batched(40, 6, 8, bs), single(40, 6, 8, bs);
+    std::vector<SeqId> seqs;
+    std::vector<std::int32_t> prompt(16);
+    for (std::int32_t s = 0; s < 5; ++s) {  // lengths 1..13: every offset in a block
+      seqs.push_back(*batched.table.add());
+      REQUIRE(*single.table.add() == seqs.back());
+      REQUIRE(batched.table.reserve(batched.pool, seqs.back(), 1 + 3 * s, prompt).ok());
+      REQUIRE(single.table.reserve(single.pool, seqs.back(), 1 + 3 * s, prompt).ok());
+    }
+    const std::vector<std::int32_t> ones(seqs.size(), 1);
+    std::vector<std::int32_t> got(seqs.size() + 2, 99), want(seqs.size());
+    std::vector<BlockCopy> copies(seqs.size());
+    for (std::int32_t step = 0; step < 2 * bs + 1; ++step) {  // every stream crosses into new blocks
+      auto r = batched.table.reserve_batch(batched.pool, seqs, ones, got, copies);
+      REQUIRE(r.ok());
+      REQUIRE(r->slots == std::int32_t(seqs.size()));
+      for (std::size_t k = 0; k < seqs.size(); ++k)
+        REQUIRE(single.table.reserve(single.pool, seqs[k], 1, std::span(want).subspan(k, 1)).ok());
+      REQUIRE(std::vector<std::int32_t>(got.begin(), got.begin() + std::ptrdiff_t(seqs.size())) == want);
+      REQUIRE(got[seqs.size()] == -1);
+      REQUIRE(batched.table == single.table);
+      REQUIRE(batched.pool == single.pool);
+      batched.require_ok();
+    }
+    // A step where some streams need a new block and the pool has too few:
+    // the appends already made in the same pass are undone.
+    while (batched.table.tokens(seqs[0]).value() % bs != 0) {
+      auto r = batched.table.reserve_batch(batched.pool, seqs, ones, got, copies);
+      REQUIRE(r.ok());
+    }
+    while (batched.pool.num_free() > 0) REQUIRE(batched.pool.allocate_one().ok());
+    batched.fails_unchanged(Errc::out_of_blocks, "n_blocks",
+                            [&] { return batched.table.reserve_batch(batched.pool, seqs, ones, got, copies).status(); });
+    REQUIRE(got == std::vector<std::int32_t>(got.size(), -1));
+  }
+}
+
 TEST_CASE("exports: dense table, CSR and lengths") {
   Fixture f(16, 4, 4, 4);
   auto a = *f.table.add();

@@ -13,6 +13,14 @@
 #define KVCACHE_HOST_DEVICE
 #endif
 
+// Keeps a rarely taken path out of a hot loop, so the loop's values stay
+// in registers instead of being spilled around the inlined cold code.
+#if defined(_MSC_VER) && !defined(__clang__)
+#define KVCACHE_NOINLINE __declspec(noinline)
+#else
+#define KVCACHE_NOINLINE __attribute__((noinline))
+#endif
+
 // Two engines that embed different copies of the library can link together:
 // every symbol sits in kvcache::v0 (inline, so users just write kvcache::).
 #define KVCACHE_BEGIN_NAMESPACE \

@@ -173,103 +173,9 @@ class PageTable {
   /// batches). Copy commands (one per shared tail) go to `copies`. All or
   /// nothing: on an error the table and pool are unchanged and every entry of
   /// `slots` is -1, so a scatter launched anyway writes nothing.
+  /// Defined in page_table_batch.hpp (the decode step's hot path).
   Result<BatchInfo> reserve_batch(BlockPool& pool, std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
-                                  std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept {
-    if (counts.size() != seqs.size())
-      return batch_failed(slots, Status{Errc::invalid_argument, "counts.size", std::int64_t(counts.size()),
-                                        std::int64_t(seqs.size())});
-    // Stamps mark the streams this call has seen (duplicates) and, in the low
-    // bit, the ones it already appended to.
-    epoch_ += 2;
-    if (epoch_ < 2) {  // wrapped: clear the stamps so no stale one matches
-      for (auto& st : st_) st.stamp = 0;
-      epoch_ = 2;
-    }
-    // One pass validates every entry and appends the common decode case (the
-    // tokens fit a tail block only this stream holds) at once, so a step
-    // touches each stream once. Entries that allocate or copy are planned
-    // here, chained (their first slot holds -2 - k until applied), and applied
-    // after the all-or-nothing checks. An error undoes the appends.
-    // Members are copied to locals: the stamp stores could alias them otherwise.
-    Stream* const streams = st_.data();
-    const BlockId* const blocks = blocks_.data();
-    const std::uint32_t epoch = epoch_, nstreams = static_cast<std::uint32_t>(max_streams_);
-    const std::int32_t max_tokens = max_tokens_, max_blocks = max_blocks_;
-    const BlockMath bm = math();
-    std::int32_t* const out = slots.data();
-    const std::int64_t room = std::int64_t(slots.size());
-    std::int64_t total_slots = 0, total_blocks = 0, may_copy = 0;
-    std::int32_t first = -1;  // slot offset of the first planned entry
-    Stream* last = nullptr;   // the last planned entry's stream
-    for (std::size_t k = 0; k < seqs.size(); ++k) {
-      const SeqId s = seqs[k];
-      const std::int32_t n = counts[k];
-      if (s.index >= nstreams || !streams[s.index].alive || streams[s.index].gen != s.generation) [[unlikely]]
-        return batch_undo(seqs, counts, k, slots, validate(s));
-      Stream& st = streams[s.index];
-      if ((st.stamp & ~1u) == epoch) [[unlikely]]
-        return batch_undo(seqs, counts, k, slots, Status{Errc::duplicate_sequence, "seqs_at", std::int64_t(k), s.index});
-      const std::int32_t t = st.front + st.tokens;  // slots in the row
-      if (n < 0 || n > max_tokens - t) [[unlikely]] {
-        Need unused{};
-        return batch_undo(seqs, counts, k, slots, plan_reserve(pool, s.index, n, unused));
-      }
-      const std::int32_t off = bm.mod(t);
-      const bool fits = total_slots + n <= room;
-      if (fits && off != 0 && n > 0 &&
-          append_in_tail(pool, st, blocks[std::size_t(s.index) * std::size_t(max_blocks) + std::size_t(st.nblocks - 1)],
-                         bm.size, off, n, out + total_slots)) {
-        st.stamp = epoch | 1u;
-        total_slots += n;
-        continue;
-      }
-      st.stamp = epoch;
-      if (fits && n > 0) {  // chained through the streams: the apply pass visits only these
-        out[total_slots] = -2 - static_cast<std::int32_t>(k);
-        st.next = -1;
-        (last ? last->next : first) = static_cast<std::int32_t>(total_slots);
-        last = &st;
-      }
-      total_blocks += bm.blocks_for(std::int64_t{t} + n) - st.nblocks;
-      may_copy += n > 0 && off != 0;
-      total_slots += n;
-    }
-    const std::size_t all = seqs.size();
-    if (room < total_slots)
-      return batch_undo(seqs, counts, all, slots, Status{Errc::buffer_too_small, "slots", room, total_slots});
-    // A planned write into a partial tail needs a copy-on-write block if the
-    // tail is shared; that is looked up only when the upper bound (every such
-    // tail shared) would not fit the pool or `copies`.
-    std::int64_t total_copies = may_copy;
-    if (may_copy > 0 && (std::int64_t(copies.size()) < may_copy || total_blocks + may_copy > pool.num_free())) {
-      total_copies = 0;
-      for (std::size_t k = 0; k < all; ++k) {
-        const Stream& st = streams[seqs[k].index];
-        if (st.stamp != epoch) continue;  // appended in place: no copy
-        total_copies += counts[k] > 0 && bm.mod(st.front + st.tokens) != 0 &&
-                        pool.ref_count(blocks[std::size_t(seqs[k].index) * std::size_t(max_blocks) +
-                                              std::size_t(st.nblocks - 1)]) > 1;
-      }
-    }
-    total_blocks += total_copies;
-    if (std::int64_t(copies.size()) < total_copies)
-      return batch_undo(seqs, counts, all, slots,
-                        Status{Errc::buffer_too_small, "copies", std::int64_t(copies.size()), total_copies});
-    if (total_blocks > pool.num_free())
-      return batch_undo(seqs, counts, all, slots, Status{Errc::out_of_blocks, "n_blocks", total_blocks, pool.num_free()});
-    BatchInfo info{};
-    for (std::int32_t at = first; at >= 0;) {  // the planned entries, in batch order
-      const std::size_t k = static_cast<std::size_t>(-2 - out[at]);
-      const std::int32_t next = streams[seqs[k].index].next;
-      ReserveInfo r{};
-      apply_reserve(pool, seqs[k].index, counts[k], out + at, r);
-      if (r.copy.src >= 0) copies[static_cast<std::size_t>(info.copies++)] = r.copy;
-      at = next;
-    }
-    info.slots = static_cast<std::int32_t>(total_slots);
-    for (std::int32_t* p = out + total_slots, *end = out + room; p != end; ++p) *p = -1;
-    return info;
-  }
+                                  std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept;
 
   /// Drops the last n tokens (speculative-decoding rollback). Blocks left empty
   /// return to the pool. A published block that becomes the partial tail keeps
@@ -401,6 +307,26 @@ class PageTable {
     return {};
   }
 
+  // reserve_batch's entries that allocate or copy, planned in its one pass
+  // and applied after its all-or-nothing checks (page_table_batch.hpp).
+  struct BatchPlan {
+    std::uint32_t epoch;          // this call's stamp
+    std::int64_t blocks = 0;      // new blocks, copy-on-write targets excluded
+    std::int64_t may_copy = 0;    // planned writes into a partial tail (an upper bound on copies)
+    std::size_t first = SIZE_MAX; // the first planned entry (none: SIZE_MAX)
+    std::size_t last = 0;         // the last planned entry
+    std::int64_t first_at = 0;    // the first planned entry's slot offset
+    std::int64_t at = 0;          // slots the batch takes
+  };
+  // Mark a planned entry's first slot until the apply pass writes it: the
+  // general case, and the decode step's crossing into a new block.
+  static constexpr std::int32_t kPlannedSlot = -2, kNewBlockSlot = -3;
+  template <bool Pow2, bool Ones>
+  std::size_t batch_pass(const BlockPool& pool, std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
+                         std::span<std::int32_t> slots, BatchPlan& plan, std::size_t k) noexcept;
+  Status plan_batch_entry(const BlockPool& pool, SeqId s, std::size_t k, std::int32_t n, std::span<std::int32_t> slots,
+                          BatchPlan& plan) noexcept;
+
   // A failed batch leaves every slot -1 (a scatter launched anyway writes nothing).
   static Status batch_failed(std::span<std::int32_t> slots, Status st) noexcept {
     for (std::int32_t& x : slots) x = -1;
@@ -477,7 +403,6 @@ class PageTable {
     std::uint8_t alive = 0;
     std::int32_t front = 0;     // dead slots before the first live token (< block_size)
     std::uint32_t stamp = 0;    // reserve_batch duplicate detection (scratch, not state)
-    std::int32_t next = -1;     // reserve_batch: slot offset of the next planned entry (scratch)
     friend bool operator==(const Stream& a, const Stream& b) {
       return a.tokens == b.tokens && a.nblocks == b.nblocks && a.nhashed == b.nhashed && a.gen == b.gen &&
              a.appended == b.appended && a.key == b.key && a.alive == b.alive && a.front == b.front;
@@ -505,3 +430,5 @@ class PageTable {
 };
 
 KVCACHE_END_NAMESPACE
+
+#include "kvcache/page_table_batch.hpp"  // PageTable::reserve_batch
