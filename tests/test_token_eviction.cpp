@@ -90,6 +90,29 @@ struct TovaRule {
   }
 };
 
+// TOVA as its paper runs it: one choice per layer (a group), from the
+// average of that layer's heads' last-query rows.
+struct TovaLayersRule {
+  static constexpr std::int32_t groups = 3, budget = 9, heads = 2;
+  static TovaEviction make() { return TovaEviction({.budget = budget, .groups = groups}); }
+  static constexpr ScoreKind kind = ScoreKind::last_query_attention;
+  static constexpr std::int32_t rows = groups * heads;
+  void observe(std::vector<Group>& gs, std::uint64_t seed, std::int32_t step) {
+    for (std::int32_t g = 0; g < groups; ++g)
+      for (auto& t : gs[std::size_t(g)]) {
+        float v = 0.0f;
+        for (std::int32_t r = g * heads; r < (g + 1) * heads; ++r) v += score_of(seed, step, r, t.pos);
+        t.acc = v * (1.0f / float(heads));
+      }
+  }
+  void evict(std::vector<Group>& gs, std::int64_t) {
+    for (auto& g : gs) {
+      const auto n = std::int64_t(g.size());
+      if (n > budget) ref_evict_lowest(g, n - budget, [](const RefToken& t) { return t.acc; }, [](auto&) { return true; });
+    }
+  }
+};
+
 struct AverageRule {
   static constexpr std::int32_t groups = 2, budget = 8, step = 3;
   static AverageAttentionEviction make() { return AverageAttentionEviction({.budget = budget, .step = step, .groups = groups}); }
@@ -176,7 +199,7 @@ struct Harness {
     std::vector<float> v(std::size_t(Rule::rows) * std::size_t(h));
     for (std::int32_t r = 0; r < Rule::rows; ++r)
       for (std::int32_t j = 0; j < h; ++j)
-        v[std::size_t(r * h + j)] = score_of(seed, step, r, pos_at(j, Rule::groups == 1 ? 0 : r));
+        v[std::size_t(r * h + j)] = score_of(seed, step, r, pos_at(j, r / (Rule::rows / Rule::groups)));  // row r: its group's head
     return cache.observe(s, Scores{Rule::kind, v, Rule::rows});
   }
   Result<EvictionResult> evict() {
@@ -247,7 +270,7 @@ Harness<Rule> run_against_reference(std::uint64_t seed, std::int32_t steps, bool
 }  // namespace
 
 TEMPLATE_TEST_CASE("token policies match their reference on random score streams", "", H2ORule, TovaRule,
-                   AverageRule, SnapRule) {
+                   TovaLayersRule, AverageRule, SnapRule) {
   const bool snap = std::is_same_v<TestType, SnapRule>;
   for (std::uint64_t seed : {1u, 2u, 3u, 4u}) (void)run_against_reference<TestType>(seed, snap ? 60 : 150, snap);
   // Deterministic: the same inputs give the same cache, policy state and memory.
@@ -317,6 +340,17 @@ TEST_CASE("bad scores and small buffers are typed errors that change nothing") {
   err(Scores{ScoreKind::head_attention_sums, v, H2ORule::groups}, "scores_at=37");
   v[37] = -1.0f;
   err(Scores{ScoreKind::head_attention_sums, v, H2ORule::groups}, "scores_at=37");
+
+  {  // per-layer TOVA: the rows must split evenly into its groups
+    Harness<TovaLayersRule> t;
+    REQUIRE(t.append(12).ok());
+    const auto t0 = t.cache;
+    const std::vector<float> rows5(5 * 12, 0.25f);
+    auto st = t.cache.observe(t.s, Scores{ScoreKind::last_query_attention, rows5, 5});
+    CHECK(st.code() == Errc::invalid_argument);
+    CHECK(st.message() == "invalid_argument: scores.rows=5 (limit 3)");
+    CHECK(t.cache == t0);
+  }
 
   std::vector<SlotMove> moves(8);
   std::vector<std::int32_t> offsets(4);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <kvcache/kernels/compaction.hpp>
@@ -36,6 +37,12 @@ struct Request {
   std::vector<float> last_logits;
 };
 
+// How a token policy's groups map onto the model: one choice for the whole
+// sequence (scores reduced over layers and heads), one per kv-head (scores
+// summed over layers: this engine's first, aggregated variants), one per
+// layer (TOVA's paper), or one per (layer, kv-head) (H2O's and SnapKV's).
+enum class Grouping { all, heads, layers, layer_heads };
+
 struct EngineConfig {
   std::int32_t max_kv_tokens = 4096;  // the pool: max_kv_tokens / block_size blocks
   std::int32_t block_size = 16;
@@ -47,6 +54,11 @@ struct EngineConfig {
   // happen); `optimistic` admits when its prefill peak fits now, as vLLM
   // does, and preempts the lowest-priority request when decoding runs out.
   bool optimistic = false;
+  Grouping grouping = Grouping::heads;  // token policies: what their groups are (policies.hpp sets it)
+  // SnapKV's observation window: the scores after the prompt sum the
+  // attention of its last `observe_window` queries only, and the prompt's
+  // last chunk is cut to hold them all (0: every query of the chunk).
+  std::int32_t observe_window = 0;
 };
 
 struct EngineStats {
@@ -80,31 +92,38 @@ class Engine {
 
   const Cache& cache() const { return cache_; }
 
-  // Negative log-likelihood (nats) of text[1..] given the text before it,
-  // fed in chunks with the policy active: eviction after every chunk, or
-  // (SnapKV: evict_in_prefill false) once, after the first `prompt` tokens.
-  // Returns {total nll, predictions, peak tokens held}.
+  // Negative log-likelihood (nats) of text[from..] (from >= 1) given the
+  // text before it, fed in chunks with the policy active: eviction after
+  // every chunk, or (SnapKV: evict_in_prefill false) once, after the first
+  // `prompt` tokens (no chunk crosses that point, and the last one before it
+  // holds the observation window). Returns {total nll, predictions, peak
+  // tokens held}.
   struct Score {
     double nll = 0.0;
     std::int64_t predictions = 0, peak_kv = 0;
   };
-  Score score(std::span<const std::int32_t> text, std::int32_t prompt) {
+  Score score(std::span<const std::int32_t> text, std::int32_t prompt, std::int32_t from = 1) {
     Request r;
     r.seq = *cache_.add_sequence();
     Score out;
     std::vector<float> logits;
     std::vector<std::int32_t> slots(std::size_t(cfg_.chunk));
     const std::int32_t V = m_.config().vocab;
+    const std::int32_t w = cfg_.observe_window;
     for (std::int32_t at = 0; at + 1 < std::int32_t(text.size());) {
-      const std::int32_t n = std::min(cfg_.chunk, std::int32_t(text.size()) - 1 - at);
+      std::int32_t n = std::min(cfg_.chunk, std::int32_t(text.size()) - 1 - at);
+      if (at < prompt) {  // no chunk crosses the prompt's end: a one-shot policy sees the prompt alone
+        n = std::min(n, prompt - at);
+        if (w > 0 && prompt - at - n > 0 && prompt - at - n < w && prompt - at > w) n = prompt - at - w;
+      }
       if (auto res = cache_.reserve(r.seq, n, std::span(slots).first(std::size_t(n))); !res)
         throw std::runtime_error("score: " + res.status().message());
       AttentionTrace trace;
       PagedKv<Cache> kv(cache_, pool_, r.seq, std::span<const std::int32_t>(slots).first(std::size_t(n)), at,
-                        positions_, groups());
-      fwd_.run(kv, text.subspan(std::size_t(at), std::size_t(n)), at, logits, false, &trace);
+                        positions_, groups(), layout());
+      fwd_.run(kv, text.subspan(std::size_t(at), std::size_t(n)), at, logits, false, &trace, at + n == prompt ? w : 0);
       out.peak_kv = std::max(out.peak_kv, *cache_.tokens_held(r.seq));
-      for (std::int32_t i = 0; i < n; ++i) {  // log-softmax at the target
+      for (std::int32_t i = std::max(0, from - 1 - at); i < n; ++i) {  // log-softmax at the target
         const float* lg = &logits[std::size_t(i) * std::size_t(V)];
         const float mx = *std::max_element(lg, lg + V);
         double z = 0.0;
@@ -119,6 +138,42 @@ class Engine {
     return out;
   }
   const EngineStats& stats() const { return stats_; }
+
+  // Layer 0's keys that r holds, read back through the page table:
+  // [held][kv_heads][head_dim], row order.
+  std::vector<float> held_layer0_keys(const Request& r) const {
+    const std::array<kvcache::SeqId, 1> one{r.seq};
+    const auto blocks = *cache_.table().blocks(r.seq);
+    std::array<std::int32_t, 2> indptr{};
+    std::array<std::int32_t, 1> last{};
+    std::vector<std::int32_t> indices(blocks.size());
+    if (auto e = cache_.export_csr(one, indptr, indices, last); !e) throw std::runtime_error(e.status().message());
+    const std::int32_t front = *cache_.table().front(r.seq), held = std::int32_t(*cache_.tokens_held(r.seq));
+    const std::int32_t row = pool_.num_kv_heads * pool_.head_dim, rows = front + held;
+    std::vector<float> k(std::size_t(rows) * std::size_t(row)), v(k.size());
+    const std::array<std::int32_t, 2> out_indptr{0, rows};
+    kvcache::GatherParams p{pool_, 0,        indptr.data(), indices.data(),     out_indptr.data(), 1,
+                            rows,  k.data(), v.data(),      kvcache::DType::f32, row * 4,           pool_.head_dim * 4};
+    if (auto st = kvcache::gather_host(p); !st) throw std::runtime_error(st.message());
+    k.erase(k.begin(), k.begin() + std::ptrdiff_t(front) * row);
+    return k;
+  }
+  // The position table a (layer, kv-head) reads (token policies' groups).
+  std::int32_t group_of(std::int32_t layer, std::int32_t head) const { return layout().of(layer, head); }
+
+  // The positions of the tokens group g of a token policy holds for r, in
+  // row order, as the engine tracks them beside the pool (they move with
+  // each group's compaction): what the policy's own bookkeeping must match.
+  std::vector<std::int64_t> held_positions(const Request& r, std::int32_t g) const {
+    const auto blocks = *cache_.table().blocks(r.seq);
+    const std::int32_t B = cfg_.block_size, front = *cache_.table().front(r.seq);
+    const auto held = std::int32_t(*cache_.tokens_held(r.seq));
+    const std::int64_t* pos = positions_.data() + std::size_t(g) * std::size_t(blocks_) * std::size_t(B);
+    std::vector<std::int64_t> out;
+    for (std::int32_t t = 0; t < held; ++t)
+      out.push_back(pos[std::size_t(blocks[std::size_t((front + t) / B)] * B + (front + t) % B)]);
+    return out;
+  }
 
   // Runs until every request is done.
   void run(std::vector<Request>& reqs) {
@@ -151,6 +206,16 @@ class Engine {
     else
       return 1;
   }
+  GroupLayout layout() const {
+    const auto& c = m_.config();
+    switch (groups() == 1 ? Grouping::all : cfg_.grouping) {
+      case Grouping::all: return {0, 0, 1};
+      case Grouping::heads: return {0, 1, c.kv_heads};
+      case Grouping::layers: return {1, 0, c.layers};
+      case Grouping::layer_heads: return {c.kv_heads, 1, c.layers * c.kv_heads};
+    }
+    return {};
+  }
   std::int64_t* pos_table(std::int32_t g) {
     return positions_.data() + std::size_t(g) * std::size_t(blocks_) * std::size_t(cfg_.block_size);
   }
@@ -182,8 +247,10 @@ class Engine {
 
   // One step of one request: a prefill chunk, or one decoded token.
   void advance(Request& r, std::vector<Request>& reqs) {
-    const std::int32_t total = tokens_of(r);
-    const std::int32_t n = std::min(cfg_.chunk, total - r.fed);  // a prefill chunk, or the last token decoded
+    const std::int32_t total = tokens_of(r), w = cfg_.observe_window;
+    std::int32_t n = std::min(cfg_.chunk, total - r.fed);  // a prefill chunk, or the last token decoded
+    if (w > 0 && total - r.fed - n > 0 && total - r.fed - n < w && total - r.fed > w)
+      n = total - r.fed - w;  // the last chunk then holds the whole window
     std::vector<std::int32_t> slots(static_cast<std::size_t>(n));
     for (;;) {
       auto res = cache_.reserve(r.seq, n, slots);
@@ -201,8 +268,8 @@ class Engine {
           at < std::int32_t(r.prompt.size()) ? r.prompt[std::size_t(at)] : r.output[std::size_t(at) - r.prompt.size()];
     }
     AttentionTrace trace;
-    PagedKv<Cache> kv(cache_, pool_, r.seq, slots, r.fed, positions_, groups());
-    fwd_.run(kv, tokens, r.fed, r.last_logits, true, &trace);
+    PagedKv<Cache> kv(cache_, pool_, r.seq, slots, r.fed, positions_, groups(), layout());
+    fwd_.run(kv, tokens, r.fed, r.last_logits, true, &trace, w);
     r.fed += n;
     r.peak_kv = std::max(r.peak_kv, *cache_.tokens_held(r.seq));
     const bool prefill_done = r.fed >= total;
@@ -221,9 +288,15 @@ class Engine {
       using kvcache::Signals;
       const auto& c = m_.config();
       kvcache::Scores sc{};
+      const Grouping grouping = groups() == 1 ? Grouping::all : cfg_.grouping;
       if constexpr (Policy::required_signals.covers(Signals{Signals::last_query_attention})) {
-        sc = {kvcache::ScoreKind::last_query_attention, trace.last_query, c.q_heads};
-      } else if (groups() == c.kv_heads && c.kv_heads > 1) {
+        if (grouping == Grouping::layers)
+          sc = {kvcache::ScoreKind::last_query_attention, trace.layer_last_query, c.layers * c.q_heads};
+        else
+          sc = {kvcache::ScoreKind::last_query_attention, trace.last_query, c.q_heads};
+      } else if (grouping == Grouping::layer_heads) {
+        sc = {kvcache::ScoreKind::head_attention_sums, trace.layer_head_sums, c.layers * c.kv_heads};
+      } else if (grouping == Grouping::heads) {
         sc = {kvcache::ScoreKind::head_attention_sums, trace.head_sums, c.kv_heads};
       } else {
         reduced_.assign(held, 0.0f);
@@ -241,15 +314,22 @@ class Engine {
     if (!e) throw std::runtime_error("evict: " + e.status().message());
     if constexpr (kvcache::TokenEviction<Policy>) {
       const std::int32_t G = groups();
+      const Grouping grouping = G == 1 ? Grouping::all : cfg_.grouping;
+      const bool by_layer = grouping == Grouping::layers || grouping == Grouping::layer_heads,
+                 by_head = grouping == Grouping::heads || grouping == Grouping::layer_heads;
+      const std::int32_t per_layer = grouping == Grouping::layer_heads ? m_.config().kv_heads : 1;
       for (std::int32_t g = 0; g < G && e->moves > 0; ++g) {
         const std::int32_t lo = group_moves_[std::size_t(g)], hi = group_moves_[std::size_t(g + 1)];
+        // Group g's heads: all layers or one, all kv-heads or one.
+        const auto [lo_layer, layers] = by_layer ? std::pair{g / per_layer, 1} : std::pair{0, m_.config().layers};
+        const auto [head, heads] = by_head ? std::pair{g % m_.config().kv_heads, 1} : std::pair{0, 0};
         kvcache::CompactionParams p{.cache = pool_,
                                     .moves = moves_.data() + lo,
                                     .num_moves = hi - lo,
-                                    .first_layer = 0,
-                                    .num_layers = m_.config().layers,
-                                    .first_head = G == 1 ? 0 : g,
-                                    .num_heads = G == 1 ? 0 : 1};
+                                    .first_layer = lo_layer,
+                                    .num_layers = layers,
+                                    .first_head = head,
+                                    .num_heads = heads};
         if (auto st = kvcache::compaction_host(p); !st) throw std::runtime_error("compaction: " + st.message());
         std::int64_t* pos = pos_table(g);
         for (std::int32_t k = lo; k < hi; ++k) pos[moves_[std::size_t(k)].dst] = pos[moves_[std::size_t(k)].src];

@@ -46,6 +46,13 @@ class ContiguousKv {
   std::vector<std::int64_t> pos_;
 };
 
+// Which position table (one per token-policy group) a (layer, kv-head)
+// reads: group = layer * per_layer + head * per_head, below `groups`.
+struct GroupLayout {
+  std::int32_t per_layer = 0, per_head = 0, groups = 1;
+  std::int32_t of(std::int32_t layer, std::int32_t head) const { return layer * per_layer + head * per_head; }
+};
+
 // One sequence's view of the paged pool for one forward call.
 template <class Cache>
 class PagedKv {
@@ -54,7 +61,8 @@ class PagedKv {
   // table per group of a token policy that compacts kv-heads separately
   // ([groups][pool slots]); it lives across calls.
   PagedKv(const Cache& cache, const kvcache::PoolView& pool, kvcache::SeqId seq, std::span<const std::int32_t> slots,
-          std::int64_t first_pos, std::vector<std::int64_t>& positions, std::int32_t groups = 1)
+          std::int64_t first_pos, std::vector<std::int64_t>& positions, std::int32_t groups = 1,
+          GroupLayout layout = {0, 1, 1})
       : cache_(cache),
         pool_(pool),
         seq_(seq),
@@ -62,6 +70,7 @@ class PagedKv {
         first_(first_pos),
         slot_pos_(positions),
         groups_(groups),
+        layout_(groups == 1 ? GroupLayout{0, 0, 1} : layout),
         pool_slots_(pool.num_blocks * pool.block_size) {}
 
   void write(std::int32_t l, const float* k, const float* v, std::int32_t n) {
@@ -79,7 +88,7 @@ class PagedKv {
   HeldKv read(std::int32_t l, std::int32_t g) {
     const std::int32_t hd = pool_.head_dim, row = pool_.num_kv_heads * hd;
     if (gathered_ != l) gather(l);
-    const std::int32_t group = groups_ == 1 ? 0 : g;
+    const std::int32_t group = layout_.of(l, g);
     const std::ptrdiff_t first = std::ptrdiff_t(front_) * row + std::ptrdiff_t(g) * hd;  // past the dead front
     return {k_.data() + first, v_.data() + first, pos_.data() + std::ptrdiff_t(group) * held_, held_, row};
   }
@@ -126,6 +135,7 @@ class PagedKv {
   std::int64_t first_;
   std::vector<std::int64_t>& slot_pos_;
   std::int32_t groups_;
+  GroupLayout layout_;
   std::int64_t pool_slots_;
   bool mapped_ = false;
   std::int32_t gathered_ = -1, held_ = 0, front_ = 0;

@@ -1,117 +1,28 @@
 // kvcache example engine: the shipped tiny model serving requests through
-// kvcache on the CPU, with every eviction policy. Prints four markdown tables:
-// memory, preemption, quality against budget, batch capacity.
+// kvcache on the CPU, with every eviction policy. Prints six markdown tables:
+// memory, preemption, quality against budget, batch capacity, and the seed
+// experiments' sliding-window study and the limits of a fixed cache.
 //
-//   kvcache_engine                              all four tables
+//   kvcache_engine                              all six tables
 //   kvcache_engine --policy NAME [--budget N]   one policy: its output and figures
 //   kvcache_engine --out DIR                    also writes DIR/quality.csv and DIR/memory.csv (plots)
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
-#include <chrono>
 #include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
+#include "serving.hpp"
 
-#include "engine.hpp"
-#include "policies.hpp"
-
-#ifndef ENGINE_MODEL_DIR
-#define ENGINE_MODEL_DIR "examples/engine/model"
-#endif
-
-namespace {
-
-std::vector<std::int32_t> heldout() {
-  std::ifstream f(std::string(ENGINE_MODEL_DIR) + "/heldout.bin", std::ios::binary);
-  if (!f) throw std::runtime_error("cannot open " ENGINE_MODEL_DIR "/heldout.bin");
-  std::vector<std::int32_t> t;
-  for (char c; f.get(c);) t.push_back(static_cast<unsigned char>(c));
-  return t;
-}
-
-// Requests cut from the held-out text at fixed places; prompts of 4 lengths.
-std::vector<engine::Request> workload(const std::vector<std::int32_t>& text, std::int32_t n, std::int32_t prompt,
-                                      std::int32_t max_new) {
-  std::vector<engine::Request> reqs;
-  for (std::int32_t i = 0; i < n; ++i) {
-    engine::Request r;
-    r.id = i;
-    r.priority = i % 3;
-    const std::int32_t len = prompt - 32 * (i % 4);
-    const auto at = std::size_t(i) * 4001 % (text.size() - std::size_t(len));
-    r.prompt.assign(text.begin() + std::ptrdiff_t(at), text.begin() + std::ptrdiff_t(at) + len);
-    r.max_new = max_new;
-    reqs.push_back(std::move(r));
-  }
-  return reqs;
-}
-
-struct Served {
-  engine::EngineStats stats;
-  std::vector<engine::Request> reqs;
-  double seconds = 0.0;
-  std::int64_t peak_per_request() const {
-    std::int64_t p = 0;
-    for (const auto& r : reqs) p = std::max(p, r.peak_kv);
-    return p;
-  }
-  double tokens_per_second() const { return double(stats.tokens_generated) / seconds; }
-};
-
-template <class Policy>
-Served serve(const engine::Model& m, Policy p, const engine::EngineConfig& cfg, std::vector<engine::Request> reqs,
-             const std::string& label = "") {
-  engine::Engine<Policy> e(m, cfg, p);
-  const auto t0 = std::chrono::steady_clock::now();
-  std::int64_t shown = 0;
-  // A progress line rewritten in place only on a terminal: a redirected log
-  // stays one line per record.
-  const bool tty = isatty(fileno(stderr)) != 0;
-  while (std::any_of(reqs.begin(), reqs.end(), [](const auto& r) { return !r.done; })) {
-    e.step(reqs);
-    if (tty && e.stats().tokens_generated - shown >= 256) {  // a progress line on long runs
-      shown = e.stats().tokens_generated;
-      fmt::print(stderr, "\r  {}: {} tokens generated, step {}   ", label, shown, e.stats().steps);
-    }
-  }
-  if (shown) fmt::print(stderr, "\r{:80}\r", "");
-  return {e.stats(), reqs, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
-}
-
-// Runs `f` with the named policy at `budget`, on a config adjusted for it.
-template <class F>
-void with(const std::string& name, std::int32_t budget, const engine::ModelConfig& c, engine::EngineConfig cfg, F&& f) {
-  if (!engine::with_policy(name, budget, c, [&](auto policy, auto adjust) {
-        adjust(cfg);
-        f(policy, cfg);
-      }))
-    throw std::invalid_argument(
-        fmt::format("unknown policy '{}' (one of: {})", name, fmt::join(engine::policy_names(), ", ")));
-}
-
-double agreement(const std::vector<engine::Request>& a, const std::vector<engine::Request>& b) {
-  std::int64_t same = 0, all = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    for (std::size_t t = 0; t < a[i].output.size(); ++t) same += a[i].output[t] == b[i].output[t], ++all;
-  return double(same) / double(all);
-}
-
-// Mean number of generated tokens before the first one that differs.
-double first_divergence(const std::vector<engine::Request>& a, const std::vector<engine::Request>& b) {
-  double sum = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto d = std::mismatch(a[i].output.begin(), a[i].output.end(), b[i].output.begin(), b[i].output.end());
-    sum += double(d.first - a[i].output.begin());
-  }
-  return sum / double(a.size());
-}
-
-}  // namespace
+using engine::agreement;
+using engine::first_divergence;
+using engine::heldout;
+using engine::serve;
+using engine::Served;
+using engine::with;
+using engine::workload;
 
 int main(int argc, char** argv) try {
   std::string only, out_dir;
@@ -228,8 +139,8 @@ int main(int argc, char** argv) try {
     for (std::int32_t b : {128, 256, 512})
       with(name, b, c, roomy, [&](auto policy, const engine::EngineConfig& cfg) {
         const auto r = serve(model, policy, cfg, qreqs, fmt::format("3. quality: {} {}", name, b));
-        auto sc = scoring;
-        sc.evict_in_prefill = cfg.evict_in_prefill;
+        auto sc = cfg;  // the policy's own settings (grouping, window, prefill eviction), chunks of 16
+        sc.chunk = scoring.chunk;
         std::int64_t peak = 0;
         const double ppl = perplexity(policy, sc, peak);
         const double agree = agreement(qfull.reqs, r.reqs), diverge = first_divergence(qfull.reqs, r.reqs);
@@ -262,6 +173,73 @@ int main(int argc, char** argv) try {
                    r.stats.max_batch, r.stats.steps, r.tokens_per_second());
       });
     }
+
+  // 5. The sliding-window study of the seed experiments: short requests in a
+  // tight pool, the full cache against small windows.
+  fmt::print(
+      "\n### 5. Sliding-window study: 4 concurrent requests, 48-byte prompts, 96 new tokens each, a pool of "
+      "256 tokens, admitted when their prefill fits\n\n"
+      "| cache | agreement | peak KV per request, mean / max | KV high-water | preemptions | tokens/s |\n"
+      "| --- | ---: | ---: | ---: | ---: | ---: |\n");
+  std::vector<engine::Request> short_reqs;
+  for (std::int32_t i = 0; i < 4; ++i) {
+    engine::Request r;
+    r.id = i;
+    r.priority = i % 2;
+    const auto at = std::size_t(i) * 9973 % (text.size() - 48);
+    r.prompt.assign(text.begin() + std::ptrdiff_t(at), text.begin() + std::ptrdiff_t(at) + 48);
+    r.max_new = 96;
+    short_reqs.push_back(std::move(r));
+  }
+  engine::EngineConfig small = roomy;
+  small.max_kv_tokens = 256;
+  small.optimistic = true;
+  auto study_row = [&](const std::string& label, const Served& r, const Served& ref) {
+    double mean_peak = 0.0;
+    for (const auto& q : r.reqs) mean_peak += double(q.peak_kv) / double(r.reqs.size());
+    fmt::print("| {} | {:.3f} | {:.0f} / {} | {} | {} | {:.0f} |\n", label, agreement(ref.reqs, r.reqs), mean_peak,
+               r.peak_per_request(), r.stats.kv_high_water, r.stats.preemptions, r.tokens_per_second());
+  };
+  const auto study_full = serve(model, kvcache::KeepAll{}, small, short_reqs, "5. window study: keep_all");
+  study_row("full (keep_all)", study_full, study_full);
+  for (std::int32_t w : {8, 16, 20, 32})
+    with("sliding_window", w, c, small, [&](auto policy, const engine::EngineConfig& cfg) {
+      study_row(fmt::format("sliding window {}", w),
+                serve(model, policy, cfg, short_reqs, fmt::format("5. window study: {}", w)), study_full);
+    });
+
+  // 6. The block-eviction documentation's limit checks: in a fixed cache, the
+  // longest generation one request gets, and how few requests fill it.
+  fmt::print(
+      "\n### 6. Limits of a fixed cache: a pool of 1,024 tokens, 128-byte prompts, admission by lifetime need\n\n"
+      "| policy | longest generation admitted | generated and checked | peak KV per request | requests that "
+      "fill the pool |\n| --- | ---: | ---: | ---: | ---: |\n");
+  engine::EngineConfig fixed_pool = roomy;
+  fixed_pool.max_kv_tokens = 1024;
+  fixed_pool.max_batch = 1;
+  for (const std::string name : {"keep_all", "sliding_window", "block_scores"})
+    with(name, 256, c, fixed_pool, [&](auto policy, const engine::EngineConfig& cfg) {
+      engine::Engine<decltype(policy)> probe(model, cfg, policy);
+      // The longest generation the accounting admits (capped at 8x the pool:
+      // with eviction only time bounds it).
+      const std::int64_t cap = 8 * cfg.max_kv_tokens, free = probe.cache().free_blocks();
+      std::int64_t lo = 0, hi = cap;
+      while (lo < hi) {
+        const std::int64_t mid = (lo + hi + 1) / 2;
+        const auto need = probe.cache().blocks_needed(128, mid, cfg.chunk);
+        if (need && *need <= free)
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
+      const std::int64_t run_len = std::min<std::int64_t>(lo, 2048);  // generated here, to show it completes
+      auto one = engine::workload(text, 1, 128, std::int32_t(run_len));
+      const auto r = serve(model, policy, cfg, one, "6. limits: " + name);
+      const std::int64_t peak = r.peak_per_request();
+      fmt::print("| {}{} | {} | {} | {} | {} |\n", name, name == "keep_all" ? "" : " 256",
+                 lo >= cap ? fmt::format("≥ {} (unbounded)", cap) : std::to_string(lo), r.reqs[0].output.size(), peak,
+                 (cfg.max_kv_tokens + peak - 1) / peak);
+    });
 
   if (!out_dir.empty()) {
     std::ofstream(out_dir + "/quality.csv") << csv;

@@ -14,6 +14,8 @@
 #include "kv_store.hpp"
 #include "model.hpp"
 #include "policies.hpp"
+#include "stats.hpp"
+#include "tasks.hpp"
 
 #ifndef ENGINE_MODEL_DIR
 #error "ENGINE_MODEL_DIR must name the folder with kjv-tiny.bin"
@@ -154,19 +156,54 @@ TEST_CASE("every policy serves requests through the engine within its bound") {
           auto cfg = cfg0;
           adjust(cfg);
           engine::Engine<decltype(policy)> e(model, cfg, policy);
+          engine::Forward key_fwd(model);
           auto rs = reqs;
           const std::int64_t bound = e.cache().max_tokens_after_eviction();
           while (std::any_of(rs.begin(), rs.end(), [](const auto& r) { return !r.done; })) {
             e.step(rs);
             REQUIRE(e.cache().check_invariants().ok());
             for (const auto& r : rs)  // after each step's evict: the policy's advertised bound
-              if (r.running && r.fed >= std::int64_t(r.prompt.size()) && name != "snapkv")
+              if (r.running && r.fed >= std::int64_t(r.prompt.size()) && !name.starts_with("snapkv"))
                 REQUIRE(*e.cache().tokens_held(r.seq) <= bound);
+            // Token policies: every group's compaction moved the engine's
+            // positions (and K/V) exactly as the policy's bookkeeping says,
+            // whatever the grouping (per kv-head, per layer, per both).
+            if constexpr (kv::TokenEviction<decltype(policy)>)
+              for (const auto& r : rs)
+                if (r.running && r.fed > 0)
+                  for (std::int32_t g = 0; g < e.cache().eviction().groups(); ++g) {
+                    const auto tracked = e.cache().eviction().positions(r.seq.index, g);
+                    const auto held = e.held_positions(r, g);
+                    // Tokens appended since the policy's last observation join at the end.
+                    REQUIRE(tracked.size() <= held.size());
+                    if (!name.starts_with("snapkv")) REQUIRE(tracked.size() == held.size());
+                    for (std::size_t j = 0; j < tracked.size(); ++j) REQUIRE(held[j] == tracked[j]);
+                  }
+            // And the K/V moved with them, head by head: every layer-0 key
+            // read back through the row is the key of the token its group's
+            // position table names (layer-0 keys depend on token and
+            // position only; a compaction on the wrong layer or head breaks this).
+            for (const auto& r : rs) {
+              if (!r.running || r.fed == 0) continue;
+              const auto keys = e.held_layer0_keys(r);
+              const std::int32_t hd = model.config().head_dim(), kvh = model.config().kv_heads;
+              for (std::int32_t h = 0; h < kvh; ++h) {
+                const auto pos = e.held_positions(r, e.group_of(0, h));
+                for (std::size_t j = 0; j < pos.size(); j += 7) {  // a sample of rows keeps it quick
+                  const auto p = std::size_t(pos[j]);
+                  const std::int32_t tok = p < r.prompt.size() ? r.prompt[p] : r.output[p - r.prompt.size()];
+                  const auto want = key_fwd.layer0_key(tok, pos[j], h);
+                  for (std::int32_t x = 0; x < hd; ++x)
+                    REQUIRE(keys[(j * std::size_t(kvh) + std::size_t(h)) * std::size_t(hd) + std::size_t(x)] ==
+                            Approx(want[std::size_t(x)]).margin(1e-4));
+                }
+              }
+            }
           }
           for (std::size_t i = 0; i < rs.size(); ++i) {
             REQUIRE(rs[i].output.size() == std::size_t(rs[i].max_new));
             // A chunk is held whole during its attention, then evicted down.
-            if (name != "keep_all" && name != "snapkv") CHECK(rs[i].peak_kv <= budget + cfg.chunk);
+            if (name != "keep_all" && !name.starts_with("snapkv")) CHECK(rs[i].peak_kv <= budget + cfg.chunk);
             // The requests hold at most 272 tokens: a budget of 512 evicts nothing.
             if (budget == 512) CHECK(rs[i].output == full[i].output);
           }
@@ -175,4 +212,60 @@ TEST_CASE("every policy serves requests through the engine within its bound") {
         REQUIRE(known);
       }
     }
+}
+
+namespace {
+std::string str(const std::vector<std::int32_t>& v) { return {v.begin(), v.end()}; }
+}  // namespace
+
+TEST_CASE("the evaluation's tasks put the answer far back, in the trained formats") {
+  const engine::Tasks tasks(heldout(65536));
+  std::mt19937_64 rng(5);
+  for (const double depth : {0.1, 0.5, 0.9}) {
+    const auto s = tasks.passkey(rng, 1024, depth);
+    const std::string prompt = str(s.prompt), answer = str(s.answer);
+    REQUIRE(s.prompt.size() + s.answer.size() == 1024);
+    REQUIRE(answer.size() >= 7);  // 5-8 digits, then ".\n"
+    const std::string key = answer.substr(0, answer.size() - 2);
+    CHECK(answer.substr(answer.size() - 2) == ".\n");
+    const auto at = prompt.find("The pass key is " + key + ". Remember it. " + key + " is the pass key.\n");
+    REQUIRE(at != std::string::npos);
+    CHECK(std::abs(double(at) / 1024.0 - depth * 0.9) < 0.1);  // at its depth in the filler
+    CHECK(prompt.substr(prompt.size() - 38) == "What is the pass key? The pass key is ");
+  }
+  const auto r = tasks.recall(rng, 1024);
+  REQUIRE(r.prompt.size() + r.answer.size() == 1024);
+  const std::string rp = str(r.prompt), value = str(r.answer).substr(0, 4);
+  const auto q = rp.rfind("What is ");
+  REQUIRE(q != std::string::npos);
+  const std::string name = rp.substr(q + 8, rp.find("'s number?", q) - q - 8);
+  const auto fact = rp.find(name + "'s number is " + value + ".\n");
+  REQUIRE(fact != std::string::npos);
+  CHECK(fact < 1024 * 3 / 4 + 200);  // stated in the first three quarters
+  const auto p = tasks.repeat(rng, 1024);
+  REQUIRE(p.prompt.size() + p.answer.size() == 1024);
+  REQUIRE(p.answer.size() == 96);
+  const std::string pp = str(p.prompt), whole = pp.substr(pp.size() - 32) + str(p.answer);
+  const auto first = pp.find(whole);
+  REQUIRE(first != std::string::npos);  // the passage was seen whole before
+  const auto distance = pp.size() - 32 - first;
+  CHECK(distance >= 300 + 128);
+  CHECK(distance <= 900 + 128);
+}
+
+TEST_CASE("intervals: Wilson for accuracies, normal for means") {
+  const auto w = engine::wilson(8, 10);  // textbook values
+  CHECK(w.value == Approx(0.8));
+  CHECK(w.lo == Approx(0.490).margin(0.001));
+  CHECK(w.hi == Approx(0.943).margin(0.001));
+  const auto none = engine::wilson(0, 40);
+  CHECK(none.lo == 0.0);
+  CHECK(none.hi == Approx(0.0876).margin(0.001));  // never-correct still leaves room
+  const auto all = engine::wilson(40, 40);
+  CHECK(all.hi == 1.0);
+  CHECK(all.lo == Approx(0.912).margin(0.001));
+  const auto m = engine::mean_ci({1.0, 2.0, 3.0, 4.0});
+  CHECK(m.value == Approx(2.5));
+  CHECK(m.hi - m.value == Approx(1.96 * std::sqrt(5.0 / 3.0 / 4.0)));
+  CHECK(engine::wilson(0, 0).n == 0);
 }

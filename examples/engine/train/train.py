@@ -11,8 +11,17 @@ train and held-out parts. Writes, next to this script's `../model/`:
   reference.bin      logits of the trained model on a fixed prompt, for the
                      C++ forward-pass test (float32 [T][vocab])
 
+The mixture (tasks.py): a quarter plain text, a quarter each of passkey
+retrieval, key->value recall and repeated passages, whose answers lie far
+back in the context; answer bytes weigh `--answer-weight` times a plain
+byte in the loss. `--init` continues from a shipped model instead of a fresh
+one. At the end the script scores the tasks on held-out filler (greedy
+exact match = every answer byte is the argmax with the true prefix) and
+prints them to the log.
+
 Reproducible: fixed seeds, single-process data order. Run with Debian's
-interpreter: /usr/bin/python3 examples/engine/train/train.py [--minutes 25]
+interpreter:
+  /usr/bin/python3 examples/engine/train/train.py --init examples/engine/model/kjv-tiny.bin --minutes 50
 """
 import argparse
 import hashlib
@@ -22,9 +31,13 @@ import struct
 import subprocess
 import time
 
+import random
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import tasks
 
 CONFIG = dict(vocab=256, dim=128, layers=4, q_heads=4, kv_heads=2, hidden=352, context=1024, rope_theta=10000.0,
               norm_eps=1e-5)
@@ -135,15 +148,85 @@ def write_weights(model, path):
     return hashlib.sha256(head + body).hexdigest()
 
 
+def read_weights(model, path):
+    """Loads weights written by write_weights into a model of the same shape."""
+    blob = path.read_bytes()
+    head = struct.unpack("<8I2f", blob[4:44])
+    if blob[:4] != MAGIC or head[0] != VERSION:
+        raise ValueError(f"{path.name}: not a version {VERSION} model")
+    c = model.c
+    if tuple(head[1:8]) != (c["vocab"], c["dim"], c["layers"], c["q_heads"], c["kv_heads"], c["hidden"], c["context"]):
+        raise ValueError(f"{path.name}: shape {head[1:8]} differs from CONFIG")
+    tensors = [model.embed.weight]
+    for b in model.blocks:
+        tensors += [b.attn_norm.weight, b.wq.weight, b.wk.weight, b.wv.weight, b.wo.weight, b.mlp_norm.weight,
+                    b.w_gate.weight, b.w_up.weight, b.w_down.weight]
+    tensors += [model.norm.weight, model.out.weight]
+    at = 44
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(torch.frombuffer(bytearray(blob[at:at + 4 * n]), dtype=torch.float32).view_as(t))
+            at += 4 * n
+    if at != len(blob):
+        raise ValueError(f"{path.name}: {len(blob) - at} bytes left over")
+
+
+def batch_of(rng, filler, seq, batch, answer_weight):
+    """Inputs, targets and per-target loss weights for one step of the mixture."""
+    xs, ys, ws = [], [], []
+    for _ in range(batch):
+        s, spans = tasks.sample(rng, filler, seq + 1)
+        t = torch.tensor(list(s), dtype=torch.long)
+        w = torch.ones(seq)
+        for a, b in spans:  # target i predicts byte i + 1
+            w[a - 1:b - 1] = answer_weight
+        xs.append(t[:-1])
+        ys.append(t[1:])
+        ws.append(w)
+    return torch.stack(xs), torch.stack(ys), torch.stack(ws)
+
+
+@torch.no_grad()
+def task_scores(model, filler, n, length):
+    """Greedy exact-match accuracy per task (and per passkey depth), and the
+    repeated passages' continuation loss, on held-out filler."""
+    rng = random.Random(7)
+    out = {}
+
+    def exact(s, a, b):
+        x = torch.tensor(list(s), dtype=torch.long)[None]
+        pred = model(x[:, :-1])[0].argmax(-1)
+        return bool((pred[a - 1:b - 1] == x[0, a:b]).all())
+
+    for depth in (0.1, 0.3, 0.5, 0.7, 0.9):
+        out[f"passkey@{depth}"] = sum(exact(*tasks.passkey(rng, filler, length, depth=depth)) for _ in range(n)) / n
+    out["recall"] = sum(exact(*tasks.recall(rng, filler, length)) for _ in range(n)) / n
+    nll, count = 0.0, 0
+    for _ in range(n):
+        s, a, b = tasks.repeat(rng, filler, length)
+        x = torch.tensor(list(s), dtype=torch.long)[None]
+        logits = model(x[:, :-1])[0]
+        nll += F.cross_entropy(logits[a - 1:b - 1], x[0, a:b], reduction="sum").item()
+        count += b - a
+    out["repeat_loss"] = nll / count
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=float, default=25.0)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--init", type=pathlib.Path, help="continue from these weights (write_weights format)")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--answer-weight", type=float, default=4.0)
+    ap.add_argument("--eval-samples", type=int, default=40)
+    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parent.parent / "model")
     args = ap.parse_args()
     torch.manual_seed(1234)
     torch.set_num_threads(2)
-    out = pathlib.Path(__file__).resolve().parent.parent / "model"
+    out = args.out
     out.mkdir(exist_ok=True)
 
     text = subprocess.run(["bible", "-f", "Gen1:1-Rev22:21"], capture_output=True, check=True).stdout
@@ -154,20 +237,26 @@ def main():
 
     model = Model(CONFIG)
     print(f"parameters: {sum(p.numel() for p in model.parameters()):,}")
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.05)
-    gen = torch.Generator().manual_seed(1)
+    if args.init:
+        read_weights(model, args.init)
+        print(f"continuing from {args.init.name}")
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
+    filler = tasks.Filler(bytes(train.tolist()))
+    rng = random.Random(1)
     budget, start, step = args.minutes * 60, time.time(), 0
     while time.time() - start < budget:
-        # Longer sequences late in training teach RoPE the full context.
-        seq = args.seq if time.time() - start < 0.7 * budget else CONFIG["context"]
-        batch = max(1, args.batch * args.seq // seq)
-        ix = torch.randint(0, len(train) - seq - 1, (batch,), generator=gen)
-        x = torch.stack([train[i:i + seq] for i in ix])
-        y = torch.stack([train[i + 1:i + seq + 1] for i in ix])
+        # A curriculum of lengths: short sequences are cheap steps in which the
+        # retrieval circuits form; the later, longer ones stretch them over the
+        # full context (and teach RoPE its far positions).
         frac = (time.time() - start) / budget
+        seq = args.seq if frac < 0.4 else 2 * args.seq if frac < 0.75 else CONFIG["context"]
+        seq = min(seq, CONFIG["context"])
+        batch = max(1, args.batch * args.seq // seq)
+        x, y, w = batch_of(rng, filler, seq, batch, args.answer_weight)
         for g in opt.param_groups:  # warmup, then cosine decay over the time budget
-            g["lr"] = 3e-3 * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
-        loss = F.cross_entropy(model(x).view(-1, CONFIG["vocab"]), y.view(-1))
+            g["lr"] = args.lr * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        per = F.cross_entropy(model(x).view(-1, CONFIG["vocab"]), y.view(-1), reduction="none")
+        loss = (per * w.view(-1)).sum() / w.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -185,6 +274,10 @@ def main():
             nll += F.cross_entropy(logits[0], chunk[1:], reduction="sum").item()
             n += len(chunk) - 1
         print(f"held-out: {nll / n / math.log(2):.3f} bits/byte, perplexity {math.exp(nll / n):.3f} over {n} bytes")
+        held_filler = tasks.Filler(bytes(heldout.tolist()))
+        scores = task_scores(model, held_filler, args.eval_samples, CONFIG["context"])
+        print(f"tasks at {CONFIG['context']} bytes, {args.eval_samples} samples each: " +
+              ", ".join(f"{k} {v:.3f}" for k, v in scores.items()))
         prompt = heldout[:64]
         ref = model(prompt[None])[0].float().numpy().astype("<f4")
     digest = write_weights(model, out / "kjv-tiny.bin")

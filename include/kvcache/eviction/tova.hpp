@@ -2,11 +2,14 @@
 // `budget` tokens, the tokens with the lowest attention from the step's last
 // query, averaged over heads, leave (ties: the older token) until it holds
 // budget again; one token per decode step, more after a prefill chunk. The
-// cache compacts. One choice for all heads and layers (groups() == 1).
+// cache compacts. `groups` independent choices: 1 (one for all heads and
+// layers), or the number of layers (the paper's rule: each layer chooses
+// from its own heads' average).
 //
-// Scores: last_query_attention, one row per (q- or kv-) head, each the
-// softmax of the last query over the held tokens. Each observation replaces
-// the previous one; tokens appended since the last observation score 0.
+// Scores: last_query_attention, rows = groups x heads per group (group-major),
+// each the softmax of the last query over the held tokens; group g averages
+// its rows. Each observation replaces the previous one; tokens appended
+// since the last observation score 0.
 #pragma once
 
 #include <algorithm>
@@ -25,6 +28,7 @@ KVCACHE_BEGIN_NAMESPACE
 /// Configuration of TovaEviction.
 struct TovaConfig {
   std::int32_t budget = 512;  ///< tokens kept
+  std::int32_t groups = 1;    ///< independent choices sharing one page table (1, or layers)
 };
 
 /// TOVA: drops the tokens the step's last query attends least (averaged over heads) once a stream holds more than
@@ -34,9 +38,10 @@ class TovaEviction : public TokenPolicyBase {
   /// Reads the last query's attention, one row per head.
   static constexpr Signals required_signals{Signals::last_query_attention};
 
-  /// Throws ConfigError for budget < 1.
-  explicit TovaEviction(const TovaConfig& c) : TokenPolicyBase(1), c_(c) {
+  /// Throws ConfigError for budget < 1 or groups < 1.
+  explicit TovaEviction(const TovaConfig& c) : TokenPolicyBase(c.groups), c_(c) {
     if (c.budget < 1) throw ConfigError("kvcache::TovaEviction", Status{Errc::invalid_argument, "budget", c.budget, 1});
+    if (c.groups < 1) throw ConfigError("kvcache::TovaEviction", Status{Errc::invalid_argument, "groups", c.groups, 1});
   }
   /// The configuration.
   const TovaConfig& config() const noexcept { return c_; }
@@ -50,15 +55,21 @@ class TovaEviction : public TokenPolicyBase {
   /// budget.
   std::int64_t max_tokens_after_eviction() const noexcept { return c_.budget; }
 
-  /// Stores the head-averaged last-query attention.
+  /// Stores each group's head-averaged last-query attention; rows not a
+  /// multiple of groups() is invalid_argument naming scores.rows.
   Status observe(std::uint32_t s, const Scores& sc, const StreamView& v) noexcept {
+    if (sc.rows % groups_ != 0) return Status{Errc::invalid_argument, "scores.rows", sc.rows, groups_};
     st_.sync(s, v);
-    float* out = st_.scores(s, 0);
-    std::fill(out, out + v.held, 0.0f);
-    for (std::int32_t r = 0; r < sc.rows; ++r)
-      for (std::int32_t j = 0; j < v.held; ++j) out[j] += sc.values[std::size_t(r) * std::size_t(v.held) + std::size_t(j)];
-    const float inv = 1.0f / float(sc.rows);
-    for (std::int32_t j = 0; j < v.held; ++j) out[j] *= inv;
+    const std::int32_t per = sc.rows / groups_;
+    const float inv = 1.0f / float(per);
+    for (std::int32_t g = 0; g < groups_; ++g) {
+      float* out = st_.scores(s, g);
+      std::fill(out, out + v.held, 0.0f);
+      for (std::int32_t r = g * per; r < (g + 1) * per; ++r)
+        for (std::int32_t j = 0; j < v.held; ++j)
+          out[j] += sc.values[std::size_t(r) * std::size_t(v.held) + std::size_t(j)];
+      for (std::int32_t j = 0; j < v.held; ++j) out[j] *= inv;
+    }
     return {};
   }
   /// Tokens the next evict() drops: held - budget (0 within budget).

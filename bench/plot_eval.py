@@ -1,0 +1,38 @@
+#!/usr/bin/env python3
+"""Plots the fidelity evaluation (scripts/eval): each task's quality against
+the KV budget, one line per policy, the full cache dashed, 95 % intervals as
+bands. usage: plot_eval.py eval.csv eval.png"""
+import csv
+import sys
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+rows = list(csv.DictReader(open(sys.argv[1])))
+panels = [("passkey", "passkey accuracy (all depths)"), ("recall", "key->value recall accuracy"),
+          ("repeat_loss", "repeated-passage loss (nats/byte)"), ("agreement", "greedy agreement with full cache"),
+          ("perplexity", "held-out perplexity"), ("peak_kv", "peak KV per request (tokens)")]
+fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
+budgets = sorted({int(r["budget"]) for r in rows if int(r["budget"]) > 0})
+for ax, (metric, title) in zip(axes.flat, panels):
+    for r in rows:
+        if r["metric"] == metric and int(r["budget"]) == 0:
+            ax.axhline(float(r["value"]), color="black", ls="--", lw=1, label="full cache")
+    for policy in dict.fromkeys(r["policy"] for r in rows if int(r["budget"]) > 0):
+        pts = sorted((int(r["budget"]), float(r["value"]), float(r["lo"]), float(r["hi"]))
+                     for r in rows if r["policy"] == policy and r["metric"] == metric and int(r["budget"]) > 0)
+        if not pts:
+            continue
+        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=policy)
+        ax.fill_between([p[0] for p in pts], [p[2] for p in pts], [p[3] for p in pts], color=line.get_color(), alpha=0.1)
+    ax.set(title=title, xlabel="budget (tokens per request)", xscale="log")
+    ax.set_xticks(budgets, [str(b) for b in budgets])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.grid(alpha=0.3)
+axes.flat[0].legend(fontsize=7)
+fig.suptitle("kvcache example engine: eviction policies on long-range tasks (1,024-byte contexts)")
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=100)

@@ -1,0 +1,244 @@
+// kvcache_eval: every eviction policy at budgets of 12.5 %, 25 % and 50 % of
+// the model's 1,024-token context, on tasks whose answers lie far back in
+// the context (tasks.hpp), against the full cache. One markdown table, with
+// sample sizes and 95 % intervals (Wilson for accuracies, normal for means),
+// so a small difference is not read as a ranking.
+//
+//   kvcache_eval [--full] [--policy NAME] [--threads N] [--out DIR]
+//     --full     larger samples (minutes become tens of minutes)
+//     --policy   only this policy (and the full cache it is compared with)
+//     --out DIR  also writes DIR/eval.csv (for bench/plot_eval.py)
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "serving.hpp"
+#include "stats.hpp"
+#include "tasks.hpp"
+
+namespace {
+
+using engine::Interval;
+using engine::mean_ci;
+using engine::wilson;
+
+constexpr double kDepths[] = {0.1, 0.3, 0.5, 0.7, 0.9};
+constexpr std::size_t kNumDepths = std::size(kDepths);
+
+struct Sizes {
+  std::int32_t passkey_per_depth, recall, repeat, agree_requests, ppl_windows;
+};
+
+// What the evaluation feeds every policy: drawn once, the same for all.
+struct Workset {
+  std::vector<engine::TaskSample> passkey[kNumDepths], recall, repeat;
+  std::vector<engine::Request> agree;                // prompts for greedy agreement
+  std::vector<std::vector<std::int32_t>> windows;   // held-out windows for perplexity
+};
+
+struct Row {
+  std::string policy;
+  std::int32_t budget = 0;  // 0: the full cache
+  Interval passkey, passkey_depth[kNumDepths], recall, repeat_loss, agreement;
+  double divergence = 0.0, perplexity = 0.0, seconds = 0.0;
+  std::int64_t peak_kv = 0;
+};
+
+// Runs the samples as requests (prompt, then greedy decoding of the answer's
+// length) and counts exact answers; the peak KV per request goes to `peak`.
+template <class Policy>
+std::int64_t answered(const engine::Model& m, const Policy& p, const engine::EngineConfig& cfg,
+                      const std::vector<engine::TaskSample>& samples, std::int64_t& peak) {
+  std::vector<engine::Request> reqs;
+  for (const auto& s : samples) {
+    engine::Request r;
+    r.id = std::int32_t(reqs.size());
+    r.prompt = s.prompt;
+    r.max_new = std::int32_t(s.answer.size());
+    reqs.push_back(std::move(r));
+  }
+  const auto served = engine::serve(m, p, cfg, reqs);
+  std::int64_t hits = 0;
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    hits += served.reqs[i].output == samples[i].answer;
+    peak = std::max(peak, served.reqs[i].peak_kv);
+  }
+  return hits;
+}
+
+template <class Policy>
+Row evaluate(const engine::Model& m, const Policy& p, const engine::EngineConfig& cfg, const Workset& w,
+             const std::vector<engine::Request>& full_outputs) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Row row;
+  std::int64_t hits_all = 0, n_all = 0;
+  for (std::size_t d = 0; d < kNumDepths; ++d) {
+    const std::int64_t hits = answered(m, p, cfg, w.passkey[d], row.peak_kv);
+    row.passkey_depth[d] = wilson(hits, std::int64_t(w.passkey[d].size()));
+    hits_all += hits;
+    n_all += std::int64_t(w.passkey[d].size());
+  }
+  row.passkey = wilson(hits_all, n_all);
+  row.recall = wilson(answered(m, p, cfg, w.recall, row.peak_kv), std::int64_t(w.recall.size()));
+  engine::Engine<Policy> scorer(m, cfg, p);
+  std::vector<double> losses;
+  for (const auto& s : w.repeat) {  // the answer's loss, teacher-forced after the prompt
+    std::vector<std::int32_t> text = s.prompt;
+    text.insert(text.end(), s.answer.begin(), s.answer.end());
+    const auto sc = scorer.score(text, std::int32_t(s.prompt.size()), std::int32_t(s.prompt.size()));
+    losses.push_back(sc.nll / double(sc.predictions));
+    row.peak_kv = std::max(row.peak_kv, sc.peak_kv);
+  }
+  row.repeat_loss = mean_ci(losses);
+  double nll = 0.0;
+  std::int64_t predictions = 0;
+  for (const auto& text : w.windows) {
+    const auto sc = scorer.score(text, std::int32_t(text.size()) / 2);
+    nll += sc.nll;
+    predictions += sc.predictions;
+    row.peak_kv = std::max(row.peak_kv, sc.peak_kv);
+  }
+  row.perplexity = std::exp(nll / double(predictions));
+  const auto served = engine::serve(m, p, cfg, w.agree);
+  const auto& full = full_outputs.empty() ? served.reqs : full_outputs;
+  std::int64_t same = 0, all = 0;
+  for (std::size_t i = 0; i < full.size(); ++i)
+    for (std::size_t t = 0; t < full[i].output.size(); ++t) same += full[i].output[t] == served.reqs[i].output[t], ++all;
+  row.agreement = wilson(same, all);  // tokens are not independent: the interval is indicative only
+  row.divergence = engine::first_divergence(full, served.reqs);
+  row.peak_kv = std::max(row.peak_kv, served.peak_per_request());
+  row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return row;
+}
+
+std::string pct(const Interval& i) { return fmt::format("{:.2f} [{:.2f}, {:.2f}]", i.value, i.lo, i.hi); }
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  bool full_mode = false;
+  std::string only, out_dir;
+  std::int32_t threads = std::max(1, std::int32_t(std::thread::hardware_concurrency()));
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--full") {
+      full_mode = true;
+    } else if ((a == "--policy" || a == "--out" || a == "--threads") && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (a == "--policy") only = v;
+      if (a == "--out") out_dir = v;
+      if (a == "--threads") {
+        std::size_t used = 0;
+        try {
+          threads = std::stoi(v, &used);
+        } catch (const std::exception&) {
+        }
+        if (used == 0 || used != v.size() || threads < 1)
+          return fmt::print(stderr, "--threads needs a positive count, got '{}'\n", v), 2;
+      }
+    } else {
+      return fmt::print(stderr, "usage: {} [--full] [--policy NAME] [--threads N] [--out DIR]\n", argv[0]), 2;
+    }
+  }
+  if (!only.empty() && only != "keep_all" &&
+      std::find(engine::policy_names().begin(), engine::policy_names().end(), only) == engine::policy_names().end())
+    return fmt::print(stderr, "unknown policy '{}' (one of: {})\n", only, fmt::join(engine::policy_names(), ", ")), 2;
+
+  const engine::Model model(std::string(ENGINE_MODEL_DIR) + "/kjv-tiny.bin");
+  const auto& c = model.config();
+  const auto text = engine::heldout();
+  const Sizes sz = full_mode ? Sizes{40, 100, 50, 8, 8} : Sizes{8, 24, 12, 2, 2};
+  const std::int32_t L = c.context;
+
+  Workset w;
+  std::mt19937_64 rng(20261123);
+  const engine::Tasks tasks(text);
+  for (std::size_t d = 0; d < kNumDepths; ++d)
+    for (std::int32_t i = 0; i < sz.passkey_per_depth; ++i) w.passkey[d].push_back(tasks.passkey(rng, L, kDepths[d]));
+  for (std::int32_t i = 0; i < sz.recall; ++i) w.recall.push_back(tasks.recall(rng, L));
+  for (std::int32_t i = 0; i < sz.repeat; ++i) w.repeat.push_back(tasks.repeat(rng, L));
+  w.agree = engine::workload(text, sz.agree_requests, 512, 128);
+  for (std::int32_t i = 0; i < sz.ppl_windows; ++i) {
+    const auto at = std::size_t(i) * 7919 % (text.size() - std::size_t(L));
+    w.windows.emplace_back(text.begin() + std::ptrdiff_t(at), text.begin() + std::ptrdiff_t(at) + L);
+  }
+
+  // Room for a batch of full-context requests; chunks of 64, eviction after each.
+  const engine::EngineConfig cfg0{.max_kv_tokens = 4 * (L + 64), .block_size = 16, .chunk = 64, .max_batch = 4};
+  const std::vector<std::int32_t> budgets{L / 8, L / 4, L / 2};
+  struct Job {
+    std::string name;
+    std::int32_t budget;
+  };
+  std::vector<Job> jobs;
+  for (const auto& name : engine::policy_names())
+    if (name != "keep_all" && (only.empty() || only == name))
+      for (std::int32_t b : budgets) jobs.push_back({name, b});
+
+  fmt::print(
+      "model: {} layers, {} kv-heads, context {}; tasks at {} bytes; samples: passkey {} per depth x {} depths, "
+      "recall {}, repeated passages {}, agreement {} requests x 128 tokens, perplexity {} windows of {}\n\n",
+      c.layers, c.kv_heads, L, L, sz.passkey_per_depth, kNumDepths, sz.recall, sz.repeat, sz.agree_requests,
+      sz.ppl_windows, L);
+  Row full = evaluate(model, kvcache::KeepAll{}, cfg0, w, {});
+  full.policy = "full cache";
+  const auto full_outputs = engine::serve(model, kvcache::KeepAll{}, cfg0, w.agree).reqs;
+
+  std::vector<Row> rows(jobs.size());
+  std::atomic<std::size_t> next{0};
+  std::mutex progress;
+  auto worker = [&] {
+    for (std::size_t j; (j = next++) < jobs.size();) {
+      engine::with(jobs[j].name, jobs[j].budget, c, cfg0, [&](auto policy, const engine::EngineConfig& cfg) {
+        rows[j] = evaluate(model, policy, cfg, w, full_outputs);
+      });
+      rows[j].policy = jobs[j].name;
+      rows[j].budget = jobs[j].budget;
+      const std::lock_guard<std::mutex> lock(progress);
+      fmt::print(stderr, "  {} at {}: {:.0f} s\n", jobs[j].name, jobs[j].budget, rows[j].seconds);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (std::int32_t t = 0; t < std::min<std::int32_t>(threads, std::int32_t(jobs.size())); ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  rows.insert(rows.begin(), full);
+
+  fmt::print(
+      "| policy | budget | passkey | passkey at depth 10/30/50/70/90 % | recall | repeated passage loss (nats/byte) "
+      "| agreement | tokens before divergence | perplexity | peak KV |\n"
+      "| --- | ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: |\n");
+  std::string csv = "policy,budget,metric,value,lo,hi,n\n";
+  for (const auto& r : rows) {
+    std::string depths;
+    for (std::size_t d = 0; d < kNumDepths; ++d) depths += fmt::format("{}{:.2f}", d ? " / " : "", r.passkey_depth[d].value);
+    fmt::print("| {} | {} | {} | {} | {} | {:.3f} ± {:.3f} | {:.3f} | {:.1f} | {:.3f} | {} |\n", r.policy,
+               r.budget ? std::to_string(r.budget) : "all", pct(r.passkey), depths, pct(r.recall), r.repeat_loss.value,
+               r.repeat_loss.hi - r.repeat_loss.value, r.agreement.value, r.divergence, r.perplexity, r.peak_kv);
+    auto put = [&](const std::string& metric, const Interval& i) {
+      csv += fmt::format("{},{},{},{:.4f},{:.4f},{:.4f},{}\n", r.policy, r.budget, metric, i.value, i.lo, i.hi, i.n);
+    };
+    put("passkey", r.passkey);
+    for (std::size_t d = 0; d < kNumDepths; ++d) put(fmt::format("passkey@{:.1f}", kDepths[d]), r.passkey_depth[d]);
+    put("recall", r.recall);
+    put("repeat_loss", r.repeat_loss);
+    put("agreement", r.agreement);
+    put("perplexity", {r.perplexity, r.perplexity, r.perplexity, 1});
+    put("peak_kv", {double(r.peak_kv), double(r.peak_kv), double(r.peak_kv), 1});
+  }
+  fmt::print(
+      "\nIntervals: 95 %, Wilson for accuracies (n = samples), normal for the mean loss. Agreement counts tokens, "
+      "which are not independent: read it with the tokens before the first divergence.\n");
+  if (!out_dir.empty()) std::ofstream(out_dir + "/eval.csv") << csv;
+  return 0;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "kvcache_eval: {}\n", e.what());
+  return 1;
+}
