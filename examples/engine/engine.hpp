@@ -8,7 +8,6 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <kvcache/kernels/compaction.hpp>
@@ -113,8 +112,7 @@ class Engine {
     for (std::int32_t at = 0; at + 1 < std::int32_t(text.size());) {
       std::int32_t n = std::min(cfg_.chunk, std::int32_t(text.size()) - 1 - at);
       if (at < prompt) {  // no chunk crosses the prompt's end: a one-shot policy sees the prompt alone
-        n = std::min(n, prompt - at);
-        if (w > 0 && prompt - at - n > 0 && prompt - at - n < w && prompt - at > w) n = prompt - at - w;
+        n = chunk_before(prompt - at, n);
       }
       if (auto res = cache_.reserve(r.seq, n, std::span(slots).first(std::size_t(n))); !res)
         throw std::runtime_error("score: " + res.status().message());
@@ -139,41 +137,13 @@ class Engine {
   }
   const EngineStats& stats() const { return stats_; }
 
-  // Layer 0's keys that r holds, read back through the page table:
-  // [held][kv_heads][head_dim], row order.
-  std::vector<float> held_layer0_keys(const Request& r) const {
-    const std::array<kvcache::SeqId, 1> one{r.seq};
-    const auto blocks = *cache_.table().blocks(r.seq);
-    std::array<std::int32_t, 2> indptr{};
-    std::array<std::int32_t, 1> last{};
-    std::vector<std::int32_t> indices(blocks.size());
-    if (auto e = cache_.export_csr(one, indptr, indices, last); !e) throw std::runtime_error(e.status().message());
-    const std::int32_t front = *cache_.table().front(r.seq), held = std::int32_t(*cache_.tokens_held(r.seq));
-    const std::int32_t row = pool_.num_kv_heads * pool_.head_dim, rows = front + held;
-    std::vector<float> k(std::size_t(rows) * std::size_t(row)), v(k.size());
-    const std::array<std::int32_t, 2> out_indptr{0, rows};
-    kvcache::GatherParams p{pool_, 0,        indptr.data(), indices.data(),     out_indptr.data(), 1,
-                            rows,  k.data(), v.data(),      kvcache::DType::f32, row * 4,           pool_.head_dim * 4};
-    if (auto st = kvcache::gather_host(p); !st) throw std::runtime_error(st.message());
-    k.erase(k.begin(), k.begin() + std::ptrdiff_t(front) * row);
-    return k;
-  }
+  // What r holds, read back through the page table as the forward pass
+  // reads it: view(r).read(layer, kv_head) gives each held token's K/V and
+  // the position its group's table names (they move with each group's
+  // compaction), for tests to check against the policy's bookkeeping.
+  PagedKv<Cache> view(const Request& r) { return {cache_, pool_, r.seq, {}, 0, positions_, groups(), layout()}; }
   // The position table a (layer, kv-head) reads (token policies' groups).
   std::int32_t group_of(std::int32_t layer, std::int32_t head) const { return layout().of(layer, head); }
-
-  // The positions of the tokens group g of a token policy holds for r, in
-  // row order, as the engine tracks them beside the pool (they move with
-  // each group's compaction): what the policy's own bookkeeping must match.
-  std::vector<std::int64_t> held_positions(const Request& r, std::int32_t g) const {
-    const auto blocks = *cache_.table().blocks(r.seq);
-    const std::int32_t B = cfg_.block_size, front = *cache_.table().front(r.seq);
-    const auto held = std::int32_t(*cache_.tokens_held(r.seq));
-    const std::int64_t* pos = positions_.data() + std::size_t(g) * std::size_t(blocks_) * std::size_t(B);
-    std::vector<std::int64_t> out;
-    for (std::int32_t t = 0; t < held; ++t)
-      out.push_back(pos[std::size_t(blocks[std::size_t((front + t) / B)] * B + (front + t) % B)]);
-    return out;
-  }
 
   // Runs until every request is done.
   void run(std::vector<Request>& reqs) {
@@ -206,9 +176,10 @@ class Engine {
     else
       return 1;
   }
+  Grouping grouping() const { return groups() == 1 ? Grouping::all : cfg_.grouping; }
   GroupLayout layout() const {
     const auto& c = m_.config();
-    switch (groups() == 1 ? Grouping::all : cfg_.grouping) {
+    switch (grouping()) {
       case Grouping::all: return {0, 0, 1};
       case Grouping::heads: return {0, 1, c.kv_heads};
       case Grouping::layers: return {1, 0, c.layers};
@@ -218,6 +189,14 @@ class Engine {
   }
   std::int64_t* pos_table(std::int32_t g) {
     return positions_.data() + std::size_t(g) * std::size_t(blocks_) * std::size_t(cfg_.block_size);
+  }
+  // A chunk of at most n tokens with `left` tokens to the prompt's end: never
+  // past it, and cut so the last one holds the whole observation window.
+  std::int32_t chunk_before(std::int32_t left, std::int32_t n) const {
+    const std::int32_t w = cfg_.observe_window;
+    n = std::min(n, left);
+    if (w > 0 && left - n > 0 && left - n < w && left > w) n = left - w;
+    return n;
   }
   std::int32_t tokens_of(const Request& r) const { return std::int32_t(r.prompt.size() + r.output.size()); }
   std::int64_t chunk_for_accounting() const { return cfg_.evict_in_prefill ? cfg_.chunk : 0; }
@@ -249,8 +228,7 @@ class Engine {
   void advance(Request& r, std::vector<Request>& reqs) {
     const std::int32_t total = tokens_of(r), w = cfg_.observe_window;
     std::int32_t n = std::min(cfg_.chunk, total - r.fed);  // a prefill chunk, or the last token decoded
-    if (w > 0 && total - r.fed - n > 0 && total - r.fed - n < w && total - r.fed > w)
-      n = total - r.fed - w;  // the last chunk then holds the whole window
+    n = chunk_before(total - r.fed, n);  // the last chunk holds the whole observation window
     std::vector<std::int32_t> slots(static_cast<std::size_t>(n));
     for (;;) {
       auto res = cache_.reserve(r.seq, n, slots);
@@ -288,7 +266,7 @@ class Engine {
       using kvcache::Signals;
       const auto& c = m_.config();
       kvcache::Scores sc{};
-      const Grouping grouping = groups() == 1 ? Grouping::all : cfg_.grouping;
+      const Grouping grouping = this->grouping();
       if constexpr (Policy::required_signals.covers(Signals{Signals::last_query_attention})) {
         if (grouping == Grouping::layers)
           sc = {kvcache::ScoreKind::last_query_attention, trace.layer_last_query, c.layers * c.q_heads};
@@ -314,7 +292,7 @@ class Engine {
     if (!e) throw std::runtime_error("evict: " + e.status().message());
     if constexpr (kvcache::TokenEviction<Policy>) {
       const std::int32_t G = groups();
-      const Grouping grouping = G == 1 ? Grouping::all : cfg_.grouping;
+      const Grouping grouping = this->grouping();
       const bool by_layer = grouping == Grouping::layers || grouping == Grouping::layer_heads,
                  by_head = grouping == Grouping::heads || grouping == Grouping::layer_heads;
       const std::int32_t per_layer = grouping == Grouping::layer_heads ? m_.config().kv_heads : 1;

@@ -50,6 +50,7 @@ struct Row {
   Interval passkey, passkey_depth[kNumDepths], recall, repeat_loss, agreement;
   double divergence = 0.0, perplexity = 0.0, seconds = 0.0;
   std::int64_t peak_kv = 0;
+  std::vector<engine::Request> outputs;  // the agreement requests as served
 };
 
 // Runs the samples as requests (prompt, then greedy decoding of the answer's
@@ -109,10 +110,9 @@ Row evaluate(const engine::Model& m, const Policy& p, const engine::EngineConfig
   row.perplexity = std::exp(nll / double(predictions));
   const auto served = engine::serve(m, p, cfg, w.agree);
   const auto& full = full_outputs.empty() ? served.reqs : full_outputs;
-  std::int64_t same = 0, all = 0;
-  for (std::size_t i = 0; i < full.size(); ++i)
-    for (std::size_t t = 0; t < full[i].output.size(); ++t) same += full[i].output[t] == served.reqs[i].output[t], ++all;
+  const auto [same, all] = engine::agreement_counts(full, served.reqs);
   row.agreement = wilson(same, all);  // tokens are not independent: the interval is indicative only
+  row.outputs = served.reqs;
   row.divergence = engine::first_divergence(full, served.reqs);
   row.peak_kv = std::max(row.peak_kv, served.peak_per_request());
   row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -190,7 +190,7 @@ int main(int argc, char** argv) try {
       sz.ppl_windows, L);
   Row full = evaluate(model, kvcache::KeepAll{}, cfg0, w, {});
   full.policy = "full cache";
-  const auto full_outputs = engine::serve(model, kvcache::KeepAll{}, cfg0, w.agree).reqs;
+  const auto& full_outputs = full.outputs;
 
   std::vector<Row> rows(jobs.size());
   std::atomic<std::size_t> next{0};

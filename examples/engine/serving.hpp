@@ -12,6 +12,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -94,10 +95,16 @@ void with(const std::string& name, std::int32_t budget, const ModelConfig& c, En
         fmt::format("unknown policy '{}' (one of: {})", name, fmt::join(policy_names(), ", ")));
 }
 
-inline double agreement(const std::vector<Request>& a, const std::vector<Request>& b) {
+// Generated tokens equal to the reference's, and all generated tokens.
+inline std::pair<std::int64_t, std::int64_t> agreement_counts(const std::vector<Request>& a,
+                                                              const std::vector<Request>& b) {
   std::int64_t same = 0, all = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
     for (std::size_t t = 0; t < a[i].output.size(); ++t) same += a[i].output[t] == b[i].output[t], ++all;
+  return {same, all};
+}
+inline double agreement(const std::vector<Request>& a, const std::vector<Request>& b) {
+  const auto [same, all] = agreement_counts(a, b);
   return double(same) / double(all);
 }
 

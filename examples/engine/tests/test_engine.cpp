@@ -166,38 +166,37 @@ TEST_CASE("every policy serves requests through the engine within its bound") {
               if (r.running && r.fed >= std::int64_t(r.prompt.size()) && !name.starts_with("snapkv"))
                 REQUIRE(*e.cache().tokens_held(r.seq) <= bound);
             // Token policies: every group's compaction moved the engine's
-            // positions (and K/V) exactly as the policy's bookkeeping says,
-            // whatever the grouping (per kv-head, per layer, per both).
-            if constexpr (kv::TokenEviction<decltype(policy)>)
-              for (const auto& r : rs)
-                if (r.running && r.fed > 0)
-                  for (std::int32_t g = 0; g < e.cache().eviction().groups(); ++g) {
-                    const auto tracked = e.cache().eviction().positions(r.seq.index, g);
-                    const auto held = e.held_positions(r, g);
-                    // Tokens appended since the policy's last observation join at the end.
-                    REQUIRE(tracked.size() <= held.size());
-                    if (!name.starts_with("snapkv")) REQUIRE(tracked.size() == held.size());
-                    for (std::size_t j = 0; j < tracked.size(); ++j) REQUIRE(held[j] == tracked[j]);
-                  }
-            // And the K/V moved with them, head by head: every layer-0 key
-            // read back through the row is the key of the token its group's
-            // position table names (layer-0 keys depend on token and
-            // position only; a compaction on the wrong layer or head breaks this).
+            // positions and K/V exactly as the policy's bookkeeping says,
+            // whatever the grouping (per kv-head, per layer, per both): each
+            // (layer, kv-head) reads the positions its group tracks, and
+            // every (sampled) layer-0 key read back through the row is the
+            // key of the token at that position (layer-0 keys depend on
+            // token and position only; a compaction on the wrong layer or
+            // head breaks this).
+            const std::int32_t hd = model.config().head_dim(), kvh = model.config().kv_heads;
             for (const auto& r : rs) {
               if (!r.running || r.fed == 0) continue;
-              const auto keys = e.held_layer0_keys(r);
-              const std::int32_t hd = model.config().head_dim(), kvh = model.config().kv_heads;
-              for (std::int32_t h = 0; h < kvh; ++h) {
-                const auto pos = e.held_positions(r, e.group_of(0, h));
-                for (std::size_t j = 0; j < pos.size(); j += 7) {  // a sample of rows keeps it quick
-                  const auto p = std::size_t(pos[j]);
-                  const std::int32_t tok = p < r.prompt.size() ? r.prompt[p] : r.output[p - r.prompt.size()];
-                  const auto want = key_fwd.layer0_key(tok, pos[j], h);
-                  for (std::int32_t x = 0; x < hd; ++x)
-                    REQUIRE(keys[(j * std::size_t(kvh) + std::size_t(h)) * std::size_t(hd) + std::size_t(x)] ==
-                            Approx(want[std::size_t(x)]).margin(1e-4));
+              auto kv = e.view(r);
+              for (std::int32_t l = 0; l < model.config().layers; ++l)
+                for (std::int32_t h = 0; h < kvh; ++h) {
+                  const engine::HeldKv held = kv.read(l, h);
+                  if constexpr (kv::TokenEviction<decltype(policy)>) {
+                    const auto tracked = e.cache().eviction().positions(r.seq.index, e.group_of(l, h));
+                    // Tokens appended since the policy's last observation join at the end.
+                    REQUIRE(tracked.size() <= std::size_t(held.count));
+                    if (!name.starts_with("snapkv")) REQUIRE(tracked.size() == std::size_t(held.count));
+                    for (std::size_t j = 0; j < tracked.size(); ++j) REQUIRE(held.pos[j] == tracked[j]);
+                  }
+                  if (l > 0) continue;
+                  for (std::int32_t j = 0; j < held.count; j += 7) {  // a sample of rows keeps it quick
+                    const auto p = std::size_t(held.pos[j]);
+                    const std::int32_t tok = p < r.prompt.size() ? r.prompt[p] : r.output[p - r.prompt.size()];
+                    const auto want = key_fwd.layer0_key(tok, held.pos[j], h);
+                    for (std::int32_t x = 0; x < hd; ++x)
+                      REQUIRE(held.k[std::size_t(j) * std::size_t(held.row_stride) + std::size_t(x)] ==
+                              Approx(want[std::size_t(x)]).margin(1e-4));
+                  }
                 }
-              }
             }
           }
           for (std::size_t i = 0; i < rs.size(); ++i) {
