@@ -18,6 +18,7 @@ panels = [("passkey", "passkey accuracy (all depths)"), ("recall", "key->value r
 fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
 budgets = sorted({int(r["budget"]) for r in rows if int(r["budget"]) > 0})
 for ax, (metric, title) in zip(axes.flat, panels):
+    ax.set_prop_cycle(color=plt.cm.tab20.colors)  # 16 policies: the default cycle repeats after 10
     for r in rows:
         if r["metric"] == metric and int(r["budget"]) == 0:
             ax.axhline(float(r["value"]), color="black", ls="--", lw=1, label="full cache")
@@ -26,7 +27,9 @@ for ax, (metric, title) in zip(axes.flat, panels):
                      for r in rows if r["policy"] == policy and r["metric"] == metric and int(r["budget"]) > 0)
         if not pts:
             continue
-        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=policy)
+        # Decode-only rows are one budget: a point of their own shape.
+        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="x" if "decode only" in policy else "o",
+                        label=policy)
         ax.fill_between([p[0] for p in pts], [p[2] for p in pts], [p[3] for p in pts], color=line.get_color(), alpha=0.1)
     ax.set(title=title, xlabel="budget (tokens per request)", xscale="log")
     ax.set_xticks(budgets, [str(b) for b in budgets])

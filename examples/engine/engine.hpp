@@ -17,53 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "engine_types.hpp"
 #include "forward.hpp"
 #include "kv_store.hpp"
 #include "model.hpp"
 
 namespace engine {
-
-struct Request {
-  std::int32_t id = 0, priority = 0;  // a larger priority is preempted last
-  std::vector<std::int32_t> prompt;
-  std::int32_t max_new = 0;
-  // Progress.
-  std::vector<std::int32_t> output;
-  std::int32_t fed = 0;  // tokens of prompt + output already in the cache
-  bool running = false, done = false;
-  kvcache::SeqId seq{};
-  std::int64_t peak_kv = 0, need_blocks = 0;
-  std::vector<float> last_logits;
-};
-
-// How a token policy's groups map onto the model: one choice for the whole
-// sequence (scores reduced over layers and heads), one per kv-head (scores
-// summed over layers: this engine's first, aggregated variants), one per
-// layer (TOVA's paper), or one per (layer, kv-head) (H2O's and SnapKV's).
-enum class Grouping { all, heads, layers, layer_heads };
-
-struct EngineConfig {
-  std::int32_t max_kv_tokens = 4096;  // the pool: max_kv_tokens / block_size blocks
-  std::int32_t block_size = 16;
-  std::int32_t chunk = 64;       // prefill chunk
-  std::int32_t max_batch = 8;    // running requests at most
-  bool evict_in_prefill = true;  // run eviction after every prefill chunk (not for SnapKV)
-  // Admission by the cache's accounting: `lifetime` admits a request only if
-  // the pool covers blocks_needed for its whole life (no preemption can
-  // happen); `optimistic` admits when its prefill peak fits now, as vLLM
-  // does, and preempts the lowest-priority request when decoding runs out.
-  bool optimistic = false;
-  Grouping grouping = Grouping::heads;  // token policies: what their groups are (policies.hpp sets it)
-  // SnapKV's observation window: the scores after the prompt sum the
-  // attention of its last `observe_window` queries only, and the prompt's
-  // last chunk is cut to hold them all (0: every query of the chunk).
-  std::int32_t observe_window = 0;
-};
-
-struct EngineStats {
-  std::int64_t steps = 0, tokens_generated = 0, preemptions = 0, reprefilled = 0, kv_high_water = 0, max_batch = 0;
-  std::vector<std::int64_t> kv_over_time;  // tokens held by all requests after each step
-};
 
 template <class Policy>
 class Engine {
@@ -74,20 +33,24 @@ class Engine {
       : m_(m),
         cfg_(cfg),
         fwd_(m),
-        geometry_(*kvcache::Geometry::make({.num_layers = m.config().layers,
+        streams_(cfg.layer_streams ? m.config().layers : 1),
+        geometry_(*kvcache::Geometry::make({.num_layers = cfg.layer_streams ? 1 : m.config().layers,
                                             .num_kv_heads = m.config().kv_heads,
                                             .head_dim = m.config().head_dim(),
                                             .block_size = cfg.block_size,
                                             .dtype = kvcache::DType::f32})),
-        blocks_(cfg.max_kv_tokens / cfg.block_size + 1),
+        blocks_((cfg.max_kv_tokens / cfg.block_size + 1) * streams_),
         memory_(std::size_t(*geometry_.pool_bytes(blocks_))),
         pool_(*kvcache::make_pool_view(geometry_, memory_.data(), blocks_)),
         cache_({.geometry = geometry_,
                 .num_blocks = blocks_,
-                .max_sequences = cfg.max_batch,
+                .max_sequences = cfg.max_batch * streams_,
                 .max_blocks_per_sequence = m.config().context / cfg.block_size + 2},
                {}, {}, policy),
-        positions_(std::size_t(groups()) * std::size_t(blocks_) * std::size_t(cfg.block_size), -1) {}
+        positions_(std::size_t(groups()) * std::size_t(blocks_) * std::size_t(cfg.block_size), -1) {
+    if (kvcache::TokenEviction<Policy> && cfg.layer_streams)
+      throw std::invalid_argument("layer_streams: token policies choose per layer through their groups");
+  }
 
   const Cache& cache() const { return cache_; }
 
@@ -103,10 +66,10 @@ class Engine {
   };
   Score score(std::span<const std::int32_t> text, std::int32_t prompt, std::int32_t from = 1) {
     Request r;
-    r.seq = *cache_.add_sequence();
+    add_streams(r);
     Score out;
     std::vector<float> logits;
-    std::vector<std::int32_t> slots(std::size_t(cfg_.chunk));
+    std::vector<std::int32_t> slots;
     const std::int32_t V = m_.config().vocab;
     const std::int32_t w = cfg_.observe_window;
     for (std::int32_t at = 0; at + 1 < std::int32_t(text.size());) {
@@ -114,13 +77,12 @@ class Engine {
       if (at < prompt) {  // no chunk crosses the prompt's end: a one-shot policy sees the prompt alone
         n = chunk_before(prompt - at, n);
       }
-      if (auto res = cache_.reserve(r.seq, n, std::span(slots).first(std::size_t(n))); !res)
-        throw std::runtime_error("score: " + res.status().message());
+      if (auto st = reserve(r, n, slots); !st) throw std::runtime_error("score: " + st.message());
       AttentionTrace trace;
-      PagedKv<Cache> kv(cache_, pool_, r.seq, std::span<const std::int32_t>(slots).first(std::size_t(n)), at,
-                        positions_, groups(), layout());
+      trace.ragged = streams_ > 1;
+      PagedKv<Cache> kv(cache_, pool_, r.seqs, slots, at, positions_, groups(), layout());
       fwd_.run(kv, text.subspan(std::size_t(at), std::size_t(n)), at, logits, false, &trace, at + n == prompt ? w : 0);
-      out.peak_kv = std::max(out.peak_kv, *cache_.tokens_held(r.seq));
+      out.peak_kv = std::max(out.peak_kv, held(r));
       for (std::int32_t i = std::max(0, from - 1 - at); i < n; ++i) {  // log-softmax at the target
         const float* lg = &logits[std::size_t(i) * std::size_t(V)];
         const float mx = *std::max_element(lg, lg + V);
@@ -132,16 +94,30 @@ class Engine {
       at += n;
       if (cfg_.evict_in_prefill || (at >= prompt && at - n < prompt)) feed_and_evict(r, trace);
     }
-    (void)cache_.free(r.seq);
+    free_streams(r);
     return out;
   }
   const EngineStats& stats() const { return stats_; }
+  // Blocks a request of `tokens` (then `new_tokens` more) needs for its whole
+  // life under the policy, over all its streams.
+  kvcache::Result<std::int64_t> blocks_needed(std::int64_t tokens, std::int64_t new_tokens, std::int64_t chunk) const {
+    auto need = cache_.blocks_needed(tokens, new_tokens, chunk);
+    if (!need) return need.status();
+    return *need * streams_;
+  }
 
   // What r holds, read back through the page table as the forward pass
   // reads it: view(r).read(layer, kv_head) gives each held token's K/V and
   // the position its group's table names (they move with each group's
   // compaction), for tests to check against the policy's bookkeeping.
-  PagedKv<Cache> view(const Request& r) { return {cache_, pool_, r.seq, {}, 0, positions_, groups(), layout()}; }
+  PagedKv<Cache> view(const Request& r) { return {cache_, pool_, r.seqs, {}, 0, positions_, groups(), layout()}; }
+  // Tokens r holds: with one stream per layer, their mean over the layers
+  // (rounded up), so figures compare with one stream's.
+  std::int64_t held(const Request& r) const {
+    std::int64_t sum = 0;
+    for (const auto s : r.seqs) sum += *cache_.tokens_held(s);
+    return (sum + streams_ - 1) / streams_;
+  }
   // The position table a (layer, kv-head) reads (token policies' groups).
   std::int32_t group_of(std::int32_t layer, std::int32_t head) const { return layout().of(layer, head); }
 
@@ -162,7 +138,7 @@ class Engine {
     }
     std::int64_t held = 0, batch = 0;
     for (auto& r : reqs)
-      if (r.running) held += *cache_.tokens_held(r.seq), ++batch;
+      if (r.running) held += this->held(r), ++batch;
     stats_.max_batch = std::max(stats_.max_batch, batch);
     stats_.kv_high_water = std::max(stats_.kv_high_water, held);
     stats_.kv_over_time.push_back(held);
@@ -201,6 +177,54 @@ class Engine {
   std::int32_t tokens_of(const Request& r) const { return std::int32_t(r.prompt.size() + r.output.size()); }
   std::int64_t chunk_for_accounting() const { return cfg_.evict_in_prefill ? cfg_.chunk : 0; }
 
+  void add_streams(Request& r) {
+    r.seqs.clear();
+    for (std::int32_t s = 0; s < streams_; ++s) r.seqs.push_back(*cache_.add_sequence());
+  }
+  void free_streams(Request& r) {
+    for (const auto s : r.seqs) (void)cache_.free(s);
+    r.seqs.clear();
+  }
+  std::int64_t blocks_held(const Request& r) const {
+    std::int64_t sum = 0;
+    for (const auto s : r.seqs) sum += *cache_.blocks_held(s);
+    return sum;
+  }
+  // n new slots in each of r's streams, [streams][n]; all or nothing.
+  kvcache::Status reserve(const Request& r, std::int32_t n, std::vector<std::int32_t>& slots) {
+    slots.resize(std::size_t(n) * r.seqs.size());
+    std::int32_t copies = 0;
+    if (r.seqs.size() == 1) {
+      auto res = cache_.reserve(r.seqs[0], n, slots);
+      if (!res) return res.status();
+      copies = res->copy.src >= 0;
+    } else {
+      counts_.assign(r.seqs.size(), n);
+      copies_.resize(r.seqs.size());
+      auto res = cache_.reserve_batch(r.seqs, counts_, slots, copies_);
+      if (!res) return res.status();
+      copies = res->copies;
+    }
+    if (copies) throw std::runtime_error("unexpected copy-on-write: nothing is shared here");
+    return {};
+  }
+  // One stream per layer: each layer's stream is scored by that layer's
+  // attention and evicts on its own.
+  void evict_layer_streams(Request& r, const AttentionTrace& trace) {
+    for (std::int32_t l = 0; l < streams_; ++l) {
+      const kvcache::SeqId seq = r.seqs[std::size_t(l)];
+      if constexpr (kvcache::ObservingEviction<Policy>) {
+        const kvcache::Scores sc{kvcache::ScoreKind::attention_sums, trace.layer_sums[std::size_t(l)], 1};
+        if (auto st = cache_.observe(seq, sc); !st) throw std::runtime_error("observe: " + st.message());
+      }
+      evicted_.resize(std::size_t(m_.config().context));
+      rotations_.resize(evicted_.size());
+      group_moves_.resize(2);
+      auto e = cache_.evict(seq, kvcache::EvictionSpans{evicted_, rotations_, moves_, group_moves_});
+      if (!e) throw std::runtime_error("evict: " + e.status().message());
+    }
+  }
+
   // Highest priority first, while a handle is free and the pool covers the
   // request's whole life under the policy's bound.
   void admit(std::vector<Request>& reqs) {
@@ -211,16 +235,16 @@ class Engine {
     // Blocks promised to running requests but not reserved yet are not free.
     std::int64_t promised = 0;
     for (auto& r : reqs)
-      if (r.running) promised += std::max<std::int64_t>(0, r.need_blocks - *cache_.blocks_held(r.seq));
+      if (r.running) promised += std::max<std::int64_t>(0, r.need_blocks - blocks_held(r));
     for (Request* r : waiting) {
       const std::int64_t remaining_new = r->max_new - std::int64_t(r->output.size());
-      auto need = cache_.blocks_needed(tokens_of(*r), cfg_.optimistic ? 0 : remaining_new, chunk_for_accounting());
-      if (!need || cache_.free_sequences() == 0 || *need > cache_.free_blocks() - promised) break;
-      r->seq = *cache_.add_sequence();
+      auto need = blocks_needed(tokens_of(*r), cfg_.optimistic ? 0 : remaining_new, chunk_for_accounting());
+      if (!need || cache_.free_sequences() < streams_ || *need > cache_.free_blocks() - promised) break;
+      add_streams(*r);
       r->running = true;
       r->fed = 0;
       r->need_blocks = *need;
-      promised += *need;
+      promised += r->need_blocks;
     }
   }
 
@@ -229,14 +253,11 @@ class Engine {
     const std::int32_t total = tokens_of(r), w = cfg_.observe_window;
     std::int32_t n = std::min(cfg_.chunk, total - r.fed);  // a prefill chunk, or the last token decoded
     n = chunk_before(total - r.fed, n);  // the last chunk holds the whole observation window
-    std::vector<std::int32_t> slots(static_cast<std::size_t>(n));
+    std::vector<std::int32_t> slots;
     for (;;) {
-      auto res = cache_.reserve(r.seq, n, slots);
-      if (res) {
-        if (res->copy.src >= 0) throw std::runtime_error("unexpected copy-on-write: nothing is shared here");
-        break;
-      }
-      if (res.status().code() != kvcache::Errc::out_of_blocks) throw std::runtime_error(res.status().message());
+      const auto st = reserve(r, n, slots);
+      if (st) break;
+      if (st.code() != kvcache::Errc::out_of_blocks) throw std::runtime_error(st.message());
       if (!preempt_lowest(reqs, r)) return;  // r itself was preempted
     }
     std::vector<std::int32_t> tokens(static_cast<std::size_t>(n));
@@ -246,10 +267,11 @@ class Engine {
           at < std::int32_t(r.prompt.size()) ? r.prompt[std::size_t(at)] : r.output[std::size_t(at) - r.prompt.size()];
     }
     AttentionTrace trace;
-    PagedKv<Cache> kv(cache_, pool_, r.seq, slots, r.fed, positions_, groups(), layout());
+    trace.ragged = streams_ > 1;
+    PagedKv<Cache> kv(cache_, pool_, r.seqs, slots, r.fed, positions_, groups(), layout());
     fwd_.run(kv, tokens, r.fed, r.last_logits, true, &trace, w);
     r.fed += n;
-    r.peak_kv = std::max(r.peak_kv, *cache_.tokens_held(r.seq));
+    r.peak_kv = std::max(r.peak_kv, held(r));
     const bool prefill_done = r.fed >= total;
     if (cfg_.evict_in_prefill || prefill_done) feed_and_evict(r, trace);
     if (prefill_done) {
@@ -261,7 +283,9 @@ class Engine {
   }
 
   void feed_and_evict(Request& r, const AttentionTrace& trace) {
-    const auto held = std::size_t(*cache_.tokens_held(r.seq));
+    if (streams_ > 1) return evict_layer_streams(r, trace);
+    const kvcache::SeqId seq = r.seqs[0];
+    const auto held = std::size_t(*cache_.tokens_held(seq));
     if constexpr (kvcache::ObservingEviction<Policy>) {
       using kvcache::Signals;
       const auto& c = m_.config();
@@ -282,13 +306,13 @@ class Engine {
           for (std::size_t t = 0; t < held; ++t) reduced_[t] += trace.head_sums[std::size_t(g) * held + t];
         sc = {kvcache::ScoreKind::attention_sums, reduced_, 1};
       }
-      if (auto st = cache_.observe(r.seq, sc); !st) throw std::runtime_error("observe: " + st.message());
+      if (auto st = cache_.observe(seq, sc); !st) throw std::runtime_error("observe: " + st.message());
     }
     evicted_.resize(std::size_t(m_.config().context));
     rotations_.resize(evicted_.size());
     moves_.resize(std::size_t(groups()) * held);
     group_moves_.resize(std::size_t(groups() + 1));
-    auto e = cache_.evict(r.seq, kvcache::EvictionSpans{evicted_, rotations_, moves_, group_moves_});
+    auto e = cache_.evict(seq, kvcache::EvictionSpans{evicted_, rotations_, moves_, group_moves_});
     if (!e) throw std::runtime_error("evict: " + e.status().message());
     if constexpr (kvcache::TokenEviction<Policy>) {
       const std::int32_t G = groups();
@@ -330,13 +354,13 @@ class Engine {
       throw std::runtime_error("request " + std::to_string(keep.id) + " does not fit the pool on its own");
     ++stats_.preemptions;
     stats_.reprefilled += victim->fed;
-    (void)cache_.free(victim->seq);
+    free_streams(*victim);
     victim->running = false;
     victim->fed = 0;
     return victim != &keep;
   }
   void finish(Request& r) {
-    (void)cache_.free(r.seq);
+    free_streams(r);
     r.running = false;
     r.done = true;
   }
@@ -344,6 +368,7 @@ class Engine {
   const Model& m_;
   EngineConfig cfg_;
   Forward fwd_;
+  std::int32_t streams_;  // per request: 1, or one per layer
   kvcache::Geometry geometry_;
   std::int32_t blocks_;
   std::vector<std::byte> memory_;
@@ -355,6 +380,8 @@ class Engine {
   std::vector<std::int32_t> evicted_, group_moves_;
   std::vector<kvcache::BlockRotation> rotations_;
   std::vector<kvcache::SlotMove> moves_;
+  std::vector<std::int32_t> counts_;
+  std::vector<kvcache::BlockCopy> copies_;
 };
 
 }  // namespace engine

@@ -177,11 +177,16 @@ int main(int argc, char** argv) try {
   struct Job {
     std::string name;
     std::int32_t budget;
+    bool decode_only = false;
   };
   std::vector<Job> jobs;
   for (const auto& name : engine::policy_names())
     if (name != "keep_all" && (only.empty() || only == name))
       for (std::int32_t b : budgets) jobs.push_back({name, b});
+  // The average-attention paper's study: eviction in decode only (the whole
+  // prompt is held through prefill) against prefill + decode, at 25 %.
+  for (const std::string name : {"sliding_window", "h2o", "average_attention"})
+    if (only.empty() || only == name) jobs.push_back({name, L / 4, true});
 
   fmt::print(
       "model: {} layers, {} kv-heads, context {}; tasks at {} bytes; samples: passkey {} per depth x {} depths, "
@@ -197,10 +202,12 @@ int main(int argc, char** argv) try {
   std::mutex progress;
   auto worker = [&] {
     for (std::size_t j; (j = next++) < jobs.size();) {
-      engine::with(jobs[j].name, jobs[j].budget, c, cfg0, [&](auto policy, const engine::EngineConfig& cfg) {
+      auto base = cfg0;
+      base.evict_in_prefill = !jobs[j].decode_only;
+      engine::with(jobs[j].name, jobs[j].budget, c, base, [&](auto policy, const engine::EngineConfig& cfg) {
         rows[j] = evaluate(model, policy, cfg, w, full_outputs);
       });
-      rows[j].policy = jobs[j].name;
+      rows[j].policy = jobs[j].name + (jobs[j].decode_only ? " (decode only)" : "");
       rows[j].budget = jobs[j].budget;
       const std::lock_guard<std::mutex> lock(progress);
       fmt::print(stderr, "  {} at {}: {:.0f} s\n", jobs[j].name, jobs[j].budget, rows[j].seconds);

@@ -34,6 +34,11 @@ struct AttentionTrace {
   // attention per (layer, kv-head), TOVA per layer.
   std::vector<float> layer_head_sums;   // [layers][kv_heads][held], summed over queries and q-heads
   std::vector<float> layer_last_query;  // [layers][q_heads][held], the last query's softmax
+  // Per layer, summed over kv-heads, q-heads and queries: a block policy's
+  // scores when every layer is its own stream. Layers may then hold
+  // different tokens, and only these are filled (`ragged`).
+  std::vector<std::vector<float>> layer_sums;  // [layers][held in that layer]
+  bool ragged = false;
 };
 
 class Forward {
@@ -66,6 +71,7 @@ class Forward {
       trace->last_query.clear();
       trace->layer_head_sums.clear();
       trace->layer_last_query.clear();
+      trace->layer_sums.assign(std::size_t(c_.layers), {});
     }
     x_.assign(std::size_t(n * d), 0.0f);
     for (std::int32_t i = 0; i < n; ++i)
@@ -120,7 +126,8 @@ class Forward {
     att_.assign(std::size_t(n * d), 0.0f);
     for (std::int32_t g = 0; g < c_.kv_heads; ++g) {
       const HeldKv held = kv.read(l, g);
-      if (trace) {  // zero-filled on the first layer; the held count is the same in every layer
+      if (trace) trace->layer_sums[std::size_t(l)].resize(std::size_t(held.count), 0.0f);
+      if (trace && !trace->ragged) {  // zero-filled on the first layer; the held count is the same in every layer
         trace->head_sums.resize(std::size_t(c_.kv_heads * held.count), 0.0f);
         trace->last_query.resize(std::size_t(c_.q_heads * held.count), 0.0f);
         trace->layer_head_sums.resize(std::size_t(c_.layers * c_.kv_heads * held.count), 0.0f);
@@ -148,7 +155,8 @@ class Forward {
             if (a == 0.0f) continue;
             const float* v = held.v + std::size_t(t) * std::size_t(held.row_stride);
             for (std::int32_t e = 0; e < hd; ++e) out[e] += a * v[e];
-            if (trace && i >= observed) {
+            if (trace && i >= observed) trace->layer_sums[std::size_t(l)][std::size_t(t)] += a;
+            if (trace && i >= observed && !trace->ragged) {
               trace->head_sums[std::size_t(g * held.count + t)] += a;
               trace->layer_head_sums[std::size_t((l * c_.kv_heads + g) * held.count + t)] += a;
               if (i == n - 1) {

@@ -53,35 +53,48 @@ struct GroupLayout {
   std::int32_t of(std::int32_t layer, std::int32_t head) const { return layer * per_layer + head * per_head; }
 };
 
-// One sequence's view of the paged pool for one forward call.
+// One request's view of the paged pool for one forward call. A request is
+// one stream of the cache (one page table for every layer), or one stream
+// per layer in a single-layer pool, so each layer's page table keeps its own
+// tokens (block policies as OpenVINO runs them: one choice per layer).
 template <class Cache>
 class PagedKv {
  public:
-  // positions: the engine's table of token positions per pool slot, one
-  // table per group of a token policy that compacts kv-heads separately
-  // ([groups][pool slots]); it lives across calls.
-  PagedKv(const Cache& cache, const kvcache::PoolView& pool, kvcache::SeqId seq, std::span<const std::int32_t> slots,
-          std::int64_t first_pos, std::vector<std::int64_t>& positions, std::int32_t groups = 1,
-          GroupLayout layout = {0, 1, 1})
+  // seqs: the request's stream, or one per layer. slots: the chunk's slots,
+  // [streams][n]. positions: the engine's table of token positions per pool
+  // slot, one table per group of a token policy that compacts kv-heads
+  // separately ([groups][pool slots]); it lives across calls.
+  PagedKv(const Cache& cache, const kvcache::PoolView& pool, std::span<const kvcache::SeqId> seqs,
+          std::span<const std::int32_t> slots, std::int64_t first_pos, std::vector<std::int64_t>& positions,
+          std::int32_t groups = 1, GroupLayout layout = {0, 1, 1})
       : cache_(cache),
         pool_(pool),
-        seq_(seq),
+        seqs_(seqs.begin(), seqs.end()),
         slots_(slots),
+        n_(seqs.empty() ? 0 : std::int32_t(slots.size() / seqs.size())),
         first_(first_pos),
         slot_pos_(positions),
         groups_(groups),
         layout_(groups == 1 ? GroupLayout{0, 0, 1} : layout),
-        pool_slots_(pool.num_blocks * pool.block_size) {}
+        pool_slots_(pool.num_blocks * pool.block_size) {
+    if (seqs.empty() || (seqs.size() > 1 && (pool.num_layers != 1 || groups != 1)))
+      throw std::invalid_argument("PagedKv: one stream per layer needs a single-layer pool and one position table");
+  }
+  PagedKv(const Cache& cache, const kvcache::PoolView& pool, kvcache::SeqId seq, std::span<const std::int32_t> slots,
+          std::int64_t first_pos, std::vector<std::int64_t>& positions, std::int32_t groups = 1,
+          GroupLayout layout = {0, 1, 1})
+      : PagedKv(cache, pool, std::span<const kvcache::SeqId>(&seq, 1), slots, first_pos, positions, groups, layout) {}
 
   void write(std::int32_t l, const float* k, const float* v, std::int32_t n) {
     const std::int64_t hd = pool_.head_dim, row = std::int64_t{pool_.num_kv_heads} * hd;
-    kvcache::ScatterParams p{pool_, {k, v, kvcache::DType::f32, 0, row * 4, hd * 4}, {slots_.data()}, n, l, 1};
+    const auto slots = slots_.subspan(std::size_t(stream(l)) * std::size_t(n_), std::size_t(n));
+    kvcache::ScatterParams p{pool_, {k, v, kvcache::DType::f32, 0, row * 4, hd * 4}, {slots.data()}, n, pool_layer(l),
+                             1};
     if (auto st = kvcache::scatter_host(p); !st) throw std::runtime_error("scatter: " + st.message());
-    if (l == 0) {
+    if (l == 0 || seqs_.size() > 1) {  // one table per group, or one per layer's stream (one group)
       for (std::int32_t g = 0; g < groups_; ++g)
-        for (std::int32_t i = 0; i < n; ++i)
-          slot_pos_[std::size_t(g * pool_slots_ + slots_[std::size_t(i)])] = first_ + i;
-      mapped_ = false;  // positions changed
+        for (std::int32_t i = 0; i < n; ++i) slot_pos_[std::size_t(g * pool_slots_ + slots[std::size_t(i)])] = first_ + i;
+      mapped_ = -1;  // positions changed
     }
     gathered_ = -1;
   }
@@ -94,18 +107,22 @@ class PagedKv {
   }
 
  private:
-  // The page table and positions are the same for every layer of one
-  // forward call (write() fills layer 0 first), so they are read once.
-  void map() {
-    const std::array<kvcache::SeqId, 1> one{seq_};
-    const auto blocks = *cache_.table().blocks(seq_);
+  std::int32_t stream(std::int32_t l) const { return seqs_.size() == 1 ? 0 : l; }
+  std::int32_t pool_layer(std::int32_t l) const { return seqs_.size() == 1 ? l : 0; }
+  // A stream's page table and positions are the same for every layer it
+  // serves in one forward call (write() fills layer 0 first), so they are
+  // read once per stream.
+  void map(std::int32_t s) {
+    const kvcache::SeqId seq = seqs_[std::size_t(s)];
+    const std::array<kvcache::SeqId, 1> one{seq};
+    const auto blocks = *cache_.table().blocks(seq);
     indices_.resize(blocks.size());
     if (auto r = cache_.export_csr(one, indptr_, indices_, last_); !r)
       throw std::runtime_error("csr: " + r.status().message());
     // A sliding window's dead front slots are gathered too (the CSR starts at
     // the row's first block); read() starts past them.
-    front_ = *cache_.table().front(seq_);
-    held_ = std::int32_t(*cache_.tokens_held(seq_));
+    front_ = *cache_.table().front(seq);
+    held_ = std::int32_t(*cache_.tokens_held(seq));
     const std::int32_t B = pool_.block_size;
     pos_.resize(std::size_t(groups_) * std::size_t(held_));
     for (std::int32_t g = 0; g < groups_; ++g)
@@ -114,31 +131,31 @@ class PagedKv {
         pos_[std::size_t(g * held_ + t)] =
             slot_pos_[std::size_t(g * pool_slots_ + blocks[std::size_t(j / B)] * B + j % B)];
       }
-    mapped_ = true;
+    mapped_ = s;
   }
   void gather(std::int32_t l) {
-    if (!mapped_) map();
+    if (mapped_ != stream(l)) map(stream(l));
     const std::int32_t rows = front_ + held_, hd = pool_.head_dim, row = pool_.num_kv_heads * hd;
     k_.resize(std::size_t(rows) * std::size_t(row));
     v_.resize(k_.size());
     const std::array<std::int32_t, 2> out_indptr{0, rows};
-    kvcache::GatherParams p{pool_, l,         indptr_.data(), indices_.data(),     out_indptr.data(), 1,
-                            rows,  k_.data(), v_.data(),      kvcache::DType::f32, row * 4,           hd * 4};
+    kvcache::GatherParams p{pool_, pool_layer(l), indptr_.data(), indices_.data(),     out_indptr.data(), 1,
+                            rows,  k_.data(),     v_.data(),      kvcache::DType::f32, row * 4,           hd * 4};
     if (auto st = kvcache::gather_host(p); !st) throw std::runtime_error("gather: " + st.message());
     gathered_ = l;
   }
 
   const Cache& cache_;
   kvcache::PoolView pool_;
-  kvcache::SeqId seq_;
+  std::vector<kvcache::SeqId> seqs_;
   std::span<const std::int32_t> slots_;
+  std::int32_t n_;
   std::int64_t first_;
   std::vector<std::int64_t>& slot_pos_;
   std::int32_t groups_;
   GroupLayout layout_;
   std::int64_t pool_slots_;
-  bool mapped_ = false;
-  std::int32_t gathered_ = -1, held_ = 0, front_ = 0;
+  std::int32_t mapped_ = -1, gathered_ = -1, held_ = 0, front_ = 0;
   std::array<std::int32_t, 2> indptr_{};
   std::array<std::int32_t, 1> last_{};
   std::vector<std::int32_t> indices_;

@@ -226,7 +226,7 @@ int main(int argc, char** argv) try {
       std::int64_t lo = 0, hi = cap;
       while (lo < hi) {
         const std::int64_t mid = (lo + hi + 1) / 2;
-        const auto need = probe.cache().blocks_needed(128, mid, cfg.chunk);
+        const auto need = probe.blocks_needed(128, mid, cfg.chunk);
         if (need && *need <= free)
           lo = mid;
         else

@@ -11,15 +11,16 @@
 
 namespace engine {
 
-// Token policies run as their papers do (H2O, SnapKV and average attention
-// choose per (layer, kv-head), TOVA per layer); the `_summed` variants are
-// the engine's first, aggregated ones (scores summed over layers: one choice
-// per kv-head, or one for the sequence), kept so both appear in the tables.
+// Policies run as published: H2O, SnapKV and average attention choose per
+// (layer, kv-head), TOVA per layer, and block_scores (OpenVINO's) per layer,
+// with one stream per (request, layer). The `_summed` variants are the
+// engine's first, aggregated ones (scores summed over layers: one choice per
+// kv-head, or one for the request), kept so both appear in the tables.
 inline const std::vector<std::string>& policy_names() {
   static const std::vector<std::string> names{
-      "keep_all", "sliding_window", "sink_window", "block_scores",      "h2o",
-      "h2o_summed", "tova",         "tova_summed", "snapkv",            "snapkv_summed",
-      "average_attention",          "average_attention_summed"};
+      "keep_all",          "sliding_window",          "sink_window", "block_scores", "block_scores_summed",
+      "h2o",               "h2o_summed",              "tova",        "tova_summed",  "snapkv",
+      "snapkv_summed",     "average_attention",       "average_attention_summed"};
   return names;
 }
 
@@ -36,9 +37,12 @@ bool with_policy(const std::string& name, std::int32_t budget, const ModelConfig
   if (name == "sliding_window") return f(kvcache::SlidingWindow(budget), plain), true;
   if (name == "sink_window")
     return f(kvcache::SinkWindowEviction({.sinks = 4, .window = budget - 2 * B, .block_size = B}), plain), true;
-  if (name == "block_scores") {  // a 64-token recent area, smaller when the budget leaves no evictable block
+  if (name == "block_scores" || name == "block_scores_summed") {
+    // A 64-token recent area, smaller when the budget leaves no evictable block.
     const std::int32_t recent = std::max(B, std::min(4 * B, (budget - 3 * B) / B * B));
-    return f(kvcache::BlockScoreEviction({.start = B, .recent = recent, .max = budget - B, .block_size = B}), plain),
+    const bool per_layer = name == "block_scores";
+    return f(kvcache::BlockScoreEviction({.start = B, .recent = recent, .max = budget - B, .block_size = B}),
+             [per_layer](EngineConfig& e) { e.layer_streams = per_layer; }),
            true;
   }
   if (name == "h2o" || name == "h2o_summed") {  // half heavy hitters, half recent: the H2O paper's split

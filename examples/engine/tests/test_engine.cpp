@@ -141,6 +141,31 @@ TEST_CASE("preemption and re-prefill do not change what the scheduler generates"
   for (std::size_t i = 0; i < reqs.size(); ++i) CHECK(tight[i].output == roomy[i].output);
 }
 
+TEST_CASE("one stream per layer serves exactly what one stream does when nothing is evicted") {
+  const engine::Model model(kDir + "/kjv-tiny.bin");
+  const auto reqs = requests(heldout(4096), 3, 700, 90, 10, 30);
+  auto run = [&](bool layer_streams) {
+    engine::Engine<kv::KeepAll> e(
+        model, {.max_kv_tokens = 1024, .block_size = 16, .chunk = 32, .max_batch = 3, .layer_streams = layer_streams},
+        {});
+    auto rs = reqs;
+    e.run(rs);
+    REQUIRE(e.cache().check_invariants().ok());
+    CHECK(e.cache().free_sequences() == 3 * (layer_streams ? model.config().layers : 1));  // every stream freed
+    return std::pair{rs, e.stats()};
+  };
+  const auto [one, one_stats] = run(false);
+  const auto [per_layer, per_layer_stats] = run(true);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    CHECK(per_layer[i].output == one[i].output);
+    CHECK(per_layer[i].peak_kv == one[i].peak_kv);
+  }
+  CHECK(per_layer_stats.kv_high_water == one_stats.kv_high_water);
+  // Token policies choose per layer through their groups instead.
+  CHECK_THROWS_AS((engine::Engine<kv::H2OEviction>(model, {.layer_streams = true}, kv::H2OEviction({.heavy = 8, .recent = 8}))),
+                  std::invalid_argument);
+}
+
 TEST_CASE("every policy serves requests through the engine within its bound") {
   const engine::Model model(kDir + "/kjv-tiny.bin");
   const auto text = heldout(4096);
@@ -159,12 +184,13 @@ TEST_CASE("every policy serves requests through the engine within its bound") {
           engine::Forward key_fwd(model);
           auto rs = reqs;
           const std::int64_t bound = e.cache().max_tokens_after_eviction();
+          bool layers_differ = false;
           while (std::any_of(rs.begin(), rs.end(), [](const auto& r) { return !r.done; })) {
             e.step(rs);
             REQUIRE(e.cache().check_invariants().ok());
-            for (const auto& r : rs)  // after each step's evict: the policy's advertised bound
+            for (const auto& r : rs)  // after each step's evict: the policy's advertised bound, in every stream
               if (r.running && r.fed >= std::int64_t(r.prompt.size()) && !name.starts_with("snapkv"))
-                REQUIRE(*e.cache().tokens_held(r.seq) <= bound);
+                for (const auto s : r.seqs) REQUIRE(*e.cache().tokens_held(s) <= bound);
             // Token policies: every group's compaction moved the engine's
             // positions and K/V exactly as the policy's bookkeeping says,
             // whatever the grouping (per kv-head, per layer, per both): each
@@ -177,11 +203,24 @@ TEST_CASE("every policy serves requests through the engine within its bound") {
             for (const auto& r : rs) {
               if (!r.running || r.fed == 0) continue;
               auto kv = e.view(r);
+              std::vector<std::int64_t> layer0;
               for (std::int32_t l = 0; l < model.config().layers; ++l)
                 for (std::int32_t h = 0; h < kvh; ++h) {
                   const engine::HeldKv held = kv.read(l, h);
+                  if (r.seqs.size() > 1) {
+                    // One stream per layer: each keeps its own blocks, in
+                    // order, with the start area and the newest token.
+                    REQUIRE(held.count == *e.cache().tokens_held(r.seqs[std::size_t(l)]));
+                    REQUIRE(std::is_sorted(held.pos, held.pos + held.count));
+                    REQUIRE(std::adjacent_find(held.pos, held.pos + held.count) == held.pos + held.count);
+                    for (std::int32_t j = 0; j < std::min(16, held.count); ++j) REQUIRE(held.pos[j] == j);
+                    REQUIRE(held.pos[held.count - 1] == r.fed - 1);
+                    const std::vector<std::int64_t> mine(held.pos, held.pos + held.count);
+                    if (l == 0) layer0 = mine;
+                    layers_differ = layers_differ || mine != layer0;
+                  }
                   if constexpr (kv::TokenEviction<decltype(policy)>) {
-                    const auto tracked = e.cache().eviction().positions(r.seq.index, e.group_of(l, h));
+                    const auto tracked = e.cache().eviction().positions(r.seqs[0].index, e.group_of(l, h));
                     // Tokens appended since the policy's last observation join at the end.
                     REQUIRE(tracked.size() <= std::size_t(held.count));
                     if (!name.starts_with("snapkv")) REQUIRE(tracked.size() == std::size_t(held.count));
@@ -207,6 +246,8 @@ TEST_CASE("every policy serves requests through the engine within its bound") {
             if (budget == 512) CHECK(rs[i].output == full[i].output);
           }
           if (budget == 96 && name != "keep_all") CHECK(e.stats().kv_high_water < 3 * 272);  // it really evicted
+          // Per-layer block eviction really chose differently in some layers.
+          if (name == "block_scores" && budget == 96) CHECK(layers_differ);
         });
         REQUIRE(known);
       }

@@ -107,27 +107,32 @@ def recall(rng, filler, length, pairs=None):
 
 def repeat(rng, filler, length, gap=None, passage=128, prefix=32):
     """A passage, `gap` bytes of filler, the passage again; the answer is its
-    part after `prefix`. The sample ends with the second copy."""
+    part after `prefix`. The sample ends with the second copy. Contexts
+    shorter than 512 bytes (the training curriculum's first stage) get a
+    quarter-length passage and a shorter gap."""
+    passage = min(passage, length // 4)
+    prefix = min(prefix, passage // 4)
+    room = length - 2 * passage
     p = filler.exact(rng, passage)
-    gap = gap or rng.randint(300, min(900, length - 2 * passage))
-    lead = filler.exact(rng, length - 2 * passage - gap)
+    gap = gap or rng.randint(min(300, room // 2), min(900, room))
+    lead = filler.exact(rng, room - gap)
     body = lead + p + filler.exact(rng, gap) + p[:prefix]
     return body + p[prefix:], len(body), len(body) + passage - prefix
 
 
-def sample(rng, filler, length):
-    """One training sequence of `length` bytes from the mixture: a quarter
-    plain text, a quarter each task. Returns (bytes, answer spans)."""
-    kind = rng.randrange(4)
-    if kind == 0:
+KINDS = ("text", "passkey", "recall", "repeat")
+
+
+def sample(rng, filler, length, mix=(1, 1, 1, 1)):
+    """One training sequence of `length` bytes from the mixture: `mix` weighs
+    the KINDS. Returns (bytes, answer spans)."""
+    kind = KINDS[rng.choices(range(len(KINDS)), weights=mix)[0]]
+    if kind == "text":
         return filler.exact(rng, length), []
-    if kind == 1:
+    if kind == "passkey":
         s, a, b = passkey(rng, filler, length)
-    elif kind == 2:
+    elif kind == "recall":
         s, a, b = recall(rng, filler, length)
     else:
-        # Shorter sequences (the curriculum's first stages) get a shorter passage and gap.
-        passage = min(128, length // 4)
-        gap = rng.randint(min(300, length // 4), min(900, length - 2 * passage - 1))
-        s, a, b = repeat(rng, filler, length, gap=gap, passage=passage, prefix=passage // 4)
+        s, a, b = repeat(rng, filler, length)
     return s, [(a, b)]

@@ -11,17 +11,22 @@ train and held-out parts. Writes, next to this script's `../model/`:
   reference.bin      logits of the trained model on a fixed prompt, for the
                      C++ forward-pass test (float32 [T][vocab])
 
-The mixture (tasks.py): a quarter plain text, a quarter each of passkey
-retrieval, key->value recall and repeated passages, whose answers lie far
-back in the context; answer bytes weigh `--answer-weight` times a plain
-byte in the loss. `--init` continues from a shipped model instead of a fresh
-one. At the end the script scores the tasks on held-out filler (greedy
-exact match = every answer byte is the argmax with the true prefix) and
-prints them to the log.
+The mixture (tasks.py) adds, to the plain text, passkey retrieval, key->value
+recall and repeated passages, whose answers lie far back in the context;
+answer bytes weigh `--answer-weight` times a plain byte in the loss. The
+mixture is scheduled (`--mix`): passkeys alone first (the retrieval circuit
+forms in a few hundred steps when nothing else competes for it; in an even
+mixture from the start it did not form within 8,000 steps), then passkey and
+recall, then everything. Sequences are 256 bytes, then 512, then the full
+1,024 (`--stages`). At the end the script scores the tasks on held-out
+filler (greedy exact match = every answer byte is the argmax with the true
+prefix) at 256 and 1,024 bytes and prints them to the log. `--init`
+continues from a shipped model instead of a fresh one.
 
-Reproducible: fixed seeds, single-process data order. Run with Debian's
-interpreter:
-  /usr/bin/python3 examples/engine/train/train.py --init examples/engine/model/kjv-tiny.bin --minutes 50
+Reproducible: fixed seeds, single-process data order, a budget in steps.
+The defaults are the shipped run: about 55 minutes on 2 CPU cores with
+Debian's interpreter and `libopenblas0-pthread`:
+  /usr/bin/python3 examples/engine/train/train.py
 """
 import argparse
 import hashlib
@@ -172,11 +177,11 @@ def read_weights(model, path):
         raise ValueError(f"{path.name}: {len(blob) - at} bytes left over")
 
 
-def batch_of(rng, filler, seq, batch, answer_weight):
+def batch_of(rng, filler, seq, batch, answer_weight, mix):
     """Inputs, targets and per-target loss weights for one step of the mixture."""
     xs, ys, ws = [], [], []
     for _ in range(batch):
-        s, spans = tasks.sample(rng, filler, seq + 1)
+        s, spans = tasks.sample(rng, filler, seq + 1, mix)
         t = torch.tensor(list(s), dtype=torch.long)
         w = torch.ones(seq)
         for a, b in spans:  # target i predicts byte i + 1
@@ -215,57 +220,81 @@ def task_scores(model, filler, n, length):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--minutes", type=float, default=25.0)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=3600, help="optimizer steps (the budget; not wall time, so a "
+                    "run is the same on any machine)")
+    ap.add_argument("--seq", type=int, default=256, help="first stage's sequence length")
+    ap.add_argument("--batch", type=int, default=16, help="first stage's batch; later stages keep seq x batch")
+    ap.add_argument("--stages", default="0.8,0.92", help="step fractions at which seq doubles, then becomes the context")
     ap.add_argument("--init", type=pathlib.Path, help="continue from these weights (write_weights format)")
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--answer-weight", type=float, default=4.0)
+    ap.add_argument("--answer-weight", type=float, default=8.0)
+    ap.add_argument("--mix", default="0:0,1,0,0;0.3:0,1,1,0;0.5:1,1,1,1",
+                    help="FRACTION:WEIGHTS;... weights of " + ",".join(tasks.KINDS) +
+                    " from a fraction of the steps on")
+    ap.add_argument("--shape", default="", help="CONFIG overrides, e.g. dim=192,layers=6")
     ap.add_argument("--eval-samples", type=int, default=40)
+    ap.add_argument("--text", type=pathlib.Path, help="the KJV text (default: the output of Debian's `bible`)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parent.parent / "model")
     args = ap.parse_args()
-    torch.manual_seed(1234)
-    torch.set_num_threads(2)
+    for kv in filter(None, args.shape.split(",")):
+        k, v = kv.split("=")
+        CONFIG[k] = type(CONFIG[k])(v)
+    mixes = [(float(f), [float(x) for x in w.split(",")]) for f, w in (m.split(":") for m in args.mix.split(";"))]
+    stages = [float(x) for x in args.stages.split(",")]
+    torch.manual_seed(1233 + args.seed)
+    torch.set_num_threads(args.threads)
+    dev = torch.device(args.device)
     out = args.out
     out.mkdir(exist_ok=True)
 
-    text = subprocess.run(["bible", "-f", "Gen1:1-Rev22:21"], capture_output=True, check=True).stdout
+    text = args.text.read_bytes() if args.text else \
+        subprocess.run(["bible", "-f", "Gen1:1-Rev22:21"], capture_output=True, check=True).stdout
     data = torch.tensor(list(text), dtype=torch.long)
     split = int(len(data) * 0.95)  # the last 5% (the end of the New Testament) is held out
     train, heldout = data[:split], data[split:]
     print(f"text: {len(data)} bytes; train {len(train)}, held out {len(heldout)}")
+    print("config: " + ", ".join(f"{k}={v}" for k, v in CONFIG.items()))
+    print(f"steps {args.steps}, seq {args.seq} x batch {args.batch}, stages {args.stages}, lr {args.lr}, "
+          f"answer weight {args.answer_weight}, mix {args.mix} ({'/'.join(tasks.KINDS)})")
 
     model = Model(CONFIG)
     print(f"parameters: {sum(p.numel() for p in model.parameters()):,}")
     if args.init:
         read_weights(model, args.init)
         print(f"continuing from {args.init.name}")
+    model.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     filler = tasks.Filler(bytes(train.tolist()))
-    rng = random.Random(1)
-    budget, start, step = args.minutes * 60, time.time(), 0
-    while time.time() - start < budget:
+    rng = random.Random(args.seed)
+    start = time.time()
+    for step in range(args.steps):
         # A curriculum of lengths: short sequences are cheap steps in which the
         # retrieval circuits form; the later, longer ones stretch them over the
         # full context (and teach RoPE its far positions).
-        frac = (time.time() - start) / budget
-        seq = args.seq if frac < 0.4 else 2 * args.seq if frac < 0.75 else CONFIG["context"]
+        frac = step / args.steps
+        seq = args.seq if frac < stages[0] else 2 * args.seq if frac < stages[1] else CONFIG["context"]
         seq = min(seq, CONFIG["context"])
         batch = max(1, args.batch * args.seq // seq)
-        x, y, w = batch_of(rng, filler, seq, batch, args.answer_weight)
-        for g in opt.param_groups:  # warmup, then cosine decay over the time budget
-            g["lr"] = args.lr * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        mix = [w for f, w in mixes if f <= frac][-1]
+        x, y, w = (t.to(dev) for t in batch_of(rng, filler, seq, batch, args.answer_weight, mix))
+        for g in opt.param_groups:  # warmup, then cosine decay to a tenth
+            g["lr"] = args.lr * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         per = F.cross_entropy(model(x).view(-1, CONFIG["vocab"]), y.view(-1), reduction="none")
         loss = (per * w.view(-1)).sum() / w.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if step % 50 == 0:
-            print(f"step {step:5d}  {time.time() - start:6.0f}s  seq {seq}  loss {loss.item():.3f}", flush=True)
-        step += 1
+        if step % 100 == 0:
+            ans = w.view(-1) > 1
+            print(f"step {step:5d}  {time.time() - start:6.0f}s  seq {seq}  loss {loss.item():.3f}  answer loss "
+                  f"{per[ans].mean().item() if ans.any() else float('nan'):.3f}", flush=True)
+    print(f"trained {args.steps} steps in {time.time() - start:.0f}s")
 
-    model.eval()
+    model.eval().cpu()
     with torch.no_grad():
         n, nll = 0, 0.0
         for i in range(0, min(len(heldout), 64 * 1024) - 1, CONFIG["context"]):
@@ -275,9 +304,10 @@ def main():
             n += len(chunk) - 1
         print(f"held-out: {nll / n / math.log(2):.3f} bits/byte, perplexity {math.exp(nll / n):.3f} over {n} bytes")
         held_filler = tasks.Filler(bytes(heldout.tolist()))
-        scores = task_scores(model, held_filler, args.eval_samples, CONFIG["context"])
-        print(f"tasks at {CONFIG['context']} bytes, {args.eval_samples} samples each: " +
-              ", ".join(f"{k} {v:.3f}" for k, v in scores.items()))
+        for length in sorted({args.seq, CONFIG["context"]}):
+            scores = task_scores(model, held_filler, args.eval_samples, length)
+            print(f"tasks at {length} bytes, {args.eval_samples} samples each: " +
+                  ", ".join(f"{k} {v:.3f}" for k, v in scores.items()))
         prompt = heldout[:64]
         ref = model(prompt[None])[0].float().numpy().astype("<f4")
     digest = write_weights(model, out / "kjv-tiny.bin")

@@ -1,0 +1,59 @@
+// What a driver hands the engine and reads back: requests, the engine's
+// configuration (pool, chunking, admission, how policies see the model) and
+// its running statistics.
+#pragma once
+
+#include <cstdint>
+#include <kvcache/kvcache.hpp>
+#include <vector>
+
+namespace engine {
+
+struct Request {
+  std::int32_t id = 0, priority = 0;  // a larger priority is preempted last
+  std::vector<std::int32_t> prompt;
+  std::int32_t max_new = 0;
+  // Progress.
+  std::vector<std::int32_t> output;
+  std::int32_t fed = 0;  // tokens of prompt + output already in the cache
+  bool running = false, done = false;
+  std::vector<kvcache::SeqId> seqs;  // its streams: one, or one per layer (EngineConfig::layer_streams)
+  std::int64_t peak_kv = 0, need_blocks = 0;
+  std::vector<float> last_logits;
+};
+
+// How a token policy's groups map onto the model: one choice for the whole
+// sequence (scores reduced over layers and heads), one per kv-head (scores
+// summed over layers: this engine's first, aggregated variants), one per
+// layer (TOVA's paper), or one per (layer, kv-head) (H2O's and SnapKV's).
+enum class Grouping { all, heads, layers, layer_heads };
+
+struct EngineConfig {
+  std::int32_t max_kv_tokens = 4096;  // the pool: max_kv_tokens / block_size blocks
+  std::int32_t block_size = 16;
+  std::int32_t chunk = 64;       // prefill chunk
+  std::int32_t max_batch = 8;    // running requests at most
+  bool evict_in_prefill = true;  // run eviction after every prefill chunk (not for SnapKV)
+  // Admission by the cache's accounting: `lifetime` admits a request only if
+  // the pool covers blocks_needed for its whole life (no preemption can
+  // happen); `optimistic` admits when its prefill peak fits now, as vLLM
+  // does, and preempts the lowest-priority request when decoding runs out.
+  bool optimistic = false;
+  Grouping grouping = Grouping::heads;  // token policies: what their groups are (policies.hpp sets it)
+  // SnapKV's observation window: the scores after the prompt sum the
+  // attention of its last `observe_window` queries only, and the prompt's
+  // last chunk is cut to hold them all (0: every query of the chunk).
+  std::int32_t observe_window = 0;
+  // One stream per (request, layer) in a single-layer pool of the same bytes,
+  // so a block policy chooses per layer, as OpenVINO's does; scores come from
+  // each layer's own attention. Not for token policies (they compact a
+  // request's layers together; their groups choose per layer instead).
+  bool layer_streams = false;
+};
+
+struct EngineStats {
+  std::int64_t steps = 0, tokens_generated = 0, preemptions = 0, reprefilled = 0, kv_high_water = 0, max_batch = 0;
+  std::vector<std::int64_t> kv_over_time;  // tokens held by all requests after each step
+};
+
+}  // namespace engine
