@@ -1,8 +1,10 @@
 // Host backend kernels: scatter, gather and block copy GB/s on the decode and
-// prefill shapes, against memcpy of the same payload in the same run.
+// prefill shapes, and the write gate on a decode step's keys, against memcpy
+// of the same bytes in the same run.
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/gather.hpp>
 #include <kvcache/kernels/scatter.hpp>
+#include <kvcache/kernels/write_gate.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -88,6 +90,30 @@ void BM_block_copy(benchmark::State& state, const Shape& s) {
   finish(state, std::int64_t(b.lay.pairs.size()) * 16 * kRowBytes * 2, s.seqs == kDecode.seqs ? 4 : 5);
 }
 
+// The write gate on one layer of a decode step: 256 tokens x 8 kv-heads,
+// head_dim 128, hidden 512 (the paper's 4 x head_dim), fp16 pre- and
+// post-RoPE keys. Its "bytes" are the keys it reads: the reference copies
+// as many (a compute-bound MLP of 2 x 128 x 512 products per (token, head)
+// cannot approach it; the ratio says by how much).
+constexpr std::int64_t kGateTokens = 256, kGateBytes = kGateTokens * kRowBytes * 2;
+void BM_write_gate(benchmark::State& state) {
+  const std::int32_t heads = 8, hd = 128, hidden = 512;
+  std::vector<float> norm(hd, 1.0f), w1(std::size_t(heads) * 2 * hd * hidden), b1(std::size_t(heads) * hidden, 0.01f),
+      w2(std::size_t(heads) * hidden), b2(heads, -1.0f), gates(std::size_t(kGateTokens) * heads);
+  for (std::size_t i = 0; i < w1.size(); ++i) w1[i] = float(int(i % 17) - 8) * 0.01f;
+  for (std::size_t i = 0; i < w2.size(); ++i) w2[i] = float(int(i % 13) - 6) * 0.02f;
+  std::vector<std::byte> keys(static_cast<std::size_t>(kGateBytes));
+  for (std::size_t i = 0; i < keys.size() / 2; ++i) kv::store_elem(kv::DType::f16, keys.data(), std::int64_t(i), float(int(i % 29) - 14) * 0.1f);
+  kv::WriteGateWeights w{norm.data(), norm.data(), w1.data(), b1.data(), w2.data(), b2.data(), heads, hd, hidden};
+  const kv::WriteGateParams p{w, keys.data(), keys.data() + kGateBytes / 2, kv::DType::f16, kRowBytes, hd * 2,
+                              kGateTokens, gates.data()};
+  for (auto _ : state) {
+    if (!kv::write_gate_host(p)) state.SkipWithError("write gate failed");
+    benchmark::ClobberMemory();
+  }
+  finish(state, kGateBytes, 6);
+}
+
 }  // namespace
 
 // Pool bytes of a shape's layout (two regions of its blocks, one layer).
@@ -101,6 +127,7 @@ BENCHMARK(BM_memcpy)
     ->Args({kPrefill.payload(), pool_bytes(kPrefill), 1, 3})
     ->Args({copy_bytes(kDecode), pool_bytes(kDecode), 0, 4})
     ->Args({copy_bytes(kPrefill), pool_bytes(kPrefill), 0, 5})
+    ->Args({kGateBytes, kGateBytes, 1, 6})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_scatter, decode_256x1, kDecode)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_scatter, prefill_8x2048, kPrefill)->Unit(benchmark::kMicrosecond);
@@ -108,5 +135,6 @@ BENCHMARK_CAPTURE(BM_gather, decode_256x1, kDecode)->Unit(benchmark::kMicrosecon
 BENCHMARK_CAPTURE(BM_gather, prefill_8x2048, kPrefill)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_block_copy, decode_256x1, kDecode)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_block_copy, prefill_8x2048, kPrefill)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_write_gate)->Name("BM_write_gate/decode_256x8")->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

@@ -8,6 +8,7 @@
 #include <kvcache/kernels/rope.cuh>
 #include <kvcache/kernels/scatter.cuh>
 #include <kvcache/kernels/scores.cuh>
+#include <kvcache/kernels/write_gate.cuh>
 
 namespace kvgpu {
 cudaError_t scatter(const kv::ScatterParams& p, cudaStream_t s) { return kv::scatter_cuda(p, s); }
@@ -26,4 +27,5 @@ cudaError_t select(const float* scores, const std::int32_t* lengths, std::int32_
   return kv::select_cuda(scores, lengths, streams, max_keys, k, lowest, out, scratch, scratch_bytes, s);
 }
 cudaError_t page_bounds(const kv::PageBoundsParams& p, cudaStream_t s) { return kv::page_bounds_cuda(p, s); }
+cudaError_t write_gate(const kv::WriteGateParams& p, cudaStream_t s) { return kv::write_gate_cuda(p, s); }
 }  // namespace kvgpu

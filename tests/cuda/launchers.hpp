@@ -12,6 +12,7 @@
 #include <kvcache/kernels/rope.hpp>
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/kernels/scores.hpp>
+#include <kvcache/kernels/write_gate.hpp>
 
 namespace kvgpu {
 namespace kv = kvcache;
@@ -27,4 +28,5 @@ cudaError_t select(const float* scores, const std::int32_t* lengths, std::int32_
                    std::int32_t k, bool lowest, std::int32_t* out, void* scratch, std::size_t scratch_bytes,
                    cudaStream_t s = nullptr);
 cudaError_t page_bounds(const kv::PageBoundsParams& p, cudaStream_t s = nullptr);
+cudaError_t write_gate(const kv::WriteGateParams& p, cudaStream_t s = nullptr);
 }  // namespace kvgpu

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <numeric>
 
+#include "../gate_testing.hpp"
 #include "../kernel_testing.hpp"
 #include "launchers.hpp"
 
@@ -302,6 +303,40 @@ TEST_CASE("cuda scatter and gather reach a block past 4 GiB (64-bit offsets)") {
   REQUIRE(std::memcmp(k.data() + 15 * row, in.data(), std::size_t(row)) == 0);
   REQUIRE(std::memcmp(v.data() + 15 * row, in.data() + row, std::size_t(row)) == 0);
   cudaFree(base);
+}
+
+TEST_CASE("cuda write gate == host write gate, bit for bit (f32, f16, bf16 keys; GELU and SiLU)") {
+  auto rng = fresh_rng();
+  const DType types[] = {DType::f32, DType::f16, DType::bf16};
+  const std::int32_t dims[] = {16, 32, 64, 128};
+  for (int trial = 0; trial < 9; ++trial) {
+    const DType t = types[trial % 3];
+    const std::int32_t hd = dims[rng() % 4], heads = 1 + std::int32_t(rng() % 8), tokens = 1 + std::int32_t(rng() % 300);
+    const std::int32_t hidden = trial % 2 ? 4 * hd : 1 + std::int32_t(rng() % 100);
+    CAPTURE(trial, t, hd, heads, tokens, hidden);
+    GateWeights gw(rng, heads, hd, hidden);
+    const auto act = trial == 8 ? GateActivation::silu : GateActivation::gelu;
+    const std::int64_t e = dtype_bytes(t), n = std::int64_t{tokens} * heads * hd;
+    const auto pre = random_elems(rng, t, n), post = random_elems(rng, t, n);
+    std::vector<float> host(std::size_t(tokens * heads), -1.0f);
+    WriteGateParams p{gw.view(act), pre.data(), post.data(), t, heads * hd * e, hd * e, tokens, host.data()};
+    REQUIRE(write_gate_host(p).ok());
+    Dev dpre(pre), dpost(post), dnp(gw.norm_pre), dnq(gw.norm_post), dw1(gw.w1), db1(gw.b1), dw2(gw.w2), db2(gw.b2),
+        dgates(std::vector<float>(host.size(), -1.0f));
+    WriteGateParams d = p;
+    d.w.norm_pre = dnp.as<float>();
+    d.w.norm_post = dnq.as<float>();
+    d.w.w1 = dw1.as<float>();
+    d.w.b1 = db1.as<float>();
+    d.w.w2 = dw2.as<float>();
+    d.w.b2 = db2.as<float>();
+    d.k_pre = dpre.p;
+    d.k_post = dpost.p;
+    d.gates = dgates.as<float>();
+    CUDA_OK(kvgpu::write_gate(d));
+    const auto dev = dgates.download<float>();
+    REQUIRE(std::memcmp(dev.data(), host.data(), host.size() * sizeof(float)) == 0);
+  }
 }
 
 int main(int argc, char** argv) {

@@ -13,6 +13,7 @@
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/rope.hpp>
 #include <kvcache/kernels/scatter.hpp>
+#include <kvcache/kernels/write_gate.hpp>
 
 using cudaStream_t = struct HostStream*;
 enum cudaError_t { cudaSuccess = 0 };
@@ -39,4 +40,7 @@ inline cudaError_t compaction_cuda(const CompactionParams& p, cudaStream_t) {
   return readme_detail::ran(compaction_host(p));
 }
 inline cudaError_t rope_cuda(const RopeParams& p, cudaStream_t) { return readme_detail::ran(rope_host(p)); }
+inline cudaError_t write_gate_cuda(const WriteGateParams& p, cudaStream_t) {
+  return readme_detail::ran(write_gate_host(p));
+}
 KVCACHE_END_NAMESPACE

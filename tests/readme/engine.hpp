@@ -133,10 +133,30 @@ struct KernelEngine {
   float* cos_dev = cos_buffer.data();
   float* sin_dev = sin_buffer.data();
   cudaStream_t stream{};
+  // Write-gate weights of one layer (hidden 4 x head_dim) and its pre-RoPE keys (post-RoPE: k_ptr).
+  std::vector<float> gate_weights = make_gate_weights();
+  const float* norm_pre_dev = gate_weights.data();
+  const float* norm_post_dev = norm_pre_dev + head_dim;
+  const float* w1_dev = norm_post_dev + head_dim;
+  const float* b1_dev = w1_dev + kv_heads * 2 * head_dim * 4 * head_dim;
+  const float* w2_dev = b1_dev + kv_heads * 4 * head_dim;
+  const float* b2_dev = w2_dev + kv_heads * 4 * head_dim;
+  std::vector<std::byte> k_pre = std::vector<std::byte>(std::size_t(per_layer_bytes));
+  const void* k_pre_ptr = k_pre.data() + q_heads * head_bytes;
+  std::vector<float> gate_buffer = std::vector<float>(std::size_t(num_tokens * kv_heads), -1.0f);
+  float* gates_dev = gate_buffer.data();
 
   KernelEngine() {  // every input element distinct and exactly representable in fp16
     for (std::size_t i = 0; i < qkv.size() / 2; ++i)
       kv::store_elem(kv::DType::f16, qkv.data(), std::int64_t(i), float(int(i % 997) - 498) / 64.0f);
+    for (std::size_t i = 0; i < k_pre.size() / 2; ++i)
+      kv::store_elem(kv::DType::f16, k_pre.data(), std::int64_t(i), float(int(i % 311) - 155) / 32.0f);
+  }
+  static std::vector<float> make_gate_weights() {  // norms, w1, b1, w2, b2: small, deterministic
+    const std::size_t n = 2 * head_dim + kv_heads * (2 * head_dim * 4 * head_dim + 2 * 4 * head_dim + 1);
+    std::vector<float> w(n);
+    for (std::size_t i = 0; i < n; ++i) w[i] = i < 2 * head_dim ? 1.0f : float(int(i % 23) - 11) / 40.0f;
+    return w;
   }
   static std::vector<int32_t> make_slots() {  // tokens 0..19 at slots 16..35: blocks 1 and 2
     std::vector<int32_t> s(num_tokens);

@@ -5,6 +5,7 @@
 #include <kvcache/kernels/compaction.cuh>
 #include <kvcache/kernels/rope.cuh>
 #include <kvcache/kernels/scatter.cuh>
+#include <kvcache/kernels/write_gate.cuh>
 
 #include "readme/engine.hpp"
 
@@ -17,6 +18,7 @@ struct GpuSnippets : PolicyEngine {
 };
 struct GpuKernels : KernelEngine {
   void kernels();
+  void write_gate();
 };
 
 void GpuSnippets::block_scores() {
@@ -34,5 +36,8 @@ void GpuSnippets::average_attention() {
 void GpuKernels::kernels() {
 #include "snippets/pool_view.inc"
 #include "snippets/kernels.inc"
+}
+void GpuKernels::write_gate() {
+#include "snippets/write_gate.inc"
 }
 }  // namespace readme

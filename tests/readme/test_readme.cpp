@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "gate_testing.hpp"
 #include "readme/engine.hpp"
 
 namespace kv = kvcache;
@@ -227,6 +228,21 @@ TEST_CASE_METHOD(KernelEngine, "README kernels: scatter a fused QKV slice, copy 
                     Approx(y * std::cos(angle) + x * std::sin(angle)).margin(1e-2));
           }
         }
+}
+
+TEST_CASE_METHOD(KernelEngine, "README write gate: one layer's gates from its pre- and post-RoPE keys") {
+#include "snippets/write_gate.inc"
+  for (int64_t t = 0; t < num_tokens; ++t)
+    for (int32_t h = 0; h < kv_heads; ++h) {
+      std::vector<float> pre(head_dim), post(head_dim);
+      for (int32_t d = 0; d < head_dim; ++d) {
+        pre[std::size_t(d)] = kv::load_elem(kv::DType::f16, static_cast<const std::byte*>(k_pre_ptr) + t * qkv_token_stride + h * head_bytes, d);
+        post[std::size_t(d)] = kv::load_elem(kv::DType::f16, static_cast<const std::byte*>(k_ptr) + t * qkv_token_stride + h * head_bytes, d);
+      }
+      REQUIRE(gates_dev[t * kv_heads + h] == Approx(kvtest::reference_gate(w, pre.data(), post.data(), h)).margin(2e-5));
+    }
+  const auto [lo, hi] = std::minmax_element(gate_buffer.begin(), gate_buffer.end());
+  REQUIRE(*hi - *lo > 0.05f);  // the fixture's gates differ: a constant output would pass the loop above
 }
 
 }  // namespace readme
