@@ -1,0 +1,172 @@
+// Write-Gated KV admission (arXiv 2512.17452): every (sequence, layer,
+// kv-head) is its own stream over a pool of single-head blocks, holding a
+// local ring of the last W tokens and a global region of admitted ones.
+//
+//   row of one head stream:  [ ring: W slots ........ ][ global: admitted tokens ... ]
+//                             row index 0          W-1   W ...
+//
+// A token enters the ring. When the ring is full, the token a write replaces
+// (the oldest) is promoted to the end of the global region if its gate was
+// >= tau, else dropped: lazy promotion. A prefill chunk longer than the ring
+// sends its early tokens straight to global (or nowhere). Heads keep ragged
+// lengths; each head's live tokens are always the row's first tokens (the ring
+// is full whenever the global region is not empty), so stock paged kernels
+// read a head as one row of a head-folded table.
+//
+// The engine writes a call's tokens with two kernels: `compaction` runs the
+// promotions (ring slot -> global slot, disjoint), then `scatter` puts the new
+// tokens at their slots (-1: dropped). When a call writes at most W tokens,
+// `ring_write(slots, promote)` does both in one launch.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvcache/block_pool.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/page_table.hpp"
+#include "kvcache/policy.hpp"
+#include "kvcache/sequence_id.hpp"
+#include "kvcache/slot_move.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+/// What a write does when a head's global region is at its cap.
+enum class GlobalCapAction : std::uint8_t {
+  refuse,  ///< the call fails with capacity_exceeded naming the cap; nothing changes
+  drop,    ///< the promotion is skipped: the token leaves like an unadmitted one (counted)
+};
+
+/// Write-Gated KV's configuration.
+struct WriteGateConfig {
+  std::int32_t num_layers = 1;       ///< Layers per sequence.
+  std::int32_t num_kv_heads = 1;     ///< Kv-heads per layer.
+  std::int32_t local_window = 256;   ///< W_local: ring tokens per head, a multiple of the block size.
+  float tau = 0.1f;                  ///< A token is admitted when its gate is >= tau.
+  std::int32_t global_cap = 0;       ///< Admitted tokens a head keeps at most; 0: as many as its row holds.
+  GlobalCapAction at_cap = GlobalCapAction::refuse;  ///< What a promotion past the cap does.
+};
+
+/// What one write did, summed over its heads.
+struct GateWriteInfo {
+  std::int32_t promoted = 0;        ///< ring tokens copied to global (moves)
+  std::int32_t direct = 0;          ///< chunk tokens written straight to global
+  std::int32_t dropped = 0;         ///< tokens that left unadmitted
+  std::int32_t dropped_at_cap = 0;  ///< admitted tokens dropped because a head was at its cap
+  std::int32_t moves = 0;           ///< entries written to `moves`
+};
+
+/// Write-Gated KV admission over a PageTable of single-head streams.
+class WriteGate {
+ public:
+  static constexpr Signals required_signals{Signals::gate_scores};  ///< Reads gate scores.
+
+  /// Binds the configuration to a table: `table` must hold max_sequences x
+  /// layers x kv-heads streams (streams_for) of single-head blocks. Throws ConfigError for bad values.
+  WriteGate(const WriteGateConfig& cfg, std::int32_t max_sequences, const PageTable& table);
+
+  /// Page-table streams a cache of `max_sequences` sequences needs.
+  static constexpr std::int64_t streams_for(const WriteGateConfig& c, std::int32_t max_sequences) noexcept {
+    return std::int64_t{max_sequences} * c.num_layers * c.num_kv_heads;
+  }
+  const WriteGateConfig& config() const noexcept { return cfg_; }  ///< The configuration.
+  std::int32_t global_cap() const noexcept { return cap_; }  ///< The effective per-head cap.
+
+  // --- sequences ------------------------------------------------------------
+  /// A new sequence: layers x kv-heads empty streams. capacity_exceeded when none is free.
+  Result<SeqId> add(PageTable& table) noexcept;
+  /// Ends s: every head stream goes back with its blocks.
+  Status free(PageTable& table, BlockPool& pool, SeqId s) noexcept;
+
+  // --- writes ---------------------------------------------------------------
+  /// Writes n = gates.size() / kv_heads new tokens of layer `layer`: gates,
+  /// slots and promote are [n][kv_heads] (token-major, like the layer's K).
+  /// slots[t][h]: where token t of head h goes (its ring slot, a global slot,
+  /// or -1 when it is dropped within this call). moves: promotions of tokens
+  /// the ring held before the call (ring slot -> global slot); run them before
+  /// writing the tokens. promote[t][h] (may be empty; needs n <= W): the
+  /// promotion of the token slots[t][h] replaces, or -1, for ring_write. All
+  /// or nothing: a gate outside [0, 1] or NaN, a buffer too small, the pool
+  /// or a row out of room, or a head at its cap under `refuse` is an error
+  /// naming the value, and nothing changes.
+  Result<GateWriteInfo> write(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
+                              std::span<const float> gates, std::span<std::int32_t> slots, std::span<SlotMove> moves,
+                              std::span<std::int32_t> promote = {}) noexcept;
+
+  /// Rollback of the n newest tokens of every layer (all layers must have
+  /// written the same tokens). Per head: they leave the ring; the newest
+  /// global tokens refill it from its oldest end (so a head's row stays
+  /// contiguous); if the global region runs out first, the ring is re-packed
+  /// into its first slots (kept tokens past the new length fill the holes
+  /// below it) and its order becomes slot order. Tokens the rolled-back writes
+  /// dropped do not come back. Moves (src -> dst, disjoint) go to `moves`;
+  /// run them with the compaction kernel. n past the newest run of
+  /// consecutive positions a head holds is truncate_too_many naming the limit.
+  Result<std::int32_t> truncate(PageTable& table, BlockPool& pool, SeqId s, std::int32_t n,
+                                std::span<SlotMove> moves) noexcept;
+
+  // --- what a head holds ------------------------------------------------------
+  /// The head stream of (s, layer, head) in the table (for exports: one row per head).
+  Result<SeqId> head(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept;
+  /// Positions of the head's live tokens in row order (ring slots, then global).
+  Result<std::span<const std::int32_t>> positions(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept;
+  /// Ring tokens, global tokens and the ring's oldest slot of a head.
+  struct HeadState {
+    std::int32_t ring = 0, global = 0, oldest = 0;
+  };
+  Result<HeadState> head_state(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept;
+  /// Tokens layer `layer` of s has written (its next position).
+  Result<std::int64_t> appended(SeqId s, std::int32_t layer = 0) const noexcept;
+  /// Live tokens of s over all its heads.
+  Result<std::int64_t> tokens_held(const PageTable& table, SeqId s) const noexcept;
+  /// Blocks a sequence of `tokens` tokens holds at most: per head, the ring
+  /// (min(tokens, W)) plus min(cap, tokens - W) admitted tokens, in blocks.
+  std::int64_t max_blocks_held(std::int64_t tokens) const noexcept;
+  /// Every head's ring, global length, positions and row agree. O(heads x W).
+  Status check(const PageTable& table) const;
+
+ private:
+  struct Head {
+    std::int32_t start = 0;   // ring slot of the oldest ring token
+    std::int32_t len = 0;     // ring tokens
+    std::int32_t global = 0;  // global tokens
+  };
+  std::size_t head_index(std::uint32_t seq, std::int32_t layer, std::int32_t h) const noexcept {
+    return (std::size_t(seq) * std::size_t(cfg_.num_layers) + std::size_t(layer)) * std::size_t(cfg_.num_kv_heads) +
+           std::size_t(h);
+  }
+  Status validate(SeqId s) const noexcept;
+  std::int32_t* pos(std::size_t hi) noexcept { return pos_.data() + hi * std::size_t(row_cap_); }
+  const std::int32_t* pos(std::size_t hi) const noexcept { return pos_.data() + hi * std::size_t(row_cap_); }
+  bool bit(std::size_t hi, std::int32_t r) const noexcept {
+    return (bits_[hi * std::size_t(words_) + std::size_t(r >> 6)] >> (r & 63)) & 1u;
+  }
+  void set_bit(std::size_t hi, std::int32_t r, bool v) noexcept {
+    auto& w = bits_[hi * std::size_t(words_) + std::size_t(r >> 6)];
+    w = (w & ~(std::uint64_t{1} << (r & 63))) | (std::uint64_t{v} << (r & 63));
+  }
+  // Row tokens of a head: the ring's extent (all W slots once it has cycled) plus global.
+  std::int32_t row_tokens(const Head& h) const noexcept { return h.global > 0 || h.len == w_ ? w_ + h.global : h.len; }
+  std::int32_t block_size() const noexcept { return b_; }
+
+  WriteGateConfig cfg_;
+  std::int32_t w_ = 0, b_ = 0, cap_ = 0, row_cap_ = 0, words_ = 0, max_seqs_ = 0;
+  std::vector<Head> heads_;
+  std::vector<std::int32_t> pos_;      // [head][row_cap]: position of each row token
+  std::vector<std::uint64_t> bits_;    // [head][words]: admission bit per ring slot
+  std::vector<SeqId> ids_;             // [head]: its stream in the table
+  std::vector<std::int64_t> appended_; // [seq][layer]: positions written
+  std::vector<std::uint32_t> gen_;     // [seq]: generation, for stale handles
+  std::vector<std::int32_t> free_;     // free sequence indices (a stack)
+  std::vector<std::uint8_t> live_;     // [seq]
+  std::vector<Head> plan_;             // [kv_head]: a write's planned end state
+  std::vector<std::int32_t> reserved_; // slots a row growth returns (unused: rows are read back)
+  std::vector<std::int32_t> src_;      // [W]: rollback, where each ring slot's content comes from
+};
+
+KVCACHE_END_NAMESPACE
+
+#include "kvcache/admission/write_gate_impl.hpp"

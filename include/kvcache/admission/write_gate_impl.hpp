@@ -1,0 +1,323 @@
+// WriteGate's definitions (declared in write_gate.hpp, which includes this
+// file at its end): the per-head ring and global region, writes, rollback.
+#pragma once
+
+#include "kvcache/admission/write_gate.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+inline WriteGate::WriteGate(const WriteGateConfig& cfg, std::int32_t max_sequences, const PageTable& table)
+    : cfg_(cfg), w_(cfg.local_window), b_(table.block_size()), max_seqs_(max_sequences) {
+  auto bad = [](const char* what, std::int64_t v, std::int64_t limit) {
+    throw ConfigError("kvcache::WriteGate", Status{Errc::invalid_argument, what, v, limit});
+  };
+  if (cfg.num_layers < 1) bad("num_layers", cfg.num_layers, 1);
+  if (cfg.num_kv_heads < 1) bad("num_kv_heads", cfg.num_kv_heads, 1);
+  if (max_sequences < 1) bad("max_sequences", max_sequences, 1);
+  if (cfg.local_window < b_ || cfg.local_window % b_ != 0) bad("local_window (a multiple of the block size)", cfg.local_window, b_);
+  if (!(cfg.tau >= 0.0f && cfg.tau <= 1.0f)) bad("tau (in [0, 1])", 0, 1);
+  if (cfg.at_cap != GlobalCapAction::refuse && cfg.at_cap != GlobalCapAction::drop) bad("at_cap", std::int64_t(cfg.at_cap), 1);
+  const std::int64_t streams = streams_for(cfg, max_sequences);
+  if (streams > table.max_streams()) bad("table.max_streams (max_sequences x layers x kv_heads)", table.max_streams(), streams);
+  row_cap_ = table.max_blocks_per_stream() * b_;
+  if (row_cap_ < w_) bad("table.max_blocks_per_stream x block_size (< local_window)", row_cap_, w_);
+  if (cfg.global_cap < 0 || cfg.global_cap > row_cap_ - w_) bad("global_cap", cfg.global_cap, row_cap_ - w_);
+  cap_ = cfg.global_cap > 0 ? cfg.global_cap : row_cap_ - w_;
+  words_ = (w_ + 63) / 64;
+  const auto n = std::size_t(streams);
+  heads_.resize(n);
+  pos_.assign(n * std::size_t(row_cap_), -1);
+  bits_.assign(n * std::size_t(words_), 0);
+  ids_.resize(n);
+  appended_.assign(std::size_t(max_sequences) * std::size_t(cfg.num_layers), 0);
+  gen_.assign(std::size_t(max_sequences), 0);
+  live_.assign(std::size_t(max_sequences), 0);
+  for (std::int32_t i = max_sequences; i-- > 0;) free_.push_back(i);
+  plan_.resize(std::size_t(cfg.num_kv_heads));
+  src_.resize(std::size_t(w_));
+}
+
+inline Status WriteGate::validate(SeqId s) const noexcept {
+  if (s.index >= std::uint32_t(max_seqs_) || !live_[s.index] || gen_[s.index] != s.generation)
+    return Status{Errc::unknown_sequence, "seq", s.index == UINT32_MAX ? -1 : std::int64_t(s.index), max_seqs_};
+  return {};
+}
+
+inline Result<SeqId> WriteGate::add(PageTable& table) noexcept {
+  if (free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", max_seqs_ + std::int64_t{1}, max_seqs_};
+  const std::int64_t per_seq = std::int64_t{cfg_.num_layers} * cfg_.num_kv_heads;
+  if (table.free_streams() < per_seq) return Status{Errc::capacity_exceeded, "table.streams", per_seq, table.free_streams()};
+  const auto i = std::uint32_t(free_.back());
+  free_.pop_back();
+  for (std::int64_t k = 0; k < per_seq; ++k) {
+    const std::size_t hi = std::size_t(i) * std::size_t(per_seq) + std::size_t(k);
+    ids_[hi] = *table.add();  // enough free streams: checked above
+    heads_[hi] = Head{};
+  }
+  live_[i] = 1;
+  std::fill_n(appended_.begin() + std::ptrdiff_t(i) * cfg_.num_layers, cfg_.num_layers, 0);
+  return SeqId{i, gen_[i]};
+}
+
+inline Status WriteGate::free(PageTable& table, BlockPool& pool, SeqId s) noexcept {
+  if (auto st = validate(s); !st) return st;
+  const std::int64_t per_seq = std::int64_t{cfg_.num_layers} * cfg_.num_kv_heads;
+  for (std::int64_t k = 0; k < per_seq; ++k) {
+    const std::size_t hi = std::size_t(s.index) * std::size_t(per_seq) + std::size_t(k);
+    (void)table.release(pool, ids_[hi]);  // the gate's own streams: always live
+    heads_[hi] = Head{};
+  }
+  live_[s.index] = 0;
+  ++gen_[s.index];
+  free_.push_back(std::int32_t(s.index));
+  return {};
+}
+
+inline Result<GateWriteInfo> WriteGate::write(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
+                                              std::span<const float> gates, std::span<std::int32_t> slots,
+                                              std::span<SlotMove> moves, std::span<std::int32_t> promote) noexcept {
+  if (auto st = validate(s); !st) return st;
+  const std::int32_t H = cfg_.num_kv_heads;
+  if (layer < 0 || layer >= cfg_.num_layers) return Status{Errc::invalid_argument, "layer", layer, cfg_.num_layers};
+  if (gates.size() % std::size_t(H) != 0) return Status{Errc::invalid_argument, "gates.size", std::int64_t(gates.size()), H};
+  const std::int64_t n = std::int64_t(gates.size()) / H;
+  if (n > INT32_MAX / H) return Status{Errc::invalid_argument, "gates.size", std::int64_t(gates.size()), INT32_MAX};
+  bool ok = true;  // NaN fails both comparisons
+  for (float g : gates) ok &= (g >= 0.0f) & (g <= 1.0f);
+  if (!ok)
+    for (std::size_t k = 0; k < gates.size(); ++k)
+      if (!(gates[k] >= 0.0f && gates[k] <= 1.0f)) return Status{Errc::invalid_argument, "gates_at", std::int64_t(k), 1};
+  if (std::int64_t(slots.size()) < n * H) return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), n * H};
+  if (!promote.empty()) {
+    if (n > w_) return Status{Errc::invalid_argument, "promote (needs n <= local_window)", n, w_};
+    if (std::int64_t(promote.size()) < n * H) return Status{Errc::buffer_too_small, "promote", std::int64_t(promote.size()), n * H};
+  }
+  // Plan: each head's state after the call (row growth), its moves, the cap,
+  // the pool. Nothing changes.
+  std::int64_t blocks = 0, nmoves = 0;
+  for (std::int32_t h = 0; h < H; ++h) {
+    const std::size_t hi = head_index(s.index, layer, h);
+    Head st = heads_[hi];
+    std::int32_t old_left = st.len;  // the first replacements take the tokens the ring held before the call
+    for (std::int64_t t = 0; t < n; ++t) {
+      if (st.len < w_) {
+        ++st.len;
+        continue;
+      }
+      const bool old = old_left > 0;
+      const bool admitted = old ? bit(hi, st.start) : gates[std::size_t((t - w_) * H + h)] >= cfg_.tau;
+      old_left -= old ? 1 : 0;
+      st.start = (st.start + 1) % w_;
+      if (!admitted) continue;
+      if (st.global < cap_) {
+        ++st.global;
+        nmoves += old ? 1 : 0;
+      } else if (cfg_.at_cap == GlobalCapAction::refuse) {
+        return Status{Errc::capacity_exceeded, "global_cap", std::int64_t{st.global} + 1, cap_};
+      }
+    }
+    plan_[std::size_t(h)] = st;
+    const auto have = std::int64_t(table.blocks_unchecked(ids_[hi]).size());
+    blocks += std::max<std::int64_t>(0, blocks_for_tokens(row_tokens(st), b_) - have);
+  }
+  if (std::int64_t(moves.size()) < nmoves) return Status{Errc::buffer_too_small, "moves", std::int64_t(moves.size()), nmoves};
+  if (blocks > pool.num_free()) return Status{Errc::out_of_blocks, "n_blocks", blocks, pool.num_free()};
+
+  // Apply: grow each row, then replay the plan writing slots, moves, positions and bits.
+  GateWriteInfo info{};
+  std::int64_t& appended = appended_[std::size_t(s.index) * std::size_t(cfg_.num_layers) + std::size_t(layer)];
+  for (std::int32_t h = 0; h < H; ++h) {
+    const std::size_t hi = head_index(s.index, layer, h);
+    Head& st = heads_[hi];
+    const std::int32_t grow = row_tokens(plan_[std::size_t(h)]) - row_tokens(st);
+    if (grow > 0) {
+      if (std::int64_t(reserved_.size()) < grow) reserved_.resize(std::size_t(grow));
+      (void)table.reserve(pool, ids_[hi], grow, std::span<std::int32_t>(reserved_.data(), std::size_t(grow)));  // planned
+    }
+    const auto row = table.blocks_unchecked(ids_[hi]);
+    auto phys = [&](std::int32_t x) { return row[std::size_t(x / b_)] * b_ + x % b_; };
+    std::int32_t* p = pos(hi);
+    std::int32_t old_left = st.len;
+    for (std::int64_t t = 0; t < n; ++t) {
+      const std::size_t out = std::size_t(t * H + h);
+      std::int32_t r, promoted_to = -1;
+      if (st.len < w_) {
+        r = (st.start + st.len) % w_;
+        ++st.len;
+      } else {
+        r = st.start;
+        st.start = (st.start + 1) % w_;
+        const bool old = old_left > 0;
+        old_left -= old ? 1 : 0;
+        std::int32_t dst = -1;
+        if (bit(hi, r) && st.global < cap_) {
+          dst = w_ + st.global++;
+          p[dst] = p[r];
+        } else {
+          ++(bit(hi, r) ? info.dropped_at_cap : info.dropped);
+        }
+        if (old && dst >= 0) {
+          moves[std::size_t(info.moves++)] = SlotMove{phys(r), phys(dst)};
+          ++info.promoted;
+          promoted_to = phys(dst);
+        } else if (!old) {  // token t - W of this call leaves the ring before it was ever written there
+          slots[std::size_t((t - w_) * H + h)] = dst >= 0 ? phys(dst) : -1;
+          info.direct += dst >= 0 ? 1 : 0;
+        }
+      }
+      p[r] = std::int32_t(appended + t);
+      set_bit(hi, r, gates[out] >= cfg_.tau);
+      slots[out] = phys(r);
+      if (!promote.empty()) promote[out] = promoted_to;
+    }
+  }
+  appended += n;
+  return info;
+}
+
+inline Result<std::int32_t> WriteGate::truncate(PageTable& table, BlockPool& pool, SeqId s, std::int32_t n,
+                                               std::span<SlotMove> moves) noexcept {
+  if (auto st = validate(s); !st) return st;
+  const std::int32_t L = cfg_.num_layers, H = cfg_.num_kv_heads;
+  const auto at = [&](std::int32_t l) { return appended_[std::size_t(s.index) * std::size_t(L) + std::size_t(l)]; };
+  for (std::int32_t l = 1; l < L; ++l)
+    if (at(l) != at(0)) return Status{Errc::invalid_argument, "layers_appended (a step not written by every layer)", at(l), at(0)};
+  if (n < 0) return Status{Errc::invalid_argument, "n_tokens", n, 0};
+  // Plan: every head's limit (its ring's newest run of consecutive positions) and move count.
+  std::int64_t limit = at(0), nmoves = 0;
+  for (std::int32_t l = 0; l < L; ++l)
+    for (std::int32_t h = 0; h < H; ++h) {
+      const std::size_t hi = head_index(s.index, l, h);
+      const Head& st = heads_[hi];
+      const std::int32_t* p = pos(hi);
+      std::int32_t run = 0;
+      while (run < st.len && run < n && p[(st.start + st.len - 1 - run) % w_] == at(0) - 1 - run) ++run;
+      if (run < n) limit = std::min<std::int64_t>(limit, run);
+      if (n > limit) continue;
+      // Refilled slots are the ring's oldest `refill`; a re-pack moves every kept
+      // token at or past len once (refilled or not), and refilled slots below len stay moved.
+      const std::int32_t refill = st.len == w_ ? std::min(n, st.global) : 0, len = st.len - n + refill;
+      const std::int32_t start = ((st.start - refill) % w_ + w_) % w_;
+      const bool repack = len < w_ && start != 0;
+      for (std::int32_t k = 0; k < len; ++k) {
+        const std::int32_t r = (start + k) % w_;
+        nmoves += (repack && r >= len) || (k < refill && (!repack || r < len)) ? 1 : 0;
+      }
+    }
+  if (n > limit) return Status{Errc::truncate_too_many, "n_tokens", n, limit};
+  if (std::int64_t(moves.size()) < nmoves) return Status{Errc::buffer_too_small, "moves", std::int64_t(moves.size()), nmoves};
+  std::int32_t m = 0;
+  for (std::int32_t l = 0; l < L; ++l)
+    for (std::int32_t h = 0; h < H; ++h) {
+      const std::size_t hi = head_index(s.index, l, h);
+      Head& st = heads_[hi];
+      const auto row = table.blocks_unchecked(ids_[hi]);
+      auto phys = [&](std::int32_t x) { return row[std::size_t(x / b_)] * b_ + x % b_; };
+      std::int32_t* p = pos(hi);
+      const std::int32_t rt0 = row_tokens(st);
+      // src_[r]: the row index ring slot r's content comes from (r itself: stays).
+      for (std::int32_t r = 0; r < w_; ++r) src_[std::size_t(r)] = r;
+      const std::int32_t refill = st.len == w_ ? std::min(n, st.global) : 0;
+      st.len -= n;
+      for (std::int32_t j = 0; j < refill; ++j) {  // the newest global token to the ring's oldest end
+        const std::int32_t dst = ((st.start - 1 - j) % w_ + w_) % w_, g = w_ + st.global - 1 - j;
+        src_[std::size_t(dst)] = g;
+        p[dst] = p[g];
+        set_bit(hi, dst, true);
+      }
+      st.start = ((st.start - refill) % w_ + w_) % w_;
+      st.len += refill;
+      st.global -= refill;
+      if (st.len < w_ && st.start != 0) {  // re-pack into slots [0, len), lowest source to lowest hole
+        std::int32_t hole = 0;
+        for (std::int32_t k = 0; k < st.len; ++k) {
+          const std::int32_t r = (st.start + k) % w_;
+          if (r < st.len) continue;
+          auto in_range = [&](std::int32_t x) { return ((x - st.start) % w_ + w_) % w_ < st.len; };
+          while (in_range(hole)) ++hole;
+          src_[std::size_t(hole)] = src_[std::size_t(r)];
+          p[hole] = p[r];
+          set_bit(hi, hole, bit(hi, r));
+          ++hole;
+        }
+        st.start = 0;
+      }
+      const std::int32_t live = st.len < w_ ? st.len : w_;
+      for (std::int32_t r = 0; r < live; ++r)
+        if (src_[std::size_t(r)] != r) moves[std::size_t(m++)] = SlotMove{phys(src_[std::size_t(r)]), phys(r)};
+      (void)table.truncate(pool, ids_[hi], rt0 - row_tokens(st));  // the row's tail: global tokens, ring slots past len
+    }
+  for (std::int32_t l = 0; l < L; ++l) appended_[std::size_t(s.index) * std::size_t(L) + std::size_t(l)] -= n;
+  return m;
+}
+
+inline Result<SeqId> WriteGate::head(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept {
+  if (auto st = validate(s); !st) return st;
+  if (layer < 0 || layer >= cfg_.num_layers) return Status{Errc::invalid_argument, "layer", layer, cfg_.num_layers};
+  if (kv_head < 0 || kv_head >= cfg_.num_kv_heads) return Status{Errc::invalid_argument, "kv_head", kv_head, cfg_.num_kv_heads};
+  return ids_[head_index(s.index, layer, kv_head)];
+}
+
+inline Result<std::span<const std::int32_t>> WriteGate::positions(SeqId s, std::int32_t layer,
+                                                                  std::int32_t kv_head) const noexcept {
+  auto id = head(s, layer, kv_head);
+  if (!id) return id.status();
+  const std::size_t hi = head_index(s.index, layer, kv_head);
+  return std::span<const std::int32_t>(pos(hi), std::size_t(row_tokens(heads_[hi])));
+}
+
+inline Result<WriteGate::HeadState> WriteGate::head_state(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept {
+  auto id = head(s, layer, kv_head);
+  if (!id) return id.status();
+  const Head& h = heads_[head_index(s.index, layer, kv_head)];
+  return HeadState{h.len, h.global, h.start};
+}
+
+inline Result<std::int64_t> WriteGate::appended(SeqId s, std::int32_t layer) const noexcept {
+  if (auto st = validate(s); !st) return st;
+  if (layer < 0 || layer >= cfg_.num_layers) return Status{Errc::invalid_argument, "layer", layer, cfg_.num_layers};
+  return appended_[std::size_t(s.index) * std::size_t(cfg_.num_layers) + std::size_t(layer)];
+}
+
+inline Result<std::int64_t> WriteGate::tokens_held(const PageTable& table, SeqId s) const noexcept {
+  if (auto st = validate(s); !st) return st;
+  std::int64_t total = 0;
+  const std::size_t per_seq = std::size_t(cfg_.num_layers) * std::size_t(cfg_.num_kv_heads);
+  for (std::size_t k = 0; k < per_seq; ++k) total += table.tokens_unchecked(ids_[std::size_t(s.index) * per_seq + k]);
+  return total;
+}
+
+inline std::int64_t WriteGate::max_blocks_held(std::int64_t tokens) const noexcept {
+  if (tokens <= 0) return 0;
+  const std::int64_t ring = std::min<std::int64_t>(tokens, w_), global = std::min<std::int64_t>(cap_, tokens - ring);
+  return std::int64_t{cfg_.num_layers} * cfg_.num_kv_heads * blocks_for_tokens(ring + global, b_);
+}
+
+inline Status WriteGate::check(const PageTable& table) const {
+  const std::size_t per_seq = std::size_t(cfg_.num_layers) * std::size_t(cfg_.num_kv_heads);
+  std::vector<std::int32_t> seen;
+  for (std::size_t q = 0; q < std::size_t(max_seqs_); ++q) {
+    if (!live_[q]) continue;
+    for (std::size_t k = 0; k < per_seq; ++k) {
+      const std::size_t hi = q * per_seq + k;
+      const Head& h = heads_[hi];
+      const std::int64_t appended = appended_[q * std::size_t(cfg_.num_layers) + k / std::size_t(cfg_.num_kv_heads)];
+      if (!table.live(ids_[hi])) return Status{Errc::invariant_violated, "head_stream", std::int64_t(hi), 0};
+      if (h.len < 0 || h.len > w_ || h.start < 0 || h.start >= w_ || h.global < 0 || h.global > cap_)
+        return Status{Errc::invariant_violated, "head_state", std::int64_t(hi), w_};
+      if (h.len < w_ && (h.global != 0 || h.start != 0))  // a partial ring is the row's first slots
+        return Status{Errc::invariant_violated, "partial_ring", std::int64_t(hi), h.global};
+      if (table.tokens_unchecked(ids_[hi]) != row_tokens(h))
+        return Status{Errc::invariant_violated, "row_tokens", table.tokens_unchecked(ids_[hi]), row_tokens(h)};
+      seen.assign(pos(hi), pos(hi) + row_tokens(h));
+      std::sort(seen.begin(), seen.end());
+      if (!seen.empty() && (seen.front() < 0 || seen.back() >= appended))
+        return Status{Errc::invariant_violated, "positions", std::int64_t(hi), appended};
+      if (std::adjacent_find(seen.begin(), seen.end()) != seen.end())
+        return Status{Errc::invariant_violated, "positions_distinct", std::int64_t(hi), 0};
+    }
+  }
+  return {};
+}
+
+KVCACHE_END_NAMESPACE
