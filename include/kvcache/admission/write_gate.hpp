@@ -113,10 +113,13 @@ class WriteGate {
   Result<SeqId> head(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept;
   /// Positions of the head's live tokens in row order (ring slots, then global).
   Result<std::span<const std::int32_t>> positions(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept;
-  /// Ring tokens, global tokens and the ring's oldest slot of a head.
+  /// What a head holds.
   struct HeadState {
-    std::int32_t ring = 0, global = 0, oldest = 0;
+    std::int32_t ring = 0;    ///< Tokens in the ring.
+    std::int32_t global = 0;  ///< Tokens in the global region.
+    std::int32_t oldest = 0;  ///< Ring slot of the oldest ring token (the next one replaced).
   };
+  /// Ring tokens, global tokens and the ring's oldest slot of (s, layer, kv_head).
   Result<HeadState> head_state(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept;
   /// Tokens layer `layer` of s has written (its next position).
   Result<std::int64_t> appended(SeqId s, std::int32_t layer = 0) const noexcept;
