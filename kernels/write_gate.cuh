@@ -43,6 +43,8 @@ inline std::size_t write_gate_smem_bytes(const WriteGateWeights& w) noexcept {
 }
 
 /// CUDA launcher of write_gate on `stream`; returns the launch's error, never synchronizes.
+/// A CTA holds 2 x head_dim + hidden + 32 floats in shared memory: shapes past
+/// 48 KiB (write_gate_smem_bytes) return cudaErrorInvalidValue.
 inline cudaError_t write_gate_cuda(const WriteGateParams& p, cudaStream_t stream) {
   if (auto st = check_write_gate_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_tokens == 0) return cudaSuccess;

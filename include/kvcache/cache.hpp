@@ -186,12 +186,8 @@ class Cache {
     if (sc.rows < 1) return Status{Errc::invalid_argument, "scores.rows", sc.rows, 1};
     if (std::int64_t(sc.values.size()) != held * sc.rows)
       return Status{Errc::invalid_argument, "scores.size", std::int64_t(sc.values.size()), held * sc.rows};
-    const float* in = sc.values.data();
-    bool ok = true;  // branch-free scan (vectorizes); NaN fails the comparison
-    for (std::size_t i = 0; i < sc.values.size(); ++i) ok &= (in[i] >= 0.0f) & (in[i] <= kMaxScore);
-    if (!ok)
-      for (std::size_t i = 0; i < sc.values.size(); ++i)
-        if (!(in[i] >= 0.0f && in[i] <= kMaxScore)) return Status{Errc::invalid_argument, "scores_at", std::int64_t(i), 0};
+    if (const std::int64_t bad = first_outside(sc.values, 0.0f, kMaxScore); bad >= 0)
+      return Status{Errc::invalid_argument, "scores_at", bad, 0};
     return eviction_.observe(s.index, sc, view(s, 0));
   }
   /// Shorthand: one score per held token, reduced over heads and queries.

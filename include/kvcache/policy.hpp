@@ -103,6 +103,18 @@ constexpr bool valid_kind(ScoreKind k) noexcept {
 /// turn sums and averages into NaN).
 inline constexpr float kMaxScore = 3.40282346638528859812e+38F;
 
+/// Index of the first value outside [lo, hi] (NaN counts as outside), or -1.
+/// Scans branch-free first (it vectorizes): valid input, the common case, pays one pass.
+inline std::int64_t first_outside(std::span<const float> v, float lo, float hi) noexcept {
+  const float* in = v.data();
+  bool ok = true;  // NaN fails both comparisons
+  for (std::size_t i = 0; i < v.size(); ++i) ok &= (in[i] >= lo) & (in[i] <= hi);
+  if (ok) return -1;
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (!(in[i] >= lo && in[i] <= hi)) return std::int64_t(i);
+  return -1;
+}
+
 /// The signal a score form provides (empty for a value outside ScoreKind).
 constexpr Signals signal_of(ScoreKind k) noexcept {
   switch (k) {

@@ -153,7 +153,6 @@ class WriteGate {
   }
   // Row tokens of a head: the ring's extent (all W slots once it has cycled) plus global.
   std::int32_t row_tokens(const Head& h) const noexcept { return h.global > 0 || h.len == w_ ? w_ + h.global : h.len; }
-  std::int32_t block_size() const noexcept { return b_; }
 
   WriteGateConfig cfg_;
   std::int32_t w_ = 0, b_ = 0, cap_ = 0, row_cap_ = 0, words_ = 0, max_seqs_ = 0;

@@ -82,11 +82,8 @@ inline Result<GateWriteInfo> WriteGate::write(PageTable& table, BlockPool& pool,
   if (gates.size() % std::size_t(H) != 0) return Status{Errc::invalid_argument, "gates.size", std::int64_t(gates.size()), H};
   const std::int64_t n = std::int64_t(gates.size()) / H;
   if (n > INT32_MAX / H) return Status{Errc::invalid_argument, "gates.size", std::int64_t(gates.size()), INT32_MAX};
-  bool ok = true;  // NaN fails both comparisons
-  for (float g : gates) ok &= (g >= 0.0f) & (g <= 1.0f);
-  if (!ok)
-    for (std::size_t k = 0; k < gates.size(); ++k)
-      if (!(gates[k] >= 0.0f && gates[k] <= 1.0f)) return Status{Errc::invalid_argument, "gates_at", std::int64_t(k), 1};
+  if (const std::int64_t bad = first_outside(gates, 0.0f, 1.0f); bad >= 0)
+    return Status{Errc::invalid_argument, "gates_at", bad, 1};
   if (std::int64_t(slots.size()) < n * H) return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), n * H};
   if (!promote.empty()) {
     if (n > w_) return Status{Errc::invalid_argument, "promote (needs n <= local_window)", n, w_};
