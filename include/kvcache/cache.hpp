@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kvcache/admission/admit_all.hpp"
+#include "kvcache/admission/head_paged.hpp"
 #include "kvcache/block_hash.hpp"
 #include "kvcache/bound_ledger.hpp"
 #include "kvcache/block_pool.hpp"
@@ -25,6 +26,7 @@
 #include "kvcache/eviction/compaction_plan.hpp"
 #include "kvcache/eviction/keep_all.hpp"
 #include "kvcache/eviction/plan.hpp"
+#include "kvcache/eviction/run.hpp"
 #include "kvcache/geometry.hpp"
 #include "kvcache/page_table.hpp"
 #include "kvcache/page_table_edits.hpp"
@@ -62,16 +64,29 @@ concept BlockTableFor = requires(T& t, const T& ct, P& p, SeqId s, std::span<std
   { ct.check(p) } -> std::same_as<Status>;
 };
 
+/// What a Cache's constructor takes for its admission policy: the policy itself...
+template <class A>
+struct AdmissionArg {
+  using type = A;  ///< The policy.
+};
+/// ...or, for a head-paged one (it binds to the cache's table), its Config.
+template <class A>
+  requires(A::kind == AdmissionKind::head_paged)
+struct AdmissionArg<A> {
+  using type = typename A::Config;  ///< The policy's configuration.
+};
+
 template <BlockAllocator Pool = BlockPool, BlockTableFor<Pool> Table = PageTable, AdmissionPolicy Admission = AdmitAll,
           SelectionPolicy Selection = SelectAll, EvictionPolicy Eviction = KeepAll, BlockHasher Hasher = FastBlockHasher>
 /// The composed KV-cache manager: pool, page table, admission, selection and eviction policies, block hasher.
 class Cache {
  public:
   /// Score signals this cache can feed to policies: observe() takes the score
-  /// forms of ScoreKind (policy.hpp).
+  /// forms of ScoreKind (policy.hpp); a head-paged admission's write() also takes gate scores.
   static constexpr Signals provided_signals{Signals::attention_sums | Signals::head_attention_sums |
                                             Signals::last_query_attention};
-  static_assert(provided_signals.covers(Admission::required_signals),
+  static_assert(Signals{provided_signals.bits | (Admission::kind == AdmissionKind::head_paged ? Signals::gate_scores : 0u)}
+                    .covers(Admission::required_signals),
                 "kvcache::Cache: the admission policy needs score signals this cache does not provide");
   static_assert(provided_signals.covers(Selection::required_signals),
                 "kvcache::Cache: the selection policy needs score signals this cache does not provide");
@@ -82,13 +97,27 @@ class Cache {
   /// cache keeps a ledger of where each stream stands (bound_ledger.hpp).
   static constexpr bool evicts = BlockEviction<Eviction> || TokenEviction<Eviction> || WindowEviction<Eviction>;
 
-  /// Builds the cache; throws ConfigError for a bad configuration (zero sizes, overflow, a policy unlike the geometry).
-  explicit Cache(const CacheConfig& cfg, Admission admission = {}, Selection selection = {}, Eviction eviction = {},
-                 Hasher hasher = {})
+  /// The admission policy owns one stream per (sequence, layer, kv-head) and
+  /// places every write (WriteGate): writes are write(), rows are head rows,
+  /// and reserve, prefix sharing and the per-sequence exports do not exist.
+  static constexpr bool head_paged = Admission::kind == AdmissionKind::head_paged;
+  static_assert(!head_paged || HeadPagedAdmission<Admission>,
+                "kvcache::Cache: a head_paged admission policy must model HeadPagedAdmission (admission/head_paged.hpp)");
+  static_assert(!head_paged || (std::same_as<Pool, BlockPool> && std::same_as<Table, PageTable>),
+                "kvcache::Cache: a head-paged admission policy (WriteGate) runs on BlockPool and PageTable");
+  static_assert(!head_paged || std::same_as<Eviction, KeepAll>,
+                "kvcache::Cache: a head-paged admission policy (WriteGate) composes with KeepAll only for now: "
+                "eviction of its global region is not built yet");
+
+  /// Builds the cache; throws ConfigError for a bad configuration (zero sizes, overflow, a policy unlike the
+  /// geometry). With a head-paged admission, `admission` is its Config, the geometry holds one layer and one
+  /// kv-head per block, and max_blocks_per_sequence bounds one head's row.
+  explicit Cache(const CacheConfig& cfg, typename AdmissionArg<Admission>::type admission = {}, Selection selection = {},
+                 Eviction eviction = {}, Hasher hasher = {})
       : geometry_(valid_geometry(cfg.geometry, eviction)),
         pool_(cfg.num_blocks, cfg.event_capacity),
-        table_(pool_, cfg.max_sequences, cfg.max_blocks_per_sequence, cfg.geometry.block_size()),
-        admission_(admission),
+        table_(pool_, streams(cfg, admission), cfg.max_blocks_per_sequence, cfg.geometry.block_size()),
+        admission_(make_admission(cfg, admission, table_)),
         selection_(selection),
         eviction_(eviction),
         hasher_(hasher) {
@@ -118,13 +147,26 @@ class Cache {
 
   // --- sequences -----------------------------------------------------------
   /// A new empty sequence; capacity_exceeded when every handle is in use.
-  Result<SeqId> add_sequence(const PrefixKey& key = {}) noexcept { return table_.add(key); }
+  Result<SeqId> add_sequence(const PrefixKey& key = {}) noexcept
+    requires(!head_paged)
+  {
+    return table_.add(key);
+  }
+  /// A new empty sequence (head-paged: layers x kv-heads empty head streams).
+  Result<SeqId> add_sequence() noexcept
+    requires head_paged
+  {
+    return admission_.add(table_);
+  }
   /// A new sequence that starts with the cached prefix of `prompt` shared.
-  Result<PrefixHit> add_sequence(std::span<const std::int32_t> prompt, const PrefixKey& key = {}) noexcept {
+  Result<PrefixHit> add_sequence(std::span<const std::int32_t> prompt, const PrefixKey& key = {}) noexcept
+    requires(!head_paged)
+  {
     return add_with_prefix(table_, pool_, prompt, key, hasher_);
   }
   /// A new sequence sharing every block of s (copy-on-write on the next write into a shared block).
   Result<SeqId> fork(SeqId s) noexcept {
+    if constexpr (head_paged) return admission_.fork(table_, pool_, s);
     auto child = table_.fork(pool_, s);
     if constexpr (StatefulEviction<Eviction>)
       if (child) eviction_.copy_state(s.index, child->index);
@@ -134,6 +176,7 @@ class Cache {
   }
   /// Ends s: the handle dies, its blocks go back tail first; published blocks stay cached.
   Status free(SeqId s) noexcept {
+    if constexpr (head_paged) return admission_.free(table_, pool_, s);
     auto st = table_.release(pool_, s);
     if constexpr (StatefulEviction<Eviction>)
       if (st) eviction_.reset(s.index);
@@ -145,19 +188,34 @@ class Cache {
   // --- writes --------------------------------------------------------------
   /// Room for n more tokens of s, all or nothing: slots[0..n) get their slots, and a copy-on-write
   /// command comes back when the tail block is shared.
-  Result<ReserveInfo> reserve(SeqId s, std::int32_t n, std::span<std::int32_t> slots) noexcept {
+  Result<ReserveInfo> reserve(SeqId s, std::int32_t n, std::span<std::int32_t> slots) noexcept
+    requires(!head_paged)
+  {
     return table_.reserve(pool_, s, n, slots);
   }
   /// Reserves counts[k] tokens for seqs[k], all or nothing; slots padded with -1, copy-on-write commands in copies.
   Result<BatchInfo> reserve_batch(std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
-                                  std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept {
+                                  std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept
+    requires(!head_paged)
+  {
     return table_.reserve_batch(pool_, seqs, counts, slots, copies);
+  }
+  /// Head-paged: writes layer `layer`'s n = gates.size() / kv_heads new tokens
+  /// of s; the policy places each (token, head) and fills `out` with the
+  /// engine's commands: copies, then moves, then the tokens at slots (the
+  /// policy's write(), e.g. WriteGate::write). All or nothing.
+  Result<GateWriteInfo> write(SeqId s, std::int32_t layer, std::span<const float> gates, const GateWriteSpans& out) noexcept
+    requires head_paged
+  {
+    return admission_.write(table_, pool_, s, layer, gates, out);
   }
   /// Rollback: the n most recently appended tokens leave. A token policy's
   /// compaction reorders the row, so after an evict() that evicted tokens a
   /// rollback reaches back only to that call: n larger than the tokens
   /// appended since is truncate_too_many naming the limit, and nothing changes.
-  Status truncate(SeqId s, std::int32_t n) noexcept {
+  Status truncate(SeqId s, std::int32_t n) noexcept
+    requires(!head_paged)
+  {
     if constexpr (TokenEviction<Eviction>) {
       if (auto st = table_.validate(s); !st) return st;
       const std::int64_t limit = ledger_.rollback_limit(s.index, table_.appended_unchecked(s));
@@ -169,6 +227,14 @@ class Cache {
     if constexpr (evicts)
       if (st) ledger_.on_truncate(s.index, table_.appended_unchecked(s));
     return st;
+  }
+
+  /// Head-paged rollback of the n newest tokens of every layer: the engine
+  /// runs out.copies, then out.moves (the policy's truncate()). All or nothing.
+  Result<GateWriteInfo> truncate(SeqId s, std::int32_t n, const GateWriteSpans& out) noexcept
+    requires head_paged
+  {
+    return admission_.truncate(table_, pool_, s, n, out);
   }
 
   // --- eviction ----------------------------------------------------------------
@@ -215,15 +281,17 @@ class Cache {
   ///           reserve and attention); the window keeps what they need.
   /// pending_queries is for window policies; others take 0. A buffer too
   /// small for the plan is an error, and nothing changes.
-  Result<EvictionResult> evict(SeqId s, const EvictionSpans& out, std::int32_t pending_queries = 0) noexcept {
+  Result<EvictionResult> evict(SeqId s, const EvictionSpans& out, std::int32_t pending_queries = 0) noexcept
+    requires(!head_paged)
+  {
     if (auto st = table_.validate(s); !st) return st;
     const std::int32_t held = table_.tokens_unchecked(s);
     if (pending_queries < 0 || pending_queries > held || (!WindowEviction<Eviction> && pending_queries != 0))
       return Status{Errc::invalid_argument, "pending_queries", pending_queries, WindowEviction<Eviction> ? held : 0};
     Result<EvictionResult> r = EvictionResult{};
-    if constexpr (BlockEviction<Eviction>) r = evict_blocks(s, out.blocks, out.rotations);
-    else if constexpr (TokenEviction<Eviction>) r = evict_tokens(s, out.moves, out.group_moves);
-    else if constexpr (WindowEviction<Eviction>) r = evict_front(s, pending_queries);
+    if constexpr (BlockEviction<Eviction>) r = EvictionRun::blocks(table_, pool_, eviction_, s, out.blocks, out.rotations);
+    else if constexpr (TokenEviction<Eviction>) r = EvictionRun::tokens(table_, pool_, eviction_, scratch_, s, out.moves, out.group_moves);
+    else if constexpr (WindowEviction<Eviction>) r = EvictionRun::front(table_, pool_, eviction_, s, pending_queries);
     if constexpr (evicts)
       if (r) settle(s, pending_queries, TokenEviction<Eviction> && r.value().tokens > 0);
     return r;
@@ -236,11 +304,15 @@ class Cache {
   // --- prefix sharing ------------------------------------------------------
   /// Cached blocks of the longest published prefix of `tokens` into out; returns how many.
   std::int32_t match_prefix(std::span<const std::int32_t> tokens, const PrefixKey& key,
-                            std::span<BlockId> out) const noexcept {
+                            std::span<BlockId> out) const noexcept
+    requires(!head_paged)
+  {
     return kvcache::match_prefix(table_, pool_, tokens, key, hasher_, out);
   }
   /// Publishes s's full blocks of `tokens` (its first tokens) for prefix hits; returns blocks newly published.
-  Result<std::int32_t> publish(SeqId s, std::span<const std::int32_t> tokens) noexcept {
+  Result<std::int32_t> publish(SeqId s, std::span<const std::int32_t> tokens) noexcept
+    requires(!head_paged)
+  {
     return publish_prefix(table_, pool_, s, tokens, hasher_);
   }
   /// Moves pending block events (stored / removed / all_cleared) into out; returns how many.
@@ -251,28 +323,79 @@ class Cache {
   // --- exports for attention kernels ----------------------------------------
   /// Dense block table: row k of out (row_stride entries) holds seqs[k]'s blocks, null-padded.
   Status export_block_table(std::span<const SeqId> seqs, std::span<std::int32_t> out,
-                            std::int32_t row_stride) const noexcept {
+                            std::int32_t row_stride) const noexcept
+    requires(!head_paged)
+  {
     return kvcache::export_block_table(table_, seqs, out, row_stride);
   }
   /// FlashInfer paging for seqs: indptr (n+1), indices, last_page_len; returns pages written.
   Result<std::int32_t> export_csr(std::span<const SeqId> seqs, std::span<std::int32_t> indptr,
-                                  std::span<std::int32_t> indices, std::span<std::int32_t> last_page_len) const noexcept {
+                                  std::span<std::int32_t> indices, std::span<std::int32_t> last_page_len) const noexcept
+    requires(!head_paged)
+  {
     return kvcache::export_csr(table_, seqs, indptr, indices, last_page_len);
   }
   /// Slots each row spans (front + tokens held) into out.
-  Status export_lengths(std::span<const SeqId> seqs, std::span<std::int32_t> out) const noexcept {
+  Status export_lengths(std::span<const SeqId> seqs, std::span<std::int32_t> out) const noexcept
+    requires(!head_paged)
+  {
     return kvcache::export_lengths(table_, seqs, out);
+  }
+  /// Head-paged: dense block table with one row per (sequence, kv-head) of
+  /// `layer`, or of every layer (layer -1, layer-major); rows as in head_paged.hpp.
+  Status export_heads_block_table(std::span<const SeqId> seqs, std::int32_t layer, std::span<std::int32_t> out,
+                                  std::int32_t row_stride) const noexcept
+    requires head_paged
+  {
+    return kvcache::export_heads_block_table(table_, admission_, seqs, layer, out, row_stride);
+  }
+  /// Head-paged: FlashInfer paging with one row per (sequence, kv-head); returns pages written.
+  Result<std::int32_t> export_heads_csr(std::span<const SeqId> seqs, std::int32_t layer, std::span<std::int32_t> indptr,
+                                        std::span<std::int32_t> indices, std::span<std::int32_t> last_page_len) const noexcept
+    requires head_paged
+  {
+    return kvcache::export_heads_csr(table_, admission_, seqs, layer, indptr, indices, last_page_len);
+  }
+  /// Head-paged: tokens each head row holds.
+  Status export_heads_lengths(std::span<const SeqId> seqs, std::int32_t layer, std::span<std::int32_t> out) const noexcept
+    requires head_paged
+  {
+    return kvcache::export_heads_lengths(table_, admission_, seqs, layer, out);
+  }
+  /// Head-paged: each head row's token positions (ring, then admitted global columns) for sparse prefill.
+  Result<std::int32_t> export_head_columns(std::span<const SeqId> seqs, std::int32_t layer, std::span<std::int32_t> indptr,
+                                           std::span<std::int32_t> columns) const noexcept
+    requires head_paged
+  {
+    return kvcache::export_head_columns(admission_, seqs, layer, indptr, columns);
   }
 
   // --- accounting (what the scheduler asks) ---------------------------------
   /// Live tokens s holds.
   Result<std::int64_t> tokens_held(SeqId s) const noexcept {
+    if constexpr (head_paged) return admission_.tokens_held(table_, s);
     auto t = table_.tokens(s);
     if (!t) return t.status();
     return std::int64_t{*t};
   }
-  /// Blocks s's row holds.
+  /// Live tokens one head of s holds (head-paged: ring + global).
+  Result<std::int64_t> tokens_held(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept
+    requires head_paged
+  {
+    auto h = admission_.head(s, layer, kv_head);
+    if (!h) return h.status();
+    return std::int64_t{table_.tokens_unchecked(*h)};
+  }
+  /// Blocks s's row holds (head-paged: its head rows together).
   Result<std::int32_t> blocks_held(SeqId s) const noexcept {
+    if constexpr (head_paged) {
+      const SeqId one[] = {s};
+      auto rows = head_rows::count(admission_, one, -1);
+      if (!rows) return rows.status();
+      std::int32_t n = 0;
+      head_rows::each(admission_, one, -1, [&](std::int64_t, SeqId h) { n += std::int32_t(table_.blocks_unchecked(h).size()); });
+      return n;
+    }
     auto b = table_.blocks(s);
     if (!b) return b.status();
     return static_cast<std::int32_t>(b->size());
@@ -289,6 +412,8 @@ class Cache {
     if (max_new < 0 || max_new > max_length - prompt_len)
       return Status{Errc::invalid_argument, "max_new", max_new, max_length - prompt_len};
     if (prefill_chunk < 0) return Status{Errc::invalid_argument, "prefill_chunk", prefill_chunk, 0};
+    // Head-paged: every head holds at most its ring and its cap at any point, prefill included.
+    if constexpr (head_paged) return admission_.max_blocks_held(prompt_len + max_new);
     std::int64_t peak = prompt_len;  // slots: held whole until the policy first runs
     const std::int64_t after = eviction_.max_tokens_after_eviction();
     // A window's dead front slots (< B), and, when it evicts before attention,
@@ -301,12 +426,15 @@ class Cache {
   /// A sequence handle is free and the pool can cover blocks_needed now.
   bool can_admit(std::int64_t prompt_len, std::int64_t max_new) const noexcept {
     auto need = blocks_needed(prompt_len, max_new);
-    return need.ok() && table_.free_streams() > 0 && *need <= pool_.num_free();
+    return need.ok() && free_sequences() > 0 && *need <= pool_.num_free();
   }
   /// Blocks allocate() can hand out now (plain free + free-but-cached).
   std::int32_t free_blocks() const noexcept { return pool_.num_free(); }
   /// Sequence handles still free.
-  std::int32_t free_sequences() const noexcept { return table_.free_streams(); }
+  std::int32_t free_sequences() const noexcept {
+    if constexpr (head_paged) return admission_.free_sequences();
+    return table_.free_streams();
+  }
   /// The eviction policy's bound for any stream (INT64_MAX for keep-all).
   std::int64_t max_tokens_after_eviction() const noexcept { return eviction_.max_tokens_after_eviction(); }
 
@@ -314,7 +442,9 @@ class Cache {
   /// blocks (prefix sharing, fork) kept the last evict() from going lower.
   /// The scheduler counts them as memory it cannot reclaim yet; the next
   /// evict() after the sharing ends brings the sequence back within its bound.
-  Result<std::int64_t> shared_excess(SeqId s) const noexcept {
+  Result<std::int64_t> shared_excess(SeqId s) const noexcept
+    requires(!head_paged)
+  {
     if (auto st = table_.validate(s); !st) return st;
     if constexpr (evicts) return ledger_.at(s.index).excess;
     else return std::int64_t{0};
@@ -335,6 +465,7 @@ class Cache {
   Status check_invariants() const {
     if (auto st = pool_.check(); !st) return st;
     if (auto st = table_.check(pool_); !st) return st;
+    if constexpr (head_paged) return admission_.check(table_);  // rows within ring + cap, positions, lengths
     Status bad{};
     table_.for_each_stream([&](SeqId s) {
       const std::int64_t appended = table_.appended_unchecked(s), held = table_.tokens_unchecked(s);
@@ -355,6 +486,8 @@ class Cache {
       if (!(a.eviction_ == b.eviction_)) return false;
     if constexpr (evicts)
       if (!(a.ledger_ == b.ledger_)) return false;
+    if constexpr (head_paged)
+      if (!(a.admission_ == b.admission_)) return false;
     return a.pool_ == b.pool_ && a.table_ == b.table_;
   }
 
@@ -362,90 +495,7 @@ class Cache {
   StreamView view(SeqId s, std::int32_t first_candidate) const noexcept {
     return {table_.tokens_unchecked(s), table_.appended_unchecked(s), first_candidate};
   }
-  // The block after the sequence's last shared one: nothing below it may move.
-  std::int32_t first_unshared_block(SeqId s) const noexcept {
-    const auto blocks = table_.blocks_unchecked(s);
-    for (auto b = std::int32_t(blocks.size()); b-- > 0;)
-      if (pool_.ref_count(blocks[std::size_t(b)]) > 1) return b + 1;
-    return 0;
-  }
-
-  Result<EvictionResult> evict_blocks(SeqId s, std::span<std::int32_t> evicted, std::span<BlockRotation> rotations) noexcept {
-    const auto blocks = table_.blocks_unchecked(s);
-    auto n = eviction_.plan(s.index, view(s, first_unshared_block(s)), evicted);
-    if (!n) return n.status();
-    if (*n == 0) return EvictionResult{};
-    const std::int32_t first = evicted[0], moved = std::int32_t(blocks.size()) - first - *n;
-    if (std::int64_t(rotations.size()) < moved)
-      return Status{Errc::buffer_too_small, "rotations", std::int64_t(rotations.size()), moved};
-    std::int32_t k = 0, r = 0;
-    for (std::int32_t b = first; b < std::int32_t(blocks.size()); ++b) {
-      if (k < *n && evicted[std::size_t(k)] == b) {
-        ++k;
-        continue;
-      }
-      rotations[std::size_t(r++)] = BlockRotation{blocks[std::size_t(b)], b - k, -k * block_size()};
-    }
-    const auto chosen = std::span<const std::int32_t>(evicted.data(), std::size_t(*n));
-    if (auto st = remove_blocks(table_, pool_, s, chosen); !st) return st;  // a policy bug; nothing changed
-    eviction_.on_removed(s.index, chosen);
-    return EvictionResult{.evicted = *n, .rotations = r, .tokens = *n * block_size()};
-  }
-
-  Result<EvictionResult> evict_tokens(SeqId s, std::span<SlotMove> moves, std::span<std::int32_t> group_moves) noexcept {
-    const std::int32_t groups = eviction_.groups();
-    if (std::int64_t(group_moves.size()) < std::int64_t{groups} + 1)
-      return Status{Errc::buffer_too_small, "group_moves", std::int64_t(group_moves.size()), std::int64_t{groups} + 1};
-    // A shared partial tail block pins every held token (fc == held).
-    const std::int32_t fc = std::min(first_unshared_block(s) * block_size(), table_.tokens_unchecked(s));
-    const StreamView v = view(s, fc);
-    const std::int32_t count = std::max(0, eviction_.evict_count(s.index, v));
-    if (count > v.held - fc) return Status{Errc::invariant_violated, "evict_count", count, v.held - fc};
-    const std::int64_t need = std::int64_t{groups} * count;
-    if (std::int64_t(moves.size()) < need) return Status{Errc::buffer_too_small, "moves", std::int64_t(moves.size()), need};
-    eviction_.begin_eviction(s.index, v);  // validated: from here on the call succeeds
-    if (count == 0) {  // an empty plan is empty ranges, never the last call's moves
-      std::fill_n(group_moves.begin(), std::size_t(groups) + 1, 0);
-      return EvictionResult{};
-    }
-    const auto blocks = table_.blocks_unchecked(s);
-    const std::int32_t kept = v.held - count, bs = block_size();
-    auto slot = [&](std::int32_t t) { return blocks[std::size_t(t / bs)] * bs + t % bs; };
-    std::int32_t off = 0, first_hole = v.held;
-    const std::span<std::int32_t> chosen(scratch_.chosen.data(), std::size_t(count));
-    for (std::int32_t g = 0; g < groups; ++g) {
-      eviction_.choose(s.index, v, g, chosen);
-      first_hole = std::min(first_hole, chosen[0]);
-      // Holes below `kept` are filled by the kept tokens at or past it, lowest
-      // first: the fewest moves, sources never overwritten (compaction_plan.hpp).
-      std::int32_t holes = 0;
-      while (holes < count && chosen[std::size_t(holes)] < kept) ++holes;
-      std::int32_t k = holes, m = 0;
-      for (std::int32_t t = kept; m < holes; ++t) {
-        if (k < count && chosen[std::size_t(k)] == t) {
-          ++k;
-          continue;
-        }
-        scratch_.index_moves[std::size_t(m)] = SlotMove{t, chosen[std::size_t(m)]};
-        moves[std::size_t(off + m)] = SlotMove{slot(t), slot(chosen[std::size_t(m)])};
-        ++m;
-      }
-      group_moves[std::size_t(g)] = off;
-      off += holes;
-      eviction_.on_compacted(s.index, g, std::span<const SlotMove>(scratch_.index_moves.data(), std::size_t(holes)), kept);
-    }
-    group_moves[std::size_t(groups)] = off;
-    (void)drop_tail(table_, pool_, s, count, first_hole);
-    return EvictionResult{.tokens = count, .moves = off};
-  }
-
-  Result<EvictionResult> evict_front(SeqId s, std::int32_t pending) noexcept {
-    const std::int32_t n = eviction_.front_excess(table_.tokens_unchecked(s), pending);
-    if (n <= 0) return EvictionResult{};
-    const auto before = std::int32_t(table_.blocks_unchecked(s).size());
-    (void)drop_front(table_, pool_, s, n);
-    return EvictionResult{.evicted = before - std::int32_t(table_.blocks_unchecked(s).size()), .tokens = n};
-  }
+  std::int32_t first_unshared_block(SeqId s) const noexcept { return EvictionRun::first_unshared_block(table_, pool_, s); }
 
   // The policy evicted (r ok): record where the stream now stands.
   void settle(SeqId s, std::int32_t pending, bool reordered) noexcept {
@@ -456,10 +506,36 @@ class Cache {
     ledger_.settle(s.index, settled, over > 0 && first_unshared_block(s) > 0 ? over : 0, reordered, appended);
   }
 
+  // Table streams: one per sequence, or per (sequence, layer, kv-head).
+  static std::int32_t streams(const CacheConfig& cfg, const typename AdmissionArg<Admission>::type& a) {
+    if constexpr (head_paged) {
+      const std::int64_t n = cfg.max_sequences < 1 ? cfg.max_sequences : Admission::streams_for(a, cfg.max_sequences);
+      if (n > INT32_MAX) throw ConfigError("kvcache::Cache", Status{Errc::invalid_argument, "max_sequences x layers x kv_heads", n, INT32_MAX});
+      return std::int32_t(n);
+    } else {
+      (void)a;
+      return cfg.max_sequences;
+    }
+  }
+  static Admission make_admission(const CacheConfig& cfg, const typename AdmissionArg<Admission>::type& a, const Table& t) {
+    if constexpr (head_paged) {
+      return Admission(a, cfg.max_sequences, t);
+    } else {
+      (void)cfg, (void)t;
+      return a;
+    }
+  }
+
   // A usable geometry, and a policy that counts blocks in the geometry's size.
   static const Geometry& valid_geometry(const Geometry& g, const Eviction& e) {
     if (g.block_bytes() == 0)
       throw ConfigError("kvcache::Cache", Status{Errc::invalid_argument, "geometry (empty: build it with Geometry::make)", 0, 1});
+    if constexpr (head_paged) {
+      if (g.spec().num_layers != 1)
+        throw ConfigError("kvcache::Cache", Status{Errc::invalid_argument, "geometry.num_layers (head-paged: one per block)", g.spec().num_layers, 1});
+      if (g.spec().num_kv_heads != 1)
+        throw ConfigError("kvcache::Cache", Status{Errc::invalid_argument, "geometry.num_kv_heads (head-paged: one per block)", g.spec().num_kv_heads, 1});
+    }
     if constexpr (requires { e.block_size(); })
       if (e.block_size() != g.block_size())
         throw ConfigError("kvcache::Cache", Status{Errc::invalid_argument, "eviction.block_size", e.block_size(), g.block_size()});
@@ -475,12 +551,8 @@ class Cache {
   [[no_unique_address]] Hasher hasher_;
   struct NoLedger {};
   [[no_unique_address]] std::conditional_t<evicts, BoundLedger, NoLedger> ledger_;
-  struct TokenScratch {
-    std::vector<std::int32_t> chosen;     // one group's evicted token indices
-    std::vector<SlotMove> index_moves;    // its compaction in token indices; both sized once
-  };
   struct NoScratch {};
-  [[no_unique_address]] std::conditional_t<TokenEviction<Eviction>, TokenScratch, NoScratch> scratch_;
+  [[no_unique_address]] std::conditional_t<TokenEviction<Eviction>, EvictionRun::TokenScratch, NoScratch> scratch_;
 };
 
 KVCACHE_END_NAMESPACE

@@ -3,6 +3,8 @@
 //   remove_blocks  drop whole logical blocks; later blocks move up (block policies)
 //   drop_front     drop the oldest tokens; fully dead blocks leave (sliding window)
 //   drop_tail      drop the last tokens after the engine compacted (token policies)
+//   privatize      give a shared block's holder its own copy before an in-place write
+//                  (admission's ring slots are rewritten, not appended to)
 // Eviction never lowers `appended` (tokens ever appended): bounds use it.
 #pragma once
 
@@ -100,8 +102,32 @@ struct PageTableEdits {
     t.cut_tail(pool, i, n);
     return {};
   }
+
+  /// Logical block b of s, shared with another holder, is replaced by a fresh
+  /// block: the returned copy (src -> dst) must run before anything writes
+  /// into it. An unshared block stays and the copy is {-1, -1}. The block
+  /// loses its place among the row's published blocks (it will be rewritten).
+  static Result<BlockCopy> privatize(PageTable& t, BlockPool& pool, SeqId s, std::int32_t b) noexcept {
+    if (auto st = t.validate(s); !st) return st;
+    const std::uint32_t i = s.index;
+    PageTable::Stream& st = t.st_[i];
+    if (b < 0 || b >= st.nblocks) return Status{Errc::invalid_argument, "logical_block", b, st.nblocks};
+    BlockId* r = t.row(i);
+    if (pool.ref_count(r[b]) == 1) return BlockCopy{};
+    BlockId fresh = BlockPool::null_block;
+    if (auto got = pool.allocate(std::span<BlockId>(&fresh, 1)); !got) return got;
+    const BlockCopy copy{r[b], fresh};
+    (void)pool.release(r[b]);  // shared: another holder keeps it
+    r[b] = fresh;
+    st.nhashed = std::min(st.nhashed, b);
+    return copy;
+  }
 };
 
+/// PageTableEdits::privatize as a free function.
+inline Result<BlockCopy> privatize(PageTable& t, BlockPool& pool, SeqId s, std::int32_t logical) noexcept {
+  return PageTableEdits::privatize(t, pool, s, logical);
+}
 /// PageTableEdits::remove_blocks as a free function.
 inline Status remove_blocks(PageTable& t, BlockPool& pool, SeqId s, std::span<const std::int32_t> logical) noexcept {
   return PageTableEdits::remove_blocks(t, pool, s, logical);

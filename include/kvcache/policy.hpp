@@ -42,12 +42,14 @@ constexpr std::int64_t blocks_for_tokens(std::int64_t tokens, std::int32_t block
   return tokens / block_size + (tokens % block_size != 0 ? 1 : 0);
 }
 
-/// One token about to be written, as admission sees it.
-struct AdmissionQuery {
-  std::int32_t layer = 0;  ///< Layer of the token.
-  std::int32_t head = 0;  ///< Kv-head of the token.
-  std::int64_t position = 0;  ///< Position of the token in its sequence.
-  float gate = 1.0f;  ///< gate score when Signals::gate_scores is provided
+/// How an admission policy takes part in writes (the cache's API follows it).
+enum class AdmissionKind : std::uint8_t {
+  /// Every token is written where reserve() puts it; the cache never calls the policy (AdmitAll: free).
+  pass_through,
+  /// The policy owns one page-table stream per (sequence, layer, kv-head) and
+  /// places every write itself: ring slot, promotion, global slot or none
+  /// (WriteGate). The cache's writes are write(seq, layer, gates, ...).
+  head_paged,
 };
 
 /// One read: num_pages logical pages exist; at most budget may be read.
@@ -58,10 +60,13 @@ struct SelectionQuery {
   std::int32_t budget = 0;  ///< Pages the query may read at most.
 };
 
+// Admission runs per write, per (layer, kv-head): the policy's kind says
+// whether it is consulted at all (pass_through) or owns the placement of
+// every token (head_paged; its full interface: admission/head_paged.hpp).
 template <class P>
-concept AdmissionPolicy = requires(const P& p, const AdmissionQuery& q) {
+concept AdmissionPolicy = requires {
   { P::required_signals } -> std::convertible_to<Signals>;
-  { p.admit(q) } -> std::same_as<bool>;
+  { P::kind } -> std::convertible_to<AdmissionKind>;
 };
 
 // select() writes the chosen logical page indices, ascending, to out and

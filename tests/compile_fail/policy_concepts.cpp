@@ -1,5 +1,7 @@
 // Compiled by expect.cmake, once per KVCACHE_MODE_*: only "good" may compile.
+#include <kvcache/admission/write_gate.hpp>
 #include <kvcache/cache.hpp>
+#include <kvcache/eviction/h2o.hpp>
 
 namespace kv = kvcache;
 
@@ -8,9 +10,8 @@ struct EvictionMissingBound {  // no max_tokens_after_eviction()
   std::int64_t max_tokens_held(std::int64_t n) const { return n; }
   std::int64_t max_blocks_held(std::int64_t n, std::int32_t b) const { return (n + b - 1) / b; }
 };
-struct AdmissionReturningInt {  // admit() must return bool
+struct AdmissionWithoutKind {  // no AdmissionKind: the cache cannot tell how it writes
   static constexpr kv::Signals required_signals = kv::no_signals;
-  int admit(const kv::AdmissionQuery&) const { return 1; }
 };
 struct EvictionNeedingKeyNorms {  // a signal the cache cannot supply
   static constexpr kv::Signals required_signals{kv::Signals::key_norms};
@@ -25,12 +26,16 @@ struct SelectionWithoutSignals {  // no required_signals
 
 #if defined(KVCACHE_MODE_good)
 using C = kv::Cache<>;
+using G = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate>;
+std::size_t size_of_gated() { return sizeof(G); }
 #elif defined(KVCACHE_MODE_bad_eviction)
 using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::SelectAll, EvictionMissingBound>;
 #elif defined(KVCACHE_MODE_bad_signals)
 using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::SelectAll, EvictionNeedingKeyNorms>;
 #elif defined(KVCACHE_MODE_bad_admission)
-using C = kv::Cache<kv::BlockPool, kv::PageTable, AdmissionReturningInt>;
+using C = kv::Cache<kv::BlockPool, kv::PageTable, AdmissionWithoutKind>;
+#elif defined(KVCACHE_MODE_bad_composition)
+using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate, kv::SelectAll, kv::H2OEviction>;
 #elif defined(KVCACHE_MODE_bad_selection)
 using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, SelectionWithoutSignals>;
 #endif

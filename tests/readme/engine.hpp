@@ -20,6 +20,10 @@
 #include <kvcache/eviction/sliding_window.hpp>
 #include <kvcache/eviction/snapkv.hpp>
 #include <kvcache/eviction/tova.hpp>
+#include <kvcache/admission/write_gate.hpp>
+#include <kvcache/kernels/block_copy.hpp>
+#include <kvcache/kernels/compaction.hpp>
+#include <kvcache/kernels/scatter.hpp>
 
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
@@ -162,6 +166,86 @@ struct KernelEngine {
     std::vector<int32_t> s(num_tokens);
     for (std::size_t t = 0; t < s.size(); ++t) s[t] = int32_t(block + int32_t(t));
     return s;
+  }
+};
+// One sequence under Write-Gated KV: 2 layers x 2 kv-heads, head_dim 2, f32,
+// single-head blocks of 16; 4 prefill chunks of 100 tokens, then 200 decode
+// steps. Token p of (layer, head) gets gate 0.9 when (p * (head + 1) + layer)
+// is a multiple of 5, else 0.02; K holds (p, 10 * layer + head) and V its negation.
+struct GateEngine {
+  static constexpr int32_t num_layers = 2, num_kv_heads = 2, head_dim = 2, block = 16;
+  static constexpr int32_t num_blocks = 512, row_blocks = 48, W = 64;
+  kv::Geometry head_geometry = kv::Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = head_dim,
+                                                   .block_size = block, .dtype = kv::DType::f32}).value();
+  std::vector<int32_t> chunks = make_chunks();
+  // A write's buffers: slots [n][kv_heads]; moves: at most the W ring tokens
+  // per head; copies: a head's row (after a fork).
+  std::vector<int32_t> slots = std::vector<int32_t>(std::size_t(100 * num_kv_heads));
+  std::vector<kv::SlotMove> moves = std::vector<kv::SlotMove>(std::size_t(W * num_kv_heads));
+  std::vector<kv::BlockCopy> copies = std::vector<kv::BlockCopy>(std::size_t(row_blocks * num_kv_heads));
+  std::vector<int32_t> indptr = std::vector<int32_t>(num_kv_heads + 1);
+  std::vector<int32_t> indices = std::vector<int32_t>(std::size_t(num_kv_heads * row_blocks));
+  std::vector<int32_t> last_page_len = std::vector<int32_t>(num_kv_heads);
+  std::vector<float> memory = std::vector<float>(std::size_t(num_blocks * block * head_dim * 2));
+  kv::PoolView pool = kv::make_pool_view(head_geometry, memory.data(), num_blocks).value();
+  std::vector<float> gate_buffer, k_buffer, v_buffer;
+  int64_t written = 0;  // the chunk's first position
+  int32_t chunk = 0;
+  int64_t rows_read = 0, keys_read = 0, wrong = 0;
+
+  static std::vector<int32_t> make_chunks() {
+    std::vector<int32_t> c(4, 100);
+    c.insert(c.end(), 200, 1);
+    return c;
+  }
+  static float gate(int32_t layer, int32_t head, int64_t p) { return (p * (head + 1) + layer) % 5 == 0 ? 0.9f : 0.02f; }
+  // What a head holds after `end` tokens: the last W, and every earlier admitted one.
+  static bool kept(int32_t layer, int32_t head, int64_t p, int64_t end) { return p >= end - W || gate(layer, head, p) >= 0.1f; }
+
+  std::span<const float> gate_scores(int32_t layer, int32_t n) {
+    chunk = n;
+    gate_buffer.resize(std::size_t(n * num_kv_heads));
+    for (int32_t t = 0; t < n; ++t)
+      for (int32_t h = 0; h < num_kv_heads; ++h) gate_buffer[std::size_t(t * num_kv_heads + h)] = gate(layer, h, written + t);
+    return gate_buffer;
+  }
+  kv::KvSource layer_kv(int32_t layer, int32_t n) {  // [n][kv_heads][head_dim] K and V
+    k_buffer.assign(std::size_t(n * num_kv_heads * head_dim), 0.0f);
+    v_buffer = k_buffer;
+    for (int32_t t = 0; t < n; ++t)
+      for (int32_t h = 0; h < num_kv_heads; ++h) {
+        const std::size_t at = std::size_t((t * num_kv_heads + h) * head_dim);
+        k_buffer[at] = float(written + t);
+        k_buffer[at + 1] = float(10 * layer + h);
+        v_buffer[at] = -k_buffer[at];
+        v_buffer[at + 1] = -k_buffer[at + 1];
+      }
+    return kv::KvSource{k_buffer.data(), v_buffer.data(), kv::DType::f32, 0, head_dim * 4, 0};
+  }
+  // Stands for a stock paged kernel over the head rows: reads every key of
+  // each row and checks the row holds exactly what the method keeps.
+  void attention(int32_t layer, std::span<const int32_t> ptr, std::span<const int32_t> idx, std::span<const int32_t> last) {
+    const int64_t end = written + chunk;
+    for (int32_t h = 0; h < num_kv_heads; ++h) {
+      const int32_t pages = ptr[std::size_t(h + 1)] - ptr[std::size_t(h)];
+      const int32_t len = pages == 0 ? 0 : (pages - 1) * block + last[std::size_t(h)];
+      std::vector<int64_t> held;
+      for (int32_t j = 0; j < len; ++j) {
+        const int32_t b = idx[std::size_t(ptr[std::size_t(h)] + j / block)];
+        const float* k = reinterpret_cast<const float*>(pool.row(b, 0, 0, j % block, 0));
+        const float* v = reinterpret_cast<const float*>(pool.row(b, 0, 1, j % block, 0));
+        wrong += k[1] != float(10 * layer + h) || v[0] != -k[0] ? 1 : 0;
+        held.push_back(int64_t(k[0]));
+      }
+      std::sort(held.begin(), held.end());
+      std::vector<int64_t> want;
+      for (int64_t p = 0; p < end; ++p)
+        if (kept(layer, h, p, end)) want.push_back(p);
+      wrong += held == want ? 0 : 1;
+      ++rows_read;
+      keys_read += len;
+    }
+    if (layer == num_layers - 1) written = end;
   }
 };
 }  // namespace readme

@@ -245,4 +245,19 @@ TEST_CASE_METHOD(KernelEngine, "README write gate: one layer's gates from its pr
   REQUIRE(*hi - *lo > 0.05f);  // the fixture's gates differ: a constant output would pass the loop above
 }
 
+TEST_CASE_METHOD(GateEngine, "README Write-Gated KV: every head row holds its ring and its admitted tokens") {
+#include "snippets/write_gate_cache.inc"
+  REQUIRE(written == 600);
+  REQUIRE(rows_read == 204 * num_layers * num_kv_heads);
+  REQUIRE(wrong == 0);
+  int64_t held = 0;
+  for (int32_t l = 0; l < num_layers; ++l)
+    for (int32_t h = 0; h < num_kv_heads; ++h)
+      for (int64_t p = 0; p < 600; ++p) held += kept(l, h, p, 600) ? 1 : 0;
+  REQUIRE(cache.tokens_held(seq).value() == held);
+  REQUIRE(held < 4 * 600 / 2);  // the point: well under half of the dense cache
+  REQUIRE(cache.check_invariants().ok());
+}
+
+
 }  // namespace readme

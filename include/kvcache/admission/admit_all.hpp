@@ -6,11 +6,11 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-/// Admission that persists every token (the default; the cache never consults it yet).
+/// Admission that persists every token where reserve() puts it (the default):
+/// the cache never calls it, so it costs nothing.
 struct AdmitAll {
   static constexpr Signals required_signals = no_signals;  ///< Reads no score signal.
-  /// Always true: every token's K/V is written.
-  constexpr bool admit(const AdmissionQuery&) const noexcept { return true; }
+  static constexpr AdmissionKind kind = AdmissionKind::pass_through;  ///< Never consulted.
 };
 static_assert(AdmissionPolicy<AdmitAll>);
 

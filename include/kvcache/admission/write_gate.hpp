@@ -24,9 +24,11 @@
 #include <span>
 #include <vector>
 
+#include "kvcache/admission/head_paged.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/page_table.hpp"
+#include "kvcache/page_table_edits.hpp"
 #include "kvcache/policy.hpp"
 #include "kvcache/sequence_id.hpp"
 #include "kvcache/slot_move.hpp"
@@ -50,19 +52,12 @@ struct WriteGateConfig {
   GlobalCapAction at_cap = GlobalCapAction::refuse;  ///< What a promotion past the cap does.
 };
 
-/// What one write did, summed over its heads.
-struct GateWriteInfo {
-  std::int32_t promoted = 0;        ///< ring tokens copied to global (moves)
-  std::int32_t direct = 0;          ///< chunk tokens written straight to global
-  std::int32_t dropped = 0;         ///< tokens that left unadmitted
-  std::int32_t dropped_at_cap = 0;  ///< admitted tokens dropped because a head was at its cap
-  std::int32_t moves = 0;           ///< entries written to `moves`
-};
-
 /// Write-Gated KV admission over a PageTable of single-head streams.
 class WriteGate {
  public:
   static constexpr Signals required_signals{Signals::gate_scores};  ///< Reads gate scores.
+  static constexpr AdmissionKind kind = AdmissionKind::head_paged;  ///< Owns one stream per (sequence, layer, kv-head).
+  using Config = WriteGateConfig;  ///< What a Cache is given to build it.
 
   /// Binds the configuration to a table: `table` must hold max_sequences x
   /// layers x kv-heads streams (streams_for) of single-head blocks. Throws ConfigError for bad values.
@@ -74,27 +69,33 @@ class WriteGate {
   }
   const WriteGateConfig& config() const noexcept { return cfg_; }  ///< The configuration.
   std::int32_t global_cap() const noexcept { return cap_; }  ///< The effective per-head cap.
+  std::int32_t num_layers() const noexcept { return cfg_.num_layers; }  ///< Layers per sequence.
+  std::int32_t num_kv_heads() const noexcept { return cfg_.num_kv_heads; }  ///< Kv-heads per layer.
+  std::int32_t local_window() const noexcept { return w_; }  ///< W_local: ring slots per head.
+  std::int32_t free_sequences() const noexcept { return std::int32_t(free_.size()); }  ///< Sequence handles still free.
 
   // --- sequences ------------------------------------------------------------
   /// A new sequence: layers x kv-heads empty streams. capacity_exceeded when none is free.
   Result<SeqId> add(PageTable& table) noexcept;
+  /// A new sequence sharing every block of s: each head stream forks. A later
+  /// write or rollback that rewrites a shared block copies it first (`copies`).
+  Result<SeqId> fork(PageTable& table, BlockPool& pool, SeqId s) noexcept;
   /// Ends s: every head stream goes back with its blocks.
   Status free(PageTable& table, BlockPool& pool, SeqId s) noexcept;
 
   // --- writes ---------------------------------------------------------------
   /// Writes n = gates.size() / kv_heads new tokens of layer `layer`: gates,
-  /// slots and promote are [n][kv_heads] (token-major, like the layer's K).
-  /// slots[t][h]: where token t of head h goes (its ring slot, a global slot,
-  /// or -1 when it is dropped within this call). moves: promotions of tokens
-  /// the ring held before the call (ring slot -> global slot); run them before
-  /// writing the tokens. promote[t][h] (may be empty; needs n <= W): the
-  /// promotion of the token slots[t][h] replaces, or -1, for ring_write. All
-  /// or nothing: a gate outside [0, 1] or NaN, a buffer too small, the pool
-  /// or a row out of room, or a head at its cap under `refuse` is an error
-  /// naming the value, and nothing changes.
+  /// out.slots and out.promote are [n][kv_heads] (token-major, like the
+  /// layer's K). slots[t][h]: where token t of head h goes (its ring slot, a
+  /// global slot, or -1 when it is dropped within this call). out.moves:
+  /// promotions of tokens the ring held before the call (ring slot -> global
+  /// slot). out.promote (may be empty; needs n <= W): the promotion of the
+  /// token slots[t][h] replaces, or -1, for ring_write. out.copies: blocks a
+  /// fork shares that this write rewrites. All or nothing: a gate outside
+  /// [0, 1] or NaN, a buffer too small, the pool or a row out of room, or a
+  /// head at its cap under `refuse` is an error naming the value, and nothing changes.
   Result<GateWriteInfo> write(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
-                              std::span<const float> gates, std::span<std::int32_t> slots, std::span<SlotMove> moves,
-                              std::span<std::int32_t> promote = {}) noexcept;
+                              std::span<const float> gates, const GateWriteSpans& out) noexcept;
 
   /// Rollback of the n newest tokens of every layer (all layers must have
   /// written the same tokens). Per head: they leave the ring; the newest
@@ -102,11 +103,12 @@ class WriteGate {
   /// contiguous); if the global region runs out first, the ring is re-packed
   /// into its first slots (kept tokens past the new length fill the holes
   /// below it) and its order becomes slot order. Tokens the rolled-back writes
-  /// dropped do not come back. Moves (src -> dst, disjoint) go to `moves`;
-  /// run them with the compaction kernel. n past the newest run of
-  /// consecutive positions a head holds is truncate_too_many naming the limit.
-  Result<std::int32_t> truncate(PageTable& table, BlockPool& pool, SeqId s, std::int32_t n,
-                                std::span<SlotMove> moves) noexcept;
+  /// dropped do not come back. Moves (src -> dst, disjoint) go to out.moves,
+  /// for the compaction kernel, after out.copies (ring blocks a fork shares).
+  /// n past the newest run of consecutive positions a head holds is
+  /// truncate_too_many naming the limit, and nothing changes.
+  Result<GateWriteInfo> truncate(PageTable& table, BlockPool& pool, SeqId s, std::int32_t n,
+                                 const GateWriteSpans& out) noexcept;
 
   // --- what a head holds ------------------------------------------------------
   /// The head stream of (s, layer, head) in the table (for exports: one row per head).
@@ -130,6 +132,13 @@ class WriteGate {
   std::int64_t max_blocks_held(std::int64_t tokens) const noexcept;
   /// Every head's ring, global length, positions and row agree. O(heads x W).
   Status check(const PageTable& table) const;
+  /// Equality of observable state (scratch excluded).
+  friend bool operator==(const WriteGate& a, const WriteGate& b) {
+    const auto same = [](const Head& x, const Head& y) { return x.start == y.start && x.len == y.len && x.global == y.global; };
+    return a.w_ == b.w_ && a.cap_ == b.cap_ && a.ids_ == b.ids_ && a.pos_ == b.pos_ && a.bits_ == b.bits_ &&
+           a.appended_ == b.appended_ && a.gen_ == b.gen_ && a.free_ == b.free_ && a.live_ == b.live_ &&
+           std::equal(a.heads_.begin(), a.heads_.end(), b.heads_.begin(), b.heads_.end(), same);
+  }
 
  private:
   struct Head {
@@ -153,6 +162,15 @@ class WriteGate {
   }
   // Row tokens of a head: the ring's extent (all W slots once it has cycled) plus global.
   std::int32_t row_tokens(const Head& h) const noexcept { return h.global > 0 || h.len == w_ ? w_ + h.global : h.len; }
+  // Marks the blocks (below `blocks`) whose ring slots n tokens written from state h
+  // rewrite, and the row's partial tail block when the row grows into it.
+  void mark_rewritten(const Head& h, std::int64_t n, bool tail_grows, std::int32_t blocks) noexcept;
+  // Shared blocks among those marked in touched_ (logical indices below `have`), clearing the marks.
+  std::int32_t count_shared(const BlockPool& pool, std::span<const BlockId> row) noexcept;
+  // Copies every shared block marked in touched_ (clearing the marks); planned, so it cannot fail.
+  void privatize_marked(PageTable& table, BlockPool& pool, SeqId head, std::span<BlockCopy> copies, std::int32_t& n);
+  // A head's state after rolling back n tokens; src_[r]: the row index ring slot r's content comes from.
+  Head rolled_back(const Head& h, std::int32_t n) noexcept;
 
   WriteGateConfig cfg_;
   std::int32_t w_ = 0, b_ = 0, cap_ = 0, row_cap_ = 0, words_ = 0, max_seqs_ = 0;
@@ -167,6 +185,7 @@ class WriteGate {
   std::vector<Head> plan_;             // [kv_head]: a write's planned end state
   std::vector<std::int32_t> reserved_; // slots a row growth returns (unused: rows are read back)
   std::vector<std::int32_t> src_;      // [W]: rollback, where each ring slot's content comes from
+  std::vector<std::uint8_t> touched_;  // [row blocks]: blocks a call rewrites in place (copy-on-write marks)
 };
 
 KVCACHE_END_NAMESPACE

@@ -35,6 +35,7 @@ inline WriteGate::WriteGate(const WriteGateConfig& cfg, std::int32_t max_sequenc
   for (std::int32_t i = max_sequences; i-- > 0;) free_.push_back(i);
   plan_.resize(std::size_t(cfg.num_kv_heads));
   src_.resize(std::size_t(w_));
+  touched_.assign(std::size_t(table.max_blocks_per_stream()), 0);
 }
 
 inline Status WriteGate::validate(SeqId s) const noexcept {
@@ -59,6 +60,59 @@ inline Result<SeqId> WriteGate::add(PageTable& table) noexcept {
   return SeqId{i, gen_[i]};
 }
 
+inline Result<SeqId> WriteGate::fork(PageTable& table, BlockPool& pool, SeqId s) noexcept {
+  if (auto st = validate(s); !st) return st;
+  if (free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", max_seqs_ + std::int64_t{1}, max_seqs_};
+  const std::int64_t per_seq = std::int64_t{cfg_.num_layers} * cfg_.num_kv_heads;
+  if (table.free_streams() < per_seq) return Status{Errc::capacity_exceeded, "table.streams", per_seq, table.free_streams()};
+  const auto c = std::uint32_t(free_.back());
+  free_.pop_back();
+  for (std::int64_t k = 0; k < per_seq; ++k) {
+    const std::size_t from = std::size_t(s.index) * std::size_t(per_seq) + std::size_t(k);
+    const std::size_t to = std::size_t(c) * std::size_t(per_seq) + std::size_t(k);
+    ids_[to] = *table.fork(pool, ids_[from]);  // enough free streams: checked above
+    heads_[to] = heads_[from];
+    std::copy_n(pos(from), row_cap_, pos(to));
+    std::copy_n(bits_.begin() + std::ptrdiff_t(from) * words_, words_, bits_.begin() + std::ptrdiff_t(to) * words_);
+  }
+  std::copy_n(appended_.begin() + std::ptrdiff_t(s.index) * cfg_.num_layers, cfg_.num_layers,
+              appended_.begin() + std::ptrdiff_t(c) * cfg_.num_layers);
+  live_[c] = 1;
+  return SeqId{c, gen_[c]};
+}
+
+inline void WriteGate::mark_rewritten(const Head& h, std::int64_t n, bool tail_grows, std::int32_t blocks) noexcept {
+  const std::int32_t first = h.len < w_ ? h.len : h.start;  // the next ring slot written (a partial ring starts at 0)
+  const auto count = std::int32_t(std::min<std::int64_t>(n, w_));
+  for (std::int32_t k = 0; k < count;) {
+    const std::int32_t r = (first + k) % w_, b = r / b_;
+    if (b < blocks) touched_[std::size_t(b)] = 1;
+    k += b_ - r % b_;  // on to the next block (W is a multiple of B: wrapping starts one)
+  }
+  if (const std::int32_t rt = row_tokens(h); tail_grows && rt % b_ != 0 && (rt - 1) / b_ < blocks)
+    touched_[std::size_t((rt - 1) / b_)] = 1;
+}
+
+inline std::int32_t WriteGate::count_shared(const BlockPool& pool, std::span<const BlockId> row) noexcept {
+  std::int32_t shared = 0;
+  for (std::size_t b = 0; b < row.size(); ++b) {
+    shared += touched_[b] && pool.ref_count(row[b]) > 1 ? 1 : 0;
+    touched_[b] = 0;
+  }
+  return shared;
+}
+
+inline void WriteGate::privatize_marked(PageTable& table, BlockPool& pool, SeqId head, std::span<BlockCopy> copies,
+                                        std::int32_t& n) {
+  const auto blocks = std::int32_t(table.blocks_unchecked(head).size());
+  for (std::int32_t b = 0; b < blocks; ++b) {
+    if (!touched_[std::size_t(b)]) continue;
+    touched_[std::size_t(b)] = 0;
+    const auto copy = privatize(table, pool, head, b);  // planned: the pool has the blocks
+    if (copy.ok() && copy->src >= 0) copies[std::size_t(n++)] = *copy;
+  }
+}
+
 inline Status WriteGate::free(PageTable& table, BlockPool& pool, SeqId s) noexcept {
   if (auto st = validate(s); !st) return st;
   const std::int64_t per_seq = std::int64_t{cfg_.num_layers} * cfg_.num_kv_heads;
@@ -74,9 +128,10 @@ inline Status WriteGate::free(PageTable& table, BlockPool& pool, SeqId s) noexce
 }
 
 inline Result<GateWriteInfo> WriteGate::write(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
-                                              std::span<const float> gates, std::span<std::int32_t> slots,
-                                              std::span<SlotMove> moves, std::span<std::int32_t> promote) noexcept {
+                                              std::span<const float> gates, const GateWriteSpans& out) noexcept {
   if (auto st = validate(s); !st) return st;
+  const std::span<std::int32_t> slots = out.slots, promote = out.promote;
+  const std::span<SlotMove> moves = out.moves;
   const std::int32_t H = cfg_.num_kv_heads;
   if (layer < 0 || layer >= cfg_.num_layers) return Status{Errc::invalid_argument, "layer", layer, cfg_.num_layers};
   if (gates.size() % std::size_t(H) != 0) return Status{Errc::invalid_argument, "gates.size", std::int64_t(gates.size()), H};
@@ -90,8 +145,8 @@ inline Result<GateWriteInfo> WriteGate::write(PageTable& table, BlockPool& pool,
     if (std::int64_t(promote.size()) < n * H) return Status{Errc::buffer_too_small, "promote", std::int64_t(promote.size()), n * H};
   }
   // Plan: each head's state after the call (row growth), its moves, the cap,
-  // the pool. Nothing changes.
-  std::int64_t blocks = 0, nmoves = 0;
+  // copy-on-write of blocks a fork shares, the pool. Nothing changes.
+  std::int64_t blocks = 0, nmoves = 0, ncopies = 0;
   for (std::int32_t h = 0; h < H; ++h) {
     const std::size_t hi = head_index(s.index, layer, h);
     Head st = heads_[hi];
@@ -114,11 +169,15 @@ inline Result<GateWriteInfo> WriteGate::write(PageTable& table, BlockPool& pool,
       }
     }
     plan_[std::size_t(h)] = st;
-    const auto have = std::int64_t(table.blocks_unchecked(ids_[hi]).size());
-    blocks += std::max<std::int64_t>(0, blocks_for_tokens(row_tokens(st), b_) - have);
+    const auto row = table.blocks_unchecked(ids_[hi]);
+    blocks += std::max<std::int64_t>(0, blocks_for_tokens(row_tokens(st), b_) - std::int64_t(row.size()));
+    mark_rewritten(heads_[hi], n, row_tokens(st) > row_tokens(heads_[hi]), std::int32_t(row.size()));
+    ncopies += count_shared(pool, row);
   }
   if (std::int64_t(moves.size()) < nmoves) return Status{Errc::buffer_too_small, "moves", std::int64_t(moves.size()), nmoves};
-  if (blocks > pool.num_free()) return Status{Errc::out_of_blocks, "n_blocks", blocks, pool.num_free()};
+  if (std::int64_t(out.copies.size()) < ncopies)
+    return Status{Errc::buffer_too_small, "copies", std::int64_t(out.copies.size()), ncopies};
+  if (blocks + ncopies > pool.num_free()) return Status{Errc::out_of_blocks, "n_blocks", blocks + ncopies, pool.num_free()};
 
   // Apply: grow each row, then replay the plan writing slots, moves, positions and bits.
   GateWriteInfo info{};
@@ -127,16 +186,19 @@ inline Result<GateWriteInfo> WriteGate::write(PageTable& table, BlockPool& pool,
     const std::size_t hi = head_index(s.index, layer, h);
     Head& st = heads_[hi];
     const std::int32_t grow = row_tokens(plan_[std::size_t(h)]) - row_tokens(st);
-    if (grow > 0) {
+    if (grow > 0) {  // reserve() copies a shared tail it appends to
       if (std::int64_t(reserved_.size()) < grow) reserved_.resize(std::size_t(grow));
-      (void)table.reserve(pool, ids_[hi], grow, std::span<std::int32_t>(reserved_.data(), std::size_t(grow)));  // planned
+      const auto r = table.reserve(pool, ids_[hi], grow, std::span<std::int32_t>(reserved_.data(), std::size_t(grow)));
+      if (r.ok() && r->copy.src >= 0) out.copies[std::size_t(info.copies++)] = r->copy;  // planned: cannot fail
     }
+    mark_rewritten(st, n, false, std::int32_t(table.blocks_unchecked(ids_[hi]).size()));
+    privatize_marked(table, pool, ids_[hi], out.copies, info.copies);
     const auto row = table.blocks_unchecked(ids_[hi]);
     auto phys = [&](std::int32_t x) { return row[std::size_t(x / b_)] * b_ + x % b_; };
     std::int32_t* p = pos(hi);
     std::int32_t old_left = st.len;
     for (std::int64_t t = 0; t < n; ++t) {
-      const std::size_t out = std::size_t(t * H + h);
+      const std::size_t at = std::size_t(t * H + h);
       std::int32_t r, promoted_to = -1;
       if (st.len < w_) {
         r = (st.start + st.len) % w_;
@@ -163,25 +225,50 @@ inline Result<GateWriteInfo> WriteGate::write(PageTable& table, BlockPool& pool,
         }
       }
       p[r] = std::int32_t(appended + t);
-      set_bit(hi, r, gates[out] >= cfg_.tau);
-      slots[out] = phys(r);
-      if (!promote.empty()) promote[out] = promoted_to;
+      set_bit(hi, r, gates[at] >= cfg_.tau);
+      slots[at] = phys(r);
+      if (!promote.empty()) promote[at] = promoted_to;
     }
   }
   appended += n;
   return info;
 }
 
-inline Result<std::int32_t> WriteGate::truncate(PageTable& table, BlockPool& pool, SeqId s, std::int32_t n,
-                                               std::span<SlotMove> moves) noexcept {
+inline WriteGate::Head WriteGate::rolled_back(const Head& h, std::int32_t n) noexcept {
+  Head st = h;
+  for (std::int32_t r = 0; r < w_; ++r) src_[std::size_t(r)] = r;
+  const std::int32_t refill = st.len == w_ ? std::min(n, st.global) : 0;
+  st.len -= n;
+  for (std::int32_t j = 0; j < refill; ++j)  // the newest global token to the ring's oldest end
+    src_[std::size_t(((st.start - 1 - j) % w_ + w_) % w_)] = w_ + st.global - 1 - j;
+  st.start = ((st.start - refill) % w_ + w_) % w_;
+  st.len += refill;
+  st.global -= refill;
+  if (st.len < w_ && st.start != 0) {  // re-pack into slots [0, len), lowest source to lowest hole
+    auto in_range = [&](std::int32_t x) { return ((x - st.start) % w_ + w_) % w_ < st.len; };
+    std::int32_t hole = 0;
+    for (std::int32_t k = 0; k < st.len; ++k) {
+      const std::int32_t r = (st.start + k) % w_;
+      if (r < st.len) continue;
+      while (in_range(hole)) ++hole;
+      src_[std::size_t(hole++)] = src_[std::size_t(r)];
+    }
+    st.start = 0;
+  }
+  return st;
+}
+
+inline Result<GateWriteInfo> WriteGate::truncate(PageTable& table, BlockPool& pool, SeqId s, std::int32_t n,
+                                                 const GateWriteSpans& out) noexcept {
   if (auto st = validate(s); !st) return st;
   const std::int32_t L = cfg_.num_layers, H = cfg_.num_kv_heads;
   const auto at = [&](std::int32_t l) { return appended_[std::size_t(s.index) * std::size_t(L) + std::size_t(l)]; };
   for (std::int32_t l = 1; l < L; ++l)
     if (at(l) != at(0)) return Status{Errc::invalid_argument, "layers_appended (a step not written by every layer)", at(l), at(0)};
   if (n < 0) return Status{Errc::invalid_argument, "n_tokens", n, 0};
-  // Plan: every head's limit (its ring's newest run of consecutive positions) and move count.
-  std::int64_t limit = at(0), nmoves = 0;
+  // Plan: every head's limit (its ring's newest run of consecutive positions),
+  // its moves and the shared ring blocks they write into.
+  std::int64_t limit = at(0), nmoves = 0, ncopies = 0;
   for (std::int32_t l = 0; l < L; ++l)
     for (std::int32_t h = 0; h < H; ++h) {
       const std::size_t hi = head_index(s.index, l, h);
@@ -191,61 +278,50 @@ inline Result<std::int32_t> WriteGate::truncate(PageTable& table, BlockPool& poo
       while (run < st.len && run < n && p[(st.start + st.len - 1 - run) % w_] == at(0) - 1 - run) ++run;
       if (run < n) limit = std::min<std::int64_t>(limit, run);
       if (n > limit) continue;
-      // Refilled slots are the ring's oldest `refill`; a re-pack moves every kept
-      // token at or past len once (refilled or not), and refilled slots below len stay moved.
-      const std::int32_t refill = st.len == w_ ? std::min(n, st.global) : 0, len = st.len - n + refill;
-      const std::int32_t start = ((st.start - refill) % w_ + w_) % w_;
-      const bool repack = len < w_ && start != 0;
-      for (std::int32_t k = 0; k < len; ++k) {
-        const std::int32_t r = (start + k) % w_;
-        nmoves += (repack && r >= len) || (k < refill && (!repack || r < len)) ? 1 : 0;
-      }
+      const Head next = rolled_back(st, n);
+      for (std::int32_t r = 0; r < std::min(next.len, w_); ++r)
+        if (src_[std::size_t(r)] != r) {
+          ++nmoves;
+          touched_[std::size_t(r / b_)] = 1;
+        }
+      ncopies += count_shared(pool, table.blocks_unchecked(ids_[hi]));
     }
   if (n > limit) return Status{Errc::truncate_too_many, "n_tokens", n, limit};
-  if (std::int64_t(moves.size()) < nmoves) return Status{Errc::buffer_too_small, "moves", std::int64_t(moves.size()), nmoves};
-  std::int32_t m = 0;
-  for (std::int32_t l = 0; l < L; ++l)
-    for (std::int32_t h = 0; h < H; ++h) {
-      const std::size_t hi = head_index(s.index, l, h);
-      Head& st = heads_[hi];
-      const auto row = table.blocks_unchecked(ids_[hi]);
-      auto phys = [&](std::int32_t x) { return row[std::size_t(x / b_)] * b_ + x % b_; };
-      std::int32_t* p = pos(hi);
-      const std::int32_t rt0 = row_tokens(st);
-      // src_[r]: the row index ring slot r's content comes from (r itself: stays).
-      for (std::int32_t r = 0; r < w_; ++r) src_[std::size_t(r)] = r;
-      const std::int32_t refill = st.len == w_ ? std::min(n, st.global) : 0;
-      st.len -= n;
-      for (std::int32_t j = 0; j < refill; ++j) {  // the newest global token to the ring's oldest end
-        const std::int32_t dst = ((st.start - 1 - j) % w_ + w_) % w_, g = w_ + st.global - 1 - j;
-        src_[std::size_t(dst)] = g;
-        p[dst] = p[g];
-        set_bit(hi, dst, true);
-      }
-      st.start = ((st.start - refill) % w_ + w_) % w_;
-      st.len += refill;
-      st.global -= refill;
-      if (st.len < w_ && st.start != 0) {  // re-pack into slots [0, len), lowest source to lowest hole
-        std::int32_t hole = 0;
-        for (std::int32_t k = 0; k < st.len; ++k) {
-          const std::int32_t r = (st.start + k) % w_;
-          if (r < st.len) continue;
-          auto in_range = [&](std::int32_t x) { return ((x - st.start) % w_ + w_) % w_ < st.len; };
-          while (in_range(hole)) ++hole;
-          src_[std::size_t(hole)] = src_[std::size_t(r)];
-          p[hole] = p[r];
-          set_bit(hi, hole, bit(hi, r));
-          ++hole;
-        }
-        st.start = 0;
-      }
-      const std::int32_t live = st.len < w_ ? st.len : w_;
-      for (std::int32_t r = 0; r < live; ++r)
-        if (src_[std::size_t(r)] != r) moves[std::size_t(m++)] = SlotMove{phys(src_[std::size_t(r)]), phys(r)};
-      (void)table.truncate(pool, ids_[hi], rt0 - row_tokens(st));  // the row's tail: global tokens, ring slots past len
+  if (std::int64_t(out.moves.size()) < nmoves)
+    return Status{Errc::buffer_too_small, "moves", std::int64_t(out.moves.size()), nmoves};
+  if (std::int64_t(out.copies.size()) < ncopies)
+    return Status{Errc::buffer_too_small, "copies", std::int64_t(out.copies.size()), ncopies};
+  if (ncopies > pool.num_free()) return Status{Errc::out_of_blocks, "n_blocks", ncopies, pool.num_free()};
+  // Copies first, for every head: a block this call releases (a global tail
+  // whose tokens moved into the ring) must not come back as a copy target
+  // before the moves that read it have run.
+  GateWriteInfo info{};
+  for (std::int32_t k = 0; k < L * H; ++k) {
+    const std::size_t hi = head_index(s.index, k / H, k % H);
+    const Head next = rolled_back(heads_[hi], n);
+    for (std::int32_t r = 0; r < std::min(next.len, w_); ++r)
+      if (src_[std::size_t(r)] != r) touched_[std::size_t(r / b_)] = 1;
+    privatize_marked(table, pool, ids_[hi], out.copies, info.copies);
+  }
+  for (std::int32_t k = 0; k < L * H; ++k) {
+    const std::size_t hi = head_index(s.index, k / H, k % H);
+    Head& st = heads_[hi];
+    const std::int32_t rt0 = row_tokens(st);
+    st = rolled_back(st, n);
+    const auto row = table.blocks_unchecked(ids_[hi]);
+    auto phys = [&](std::int32_t x) { return row[std::size_t(x / b_)] * b_ + x % b_; };
+    std::int32_t* p = pos(hi);
+    for (std::int32_t r = 0; r < std::min(st.len, w_); ++r) {  // sources are never destinations: any order
+      const std::int32_t from = src_[std::size_t(r)];
+      if (from == r) continue;
+      out.moves[std::size_t(info.moves++)] = SlotMove{phys(from), phys(r)};
+      p[r] = p[from];
+      set_bit(hi, r, from >= w_ || bit(hi, from));  // a global token was admitted
     }
+    (void)table.truncate(pool, ids_[hi], rt0 - row_tokens(st));  // the row's tail: global tokens, ring slots past len
+  }
   for (std::int32_t l = 0; l < L; ++l) appended_[std::size_t(s.index) * std::size_t(L) + std::size_t(l)] -= n;
-  return m;
+  return info;
 }
 
 inline Result<SeqId> WriteGate::head(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept {
