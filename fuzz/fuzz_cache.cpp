@@ -5,6 +5,7 @@
 // kernels, and after every operation each live sequence's row must read back
 // a legal set of positions for its policy. A failed call must leave the
 // cache exactly as it was; check_invariants() must hold after every call.
+// Write-Gated KV's head-paged cache has its own run (gate_run.hpp).
 #include <kvcache/cache.hpp>
 #include <kvcache/eviction/average_attention.hpp>
 #include <kvcache/eviction/block_scores.hpp>
@@ -22,6 +23,8 @@
 #include <limits>
 #include <numeric>
 #include <vector>
+
+#include "gate_run.hpp"
 
 namespace kv = kvcache;
 
@@ -265,7 +268,7 @@ void run(Policy p, Input& in) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Input in{data, size};
-  switch (in.byte() % 8) {
+  switch (in.byte() % 9) {
     case 0: run(kv::KeepAll{}, in); break;
     case 1: run(kv::SlidingWindow(1 + in.upto(12)), in); break;
     case 2: run(kv::SinkWindowEviction({.sinks = in.upto(6), .window = 1 + in.upto(12), .block_size = B}), in); break;
@@ -279,6 +282,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                     .groups = in.byte() % 2 ? G : 1}),
                 in);
       break;
+    case 8: {
+      fuzz_gate::GateRun r(in, [](const char* what, const std::string& d = "") { fail(what, d); });
+      for (int ops = 0; ops < 400 && in.n > 0; ++ops) r.step(in);
+      break;
+    }
     default: {
       const std::int32_t budget = 2 + in.upto(12);
       run(kv::AverageAttentionEviction({.budget = budget, .step = 1 + in.upto(budget - 2), .groups = in.byte() % 2 ? G : 1}), in);

@@ -1,0 +1,165 @@
+// fuzz_cache's run for the head-paged cache (Cache<..., WriteGate>): random
+// writes with gates of any value, rollbacks, forks, frees, exports and
+// accounting into buffers of any size. The pool is real memory: K of a slot
+// holds the position of the token written there; copies, moves and tokens run
+// through the host kernels in the order the cache hands them out. After every
+// call each head row must read back exactly the positions WriteGate tracks,
+// distinct and older than the next one, within ring + cap; a failed call must
+// leave the cache and the memory exactly as they were.
+#pragma once
+
+#include <kvcache/admission/write_gate.hpp>
+#include <kvcache/cache.hpp>
+#include <kvcache/kernels/block_copy.hpp>
+#include <kvcache/kernels/compaction.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace fuzz_gate {
+namespace kv = kvcache;
+
+template <class In, class Fail>
+struct GateRun {
+  using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate>;
+  static constexpr std::int32_t B = 2, kBlocks = 48, kSeqs = 3, kRow = 8;
+  kv::Geometry geo = *kv::Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 1, .block_size = B, .dtype = kv::DType::f32});
+  C cache;
+  std::vector<float> mem = std::vector<float>(std::size_t(kBlocks * 2 * B), -1.0f);  // [block][K,V][token]
+  kv::PoolView pool = *kv::make_pool_view(geo, mem.data(), kBlocks);
+  std::vector<kv::SeqId> live;
+  Fail fail;
+
+  GateRun(In& in, Fail f)
+      : cache({.geometry = geo, .num_blocks = kBlocks, .max_sequences = kSeqs, .max_blocks_per_sequence = kRow},
+              kv::WriteGateConfig{.num_layers = 1 + in.upto(1), .num_kv_heads = 1 + in.upto(1), .local_window = B * (1 + in.upto(2)),
+                                  .tau = float(in.byte()) / 255.0f, .global_cap = in.upto(6),
+                                  .at_cap = kv::GlobalCapAction(in.byte() % 2)}),
+        fail(f) {}
+
+  float at(std::int32_t slot) const { return mem[std::size_t((slot / B) * 2 * B + slot % B)]; }
+  std::int32_t L() const { return cache.admission().num_layers(); }
+  std::int32_t H() const { return cache.admission().num_kv_heads(); }
+
+  void check() {
+    if (auto st = cache.check_invariants(); !st) fail("check_invariants", st.message());
+    const std::int32_t W = cache.admission().local_window(), cap = cache.admission().global_cap();
+    for (const kv::SeqId s : live)
+      for (std::int32_t l = 0; l < L(); ++l) {
+        const kv::SeqId one[] = {s};
+        auto ptr = std::vector<std::int32_t>(std::size_t(H() + 1)), idx = std::vector<std::int32_t>(std::size_t(H() * kRow)),
+             last = std::vector<std::int32_t>(std::size_t(H()));
+        if (!cache.export_heads_csr(one, l, ptr, idx, last)) fail("export_heads_csr");
+        const std::int64_t appended = *cache.admission().appended(s, l);
+        for (std::int32_t h = 0; h < H(); ++h) {
+          const auto pos = *cache.admission().positions(s, l, h);
+          if (std::int64_t(pos.size()) > W + cap) fail("a head holds more than ring + cap");
+          std::vector<std::int32_t> sorted(pos.begin(), pos.end());
+          std::sort(sorted.begin(), sorted.end());
+          if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) fail("positions repeat");
+          if (!sorted.empty() && (sorted.front() < 0 || sorted.back() >= appended)) fail("position out of range");
+          for (std::size_t j = 0; j < pos.size(); ++j) {
+            const std::int32_t slot = idx[std::size_t(ptr[std::size_t(h)]) + j / B] * B + std::int32_t(j % B);
+            if (at(slot) != float(pos[j])) {
+              std::string row;
+              for (std::size_t x = 0; x < pos.size(); ++x) row += std::to_string(pos[x]) + "@" + std::to_string(idx[std::size_t(ptr[std::size_t(h)]) + x / B] * B + std::int32_t(x % B)) + " ";
+              fail("memory differs from the tracked position", std::to_string(pos[j]) + " layer " + std::to_string(l) + " head " +
+                   std::to_string(h) + " W " + std::to_string(W) + " row " + row + " memory " + std::to_string(at(slot)));
+            }
+          }
+        }
+      }
+  }
+
+  void step(In& in) {
+    const auto before = cache;
+    const auto mem_before = mem;
+    kv::Status st{};
+    const kv::SeqId s = live.empty() ? kv::SeqId{in.byte() % 4, 0} : live[in.byte() % live.size()];
+    std::vector<kv::BlockCopy> copies(std::size_t(in.upto(12)));
+    std::vector<kv::SlotMove> moves(std::size_t(in.upto(16)));
+    const std::uint32_t op = in.byte() % 7;
+    const bool trace = std::getenv("KVCACHE_FUZZ_TRACE") != nullptr;
+    if (trace) std::fprintf(stderr, "gate op %u seq %u\n", op, s.index);
+    switch (op) {
+      case 0: {
+        auto r = cache.add_sequence();
+        if (r) live.push_back(*r);
+        st = r.status();
+        break;
+      }
+      case 1:
+      case 2: {  // one layer's write of n tokens; the step's first position is that layer's appended count
+        const std::int32_t layer = in.upto(2) - (in.byte() % 16 == 0), n = in.upto(9);
+        std::vector<float> gates(std::size_t(std::max(0, n * H() + (in.byte() % 16 == 0 ? 1 : 0))));
+        for (auto& g : gates) g = in.byte() % 32 == 0 ? in.score() : float(in.byte()) / 255.0f;
+        std::vector<std::int32_t> slots(std::size_t(in.upto(20))), promote;
+        if (in.byte() % 2) promote.assign(std::size_t(in.upto(20)), 0);
+        const std::int64_t first = layer >= 0 && layer < L() ? cache.admission().appended(s, layer).value_or(0) : 0;
+        auto r = cache.write(s, layer, gates, {.slots = slots, .moves = moves, .promote = promote, .copies = copies});
+        st = r.status();
+        if (!r) break;
+        const auto m = std::int32_t(gates.size()) / H();  // tokens written (n, or one more when H is 1)
+        if (trace) {
+          std::fprintf(stderr, "  write layer %d n %d first %ld copies %d moves %d promote %d:", layer, m, long(first), r->copies, r->moves, int(!promote.empty()));
+          for (std::int32_t i = 0; i < m * H(); ++i) std::fprintf(stderr, " %d", slots[std::size_t(i)]);
+          std::fprintf(stderr, "\n");
+        }
+        if (r->copies > 0 && !kv::block_copy_host({pool, pool, copies.data(), r->copies})) fail("block_copy");
+        if (!promote.empty()) {  // ring_write: promotions, then the tokens, per (token, head)
+          for (std::int32_t i = 0; i < m * H(); ++i) {
+            if (promote[std::size_t(i)] >= 0) mem[std::size_t(promote[std::size_t(i)] / B * 2 * B + promote[std::size_t(i)] % B)] = at(slots[std::size_t(i)]);
+            mem[std::size_t(slots[std::size_t(i)] / B * 2 * B + slots[std::size_t(i)] % B)] = float(first + i / H());
+          }
+          break;
+        }
+        if (r->moves > 0 && !kv::compaction_host({pool, moves.data(), r->moves})) fail("compaction");
+        for (std::int32_t i = 0; i < m * H(); ++i)
+          if (slots[std::size_t(i)] >= 0) mem[std::size_t(slots[std::size_t(i)] / B * 2 * B + slots[std::size_t(i)] % B)] = float(first + i / H());
+        break;
+      }
+      case 3: {
+        auto r = cache.truncate(s, in.upto(6) - 1, {.moves = moves, .copies = copies});
+        st = r.status();
+        if (r && r->copies > 0 && !kv::block_copy_host({pool, pool, copies.data(), r->copies})) fail("block_copy");
+        if (r && r->moves > 0 && !kv::compaction_host({pool, moves.data(), r->moves})) fail("compaction");
+        break;
+      }
+      case 4: {
+        auto r = cache.fork(s);
+        if (r) live.push_back(*r);
+        st = r.status();
+        break;
+      }
+      case 5:
+        st = cache.free(s);
+        if (st) std::erase(live, s);
+        break;
+      default: {  // exports into buffers of any size, accounting with extreme values
+        std::vector<std::int32_t> a(std::size_t(in.upto(20))), b(std::size_t(in.upto(40))), c(std::size_t(in.upto(12)));
+        std::vector<kv::SeqId> seqs = live;
+        if (in.byte() % 8 == 0) seqs.push_back(kv::SeqId{in.byte() % 4, in.byte()});  // maybe stale
+        const std::int32_t layer = in.upto(3) - 2;
+        (void)cache.export_heads_csr(seqs, layer, a, b, c);
+        (void)cache.export_heads_block_table(seqs, layer, b, in.upto(10) - 1);
+        (void)cache.export_heads_lengths(seqs, layer, c);
+        (void)cache.export_head_columns(seqs, layer, a, b);
+        (void)cache.blocks_needed(in.wide(), in.wide(), in.wide());
+        (void)cache.can_admit(in.wide(), in.wide());
+        (void)cache.tokens_held(s, in.upto(2) - 1, in.upto(2) - 1);
+        if (!(cache == before)) fail("a read-only call changed the cache");
+        return check();
+      }
+    }
+    if (!st.ok()) {
+      if (st.code() == kv::Errc::invariant_violated) fail("invariant_violated from a call", st.message());
+      if (!(cache == before)) fail("a failed call changed the cache", st.message());
+      if (mem != mem_before) fail("a failed call wrote memory", st.message());
+    }
+    check();
+  }
+};
+}  // namespace fuzz_gate
