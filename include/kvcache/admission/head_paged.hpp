@@ -59,6 +59,7 @@ concept HeadPagedAdmission =
       { p.write(t, pool, s, i, gates, out) } -> std::same_as<Result<GateWriteInfo>>;
       { p.truncate(t, pool, s, i, out) } -> std::same_as<Result<GateWriteInfo>>;
       { cp.head(s, i, i) } -> std::same_as<Result<SeqId>>;
+      { cp.head_unchecked(s, i, i) } -> std::same_as<SeqId>;
       { cp.positions(s, i, i) } -> std::same_as<Result<std::span<const std::int32_t>>>;
       { cp.num_layers() } -> std::same_as<std::int32_t>;
       { cp.num_kv_heads() } -> std::same_as<std::int32_t>;
@@ -84,7 +85,7 @@ void each(const A& a, std::span<const SeqId> seqs, std::int32_t layer, F&& f) no
   std::int64_t row = 0;
   for (std::int32_t l = first; l < last; ++l)
     for (const SeqId s : seqs)
-      for (std::int32_t h = 0; h < H; ++h) f(row++, *a.head(s, l, h));
+      for (std::int32_t h = 0; h < H; ++h) f(row++, a.head_unchecked(s, l, h));
 }
 }  // namespace head_rows
 

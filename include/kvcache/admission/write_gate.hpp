@@ -121,6 +121,10 @@ class WriteGate {
     std::int32_t global = 0;  ///< Tokens in the global region.
     std::int32_t oldest = 0;  ///< Ring slot of the oldest ring token (the next one replaced).
   };
+  /// head() without the checks, for exports that validated s, layer and kv_head.
+  SeqId head_unchecked(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept {
+    return ids_[head_index(s.index, layer, kv_head)];
+  }
   /// Ring tokens, global tokens and the ring's oldest slot of (s, layer, kv_head).
   Result<HeadState> head_state(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept;
   /// Tokens layer `layer` of s has written (its next position).
@@ -162,6 +166,8 @@ class WriteGate {
   }
   // Row tokens of a head: the ring's extent (all W slots once it has cycled) plus global.
   std::int32_t row_tokens(const Head& h) const noexcept { return h.global > 0 || h.len == w_ ? w_ + h.global : h.len; }
+  // Marks logical block b of the head being planned or written (once).
+  void mark(std::int32_t b) noexcept;
   // Marks the blocks (below `blocks`) whose ring slots n tokens written from state h
   // rewrite, and the row's partial tail block when the row grows into it.
   void mark_rewritten(const Head& h, std::int64_t n, bool tail_grows, std::int32_t blocks) noexcept;
@@ -186,6 +192,7 @@ class WriteGate {
   std::vector<std::int32_t> reserved_; // slots a row growth returns (unused: rows are read back)
   std::vector<std::int32_t> src_;      // [W]: rollback, where each ring slot's content comes from
   std::vector<std::uint8_t> touched_;  // [row blocks]: blocks a call rewrites in place (copy-on-write marks)
+  std::vector<std::int32_t> marked_;   // the marked blocks, so a decode step visits one or two, not the row
 };
 
 KVCACHE_END_NAMESPACE

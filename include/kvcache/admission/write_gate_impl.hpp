@@ -36,6 +36,7 @@ inline WriteGate::WriteGate(const WriteGateConfig& cfg, std::int32_t max_sequenc
   plan_.resize(std::size_t(cfg.num_kv_heads));
   src_.resize(std::size_t(w_));
   touched_.assign(std::size_t(table.max_blocks_per_stream()), 0);
+  marked_.reserve(std::size_t(table.max_blocks_per_stream()));
 }
 
 inline Status WriteGate::validate(SeqId s) const noexcept {
@@ -81,36 +82,43 @@ inline Result<SeqId> WriteGate::fork(PageTable& table, BlockPool& pool, SeqId s)
   return SeqId{c, gen_[c]};
 }
 
+inline void WriteGate::mark(std::int32_t b) noexcept {
+  if (touched_[std::size_t(b)]) return;
+  touched_[std::size_t(b)] = 1;
+  marked_.push_back(b);  // reserved to the row length: never allocates
+}
+
 inline void WriteGate::mark_rewritten(const Head& h, std::int64_t n, bool tail_grows, std::int32_t blocks) noexcept {
   const std::int32_t first = h.len < w_ ? h.len : h.start;  // the next ring slot written (a partial ring starts at 0)
   const auto count = std::int32_t(std::min<std::int64_t>(n, w_));
   for (std::int32_t k = 0; k < count;) {
     const std::int32_t r = (first + k) % w_, b = r / b_;
-    if (b < blocks) touched_[std::size_t(b)] = 1;
+    if (b < blocks) mark(b);
     k += b_ - r % b_;  // on to the next block (W is a multiple of B: wrapping starts one)
   }
-  if (const std::int32_t rt = row_tokens(h); tail_grows && rt % b_ != 0 && (rt - 1) / b_ < blocks)
-    touched_[std::size_t((rt - 1) / b_)] = 1;
+  if (const std::int32_t rt = row_tokens(h); tail_grows && rt % b_ != 0 && (rt - 1) / b_ < blocks) mark((rt - 1) / b_);
 }
 
 inline std::int32_t WriteGate::count_shared(const BlockPool& pool, std::span<const BlockId> row) noexcept {
   std::int32_t shared = 0;
-  for (std::size_t b = 0; b < row.size(); ++b) {
-    shared += touched_[b] && pool.ref_count(row[b]) > 1 ? 1 : 0;
-    touched_[b] = 0;
+  for (const std::int32_t b : marked_) {
+    shared += std::size_t(b) < row.size() && pool.ref_count(row[std::size_t(b)]) > 1 ? 1 : 0;
+    touched_[std::size_t(b)] = 0;
   }
+  marked_.clear();
   return shared;
 }
 
 inline void WriteGate::privatize_marked(PageTable& table, BlockPool& pool, SeqId head, std::span<BlockCopy> copies,
                                         std::int32_t& n) {
   const auto blocks = std::int32_t(table.blocks_unchecked(head).size());
-  for (std::int32_t b = 0; b < blocks; ++b) {
-    if (!touched_[std::size_t(b)]) continue;
+  for (const std::int32_t b : marked_) {
     touched_[std::size_t(b)] = 0;
+    if (b >= blocks) continue;
     const auto copy = privatize(table, pool, head, b);  // planned: the pool has the blocks
     if (copy.ok() && copy->src >= 0) copies[std::size_t(n++)] = *copy;
   }
+  marked_.clear();
 }
 
 inline Status WriteGate::free(PageTable& table, BlockPool& pool, SeqId s) noexcept {
@@ -282,7 +290,7 @@ inline Result<GateWriteInfo> WriteGate::truncate(PageTable& table, BlockPool& po
       for (std::int32_t r = 0; r < std::min(next.len, w_); ++r)
         if (src_[std::size_t(r)] != r) {
           ++nmoves;
-          touched_[std::size_t(r / b_)] = 1;
+          mark(r / b_);
         }
       ncopies += count_shared(pool, table.blocks_unchecked(ids_[hi]));
     }
@@ -300,7 +308,7 @@ inline Result<GateWriteInfo> WriteGate::truncate(PageTable& table, BlockPool& po
     const std::size_t hi = head_index(s.index, k / H, k % H);
     const Head next = rolled_back(heads_[hi], n);
     for (std::int32_t r = 0; r < std::min(next.len, w_); ++r)
-      if (src_[std::size_t(r)] != r) touched_[std::size_t(r / b_)] = 1;
+      if (src_[std::size_t(r)] != r) mark(r / b_);
     privatize_marked(table, pool, ids_[hi], out.copies, info.copies);
   }
   for (std::int32_t k = 0; k < L * H; ++k) {
