@@ -31,11 +31,20 @@ for ax, (metric, title) in zip(axes.flat, panels):
         line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="x" if "decode only" in policy else "o",
                         label=policy)
         ax.fill_between([p[0] for p in pts], [p[2] for p in pts], [p[3] for p in pts], color=line.get_color(), alpha=0.1)
-    ax.set(title=title, xlabel="budget (tokens per request)", xscale="log")
+    # Write-Gated KV has no budget: a point per gate set at the peak KV it held.
+    peak = {r["policy"]: float(r["value"]) for r in rows if r["metric"] == "peak_kv"}
+    stars = ["black", "crimson", "darkorange"]
+    for i, policy in enumerate(dict.fromkeys(r["policy"] for r in rows if int(r["budget"]) < 0)):
+        for r in rows:
+            if r["policy"] == policy and r["metric"] == metric:
+                v, lo, hi = float(r["value"]), float(r["lo"]), float(r["hi"])
+                ax.errorbar([peak[policy]], [v], yerr=[[v - lo], [hi - v]], marker="*", markersize=10, ls="none",
+                            color=stars[i % len(stars)], label=policy)
+    ax.set(title=title, xlabel="budget or peak KV (tokens per request)", xscale="log")
     ax.set_xticks(budgets, [str(b) for b in budgets])
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.grid(alpha=0.3)
 axes.flat[0].legend(fontsize=7)
-fig.suptitle("kvcache example engine: eviction policies on long-range tasks (1,024-byte contexts)")
+fig.suptitle("kvcache example engine: eviction policies and Write-Gated KV (stars) on long-range tasks (1,024-byte contexts)")
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=100)

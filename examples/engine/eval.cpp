@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "gated.hpp"
 #include "serving.hpp"
 #include "stats.hpp"
 #include "tasks.hpp"
@@ -119,6 +120,65 @@ Row evaluate(const engine::Model& m, const Policy& p, const engine::EngineConfig
   return row;
 }
 
+// Write-Gated KV's extra figures: what its gates admit and what its queries read.
+struct GatedFigures {
+  double lambda = 0.0, admitted = 0.0, keys_per_query = 0.0, dense_keys_per_query = 0.0;
+};
+
+// The same tasks under Write-Gated KV with one gate set, a request at a time.
+Row evaluate_gated(const engine::Model& m, const engine::GateSet& g, const Workset& w,
+                   const std::vector<engine::Request>& full_outputs, GatedFigures& fig) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Row row;
+  engine::GatedEngine e(m, g);
+  auto answered = [&](const std::vector<engine::TaskSample>& samples) {
+    std::int64_t hits = 0;
+    for (const auto& s : samples) hits += e.generate(s.prompt, std::int32_t(s.answer.size()), row.peak_kv) == s.answer;
+    return hits;
+  };
+  std::int64_t hits_all = 0, n_all = 0;
+  for (std::size_t d = 0; d < kNumDepths; ++d) {
+    const std::int64_t hits = answered(w.passkey[d]);
+    row.passkey_depth[d] = wilson(hits, std::int64_t(w.passkey[d].size()));
+    hits_all += hits;
+    n_all += std::int64_t(w.passkey[d].size());
+  }
+  row.passkey = wilson(hits_all, n_all);
+  row.recall = wilson(answered(w.recall), std::int64_t(w.recall.size()));
+  std::vector<double> losses;
+  for (const auto& s : w.repeat) {
+    std::vector<std::int32_t> text = s.prompt;
+    text.insert(text.end(), s.answer.begin(), s.answer.end());
+    const auto sc = e.score(text, std::int32_t(s.prompt.size()));
+    losses.push_back(sc.nll / double(sc.predictions));
+    row.peak_kv = std::max(row.peak_kv, sc.peak_kv);
+  }
+  row.repeat_loss = mean_ci(losses);
+  double nll = 0.0;
+  std::int64_t predictions = 0;
+  for (const auto& text : w.windows) {
+    const auto sc = e.score(text);
+    nll += sc.nll;
+    predictions += sc.predictions;
+    row.peak_kv = std::max(row.peak_kv, sc.peak_kv);
+  }
+  row.perplexity = std::exp(nll / double(predictions));
+  for (const auto& r : w.agree) {
+    engine::Request out = r;
+    out.output = e.generate(r.prompt, r.max_new, row.peak_kv);
+    row.outputs.push_back(std::move(out));
+  }
+  const auto [same, all] = engine::agreement_counts(full_outputs, row.outputs);
+  row.agreement = wilson(same, all);
+  row.divergence = engine::first_divergence(full_outputs, row.outputs);
+  const auto& c = e.counts();
+  fig = {g.lambda, double(c.admitted) / double(std::max<std::int64_t>(1, c.admitted + c.dropped)),
+         double(c.keys_read) / double(std::max<std::int64_t>(1, c.decode_queries * g.kv_heads)),
+         double(c.dense_keys) / double(std::max<std::int64_t>(1, c.decode_queries * g.kv_heads))};
+  row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return row;
+}
+
 std::string pct(const Interval& i) { return fmt::format("{:.2f} [{:.2f}, {:.2f}]", i.value, i.lo, i.hi); }
 
 }  // namespace
@@ -148,7 +208,7 @@ int main(int argc, char** argv) try {
       return fmt::print(stderr, "usage: {} [--full] [--policy NAME] [--threads N] [--out DIR]\n", argv[0]), 2;
     }
   }
-  if (!only.empty() && only != "keep_all" &&
+  if (!only.empty() && only != "keep_all" && only != "wg_kv" &&
       std::find(engine::policy_names().begin(), engine::policy_names().end(), only) == engine::policy_names().end())
     return fmt::print(stderr, "unknown policy '{}' (one of: {})\n", only, fmt::join(engine::policy_names(), ", ")), 2;
 
@@ -218,6 +278,33 @@ int main(int argc, char** argv) try {
   for (auto& t : pool) t.join();
   rows.insert(rows.begin(), full);
 
+  // Write-Gated KV, one row per shipped gate set (train/train_gates.py).
+  std::vector<std::string> gate_files;
+  if (only.empty() || only == "wg_kv")
+    for (const char* lambda : {"0.003", "0.01", "0.03"}) {
+      const std::string path = std::string(ENGINE_MODEL_DIR) + "/gates-" + lambda + ".bin";
+      if (std::ifstream(path)) gate_files.push_back(path);
+    }
+  std::vector<engine::GateSet> gate_sets;
+  for (const auto& f : gate_files) gate_sets.emplace_back(f);
+  std::vector<Row> gated(gate_sets.size());
+  std::vector<GatedFigures> figures(gate_sets.size());
+  std::atomic<std::size_t> next_gate{0};
+  auto gated_worker = [&] {
+    for (std::size_t j; (j = next_gate++) < gate_sets.size();) {
+      gated[j] = evaluate_gated(model, gate_sets[j], w, full_outputs, figures[j]);
+      gated[j].policy = fmt::format("wg_kv λ={:g}", gate_sets[j].lambda);
+      gated[j].budget = -1;
+      const std::lock_guard<std::mutex> lock(progress);
+      fmt::print(stderr, "  wg_kv λ={:g}: {:.0f} s\n", gate_sets[j].lambda, gated[j].seconds);
+    }
+  };
+  pool.clear();
+  for (std::int32_t t = 0; t < std::min<std::int32_t>(threads, std::int32_t(gate_sets.size())); ++t)
+    pool.emplace_back(gated_worker);
+  for (auto& t : pool) t.join();
+  rows.insert(rows.end(), gated.begin(), gated.end());
+
   fmt::print(
       "| policy | budget | passkey | passkey at depth 10/30/50/70/90 % | recall | repeated passage loss (nats/byte) "
       "| agreement | tokens before divergence | perplexity | peak KV |\n"
@@ -227,7 +314,7 @@ int main(int argc, char** argv) try {
     std::string depths;
     for (std::size_t d = 0; d < kNumDepths; ++d) depths += fmt::format("{}{:.2f}", d ? " / " : "", r.passkey_depth[d].value);
     fmt::print("| {} | {} | {} | {} | {} | {:.3f} ± {:.3f} | {:.3f} | {:.1f} | {:.3f} | {} |\n", r.policy,
-               r.budget ? std::to_string(r.budget) : "all", pct(r.passkey), depths, pct(r.recall), r.repeat_loss.value,
+               r.budget > 0 ? std::to_string(r.budget) : r.budget < 0 ? "gated" : "all", pct(r.passkey), depths, pct(r.recall), r.repeat_loss.value,
                r.repeat_loss.hi - r.repeat_loss.value, r.agreement.value, r.divergence, r.perplexity, r.peak_kv);
     auto put = [&](const std::string& metric, const Interval& i) {
       csv += fmt::format("{},{},{},{:.4f},{:.4f},{:.4f},{}\n", r.policy, r.budget, metric, i.value, i.lo, i.hi, i.n);
@@ -239,6 +326,18 @@ int main(int argc, char** argv) try {
     put("agreement", r.agreement);
     put("perplexity", {r.perplexity, r.perplexity, r.perplexity, 1});
     put("peak_kv", {double(r.peak_kv), double(r.peak_kv), double(r.peak_kv), 1});
+  }
+  if (!figures.empty()) {
+    fmt::print(
+        "\nWrite-Gated KV (W = {} tokens per head, tau = {:g}): peak KV is the tokens a request's heads hold "
+        "divided by layers x kv-heads; keys read per decode query and kv-head, against the dense cache's.\n\n"
+        "| gates | admitted (of tokens leaving the ring) | peak KV | keys read per decode query | dense | ratio |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: |\n",
+        gate_sets[0].window, gate_sets[0].tau);
+    for (std::size_t j = 0; j < figures.size(); ++j)
+      fmt::print("| λ = {:g} | {:.3f} | {} | {:.1f} | {:.1f} | {:.2f} |\n", figures[j].lambda, figures[j].admitted,
+                 gated[j].peak_kv, figures[j].keys_per_query, figures[j].dense_keys_per_query,
+                 figures[j].keys_per_query / figures[j].dense_keys_per_query);
   }
   fmt::print(
       "\nIntervals: 95 %, Wilson for accuracies (n = samples), normal for the mean loss. Agreement counts tokens, "

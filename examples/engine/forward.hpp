@@ -17,11 +17,16 @@ namespace engine {
 // What the forward pass needs from a K/V store, per layer:
 //   write(layer, k, v)           the chunk's rows [n][kv_heads][head_dim]
 //   read(layer, head)            -> HeldKv of every held token of that kv-head
+//   pre_rope(layer, k, n)        optional: the chunk's keys before RoPE (a write gate reads them)
 struct HeldKv {
   const float* k = nullptr;  // [count][row_stride], the head's row at offset 0
   const float* v = nullptr;
   const std::int64_t* pos = nullptr;  // [count] token positions
   std::int32_t count = 0, row_stride = 0;
+  // Write-Gated KV: a key farther than `window` behind the query is read
+  // only if admitted (the gate's rule; null: every key is).
+  const std::uint8_t* admitted = nullptr;
+  std::int64_t window = 0;
 };
 
 // Per-step attention the engine hands to eviction policies: for each kv-head,
@@ -83,6 +88,7 @@ class Forward {
       matmul(hn_, n, d, t.wq, d, q_);
       matmul(hn_, n, d, t.wk, kvd, k_);
       matmul(hn_, n, d, t.wv, kvd, v_);
+      if constexpr (requires { kv.pre_rope(l, k_.data(), n); }) kv.pre_rope(l, k_.data(), n);
       for (std::int32_t i = 0; i < n; ++i) {
         for (std::int32_t j = 0; j < c_.q_heads; ++j) rope(&q_[std::size_t(i * d + j * hd)], first_pos + i);
         for (std::int32_t j = 0; j < c_.kv_heads; ++j) rope(&k_[std::size_t(i * kvd + j * hd)], first_pos + i);
@@ -140,7 +146,8 @@ class Forward {
           const std::int64_t qpos = first_pos + i;
           float mx = -INFINITY;
           for (std::int32_t t = 0; t < held.count; ++t) {
-            if (held.pos[t] > qpos) {  // causal, by position
+            if (held.pos[t] > qpos || (held.admitted && !held.admitted[t] && qpos - held.pos[t] >= held.window)) {
+              // causal, by position; and a gated key outside the local window
               p_[std::size_t(t)] = -INFINITY;
               continue;
             }

@@ -1,0 +1,305 @@
+// Write-Gated KV in the example engine: the trained gates (model/gates-<λ>.bin,
+// from train/train_gates.py), a K/V store over Cache<BlockPool, PageTable,
+// WriteGate> for the forward pass, and a one-request-at-a-time server
+// (score, generate) for the evaluation.
+//
+// Each layer's write: the library's write_gate kernel turns the chunk's pre-
+// and post-RoPE keys into gates; the cache places every (token, kv-head) in
+// its head's ring, promotes what the ring pushes out if it was admitted, and
+// hands back copies, moves and slots, which run through the host kernels.
+// Attention for the chunk reads each head's row as it was before the write
+// (ring + global, through the head-folded CSR export) plus the chunk's own
+// keys, with the rule the gates were trained for: a key farther than W
+// behind the query is read only if admitted.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <kvcache/admission/write_gate.hpp>
+#include <kvcache/kernels/block_copy.hpp>
+#include <kvcache/kernels/compaction.hpp>
+#include <kvcache/kernels/scatter.hpp>
+#include <kvcache/kernels/write_gate.hpp>
+#include <kvcache/kvcache.hpp>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "forward.hpp"
+#include "model.hpp"
+
+namespace engine {
+
+// One trained gate set (write_gates in train_gates.py: header, then per
+// layer norm_pre, norm_post, w1, b1, w2, b2 as WriteGateWeights lays them out).
+class GateSet {
+ public:
+  explicit GateSet(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw std::runtime_error("cannot open gates " + path);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    constexpr std::size_t kHeader = 4 + 6 * 4 + 4 * 4;
+    if (bytes.size() < kHeader || std::memcmp(bytes.data(), "KVCG", 4) != 0)
+      throw std::runtime_error(path + ": not a kvcache gate file (magic)");
+    std::uint32_t u[6];
+    float fl[4];
+    std::memcpy(u, bytes.data() + 4, sizeof u);
+    std::memcpy(fl, bytes.data() + 28, sizeof fl);
+    if (u[0] != 1) throw std::runtime_error(path + ": format version " + std::to_string(u[0]) + ", expected 1");
+    layers = std::int32_t(u[1]), kv_heads = std::int32_t(u[2]), head_dim = std::int32_t(u[3]), hidden = std::int32_t(u[4]);
+    window = std::int32_t(u[5]), tau = fl[0], lambda = fl[1], eps = fl[2], min_gate = fl[3];
+    const std::size_t floats = (bytes.size() - kHeader) / 4;
+    if (floats != std::size_t(layers) * per_layer() || (bytes.size() - kHeader) % 4)
+      throw std::runtime_error(path + ": " + std::to_string(floats) + " floats, the header implies " +
+                               std::to_string(std::size_t(layers) * per_layer()));
+    data_.resize(floats);
+    std::memcpy(data_.data(), bytes.data() + kHeader, floats * 4);
+  }
+  // Layer l's weights for the write_gate kernel.
+  kvcache::WriteGateWeights weights(std::int32_t l) const {
+    const float* p = data_.data() + std::size_t(l) * per_layer();
+    const std::size_t hd = std::size_t(head_dim), hid = std::size_t(hidden), H = std::size_t(kv_heads);
+    kvcache::WriteGateWeights w{};
+    w.norm_pre = p;
+    w.norm_post = p + hd;
+    w.w1 = w.norm_post + hd;
+    w.b1 = w.w1 + H * 2 * hd * hid;
+    w.w2 = w.b1 + H * hid;
+    w.b2 = w.w2 + H * hid;
+    w.num_kv_heads = kv_heads, w.head_dim = head_dim, w.hidden = hidden, w.norm_eps = eps, w.min_gate = min_gate;
+    return w;
+  }
+  std::int32_t layers = 0, kv_heads = 0, head_dim = 0, hidden = 0, window = 0;
+  float tau = 0.1f, lambda = 0.0f, eps = 1e-6f, min_gate = 1e-3f;
+
+ private:
+  std::size_t per_layer() const {
+    const std::size_t hd = std::size_t(head_dim), hid = std::size_t(hidden), H = std::size_t(kv_heads);
+    return 2 * hd + H * (2 * hd * hid + 2 * hid + 1);
+  }
+  std::vector<float> data_;
+};
+
+using GatedCache = kvcache::Cache<kvcache::BlockPool, kvcache::PageTable, kvcache::WriteGate>;
+
+// What gated requests did, over every layer and kv-head: tokens that left
+// the ring admitted or not, and the keys decode queries read (summed over
+// (query, layer) pairs and kv-heads) against what a dense cache reads.
+struct GateCounts {
+  std::int64_t admitted = 0, dropped = 0, decode_queries = 0, keys_read = 0, dense_keys = 0;
+};
+
+// The forward pass's store for one request (see the file comment).
+class GatedKv {
+ public:
+  GatedKv(GatedCache& cache, const kvcache::PoolView& pool, kvcache::SeqId seq, const GateSet& gates,
+          std::int64_t first_pos, std::vector<std::uint8_t>& admitted, GateCounts& counts)
+      : cache_(cache), pool_(pool), seq_(seq), gates_(gates), first_(first_pos), adm_(admitted), counts_(counts),
+        H_(gates.kv_heads), hd_(gates.head_dim), heads_(std::size_t(H_)) {}
+
+  void pre_rope(std::int32_t, const float* k, std::int32_t n) { k_pre_.assign(k, k + std::ptrdiff_t(n) * H_ * hd_); }
+
+  void write(std::int32_t l, const float* k, const float* v, std::int32_t n) {
+    const std::int64_t row = std::int64_t(H_) * hd_;
+    gate_.resize(std::size_t(n * H_));
+    const kvcache::WriteGateParams gp{gates_.weights(l), k_pre_.data(), k, kvcache::DType::f32, row * 4, hd_ * 4, n,
+                                      gate_.data()};
+    if (auto st = kvcache::write_gate_host(gp); !st) throw std::runtime_error("write_gate: " + st.message());
+    for (std::int32_t t = 0; t < n; ++t)
+      for (std::int32_t h = 0; h < H_; ++h) adm_at(l, h, first_ + t) = gate_[std::size_t(t * H_ + h)] >= gates_.tau;
+    snapshot(l);  // what attention reads: the rows before this write ...
+    for (std::int32_t h = 0; h < H_; ++h) {  // ... and the chunk's own keys
+      Head& hb = heads_[std::size_t(h)];
+      for (std::int32_t t = 0; t < n; ++t) {
+        hb.k.insert(hb.k.end(), k + t * row + h * hd_, k + t * row + (h + 1) * hd_);
+        hb.v.insert(hb.v.end(), v + t * row + h * hd_, v + t * row + (h + 1) * hd_);
+        hb.pos.push_back(first_ + t);
+        hb.adm.push_back(adm_at(l, h, first_ + t));
+      }
+    }
+    if (n == 1) {  // a decode query of this layer: keys it reads per kv-head, against a dense cache
+      ++counts_.decode_queries;
+      for (const Head& hb : heads_) counts_.keys_read += visible(hb, first_);
+      counts_.dense_keys += H_ * (first_ + 1);
+    }
+    slots_.resize(std::size_t(n * H_));
+    moves_.resize(std::size_t(H_ * gates_.window));
+    copies_.resize(std::size_t(H_ * (first_ + n) / pool_.block_size + H_ * 2));
+    auto r = cache_.write(seq_, l, gate_, {.slots = slots_, .moves = moves_, .copies = copies_});
+    if (!r) throw std::runtime_error("gated write: " + r.status().message());
+    counts_.admitted += r->promoted + r->direct;  // every layer's heads
+    counts_.dropped += r->dropped + r->dropped_at_cap;
+    if (auto st = kvcache::block_copy_host({pool_, pool_, copies_.data(), r->copies}); !st)
+      throw std::runtime_error("block_copy: " + st.message());
+    if (auto st = kvcache::compaction_host({pool_, moves_.data(), r->moves}); !st)
+      throw std::runtime_error("compaction: " + st.message());
+    const kvcache::ScatterParams sp{pool_, {k, v, kvcache::DType::f32, 0, hd_ * 4, 0}, {slots_.data()}, n * H_};
+    if (auto st = kvcache::scatter_host(sp); !st) throw std::runtime_error("scatter: " + st.message());
+  }
+
+  HeldKv read(std::int32_t, std::int32_t g) const {
+    const Head& hb = heads_[std::size_t(g)];
+    return {hb.k.data(), hb.v.data(), hb.pos.data(), std::int32_t(hb.pos.size()), hd_, hb.adm.data(), gates_.window};
+  }
+
+ private:
+  struct Head {
+    std::vector<float> k, v;
+    std::vector<std::int64_t> pos;
+    std::vector<std::uint8_t> adm;
+  };
+  std::uint8_t& adm_at(std::int32_t l, std::int32_t h, std::int64_t p) {
+    const std::size_t per = adm_.size() / std::size_t(gates_.layers * H_);
+    return adm_[std::size_t(l * H_ + h) * per + std::size_t(p)];
+  }
+  std::int64_t visible(const Head& hb, std::int64_t q) const {
+    std::int64_t n = 0;
+    for (std::size_t t = 0; t < hb.pos.size(); ++t)
+      n += hb.pos[t] <= q && (hb.adm[t] || q - hb.pos[t] < gates_.window) ? 1 : 0;
+    return n;
+  }
+  // Each head's row of layer l as the cache holds it now, read through the head-folded CSR export.
+  void snapshot(std::int32_t l) {
+    const kvcache::SeqId one[] = {seq_};
+    const std::int32_t B = pool_.block_size;
+    indptr_.resize(std::size_t(H_ + 1));
+    last_.resize(std::size_t(H_));
+    indices_.resize(std::size_t(H_) * std::size_t(cache_.table().max_blocks_per_stream()));
+    if (auto r = cache_.export_heads_csr(one, l, indptr_, indices_, last_); !r)
+      throw std::runtime_error("export_heads_csr: " + r.status().message());
+    for (std::int32_t h = 0; h < H_; ++h) {
+      Head& hb = heads_[std::size_t(h)];
+      const auto positions = *cache_.admission().positions(seq_, l, h);
+      const std::int32_t W = gates_.window;
+      hb.k.clear(), hb.v.clear(), hb.pos.clear(), hb.adm.clear();
+      for (std::size_t j = 0; j < positions.size(); ++j) {
+        const std::int32_t b = indices_[std::size_t(indptr_[std::size_t(h)]) + j / std::size_t(B)];
+        const auto* kr = reinterpret_cast<const float*>(pool_.row(b, 0, 0, std::int32_t(j % std::size_t(B)), 0));
+        const auto* vr = reinterpret_cast<const float*>(pool_.row(b, 0, 1, std::int32_t(j % std::size_t(B)), 0));
+        hb.k.insert(hb.k.end(), kr, kr + hd_);
+        hb.v.insert(hb.v.end(), vr, vr + hd_);
+        hb.pos.push_back(positions[j]);
+        hb.adm.push_back(j >= std::size_t(W) || adm_at(l, h, positions[j]));  // global tokens were admitted
+      }
+    }
+  }
+
+  GatedCache& cache_;
+  kvcache::PoolView pool_;
+  kvcache::SeqId seq_;
+  const GateSet& gates_;
+  std::int64_t first_;
+  std::vector<std::uint8_t>& adm_;
+  GateCounts& counts_;
+  std::int32_t H_, hd_;
+  std::vector<Head> heads_;
+  std::vector<float> k_pre_, gate_;
+  std::vector<std::int32_t> slots_, indptr_, indices_, last_;
+  std::vector<kvcache::SlotMove> moves_;
+  std::vector<kvcache::BlockCopy> copies_;
+};
+
+// One request at a time under Write-Gated KV: teacher-forced scoring and
+// greedy generation, in chunks of `chunk`. Peak KV is the tokens a request's
+// heads hold, divided by layers x kv-heads: the figure a dense stream's
+// token count compares with.
+class GatedEngine {
+ public:
+  GatedEngine(const Model& m, const GateSet& g, std::int32_t chunk = 64, std::int32_t block_size = 16)
+      : m_(m), g_(g), chunk_(chunk), fwd_(m),
+        geometry_(*kvcache::Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = m.config().head_dim(),
+                                            .block_size = block_size, .dtype = kvcache::DType::f32})),
+        row_blocks_(m.config().context / block_size + 2),
+        blocks_(g.layers * g.kv_heads * row_blocks_ + 1),
+        memory_(std::size_t(*geometry_.pool_bytes(blocks_))),
+        pool_(*kvcache::make_pool_view(geometry_, memory_.data(), blocks_)),
+        cache_({.geometry = geometry_, .num_blocks = blocks_, .max_sequences = 1, .max_blocks_per_sequence = row_blocks_},
+               kvcache::WriteGateConfig{.num_layers = g.layers, .num_kv_heads = g.kv_heads, .local_window = g.window, .tau = g.tau}) {
+    const auto& c = m.config();
+    if (g.layers != c.layers || g.kv_heads != c.kv_heads || g.head_dim != c.head_dim())
+      throw std::invalid_argument("gates: shape differs from the model's");
+  }
+
+  struct Score {
+    double nll = 0.0;
+    std::int64_t predictions = 0, peak_kv = 0;
+  };
+  // As Engine::score: the nll of text[from..] given what precedes it.
+  Score score(std::span<const std::int32_t> text, std::int32_t from = 1) {
+    Score out;
+    run(text.first(text.size() - 1), [&](std::int64_t at, std::int32_t n, const std::vector<float>& logits) {
+      const std::int32_t V = m_.config().vocab;
+      for (std::int32_t i = std::max<std::int32_t>(0, from - 1 - std::int32_t(at)); i < n; ++i) {
+        const float* lg = &logits[std::size_t(i) * std::size_t(V)];
+        const float mx = *std::max_element(lg, lg + V);
+        double z = 0.0;
+        for (std::int32_t v = 0; v < V; ++v) z += std::exp(double(lg[v] - mx));
+        out.nll += std::log(z) + mx - lg[text[std::size_t(at + i + 1)]];
+        ++out.predictions;
+      }
+    }, false, out.peak_kv);
+    return out;
+  }
+  // Greedy decoding of max_new tokens after the prompt; returns them.
+  std::vector<std::int32_t> generate(std::span<const std::int32_t> prompt, std::int32_t max_new, std::int64_t& peak_kv) {
+    std::vector<std::int32_t> text(prompt.begin(), prompt.end()), out;
+    std::vector<float> last;
+    run(text, [&](std::int64_t, std::int32_t, const std::vector<float>& logits) { last = logits; }, true, peak_kv);
+    while (std::int32_t(out.size()) < max_new) {
+      out.push_back(std::int32_t(std::max_element(last.begin(), last.end()) - last.begin()));
+      if (std::int32_t(out.size()) == max_new) break;
+      step(out.back(), std::int64_t(text.size() + out.size()) - 1, last, peak_kv);
+    }
+    (void)cache_.free(seq_);
+    return out;
+  }
+  const GateCounts& counts() const { return counts_; }
+
+ private:
+  template <class F>
+  void run(std::span<const std::int32_t> tokens, F&& each_chunk, bool keep, std::int64_t& peak_kv) {
+    seq_ = *cache_.add_sequence();
+    const auto& c = m_.config();
+    adm_.assign(std::size_t(c.layers * c.kv_heads) * std::size_t(c.context + 256), 0);  // a full context and its answer
+    std::vector<float> logits;
+    for (std::int64_t at = 0; at < std::int64_t(tokens.size());) {
+      const auto n = std::int32_t(std::min<std::int64_t>(chunk_, std::int64_t(tokens.size()) - at));
+      GatedKv kv(cache_, pool_, seq_, g_, at, adm_, counts_);
+      fwd_.run(kv, tokens.subspan(std::size_t(at), std::size_t(n)), at, logits, keep);
+      peak_kv = std::max(peak_kv, held());
+      each_chunk(at, n, logits);
+      at += n;
+    }
+    if (!keep) (void)cache_.free(seq_);
+  }
+  void step(std::int32_t token, std::int64_t pos, std::vector<float>& logits, std::int64_t& peak_kv) {
+    GatedKv kv(cache_, pool_, seq_, g_, pos, adm_, counts_);
+    const std::int32_t t[] = {token};
+    fwd_.run(kv, t, pos, logits, true);
+    peak_kv = std::max(peak_kv, held());
+  }
+  std::int64_t held() const {
+    const std::int64_t heads = std::int64_t(g_.layers) * g_.kv_heads;
+    return (*cache_.tokens_held(seq_) + heads - 1) / heads;
+  }
+
+  const Model& m_;
+  const GateSet& g_;
+  std::int32_t chunk_;
+  Forward fwd_;
+  kvcache::Geometry geometry_;
+  std::int32_t row_blocks_, blocks_;
+  std::vector<std::byte> memory_;
+  kvcache::PoolView pool_;
+  GatedCache cache_;
+  kvcache::SeqId seq_{};
+  std::vector<std::uint8_t> adm_;  // [layer][kv_head][position]: gate >= tau
+  GateCounts counts_;
+};
+
+}  // namespace engine
