@@ -84,11 +84,7 @@ class Engine {
       fwd_.run(kv, text.subspan(std::size_t(at), std::size_t(n)), at, logits, false, &trace, at + n == prompt ? w : 0);
       out.peak_kv = std::max(out.peak_kv, held(r));
       for (std::int32_t i = std::max(0, from - 1 - at); i < n; ++i) {  // log-softmax at the target
-        const float* lg = &logits[std::size_t(i) * std::size_t(V)];
-        const float mx = *std::max_element(lg, lg + V);
-        double z = 0.0;
-        for (std::int32_t v = 0; v < V; ++v) z += std::exp(double(lg[v] - mx));
-        out.nll += std::log(z) + mx - lg[text[std::size_t(at + i + 1)]];
+        out.nll += token_nll(&logits[std::size_t(i) * std::size_t(V)], V, text[std::size_t(at + i + 1)]);
         ++out.predictions;
       }
       at += n;

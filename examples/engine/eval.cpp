@@ -76,6 +76,31 @@ std::int64_t answered(const engine::Model& m, const Policy& p, const engine::Eng
   return hits;
 }
 
+// The teacher-forced columns: the repeated passages' answer loss, and the
+// windows' perplexity (every byte from the second on). score(text, prompt,
+// from) returns {nll, predictions, peak_kv}.
+template <class Score>
+void teacher_forced(const Workset& w, Row& row, Score&& score) {
+  std::vector<double> losses;
+  for (const auto& s : w.repeat) {  // the answer's loss, teacher-forced after the prompt
+    std::vector<std::int32_t> text = s.prompt;
+    text.insert(text.end(), s.answer.begin(), s.answer.end());
+    const auto sc = score(text, std::int32_t(s.prompt.size()), std::int32_t(s.prompt.size()));
+    losses.push_back(sc.nll / double(sc.predictions));
+    row.peak_kv = std::max(row.peak_kv, sc.peak_kv);
+  }
+  row.repeat_loss = mean_ci(losses);
+  double nll = 0.0;
+  std::int64_t predictions = 0;
+  for (const auto& text : w.windows) {
+    const auto sc = score(text, std::int32_t(text.size()) / 2, 1);
+    nll += sc.nll;
+    predictions += sc.predictions;
+    row.peak_kv = std::max(row.peak_kv, sc.peak_kv);
+  }
+  row.perplexity = std::exp(nll / double(predictions));
+}
+
 template <class Policy>
 Row evaluate(const engine::Model& m, const Policy& p, const engine::EngineConfig& cfg, const Workset& w,
              const std::vector<engine::Request>& full_outputs) {
@@ -91,24 +116,9 @@ Row evaluate(const engine::Model& m, const Policy& p, const engine::EngineConfig
   row.passkey = wilson(hits_all, n_all);
   row.recall = wilson(answered(m, p, cfg, w.recall, row.peak_kv), std::int64_t(w.recall.size()));
   engine::Engine<Policy> scorer(m, cfg, p);
-  std::vector<double> losses;
-  for (const auto& s : w.repeat) {  // the answer's loss, teacher-forced after the prompt
-    std::vector<std::int32_t> text = s.prompt;
-    text.insert(text.end(), s.answer.begin(), s.answer.end());
-    const auto sc = scorer.score(text, std::int32_t(s.prompt.size()), std::int32_t(s.prompt.size()));
-    losses.push_back(sc.nll / double(sc.predictions));
-    row.peak_kv = std::max(row.peak_kv, sc.peak_kv);
-  }
-  row.repeat_loss = mean_ci(losses);
-  double nll = 0.0;
-  std::int64_t predictions = 0;
-  for (const auto& text : w.windows) {
-    const auto sc = scorer.score(text, std::int32_t(text.size()) / 2);
-    nll += sc.nll;
-    predictions += sc.predictions;
-    row.peak_kv = std::max(row.peak_kv, sc.peak_kv);
-  }
-  row.perplexity = std::exp(nll / double(predictions));
+  teacher_forced(w, row, [&](const std::vector<std::int32_t>& text, std::int32_t prompt, std::int32_t from) {
+    return scorer.score(text, prompt, from);
+  });
   const auto served = engine::serve(m, p, cfg, w.agree);
   const auto& full = full_outputs.empty() ? served.reqs : full_outputs;
   const auto [same, all] = engine::agreement_counts(full, served.reqs);
@@ -145,24 +155,9 @@ Row evaluate_gated(const engine::Model& m, const engine::GateSet& g, const Works
   }
   row.passkey = wilson(hits_all, n_all);
   row.recall = wilson(answered(w.recall), std::int64_t(w.recall.size()));
-  std::vector<double> losses;
-  for (const auto& s : w.repeat) {
-    std::vector<std::int32_t> text = s.prompt;
-    text.insert(text.end(), s.answer.begin(), s.answer.end());
-    const auto sc = e.score(text, std::int32_t(s.prompt.size()));
-    losses.push_back(sc.nll / double(sc.predictions));
-    row.peak_kv = std::max(row.peak_kv, sc.peak_kv);
-  }
-  row.repeat_loss = mean_ci(losses);
-  double nll = 0.0;
-  std::int64_t predictions = 0;
-  for (const auto& text : w.windows) {
-    const auto sc = e.score(text);
-    nll += sc.nll;
-    predictions += sc.predictions;
-    row.peak_kv = std::max(row.peak_kv, sc.peak_kv);
-  }
-  row.perplexity = std::exp(nll / double(predictions));
+  teacher_forced(w, row, [&](const std::vector<std::int32_t>& text, std::int32_t, std::int32_t from) {
+    return e.score(text, from);  // no one-shot policy: the prompt's end does not matter
+  });
   for (const auto& r : w.agree) {
     engine::Request out = r;
     out.output = e.generate(r.prompt, r.max_new, row.peak_kv);

@@ -46,6 +46,14 @@ struct AttentionTrace {
   bool ragged = false;
 };
 
+// -log softmax(logits)[target] over `vocab` logits, in double.
+inline double token_nll(const float* logits, std::int32_t vocab, std::int32_t target) {
+  const float mx = *std::max_element(logits, logits + vocab);
+  double z = 0.0;
+  for (std::int32_t v = 0; v < vocab; ++v) z += std::exp(double(logits[v] - mx));
+  return std::log(z) + mx - logits[target];
+}
+
 class Forward {
  public:
   explicit Forward(const Model& m) : m_(m), c_(m.config()) {

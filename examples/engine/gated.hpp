@@ -235,11 +235,7 @@ class GatedEngine {
     run(text.first(text.size() - 1), [&](std::int64_t at, std::int32_t n, const std::vector<float>& logits) {
       const std::int32_t V = m_.config().vocab;
       for (std::int32_t i = std::max<std::int32_t>(0, from - 1 - std::int32_t(at)); i < n; ++i) {
-        const float* lg = &logits[std::size_t(i) * std::size_t(V)];
-        const float mx = *std::max_element(lg, lg + V);
-        double z = 0.0;
-        for (std::int32_t v = 0; v < V; ++v) z += std::exp(double(lg[v] - mx));
-        out.nll += std::log(z) + mx - lg[text[std::size_t(at + i + 1)]];
+        out.nll += token_nll(&logits[std::size_t(i) * std::size_t(V)], V, text[std::size_t(at + i + 1)]);
         ++out.predictions;
       }
     }, false, out.peak_kv);

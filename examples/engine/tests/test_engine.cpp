@@ -361,11 +361,7 @@ TEST_CASE("Write-Gated KV through the cache attends exactly as the gate rule on 
     rule.first = at;
     fwd.run(rule, std::span(text).subspan(std::size_t(at), std::size_t(n)), at, logits, false);
     for (std::int32_t i = 0; i < n; ++i) {
-      const float* lg = &logits[std::size_t(i) * std::size_t(c.vocab)];
-      const float mx = *std::max_element(lg, lg + c.vocab);
-      double z = 0.0;
-      for (std::int32_t v = 0; v < c.vocab; ++v) z += std::exp(double(lg[v] - mx));
-      nll += std::log(z) + mx - lg[text[std::size_t(at + i + 1)]];
+      nll += engine::token_nll(&logits[std::size_t(i) * std::size_t(c.vocab)], c.vocab, text[std::size_t(at + i + 1)]);
     }
   }
   CHECK(score.predictions == 399);
