@@ -141,6 +141,7 @@ class WriteGate {
     const auto same = [](const Head& x, const Head& y) { return x.start == y.start && x.len == y.len && x.global == y.global; };
     return a.w_ == b.w_ && a.cap_ == b.cap_ && a.ids_ == b.ids_ && a.pos_ == b.pos_ && a.bits_ == b.bits_ &&
            a.appended_ == b.appended_ && a.gen_ == b.gen_ && a.free_ == b.free_ && a.live_ == b.live_ &&
+           a.forked_ == b.forked_ &&
            std::equal(a.heads_.begin(), a.heads_.end(), b.heads_.begin(), b.heads_.end(), same);
   }
 
@@ -188,6 +189,7 @@ class WriteGate {
   std::vector<std::uint32_t> gen_;     // [seq]: generation, for stale handles
   std::vector<std::int32_t> free_;     // free sequence indices (a stack)
   std::vector<std::uint8_t> live_;     // [seq]
+  std::vector<std::uint8_t> forked_;   // [seq]: forked, or a fork: its blocks may be shared (copy-on-write checks)
   std::vector<Head> plan_;             // [kv_head]: a write's planned end state
   std::vector<std::int32_t> reserved_; // slots a row growth returns (unused: rows are read back)
   std::vector<std::int32_t> src_;      // [W]: rollback, where each ring slot's content comes from

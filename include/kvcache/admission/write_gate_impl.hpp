@@ -32,6 +32,7 @@ inline WriteGate::WriteGate(const WriteGateConfig& cfg, std::int32_t max_sequenc
   appended_.assign(std::size_t(max_sequences) * std::size_t(cfg.num_layers), 0);
   gen_.assign(std::size_t(max_sequences), 0);
   live_.assign(std::size_t(max_sequences), 0);
+  forked_.assign(std::size_t(max_sequences), 0);
   for (std::int32_t i = max_sequences; i-- > 0;) free_.push_back(i);
   plan_.resize(std::size_t(cfg.num_kv_heads));
   src_.resize(std::size_t(w_));
@@ -57,6 +58,7 @@ inline Result<SeqId> WriteGate::add(PageTable& table) noexcept {
     heads_[hi] = Head{};
   }
   live_[i] = 1;
+  forked_[i] = 0;
   std::fill_n(appended_.begin() + std::ptrdiff_t(i) * cfg_.num_layers, cfg_.num_layers, 0);
   return SeqId{i, gen_[i]};
 }
@@ -79,6 +81,7 @@ inline Result<SeqId> WriteGate::fork(PageTable& table, BlockPool& pool, SeqId s)
   std::copy_n(appended_.begin() + std::ptrdiff_t(s.index) * cfg_.num_layers, cfg_.num_layers,
               appended_.begin() + std::ptrdiff_t(c) * cfg_.num_layers);
   live_[c] = 1;
+  forked_[c] = forked_[s.index] = 1;  // both now share blocks
   return SeqId{c, gen_[c]};
 }
 
@@ -179,8 +182,10 @@ inline Result<GateWriteInfo> WriteGate::write(PageTable& table, BlockPool& pool,
     plan_[std::size_t(h)] = st;
     const auto row = table.blocks_unchecked(ids_[hi]);
     blocks += std::max<std::int64_t>(0, blocks_for_tokens(row_tokens(st), b_) - std::int64_t(row.size()));
-    mark_rewritten(heads_[hi], n, row_tokens(st) > row_tokens(heads_[hi]), std::int32_t(row.size()));
-    ncopies += count_shared(pool, row);
+    if (forked_[s.index]) {  // only a fork shares a head's blocks
+      mark_rewritten(heads_[hi], n, row_tokens(st) > row_tokens(heads_[hi]), std::int32_t(row.size()));
+      ncopies += count_shared(pool, row);
+    }
   }
   if (std::int64_t(moves.size()) < nmoves) return Status{Errc::buffer_too_small, "moves", std::int64_t(moves.size()), nmoves};
   if (std::int64_t(out.copies.size()) < ncopies)
@@ -199,8 +204,10 @@ inline Result<GateWriteInfo> WriteGate::write(PageTable& table, BlockPool& pool,
       const auto r = table.reserve(pool, ids_[hi], grow, std::span<std::int32_t>(reserved_.data(), std::size_t(grow)));
       if (r.ok() && r->copy.src >= 0) out.copies[std::size_t(info.copies++)] = r->copy;  // planned: cannot fail
     }
-    mark_rewritten(st, n, false, std::int32_t(table.blocks_unchecked(ids_[hi]).size()));
-    privatize_marked(table, pool, ids_[hi], out.copies, info.copies);
+    if (forked_[s.index]) {
+      mark_rewritten(st, n, false, std::int32_t(table.blocks_unchecked(ids_[hi]).size()));
+      privatize_marked(table, pool, ids_[hi], out.copies, info.copies);
+    }
     const auto row = table.blocks_unchecked(ids_[hi]);
     auto phys = [&](std::int32_t x) { return row[std::size_t(x / b_)] * b_ + x % b_; };
     std::int32_t* p = pos(hi);
@@ -290,7 +297,7 @@ inline Result<GateWriteInfo> WriteGate::truncate(PageTable& table, BlockPool& po
       for (std::int32_t r = 0; r < std::min(next.len, w_); ++r)
         if (src_[std::size_t(r)] != r) {
           ++nmoves;
-          mark(r / b_);
+          if (forked_[s.index]) mark(r / b_);
         }
       ncopies += count_shared(pool, table.blocks_unchecked(ids_[hi]));
     }
@@ -308,7 +315,7 @@ inline Result<GateWriteInfo> WriteGate::truncate(PageTable& table, BlockPool& po
     const std::size_t hi = head_index(s.index, k / H, k % H);
     const Head next = rolled_back(heads_[hi], n);
     for (std::int32_t r = 0; r < std::min(next.len, w_); ++r)
-      if (src_[std::size_t(r)] != r) mark(r / b_);
+      if (src_[std::size_t(r)] != r && forked_[s.index]) mark(r / b_);
     privatize_marked(table, pool, ids_[hi], out.copies, info.copies);
   }
   for (std::int32_t k = 0; k < L * H; ++k) {
