@@ -12,8 +12,10 @@
 #include <kvcache/cache.hpp>
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
+#include <kvcache/kernels/ring_admit.hpp>
 
 #include <algorithm>
+#include <deque>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -32,6 +34,16 @@ struct GateRun {
   kv::PoolView pool = *kv::make_pool_view(geo, mem.data(), kBlocks);
   std::vector<kv::SeqId> live;
   Fail fail;
+  // The device side of deferred writes, per (sequence index, layer): global lengths, ring bits, gates to read back.
+  struct DeviceHeads {
+    std::vector<std::int32_t> gl;
+    std::vector<std::uint8_t> bits;
+    std::deque<std::vector<float>> pending;
+    int mode = 0;  // 0: unwritten, 1: synchronous writes, 2: deferred (an engine uses one; the device state follows only its own)
+  };
+  std::vector<DeviceHeads> device = std::vector<DeviceHeads>(kSeqs * 2);
+  DeviceHeads& dev(kv::SeqId s, std::int32_t l) { return device[std::size_t(s.index % kSeqs) * 2 + std::size_t(l & 1)]; }
+  bool deferred(kv::SeqId s) { return dev(s, 0).mode == 2 || dev(s, 1).mode == 2; }
 
   GateRun(In& in, Fail f)
       : cache({.geometry = geo, .num_blocks = kBlocks, .max_sequences = kSeqs, .max_blocks_per_sequence = kRow},
@@ -54,6 +66,7 @@ struct GateRun {
              last = std::vector<std::int32_t>(std::size_t(H()));
         if (!cache.export_heads_csr(one, l, ptr, idx, last)) fail("export_heads_csr");
         const std::int64_t appended = *cache.admission().appended(s, l);
+        if (*cache.admission().pending(s, l) > 0) continue;  // the device is ahead: rows hold their allotment
         for (std::int32_t h = 0; h < H(); ++h) {
           const auto pos = *cache.admission().positions(s, l, h);
           if (std::int64_t(pos.size()) > W + cap) fail("a head holds more than ring + cap");
@@ -81,19 +94,25 @@ struct GateRun {
     const kv::SeqId s = live.empty() ? kv::SeqId{in.byte() % 4, 0} : live[in.byte() % live.size()];
     std::vector<kv::BlockCopy> copies(std::size_t(in.upto(12)));
     std::vector<kv::SlotMove> moves(std::size_t(in.upto(16)));
-    const std::uint32_t op = in.byte() % 7;
+    const std::uint32_t op = in.byte() % 9;
     const bool trace = std::getenv("KVCACHE_FUZZ_TRACE") != nullptr;
     if (trace) std::fprintf(stderr, "gate op %u seq %u\n", op, s.index);
     switch (op) {
       case 0: {
         auto r = cache.add_sequence();
-        if (r) live.push_back(*r);
+        if (r) {
+          live.push_back(*r);
+          for (std::int32_t l = 0; l < 2; ++l)
+            dev(*r, l) = {std::vector<std::int32_t>(std::size_t(H()), 0),
+                          std::vector<std::uint8_t>(std::size_t(H() * cache.admission().local_window()), 0), {}, 0};
+        }
         st = r.status();
         break;
       }
       case 1:
       case 2: {  // one layer's write of n tokens; the step's first position is that layer's appended count
         const std::int32_t layer = in.upto(2) - (in.byte() % 16 == 0), n = in.upto(9);
+        if (layer >= 0 && dev(s, layer).mode == 2) break;  // this layer's writes are deferred
         std::vector<float> gates(std::size_t(std::max(0, n * H() + (in.byte() % 16 == 0 ? 1 : 0))));
         for (auto& g : gates) g = in.byte() % 32 == 0 ? in.score() : float(in.byte()) / 255.0f;
         std::vector<std::int32_t> slots(std::size_t(in.upto(20))), promote;
@@ -102,6 +121,7 @@ struct GateRun {
         auto r = cache.write(s, layer, gates, {.slots = slots, .moves = moves, .promote = promote, .copies = copies});
         st = r.status();
         if (!r) break;
+        dev(s, layer).mode = 1;
         const auto m = std::int32_t(gates.size()) / H();  // tokens written (n, or one more when H is 1)
         if (trace) {
           std::fprintf(stderr, "  write layer %d n %d first %ld copies %d moves %d promote %d:", layer, m, long(first), r->copies, r->moves, int(!promote.empty()));
@@ -122,6 +142,7 @@ struct GateRun {
         break;
       }
       case 3: {
+        if (deferred(s)) break;  // a rollback would need the device state rolled back too
         auto r = cache.truncate(s, in.upto(6) - 1, {.moves = moves, .copies = copies});
         st = r.status();
         if (r && r->copies > 0 && !kv::block_copy_host({pool, pool, copies.data(), r->copies})) fail("block_copy");
@@ -130,13 +151,63 @@ struct GateRun {
       }
       case 4: {
         auto r = cache.fork(s);
-        if (r) live.push_back(*r);
+        if (r) {
+          live.push_back(*r);
+          for (std::int32_t l = 0; l < 2; ++l) dev(*r, l) = dev(s, l);  // the fork's device state is a copy
+        }
         st = r.status();
+        break;
+      }
+      case 7: {  // a deferred write: allot, the device decides (ring_admit), the gates wait for reconcile
+        const std::int32_t layer = in.upto(1), n = in.upto(6);
+        const std::int32_t W = cache.admission().local_window();
+        if (dev(s, layer).mode == 1) break;  // this layer's writes are synchronous
+        std::vector<std::int32_t> start(std::size_t(in.upto(3))), len(start.size()), rows(std::size_t(H() * kRow));
+        auto r = cache.allot(s, layer, n, {.ring_start = start, .ring_len = len, .copies = copies});
+        st = r.status();
+        if (!r) break;
+        if (r->copies > 0 && !kv::block_copy_host({pool, pool, copies.data(), r->copies})) fail("block_copy");
+        const kv::SeqId one[] = {s};
+        if (!cache.export_heads_block_table(one, layer, rows, kRow)) fail("export_heads_block_table");
+        std::vector<float> gates(std::size_t(n * H()));
+        for (auto& g : gates) g = float(in.byte()) / 255.0f;
+        const std::int64_t first = *cache.admission().appended(s, layer) + [&] {
+          std::int64_t ahead = 0;  // tokens of this layer's pending writes, already on the device
+          for (const auto& g : dev(s, layer).pending) ahead += std::int64_t(g.size()) / H();
+          return ahead;
+        }();
+        std::vector<float> k(std::size_t(n * H())), v(k.size());
+        for (std::int32_t i = 0; i < n * H(); ++i) k[std::size_t(i)] = v[std::size_t(i)] = float(first + i / H());
+        DeviceHeads& d = dev(s, layer);
+        const kv::RingAdmitParams p{pool, {k.data(), v.data(), kv::DType::f32, 0, 4, 0}, gates.data(), n, H(), W,
+                                    cache.admission().global_cap(), cache.admission().config().tau, start.data(), len.data(),
+                                    d.gl.data(), d.bits.data(), rows.data(), kRow};
+        if (!kv::ring_admit_host(p)) fail("ring_admit");
+        d.pending.push_back(gates);
+        d.mode = 2;
+        break;
+      }
+      case 8: {  // the host catches up with the oldest deferred write of a layer
+        const std::int32_t layer = in.upto(1);
+        if (s.index >= std::uint32_t(kSeqs) || layer >= L() || dev(s, layer).pending.empty()) {
+          st = cache.reconcile(s, layer, {}).status();
+          break;
+        }
+        auto r = cache.reconcile(s, layer, dev(s, layer).pending.front());
+        st = r.status();
+        if (!r) fail("reconcile of a write the device ran", r.status().message());
+        dev(s, layer).pending.pop_front();
+        for (std::int32_t h = 0; h < H() && dev(s, layer).pending.empty(); ++h)
+          if (cache.admission().head_state(s, layer, h)->global != dev(s, layer).gl[std::size_t(h)])
+            fail("host and device global lengths differ after catching up");
         break;
       }
       case 5:
         st = cache.free(s);
-        if (st) std::erase(live, s);
+        if (st) {
+          std::erase(live, s);
+          for (std::int32_t l = 0; l < 2; ++l) dev(s, l).pending.clear();
+        }
         break;
       default: {  // exports into buffers of any size, accounting with extreme values
         std::vector<std::int32_t> a(std::size_t(in.upto(20))), b(std::size_t(in.upto(40))), c(std::size_t(in.upto(12)));

@@ -121,25 +121,32 @@ struct KvMemory {
     if (!moves.empty()) REQUIRE(compaction_host({view, moves.data(), std::int32_t(moves.size())}).ok());
   }
 
+  // The K/V a layer's write of n tokens carries, [n][heads][kDim]: entry t * heads + h.
+  KvSource source(std::int32_t seq, std::int32_t layer, std::int64_t pos0, std::int32_t n) {
+    const std::int32_t H = heads;
+    k_src.assign(std::size_t(n * H * kDim), 0.0f);
+    v_src.assign(k_src.size(), 0.0f);
+    for (std::int32_t t = 0; t < n; ++t)
+      for (std::int32_t h = 0; h < H; ++h)
+        for (std::int32_t d = 0; d < kDim; ++d) {
+          k_src[std::size_t((t * H + h) * kDim + d)] = key_of(seq, layer, h, std::int32_t(pos0 + t));
+          v_src[std::size_t((t * H + h) * kDim + d)] = -key_of(seq, layer, h, std::int32_t(pos0 + t));
+        }
+    return KvSource{k_src.data(), v_src.data(), DType::f32, 0, kDim * 4, 0};
+  }
+
   // What the engine does for one layer's write after the copies: moves, then
   // the tokens (scatter), or both in one ring_write when promote is given.
   void run(std::span<const SlotMove> moves, std::span<const std::int32_t> slots, std::span<const std::int32_t> promote,
            std::int32_t seq, std::int32_t layer, std::int64_t pos0, std::int32_t n) {
-    const std::int32_t H = heads;
-    std::vector<float> k(std::size_t(n * H * kDim)), v(k.size());
-    for (std::int32_t t = 0; t < n; ++t)
-      for (std::int32_t h = 0; h < H; ++h)
-        for (std::int32_t d = 0; d < kDim; ++d) {
-          k[std::size_t((t * H + h) * kDim + d)] = key_of(seq, layer, h, std::int32_t(pos0 + t));
-          v[std::size_t((t * H + h) * kDim + d)] = -key_of(seq, layer, h, std::int32_t(pos0 + t));
-        }
-    const KvSource src{k.data(), v.data(), DType::f32, 0, kDim * 4, 0};
+    const KvSource src = source(seq, layer, pos0, n);
     if (!promote.empty()) {
-      REQUIRE(ring_write_host({view, src, n * H, 0, 1, slots.data(), promote.data()}).ok());
+      REQUIRE(ring_write_host({view, src, n * heads, 0, 1, slots.data(), promote.data()}).ok());
       return;
     }
     if (!moves.empty()) REQUIRE(compaction_host({view, moves.data(), std::int32_t(moves.size())}).ok());
-    REQUIRE(scatter_host({view, src, TokenAddress{slots.data()}, n * H}).ok());
+    REQUIRE(scatter_host({view, src, TokenAddress{slots.data()}, n * heads}).ok());
   }
+  std::vector<float> k_src, v_src;
 };
 }  // namespace gate_testing

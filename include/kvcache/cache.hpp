@@ -229,6 +229,20 @@ class Cache {
     return st;
   }
 
+  /// Head-paged, no host sync, part 1: room for n tokens of `layer` and the rings' state for the device's
+  /// ring_admit launch (the policy's allot(), e.g. WriteGate::allot).
+  Result<GateWriteInfo> allot(SeqId s, std::int32_t layer, std::int32_t n, const GateDeferredSpans& out) noexcept
+    requires head_paged
+  {
+    return admission_.allot(table_, pool_, s, layer, n, out);
+  }
+  /// Head-paged, no host sync, part 2: replays the oldest allotted write of (s, layer) with the gates read
+  /// back from the device and returns the blocks it did not use (the policy's reconcile()).
+  Result<GateWriteInfo> reconcile(SeqId s, std::int32_t layer, std::span<const float> gates) noexcept
+    requires head_paged
+  {
+    return admission_.reconcile(table_, pool_, s, layer, gates);
+  }
   /// Head-paged rollback of the n newest tokens of every layer: the engine
   /// runs out.copies, then out.moves (the policy's truncate()). All or nothing.
   Result<GateWriteInfo> truncate(SeqId s, std::int32_t n, const GateWriteSpans& out) noexcept

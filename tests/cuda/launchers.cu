@@ -4,6 +4,7 @@
 #include <kvcache/kernels/compaction.cuh>
 #include <kvcache/kernels/gather.cuh>
 #include <kvcache/kernels/page_bounds.cuh>
+#include <kvcache/kernels/ring_admit.cuh>
 #include <kvcache/kernels/ring_write.cuh>
 #include <kvcache/kernels/rope.cuh>
 #include <kvcache/kernels/scatter.cuh>
@@ -28,4 +29,5 @@ cudaError_t select(const float* scores, const std::int32_t* lengths, std::int32_
 }
 cudaError_t page_bounds(const kv::PageBoundsParams& p, cudaStream_t s) { return kv::page_bounds_cuda(p, s); }
 cudaError_t write_gate(const kv::WriteGateParams& p, cudaStream_t s) { return kv::write_gate_cuda(p, s); }
+cudaError_t ring_admit(const kv::RingAdmitParams& p, cudaStream_t s) { return kv::ring_admit_cuda(p, s); }
 }  // namespace kvgpu

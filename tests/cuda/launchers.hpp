@@ -13,6 +13,7 @@
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/kernels/scores.hpp>
 #include <kvcache/kernels/write_gate.hpp>
+#include <kvcache/kernels/ring_admit.hpp>
 
 namespace kvgpu {
 namespace kv = kvcache;
@@ -29,4 +30,5 @@ cudaError_t select(const float* scores, const std::int32_t* lengths, std::int32_
                    cudaStream_t s = nullptr);
 cudaError_t page_bounds(const kv::PageBoundsParams& p, cudaStream_t s = nullptr);
 cudaError_t write_gate(const kv::WriteGateParams& p, cudaStream_t s = nullptr);
+cudaError_t ring_admit(const kv::RingAdmitParams& p, cudaStream_t s = nullptr);
 }  // namespace kvgpu

@@ -347,3 +347,46 @@ int main(int argc, char** argv) {
   }
   return Catch::Session().run(argc, argv);
 }
+
+TEST_CASE("cuda ring admission == host ring admission, state and pool bit for bit") {
+  auto rng = fresh_rng();
+  for (int trial = 0; trial < 24; ++trial) {
+    GeometrySpec g = random_spec(rng);
+    g.num_layers = 1, g.num_kv_heads = 1;  // single-head blocks
+    const std::int32_t B = g.block_size, W = B * (1 + std::int32_t(rng() % 3)), cap = std::int32_t(rng() % 40);
+    const std::int32_t H = 1 + std::int32_t(rng() % 4), n = 1 + std::int32_t(rng() % std::uint64_t(3 * W));
+    const std::int32_t stride = (W + cap + B - 1) / B;
+    const std::int64_t blocks = std::int64_t{H} * stride + 1;
+    Twin pool(rng, g, blocks);
+    std::vector<std::int32_t> rows(static_cast<std::size_t>(H * stride));
+    const auto ids = shuffled(rng, blocks - 1);
+    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = ids[i] + 1;  // distinct blocks, never the null one
+    std::vector<std::int32_t> start(static_cast<std::size_t>(H)), len(start.size()), gl(start.size());
+    std::vector<std::uint8_t> bits(static_cast<std::size_t>(H * W));
+    for (std::int32_t h = 0; h < H; ++h) {
+      len[std::size_t(h)] = rng() % 2 ? W : std::int32_t(rng() % std::uint64_t(W));
+      start[std::size_t(h)] = len[std::size_t(h)] == W ? std::int32_t(rng() % std::uint64_t(W)) : 0;
+      gl[std::size_t(h)] = len[std::size_t(h)] == W ? std::int32_t(rng() % std::uint64_t(cap + 1)) : 0;
+    }
+    for (auto& b : bits) b = std::uint8_t(rng() % 2);
+    std::vector<float> gates(static_cast<std::size_t>(n * H));
+    for (auto& x : gates) x = float(rng() % 1000) / 1000.0f;
+    const DType in_dtype = rng() % 2 ? DType::f32 : g.dtype;
+    const std::int64_t row = g.head_dim * dtype_bytes(in_dtype);
+    std::vector<std::byte> in = random_elems(rng, in_dtype, 2 * std::int64_t{n} * H * g.head_dim);
+    const std::int64_t half = std::int64_t(in.size()) / 2;
+    Dev din(in), dgates(gates), dstart(start), dlen(len), dgl(gl), dbits(bits), drows(rows);
+    auto params = [&](const PoolView& v, const std::byte* k, const float* gt, const std::int32_t* st, const std::int32_t* ln,
+                      std::int32_t* glen, std::uint8_t* bt, const std::int32_t* rw) {
+      return RingAdmitParams{v, KvSource{k, k + half, in_dtype, 0, row, 0}, gt, n, H, W, cap, 0.5f, st, ln, glen, bt, rw, stride};
+    };
+    REQUIRE(ring_admit_host(params(pool.host.view, in.data(), gates.data(), start.data(), len.data(), gl.data(), bits.data(),
+                                   rows.data())).ok());
+    CUDA_OK(kvgpu::ring_admit(params(pool.dview, din.as<std::byte>(), dgates.as<float>(), dstart.as<std::int32_t>(),
+                                     dlen.as<std::int32_t>(), dgl.as<std::int32_t>(), dbits.as<std::uint8_t>(),
+                                     drows.as<std::int32_t>())));
+    pool.require_same();
+    REQUIRE(dgl.download<std::int32_t>() == gl);
+    REQUIRE(dbits.download<std::uint8_t>() == bits);
+  }
+}

@@ -11,6 +11,7 @@
 
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
+#include <kvcache/kernels/ring_admit.hpp>
 #include <kvcache/kernels/rope.hpp>
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/kernels/write_gate.hpp>
@@ -40,6 +41,7 @@ inline cudaError_t compaction_cuda(const CompactionParams& p, cudaStream_t) {
   return readme_detail::ran(compaction_host(p));
 }
 inline cudaError_t rope_cuda(const RopeParams& p, cudaStream_t) { return readme_detail::ran(rope_host(p)); }
+inline cudaError_t ring_admit_cuda(const RingAdmitParams& p, cudaStream_t) { return readme_detail::ran(ring_admit_host(p)); }
 inline cudaError_t write_gate_cuda(const WriteGateParams& p, cudaStream_t) {
   return readme_detail::ran(write_gate_host(p));
 }

@@ -247,5 +247,38 @@ struct GateEngine {
     }
     if (layer == num_layers - 1) written = end;
   }
+
+  // The no-host-sync snippet's side: "device" buffers (host memory here),
+  // each layer's next position, and the gates it copies back.
+  int32_t steps = 300;
+  std::vector<int32_t> ring_start = std::vector<int32_t>(num_kv_heads), ring_len = ring_start;
+  std::vector<int32_t> rows = std::vector<int32_t>(std::size_t(num_kv_heads * row_blocks));
+  std::vector<int32_t> rows_buffer = rows, start_buffer = ring_start, len_buffer = ring_start;
+  std::vector<int32_t> global_len_buffer = std::vector<int32_t>(std::size_t(num_layers * num_kv_heads));
+  std::vector<std::uint8_t> bits_buffer = std::vector<std::uint8_t>(std::size_t(num_layers * num_kv_heads * W));
+  int32_t* rows_dev = rows_buffer.data();
+  int32_t* start_dev = start_buffer.data();
+  int32_t* len_dev = len_buffer.data();
+  int32_t* global_len_dev = global_len_buffer.data();
+  std::uint8_t* bits_dev = bits_buffer.data();
+  std::vector<std::vector<float>> gates_back =
+      std::vector<std::vector<float>>(num_layers, std::vector<float>(num_kv_heads));
+  std::vector<int64_t> layer_pos = std::vector<int64_t>(num_layers, 0);
+  cudaStream_t stream{};
+  const float* device_gates(int32_t layer, int32_t n) {
+    const int64_t saved = written;
+    written = layer_pos[std::size_t(layer)];
+    gate_scores(layer, n);
+    written = saved;
+    return gate_buffer.data();
+  }
+  kv::KvSource device_kv(int32_t layer, int32_t n) {
+    const int64_t saved = written;
+    written = layer_pos[std::size_t(layer)];
+    const kv::KvSource src = layer_kv(layer, n);
+    written = saved;
+    layer_pos[std::size_t(layer)] += n;
+    return src;
+  }
 };
 }  // namespace readme

@@ -3,6 +3,7 @@
 // or a parameter struct that drifts from the README fails the build.
 #include <kvcache/kernels/block_copy.cuh>
 #include <kvcache/kernels/compaction.cuh>
+#include <kvcache/kernels/ring_admit.cuh>
 #include <kvcache/kernels/rope.cuh>
 #include <kvcache/kernels/scatter.cuh>
 #include <kvcache/kernels/write_gate.cuh>
@@ -15,6 +16,9 @@ struct GpuSnippets : PolicyEngine {
   void h2o();
   void tova();
   void average_attention();
+};
+struct GpuGate : GateEngine {
+  void deferred();
 };
 struct GpuKernels : KernelEngine {
   void kernels();
@@ -36,6 +40,9 @@ void GpuSnippets::average_attention() {
 void GpuKernels::kernels() {
 #include "snippets/pool_view.inc"
 #include "snippets/kernels.inc"
+}
+void GpuGate::deferred() {
+#include "snippets/write_gate_deferred.inc"
 }
 void GpuKernels::write_gate() {
 #include "snippets/write_gate.inc"

@@ -260,4 +260,42 @@ TEST_CASE_METHOD(GateEngine, "README Write-Gated KV: every head row holds its ri
 }
 
 
+TEST_CASE_METHOD(GateEngine, "README Write-Gated KV without a host sync: the host catches up with the device") {
+  bool completed = false;
+  struct Completed {  // a `return` out of the snippet fails the test
+    bool& done;
+    ~Completed() { CHECK(done); }
+  } guard{completed};
+#include "snippets/write_gate_deferred.inc"
+  completed = true;
+  REQUIRE(layer_pos[0] == steps);
+  for (int32_t l = 0; l < num_layers; ++l) {  // the snippet leaves its last step pending
+    REQUIRE(cache.admission().pending(seq, l).value() == 1);
+    REQUIRE(cache.reconcile(seq, l, gates_back[std::size_t(l)]).ok());
+  }
+  for (int32_t l = 0; l < num_layers; ++l)
+    for (int32_t h = 0; h < num_kv_heads; ++h) {
+      const auto held = cache.admission().positions(seq, l, h).value();
+      std::vector<int64_t> got(held.begin(), held.end()), want;
+      std::sort(got.begin(), got.end());
+      for (int64_t p = 0; p < steps; ++p)
+        if (kept(l, h, p, steps)) want.push_back(p);
+      REQUIRE(got == want);
+      REQUIRE(cache.admission().head_state(seq, l, h)->global == global_len_buffer[std::size_t(l * num_kv_heads + h)]);
+      REQUIRE(cache.tokens_held(seq, l, h).value() == int64_t(want.size()));
+    }
+  for (int32_t l = 0; l < num_layers; ++l) {  // the device's writes: each row slot holds its token's K/V
+    REQUIRE(cache.export_heads_csr(batch, l, indptr, indices, last_page_len).ok());
+    for (int32_t h = 0; h < num_kv_heads; ++h) {
+      const auto held = cache.admission().positions(seq, l, h).value();
+      for (std::size_t j = 0; j < held.size(); ++j) {
+        const int32_t b = indices[std::size_t(indptr[std::size_t(h)]) + j / block];
+        const float* k = reinterpret_cast<const float*>(pool.row(b, 0, 0, int32_t(j % block), 0));
+        REQUIRE(k[0] == float(held[j]));
+        REQUIRE(k[1] == float(10 * l + h));
+      }
+    }
+  }
+  REQUIRE(cache.check_invariants().ok());
+}
 }  // namespace readme

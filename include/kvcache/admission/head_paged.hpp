@@ -46,6 +46,13 @@ struct GateWriteSpans {
   std::span<BlockCopy> copies{};      ///< blocks shared with a fork that this call rewrites: copy src -> dst first
 };
 
+/// Where a deferred write's allotment puts what the device's ring_admit launch needs.
+struct GateDeferredSpans {
+  std::span<std::int32_t> ring_start{};  ///< [kv_heads]: each ring's oldest slot before the write
+  std::span<std::int32_t> ring_len{};    ///< [kv_heads]: ring tokens before the write
+  std::span<BlockCopy> copies{};         ///< blocks a fork shares that the write may rewrite: copy first
+};
+
 template <class P>
 concept HeadPagedAdmission =
     AdmissionPolicy<P> && P::kind == AdmissionKind::head_paged &&
@@ -58,6 +65,8 @@ concept HeadPagedAdmission =
       { p.free(t, pool, s) } -> std::same_as<Status>;
       { p.write(t, pool, s, i, gates, out) } -> std::same_as<Result<GateWriteInfo>>;
       { p.truncate(t, pool, s, i, out) } -> std::same_as<Result<GateWriteInfo>>;
+      { p.allot(t, pool, s, i, i, GateDeferredSpans{}) } -> std::same_as<Result<GateWriteInfo>>;
+      { p.reconcile(t, pool, s, i, gates) } -> std::same_as<Result<GateWriteInfo>>;
       { cp.head(s, i, i) } -> std::same_as<Result<SeqId>>;
       { cp.head_unchecked(s, i, i) } -> std::same_as<SeqId>;
       { cp.positions(s, i, i) } -> std::same_as<Result<std::span<const std::int32_t>>>;

@@ -110,6 +110,30 @@ class WriteGate {
   Result<GateWriteInfo> truncate(PageTable& table, BlockPool& pool, SeqId s, std::int32_t n,
                                  const GateWriteSpans& out) noexcept;
 
+  // --- deferred writes: the gates stay on the device ----------------------------
+  /// Allotted writes of one (sequence, layer) not reconciled yet, at most.
+  static constexpr std::int32_t max_pending = 8;
+  using DeferredSpans = GateDeferredSpans;  ///< Where allot() puts what the device's launch needs.
+  /// The no-host-sync write, part 1 (no gates needed): allots layer `layer`
+  /// of s room for n new tokens, as if every token leaving a ring were
+  /// admitted (rows grow to ring + min(cap, global + leaving)), and gives the
+  /// rings' state before the write. The engine then exports the head rows
+  /// and launches ring_admit with the gates, the rows, and its device state
+  /// (each head's global length and ring bits), which decides and moves on
+  /// the device. Needs GlobalCapAction::drop (the device cannot fail a
+  /// write). Up to max_pending writes of a (sequence, layer) may wait for
+  /// reconcile(). All or nothing.
+  Result<GateWriteInfo> allot(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer, std::int32_t n,
+                              const DeferredSpans& out) noexcept;
+  /// Part 2, any time later (gates read back from the device): replays the
+  /// oldest allotted write of (s, layer) with its gates, exactly as the
+  /// device ran it, and gives back the blocks its allotment did not use (rows
+  /// keep what later allotted writes may need). Returns what it did.
+  Result<GateWriteInfo> reconcile(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
+                                  std::span<const float> gates) noexcept;
+  /// Allotted writes of (s, layer) not reconciled yet.
+  Result<std::int32_t> pending(SeqId s, std::int32_t layer) const noexcept;
+
   // --- what a head holds ------------------------------------------------------
   /// The head stream of (s, layer, head) in the table (for exports: one row per head).
   Result<SeqId> head(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept;
@@ -141,7 +165,7 @@ class WriteGate {
     const auto same = [](const Head& x, const Head& y) { return x.start == y.start && x.len == y.len && x.global == y.global; };
     return a.w_ == b.w_ && a.cap_ == b.cap_ && a.ids_ == b.ids_ && a.pos_ == b.pos_ && a.bits_ == b.bits_ &&
            a.appended_ == b.appended_ && a.gen_ == b.gen_ && a.free_ == b.free_ && a.live_ == b.live_ &&
-           a.forked_ == b.forked_ &&
+           a.forked_ == b.forked_ && a.pending_ == b.pending_ && a.npending_ == b.npending_ &&
            std::equal(a.heads_.begin(), a.heads_.end(), b.heads_.begin(), b.heads_.end(), same);
   }
 
@@ -176,6 +200,31 @@ class WriteGate {
   std::int32_t count_shared(const BlockPool& pool, std::span<const BlockId> row) noexcept;
   // Copies every shared block marked in touched_ (clearing the marks); planned, so it cannot fail.
   void privatize_marked(PageTable& table, BlockPool& pool, SeqId head, std::span<BlockCopy> copies, std::int32_t& n);
+  // Replays n tokens of one head with their gates on `row` (grown already):
+  // positions, bits, promotions; records slots, moves and promote into *out when given.
+  void apply_head(std::size_t hi, std::int32_t h, std::int64_t n, std::span<const float> gates,
+                  std::span<const BlockId> row, std::int64_t first, GateWriteInfo& info, const GateWriteSpans* out) noexcept;
+  // The ring after n more tokens (gates play no part); `leaving` counts the tokens that leave it.
+  Head advanced(Head h, std::int64_t n, std::int64_t& leaving) const noexcept;
+  // Tokens a head's row holds: its real ones, or with pending writes (and `more` tokens) their allotment.
+  std::int32_t allotted_row_tokens(std::size_t hi, std::uint32_t seq, std::int32_t layer, std::int64_t more = 0) const noexcept;
+  std::int32_t* queue(std::uint32_t seq, std::int32_t layer) noexcept {
+    return pending_.data() + (std::size_t(seq) * std::size_t(cfg_.num_layers) + std::size_t(layer)) * max_pending;
+  }
+  const std::int32_t* queue(std::uint32_t seq, std::int32_t layer) const noexcept {
+    return pending_.data() + (std::size_t(seq) * std::size_t(cfg_.num_layers) + std::size_t(layer)) * max_pending;
+  }
+  std::uint8_t& npending(std::uint32_t seq, std::int32_t layer) noexcept {
+    return npending_[std::size_t(seq) * std::size_t(cfg_.num_layers) + std::size_t(layer)];
+  }
+  std::uint8_t npending(std::uint32_t seq, std::int32_t layer) const noexcept {
+    return npending_[std::size_t(seq) * std::size_t(cfg_.num_layers) + std::size_t(layer)];
+  }
+  bool any_pending(std::uint32_t seq) const noexcept {
+    for (std::int32_t l = 0; l < cfg_.num_layers; ++l)
+      if (npending(seq, l) > 0) return true;
+    return false;
+  }
   // A head's state after rolling back n tokens; src_[r]: the row index ring slot r's content comes from.
   Head rolled_back(const Head& h, std::int32_t n) noexcept;
 
@@ -190,6 +239,8 @@ class WriteGate {
   std::vector<std::int32_t> free_;     // free sequence indices (a stack)
   std::vector<std::uint8_t> live_;     // [seq]
   std::vector<std::uint8_t> forked_;   // [seq]: forked, or a fork: its blocks may be shared (copy-on-write checks)
+  std::vector<std::int32_t> pending_;  // [seq][layer][max_pending]: allotted writes' token counts, oldest first
+  std::vector<std::uint8_t> npending_; // [seq][layer]
   std::vector<Head> plan_;             // [kv_head]: a write's planned end state
   std::vector<std::int32_t> reserved_; // slots a row growth returns (unused: rows are read back)
   std::vector<std::int32_t> src_;      // [W]: rollback, where each ring slot's content comes from
@@ -200,3 +251,4 @@ class WriteGate {
 KVCACHE_END_NAMESPACE
 
 #include "kvcache/admission/write_gate_impl.hpp"
+#include "kvcache/admission/write_gate_deferred.hpp"

@@ -33,6 +33,8 @@ inline WriteGate::WriteGate(const WriteGateConfig& cfg, std::int32_t max_sequenc
   gen_.assign(std::size_t(max_sequences), 0);
   live_.assign(std::size_t(max_sequences), 0);
   forked_.assign(std::size_t(max_sequences), 0);
+  pending_.assign(std::size_t(max_sequences) * std::size_t(cfg.num_layers) * max_pending, 0);
+  npending_.assign(std::size_t(max_sequences) * std::size_t(cfg.num_layers), 0);
   for (std::int32_t i = max_sequences; i-- > 0;) free_.push_back(i);
   plan_.resize(std::size_t(cfg.num_kv_heads));
   src_.resize(std::size_t(w_));
@@ -65,6 +67,7 @@ inline Result<SeqId> WriteGate::add(PageTable& table) noexcept {
 
 inline Result<SeqId> WriteGate::fork(PageTable& table, BlockPool& pool, SeqId s) noexcept {
   if (auto st = validate(s); !st) return st;
+  if (any_pending(s.index)) return Status{Errc::invalid_argument, "pending_writes (reconcile first)", 1, 0};
   if (free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", max_seqs_ + std::int64_t{1}, max_seqs_};
   const std::int64_t per_seq = std::int64_t{cfg_.num_layers} * cfg_.num_kv_heads;
   if (table.free_streams() < per_seq) return Status{Errc::capacity_exceeded, "table.streams", per_seq, table.free_streams()};
@@ -133,14 +136,61 @@ inline Status WriteGate::free(PageTable& table, BlockPool& pool, SeqId s) noexce
     heads_[hi] = Head{};
   }
   live_[s.index] = 0;
+  for (std::int32_t l = 0; l < cfg_.num_layers; ++l) npending(s.index, l) = 0;  // allotted rows went back with the rest
   ++gen_[s.index];
   free_.push_back(std::int32_t(s.index));
   return {};
 }
 
+inline void WriteGate::apply_head(std::size_t hi, std::int32_t h, std::int64_t n, std::span<const float> gates,
+                                  std::span<const BlockId> row, std::int64_t first, GateWriteInfo& info,
+                                  const GateWriteSpans* out) noexcept {
+  const std::int32_t H = cfg_.num_kv_heads;
+  Head& st = heads_[hi];
+  auto phys = [&](std::int32_t x) { return row[std::size_t(x / b_)] * b_ + x % b_; };
+  std::int32_t* p = pos(hi);
+  std::int32_t old_left = st.len;
+  for (std::int64_t t = 0; t < n; ++t) {
+    const std::size_t at = std::size_t(t * H + h);
+    std::int32_t r, promoted_to = -1;
+    if (st.len < w_) {
+      r = (st.start + st.len) % w_;
+      ++st.len;
+    } else {
+      r = st.start;
+      st.start = (st.start + 1) % w_;
+      const bool old = old_left > 0;
+      old_left -= old ? 1 : 0;
+      std::int32_t dst = -1;
+      if (bit(hi, r) && st.global < cap_) {
+        dst = w_ + st.global++;
+        p[dst] = p[r];
+      } else {
+        ++(bit(hi, r) ? info.dropped_at_cap : info.dropped);
+      }
+      if (old && dst >= 0) {
+        if (out) out->moves[std::size_t(info.moves++)] = SlotMove{phys(r), phys(dst)};
+        ++info.promoted;
+        promoted_to = phys(dst);
+      } else if (!old) {  // token t - W of this call leaves the ring before it was ever written there
+        if (out) out->slots[std::size_t((t - w_) * H + h)] = dst >= 0 ? phys(dst) : -1;
+        info.direct += dst >= 0 ? 1 : 0;
+      }
+    }
+    p[r] = std::int32_t(first + t);
+    set_bit(hi, r, gates[at] >= cfg_.tau);
+    if (out) {
+      out->slots[at] = phys(r);
+      if (!out->promote.empty()) out->promote[at] = promoted_to;
+    }
+  }
+}
+
 inline Result<GateWriteInfo> WriteGate::write(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
                                               std::span<const float> gates, const GateWriteSpans& out) noexcept {
   if (auto st = validate(s); !st) return st;
+  if (layer >= 0 && layer < cfg_.num_layers && npending(s.index, layer) > 0)
+    return Status{Errc::invalid_argument, "pending_writes (reconcile first)", npending(s.index, layer), 0};
   const std::span<std::int32_t> slots = out.slots, promote = out.promote;
   const std::span<SlotMove> moves = out.moves;
   const std::int32_t H = cfg_.num_kv_heads;
@@ -208,42 +258,7 @@ inline Result<GateWriteInfo> WriteGate::write(PageTable& table, BlockPool& pool,
       mark_rewritten(st, n, false, std::int32_t(table.blocks_unchecked(ids_[hi]).size()));
       privatize_marked(table, pool, ids_[hi], out.copies, info.copies);
     }
-    const auto row = table.blocks_unchecked(ids_[hi]);
-    auto phys = [&](std::int32_t x) { return row[std::size_t(x / b_)] * b_ + x % b_; };
-    std::int32_t* p = pos(hi);
-    std::int32_t old_left = st.len;
-    for (std::int64_t t = 0; t < n; ++t) {
-      const std::size_t at = std::size_t(t * H + h);
-      std::int32_t r, promoted_to = -1;
-      if (st.len < w_) {
-        r = (st.start + st.len) % w_;
-        ++st.len;
-      } else {
-        r = st.start;
-        st.start = (st.start + 1) % w_;
-        const bool old = old_left > 0;
-        old_left -= old ? 1 : 0;
-        std::int32_t dst = -1;
-        if (bit(hi, r) && st.global < cap_) {
-          dst = w_ + st.global++;
-          p[dst] = p[r];
-        } else {
-          ++(bit(hi, r) ? info.dropped_at_cap : info.dropped);
-        }
-        if (old && dst >= 0) {
-          moves[std::size_t(info.moves++)] = SlotMove{phys(r), phys(dst)};
-          ++info.promoted;
-          promoted_to = phys(dst);
-        } else if (!old) {  // token t - W of this call leaves the ring before it was ever written there
-          slots[std::size_t((t - w_) * H + h)] = dst >= 0 ? phys(dst) : -1;
-          info.direct += dst >= 0 ? 1 : 0;
-        }
-      }
-      p[r] = std::int32_t(appended + t);
-      set_bit(hi, r, gates[at] >= cfg_.tau);
-      slots[at] = phys(r);
-      if (!promote.empty()) promote[at] = promoted_to;
-    }
+    apply_head(hi, h, n, gates, table.blocks_unchecked(ids_[hi]), appended, info, &out);
   }
   appended += n;
   return info;
@@ -276,6 +291,7 @@ inline WriteGate::Head WriteGate::rolled_back(const Head& h, std::int32_t n) noe
 inline Result<GateWriteInfo> WriteGate::truncate(PageTable& table, BlockPool& pool, SeqId s, std::int32_t n,
                                                  const GateWriteSpans& out) noexcept {
   if (auto st = validate(s); !st) return st;
+  if (any_pending(s.index)) return Status{Errc::invalid_argument, "pending_writes (reconcile first)", 1, 0};
   const std::int32_t L = cfg_.num_layers, H = cfg_.num_kv_heads;
   const auto at = [&](std::int32_t l) { return appended_[std::size_t(s.index) * std::size_t(L) + std::size_t(l)]; };
   for (std::int32_t l = 1; l < L; ++l)
@@ -395,8 +411,10 @@ inline Status WriteGate::check(const PageTable& table) const {
         return Status{Errc::invariant_violated, "head_state", std::int64_t(hi), w_};
       if (h.len < w_ && (h.global != 0 || h.start != 0))  // a partial ring is the row's first slots
         return Status{Errc::invariant_violated, "partial_ring", std::int64_t(hi), h.global};
-      if (table.tokens_unchecked(ids_[hi]) != row_tokens(h))
-        return Status{Errc::invariant_violated, "row_tokens", table.tokens_unchecked(ids_[hi]), row_tokens(h)};
+      const std::int32_t layer = std::int32_t(k / std::size_t(cfg_.num_kv_heads));
+      if (table.tokens_unchecked(ids_[hi]) != allotted_row_tokens(hi, std::uint32_t(q), layer))
+        return Status{Errc::invariant_violated, "row_tokens", table.tokens_unchecked(ids_[hi]),
+                      allotted_row_tokens(hi, std::uint32_t(q), layer)};
       seen.assign(pos(hi), pos(hi) + row_tokens(h));
       std::sort(seen.begin(), seen.end());
       if (!seen.empty() && (seen.front() < 0 || seen.back() >= appended))

@@ -1,0 +1,127 @@
+// WriteGate's deferred writes (declared in write_gate.hpp, which includes
+// this file at its end): the contract that lets a GPU engine write without
+// waiting for its gates. Where a token's ring slot is and which token it
+// replaces do not depend on gates, so the host knows them; whether the
+// replaced token is promoted, and to which global slot, does. The host
+// allots each head's worst case (every leaving token admitted, up to the cap)
+// before the step; the device decides (ring_admit) against its own copy of
+// each head's global length and ring bits, writing only into allotted
+// blocks; one step or more later the host replays the same decisions from
+// the gates it reads back (reconcile) and returns what the allotment did not use.
+#pragma once
+
+#include "kvcache/admission/write_gate.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+inline WriteGate::Head WriteGate::advanced(Head h, std::int64_t n, std::int64_t& leaving) const noexcept {
+  const std::int64_t fill = std::min<std::int64_t>(n, w_ - h.len);
+  h.len += std::int32_t(fill);
+  n -= fill;
+  leaving += n;  // the ring is full: every further token replaces one
+  h.start = std::int32_t((h.start + n) % w_);
+  return h;
+}
+
+inline std::int32_t WriteGate::allotted_row_tokens(std::size_t hi, std::uint32_t seq, std::int32_t layer,
+                                                   std::int64_t more) const noexcept {
+  Head h = heads_[hi];
+  std::int64_t leaving = 0;
+  for (std::int32_t k = 0; k < npending(seq, layer); ++k) h = advanced(h, queue(seq, layer)[k], leaving);
+  if (more > 0) h = advanced(h, more, leaving);
+  h.global = std::int32_t(std::min<std::int64_t>(cap_, h.global + leaving));
+  return row_tokens(h);
+}
+
+inline Result<std::int32_t> WriteGate::pending(SeqId s, std::int32_t layer) const noexcept {
+  if (auto st = validate(s); !st) return st;
+  if (layer < 0 || layer >= cfg_.num_layers) return Status{Errc::invalid_argument, "layer", layer, cfg_.num_layers};
+  return std::int32_t{npending(s.index, layer)};
+}
+
+inline Result<GateWriteInfo> WriteGate::allot(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
+                                              std::int32_t n, const DeferredSpans& out) noexcept {
+  if (auto st = validate(s); !st) return st;
+  const std::int32_t H = cfg_.num_kv_heads;
+  if (layer < 0 || layer >= cfg_.num_layers) return Status{Errc::invalid_argument, "layer", layer, cfg_.num_layers};
+  if (n < 0 || n > INT32_MAX / H) return Status{Errc::invalid_argument, "n_tokens", n, 0};
+  if (cfg_.at_cap != GlobalCapAction::drop)
+    return Status{Errc::invalid_argument, "at_cap (deferred writes drop at the cap)", std::int64_t(cfg_.at_cap),
+                  std::int64_t(GlobalCapAction::drop)};
+  if (npending(s.index, layer) >= max_pending)
+    return Status{Errc::capacity_exceeded, "pending_writes", npending(s.index, layer) + 1, max_pending};
+  if (std::int64_t(out.ring_start.size()) < H || std::int64_t(out.ring_len.size()) < H)
+    return Status{Errc::buffer_too_small, "ring_start / ring_len",
+                  std::int64_t(std::min(out.ring_start.size(), out.ring_len.size())), H};
+  // Plan: each head's allotment after this write, and copies of shared blocks it may rewrite.
+  std::int64_t blocks = 0, ncopies = 0;
+  for (std::int32_t h = 0; h < H; ++h) {
+    const std::size_t hi = head_index(s.index, layer, h);
+    const auto row = table.blocks_unchecked(ids_[hi]);
+    const std::int32_t before = allotted_row_tokens(hi, s.index, layer);
+    const std::int32_t after = allotted_row_tokens(hi, s.index, layer, n);
+    if (after > table.max_blocks_per_stream() * b_)
+      return Status{Errc::capacity_exceeded, "row_tokens", after, table.max_blocks_per_stream() * b_};
+    blocks += std::max<std::int64_t>(0, blocks_for_tokens(after, b_) - std::int64_t(row.size()));
+    if (forked_[s.index]) {
+      Head ring = heads_[hi];
+      std::int64_t leaving = 0;
+      for (std::int32_t k = 0; k < npending(s.index, layer); ++k) ring = advanced(ring, queue(s.index, layer)[k], leaving);
+      mark_rewritten(ring, n, after > before, std::int32_t(row.size()));
+      ncopies += count_shared(pool, row);
+    }
+  }
+  if (std::int64_t(out.copies.size()) < ncopies)
+    return Status{Errc::buffer_too_small, "copies", std::int64_t(out.copies.size()), ncopies};
+  if (blocks + ncopies > pool.num_free()) return Status{Errc::out_of_blocks, "n_blocks", blocks + ncopies, pool.num_free()};
+  // Apply: grow the rows, copy what a fork shares, hand out the rings.
+  GateWriteInfo info{};
+  for (std::int32_t h = 0; h < H; ++h) {
+    const std::size_t hi = head_index(s.index, layer, h);
+    Head ring = heads_[hi];
+    std::int64_t leaving = 0;
+    for (std::int32_t k = 0; k < npending(s.index, layer); ++k) ring = advanced(ring, queue(s.index, layer)[k], leaving);
+    out.ring_start[std::size_t(h)] = ring.start;
+    out.ring_len[std::size_t(h)] = ring.len;
+    const std::int32_t grow = allotted_row_tokens(hi, s.index, layer, n) - table.tokens_unchecked(ids_[hi]);
+    if (grow > 0) {
+      if (std::int64_t(reserved_.size()) < grow) reserved_.resize(std::size_t(grow));
+      const auto r = table.reserve(pool, ids_[hi], grow, std::span<std::int32_t>(reserved_.data(), std::size_t(grow)));
+      if (r.ok() && r->copy.src >= 0) out.copies[std::size_t(info.copies++)] = r->copy;  // planned: cannot fail
+    }
+    if (forked_[s.index]) {
+      mark_rewritten(ring, n, false, std::int32_t(table.blocks_unchecked(ids_[hi]).size()));
+      privatize_marked(table, pool, ids_[hi], out.copies, info.copies);
+    }
+  }
+  queue(s.index, layer)[npending(s.index, layer)++] = n;
+  return info;
+}
+
+inline Result<GateWriteInfo> WriteGate::reconcile(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
+                                                  std::span<const float> gates) noexcept {
+  if (auto st = validate(s); !st) return st;
+  const std::int32_t H = cfg_.num_kv_heads;
+  if (layer < 0 || layer >= cfg_.num_layers) return Status{Errc::invalid_argument, "layer", layer, cfg_.num_layers};
+  if (npending(s.index, layer) == 0) return Status{Errc::invalid_argument, "pending_writes (none to reconcile)", 0, 1};
+  std::int32_t* q = queue(s.index, layer);
+  const std::int64_t n = q[0];
+  if (std::int64_t(gates.size()) != n * H) return Status{Errc::invalid_argument, "gates.size", std::int64_t(gates.size()), n * H};
+  if (const std::int64_t bad = first_outside(gates, 0.0f, 1.0f); bad >= 0)
+    return Status{Errc::invalid_argument, "gates_at", bad, 1};
+  std::copy(q + 1, q + npending(s.index, layer), q);  // the oldest write leaves the queue
+  --npending(s.index, layer);
+  GateWriteInfo info{};
+  std::int64_t& appended = appended_[std::size_t(s.index) * std::size_t(cfg_.num_layers) + std::size_t(layer)];
+  for (std::int32_t h = 0; h < H; ++h) {
+    const std::size_t hi = head_index(s.index, layer, h);
+    apply_head(hi, h, n, gates, table.blocks_unchecked(ids_[hi]), appended, info, nullptr);
+    // What the allotment did not use, and later writes will not need, goes back.
+    const std::int32_t extra = table.tokens_unchecked(ids_[hi]) - allotted_row_tokens(hi, s.index, layer);
+    if (extra > 0) (void)table.truncate(pool, ids_[hi], extra);
+  }
+  appended += n;
+  return info;
+}
+
+KVCACHE_END_NAMESPACE

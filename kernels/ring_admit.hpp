@@ -1,0 +1,132 @@
+// Ring admission on the device: Write-Gated KV's write when the gates live
+// where the keys are, so the host never waits for them (WriteGate::allot /
+// reconcile, admission/write_gate.hpp). Per kv-head, in token order: a token
+// enters its ring slot; when the ring is full, the token it replaces moves to
+// the head's global region (slot W + global_len) if its gate was >= tau and
+// the head is under its cap, else it is dropped. The ring's start and length
+// before the call come from the host (they do not depend on gates); the
+// global length and the ring's admission bits are device state this kernel
+// reads and updates; the head rows were allotted by the host for the worst
+// case, so nothing is allocated here.
+//
+// One item per kv-head: its lanes split head_dim, and every lane takes the
+// same decisions from the same inputs. The bits are read before the call's
+// own tokens replace them and written once at the end, so lanes never race.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common.hpp"
+#include "scatter.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+/// Parameters of ring_admit: one layer's write of num_tokens tokens x num_heads kv-heads.
+struct RingAdmitParams {
+  PoolView cache{};                      ///< Pool of single-head blocks (one layer, one kv-head per block).
+  KvSource src{};                        ///< New K/V: entry t * num_heads + h is token t of head h (head 0, layer 0).
+  const float* gates = nullptr;          ///< [num_tokens][num_heads], in [0, 1].
+  std::int32_t num_tokens = 0;           ///< Tokens written.
+  std::int32_t num_heads = 0;            ///< Kv-heads (rows).
+  std::int32_t window = 0;               ///< W: ring slots per head, a multiple of the block size.
+  std::int32_t global_cap = 0;           ///< Admitted tokens a head keeps at most (more are dropped).
+  float tau = 0.1f;                      ///< Admitted when gate >= tau.
+  const std::int32_t* ring_start = nullptr;  ///< [num_heads]: the ring's oldest slot before the call (allot).
+  const std::int32_t* ring_len = nullptr;    ///< [num_heads]: ring tokens before the call (allot).
+  std::int32_t* global_len = nullptr;    ///< [num_heads]: device state, read and advanced.
+  std::uint8_t* bits = nullptr;          ///< [num_heads][window]: device state, admission bit per ring slot.
+  const std::int32_t* rows = nullptr;    ///< [num_heads][row_stride]: each head's blocks (the allotted rows).
+  std::int32_t row_stride = 0;           ///< Entries per row in `rows`.
+};
+static_assert(std::is_trivially_copyable_v<RingAdmitParams>);
+
+namespace ring_admit_detail {
+KVCACHE_HOST_DEVICE inline std::int64_t slot(const RingAdmitParams& p, std::int32_t h, std::int32_t index) noexcept {
+  const std::int32_t b = p.cache.block_size;
+  return std::int64_t{p.rows[std::int64_t{h} * p.row_stride + index / b]} * b + index % b;
+}
+KVCACHE_HOST_DEVICE inline std::byte* at(const RingAdmitParams& p, std::int64_t s, std::int32_t kv) noexcept {
+  const std::int64_t b = p.cache.block_size;
+  return p.cache.row(s / b, 0, kv, static_cast<std::int32_t>(s % b), 0);
+}
+}  // namespace ring_admit_detail
+
+/// One kv-head's write, lanes [lane, nlanes) of its head_dim. Lane 0 also updates the state.
+KVCACHE_HOST_DEVICE inline void ring_admit_head(const RingAdmitParams& p, std::int32_t h, std::int32_t lane,
+                                                std::int32_t nlanes) noexcept {
+  using ring_admit_detail::at;
+  using ring_admit_detail::slot;
+  const std::int32_t W = p.window, H = p.num_heads, n = p.num_tokens;
+  std::int32_t start = p.ring_start[h], len = p.ring_len[h], gl = p.global_len[h], old_left = p.ring_len[h];
+  const std::uint8_t* bits = p.bits + std::int64_t{h} * W;
+  const bool by_elements = !raw_move(p.cache.dtype, p.src.dtype, 1.0f);
+  for (std::int32_t t = 0; t < n; ++t) {
+    std::int32_t r;
+    if (len < W) {
+      r = (start + len) % W;
+      ++len;
+    } else {
+      r = start;
+      start = (start + 1) % W;
+      const bool old = old_left > 0;  // the victim was in the ring before the call: its bit and K/V are there
+      old_left -= old ? 1 : 0;
+      const bool admitted = old ? bits[r] != 0 : p.gates[std::int64_t{t - W} * H + h] >= p.tau;
+      if (admitted && gl < p.global_cap) {
+        const std::int64_t dst = slot(p, h, W + gl);
+        ++gl;
+        for (std::int32_t kv = 0; kv < 2; ++kv) {
+          if (old)
+            move_row(at(p, dst, kv), p.cache.dtype, at(p, slot(p, h, r), kv), p.cache.dtype, p.cache.head_dim, 1.0f,
+                     lane, nlanes, by_elements);
+          else  // a token of this call that leaves the ring within it: from the source
+            move_row(at(p, dst, kv), p.cache.dtype, p.src.row(kv, 0, std::int64_t{t - W} * H + h, 0), p.src.dtype,
+                     p.cache.head_dim, 1.0f, lane, nlanes, by_elements);
+        }
+      }
+    }
+    for (std::int32_t kv = 0; kv < 2; ++kv)
+      move_row(at(p, slot(p, h, r), kv), p.cache.dtype, p.src.row(kv, 0, std::int64_t{t} * H + h, 0), p.src.dtype,
+               p.cache.head_dim, 1.0f, lane, nlanes, by_elements);
+  }
+#if defined(__CUDA_ARCH__)
+  __syncwarp();  // every lane has read the old bits (a head is one warp)
+#endif
+  if (lane != 0) return;
+  // The last min(n, W) tokens hold ring slots: their bits, written once every lane has read the old ones.
+  std::uint8_t* out = p.bits + std::int64_t{h} * W;
+  const std::int32_t kept = n < W ? n : W;
+  std::int32_t r = len < W ? len - 1 : (start + W - 1) % W;  // slot of the newest token
+  for (std::int32_t k = 0; k < kept; ++k) {
+    out[r] = p.gates[std::int64_t{n - 1 - k} * H + h] >= p.tau ? 1 : 0;
+    r = (r + W - 1) % W;
+  }
+  p.global_len[h] = gl;
+}
+
+/// What the host can see: shapes and pointers; shared by both launchers.
+inline Status check_ring_admit_shape(const RingAdmitParams& p) noexcept {
+  if (p.cache.num_layers != 1 || p.cache.num_kv_heads != 1)
+    return Status{Errc::invalid_argument, "cache (one layer and one kv-head per block)", p.cache.num_kv_heads, 1};
+  if (p.num_tokens < 0) return Status{Errc::invalid_argument, "num_tokens", p.num_tokens, 0};
+  if (p.num_heads < 1) return Status{Errc::invalid_argument, "num_heads", p.num_heads, 1};
+  if (p.window < p.cache.block_size || p.window % p.cache.block_size != 0)
+    return Status{Errc::invalid_argument, "window (a multiple of the block size)", p.window, p.cache.block_size};
+  if (p.global_cap < 0) return Status{Errc::invalid_argument, "global_cap", p.global_cap, 0};
+  if (p.row_stride * std::int64_t{p.cache.block_size} < std::int64_t{p.window} + p.global_cap)
+    return Status{Errc::invalid_argument, "row_stride (rows hold window + global_cap)", p.row_stride, p.window + p.global_cap};
+  if (p.num_tokens > 0 &&  // nothing is read or written for no tokens
+      (!p.gates || !p.ring_start || !p.ring_len || !p.global_len || !p.bits || !p.rows || !p.src.k || !p.src.v))
+    return Status{Errc::invalid_argument, "null pointer", 0, 1};
+  return {};
+}
+
+/// Host backend: the same body, one head after another.
+inline Status ring_admit_host(const RingAdmitParams& p) noexcept {
+  if (auto st = check_ring_admit_shape(p); !st) return st;
+  if (p.num_tokens == 0) return {};
+  for (std::int32_t h = 0; h < p.num_heads; ++h) ring_admit_head(p, h, 0, 1);
+  return {};
+}
+
+KVCACHE_END_NAMESPACE
