@@ -6,6 +6,10 @@
 //   auto seq = cache.add_sequence();                       // Result<SeqId>
 //   auto r = cache.reserve(*seq, prompt_len, slots);       // slot mapping
 //   cache.export_csr(seqs, indptr, indices, last_page_len);
+//
+// Why one file of this size: every member is an entry point of the composed
+// API, a few lines of forwarding under its contract and its requires-clause
+// (per-sequence or head-paged); the policies' logic lives in their folders.
 #pragma once
 
 #include <algorithm>
