@@ -9,6 +9,8 @@
 
 #include <kvcache/cache.hpp>
 
+#include "gate_cache_property.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -363,3 +365,14 @@ TEST_CASE("a million random operations keep every invariant and every token") {
   SECTION("block size 4 (a power of two)") { run_property<4>(seed, ops); }
   SECTION("block size 3") { run_property<3>(seed, ops); }
 }
+
+TEST_CASE("random operations through a Write-Gated KV cache keep every head row and its K/V") {
+  const std::uint64_t seed = env_u64("KVCACHE_SEED", std::random_device{}());
+  const std::uint64_t ops = env_u64("KVCACHE_PROPERTY_OPS", 1'000'000);
+  INFO("KVCACHE_SEED=" << seed);
+  std::mt19937_64 rng(seed);
+  // A fiftieth of the plain cache's operations: each one here writes every layer and checks every export.
+  const int steps = 400, trials = int(std::max<std::uint64_t>(1, ops / 50 / std::uint64_t(steps)));
+  gate_testing::gate_cache_property(rng, trials, steps);
+}
+
