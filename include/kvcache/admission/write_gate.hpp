@@ -204,6 +204,12 @@ class WriteGate {
   // positions, bits, promotions; records slots, moves and promote into *out when given.
   void apply_head(std::size_t hi, std::int32_t h, std::int64_t n, std::span<const float> gates,
                   std::span<const BlockId> row, std::int64_t first, GateWriteInfo& info, const GateWriteSpans* out) noexcept;
+  // Grows a head's row by `grow` tokens (reserve copies a shared tail) and, after a fork, copies the
+  // ring blocks n tokens written from state `ring` rewrite. Planned by the caller: cannot fail.
+  void grow_row(PageTable& table, BlockPool& pool, std::uint32_t seq, std::size_t hi, std::int32_t grow, const Head& ring,
+                std::int64_t n, std::span<BlockCopy> copies, GateWriteInfo& info) noexcept;
+  // The head's ring after its (s, layer)'s pending deferred writes; `leaving` counts tokens that leave it.
+  Head after_pending(std::size_t hi, std::uint32_t seq, std::int32_t layer, std::int64_t& leaving) const noexcept;
   // The ring after n more tokens (gates play no part); `leaving` counts the tokens that leave it.
   Head advanced(Head h, std::int64_t n, std::int64_t& leaving) const noexcept;
   // Tokens a head's row holds: its real ones, or with pending writes (and `more` tokens) their allotment.

@@ -23,11 +23,17 @@ inline WriteGate::Head WriteGate::advanced(Head h, std::int64_t n, std::int64_t&
   return h;
 }
 
+inline WriteGate::Head WriteGate::after_pending(std::size_t hi, std::uint32_t seq, std::int32_t layer,
+                                                std::int64_t& leaving) const noexcept {
+  Head h = heads_[hi];
+  for (std::int32_t k = 0; k < npending(seq, layer); ++k) h = advanced(h, queue(seq, layer)[k], leaving);
+  return h;
+}
+
 inline std::int32_t WriteGate::allotted_row_tokens(std::size_t hi, std::uint32_t seq, std::int32_t layer,
                                                    std::int64_t more) const noexcept {
-  Head h = heads_[hi];
   std::int64_t leaving = 0;
-  for (std::int32_t k = 0; k < npending(seq, layer); ++k) h = advanced(h, queue(seq, layer)[k], leaving);
+  Head h = after_pending(hi, seq, layer, leaving);
   if (more > 0) h = advanced(h, more, leaving);
   h.global = std::int32_t(std::min<std::int64_t>(cap_, h.global + leaving));
   return row_tokens(h);
@@ -64,10 +70,8 @@ inline Result<GateWriteInfo> WriteGate::allot(PageTable& table, BlockPool& pool,
       return Status{Errc::capacity_exceeded, "row_tokens", after, table.max_blocks_per_stream() * b_};
     blocks += std::max<std::int64_t>(0, blocks_for_tokens(after, b_) - std::int64_t(row.size()));
     if (forked_[s.index]) {
-      Head ring = heads_[hi];
       std::int64_t leaving = 0;
-      for (std::int32_t k = 0; k < npending(s.index, layer); ++k) ring = advanced(ring, queue(s.index, layer)[k], leaving);
-      mark_rewritten(ring, n, after > before, std::int32_t(row.size()));
+      mark_rewritten(after_pending(hi, s.index, layer, leaving), n, after > before, std::int32_t(row.size()));
       ncopies += count_shared(pool, row);
     }
   }
@@ -78,21 +82,12 @@ inline Result<GateWriteInfo> WriteGate::allot(PageTable& table, BlockPool& pool,
   GateWriteInfo info{};
   for (std::int32_t h = 0; h < H; ++h) {
     const std::size_t hi = head_index(s.index, layer, h);
-    Head ring = heads_[hi];
     std::int64_t leaving = 0;
-    for (std::int32_t k = 0; k < npending(s.index, layer); ++k) ring = advanced(ring, queue(s.index, layer)[k], leaving);
+    const Head ring = after_pending(hi, s.index, layer, leaving);
     out.ring_start[std::size_t(h)] = ring.start;
     out.ring_len[std::size_t(h)] = ring.len;
     const std::int32_t grow = allotted_row_tokens(hi, s.index, layer, n) - table.tokens_unchecked(ids_[hi]);
-    if (grow > 0) {
-      if (std::int64_t(reserved_.size()) < grow) reserved_.resize(std::size_t(grow));
-      const auto r = table.reserve(pool, ids_[hi], grow, std::span<std::int32_t>(reserved_.data(), std::size_t(grow)));
-      if (r.ok() && r->copy.src >= 0) out.copies[std::size_t(info.copies++)] = r->copy;  // planned: cannot fail
-    }
-    if (forked_[s.index]) {
-      mark_rewritten(ring, n, false, std::int32_t(table.blocks_unchecked(ids_[hi]).size()));
-      privatize_marked(table, pool, ids_[hi], out.copies, info.copies);
-    }
+    grow_row(table, pool, s.index, hi, grow, ring, n, out.copies, info);
   }
   queue(s.index, layer)[npending(s.index, layer)++] = n;
   return info;

@@ -142,6 +142,19 @@ inline Status WriteGate::free(PageTable& table, BlockPool& pool, SeqId s) noexce
   return {};
 }
 
+inline void WriteGate::grow_row(PageTable& table, BlockPool& pool, std::uint32_t seq, std::size_t hi, std::int32_t grow,
+                                const Head& ring, std::int64_t n, std::span<BlockCopy> copies, GateWriteInfo& info) noexcept {
+  if (grow > 0) {  // reserve() copies a shared tail it appends to
+    if (std::int64_t(reserved_.size()) < grow) reserved_.resize(std::size_t(grow));
+    const auto r = table.reserve(pool, ids_[hi], grow, std::span<std::int32_t>(reserved_.data(), std::size_t(grow)));
+    if (r.ok() && r->copy.src >= 0) copies[std::size_t(info.copies++)] = r->copy;  // planned: cannot fail
+  }
+  if (forked_[seq]) {
+    mark_rewritten(ring, n, false, std::int32_t(table.blocks_unchecked(ids_[hi]).size()));
+    privatize_marked(table, pool, ids_[hi], copies, info.copies);
+  }
+}
+
 inline void WriteGate::apply_head(std::size_t hi, std::int32_t h, std::int64_t n, std::span<const float> gates,
                                   std::span<const BlockId> row, std::int64_t first, GateWriteInfo& info,
                                   const GateWriteSpans* out) noexcept {
@@ -248,16 +261,7 @@ inline Result<GateWriteInfo> WriteGate::write(PageTable& table, BlockPool& pool,
   for (std::int32_t h = 0; h < H; ++h) {
     const std::size_t hi = head_index(s.index, layer, h);
     Head& st = heads_[hi];
-    const std::int32_t grow = row_tokens(plan_[std::size_t(h)]) - row_tokens(st);
-    if (grow > 0) {  // reserve() copies a shared tail it appends to
-      if (std::int64_t(reserved_.size()) < grow) reserved_.resize(std::size_t(grow));
-      const auto r = table.reserve(pool, ids_[hi], grow, std::span<std::int32_t>(reserved_.data(), std::size_t(grow)));
-      if (r.ok() && r->copy.src >= 0) out.copies[std::size_t(info.copies++)] = r->copy;  // planned: cannot fail
-    }
-    if (forked_[s.index]) {
-      mark_rewritten(st, n, false, std::int32_t(table.blocks_unchecked(ids_[hi]).size()));
-      privatize_marked(table, pool, ids_[hi], out.copies, info.copies);
-    }
+    grow_row(table, pool, s.index, hi, row_tokens(plan_[std::size_t(h)]) - row_tokens(st), st, n, out.copies, info);
     apply_head(hi, h, n, gates, table.blocks_unchecked(ids_[hi]), appended, info, &out);
   }
   appended += n;
