@@ -250,11 +250,7 @@ struct Run {
         return check();
       }
     }
-    if (!st.ok()) {
-      if (st.code() == kv::Errc::invariant_violated) fail("invariant_violated from a call", st.message());
-      if (!(cache == before)) fail("a failed call changed the cache", st.message());
-      if (mem != mem_before) fail("a failed call wrote memory", st.message());
-    }
+    fuzz_checks::failed_call_changed_nothing(st, cache, before, mem, mem_before, [](const char* what, const std::string& d) { fail(what, d); });
     check();
   }
 };

@@ -14,6 +14,8 @@
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/ring_admit.hpp>
 
+#include "checks.hpp"
+
 #include <algorithm>
 #include <deque>
 #include <cstdio>
@@ -225,11 +227,7 @@ struct GateRun {
         return check();
       }
     }
-    if (!st.ok()) {
-      if (st.code() == kv::Errc::invariant_violated) fail("invariant_violated from a call", st.message());
-      if (!(cache == before)) fail("a failed call changed the cache", st.message());
-      if (mem != mem_before) fail("a failed call wrote memory", st.message());
-    }
+    fuzz_checks::failed_call_changed_nothing(st, cache, before, mem, mem_before, fail);
     check();
   }
 };
