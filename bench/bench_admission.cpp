@@ -10,6 +10,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include "memcpy_reference.hpp"
+
 #include <cstring>
 #include <random>
 #include <vector>
@@ -20,18 +22,6 @@ namespace {
 constexpr std::int32_t kSeqs = 256, kLayers = 32, kHeads = 8, kW = 256, kB = 16, kPrefill = 512, kSteps = 256;
 constexpr std::int32_t kRowBlocks = 40;  // ring 16 blocks + a global region that stays under 24 blocks here
 using GateCache = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate>;
-
-void BM_memcpy(benchmark::State& state) {
-  const auto n = static_cast<std::size_t>(state.range(0));
-  std::vector<char> src(n, 1), dst(n + 64, 0);  // offset: no 4K aliasing
-  for (auto _ : state) {
-    std::memcpy(dst.data() + 64, src.data(), n);
-    benchmark::DoNotOptimize(dst.data());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(n));
-  state.counters["out_bytes"] = double(n);
-}
 
 // Gates: a fifth admitted, fixed seed.
 std::vector<float> gates_for(std::int64_t n, std::uint32_t seed) {

@@ -6,6 +6,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include "memcpy_reference.hpp"
+
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -21,20 +23,6 @@ kv::Geometry llama8b() {
 kv::Cache<> make_cache(std::int32_t blocks, std::int32_t seqs, std::int32_t per_seq) {
   return kv::Cache<>({.geometry = llama8b(), .num_blocks = blocks, .max_sequences = seqs,
                       .max_blocks_per_sequence = per_seq});
-}
-
-void BM_memcpy(benchmark::State& state) {
-  const auto n = static_cast<std::size_t>(state.range(0));
-  // dst is offset by 64 bytes: equal page offsets (4K aliasing) slow glibc's
-  // `rep movsb` copies several-fold at some sizes, which would flatter the ratios.
-  std::vector<char> src(n, 1), dst(n + 64, 0);
-  for (auto _ : state) {
-    std::memcpy(dst.data() + 64, src.data(), n);
-    benchmark::DoNotOptimize(dst.data());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(n));
-  state.counters["out_bytes"] = double(n);
 }
 
 void BM_allocate_free_one(benchmark::State& state) {

@@ -10,6 +10,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include "memcpy_reference.hpp"
+
 #include <cstring>
 #include <type_traits>
 #include <random>
@@ -30,17 +32,6 @@ std::vector<float> random_scores(std::size_t n) {
   std::vector<float> s(n);
   for (auto& x : s) x = u(rng);
   return s;
-}
-
-void BM_memcpy(benchmark::State& state) {
-  const auto n = static_cast<std::size_t>(state.range(0));
-  std::vector<char> src(n, 1), dst(n + 64);
-  for (auto _ : state) {
-    std::memcpy(dst.data() + 64, src.data(), n);
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(n));
-  state.counters["out_bytes"] = double(n);
 }
 
 // The decision for one 32k-token stream: score every block of the evictable
