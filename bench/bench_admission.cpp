@@ -1,8 +1,9 @@
 // Write-Gated KV's host bookkeeping. A decode step of 256 sequences x 32
 // layers x 8 kv-heads (W = 256, block 16, a fifth of the tokens admitted)
-// through Cache<..., WriteGate>::write, against the bare cache's decode step
-// (reserve_batch of 256 x 1) in the same run, and the head-folded CSR export
-// against today's CSR export over rows of the same lengths. Reference: memcpy
+// through Cache<..., WriteGate>::write_batch (and per-sequence write), against
+// the bare cache's decode step over as many single-head streams (and over 256
+// sequences) in the same run, and the head-folded CSR export against today's
+// CSR export over rows of the same lengths. Reference: memcpy
 // of the bytes each row writes (out_bytes), same run; bench/report.py makes
 // the table. Per-stream figures: time / streams (counter).
 #include <kvcache/admission/write_gate.hpp>
@@ -53,8 +54,31 @@ std::vector<kv::SeqId> prefill(GateCache& cache) {
   return seqs;
 }
 
-// One decode step: every layer of every sequence writes one token (8 gates).
+// One decode step, one write_batch per layer: every sequence writes one token (8 gates).
 void BM_gate_decode_step_256x32x8(benchmark::State& state) {
+  auto cache = make_gate_cache();
+  const auto seqs = prefill(cache);
+  const auto gates = gates_for(std::int64_t(kSteps + 1) * kHeads * kSeqs * 7, 9);  // a window of it per call
+  std::vector<std::int32_t> slots(static_cast<std::size_t>(kSeqs * kLayers * kHeads)), promote(slots.size());
+  std::vector<kv::SlotMove> moves(static_cast<std::size_t>(kSeqs * kHeads));
+  constexpr std::size_t per_layer = std::size_t(kSeqs) * kHeads;
+  std::size_t at = 0;
+  for (auto _ : state) {
+    for (std::int32_t l = 0; l < kLayers; ++l) {
+      const std::size_t off = std::size_t(l) * per_layer;
+      auto r = cache.write_batch(seqs, l, std::span<const float>(gates.data() + at, per_layer),
+                                 {.slots = {slots.data() + off, per_layer}, .moves = moves, .promote = {promote.data() + off, per_layer}});
+      benchmark::DoNotOptimize(r);
+      at = (at + per_layer) % (gates.size() - per_layer);
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["out_bytes"] = double(slots.size() * 4);
+  state.counters["streams"] = double(kSeqs) * kLayers * kHeads;
+}
+
+// The same step with one write() per (sequence, layer).
+void BM_gate_decode_step_256x32x8_per_sequence(benchmark::State& state) {
   auto cache = make_gate_cache();
   const auto seqs = prefill(cache);
   const auto gates = gates_for(std::int64_t(kSteps + 1) * kHeads * kLayers * 7, 9);  // a window of it per call
@@ -96,6 +120,28 @@ void BM_bare_decode_step_256(benchmark::State& state) {
   }
   state.counters["out_bytes"] = double(kSeqs * 4);
   state.counters["streams"] = kSeqs;
+}
+
+// The bare decode step over as many streams as the gate's step: reserve_batch
+// of 65,536 x 1 on single-head streams (one per (sequence, layer, kv-head)).
+void BM_bare_decode_step_65536_streams(benchmark::State& state) {
+  constexpr std::int32_t streams = kSeqs * kLayers * kHeads, per_row = (kW + kPrefill / 5 + kSteps) / kB + 2;
+  kv::Cache<> cache({.geometry = *kv::Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 128, .block_size = kB}),
+                     .num_blocks = streams * per_row + 1, .max_sequences = streams, .max_blocks_per_sequence = per_row});
+  std::vector<kv::SeqId> seqs(static_cast<std::size_t>(streams));
+  std::vector<std::int32_t> slots(kW + kPrefill / 5), ones(seqs.size(), 1), step(seqs.size());
+  std::vector<kv::BlockCopy> copies(seqs.size());
+  for (auto& s : seqs) {
+    s = *cache.add_sequence();
+    (void)cache.reserve(s, kW + kPrefill / 5 - 3, slots);  // about a gate row's length
+  }
+  for (auto _ : state) {
+    auto r = cache.reserve_batch(seqs, ones, step, copies);
+    benchmark::DoNotOptimize(r);
+    benchmark::ClobberMemory();
+  }
+  state.counters["out_bytes"] = double(streams * 4);
+  state.counters["streams"] = streams;
 }
 
 // Exports per row: the head-folded CSR of one layer (2,048 head rows) and
@@ -145,7 +191,9 @@ void BM_csr_export_2048_rows(benchmark::State& state) {
 
 BENCHMARK(BM_memcpy)->Arg(kSeqs * kLayers * kHeads * 4)->Arg(kSeqs * 4);
 BENCHMARK(BM_gate_decode_step_256x32x8)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_gate_decode_step_256x32x8_per_sequence)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_bare_decode_step_256)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_bare_decode_step_65536_streams)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_heads_csr_export_2048_rows)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_csr_export_2048_rows)->Unit(benchmark::kMicrosecond);
 

@@ -96,7 +96,7 @@ struct GateRun {
     const kv::SeqId s = live.empty() ? kv::SeqId{in.byte() % 4, 0} : live[in.byte() % live.size()];
     std::vector<kv::BlockCopy> copies(std::size_t(in.upto(12)));
     std::vector<kv::SlotMove> moves(std::size_t(in.upto(16)));
-    const std::uint32_t op = in.byte() % 9;
+    const std::uint32_t op = in.byte() % 10;
     const bool trace = std::getenv("KVCACHE_FUZZ_TRACE") != nullptr;
     if (trace) std::fprintf(stderr, "gate op %u seq %u\n", op, s.index);
     switch (op) {
@@ -202,6 +202,35 @@ struct GateRun {
         for (std::int32_t h = 0; h < H() && dev(s, layer).pending.empty(); ++h)
           if (cache.admission().head_state(s, layer, h)->global != dev(s, layer).gl[std::size_t(h)])
             fail("host and device global lengths differ after catching up");
+        break;
+      }
+      case 9: {  // a decode step of several sequences, one token each (a sequence twice, a stale one: errors)
+        const std::int32_t layer = in.upto(2) - (in.byte() % 16 == 0);
+        std::vector<kv::SeqId> seqs;
+        for (std::int32_t k = in.upto(3); k > 0; --k) seqs.push_back(live.empty() ? s : live[in.byte() % live.size()]);
+        if (in.byte() % 16 == 0) seqs.push_back(kv::SeqId{in.byte() % 4, in.byte()});  // maybe stale
+        std::vector<std::int64_t> first;
+        for (const kv::SeqId q : seqs) {
+          const auto a = layer >= 0 && layer < L() ? cache.admission().appended(q, layer) : kv::Result<std::int64_t>(kv::Status{});
+          if (a.ok() && dev(q, layer).mode == 2) return check();  // that layer's writes are deferred
+          first.push_back(a.value_or(0));
+        }
+        std::vector<float> gates(seqs.size() * std::size_t(H()) + (in.byte() % 16 == 0 ? 1 : 0));
+        for (auto& g : gates) g = in.byte() % 32 == 0 ? in.score() : float(in.byte()) / 255.0f;
+        std::vector<std::int32_t> slots(std::size_t(in.upto(12))), promote;
+        if (in.byte() % 2) promote.assign(std::size_t(in.upto(12)), 0);
+        auto r = cache.write_batch(seqs, layer, gates, {.slots = slots, .moves = moves, .promote = promote, .copies = copies});
+        st = r.status();
+        if (!r) break;
+        for (const kv::SeqId q : seqs) dev(q, layer).mode = 1;
+        if (r->copies > 0 && !kv::block_copy_host({pool, pool, copies.data(), r->copies})) fail("block_copy");
+        const auto put = [&](std::int32_t slot, float x) { mem[std::size_t(slot / B * 2 * B + slot % B)] = x; };
+        const auto rows = std::int32_t(seqs.size()) * H();
+        if (promote.empty() && r->moves > 0 && !kv::compaction_host({pool, moves.data(), r->moves})) fail("compaction");
+        for (std::int32_t i = 0; i < rows; ++i) {  // ring_write: per (sequence, head), the promotion, then the token
+          if (!promote.empty() && promote[std::size_t(i)] >= 0) put(promote[std::size_t(i)], at(slots[std::size_t(i)]));
+          put(slots[std::size_t(i)], float(first[std::size_t(i / H())]));
+        }
         break;
       }
       case 5:

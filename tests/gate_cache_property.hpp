@@ -79,7 +79,7 @@ inline void require_exports(const GateCache& c, const KvMemory& mem, const std::
 // K/V read back through each head-folded export are the reference's, slot for
 // slot, and accounting matches. `trials` configurations of `steps` operations.
 inline void gate_cache_property(std::mt19937_64& rng, int trials, int steps) {
-  std::int32_t forks = 0, copies_run = 0;
+  std::int32_t forks = 0, copies_run = 0, batches = 0;
   for (int trial = 0; trial < trials; ++trial) {
     const std::int32_t block = trial % 2 ? 4 : 2, w = block * (1 + std::int32_t(rng() % 3));
     WriteGateConfig gcfg{.num_layers = 1 + std::int32_t(rng() % 2), .num_kv_heads = 1 + std::int32_t(rng() % 3),
@@ -129,6 +129,65 @@ inline void gate_cache_property(std::mt19937_64& rng, int trials, int steps) {
         REQUIRE(cache.free(live[k].id).ok());
         REQUIRE(cache.tokens_held(live[k].id).status().code() == Errc::unknown_sequence);
         live.erase(live.begin() + std::ptrdiff_t(k));
+      } else if (kind == 5) {  // a decode step of every live sequence, in a random order, one write_batch per layer
+        std::vector<std::size_t> order(live.size());
+        for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+        std::shuffle(order.begin(), order.end(), rng);
+        const auto S = std::int32_t(order.size());
+        std::vector<SeqId> seqs;
+        for (const std::size_t k : order) seqs.push_back(live[k].id);
+        for (std::int32_t l = 0; l < L; ++l) {
+          std::vector<float> gates(std::size_t(S * H));
+          for (auto& g : gates) g = float(rng() % 1000) / 1000.0f;
+          std::vector<std::int32_t> slots(gates.size()), promote;
+          if (rng() % 2) promote.assign(gates.size(), -7);
+          std::vector<SlotMove> moves(std::size_t(S * H));
+          // The same step through write(), one sequence after another, on a copy: the same state and commands.
+          GateCache twin = cache;
+          std::vector<std::int32_t> twin_slots(gates.size()), twin_promote(promote.size());
+          std::vector<SlotMove> twin_moves(moves.size());
+          std::vector<BlockCopy> twin_copies(copies.size());
+          std::int32_t twin_nmoves = 0, twin_ncopies = 0;
+          for (std::int32_t k = 0; k < S; ++k) {
+            const auto at = std::size_t(k * H), h = std::size_t(H);
+            auto one = twin.write(seqs[std::size_t(k)], l, std::span<const float>(gates).subspan(at, h),
+                                  {.slots = std::span(twin_slots).subspan(at, h),
+                                   .moves = std::span(twin_moves).subspan(std::size_t(twin_nmoves)),
+                                   .promote = promote.empty() ? std::span<std::int32_t>{} : std::span(twin_promote).subspan(at, h),
+                                   .copies = std::span(twin_copies).subspan(std::size_t(twin_ncopies))});
+            REQUIRE(one.ok());
+            twin_nmoves += one->moves;
+            twin_ncopies += one->copies;
+          }
+          auto info = cache.write_batch(seqs, l, gates, {.slots = slots, .moves = moves, .promote = promote, .copies = copies});
+          REQUIRE(info.ok());
+          REQUIRE(cache == twin);
+          REQUIRE(slots == twin_slots);
+          REQUIRE(promote == twin_promote);
+          REQUIRE(info->moves == twin_nmoves);
+          REQUIRE(info->copies == twin_ncopies);
+          REQUIRE(std::equal(moves.begin(), moves.begin() + info->moves, twin_moves.begin()));
+          for (std::int32_t k = 0; k < S; ++k) {
+            Live& x = live[order[std::size_t(k)]];
+            std::int32_t at_cap = 0;
+            for (std::int32_t h = 0; h < H; ++h)
+              REQUIRE(x.ref[std::size_t(l * H + h)].write(std::int32_t(x.tag.size()), gates[std::size_t(k * H + h)] >= 0.5f, cap,
+                                                          false, at_cap));
+          }
+          // The engine's order for the whole batch: copies, moves (or ring_write's promotions), then the tokens.
+          copies_run += info->copies;
+          mem.copy_blocks(std::span<const BlockCopy>(copies.data(), std::size_t(info->copies)));
+          if (promote.empty()) mem.move(std::span<const SlotMove>(moves.data(), std::size_t(info->moves)));
+          for (std::int32_t k = 0; k < S; ++k) {
+            const Live& x = live[order[std::size_t(k)]];
+            const auto at = std::size_t(k * H), h = std::size_t(H);
+            mem.run({}, std::span<const std::int32_t>(slots).subspan(at, h),
+                    promote.empty() ? std::span<const std::int32_t>{} : std::span<const std::int32_t>(promote).subspan(at, h), x.own,
+                    l, std::int64_t(x.tag.size()), 1);
+          }
+        }
+        for (Live& x : live) x.tag.push_back(x.own);
+        batches += live.size() > 1 ? 1 : 0;
       } else {
         const std::int32_t n = kind == 3 ? 1 + std::int32_t(rng() % std::uint64_t(3 * w)) : (kind == 4 ? 1 + std::int32_t(rng() % std::uint64_t(w)) : 1);
         for (std::int32_t l = 0; l < L; ++l) {
@@ -164,5 +223,6 @@ inline void gate_cache_property(std::mt19937_64& rng, int trials, int steps) {
   }
   REQUIRE(forks > 0);
   REQUIRE(copies_run > 0);
+  REQUIRE(batches > 0);  // write_batch ran over more than one sequence
 }
 }  // namespace gate_testing

@@ -68,6 +68,39 @@ TEST_CASE("a Cache with WriteGate admission: bad configurations, handles, layers
   CHECK(cache.truncate(s, 7, {.moves = moves}).status().code() == Errc::truncate_too_many);
   CHECK(cache == before);
 
+  // write_batch: each bad argument names itself; a head at its cap under `refuse` fails the whole batch.
+  {
+    const SeqId one[] = {s}, twice[] = {s, s};
+    const auto fails = [&](Errc code, const char* what, auto&& call) {
+      auto res = call();
+      CHECK(res.status().code() == code);
+      CHECK(std::string(res.status().what()) == what);
+      CHECK(cache == before);
+    };
+    const std::vector<float> two(2, 1.0f);
+    fails(Errc::invalid_argument, "layer", [&] { return cache.write_batch(one, 2, two, {.slots = slots, .moves = moves}); });
+    fails(Errc::invalid_argument, "gates.size (seqs x kv_heads)",
+          [&] { return cache.write_batch(one, 0, ones, {.slots = slots, .moves = moves}); });
+    fails(Errc::invalid_argument, "gates_at", [&] { return cache.write_batch(one, 0, bad, {.slots = slots, .moves = moves}); });
+    fails(Errc::invalid_argument, "seqs_at (a sequence twice)",
+          [&] { return cache.write_batch(twice, 0, std::vector<float>(4, 1.0f), {.slots = slots, .moves = moves}); });
+    fails(Errc::buffer_too_small, "slots",
+          [&] { return cache.write_batch(one, 0, two, {.slots = std::span(slots).first(1), .moves = moves}); });
+    fails(Errc::buffer_too_small, "promote",
+          [&] { return cache.write_batch(one, 0, two, {.slots = slots, .moves = moves, .promote = std::span(slots).first(1)}); });
+    fails(Errc::buffer_too_small, "moves",  // both heads promote an admitted token
+          [&] { return cache.write_batch(one, 0, two, {.slots = slots, .moves = std::span(moves).first(1)}); });
+    // Each head holds 2 of its 4 admitted tokens; two more steps fill the cap, the third is refused.
+    for (int step = 0; step < 2; ++step) REQUIRE(cache.write_batch(one, 0, two, {.slots = slots, .moves = moves}).ok());
+    const GateCache full = cache;
+    auto res = cache.write_batch(one, 0, two, {.slots = slots, .moves = moves});
+    CHECK(res.status().code() == Errc::capacity_exceeded);
+    CHECK(std::string(res.status().what()) == "global_cap");
+    CHECK(res.status().limit() == 4);
+    CHECK(cache == full);
+    cache = before;
+  }
+
   const SeqId seqs[] = {s};
   std::vector<std::int32_t> indptr(9, -5), indices(64, -5), last(8, -5);
   const auto untouched = [](const std::vector<std::int32_t>& v) { return std::all_of(v.begin(), v.end(), [](std::int32_t x) { return x == -5; }); };
@@ -93,6 +126,7 @@ TEST_CASE("a Cache with WriteGate admission: bad configurations, handles, layers
   REQUIRE(cache.free(t).ok());
   const SeqId stale[] = {t};
   CHECK(cache.write(t, 0, bad, {.slots = slots}).status().code() == Errc::unknown_sequence);
+  CHECK(cache.write_batch(stale, 0, std::vector<float>(2, 0.5f), {.slots = slots}).status().code() == Errc::unknown_sequence);
   CHECK(cache.fork(t).status().code() == Errc::unknown_sequence);
   CHECK(cache.free(t).code() == Errc::unknown_sequence);
   CHECK(cache.tokens_held(t, 0, 0).status().code() == Errc::unknown_sequence);

@@ -4,6 +4,7 @@
 #include <kvcache/page_table_edits.hpp>
 #include <kvcache/page_table_export.hpp>
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -326,5 +327,37 @@ TEST_CASE("eviction edits: drop_front keeps a dead front, errors change nothing"
   REQUIRE(drop_front(f.table, f.pool, s, 6).ok());  // everything: the row is empty and the front resets
   CHECK(f.table.blocks(s)->empty());
   CHECK(*f.table.front(s) == 0);
+  f.require_ok();
+}
+
+TEST_CASE("admission edits: extend_tail fills the tail block only, share_into shares a row into an empty one") {
+  Fixture f(16, 3, 8, 4);
+  auto a = *f.table.add(), b = *f.table.add(), c = *f.table.add();
+  std::vector<std::int32_t> slots(16);
+  REQUIRE(f.table.reserve(f.pool, a, 6, slots).ok());  // 2 blocks, the tail holds 2
+  const BlockId tail = (*f.table.blocks(a))[1];
+  auto slot = extend_tail(f.table, a, 1);
+  REQUIRE(slot.ok());
+  CHECK(*slot == tail * 4 + 2);  // reserve() would have given the same slot
+  CHECK(*f.table.tokens(a) == 7);
+  CHECK(*f.table.appended(a) == 7);
+  f.require_ok();
+  f.fails_unchanged(Errc::invalid_argument, "n_tokens (past the tail block)", [&] { return extend_tail(f.table, a, 2).status(); });
+  f.fails_unchanged(Errc::invalid_argument, "n_tokens (past the tail block)", [&] { return extend_tail(f.table, a, 0).status(); });
+  REQUIRE(extend_tail(f.table, a, 1).ok());  // the tail is full now
+  f.fails_unchanged(Errc::invalid_argument, "n_tokens (past the tail block)", [&] { return extend_tail(f.table, a, 1).status(); });
+  f.fails_unchanged(Errc::invalid_argument, "n_tokens (past the tail block)", [&] { return extend_tail(f.table, b, 1).status(); });
+  f.require_ok();
+
+  REQUIRE(share_into(f.table, f.pool, a, b).ok());
+  const auto shared = *f.table.blocks(a);
+  CHECK(std::ranges::equal(*f.table.blocks(b), shared));
+  CHECK(*f.table.tokens(b) == 8);
+  for (const BlockId x : shared) CHECK(f.pool.ref_count(x) == 2);
+  f.require_ok();
+  f.fails_unchanged(Errc::invalid_argument, "into.blocks (not empty)", [&] { return share_into(f.table, f.pool, a, b); });
+  f.fails_unchanged(Errc::invalid_argument, "into (is from)", [&] { return share_into(f.table, f.pool, c, c); });
+  REQUIRE(f.table.release(f.pool, b).ok());
+  f.fails_unchanged(Errc::unknown_sequence, "seq.generation", [&] { return share_into(f.table, f.pool, a, b); });
   f.require_ok();
 }

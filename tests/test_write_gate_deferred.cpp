@@ -144,6 +144,9 @@ TEST_CASE("deferred writes: refuse at the cap, nothing to reconcile, bad gates, 
   expect(gate.reconcile(table, pool, s, 1, std::vector<float>(6, 0.5f)).status(), Errc::invalid_argument, "layer");
   expect(gate.write(table, pool, s, 0, std::vector<float>(2, 0.5f), {.slots = slots, .moves = moves}).status(),
          Errc::invalid_argument, "pending_writes");
+  const SeqId batch[] = {s};
+  expect(gate.write_batch(table, pool, batch, 0, std::vector<float>(2, 0.5f), {.slots = slots, .moves = moves}).status(),
+         Errc::invalid_argument, "pending_writes");
   expect(gate.truncate(table, pool, s, 1, {.moves = moves}).status(), Errc::invalid_argument, "pending_writes");
   expect(gate.fork(table, pool, s).status(), Errc::invalid_argument, "pending_writes");
   expect(gate.allot(table, pool, s, 0, 1, {.ring_start = std::span<std::int32_t>(start.data(), 1), .ring_len = len}).status(),

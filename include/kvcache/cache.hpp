@@ -213,6 +213,15 @@ class Cache {
   {
     return admission_.write(table_, pool_, s, layer, gates, out);
   }
+  /// Head-paged decode step of one layer: one new token for each of seqs;
+  /// gates, out.slots and out.promote are [seqs][kv_heads] (the policy's
+  /// write_batch(), e.g. WriteGate::write_batch). All or nothing.
+  Result<GateWriteInfo> write_batch(std::span<const SeqId> seqs, std::int32_t layer, std::span<const float> gates,
+                                    const GateWriteSpans& out) noexcept
+    requires head_paged
+  {
+    return admission_.write_batch(table_, pool_, seqs, layer, gates, out);
+  }
   /// Rollback: the n most recently appended tokens leave. A token policy's
   /// compaction reorders the row, so after an evict() that evicted tokens a
   /// rollback reaches back only to that call: n larger than the tokens
@@ -535,7 +544,7 @@ class Cache {
       return cfg.max_sequences;
     }
   }
-  static Admission make_admission(const CacheConfig& cfg, const typename AdmissionArg<Admission>::type& a, const Table& t) {
+  static Admission make_admission(const CacheConfig& cfg, const typename AdmissionArg<Admission>::type& a, Table& t) {
     if constexpr (head_paged) {
       return Admission(a, cfg.max_sequences, t);
     } else {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvcache/block_hash.hpp"
+#include "kvcache/block_math.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/sequence_id.hpp"
@@ -53,7 +54,7 @@ class PageTable {
         st_(static_cast<std::size_t>(max_streams)),
         free_(st_.size()),
         max_tokens_(max_blocks_per_stream * block_size),  // checked_sizes: fits int32
-        shift_(std::has_single_bit(static_cast<std::uint32_t>(block_size)) ? std::countr_zero(static_cast<std::uint32_t>(block_size)) : -1) {
+        shift_(BlockMath::of(block_size).shift) {
     for (std::int32_t i = 0; i < max_streams; ++i) free_[static_cast<std::size_t>(i)] = max_streams - 1 - i;
     nfree_ = max_streams;
   }
@@ -196,16 +197,7 @@ class PageTable {
     if (auto st = validate(s); !st) return st;
     auto child = add(st_[s.index].key);
     if (!child) return child.status();
-    const std::uint32_t p = s.index, c = child->index;
-    for (std::int32_t b = 0; b < st_[p].nblocks; ++b) {
-      row(c)[b] = row(p)[b];
-      (void)pool.retain(row(p)[b]);
-    }
-    st_[c].tokens = st_[p].tokens;
-    st_[c].nblocks = st_[p].nblocks;
-    st_[c].nhashed = st_[p].nhashed;
-    st_[c].front = st_[p].front;
-    st_[c].appended = st_[p].appended;
+    share_row(pool, s.index, child->index);
     return child;
   }
 
@@ -282,15 +274,6 @@ class PageTable {
     for (std::int32_t b = from; b < st_[i].nblocks; ++b) row(i)[b] = BlockPool::null_block;
   }
 
-  // Block sizes are almost always powers of two: shift and mask then.
-  // Block arithmetic by value: the batch loops keep it in registers (stores
-  // into Stream's int32 fields could alias the members and force reloads).
-  struct BlockMath {
-    std::int32_t size, shift;  // shift >= 0: size is a power of two
-    std::int32_t div(std::int64_t x) const noexcept { return static_cast<std::int32_t>(shift >= 0 ? x >> shift : x / size); }
-    std::int32_t mod(std::int32_t x) const noexcept { return shift >= 0 ? x & (size - 1) : x % size; }
-    std::int32_t blocks_for(std::int64_t tokens) const noexcept { return div(tokens + size - 1); }
-  };
   BlockMath math() const noexcept { return {block_size_, shift_}; }
   std::int32_t div_b(std::int64_t x) const noexcept { return math().div(x); }
   std::int32_t mod_b(std::int32_t x) const noexcept { return math().mod(x); }
@@ -375,6 +358,19 @@ class PageTable {
     st.tokens += n;
     st.nblocks = need;
     st.appended += n;
+  }
+
+  // Row c (empty) takes every block of row p, one more holder each (fork, share_into).
+  void share_row(BlockPool& pool, std::uint32_t p, std::uint32_t c) noexcept {
+    for (std::int32_t b = 0; b < st_[p].nblocks; ++b) {
+      row(c)[b] = row(p)[b];
+      (void)pool.retain(row(p)[b]);
+    }
+    st_[c].tokens = st_[p].tokens;
+    st_[c].nblocks = st_[p].nblocks;
+    st_[c].nhashed = st_[p].nhashed;
+    st_[c].front = st_[p].front;
+    st_[c].appended = st_[p].appended;
   }
 
   // Drops the last n held tokens; blocks left empty return to the pool.

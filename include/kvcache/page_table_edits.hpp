@@ -5,6 +5,10 @@
 //   drop_tail      drop the last tokens after the engine compacted (token policies)
 //   privatize      give a shared block's holder its own copy before an in-place write
 //                  (admission's ring slots are rewritten, not appended to)
+//   share_into     an empty live row takes every block of another (a fork into
+//                  a row the caller owns: head-paged admission keeps its rows)
+//   extend_tail    n more tokens in a tail block the caller alone writes
+//                  (reserve() without the pool: admission's decode step)
 // Eviction never lowers `appended` (tokens ever appended): bounds use it.
 #pragma once
 
@@ -122,11 +126,47 @@ struct PageTableEdits {
     st.nhashed = std::min(st.nhashed, b);
     return copy;
   }
+
+  /// n more tokens of s in its partial tail block, which the caller knows no
+  /// other row holds and nobody has published (a head-paged row that was
+  /// never forked): reserve()'s common case without reading the pool. Their
+  /// slots start at the returned one. invalid_argument when the tail has no room for n.
+  static Result<std::int32_t> extend_tail(PageTable& t, SeqId s, std::int32_t n) noexcept {
+    if (auto st = t.validate(s); !st) return st;
+    PageTable::Stream& st = t.st_[s.index];
+    const std::int32_t used = st.front + st.tokens, off = t.mod_b(used);
+    if (n < 1 || off == 0 || n > t.block_size_ - off)
+      return Status{Errc::invalid_argument, "n_tokens (past the tail block)", n, off == 0 ? 0 : t.block_size_ - off};
+    st.tokens += n;
+    st.appended += n;
+    return t.row(s.index)[st.nblocks - 1] * t.block_size_ + off;
+  }
+
+  /// The empty live row `into` takes every block of `from` (one more holder
+  /// each), as fork() does for a row it adds. invalid_argument when `into`
+  /// holds tokens or is `from`.
+  static Status share_into(PageTable& t, BlockPool& pool, SeqId from, SeqId into) noexcept {
+    if (auto st = t.validate(from); !st) return st;
+    if (auto st = t.validate(into); !st) return st;
+    if (from.index == into.index) return Status{Errc::invalid_argument, "into (is from)", into.index, from.index};
+    if (const std::int32_t nb = t.st_[into.index].nblocks; nb != 0)
+      return Status{Errc::invalid_argument, "into.blocks (not empty)", nb, 0};
+    t.share_row(pool, from.index, into.index);
+    return {};
+  }
 };
 
 /// PageTableEdits::privatize as a free function.
 inline Result<BlockCopy> privatize(PageTable& t, BlockPool& pool, SeqId s, std::int32_t logical) noexcept {
   return PageTableEdits::privatize(t, pool, s, logical);
+}
+/// PageTableEdits::extend_tail as a free function.
+inline Result<std::int32_t> extend_tail(PageTable& t, SeqId s, std::int32_t n) noexcept {
+  return PageTableEdits::extend_tail(t, s, n);
+}
+/// PageTableEdits::share_into as a free function.
+inline Status share_into(PageTable& t, BlockPool& pool, SeqId from, SeqId into) noexcept {
+  return PageTableEdits::share_into(t, pool, from, into);
 }
 /// PageTableEdits::remove_blocks as a free function.
 inline Status remove_blocks(PageTable& t, BlockPool& pool, SeqId s, std::span<const std::int32_t> logical) noexcept {

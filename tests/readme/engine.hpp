@@ -23,6 +23,7 @@
 #include <kvcache/admission/write_gate.hpp>
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
+#include <kvcache/kernels/ring_write.hpp>
 #include <kvcache/kernels/scatter.hpp>
 
 #ifdef __CUDACC__
@@ -183,9 +184,11 @@ struct GateEngine {
   std::vector<int32_t> slots = std::vector<int32_t>(std::size_t(100 * num_kv_heads));
   std::vector<kv::SlotMove> moves = std::vector<kv::SlotMove>(std::size_t(W * num_kv_heads));
   std::vector<kv::BlockCopy> copies = std::vector<kv::BlockCopy>(std::size_t(row_blocks * num_kv_heads));
-  std::vector<int32_t> indptr = std::vector<int32_t>(num_kv_heads + 1);
-  std::vector<int32_t> indices = std::vector<int32_t>(std::size_t(num_kv_heads * row_blocks));
-  std::vector<int32_t> last_page_len = std::vector<int32_t>(num_kv_heads);
+  // Exports: room for a batch of up to 4 sequences' head rows.
+  std::vector<int32_t> indptr = std::vector<int32_t>(4 * num_kv_heads + 1);
+  std::vector<int32_t> indices = std::vector<int32_t>(std::size_t(4 * num_kv_heads * row_blocks));
+  std::vector<int32_t> last_page_len = std::vector<int32_t>(4 * num_kv_heads);
+  std::vector<int32_t> promote = std::vector<int32_t>(std::size_t(4 * num_kv_heads));
   std::vector<float> memory = std::vector<float>(std::size_t(num_blocks * block * head_dim * 2));
   kv::PoolView pool = kv::make_pool_view(head_geometry, memory.data(), num_blocks).value();
   std::vector<float> gate_buffer, k_buffer, v_buffer;
@@ -246,6 +249,57 @@ struct GateEngine {
       keys_read += len;
     }
     if (layer == num_layers - 1) written = end;
+  }
+
+  // The batch snippet's side: a decode step of several sequences, sequence k
+  // at position step_pos (its gates and K/V differ by sequence).
+  int64_t step_pos = 0;
+  static float batch_gate(std::size_t k, int32_t layer, int32_t head, int64_t p) {
+    return gate(layer, head, p + 3 * int64_t(k));
+  }
+  std::span<const float> step_gates(int32_t layer, std::span<const kv::SeqId> batch) {  // [seqs][kv_heads]
+    gate_buffer.resize(batch.size() * std::size_t(num_kv_heads));
+    for (std::size_t k = 0; k < batch.size(); ++k)
+      for (int32_t h = 0; h < num_kv_heads; ++h) gate_buffer[k * num_kv_heads + std::size_t(h)] = batch_gate(k, layer, h, step_pos);
+    return gate_buffer;
+  }
+  kv::KvSource step_kv(int32_t layer, std::span<const kv::SeqId> batch) {  // [seqs][kv_heads][head_dim]
+    k_buffer.assign(batch.size() * std::size_t(num_kv_heads * head_dim), 0.0f);
+    v_buffer = k_buffer;
+    for (std::size_t k = 0; k < batch.size(); ++k)
+      for (int32_t h = 0; h < num_kv_heads; ++h) {
+        const std::size_t at = (k * std::size_t(num_kv_heads) + std::size_t(h)) * std::size_t(head_dim);
+        k_buffer[at] = float(step_pos);
+        k_buffer[at + 1] = float(100 * int32_t(k) + 10 * layer + h);
+        v_buffer[at] = -k_buffer[at];
+        v_buffer[at + 1] = -k_buffer[at + 1];
+      }
+    return kv::KvSource{k_buffer.data(), v_buffer.data(), kv::DType::f32, 0, head_dim * 4, 0};
+  }
+  // As attention(), for every (sequence, kv-head) row of the batch.
+  void attention_batch(int32_t layer, std::size_t num_seqs, std::span<const int32_t> ptr, std::span<const int32_t> idx,
+                       std::span<const int32_t> last) {
+    const int64_t end = step_pos + 1;
+    for (int32_t r = 0; r < int32_t(num_seqs) * num_kv_heads; ++r) {
+      const auto k = std::size_t(r / num_kv_heads);
+      const int32_t h = r % num_kv_heads, pages = ptr[std::size_t(r + 1)] - ptr[std::size_t(r)];
+      const int32_t len = pages == 0 ? 0 : (pages - 1) * block + last[std::size_t(r)];
+      std::vector<int64_t> held;
+      for (int32_t j = 0; j < len; ++j) {
+        const int32_t b = idx[std::size_t(ptr[std::size_t(r)] + j / block)];
+        const float* kr = reinterpret_cast<const float*>(pool.row(b, 0, 0, j % block, 0));
+        const float* vr = reinterpret_cast<const float*>(pool.row(b, 0, 1, j % block, 0));
+        wrong += kr[1] != float(100 * int32_t(k) + 10 * layer + h) || vr[0] != -kr[0] ? 1 : 0;
+        held.push_back(int64_t(kr[0]));
+      }
+      std::sort(held.begin(), held.end());
+      std::vector<int64_t> want;
+      for (int64_t p = 0; p < end; ++p)
+        if (p >= end - W || batch_gate(k, layer, h, p) >= 0.1f) want.push_back(p);
+      wrong += held == want ? 0 : 1;
+      ++rows_read;
+    }
+    if (layer == num_layers - 1) ++step_pos;
   }
 
   // The no-host-sync snippet's side: "device" buffers (host memory here),

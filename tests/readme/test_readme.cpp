@@ -260,6 +260,27 @@ TEST_CASE_METHOD(GateEngine, "README Write-Gated KV: every head row holds its ri
 }
 
 
+TEST_CASE_METHOD(GateEngine, "README Write-Gated KV decode step: one write_batch per layer for the whole batch") {
+  bool completed = false;
+  struct Completed {  // a `return` out of the snippet fails the test
+    bool& done;
+    ~Completed() { CHECK(done); }
+  } guard{completed};
+#include "snippets/write_gate_batch.inc"
+  completed = true;
+  REQUIRE(step_pos == steps);
+  REQUIRE(rows_read == int64_t(steps) * num_layers * 4 * num_kv_heads);
+  REQUIRE(wrong == 0);
+  for (std::size_t k = 0; k < batch.size(); ++k) {
+    int64_t held = 0;
+    for (int32_t l = 0; l < num_layers; ++l)
+      for (int32_t h = 0; h < num_kv_heads; ++h)
+        for (int64_t p = 0; p < steps; ++p) held += p >= steps - W || batch_gate(k, l, h, p) >= 0.1f ? 1 : 0;
+    REQUIRE(cache.tokens_held(batch[k]).value() == held);
+  }
+  REQUIRE(cache.check_invariants().ok());
+}
+
 TEST_CASE_METHOD(GateEngine, "README Write-Gated KV without a host sync: the host catches up with the device") {
   bool completed = false;
   struct Completed {  // a `return` out of the snippet fails the test

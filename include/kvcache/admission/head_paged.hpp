@@ -22,6 +22,7 @@
 #include "kvcache/sequence_id.hpp"
 #include "kvcache/slot_move.hpp"
 #include "kvcache/status.hpp"
+#include "kvcache/strided_span.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -58,18 +59,19 @@ concept HeadPagedAdmission =
     AdmissionPolicy<P> && P::kind == AdmissionKind::head_paged &&
     requires(P& p, const P& cp, PageTable& t, const PageTable& ct, BlockPool& pool, SeqId s, std::int32_t i,
              std::int64_t n, std::span<const float> gates, const GateWriteSpans& out, const typename P::Config& cfg) {
-      P(cfg, i, ct);
+      P(cfg, i, t);
       { P::streams_for(cfg, i) } -> std::same_as<std::int64_t>;
       { p.add(t) } -> std::same_as<Result<SeqId>>;
       { p.fork(t, pool, s) } -> std::same_as<Result<SeqId>>;
       { p.free(t, pool, s) } -> std::same_as<Status>;
       { p.write(t, pool, s, i, gates, out) } -> std::same_as<Result<GateWriteInfo>>;
+      { p.write_batch(t, pool, std::span<const SeqId>{}, i, gates, out) } -> std::same_as<Result<GateWriteInfo>>;
       { p.truncate(t, pool, s, i, out) } -> std::same_as<Result<GateWriteInfo>>;
       { p.allot(t, pool, s, i, i, GateDeferredSpans{}) } -> std::same_as<Result<GateWriteInfo>>;
       { p.reconcile(t, pool, s, i, gates) } -> std::same_as<Result<GateWriteInfo>>;
       { cp.head(s, i, i) } -> std::same_as<Result<SeqId>>;
       { cp.head_unchecked(s, i, i) } -> std::same_as<SeqId>;
-      { cp.positions(s, i, i) } -> std::same_as<Result<std::span<const std::int32_t>>>;
+      { cp.positions(s, i, i) } -> std::same_as<Result<StridedSpan<const std::int32_t>>>;
       { cp.num_layers() } -> std::same_as<std::int32_t>;
       { cp.num_kv_heads() } -> std::same_as<std::int32_t>;
       { cp.local_window() } -> std::same_as<std::int32_t>;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kvcache/admission/head_paged.hpp"
+#include "kvcache/block_math.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/page_table.hpp"
@@ -33,6 +34,7 @@
 #include "kvcache/sequence_id.hpp"
 #include "kvcache/slot_move.hpp"
 #include "kvcache/status.hpp"
+#include "kvcache/strided_span.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -59,9 +61,13 @@ class WriteGate {
   static constexpr AdmissionKind kind = AdmissionKind::head_paged;  ///< Owns one stream per (sequence, layer, kv-head).
   using Config = WriteGateConfig;  ///< What a Cache is given to build it.
 
-  /// Binds the configuration to a table: `table` must hold max_sequences x
-  /// layers x kv-heads streams (streams_for) of single-head blocks. Throws ConfigError for bad values.
-  WriteGate(const WriteGateConfig& cfg, std::int32_t max_sequences, const PageTable& table);
+  /// Binds the configuration to a table and takes all of its streams: `table`
+  /// must be unused and hold max_sequences x layers x kv-heads streams
+  /// (streams_for) of single-head blocks. Stream (layer, seq, head) of the
+  /// table is row (layer x max_sequences + seq) x kv_heads + head, so one
+  /// layer's head rows lie together (a decode step and a layer's export walk
+  /// them in order). Throws ConfigError for bad values.
+  WriteGate(const WriteGateConfig& cfg, std::int32_t max_sequences, PageTable& table);
 
   /// Page-table streams a cache of `max_sequences` sequences needs.
   static constexpr std::int64_t streams_for(const WriteGateConfig& c, std::int32_t max_sequences) noexcept {
@@ -96,6 +102,16 @@ class WriteGate {
   /// head at its cap under `refuse` is an error naming the value, and nothing changes.
   Result<GateWriteInfo> write(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
                               std::span<const float> gates, const GateWriteSpans& out) noexcept;
+
+  /// A decode step of layer `layer` for a batch: one new token for each of
+  /// `seqs` (each at most once). gates, out.slots and out.promote are
+  /// [seqs][kv_heads]; out.moves and out.copies take the whole batch's
+  /// commands. The same result as write() per sequence in batch order, with
+  /// one check of the arguments and one pass over the layer's heads in
+  /// memory order. All or nothing, with write()'s errors; a sequence twice is
+  /// invalid_argument naming its index in `seqs`.
+  Result<GateWriteInfo> write_batch(PageTable& table, BlockPool& pool, std::span<const SeqId> seqs, std::int32_t layer,
+                                    std::span<const float> gates, const GateWriteSpans& out) noexcept;
 
   /// Rollback of the n newest tokens of every layer (all layers must have
   /// written the same tokens). Per head: they leave the ring; the newest
@@ -138,7 +154,7 @@ class WriteGate {
   /// The head stream of (s, layer, head) in the table (for exports: one row per head).
   Result<SeqId> head(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept;
   /// Positions of the head's live tokens in row order (ring slots, then global).
-  Result<std::span<const std::int32_t>> positions(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept;
+  Result<StridedSpan<const std::int32_t>> positions(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept;
   /// What a head holds.
   struct HeadState {
     std::int32_t ring = 0;    ///< Tokens in the ring.
@@ -175,13 +191,24 @@ class WriteGate {
     std::int32_t len = 0;     // ring tokens
     std::int32_t global = 0;  // global tokens
   };
+  // Layer-major: a layer's heads of every sequence are one slice of each array.
   std::size_t head_index(std::uint32_t seq, std::int32_t layer, std::int32_t h) const noexcept {
-    return (std::size_t(seq) * std::size_t(cfg_.num_layers) + std::size_t(layer)) * std::size_t(cfg_.num_kv_heads) +
+    return (std::size_t(layer) * std::size_t(max_seqs_) + std::size_t(seq)) * std::size_t(cfg_.num_kv_heads) +
            std::size_t(h);
   }
   Status validate(SeqId s) const noexcept;
-  std::int32_t* pos(std::size_t hi) noexcept { return pos_.data() + hi * std::size_t(row_cap_); }
-  const std::int32_t* pos(std::size_t hi) const noexcept { return pos_.data() + hi * std::size_t(row_cap_); }
+  // A head's row positions: a sequence's heads lie side by side per row slot
+  // ([layer][seq][row slot][head]), so a decode step's H writes share a line.
+  std::size_t pos_base(std::size_t hi) const noexcept {
+    const auto H = std::size_t(cfg_.num_kv_heads);
+    return (hi / H) * std::size_t(row_cap_) * H + hi % H;
+  }
+  StridedSpan<std::int32_t> pos(std::size_t hi) noexcept {
+    return {pos_.data() + pos_base(hi), std::size_t(row_cap_), cfg_.num_kv_heads};
+  }
+  StridedSpan<const std::int32_t> pos(std::size_t hi) const noexcept {
+    return {pos_.data() + pos_base(hi), std::size_t(row_cap_), cfg_.num_kv_heads};
+  }
   bool bit(std::size_t hi, std::int32_t r) const noexcept {
     return (bits_[hi * std::size_t(words_) + std::size_t(r >> 6)] >> (r & 63)) & 1u;
   }
@@ -236,8 +263,9 @@ class WriteGate {
 
   WriteGateConfig cfg_;
   std::int32_t w_ = 0, b_ = 0, cap_ = 0, row_cap_ = 0, words_ = 0, max_seqs_ = 0;
+  BlockMath bm_, wm_;                  // division by the block size and by W (shifts when powers of two)
   std::vector<Head> heads_;
-  std::vector<std::int32_t> pos_;      // [head][row_cap]: position of each row token
+  std::vector<std::int32_t> pos_;      // [layer][seq][row slot][kv_head]: position of each row token
   std::vector<std::uint64_t> bits_;    // [head][words]: admission bit per ring slot
   std::vector<SeqId> ids_;             // [head]: its stream in the table
   std::vector<std::int64_t> appended_; // [seq][layer]: positions written
@@ -252,9 +280,12 @@ class WriteGate {
   std::vector<std::int32_t> src_;      // [W]: rollback, where each ring slot's content comes from
   std::vector<std::uint8_t> touched_;  // [row blocks]: blocks a call rewrites in place (copy-on-write marks)
   std::vector<std::int32_t> marked_;   // the marked blocks, so a decode step visits one or two, not the row
+  std::vector<std::uint32_t> stamp_;   // [seq]: write_batch's duplicate check (scratch)
+  std::uint32_t epoch_ = 0;            // the stamp of the current write_batch call
 };
 
 KVCACHE_END_NAMESPACE
 
 #include "kvcache/admission/write_gate_impl.hpp"
+#include "kvcache/admission/write_gate_batch.hpp"
 #include "kvcache/admission/write_gate_deferred.hpp"

@@ -6,8 +6,9 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-inline WriteGate::WriteGate(const WriteGateConfig& cfg, std::int32_t max_sequences, const PageTable& table)
-    : cfg_(cfg), w_(cfg.local_window), b_(table.block_size()), max_seqs_(max_sequences) {
+inline WriteGate::WriteGate(const WriteGateConfig& cfg, std::int32_t max_sequences, PageTable& table)
+    : cfg_(cfg), w_(cfg.local_window), b_(table.block_size()), max_seqs_(max_sequences),
+      bm_(BlockMath::of(table.block_size())), wm_(BlockMath::of(std::max(1, cfg.local_window))) {
   auto bad = [](const char* what, std::int64_t v, std::int64_t limit) {
     throw ConfigError("kvcache::WriteGate", Status{Errc::invalid_argument, what, v, limit});
   };
@@ -19,6 +20,7 @@ inline WriteGate::WriteGate(const WriteGateConfig& cfg, std::int32_t max_sequenc
   if (cfg.at_cap != GlobalCapAction::refuse && cfg.at_cap != GlobalCapAction::drop) bad("at_cap", std::int64_t(cfg.at_cap), 1);
   const std::int64_t streams = streams_for(cfg, max_sequences);
   if (streams > table.max_streams()) bad("table.max_streams (max_sequences x layers x kv_heads)", table.max_streams(), streams);
+  if (table.num_streams() != 0) bad("table.num_streams (the table must be unused)", table.num_streams(), 0);
   row_cap_ = table.max_blocks_per_stream() * b_;
   if (row_cap_ < w_) bad("table.max_blocks_per_stream x block_size (< local_window)", row_cap_, w_);
   if (cfg.global_cap < 0 || cfg.global_cap > row_cap_ - w_) bad("global_cap", cfg.global_cap, row_cap_ - w_);
@@ -33,6 +35,7 @@ inline WriteGate::WriteGate(const WriteGateConfig& cfg, std::int32_t max_sequenc
   gen_.assign(std::size_t(max_sequences), 0);
   live_.assign(std::size_t(max_sequences), 0);
   forked_.assign(std::size_t(max_sequences), 0);
+  stamp_.assign(std::size_t(max_sequences), 0);
   pending_.assign(std::size_t(max_sequences) * std::size_t(cfg.num_layers) * max_pending, 0);
   npending_.assign(std::size_t(max_sequences) * std::size_t(cfg.num_layers), 0);
   for (std::int32_t i = max_sequences; i-- > 0;) free_.push_back(i);
@@ -40,6 +43,9 @@ inline WriteGate::WriteGate(const WriteGateConfig& cfg, std::int32_t max_sequenc
   src_.resize(std::size_t(w_));
   touched_.assign(std::size_t(table.max_blocks_per_stream()), 0);
   marked_.reserve(std::size_t(table.max_blocks_per_stream()));
+  // Every head stream for good, in head order: rows are then in head order
+  // too, and a sequence's add and free touch no table handle.
+  for (auto& id : ids_) id = *table.add();  // enough streams: checked above
 }
 
 inline Status WriteGate::validate(SeqId s) const noexcept {
@@ -48,17 +54,12 @@ inline Status WriteGate::validate(SeqId s) const noexcept {
   return {};
 }
 
-inline Result<SeqId> WriteGate::add(PageTable& table) noexcept {
+inline Result<SeqId> WriteGate::add(PageTable&) noexcept {
   if (free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", max_seqs_ + std::int64_t{1}, max_seqs_};
-  const std::int64_t per_seq = std::int64_t{cfg_.num_layers} * cfg_.num_kv_heads;
-  if (table.free_streams() < per_seq) return Status{Errc::capacity_exceeded, "table.streams", per_seq, table.free_streams()};
   const auto i = std::uint32_t(free_.back());
   free_.pop_back();
-  for (std::int64_t k = 0; k < per_seq; ++k) {
-    const std::size_t hi = std::size_t(i) * std::size_t(per_seq) + std::size_t(k);
-    ids_[hi] = *table.add();  // enough free streams: checked above
-    heads_[hi] = Head{};
-  }
+  for (std::int32_t l = 0; l < cfg_.num_layers; ++l)
+    for (std::int32_t h = 0; h < cfg_.num_kv_heads; ++h) heads_[head_index(i, l, h)] = Head{};  // rows are empty
   live_[i] = 1;
   forked_[i] = 0;
   std::fill_n(appended_.begin() + std::ptrdiff_t(i) * cfg_.num_layers, cfg_.num_layers, 0);
@@ -69,18 +70,16 @@ inline Result<SeqId> WriteGate::fork(PageTable& table, BlockPool& pool, SeqId s)
   if (auto st = validate(s); !st) return st;
   if (any_pending(s.index)) return Status{Errc::invalid_argument, "pending_writes (reconcile first)", 1, 0};
   if (free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", max_seqs_ + std::int64_t{1}, max_seqs_};
-  const std::int64_t per_seq = std::int64_t{cfg_.num_layers} * cfg_.num_kv_heads;
-  if (table.free_streams() < per_seq) return Status{Errc::capacity_exceeded, "table.streams", per_seq, table.free_streams()};
   const auto c = std::uint32_t(free_.back());
   free_.pop_back();
-  for (std::int64_t k = 0; k < per_seq; ++k) {
-    const std::size_t from = std::size_t(s.index) * std::size_t(per_seq) + std::size_t(k);
-    const std::size_t to = std::size_t(c) * std::size_t(per_seq) + std::size_t(k);
-    ids_[to] = *table.fork(pool, ids_[from]);  // enough free streams: checked above
-    heads_[to] = heads_[from];
-    std::copy_n(pos(from), row_cap_, pos(to));
-    std::copy_n(bits_.begin() + std::ptrdiff_t(from) * words_, words_, bits_.begin() + std::ptrdiff_t(to) * words_);
-  }
+  for (std::int32_t l = 0; l < cfg_.num_layers; ++l)
+    for (std::int32_t h = 0; h < cfg_.num_kv_heads; ++h) {
+      const std::size_t from = head_index(s.index, l, h), to = head_index(c, l, h);
+      (void)share_into(table, pool, ids_[from], ids_[to]);  // a free sequence's rows are empty
+      heads_[to] = heads_[from];
+      std::copy_n(pos(from).begin(), row_cap_, pos(to).begin());
+      std::copy_n(bits_.begin() + std::ptrdiff_t(from) * words_, words_, bits_.begin() + std::ptrdiff_t(to) * words_);
+    }
   std::copy_n(appended_.begin() + std::ptrdiff_t(s.index) * cfg_.num_layers, cfg_.num_layers,
               appended_.begin() + std::ptrdiff_t(c) * cfg_.num_layers);
   live_[c] = 1;
@@ -129,12 +128,12 @@ inline void WriteGate::privatize_marked(PageTable& table, BlockPool& pool, SeqId
 
 inline Status WriteGate::free(PageTable& table, BlockPool& pool, SeqId s) noexcept {
   if (auto st = validate(s); !st) return st;
-  const std::int64_t per_seq = std::int64_t{cfg_.num_layers} * cfg_.num_kv_heads;
-  for (std::int64_t k = 0; k < per_seq; ++k) {
-    const std::size_t hi = std::size_t(s.index) * std::size_t(per_seq) + std::size_t(k);
-    (void)table.release(pool, ids_[hi]);  // the gate's own streams: always live
-    heads_[hi] = Head{};
-  }
+  for (std::int32_t l = 0; l < cfg_.num_layers; ++l)
+    for (std::int32_t h = 0; h < cfg_.num_kv_heads; ++h) {
+      const std::size_t hi = head_index(s.index, l, h);
+      (void)table.truncate(pool, ids_[hi], table.tokens_unchecked(ids_[hi]));  // its blocks go back; the row stays the gate's
+      heads_[hi] = Head{};
+    }
   live_[s.index] = 0;
   for (std::int32_t l = 0; l < cfg_.num_layers; ++l) npending(s.index, l) = 0;  // allotted rows went back with the rest
   ++gen_[s.index];
@@ -144,7 +143,9 @@ inline Status WriteGate::free(PageTable& table, BlockPool& pool, SeqId s) noexce
 
 inline void WriteGate::grow_row(PageTable& table, BlockPool& pool, std::uint32_t seq, std::size_t hi, std::int32_t grow,
                                 const Head& ring, std::int64_t n, std::span<BlockCopy> copies, GateWriteInfo& info) noexcept {
-  if (grow > 0) {  // reserve() copies a shared tail it appends to
+  if (const std::int32_t off = bm_.mod(table.tokens_unchecked(ids_[hi])); grow > 0 && !forked_[seq] && off != 0 && grow <= b_ - off) {
+    (void)extend_tail(table, ids_[hi], grow);  // never forked: nobody else holds the tail (the common decode step)
+  } else if (grow > 0) {  // reserve() copies a shared tail it appends to
     if (std::int64_t(reserved_.size()) < grow) reserved_.resize(std::size_t(grow));
     const auto r = table.reserve(pool, ids_[hi], grow, std::span<std::int32_t>(reserved_.data(), std::size_t(grow)));
     if (r.ok() && r->copy.src >= 0) copies[std::size_t(info.copies++)] = r->copy;  // planned: cannot fail
@@ -160,18 +161,19 @@ inline void WriteGate::apply_head(std::size_t hi, std::int32_t h, std::int64_t n
                                   const GateWriteSpans* out) noexcept {
   const std::int32_t H = cfg_.num_kv_heads;
   Head& st = heads_[hi];
-  auto phys = [&](std::int32_t x) { return row[std::size_t(x / b_)] * b_ + x % b_; };
-  std::int32_t* p = pos(hi);
+  const BlockMath bm = bm_, wm = wm_;
+  auto phys = [&](std::int32_t x) { return row[std::size_t(bm.div(x))] * bm.size + bm.mod(x); };
+  const auto p = pos(hi);
   std::int32_t old_left = st.len;
   for (std::int64_t t = 0; t < n; ++t) {
     const std::size_t at = std::size_t(t * H + h);
     std::int32_t r, promoted_to = -1;
     if (st.len < w_) {
-      r = (st.start + st.len) % w_;
+      r = wm.mod(st.start + st.len);
       ++st.len;
     } else {
       r = st.start;
-      st.start = (st.start + 1) % w_;
+      st.start = wm.mod(st.start + 1);
       const bool old = old_left > 0;
       old_left -= old ? 1 : 0;
       std::int32_t dst = -1;
@@ -308,7 +310,7 @@ inline Result<GateWriteInfo> WriteGate::truncate(PageTable& table, BlockPool& po
     for (std::int32_t h = 0; h < H; ++h) {
       const std::size_t hi = head_index(s.index, l, h);
       const Head& st = heads_[hi];
-      const std::int32_t* p = pos(hi);
+      const auto p = pos(hi);
       std::int32_t run = 0;
       while (run < st.len && run < n && p[(st.start + st.len - 1 - run) % w_] == at(0) - 1 - run) ++run;
       if (run < n) limit = std::min<std::int64_t>(limit, run);
@@ -345,7 +347,7 @@ inline Result<GateWriteInfo> WriteGate::truncate(PageTable& table, BlockPool& po
     st = rolled_back(st, n);
     const auto row = table.blocks_unchecked(ids_[hi]);
     auto phys = [&](std::int32_t x) { return row[std::size_t(x / b_)] * b_ + x % b_; };
-    std::int32_t* p = pos(hi);
+    const auto p = pos(hi);
     for (std::int32_t r = 0; r < std::min(st.len, w_); ++r) {  // sources are never destinations: any order
       const std::int32_t from = src_[std::size_t(r)];
       if (from == r) continue;
@@ -366,12 +368,12 @@ inline Result<SeqId> WriteGate::head(SeqId s, std::int32_t layer, std::int32_t k
   return ids_[head_index(s.index, layer, kv_head)];
 }
 
-inline Result<std::span<const std::int32_t>> WriteGate::positions(SeqId s, std::int32_t layer,
+inline Result<StridedSpan<const std::int32_t>> WriteGate::positions(SeqId s, std::int32_t layer,
                                                                   std::int32_t kv_head) const noexcept {
   auto id = head(s, layer, kv_head);
   if (!id) return id.status();
   const std::size_t hi = head_index(s.index, layer, kv_head);
-  return std::span<const std::int32_t>(pos(hi), std::size_t(row_tokens(heads_[hi])));
+  return pos(hi).first(std::size_t(row_tokens(heads_[hi])));
 }
 
 inline Result<WriteGate::HeadState> WriteGate::head_state(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept {
@@ -390,8 +392,8 @@ inline Result<std::int64_t> WriteGate::appended(SeqId s, std::int32_t layer) con
 inline Result<std::int64_t> WriteGate::tokens_held(const PageTable& table, SeqId s) const noexcept {
   if (auto st = validate(s); !st) return st;
   std::int64_t total = 0;
-  const std::size_t per_seq = std::size_t(cfg_.num_layers) * std::size_t(cfg_.num_kv_heads);
-  for (std::size_t k = 0; k < per_seq; ++k) total += table.tokens_unchecked(ids_[std::size_t(s.index) * per_seq + k]);
+  for (std::int32_t l = 0; l < cfg_.num_layers; ++l)
+    for (std::int32_t h = 0; h < cfg_.num_kv_heads; ++h) total += table.tokens_unchecked(ids_[head_index(s.index, l, h)]);
   return total;
 }
 
@@ -404,13 +406,17 @@ inline std::int64_t WriteGate::max_blocks_held(std::int64_t tokens) const noexce
 inline Status WriteGate::check(const PageTable& table) const {
   const std::size_t per_seq = std::size_t(cfg_.num_layers) * std::size_t(cfg_.num_kv_heads);
   std::vector<std::int32_t> seen;
+  for (std::size_t hi = 0; hi < heads_.size(); ++hi)  // a free sequence's rows stay the gate's, empty
+    if (!table.live(ids_[hi]) || (!live_[(hi / std::size_t(cfg_.num_kv_heads)) % std::size_t(max_seqs_)] &&
+                                  table.tokens_unchecked(ids_[hi]) != 0))
+      return Status{Errc::invariant_violated, "head_stream", std::int64_t(hi), 0};
   for (std::size_t q = 0; q < std::size_t(max_seqs_); ++q) {
     if (!live_[q]) continue;
     for (std::size_t k = 0; k < per_seq; ++k) {
-      const std::size_t hi = q * per_seq + k;
+      const std::size_t hi = head_index(std::uint32_t(q), std::int32_t(k / std::size_t(cfg_.num_kv_heads)),
+                                        std::int32_t(k % std::size_t(cfg_.num_kv_heads)));
       const Head& h = heads_[hi];
       const std::int64_t appended = appended_[q * std::size_t(cfg_.num_layers) + k / std::size_t(cfg_.num_kv_heads)];
-      if (!table.live(ids_[hi])) return Status{Errc::invariant_violated, "head_stream", std::int64_t(hi), 0};
       if (h.len < 0 || h.len > w_ || h.start < 0 || h.start >= w_ || h.global < 0 || h.global > cap_)
         return Status{Errc::invariant_violated, "head_state", std::int64_t(hi), w_};
       if (h.len < w_ && (h.global != 0 || h.start != 0))  // a partial ring is the row's first slots
@@ -419,7 +425,7 @@ inline Status WriteGate::check(const PageTable& table) const {
       if (table.tokens_unchecked(ids_[hi]) != allotted_row_tokens(hi, std::uint32_t(q), layer))
         return Status{Errc::invariant_violated, "row_tokens", table.tokens_unchecked(ids_[hi]),
                       allotted_row_tokens(hi, std::uint32_t(q), layer)};
-      seen.assign(pos(hi), pos(hi) + row_tokens(h));
+      seen.assign(pos(hi).begin(), pos(hi).begin() + row_tokens(h));
       std::sort(seen.begin(), seen.end());
       if (!seen.empty() && (seen.front() < 0 || seen.back() >= appended))
         return Status{Errc::invariant_violated, "positions", std::int64_t(hi), appended};
