@@ -5,9 +5,12 @@
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/gather.hpp>
+#include <kvcache/kernels/page_select.hpp>
 #include <kvcache/kernels/rope.hpp>
 #include <kvcache/kernels/scatter.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -56,7 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto out_before = out;
   kv::Status st{};
   const std::int32_t tokens = std::int32_t(in.byte() % 8);
-  switch (in.byte() % 6) {
+  switch (in.byte() % 7) {
     case 0: {  // scatter by slot mapping
       auto slots = in.ints(std::size_t(tokens), slots_in_pool);
       kv::ScatterParams p{pool, {src.data(), src.data(), kv::DType::f32, 8 * 64, 8 * 8, 8}, kv::TokenAddress{slots.data()},
@@ -99,6 +102,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       for (auto& m : moves) m = {in.value(slots_in_pool), in.value(slots_in_pool)};
       kv::CompactionParams p{pool, moves.data(), tokens, in.value(2), in.value(2), in.value(2), in.value(2)};
       st = kv::compaction_host(p);
+      break;
+    }
+    case 5: {  // Quest page selection: any CSR, offsets, budget, forced pages, queries (NaN too) and scratch
+      const std::int32_t seqs = std::int32_t(in.byte() % 3), group = 1 + std::int32_t(in.byte() % 3), H = spec.num_kv_heads;
+      auto indptr = in.ints(std::size_t(seqs) + 1, 8), indices = in.ints(8, 4), out_indptr = in.ints(std::size_t(seqs * H) + 1, 16);
+      for (auto& x : indptr)  // indices holds 8 entries, the output 32: larger offsets break the caller's contract
+        if (x > 8) x = 8;
+      for (auto& x : out_indptr)
+        if (x > 32) x = 32;
+      if (in.byte() % 2 && seqs > 0 && kv::check_csr(indptr.data(), seqs).ok())  // often the offsets it asks for
+        (void)kv::page_select_indptr(indptr.data(), seqs, H, std::max(1, in.value(4)), out_indptr.data(), out_indptr.size());
+      std::vector<float> bounds(std::size_t(blocks * H * 2 * 2), 0.25f), queries(std::size_t(seqs * H * group * 2) + 1, 0.5f);
+      for (auto& q : queries) q = in.byte() % 16 == 0 ? (in.byte() % 2 ? NAN : INFINITY) : float(std::int32_t(in.byte() % 9) - 4);
+      std::vector<std::byte> scratch(std::size_t(in.byte() % 64) * 4);
+      std::vector<std::int32_t> picked(32, -3);
+      const auto picked_before = picked;
+      kv::PageSelectParams p{bounds.data(), blocks, H, 2, queries.data(), group, indptr.data(), indices.data(), seqs,
+                             seqs > 0 ? indptr[std::size_t(seqs)] : 0, in.value(4), in.value(2), in.value(2), out_indptr.data(),
+                             picked.data(), scratch.data(), scratch.size()};
+      st = kv::page_select_host(p);
+      if (!st.ok() && picked != picked_before) fail("page_select", st);
       break;
     }
     default: {  // rope on listed blocks with a table from make_rope_table

@@ -33,6 +33,9 @@ inline unsigned grid_for(std::int64_t items) {
 
 inline cudaError_t invalid(const Status& st) { return st.ok() ? cudaSuccess : cudaErrorInvalidValue; }
 
+// Scratch carving: every buffer starts 256-byte aligned (CUB's temp storage too).
+inline std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
+
 }  // namespace cuda_detail
 KVCACHE_END_NAMESPACE
 

@@ -39,7 +39,6 @@ struct SelectScratch {
   void* cub_temp;
   std::size_t cub_bytes;
 };
-inline std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
 // Carves `base` (nullptr: sizes only) into the buffers; returns total bytes.
 inline cudaError_t carve(void* base, std::int32_t streams, std::int32_t max_keys, SelectScratch& s, std::size_t& total) {
   const std::size_t n = std::size_t(streams) * std::size_t(max_keys);

@@ -4,6 +4,7 @@
 #include <kvcache/kernels/compaction.cuh>
 #include <kvcache/kernels/gather.cuh>
 #include <kvcache/kernels/page_bounds.cuh>
+#include <kvcache/kernels/page_select.cuh>
 #include <kvcache/kernels/ring_admit.cuh>
 #include <kvcache/kernels/ring_write.cuh>
 #include <kvcache/kernels/rope.cuh>
@@ -30,4 +31,8 @@ cudaError_t select(const float* scores, const std::int32_t* lengths, std::int32_
 cudaError_t page_bounds(const kv::PageBoundsParams& p, cudaStream_t s) { return kv::page_bounds_cuda(p, s); }
 cudaError_t write_gate(const kv::WriteGateParams& p, cudaStream_t s) { return kv::write_gate_cuda(p, s); }
 cudaError_t ring_admit(const kv::RingAdmitParams& p, cudaStream_t s) { return kv::ring_admit_cuda(p, s); }
+cudaError_t page_select_scratch_bytes(std::int32_t pages, std::int32_t seqs, std::int32_t kv_heads, std::size_t* bytes) {
+  return kv::page_select_cuda_scratch_bytes(pages, seqs, kv_heads, bytes);
+}
+cudaError_t page_select(const kv::PageSelectParams& p, cudaStream_t s) { return kv::page_select_cuda(p, s); }
 }  // namespace kvgpu

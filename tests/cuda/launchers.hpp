@@ -8,6 +8,7 @@
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/gather.hpp>
 #include <kvcache/kernels/page_bounds.hpp>
+#include <kvcache/kernels/page_select.hpp>
 #include <kvcache/kernels/ring_write.hpp>
 #include <kvcache/kernels/rope.hpp>
 #include <kvcache/kernels/scatter.hpp>
@@ -31,4 +32,6 @@ cudaError_t select(const float* scores, const std::int32_t* lengths, std::int32_
 cudaError_t page_bounds(const kv::PageBoundsParams& p, cudaStream_t s = nullptr);
 cudaError_t write_gate(const kv::WriteGateParams& p, cudaStream_t s = nullptr);
 cudaError_t ring_admit(const kv::RingAdmitParams& p, cudaStream_t s = nullptr);
+cudaError_t page_select_scratch_bytes(std::int32_t pages, std::int32_t seqs, std::int32_t kv_heads, std::size_t* bytes);
+cudaError_t page_select(const kv::PageSelectParams& p, cudaStream_t s = nullptr);
 }  // namespace kvgpu

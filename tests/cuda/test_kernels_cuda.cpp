@@ -276,6 +276,42 @@ TEST_CASE("cuda rope, page bounds, scores and top-k == host") {
   }
 }
 
+TEST_CASE("cuda page selection == host page selection (GQA, forced pages, ties, rows within the budget)") {
+  auto rng = fresh_rng();
+  for (int trial = 0; trial < 40; ++trial) {
+    const std::int32_t S = 1 + std::int32_t(rng() % 6), H = 1 + std::int32_t(rng() % 4), D = 8 << (rng() % 4),
+                       G = 1 + std::int32_t(rng() % 4), blocks = 40;
+    const std::int32_t first = std::int32_t(rng() % 3), last = std::int32_t(rng() % 3);
+    const std::int32_t budget = std::max(1, first + last) + std::int32_t(rng() % 40);
+    std::vector<std::int32_t> indptr{0}, indices;
+    for (std::int32_t s = 0; s < S; ++s) {
+      const auto n = std::int32_t(rng() % 300);
+      for (std::int32_t j = 0; j < n; ++j) indices.push_back(std::int32_t(rng() % blocks));  // repeats: equal bounds
+      indptr.push_back(std::int32_t(indices.size()));
+    }
+    std::vector<float> bounds(std::size_t(blocks * H * 2 * D)), queries(std::size_t(S * H * G * D));
+    for (auto& b : bounds) b = float(std::int32_t(rng() % 17) - 8) / 4.0f;  // coarse: ties between blocks too
+    for (auto& q : queries) q = float(std::int32_t(rng() % 9) - 4) / 2.0f;
+    std::vector<std::int32_t> out_indptr(std::size_t(S * H + 1));
+    REQUIRE(page_select_indptr(indptr.data(), S, H, budget, out_indptr.data(), out_indptr.size()).ok());
+    std::vector<std::int32_t> out(std::size_t(out_indptr.back()) + 1, -7);
+    std::vector<std::byte> host_scratch(page_select_scratch_bytes(300, H));
+    const auto params = [&](const float* b, const float* q, const std::int32_t* ip, const std::int32_t* ix, const std::int32_t* oip,
+                            std::int32_t* o, void* scratch, std::size_t bytes) {
+      return PageSelectParams{b, blocks, H, D, q, G, ip, ix, S, indptr.back(), budget, first, last, oip, o, scratch, bytes};
+    };
+    REQUIRE(page_select_host(params(bounds.data(), queries.data(), indptr.data(), indices.data(), out_indptr.data(), out.data(),
+                                    host_scratch.data(), host_scratch.size())).ok());
+    std::size_t bytes = 0;
+    CUDA_OK(kvgpu::page_select_scratch_bytes(indptr.back(), S, H, &bytes));
+    Dev dbounds(bounds), dq(queries), dindptr(indptr), dindices(indices.empty() ? std::vector<std::int32_t>(1) : indices),
+        dout_indptr(out_indptr), dout(std::vector<std::int32_t>(out.size(), -7)), scratch(std::vector<std::byte>(bytes + 1));
+    CUDA_OK(kvgpu::page_select(params(dbounds.as<float>(), dq.as<float>(), dindptr.as<std::int32_t>(), dindices.as<std::int32_t>(),
+                                      dout_indptr.as<std::int32_t>(), dout.as<std::int32_t>(), scratch.p, bytes)));
+    REQUIRE(dout.download<std::int32_t>() == out);
+  }
+}
+
 TEST_CASE("cuda scatter and gather reach a block past 4 GiB (64-bit offsets)") {
   const GeometrySpec g{.num_layers = 1, .num_kv_heads = 8, .head_dim = 128, .block_size = 16};
   auto geo = *Geometry::make(g);

@@ -11,6 +11,8 @@
 
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
+#include <kvcache/kernels/page_bounds.hpp>
+#include <kvcache/kernels/page_select.hpp>
 #include <kvcache/kernels/ring_admit.hpp>
 #include <kvcache/kernels/rope.hpp>
 #include <kvcache/kernels/scatter.hpp>
@@ -44,5 +46,12 @@ inline cudaError_t rope_cuda(const RopeParams& p, cudaStream_t) { return readme_
 inline cudaError_t ring_admit_cuda(const RingAdmitParams& p, cudaStream_t) { return readme_detail::ran(ring_admit_host(p)); }
 inline cudaError_t write_gate_cuda(const WriteGateParams& p, cudaStream_t) {
   return readme_detail::ran(write_gate_host(p));
+}
+inline cudaError_t page_bounds_cuda(const PageBoundsParams& p, cudaStream_t) { return readme_detail::ran(page_bounds_host(p)); }
+inline cudaError_t page_select_cuda(const PageSelectParams& p, cudaStream_t) { return readme_detail::ran(page_select_host(p)); }
+// What the host backend needs: the batch's page count bounds its longest row.
+inline cudaError_t page_select_cuda_scratch_bytes(std::int32_t num_pages, std::int32_t, std::int32_t kv_heads, std::size_t* bytes) {
+  *bytes = page_select_scratch_bytes(num_pages, kv_heads);
+  return cudaSuccess;
 }
 KVCACHE_END_NAMESPACE

@@ -150,12 +150,39 @@ struct KernelEngine {
   const void* k_pre_ptr = k_pre.data() + q_heads * head_bytes;
   std::vector<float> gate_buffer = std::vector<float>(std::size_t(num_tokens * kv_heads), -1.0f);
   float* gates_dev = gate_buffer.data();
+  // Quest: two sequences over blocks 1..7 of `layer` (6 pages, the last holding 5
+  // tokens; 1 page of 3 tokens), every page just written; the step's queries.
+  int32_t num_seqs = 2, num_pages = 7, num_touched = 7;
+  std::vector<int32_t> indptr{0, 6, 7}, index_buffer{1, 2, 3, 4, 5, 6, 7}, fill_buffer{16, 16, 16, 16, 16, 5, 3};
+  const int32_t* indptr_dev = indptr.data();
+  const int32_t* indices_dev = index_buffer.data();
+  const int32_t* touched_dev = index_buffer.data();
+  const int32_t* fill_dev = fill_buffer.data();
+  std::vector<float> bound_buffer = std::vector<float>(std::size_t(num_blocks * kv_heads * 2 * head_dim));
+  float* bounds_dev = bound_buffer.data();
+  std::vector<float> query_buffer = make_queries();
+  const float* queries_dev = query_buffer.data();
+  std::vector<int32_t> out_indptr_buffer = std::vector<int32_t>(5, -1), out_index_buffer = std::vector<int32_t>(10, -1);
+  int32_t* out_indptr_dev = out_indptr_buffer.data();
+  int32_t* out_indices_dev = out_index_buffer.data();
+  std::vector<std::byte> scratch_buffer;
+  void* engine_scratch(std::size_t bytes) {  // the engine's buffer, sized once per batch shape
+    scratch_buffer.resize(bytes);
+    return scratch_buffer.data();
+  }
+  static std::vector<float> make_queries() {  // [num_seqs][kv_heads][q_heads / kv_heads][head_dim]
+    std::vector<float> q(std::size_t(2 * q_heads * head_dim));
+    for (std::size_t i = 0; i < q.size(); ++i) q[i] = float(int(i * 7 % 13) - 6) / 4.0f;
+    return q;
+  }
 
   KernelEngine() {  // every input element distinct and exactly representable in fp16
     for (std::size_t i = 0; i < qkv.size() / 2; ++i)
       kv::store_elem(kv::DType::f16, qkv.data(), std::int64_t(i), float(int(i % 997) - 498) / 64.0f);
     for (std::size_t i = 0; i < k_pre.size() / 2; ++i)
       kv::store_elem(kv::DType::f16, k_pre.data(), std::int64_t(i), float(int(i % 311) - 155) / 32.0f);
+    for (std::size_t i = 0; i < memory.size() / 2; ++i)  // the pool's keys for the Quest snippet
+      kv::store_elem(kv::DType::f16, memory.data(), std::int64_t(i), float(int(i * 37 % 101) - 50) / 16.0f);
   }
   static std::vector<float> make_gate_weights() {  // norms, w1, b1, w2, b2: small, deterministic
     const std::size_t n = 2 * head_dim + kv_heads * (2 * head_dim * 4 * head_dim + 2 * 4 * head_dim + 1);

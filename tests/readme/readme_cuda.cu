@@ -3,6 +3,8 @@
 // or a parameter struct that drifts from the README fails the build.
 #include <kvcache/kernels/block_copy.cuh>
 #include <kvcache/kernels/compaction.cuh>
+#include <kvcache/kernels/page_bounds.cuh>
+#include <kvcache/kernels/page_select.cuh>
 #include <kvcache/kernels/ring_admit.cuh>
 #include <kvcache/kernels/rope.cuh>
 #include <kvcache/kernels/scatter.cuh>
@@ -23,6 +25,7 @@ struct GpuGate : GateEngine {
 struct GpuKernels : KernelEngine {
   void kernels();
   void write_gate();
+  void page_select();
 };
 
 void GpuSnippets::block_scores() {
@@ -46,5 +49,9 @@ void GpuGate::deferred() {
 }
 void GpuKernels::write_gate() {
 #include "snippets/write_gate.inc"
+}
+void GpuKernels::page_select() {
+#include "snippets/pool_view.inc"
+#include "snippets/page_select.inc"
 }
 }  // namespace readme

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -243,6 +244,51 @@ TEST_CASE_METHOD(KernelEngine, "README write gate: one layer's gates from its pr
     }
   const auto [lo, hi] = std::minmax_element(gate_buffer.begin(), gate_buffer.end());
   REQUIRE(*hi - *lo > 0.05f);  // the fixture's gates differ: a constant output would pass the loop above
+}
+
+TEST_CASE_METHOD(KernelEngine, "README Quest: bounds of the written pages then each row's pages under the budget") {
+  bool completed = false;
+  struct Completed {  // a `return` out of the snippet fails the test
+    bool& done;
+    ~Completed() { CHECK(done); }
+  } guard{completed};
+  {
+#include "snippets/pool_view.inc"
+#include "snippets/page_select.inc"
+  }
+  completed = true;
+  // The reference: bounds from the keys themselves; sequence 0's middle pages (1..4) ranked, the best 2 kept.
+  const auto key = [&](int32_t b, int32_t t, int32_t h, int32_t d) {
+    return kv::load_elem(kv::DType::f16, static_cast<const std::byte*>(kv_memory) +
+                                             geometry.strides(num_blocks)->offset(b, layer, 0, t, h), d);
+  };
+  const int32_t group = q_heads / kv_heads;
+  REQUIRE(out_indptr_buffer == std::vector<int32_t>{0, 4, 8, 9, 10});
+  for (int32_t h = 0; h < kv_heads; ++h) {
+    std::vector<std::pair<float, int32_t>> ranked;
+    for (int32_t j = 1; j < 5; ++j) {
+      float best = -INFINITY;
+      for (int32_t g = 0; g < group; ++g) {
+        float lane[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the bound's order: lane d % 4, then (s0 + s1) + (s2 + s3)
+        for (int32_t d = 0; d < head_dim; ++d) {
+          float mx = -FLT_MAX, mn = FLT_MAX;
+          for (int32_t t = 0; t < 16; ++t) mx = std::max(mx, key(1 + j, t, h, d)), mn = std::min(mn, key(1 + j, t, h, d));
+          const float q = query_buffer[std::size_t((h * group + g) * head_dim + d)];
+          lane[d % 4] += std::max(q * mx, q * mn);
+        }
+        const float sum = (lane[0] + lane[1]) + (lane[2] + lane[3]);
+        best = std::max(best, sum);
+      }
+      ranked.emplace_back(best, j);
+    }
+    std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    REQUIRE(ranked[1].first > ranked[2].first);  // the fixture's pages differ where the budget cuts
+    std::vector<int32_t> want{0, ranked[0].second, ranked[1].second, 5};
+    std::sort(want.begin(), want.end());
+    for (auto& j : want) j = index_buffer[std::size_t(j)];
+    CHECK(std::vector<int32_t>(out_index_buffer.begin() + 4 * h, out_index_buffer.begin() + 4 * h + 4) == want);
+    CHECK(out_index_buffer[std::size_t(8 + h)] == 7);  // the one-page sequence reads its page
+  }
 }
 
 TEST_CASE_METHOD(GateEngine, "README Write-Gated KV: every head row holds its ring and its admitted tokens") {
