@@ -33,8 +33,35 @@ inline unsigned grid_for(std::int64_t items) {
 
 inline cudaError_t invalid(const Status& st) { return st.ok() ? cudaSuccess : cudaErrorInvalidValue; }
 
+// Buffers of a CUB segmented sort of (float key, int32 value) pairs: the
+// pairs in and out, each segment's begin and end, and CUB's temp storage.
+struct SortScratch {
+  float* keys_in;
+  float* keys_out;
+  std::int32_t* vals_in;
+  std::int32_t* vals_out;
+  std::int32_t* begin;
+  std::int32_t* end;
+  void* cub_temp;
+  std::size_t cub_bytes;
+};
+
 // Scratch carving: every buffer starts 256-byte aligned (CUB's temp storage too).
 inline std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
+// Points slots[i] at n consecutive buffers of sizes[i] bytes from `base`, then
+// *cub_temp at CUB's temp storage (base nullptr: every pointer null, sizes
+// only); returns the total bytes the caller's scratch must hold.
+inline std::size_t carve_buffers(void* base, void** const* slots, const std::size_t* sizes, int n, void** cub_temp,
+                                 std::size_t cub_bytes) {
+  auto* p = static_cast<char*>(base);
+  std::size_t total = 0;
+  for (int i = 0; i < n; ++i) {
+    *slots[i] = p ? p + total : nullptr;
+    total += align256(sizes[i]);
+  }
+  *cub_temp = p ? p + total : nullptr;
+  return total + align256(cub_bytes);
+}
 
 }  // namespace cuda_detail
 KVCACHE_END_NAMESPACE

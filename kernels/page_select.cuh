@@ -18,16 +18,8 @@
 KVCACHE_BEGIN_NAMESPACE
 
 namespace cuda_detail {
-struct PageSelectScratch {
-  float* keys_in;
-  float* keys_out;
-  std::int32_t* vals_in;
-  std::int32_t* vals_out;
-  std::int32_t* begin;
-  std::int32_t* end;
-  std::uint8_t* chosen;
-  void* cub_temp;
-  std::size_t cub_bytes;
+struct PageSelectScratch : SortScratch {
+  std::uint8_t* chosen;  // [items]: a row's picked pages, by logical index
 };
 // Carves `base` (nullptr: sizes only) for `items` = pages x kv-heads entries and `rows` rows; returns total bytes.
 inline cudaError_t carve_page_select(void* base, std::int64_t items, std::int64_t rows, PageSelectScratch& s, std::size_t& total) {
@@ -40,18 +32,11 @@ inline cudaError_t carve_page_select(void* base, std::int64_t items, std::int64_
       static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr), static_cast<std::int64_t>(n),
       static_cast<std::int64_t>(r), static_cast<const std::int32_t*>(nullptr), static_cast<const std::int32_t*>(nullptr));
   if (err != cudaSuccess) return err;
-  auto* p = static_cast<char*>(base);
   void** slots[7] = {reinterpret_cast<void**>(&s.keys_in), reinterpret_cast<void**>(&s.keys_out),
                      reinterpret_cast<void**>(&s.vals_in), reinterpret_cast<void**>(&s.vals_out),
                      reinterpret_cast<void**>(&s.begin), reinterpret_cast<void**>(&s.end),
                      reinterpret_cast<void**>(&s.chosen)};
-  total = 0;
-  for (int i = 0; i < 7; ++i) {
-    *slots[i] = p ? p + total : nullptr;
-    total += sizes[i];
-  }
-  s.cub_temp = p ? p + total : nullptr;
-  total += align256(s.cub_bytes);
+  total = carve_buffers(base, slots, sizes, 7, &s.cub_temp, s.cub_bytes);
   return cudaSuccess;
 }
 

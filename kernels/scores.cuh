@@ -29,16 +29,7 @@ inline cudaError_t scores_cuda(const ScoreParams& p, cudaStream_t stream) {
 }
 
 namespace cuda_detail {
-struct SelectScratch {
-  float* keys_in;
-  float* keys_out;
-  std::int32_t* vals_in;
-  std::int32_t* vals_out;
-  std::int32_t* begin;
-  std::int32_t* end;
-  void* cub_temp;
-  std::size_t cub_bytes;
-};
+using SelectScratch = SortScratch;
 // Carves `base` (nullptr: sizes only) into the buffers; returns total bytes.
 inline cudaError_t carve(void* base, std::int32_t streams, std::int32_t max_keys, SelectScratch& s, std::size_t& total) {
   const std::size_t n = std::size_t(streams) * std::size_t(max_keys);
@@ -51,17 +42,10 @@ inline cudaError_t carve(void* base, std::int32_t streams, std::int32_t max_keys
                                                               streams, static_cast<const std::int32_t*>(nullptr),
                                                               static_cast<const std::int32_t*>(nullptr));
   if (err != cudaSuccess) return err;
-  auto* p = static_cast<char*>(base);
   void** slots[6] = {reinterpret_cast<void**>(&s.keys_in), reinterpret_cast<void**>(&s.keys_out),
                      reinterpret_cast<void**>(&s.vals_in), reinterpret_cast<void**>(&s.vals_out),
                      reinterpret_cast<void**>(&s.begin), reinterpret_cast<void**>(&s.end)};
-  total = 0;
-  for (int i = 0; i < 6; ++i) {
-    *slots[i] = p ? p + total : nullptr;
-    total += sizes[i];
-  }
-  s.cub_temp = p ? p + total : nullptr;
-  total += align256(s.cub_bytes);
+  total = carve_buffers(base, slots, sizes, 6, &s.cub_temp, s.cub_bytes);
   return cudaSuccess;
 }
 

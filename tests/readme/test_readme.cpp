@@ -22,6 +22,12 @@ using std::int64_t;
 
 namespace readme {
 namespace {
+// A snippet that returns early (its error branch) fails the test that runs it:
+// the guard is destroyed before `done` is set.
+struct MustComplete {
+  bool done = false;
+  ~MustComplete() { CHECK(done); }
+};
 
 struct QuickStart {
   std::vector<int32_t> prompt = std::vector<int32_t>(40, 7);
@@ -247,16 +253,12 @@ TEST_CASE_METHOD(KernelEngine, "README write gate: one layer's gates from its pr
 }
 
 TEST_CASE_METHOD(KernelEngine, "README Quest: bounds of the written pages then each row's pages under the budget") {
-  bool completed = false;
-  struct Completed {  // a `return` out of the snippet fails the test
-    bool& done;
-    ~Completed() { CHECK(done); }
-  } guard{completed};
+  MustComplete guard;
   {
 #include "snippets/pool_view.inc"
 #include "snippets/page_select.inc"
   }
-  completed = true;
+  guard.done = true;
   // The reference: bounds from the keys themselves; sequence 0's middle pages (1..4) ranked, the best 2 kept.
   const auto key = [&](int32_t b, int32_t t, int32_t h, int32_t d) {
     return kv::load_elem(kv::DType::f16, static_cast<const std::byte*>(kv_memory) +
@@ -307,13 +309,9 @@ TEST_CASE_METHOD(GateEngine, "README Write-Gated KV: every head row holds its ri
 
 
 TEST_CASE_METHOD(GateEngine, "README Write-Gated KV decode step: one write_batch per layer for the whole batch") {
-  bool completed = false;
-  struct Completed {  // a `return` out of the snippet fails the test
-    bool& done;
-    ~Completed() { CHECK(done); }
-  } guard{completed};
+  MustComplete guard;
 #include "snippets/write_gate_batch.inc"
-  completed = true;
+  guard.done = true;
   REQUIRE(step_pos == steps);
   REQUIRE(rows_read == int64_t(steps) * num_layers * 4 * num_kv_heads);
   REQUIRE(wrong == 0);
@@ -328,13 +326,9 @@ TEST_CASE_METHOD(GateEngine, "README Write-Gated KV decode step: one write_batch
 }
 
 TEST_CASE_METHOD(GateEngine, "README Write-Gated KV without a host sync: the host catches up with the device") {
-  bool completed = false;
-  struct Completed {  // a `return` out of the snippet fails the test
-    bool& done;
-    ~Completed() { CHECK(done); }
-  } guard{completed};
+  MustComplete guard;
 #include "snippets/write_gate_deferred.inc"
-  completed = true;
+  guard.done = true;
   REQUIRE(layer_pos[0] == steps);
   for (int32_t l = 0; l < num_layers; ++l) {  // the snippet leaves its last step pending
     REQUIRE(cache.admission().pending(seq, l).value() == 1);
