@@ -1,8 +1,9 @@
-// Host backend kernels: scatter, gather and block copy GB/s on the decode and
-// prefill shapes, and the write gate on a decode step's keys, against memcpy
-// of the same bytes in the same run.
+// Host backend kernels: scatter (alone, and with Quest's metadata upkeep),
+// gather and block copy GB/s on the decode and prefill shapes, and the write
+// gate on a decode step's keys, against memcpy of the same bytes in the same run.
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/gather.hpp>
+#include <kvcache/kernels/page_bounds.hpp>
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/kernels/write_gate.hpp>
 
@@ -64,6 +65,21 @@ void BM_scatter(benchmark::State& state, const Shape& s) {
                             kv::TokenAddress{b.lay.slots.data()}, s.tokens()};
   for (auto _ : state) {
     if (!kv::scatter_host(p)) state.SkipWithError("scatter failed");
+    benchmark::ClobberMemory();
+  }
+  finish(state, s.payload(), s.seqs == kDecode.seqs ? 0 : 1);
+}
+
+// Quest's metadata upkeep: the same scatter, then page_bounds_update folding
+// the written keys into their pages' max and min (fp32, 2 x 128 per head).
+void BM_scatter_with_bounds(benchmark::State& state, const Shape& s) {
+  Bufs b(s);
+  const kv::ScatterParams p{b.view, kv::KvSource{b.k.data(), b.v.data(), kv::DType::f16, 0, kRowBytes, 256},
+                            kv::TokenAddress{b.lay.slots.data()}, s.tokens()};
+  std::vector<float> bounds(std::size_t(b.lay.pool_blocks) * 8 * 2 * 128);
+  const kv::PageBoundsUpdateParams u{b.view, 0, b.lay.slots.data(), s.tokens(), bounds.data()};
+  for (auto _ : state) {
+    if (!kv::scatter_host(p) || !kv::page_bounds_update_host(u)) state.SkipWithError("scatter or bounds failed");
     benchmark::ClobberMemory();
   }
   finish(state, s.payload(), s.seqs == kDecode.seqs ? 0 : 1);
@@ -131,6 +147,8 @@ BENCHMARK(BM_memcpy)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_scatter, decode_256x1, kDecode)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_scatter, prefill_8x2048, kPrefill)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_scatter_with_bounds, decode_256x1, kDecode)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_scatter_with_bounds, prefill_8x2048, kPrefill)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_gather, decode_256x1, kDecode)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_gather, prefill_8x2048, kPrefill)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_block_copy, decode_256x1, kDecode)->Unit(benchmark::kMicrosecond);

@@ -5,6 +5,7 @@
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/gather.hpp>
+#include <kvcache/kernels/page_bounds.hpp>
 #include <kvcache/kernels/page_select.hpp>
 #include <kvcache/kernels/rope.hpp>
 #include <kvcache/kernels/scatter.hpp>
@@ -59,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto out_before = out;
   kv::Status st{};
   const std::int32_t tokens = std::int32_t(in.byte() % 8);
-  switch (in.byte() % 7) {
+  switch (in.byte() % 8) {
     case 0: {  // scatter by slot mapping
       auto slots = in.ints(std::size_t(tokens), slots_in_pool);
       kv::ScatterParams p{pool, {src.data(), src.data(), kv::DType::f32, 8 * 64, 8 * 8, 8}, kv::TokenAddress{slots.data()},
@@ -123,6 +124,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                              picked.data(), scratch.data(), scratch.size()};
       st = kv::page_select_host(p);
       if (!st.ok() && picked != picked_before) fail("page_select", st);
+      break;
+    }
+    case 6: {  // Quest metadata: fold written slots (any values) into the bounds
+      std::vector<float> bounds(std::size_t(blocks * spec.num_kv_heads * 2 * 2), 0.5f);
+      const auto bounds_before = bounds;
+      auto slots = in.ints(std::size_t(tokens), slots_in_pool);
+      kv::PageBoundsUpdateParams p{pool, in.value(2), slots.data(), tokens, bounds.data()};
+      p.first_slot_starts_page = in.byte() % 2 == 0;
+      st = kv::page_bounds_update_host(p);
+      if (!st.ok() && bounds != bounds_before) fail("page_bounds_update", st);
       break;
     }
     default: {  // rope on listed blocks with a table from make_rope_table

@@ -133,6 +133,24 @@ KVCACHE_HOST_DEVICE inline float load_elem(DType t, const void* p, std::int64_t 
   }
   return 0.0f;
 }
+/// Elements [0, n) of p, converted from t to float, into out: load_elem
+/// with the type's switch outside the loop, so the loop can vectorize.
+KVCACHE_HOST_DEVICE inline void load_row(DType t, const void* p, float* out, std::int32_t n) noexcept {
+  switch (t) {
+    case DType::f32:
+      for (std::int32_t i = 0; i < n; ++i) out[i] = static_cast<const float*>(p)[i];
+      return;
+    case DType::f16:
+      for (std::int32_t i = 0; i < n; ++i) out[i] = cvt::f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+      return;
+    case DType::bf16:
+      for (std::int32_t i = 0; i < n; ++i) out[i] = cvt::bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+      return;
+    case DType::fp8_e4m3:
+      for (std::int32_t i = 0; i < n; ++i) out[i] = cvt::e4m3_to_f32(static_cast<const std::uint8_t*>(p)[i]);
+      return;
+  }
+}
 /// Stores v as element i of p in type t (round to nearest even; fp8 saturates).
 KVCACHE_HOST_DEVICE inline void store_elem(DType t, void* p, std::int64_t i, float v) noexcept {
   switch (t) {

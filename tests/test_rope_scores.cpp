@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 
 #include "kernel_testing.hpp"
 
@@ -17,6 +18,9 @@ using namespace kvtest;
 
 namespace {
 std::mt19937_64 fresh_rng() { return std::mt19937_64(Catch::rngSeed() ^ std::random_device{}()); }
+// Max and min of keys as the bounds take them: -0 counts as +0 (fp8 keys round small values to either zero).
+float total_max(float a, float b) { return std::max(a, b + 0.0f); }
+float total_min(float a, float b) { return std::min(a, b + 0.0f); }
 }  // namespace
 
 TEST_CASE("rope table holds cos/sin of delta * theta^(-2i/d)") {
@@ -162,8 +166,8 @@ TEST_CASE("page bounds hold the element-wise key max and min of the filled token
         for (int d = 0; d < g.head_dim; ++d) {
           float mx = -FLT_MAX, mn = FLT_MAX;
           for (int t = 0; t < fill[std::size_t(e)]; ++t) {
-            mx = std::max(mx, pool.get(pages[std::size_t(e)], layer, 0, t, h, d));
-            mn = std::min(mn, pool.get(pages[std::size_t(e)], layer, 0, t, h, d));
+            mx = total_max(mx, pool.get(pages[std::size_t(e)], layer, 0, t, h, d));
+            mn = total_min(mn, pool.get(pages[std::size_t(e)], layer, 0, t, h, d));
           }
           const float* b = bounds.data() + (std::size_t(pages[std::size_t(e)]) * std::size_t(g.num_kv_heads) + std::size_t(h)) * 2 * std::size_t(g.head_dim);
           REQUIRE(b[d] == mx);
@@ -171,4 +175,72 @@ TEST_CASE("page bounds hold the element-wise key max and min of the filled token
         }
     REQUIRE(bounds[0] == 123.0f);  // page 0 untouched
   }
+}
+
+TEST_CASE("page bounds update: appends folded in decode steps and prefill chunks equal a recompute, bit for bit") {
+  auto rng = fresh_rng();
+  for (int trial = 0; trial < 20; ++trial) {
+    const GeometrySpec g = random_spec(rng);
+    const std::int32_t blocks = 6, B = g.block_size;
+    Pool pool(g, blocks);
+    pool.bytes = random_elems(rng, g.dtype, std::int64_t(pool.bytes.size()) / dtype_bytes(g.dtype));
+    pool.view.base = pool.bytes.data();
+    const int layer = int(rng() % g.num_layers);
+    CAPTURE(trial, int(g.dtype), B, g.num_kv_heads, g.head_dim);
+    // One stream over blocks 5, 2, 4 (the keys are already in the pool): its
+    // slots written in chunks of 1..2B tokens, as reserve would hand them out.
+    const std::int32_t order[] = {5, 2, 4};
+    std::vector<std::int32_t> all;
+    for (const std::int32_t b : order)
+      for (std::int32_t t = 0; t < B; ++t) all.push_back(b * B + t);
+    std::vector<float> bounds(std::size_t(blocks * g.num_kv_heads * 2 * g.head_dim), 77.0f), want = bounds;
+    std::size_t done = 0;
+    while (done < all.size()) {
+      const std::size_t n = std::min(all.size() - done, std::size_t(1 + rng() % std::uint64_t(2 * B)));
+      REQUIRE(page_bounds_update_host({pool.view, layer, all.data() + done, std::int64_t(n), bounds.data()}).ok());
+      done += n;
+      // The recompute of every page written so far, with its fill.
+      std::vector<std::int32_t> pages, fill;
+      for (std::size_t k = 0; k < 3 && k * std::size_t(B) < done; ++k) {
+        pages.push_back(order[k]);
+        fill.push_back(std::int32_t(std::min<std::size_t>(std::size_t(B), done - k * std::size_t(B))));
+      }
+      REQUIRE(page_bounds_host({pool.view, layer, pages.data(), fill.data(), std::int32_t(pages.size()), want.data()}).ok());
+      REQUIRE(bounds == want);  // pages not written yet keep their old entries (77) in both
+    }
+    // A rewrite of a live slot without the reset: the bound still holds every key the page holds now.
+    const std::int32_t slot = 2 * B + std::int32_t(rng() % std::uint64_t(B));
+    for (std::int32_t h = 0; h < g.num_kv_heads; ++h)
+      for (std::int32_t d = 0; d < g.head_dim; ++d)
+        store_elem(g.dtype, pool.bytes.data() + ref_offset(g, blocks, 2, layer, 0, slot - 2 * B, h, d), 0, float(d % 3) - 1.0f);
+    PageBoundsUpdateParams rewrite{pool.view, layer, &slot, 1, bounds.data()};
+    rewrite.first_slot_starts_page = false;
+    REQUIRE(page_bounds_update_host(rewrite).ok());
+    for (std::int32_t h = 0; h < g.num_kv_heads; ++h)
+      for (std::int32_t d = 0; d < g.head_dim; ++d)
+        for (std::int32_t t = 0; t < B; ++t) {
+          const float* b = bounds.data() + (std::size_t(2) * std::size_t(g.num_kv_heads) + std::size_t(h)) * 2 * std::size_t(g.head_dim);
+          REQUIRE(pool.get(2, layer, 0, t, h, d) <= b[d]);
+          REQUIRE(pool.get(2, layer, 0, t, h, d) >= b[g.head_dim + d]);
+        }
+  }
+}
+
+TEST_CASE("page bounds update: a slot outside the pool, a bad layer or pointers are errors, and nothing is written") {
+  const GeometrySpec g{.num_layers = 1, .num_kv_heads = 2, .head_dim = 4, .block_size = 4, .dtype = DType::f32};
+  Pool pool(g, 3);
+  std::vector<float> bounds(std::size_t(3 * 2 * 2 * 4), 5.0f);
+  const auto before = bounds;
+  const std::vector<std::int32_t> slots{0, 12};  // 12: past 3 blocks of 4
+  Status st = page_bounds_update_host({pool.view, 0, slots.data(), 2, bounds.data()});
+  CHECK(st.code() == Errc::invalid_argument);
+  CHECK(std::string(st.what()) == "slots_at");
+  CHECK(st.value() == 1);
+  CHECK(page_bounds_update_host({pool.view, 1, slots.data(), 1, bounds.data()}).code() == Errc::invalid_argument);
+  CHECK(page_bounds_update_host({pool.view, 0, nullptr, 1, bounds.data()}).code() == Errc::invalid_argument);
+  CHECK(page_bounds_update_host({pool.view, 0, slots.data(), -1, bounds.data()}).code() == Errc::invalid_argument);
+  CHECK(bounds == before);
+  const std::int32_t skipped = -1;  // a negative slot is skipped, as scatter skips it
+  REQUIRE(page_bounds_update_host({pool.view, 0, &skipped, 1, bounds.data()}).ok());
+  CHECK(bounds == before);
 }

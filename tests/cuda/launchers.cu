@@ -29,6 +29,7 @@ cudaError_t select(const float* scores, const std::int32_t* lengths, std::int32_
   return kv::select_cuda(scores, lengths, streams, max_keys, k, lowest, out, scratch, scratch_bytes, s);
 }
 cudaError_t page_bounds(const kv::PageBoundsParams& p, cudaStream_t s) { return kv::page_bounds_cuda(p, s); }
+cudaError_t page_bounds_update(const kv::PageBoundsUpdateParams& p, cudaStream_t s) { return kv::page_bounds_update_cuda(p, s); }
 cudaError_t write_gate(const kv::WriteGateParams& p, cudaStream_t s) { return kv::write_gate_cuda(p, s); }
 cudaError_t ring_admit(const kv::RingAdmitParams& p, cudaStream_t s) { return kv::ring_admit_cuda(p, s); }
 cudaError_t page_select_scratch_bytes(std::int32_t pages, std::int32_t seqs, std::int32_t kv_heads, std::size_t* bytes) {

@@ -30,6 +30,7 @@ cudaError_t select(const float* scores, const std::int32_t* lengths, std::int32_
                    std::int32_t k, bool lowest, std::int32_t* out, void* scratch, std::size_t scratch_bytes,
                    cudaStream_t s = nullptr);
 cudaError_t page_bounds(const kv::PageBoundsParams& p, cudaStream_t s = nullptr);
+cudaError_t page_bounds_update(const kv::PageBoundsUpdateParams& p, cudaStream_t s = nullptr);
 cudaError_t write_gate(const kv::WriteGateParams& p, cudaStream_t s = nullptr);
 cudaError_t ring_admit(const kv::RingAdmitParams& p, cudaStream_t s = nullptr);
 cudaError_t page_select_scratch_bytes(std::int32_t pages, std::int32_t seqs, std::int32_t kv_heads, std::size_t* bytes);

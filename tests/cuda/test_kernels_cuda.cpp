@@ -276,6 +276,30 @@ TEST_CASE("cuda rope, page bounds, scores and top-k == host") {
   }
 }
 
+TEST_CASE("cuda page bounds update == host (appends of many tokens per page in one launch, fp8 zeros of both signs)") {
+  auto rng = fresh_rng();
+  for (int trial = 0; trial < 20; ++trial) {
+    GeometrySpec g = random_spec(rng);
+    Twin pool(rng, g, 8);
+    const int layer = int(rng() % g.num_layers);
+    std::vector<std::int32_t> slots;
+    for (std::int32_t s = 0; s < 8 * g.block_size; ++s)
+      if (rng() % 3 != 0) slots.push_back(s);
+    std::shuffle(slots.begin(), slots.end(), rng);  // any order: max and min are exact
+    slots.push_back(-1);
+    std::vector<float> bounds(std::size_t(8 * g.num_kv_heads * 2 * g.head_dim), 3.0f);
+    Dev dslots(slots), dbounds(bounds);
+    PageBoundsUpdateParams p{pool.host.view, layer, slots.data(), std::int64_t(slots.size()), bounds.data()};
+    p.first_slot_starts_page = trial % 2 == 0;
+    REQUIRE(page_bounds_update_host(p).ok());
+    p.cache = pool.dview;
+    p.slots = dslots.as<std::int32_t>();
+    p.bounds = dbounds.as<float>();
+    CUDA_OK(kvgpu::page_bounds_update(p));
+    REQUIRE(dbounds.download<float>() == bounds);
+  }
+}
+
 TEST_CASE("cuda page selection == host page selection (GQA, forced pages, ties, rows within the budget)") {
   auto rng = fresh_rng();
   for (int trial = 0; trial < 40; ++trial) {

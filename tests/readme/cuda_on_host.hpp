@@ -48,6 +48,9 @@ inline cudaError_t write_gate_cuda(const WriteGateParams& p, cudaStream_t) {
   return readme_detail::ran(write_gate_host(p));
 }
 inline cudaError_t page_bounds_cuda(const PageBoundsParams& p, cudaStream_t) { return readme_detail::ran(page_bounds_host(p)); }
+inline cudaError_t page_bounds_update_cuda(const PageBoundsUpdateParams& p, cudaStream_t) {
+  return readme_detail::ran(page_bounds_update_host(p));
+}
 inline cudaError_t page_select_cuda(const PageSelectParams& p, cudaStream_t) { return readme_detail::ran(page_select_host(p)); }
 // What the host backend needs: the batch's page count bounds its longest row.
 inline cudaError_t page_select_cuda_scratch_bytes(std::int32_t num_pages, std::int32_t, std::int32_t kv_heads, std::size_t* bytes) {
