@@ -100,48 +100,36 @@ void BM_gate_decode_step_256x32x8_per_sequence(benchmark::State& state) {
   state.counters["streams"] = double(kSeqs) * kLayers * kHeads;
 }
 
-// The bare cache's decode step bookkeeping: reserve_batch of 256 x 1 (one
-// stream per sequence holds every layer and head).
-void BM_bare_decode_step_256(benchmark::State& state) {
-  constexpr std::int32_t per_seq = (kPrefill + kSteps) / kB + 1;
-  kv::Cache<> cache({.geometry = *kv::Geometry::make({.num_layers = kLayers, .num_kv_heads = kHeads, .head_dim = 128, .block_size = kB}),
-                     .num_blocks = kSeqs * per_seq + 1, .max_sequences = kSeqs, .max_blocks_per_sequence = per_seq});
-  std::vector<kv::SeqId> seqs(kSeqs);
-  std::vector<std::int32_t> slots(kPrefill), ones(kSeqs, 1), step(kSeqs);
-  std::vector<kv::BlockCopy> copies(kSeqs);
-  for (auto& s : seqs) {
-    s = *cache.add_sequence();
-    (void)cache.reserve(s, kPrefill - 3, slots);
-  }
-  for (auto _ : state) {
-    auto r = cache.reserve_batch(seqs, ones, step, copies);
-    benchmark::DoNotOptimize(r);
-    benchmark::ClobberMemory();
-  }
-  state.counters["out_bytes"] = double(kSeqs * 4);
-  state.counters["streams"] = kSeqs;
-}
-
-// The bare decode step over as many streams as the gate's step: reserve_batch
-// of 65,536 x 1 on single-head streams (one per (sequence, layer, kv-head)).
-void BM_bare_decode_step_65536_streams(benchmark::State& state) {
-  constexpr std::int32_t streams = kSeqs * kLayers * kHeads, per_row = (kW + kPrefill / 5 + kSteps) / kB + 2;
-  kv::Cache<> cache({.geometry = *kv::Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 128, .block_size = kB}),
+// The bare cache's decode step: `streams` rows of `prefill` tokens, then
+// reserve_batch of one token each (kSteps iterations: rows never overflow).
+void bare_decode_step(benchmark::State& state, std::int32_t layers, std::int32_t heads, std::int32_t streams,
+                      std::int32_t prefill) {
+  const std::int32_t per_row = (prefill + kSteps) / kB + 2;
+  kv::Cache<> cache({.geometry = *kv::Geometry::make({.num_layers = layers, .num_kv_heads = heads, .head_dim = 128, .block_size = kB}),
                      .num_blocks = streams * per_row + 1, .max_sequences = streams, .max_blocks_per_sequence = per_row});
   std::vector<kv::SeqId> seqs(static_cast<std::size_t>(streams));
-  std::vector<std::int32_t> slots(kW + kPrefill / 5), ones(seqs.size(), 1), step(seqs.size());
+  std::vector<std::int32_t> slots(static_cast<std::size_t>(prefill)), ones(seqs.size(), 1), step(seqs.size());
   std::vector<kv::BlockCopy> copies(seqs.size());
   for (auto& s : seqs) {
     s = *cache.add_sequence();
-    (void)cache.reserve(s, kW + kPrefill / 5 - 3, slots);  // about a gate row's length
+    (void)cache.reserve(s, prefill, slots);
   }
   for (auto _ : state) {
     auto r = cache.reserve_batch(seqs, ones, step, copies);
     benchmark::DoNotOptimize(r);
     benchmark::ClobberMemory();
   }
-  state.counters["out_bytes"] = double(streams * 4);
+  state.counters["out_bytes"] = double(streams) * 4;
   state.counters["streams"] = streams;
+}
+
+// One stream per sequence holds every layer and head: reserve_batch of 256 x 1.
+void BM_bare_decode_step_256(benchmark::State& state) { bare_decode_step(state, kLayers, kHeads, kSeqs, kPrefill - 3); }
+
+// As many single-head streams as the gate's step (one per (sequence, layer,
+// kv-head)), each about a gate row's length: reserve_batch of 65,536 x 1.
+void BM_bare_decode_step_65536_streams(benchmark::State& state) {
+  bare_decode_step(state, 1, 1, kSeqs * kLayers * kHeads, kW + kPrefill / 5 - 3);
 }
 
 // Exports per row: the head-folded CSR of one layer (2,048 head rows) and

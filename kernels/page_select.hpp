@@ -83,11 +83,6 @@ KVCACHE_HOST_DEVICE inline float page_select_bound(const PageSelectParams& p, st
   return best == best ? best + 0.0f : -INFINITY;  // + 0: -0 and +0 tie, as a radix sort sees them
 }
 
-/// Whether logical page j of a row of n pages is always read.
-KVCACHE_HOST_DEVICE inline bool page_select_forced(const PageSelectParams& p, std::int32_t n, std::int32_t j) noexcept {
-  return j < p.first_pages || j >= n - p.last_pages;
-}
-
 /// The output CSR's offsets, known on the host before any query: row
 /// s × kv_heads + h reads min(pages of s, budget) pages. out has
 /// num_seqs × kv_heads + 1 entries. Errors name the bad entry; nothing is written then.

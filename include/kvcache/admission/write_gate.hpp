@@ -231,6 +231,12 @@ class WriteGate {
   // positions, bits, promotions; records slots, moves and promote into *out when given.
   void apply_head(std::size_t hi, std::int32_t h, std::int64_t n, std::span<const float> gates,
                   std::span<const BlockId> row, std::int64_t first, GateWriteInfo& info, const GateWriteSpans* out) noexcept;
+  // Whether one more token grows the head's row: the ring is filling, or its
+  // oldest token leaves admitted for a global region under the cap.
+  bool grows_by_one(std::size_t hi) const noexcept {
+    const Head& h = heads_[hi];
+    return h.len < w_ || (bit(hi, h.start) && h.global < cap_);
+  }
   // Grows a head's row by `grow` tokens (reserve copies a shared tail) and, after a fork, copies the
   // ring blocks n tokens written from state `ring` rewrite. Planned by the caller: cannot fail.
   void grow_row(PageTable& table, BlockPool& pool, std::uint32_t seq, std::size_t hi, std::int32_t grow, const Head& ring,

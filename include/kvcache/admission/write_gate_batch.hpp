@@ -44,7 +44,7 @@ inline Result<GateWriteInfo> WriteGate::write_batch(PageTable& table, BlockPool&
     for (std::int32_t h = 0; h < H; ++h) {
       const std::size_t hi = head_index(s.index, layer, h);
       const Head& st = heads_[hi];
-      const bool grows = st.len < w_ || (bit(hi, st.start) && st.global < cap_);
+      const bool grows = grows_by_one(hi);
       if (st.len == w_ && bit(hi, st.start)) {
         if (st.global < cap_)
           ++nmoves;
@@ -77,8 +77,7 @@ inline Result<GateWriteInfo> WriteGate::write_batch(PageTable& table, BlockPool&
     for (std::int32_t h = 0; h < H; ++h) {
       const std::size_t hi = head_index(q, layer, h);
       const Head st = heads_[hi];
-      const bool grows = st.len < w_ || (bit(hi, st.start) && st.global < cap_);
-      grow_row(table, pool, q, hi, grows ? 1 : 0, st, 1, out.copies, info);
+      grow_row(table, pool, q, hi, grows_by_one(hi) ? 1 : 0, st, 1, out.copies, info);
       apply_head(hi, h, 1, g, table.blocks_unchecked(ids_[hi]), appended, info, &one);
     }
     ++appended;

@@ -143,12 +143,14 @@ inline Status WriteGate::free(PageTable& table, BlockPool& pool, SeqId s) noexce
 
 inline void WriteGate::grow_row(PageTable& table, BlockPool& pool, std::uint32_t seq, std::size_t hi, std::int32_t grow,
                                 const Head& ring, std::int64_t n, std::span<BlockCopy> copies, GateWriteInfo& info) noexcept {
-  if (const std::int32_t off = bm_.mod(table.tokens_unchecked(ids_[hi])); grow > 0 && !forked_[seq] && off != 0 && grow <= b_ - off) {
-    (void)extend_tail(table, ids_[hi], grow);  // never forked: nobody else holds the tail (the common decode step)
-  } else if (grow > 0) {  // reserve() copies a shared tail it appends to
-    if (std::int64_t(reserved_.size()) < grow) reserved_.resize(std::size_t(grow));
-    const auto r = table.reserve(pool, ids_[hi], grow, std::span<std::int32_t>(reserved_.data(), std::size_t(grow)));
-    if (r.ok() && r->copy.src >= 0) copies[std::size_t(info.copies++)] = r->copy;  // planned: cannot fail
+  if (grow > 0) {
+    if (const std::int32_t off = bm_.mod(table.tokens_unchecked(ids_[hi])); !forked_[seq] && off != 0 && grow <= b_ - off) {
+      (void)extend_tail(table, ids_[hi], grow);  // never forked: nobody else holds the tail (the common decode step)
+    } else {  // reserve() copies a shared tail it appends to
+      if (std::int64_t(reserved_.size()) < grow) reserved_.resize(std::size_t(grow));
+      const auto r = table.reserve(pool, ids_[hi], grow, std::span<std::int32_t>(reserved_.data(), std::size_t(grow)));
+      if (r.ok() && r->copy.src >= 0) copies[std::size_t(info.copies++)] = r->copy;  // planned: cannot fail
+    }
   }
   if (forked_[seq]) {
     mark_rewritten(ring, n, false, std::int32_t(table.blocks_unchecked(ids_[hi]).size()));
