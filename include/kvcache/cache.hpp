@@ -37,6 +37,7 @@
 #include "kvcache/page_table_export.hpp"
 #include "kvcache/policy.hpp"
 #include "kvcache/prefix_sharing.hpp"
+#include "kvcache/selection/page_bounds_selection.hpp"
 #include "kvcache/selection/select_all.hpp"
 #include "kvcache/status.hpp"
 
@@ -79,6 +80,17 @@ template <class A>
 struct AdmissionArg<A> {
   using type = typename A::Config;  ///< The policy's configuration.
 };
+/// What a Cache's constructor takes for its selection policy: the policy itself...
+template <class S>
+struct SelectionArg {
+  using type = S;  ///< The policy.
+};
+/// ...or, for a page-bounds one (it binds to the cache's geometry and handles), its Config.
+template <class S>
+  requires(S::kind == SelectionKind::page_bounds)
+struct SelectionArg<S> {
+  using type = typename S::Config;  ///< The policy's configuration.
+};
 
 template <BlockAllocator Pool = BlockPool, BlockTableFor<Pool> Table = PageTable, AdmissionPolicy Admission = AdmitAll,
           SelectionPolicy Selection = SelectAll, EvictionPolicy Eviction = KeepAll, BlockHasher Hasher = FastBlockHasher>
@@ -89,10 +101,16 @@ class Cache {
   /// forms of ScoreKind (policy.hpp); a head-paged admission's write() also takes gate scores.
   static constexpr Signals provided_signals{Signals::attention_sums | Signals::head_attention_sums |
                                             Signals::last_query_attention};
+  /// The selection policy reads key bounds per page: the cache keeps a
+  /// page-bounds store current across its write paths (page_bounds_selection.hpp).
+  static constexpr bool selects = Selection::kind == SelectionKind::page_bounds;
+  static_assert(!selects || PageBoundsSelection<Selection>,
+                "kvcache::Cache: a page_bounds selection policy must model PageBoundsSelection "
+                "(selection/page_bounds_selection.hpp)");
   static_assert(Signals{provided_signals.bits | (Admission::kind == AdmissionKind::head_paged ? Signals::gate_scores : 0u)}
                     .covers(Admission::required_signals),
                 "kvcache::Cache: the admission policy needs score signals this cache does not provide");
-  static_assert(provided_signals.covers(Selection::required_signals),
+  static_assert(Signals{provided_signals.bits | (selects ? Signals::page_key_bounds : 0u)}.covers(Selection::required_signals),
                 "kvcache::Cache: the selection policy needs score signals this cache does not provide");
   static_assert(provided_signals.covers(Eviction::required_signals),
                 "kvcache::Cache: the eviction policy needs score signals this cache does not provide");
@@ -116,8 +134,8 @@ class Cache {
   /// Builds the cache; throws ConfigError for a bad configuration (zero sizes, overflow, a policy unlike the
   /// geometry). With a head-paged admission, `admission` is its Config, the geometry holds one layer and one
   /// kv-head per block, and max_blocks_per_sequence bounds one head's row.
-  explicit Cache(const CacheConfig& cfg, typename AdmissionArg<Admission>::type admission = {}, Selection selection = {},
-                 Eviction eviction = {}, Hasher hasher = {})
+  explicit Cache(const CacheConfig& cfg, typename AdmissionArg<Admission>::type admission = {},
+                 typename SelectionArg<Selection>::type selection = {}, Eviction eviction = {}, Hasher hasher = {})
       : geometry_(valid_geometry(cfg.geometry, eviction)),
         pool_(cfg.num_blocks, cfg.event_capacity),
         table_(pool_, streams(cfg, admission), cfg.max_blocks_per_sequence, cfg.geometry.block_size()),
@@ -128,6 +146,9 @@ class Cache {
     const std::int32_t cap = cfg.max_blocks_per_sequence * cfg.geometry.block_size();
     if constexpr (StatefulEviction<Eviction>) eviction_.bind(cfg.max_sequences, cap);
     if constexpr (evicts) ledger_.bind(cfg.max_sequences);
+    if constexpr (selects)
+      if (auto st = selection_.bind(cfg.geometry, cfg.num_blocks, cfg.max_sequences, cfg.max_blocks_per_sequence); !st)
+        throw ConfigError("kvcache::Cache", st);
     if constexpr (TokenEviction<Eviction>) {
       scratch_.chosen.resize(std::size_t(cap));
       scratch_.index_moves.resize(std::size_t(cap));
@@ -176,6 +197,8 @@ class Cache {
       if (child) eviction_.copy_state(s.index, child->index);
     if constexpr (evicts)
       if (child) ledger_.copy(s.index, child->index);
+    if constexpr (selects)
+      if (child) selection_.stale().copy(s.index, child->index);
     return child;
   }
   /// Ends s: the handle dies, its blocks go back tail first; published blocks stay cached.
@@ -186,6 +209,8 @@ class Cache {
       if (st) eviction_.reset(s.index);
     if constexpr (evicts)
       if (st) ledger_.reset(s.index);
+    if constexpr (selects)
+      if (st) selection_.stale().clear(s.index);
     return st;
   }
 
@@ -195,14 +220,27 @@ class Cache {
   Result<ReserveInfo> reserve(SeqId s, std::int32_t n, std::span<std::int32_t> slots) noexcept
     requires(!head_paged)
   {
-    return table_.reserve(pool_, s, n, slots);
+    auto r = table_.reserve(pool_, s, n, slots);
+    if constexpr (selects)  // the copied tail block's bounds are the old block's to take over: recompute it
+      if (r && r->copy.src >= 0) selection_.stale().mark(s.index, first_new_block(s, n));
+    return r;
   }
   /// Reserves counts[k] tokens for seqs[k], all or nothing; slots padded with -1, copy-on-write commands in copies.
   Result<BatchInfo> reserve_batch(std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
                                   std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept
     requires(!head_paged)
   {
-    return table_.reserve_batch(pool_, seqs, counts, slots, copies);
+    auto r = table_.reserve_batch(pool_, seqs, counts, slots, copies);
+    if constexpr (selects)
+      if (r && r->copies > 0)
+        for (std::size_t k = 0; k < seqs.size(); ++k) {
+          if (counts[k] == 0) continue;
+          const std::int32_t j = first_new_block(seqs[k], counts[k]);
+          const BlockId b = table_.blocks_unchecked(seqs[k])[std::size_t(j)];
+          for (std::int32_t c = 0; c < r->copies; ++c)
+            if (copies[std::size_t(c)].dst == b) selection_.stale().mark(seqs[k].index, j);
+        }
+    return r;
   }
   /// Head-paged: writes layer `layer`'s n = gates.size() / kv_heads new tokens
   /// of s; the policy places each (token, head) and fills `out` with the
@@ -239,6 +277,12 @@ class Cache {
       if (st) eviction_.on_truncate(s.index, table_.tokens_unchecked(s));
     if constexpr (evicts)
       if (st) ledger_.on_truncate(s.index, table_.appended_unchecked(s));
+    if constexpr (selects)  // a partial tail keeps the removed keys' extremes: recompute it, unless another
+      if (st && n > 0) {    // row shares it (that row may hold more of it: the looser bound holds for both)
+        const std::int32_t used = table_.front_unchecked(s) + table_.tokens_unchecked(s), j = used / block_size();
+        if (used % block_size() != 0 && pool_.ref_count(table_.blocks_unchecked(s)[std::size_t(j)]) == 1)
+          selection_.stale().mark(s.index, j);
+      }
     return st;
   }
 
@@ -321,6 +365,12 @@ class Cache {
     else if constexpr (WindowEviction<Eviction>) r = EvictionRun::front(table_, pool_, eviction_, s, pending_queries);
     if constexpr (evicts)
       if (r) settle(s, pending_queries, TokenEviction<Eviction> && r.value().tokens > 0);
+    if constexpr (selects)
+      if (r && r->tokens > 0) {
+        // Rotated blocks and compaction targets hold other keys now; a window's front blocks left.
+        if constexpr (WindowEviction<Eviction>) selection_.stale().shift(s.index, r->evicted);
+        else selection_.stale().mark(s.index, r->first_changed / block_size());
+      }
     return r;
   }
   /// Shorthand for block policies: evict(s, {blocks, rotations}).
@@ -395,6 +445,45 @@ class Cache {
     requires head_paged
   {
     return kvcache::export_head_columns(admission_, seqs, layer, indptr, columns);
+  }
+
+  // --- selection (page-bounds policies: Quest) --------------------------------
+  /// One layer's slice of the page-bounds store, [num_blocks][kv_heads][2][head_dim]:
+  /// the bounds argument of that layer's page_bounds_update and page_bounds launches.
+  Result<std::span<float>> page_bounds(std::int32_t layer) const noexcept
+    requires selects
+  {
+    if (layer < 0 || layer >= geometry_.spec().num_layers)
+      return Status{Errc::invalid_argument, "layer", layer, geometry_.spec().num_layers};
+    return selection_.bounds(layer);
+  }
+  /// The pages of seqs whose bounds a copy-on-write, a compaction, a rotation
+  /// or a rollback left stale, as (page, fill) for page_bounds on every layer;
+  /// listing them marks them current. Run it after those edits' kernels and
+  /// before select(). All or nothing; returns pages listed.
+  Result<std::int32_t> stale_pages(std::span<const SeqId> seqs, const StaleSpans& out) noexcept
+    requires selects
+  {
+    return take_stale_pages(selection_.stale(), table_, pool_, seqs, out);
+  }
+  /// Host selection: the pages each (sequence, kv-head) of seqs reads for
+  /// `layer`'s queries ([seqs][kv_heads][query_group][head_dim] fp32) as a
+  /// head-folded CSR (the policy's select(), e.g. QuestSelection::select).
+  /// Returns pages written; no allocation; on an error nothing is written.
+  Result<std::int32_t> select(std::span<const SeqId> seqs, std::int32_t layer, std::span<const float> queries,
+                              const SelectSpans& out) noexcept
+    requires selects
+  {
+    return selection_.select(table_, seqs, layer, queries, out);
+  }
+  /// A page_select launch's inputs for a device backend: the rows' pages and
+  /// output offsets into `plan`, and the params but queries, out_indices and
+  /// scratch (the policy's plan(); the cache never reads the store here).
+  Result<PageSelectParams> select_params(std::span<const SeqId> seqs, std::int32_t layer,
+                                         const SelectPlanSpans& plan) const noexcept
+    requires selects
+  {
+    return selection_.plan(table_, seqs, layer, plan);
   }
 
   // --- accounting (what the scheduler asks) ---------------------------------
@@ -523,6 +612,10 @@ class Cache {
     return {table_.tokens_unchecked(s), table_.appended_unchecked(s), first_candidate};
   }
   std::int32_t first_unshared_block(SeqId s) const noexcept { return EvictionRun::first_unshared_block(table_, pool_, s); }
+  // The logical block the first of the n tokens just reserved for s went to.
+  std::int32_t first_new_block(SeqId s, std::int32_t n) const noexcept {
+    return (table_.front_unchecked(s) + table_.tokens_unchecked(s) - n) / block_size();
+  }
 
   // The policy evicted (r ok): record where the stream now stands.
   void settle(SeqId s, std::int32_t pending, bool reordered) noexcept {

@@ -52,12 +52,15 @@ enum class AdmissionKind : std::uint8_t {
   head_paged,
 };
 
-/// One read: num_pages logical pages exist; at most budget may be read.
-struct SelectionQuery {
-  std::int32_t layer = 0;  ///< Layer of the query.
-  std::int32_t head = 0;  ///< Query head.
-  std::int32_t num_pages = 0;  ///< Logical pages the sequence has.
-  std::int32_t budget = 0;  ///< Pages the query may read at most.
+/// How a selection policy takes part in reads (the cache's API follows it).
+enum class SelectionKind : std::uint8_t {
+  /// Every query reads every page the row holds; the cache never calls the policy (SelectAll: free).
+  dense,
+  /// Each (sequence, kv-head) reads the pages whose key bounds score best
+  /// against the step's queries (QuestSelection). The cache keeps a page-bounds
+  /// store current across its write paths and answers select() with a
+  /// head-folded CSR (selection/page_bounds_selection.hpp).
+  page_bounds,
 };
 
 // Admission runs per write, per (layer, kv-head): the policy's kind says
@@ -69,12 +72,13 @@ concept AdmissionPolicy = requires {
   { P::kind } -> std::convertible_to<AdmissionKind>;
 };
 
-// select() writes the chosen logical page indices, ascending, to out and
-// returns how many; out holds at least q.num_pages entries.
+// Selection runs per read: the policy's kind says whether it is consulted
+// at all (dense) or chooses pages from key bounds (page_bounds; its full
+// interface: selection/page_bounds_selection.hpp).
 template <class P>
-concept SelectionPolicy = requires(const P& p, const SelectionQuery& q, std::span<std::int32_t> out) {
+concept SelectionPolicy = requires {
   { P::required_signals } -> std::convertible_to<Signals>;
-  { p.select(q, out) } -> std::same_as<std::int32_t>;
+  { P::kind } -> std::convertible_to<SelectionKind>;
 };
 
 // The accounting contract: a stream that has appended n tokens holds at most

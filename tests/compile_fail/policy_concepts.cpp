@@ -21,7 +21,7 @@ struct EvictionNeedingKeyNorms {  // a signal the cache cannot supply
   static constexpr std::int64_t n_max = 1 << 20;
 };
 struct SelectionWithoutSignals {  // no required_signals
-  std::int32_t select(const kv::SelectionQuery&, std::span<std::int32_t>) const { return 0; }
+  static constexpr kv::SelectionKind kind = kv::SelectionKind::dense;
 };
 
 #if defined(KVCACHE_MODE_good)

@@ -33,6 +33,10 @@ struct EvictionResult {
   std::int32_t rotations = 0;  ///< kept blocks that moved
   std::int32_t tokens = 0;  ///< tokens that left
   std::int32_t moves = 0;  ///< compaction moves written (all groups)
+  /// Block and token policies: the lowest token index whose slot now holds
+  /// another token or none (the pages from there on hold other keys: their
+  /// key bounds go stale). Window policies: 0 (the front moved).
+  std::int32_t first_changed = 0;
 };
 
 KVCACHE_END_NAMESPACE

@@ -64,7 +64,7 @@ struct EvictionRun {
     const auto chosen = std::span<const std::int32_t>(evicted.data(), std::size_t(*n));
     if (auto st = remove_blocks(tab, pool, s, chosen); !st) return st;  // a policy bug; nothing changed
     e.on_removed(s.index, chosen);
-    return EvictionResult{.evicted = *n, .rotations = r, .tokens = *n * tab.block_size()};
+    return EvictionResult{.evicted = *n, .rotations = r, .tokens = *n * tab.block_size(), .first_changed = first * tab.block_size()};
   }
 
   /// Token policies: each group's chosen tokens leave; the survivors are compacted.
@@ -114,7 +114,7 @@ struct EvictionRun {
     }
     group_moves[std::size_t(groups)] = off;
     (void)drop_tail(tab, pool, s, count, first_hole);
-    return EvictionResult{.tokens = count, .moves = off};
+    return EvictionResult{.tokens = count, .moves = off, .first_changed = first_hole};
   }
 
   /// Window policies: the oldest tokens leave the front.

@@ -1,0 +1,102 @@
+// Page-bounds selection: a policy that chooses, per (sequence, kv-head), the
+// pages a query reads from per-page key bounds (QuestSelection). Its
+// interface as a concept, the spans its calls write, and the listing of
+// stale pages every write path feeds.
+//
+// The bounds store is caller memory: [layers][num_blocks][kv_heads][2][head_dim]
+// floats (page_bounds.hpp's layout, one slice per layer), on the host for
+// select(), anywhere for select_params() (the cache never reads it there).
+// Who keeps it current, per write path (the engine runs the kernels):
+//   reserve / reserve_batch   page_bounds_update on the returned slots, after
+//                             the scatter (a token at a page's first slot
+//                             starts the page afresh)
+//   copy-on-write, compaction, block rotation, rollback of a partial tail
+//                             the cache marks the pages stale; stale_pages()
+//                             lists them (page, fill) for page_bounds
+//   window front eviction     nothing: the first page's dead front slots
+//                             keep their keys' extremes, a looser bound that
+//                             still holds for every live key
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+
+#include "kvcache/config.hpp"
+#include "kvcache/geometry.hpp"
+#include "kvcache/kernels/page_select.hpp"
+#include "kvcache/page_table.hpp"
+#include "kvcache/policy.hpp"
+#include "kvcache/selection/stale_pages.hpp"
+#include "kvcache/sequence_id.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+/// Where select() writes the chosen pages: a head-folded CSR, row k × kv_heads + h
+/// = kv-head h of seqs[k], each row's physical blocks in logical order.
+struct SelectSpans {
+  std::span<std::int32_t> indptr{};   ///< [seqs × kv_heads + 1]
+  std::span<std::int32_t> indices{};  ///< the chosen blocks (at most seqs × kv_heads × budget pages)
+};
+
+/// Where select_params() writes a launch's inputs (pinned or device-visible
+/// memory for a CUDA launch): the rows' pages and the output offsets.
+struct SelectPlanSpans {
+  std::span<std::int32_t> indptr{};      ///< [seqs + 1]: the rows' CSR offsets
+  std::span<std::int32_t> indices{};     ///< every page of the rows, logical order
+  std::span<std::int32_t> out_indptr{};  ///< [seqs × kv_heads + 1]: the selection's offsets
+};
+
+/// Where stale_pages() lists the pages to recompute: run page_bounds on them, every layer.
+struct StaleSpans {
+  std::span<std::int32_t> pages{};  ///< physical blocks
+  std::span<std::int32_t> fill{};   ///< slots of each page to read (from slot 0)
+};
+
+template <class P>
+concept PageBoundsSelection =
+    SelectionPolicy<P> && P::kind == SelectionKind::page_bounds &&
+    requires(P& p, const P& cp, const PageTable& t, const Geometry& g, std::span<const SeqId> seqs, std::int32_t i,
+             std::span<const float> q, const SelectSpans& out, const SelectPlanSpans& plan) {
+      typename P::Config;
+      { p.bind(g, i, i, i) } -> std::same_as<Status>;  // geometry, num_blocks, max_sequences, max_blocks_per_sequence
+      { p.stale() } -> std::same_as<StalePages&>;
+      { cp.stale() } -> std::same_as<const StalePages&>;
+      { cp.bounds(i) } -> std::same_as<std::span<float>>;
+      { cp.plan(t, seqs, i, plan) } -> std::same_as<Result<PageSelectParams>>;
+      { p.select(t, seqs, i, q, out) } -> std::same_as<Result<std::int32_t>>;
+    };
+
+/// Lists the stale pages of seqs (page, fill) and marks them clean; all or
+/// nothing: a bad handle or a buffer too small changes nothing. Returns pages listed.
+/// A page shared with another row (a fork) is listed whole (fill = block
+/// size): its rows may hold different counts of its tokens after a rollback,
+/// and slots past a row's tokens only loosen the bound.
+template <class Table, class Pool>
+Result<std::int32_t> take_stale_pages(StalePages& stale, const Table& t, const Pool& pool, std::span<const SeqId> seqs,
+                                      const StaleSpans& out) noexcept {
+  std::int64_t n = 0;
+  for (std::size_t k = 0; k < seqs.size(); ++k) {
+    if (auto st = t.validate(seqs[k]); !st) return Status{st.code(), "seqs_at", std::int64_t(k), 0};
+    const std::int32_t from = stale.from(seqs[k].index), rows = std::int32_t(t.blocks_unchecked(seqs[k]).size());
+    if (from < rows) n += rows - from;
+  }
+  if (std::int64_t(out.pages.size()) < n) return Status{Errc::buffer_too_small, "pages", std::int64_t(out.pages.size()), n};
+  if (std::int64_t(out.fill.size()) < n) return Status{Errc::buffer_too_small, "fill", std::int64_t(out.fill.size()), n};
+  std::size_t w = 0;
+  const std::int32_t B = t.block_size();
+  for (const SeqId s : seqs) {
+    const auto blocks = t.blocks_unchecked(s);
+    const std::int64_t slots = std::int64_t{t.front_unchecked(s)} + t.tokens_unchecked(s);  // the row's used slots
+    for (std::int32_t j = stale.from(s.index); j < std::int32_t(blocks.size()); ++j, ++w) {
+      out.pages[w] = blocks[std::size_t(j)];
+      const bool shared = pool.ref_count(blocks[std::size_t(j)]) > 1;
+      out.fill[w] = shared ? B : std::int32_t(std::min<std::int64_t>(B, slots - std::int64_t{j} * B));
+    }
+    stale.clear(s.index);
+  }
+  return std::int32_t(w);  // a handle listed twice is listed once
+}
+
+KVCACHE_END_NAMESPACE
