@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <kvcache/kernels/compaction.hpp>
+#include <kvcache/kernels/page_bounds.hpp>
 #include <kvcache/kvcache.hpp>
 #include <span>
 #include <stdexcept>
@@ -24,10 +25,10 @@
 
 namespace engine {
 
-template <class Policy>
+template <class Policy, class Selection = kvcache::SelectAll>
 class Engine {
  public:
-  using Cache = kvcache::Cache<kvcache::BlockPool, kvcache::PageTable, kvcache::AdmitAll, kvcache::SelectAll, Policy>;
+  using Cache = kvcache::Cache<kvcache::BlockPool, kvcache::PageTable, kvcache::AdmitAll, Selection, Policy>;
 
   Engine(const Model& m, const EngineConfig& cfg, Policy policy)
       : m_(m),
@@ -42,14 +43,16 @@ class Engine {
         blocks_((cfg.max_kv_tokens / cfg.block_size + 1) * streams_),
         memory_(std::size_t(*geometry_.pool_bytes(blocks_))),
         pool_(*kvcache::make_pool_view(geometry_, memory_.data(), blocks_)),
+        bounds_(Cache::selects ? std::size_t(kvcache::QuestSelection::bounds_floats(geometry_, blocks_)) : 0),
         cache_({.geometry = geometry_,
                 .num_blocks = blocks_,
                 .max_sequences = cfg.max_batch * streams_,
                 .max_blocks_per_sequence = m.config().context / cfg.block_size + 2},
-               {}, {}, policy),
+               {}, selection_arg(cfg), policy),
         positions_(std::size_t(groups()) * std::size_t(blocks_) * std::size_t(cfg.block_size), -1) {
     if (kvcache::TokenEviction<Policy> && cfg.layer_streams)
       throw std::invalid_argument("layer_streams: token policies choose per layer through their groups");
+    if (Cache::selects && cfg.layer_streams) throw std::invalid_argument("layer_streams: not with page selection");
   }
 
   const Cache& cache() const { return cache_; }
@@ -76,11 +79,13 @@ class Engine {
       std::int32_t n = std::min(cfg_.chunk, std::int32_t(text.size()) - 1 - at);
       if (at < prompt) {  // no chunk crosses the prompt's end: a one-shot policy sees the prompt alone
         n = chunk_before(prompt - at, n);
+      } else if (Cache::selects) {
+        n = 1;  // page selection serves decode queries: past the prompt, every token is one
       }
       if (auto st = reserve(r, n, slots); !st) throw std::runtime_error("score: " + st.message());
       AttentionTrace trace;
       trace.ragged = streams_ > 1;
-      PagedKv<Cache> kv(cache_, pool_, r.seqs, slots, at, positions_, groups(), layout());
+      PagedKv<Cache> kv(cache_, pool_, r.seqs, slots, at, positions_, groups(), layout(), &stats_.keys);
       fwd_.run(kv, text.subspan(std::size_t(at), std::size_t(n)), at, logits, false, &trace, at + n == prompt ? w : 0);
       out.peak_kv = std::max(out.peak_kv, held(r));
       for (std::int32_t i = std::max(0, from - 1 - at); i < n; ++i) {  // log-softmax at the target
@@ -142,6 +147,30 @@ class Engine {
   }
 
  private:
+  typename kvcache::SelectionArg<Selection>::type selection_arg(const EngineConfig& cfg) {
+    if constexpr (Cache::selects) {
+      kvcache::QuestConfig q = cfg.quest;
+      q.bounds = bounds_;
+      return q;
+    } else {
+      return {};
+    }
+  }
+  // Pages a compaction or rotation left stale get their bounds recomputed (every layer).
+  void refresh_bounds(const Request& r) {
+    if constexpr (Cache::selects) {
+      stale_pages_.resize(std::size_t(m_.config().context / cfg_.block_size + 2) * r.seqs.size());
+      stale_fill_.resize(stale_pages_.size());
+      auto n = cache_.stale_pages(r.seqs, {stale_pages_, stale_fill_});
+      if (!n) throw std::runtime_error("stale_pages: " + n.status().message());
+      for (std::int32_t l = 0; l < geometry_.spec().num_layers && *n > 0; ++l) {
+        kvcache::PageBoundsParams p{pool_, l, stale_pages_.data(), stale_fill_.data(), *n, cache_.page_bounds(l)->data()};
+        if (auto st = kvcache::page_bounds_host(p); !st) throw std::runtime_error("page_bounds: " + st.message());
+      }
+    } else {
+      (void)r;
+    }
+  }
   std::int32_t groups() const {
     if constexpr (kvcache::TokenEviction<Policy>)
       return cache_.eviction().groups();
@@ -264,7 +293,7 @@ class Engine {
     }
     AttentionTrace trace;
     trace.ragged = streams_ > 1;
-    PagedKv<Cache> kv(cache_, pool_, r.seqs, slots, r.fed, positions_, groups(), layout());
+    PagedKv<Cache> kv(cache_, pool_, r.seqs, slots, r.fed, positions_, groups(), layout(), &stats_.keys);
     fwd_.run(kv, tokens, r.fed, r.last_logits, true, &trace, w);
     r.fed += n;
     r.peak_kv = std::max(r.peak_kv, held(r));
@@ -333,6 +362,7 @@ class Engine {
         for (std::int32_t k = lo; k < hi; ++k) pos[moves_[std::size_t(k)].dst] = pos[moves_[std::size_t(k)].src];
       }
     }
+    refresh_bounds(r);  // after the compaction: the pages it rewrote
   }
 
   // Frees the lowest-priority running request, which may be `keep` itself
@@ -369,6 +399,7 @@ class Engine {
   std::int32_t blocks_;
   std::vector<std::byte> memory_;
   kvcache::PoolView pool_;
+  std::vector<float> bounds_;  // page selection's store: [layers][blocks][kv_heads][2][head_dim]
   Cache cache_;
   std::vector<std::int64_t> positions_;  // [groups][pool slot]: token position, moves with compaction
   EngineStats stats_;
@@ -378,6 +409,7 @@ class Engine {
   std::vector<kvcache::SlotMove> moves_;
   std::vector<std::int32_t> counts_;
   std::vector<kvcache::BlockCopy> copies_;
+  std::vector<std::int32_t> stale_pages_, stale_fill_;
 };
 
 }  // namespace engine

@@ -49,11 +49,22 @@ struct EngineConfig {
   // each layer's own attention. Not for token policies (they compact a
   // request's layers together; their groups choose per layer instead).
   bool layer_streams = false;
+  // Page selection, when the engine's Selection is QuestSelection: its config
+  // (the engine supplies the bounds store). score() then feeds the tokens after
+  // the prompt one at a time, so teacher-forced queries are decode queries.
+  kvcache::QuestConfig quest{};
+};
+
+// Keys the decode queries read, per (query, layer, kv-head), against the dense read.
+struct KeyCounts {
+  std::int64_t read = 0, dense = 0, reads = 0;  // reads: (decode query, layer, kv-head) triples
+  std::int64_t sparse_read = 0, sparse_reads = 0;  // the same in the layers page selection serves
 };
 
 struct EngineStats {
   std::int64_t steps = 0, tokens_generated = 0, preemptions = 0, reprefilled = 0, kv_high_water = 0, max_batch = 0;
   std::vector<std::int64_t> kv_over_time;  // tokens held by all requests after each step
+  KeyCounts keys;  // what decode queries read (page selection reads fewer than all)
 };
 
 }  // namespace engine

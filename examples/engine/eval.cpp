@@ -2,7 +2,9 @@
 // the model's 1,024-token context, on tasks whose answers lie far back in
 // the context (tasks.hpp), against the full cache. One markdown table, with
 // sample sizes and 95 % intervals (Wilson for accuracies, normal for means),
-// so a small difference is not read as a ranking.
+// so a small difference is not read as a ranking. Then Quest's page
+// selection at token budgets of 64, 128 and 256 with every token held (its
+// bandwidth figure: keys read per decode query), and Write-Gated KV.
 //
 //   kvcache_eval [--full] [--policy NAME] [--threads N] [--out DIR]
 //     --full     larger samples (minutes become tens of minutes)
@@ -51,14 +53,20 @@ struct Row {
   Interval passkey, passkey_depth[kNumDepths], recall, repeat_loss, agreement;
   double divergence = 0.0, perplexity = 0.0, seconds = 0.0;
   std::int64_t peak_kv = 0;
+  engine::KeyCounts keys;  // what decode queries read, over every request and teacher-forced text
   std::vector<engine::Request> outputs;  // the agreement requests as served
 };
 
+void add(engine::KeyCounts& to, const engine::KeyCounts& k) {
+  to.read += k.read, to.dense += k.dense, to.reads += k.reads;
+  to.sparse_read += k.sparse_read, to.sparse_reads += k.sparse_reads;
+}
+
 // Runs the samples as requests (prompt, then greedy decoding of the answer's
 // length) and counts exact answers; the peak KV per request goes to `peak`.
-template <class Policy>
+template <class Policy, class Selection>
 std::int64_t answered(const engine::Model& m, const Policy& p, const engine::EngineConfig& cfg,
-                      const std::vector<engine::TaskSample>& samples, std::int64_t& peak) {
+                      const std::vector<engine::TaskSample>& samples, std::int64_t& peak, engine::KeyCounts& keys) {
   std::vector<engine::Request> reqs;
   for (const auto& s : samples) {
     engine::Request r;
@@ -67,7 +75,8 @@ std::int64_t answered(const engine::Model& m, const Policy& p, const engine::Eng
     r.max_new = std::int32_t(s.answer.size());
     reqs.push_back(std::move(r));
   }
-  const auto served = engine::serve(m, p, cfg, reqs);
+  const auto served = engine::serve<Policy, Selection>(m, p, cfg, reqs);
+  add(keys, served.stats.keys);
   std::int64_t hits = 0;
   for (std::size_t i = 0; i < samples.size(); ++i) {
     hits += served.reqs[i].output == samples[i].answer;
@@ -101,25 +110,27 @@ void teacher_forced(const Workset& w, Row& row, Score&& score) {
   row.perplexity = std::exp(nll / double(predictions));
 }
 
-template <class Policy>
+template <class Policy, class Selection = kvcache::SelectAll>
 Row evaluate(const engine::Model& m, const Policy& p, const engine::EngineConfig& cfg, const Workset& w,
              const std::vector<engine::Request>& full_outputs) {
   const auto t0 = std::chrono::steady_clock::now();
   Row row;
   std::int64_t hits_all = 0, n_all = 0;
   for (std::size_t d = 0; d < kNumDepths; ++d) {
-    const std::int64_t hits = answered(m, p, cfg, w.passkey[d], row.peak_kv);
+    const std::int64_t hits = answered<Policy, Selection>(m, p, cfg, w.passkey[d], row.peak_kv, row.keys);
     row.passkey_depth[d] = wilson(hits, std::int64_t(w.passkey[d].size()));
     hits_all += hits;
     n_all += std::int64_t(w.passkey[d].size());
   }
   row.passkey = wilson(hits_all, n_all);
-  row.recall = wilson(answered(m, p, cfg, w.recall, row.peak_kv), std::int64_t(w.recall.size()));
-  engine::Engine<Policy> scorer(m, cfg, p);
+  row.recall = wilson(answered<Policy, Selection>(m, p, cfg, w.recall, row.peak_kv, row.keys), std::int64_t(w.recall.size()));
+  engine::Engine<Policy, Selection> scorer(m, cfg, p);
   teacher_forced(w, row, [&](const std::vector<std::int32_t>& text, std::int32_t prompt, std::int32_t from) {
     return scorer.score(text, prompt, from);
   });
-  const auto served = engine::serve(m, p, cfg, w.agree);
+  add(row.keys, scorer.stats().keys);
+  const auto served = engine::serve<Policy, Selection>(m, p, cfg, w.agree);
+  add(row.keys, served.stats.keys);
   const auto& full = full_outputs.empty() ? served.reqs : full_outputs;
   const auto [same, all] = engine::agreement_counts(full, served.reqs);
   row.agreement = wilson(same, all);  // tokens are not independent: the interval is indicative only
@@ -174,6 +185,12 @@ Row evaluate_gated(const engine::Model& m, const engine::GateSet& g, const Works
   return row;
 }
 
+// Quest as the engine runs it: the first and last pages forced, the first
+// layer dense (the paper keeps 2 of 32 dense; this model has 4 layers).
+kvcache::QuestConfig quest_config(std::int32_t budget, const engine::ModelConfig& c) {
+  return {.token_budget = budget, .first_pages = 1, .last_pages = 1, .dense_layers = 1, .query_group = c.q_heads / c.kv_heads};
+}
+
 std::string pct(const Interval& i) { return fmt::format("{:.2f} [{:.2f}, {:.2f}]", i.value, i.lo, i.hi); }
 
 }  // namespace
@@ -203,7 +220,7 @@ int main(int argc, char** argv) try {
       return fmt::print(stderr, "usage: {} [--full] [--policy NAME] [--threads N] [--out DIR]\n", argv[0]), 2;
     }
   }
-  if (!only.empty() && only != "keep_all" && only != "wg_kv" &&
+  if (!only.empty() && only != "keep_all" && only != "wg_kv" && only != "quest" &&
       std::find(engine::policy_names().begin(), engine::policy_names().end(), only) == engine::policy_names().end())
     return fmt::print(stderr, "unknown policy '{}' (one of: {})\n", only, fmt::join(engine::policy_names(), ", ")), 2;
 
@@ -242,6 +259,9 @@ int main(int argc, char** argv) try {
   // prompt is held through prefill) against prefill + decode, at 25 %.
   for (const std::string name : {"sliding_window", "h2o", "average_attention"})
     if (only.empty() || only == name) jobs.push_back({name, L / 4, true});
+  // Quest: every token stays; each decode query reads its kv-head's best pages within the budget.
+  if (only.empty() || only == "quest")
+    for (std::int32_t b : {64, 128, 256}) jobs.push_back({"quest", b});
 
   fmt::print(
       "model: {} layers, {} kv-heads, context {}; tasks at {} bytes; samples: passkey {} per depth x {} depths, "
@@ -259,9 +279,14 @@ int main(int argc, char** argv) try {
     for (std::size_t j; (j = next++) < jobs.size();) {
       auto base = cfg0;
       base.evict_in_prefill = !jobs[j].decode_only;
-      engine::with(jobs[j].name, jobs[j].budget, c, base, [&](auto policy, const engine::EngineConfig& cfg) {
-        rows[j] = evaluate(model, policy, cfg, w, full_outputs);
-      });
+      if (jobs[j].name == "quest") {
+        base.quest = quest_config(jobs[j].budget, c);
+        rows[j] = evaluate<kvcache::KeepAll, kvcache::QuestSelection>(model, kvcache::KeepAll{}, base, w, full_outputs);
+      } else {
+        engine::with(jobs[j].name, jobs[j].budget, c, base, [&](auto policy, const engine::EngineConfig& cfg) {
+          rows[j] = evaluate(model, policy, cfg, w, full_outputs);
+        });
+      }
       rows[j].policy = jobs[j].name + (jobs[j].decode_only ? " (decode only)" : "");
       rows[j].budget = jobs[j].budget;
       const std::lock_guard<std::mutex> lock(progress);
@@ -334,6 +359,20 @@ int main(int argc, char** argv) try {
                  gated[j].peak_kv, figures[j].keys_per_query, figures[j].dense_keys_per_query,
                  figures[j].keys_per_query / figures[j].dense_keys_per_query);
   }
+  fmt::print(
+      "\nPage selection (Quest, first layer dense, first and last pages always read): keys read per decode query "
+      "and kv-head, averaged over all layers and over the sparse ones, against the dense read of the same tokens.\n\n"
+      "| policy | budget | keys read per decode query | in sparse layers | dense | ratio |\n"
+      "| --- | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const auto& r : rows)
+    if (r.budget == 0 || r.policy == "quest") {
+      const double n = double(std::max<std::int64_t>(1, r.keys.reads));
+      const std::string sparse =
+          r.keys.sparse_reads > 0 ? fmt::format("{:.1f}", double(r.keys.sparse_read) / double(r.keys.sparse_reads)) : "-";
+      fmt::print("| {} | {} | {:.1f} | {} | {:.1f} | {:.2f} |\n", r.policy, r.budget > 0 ? std::to_string(r.budget) : "all",
+                 double(r.keys.read) / n, sparse, double(r.keys.dense) / n,
+                 double(r.keys.read) / double(std::max<std::int64_t>(1, r.keys.dense)));
+    }
   fmt::print(
       "\nIntervals: 95 %, Wilson for accuracies (n = samples), normal for the mean loss. Agreement counts tokens, "
       "which are not independent: read it with the tokens before the first divergence.\n");

@@ -18,6 +18,8 @@ namespace engine {
 //   write(layer, k, v)           the chunk's rows [n][kv_heads][head_dim]
 //   read(layer, head)            -> HeldKv of every held token of that kv-head
 //   pre_rope(layer, k, n)        optional: the chunk's keys before RoPE (a write gate reads them)
+//   select(layer, q, n)          optional: the chunk's queries [n][q_heads][head_dim], post-RoPE, before
+//                                the layer's reads (page selection picks what read() returns)
 struct HeldKv {
   const float* k = nullptr;  // [count][row_stride], the head's row at offset 0
   const float* v = nullptr;
@@ -27,6 +29,8 @@ struct HeldKv {
   // only if admitted (the gate's rule; null: every key is).
   const std::uint8_t* admitted = nullptr;
   std::int64_t window = 0;
+  // Page selection (Quest): only keys with selected[t] != 0 are read (null: every key is).
+  const std::uint8_t* selected = nullptr;
 };
 
 // Per-step attention the engine hands to eviction policies: for each kv-head,
@@ -102,6 +106,7 @@ class Forward {
         for (std::int32_t j = 0; j < c_.kv_heads; ++j) rope(&k_[std::size_t(i * kvd + j * hd)], first_pos + i);
       }
       kv.write(l, k_.data(), v_.data(), n);
+      if constexpr (requires { kv.select(l, q_.data(), n); }) kv.select(l, q_.data(), n);
       attention(kv, l, n, first_pos, trace, observe_last > 0 ? std::max(0, n - observe_last) : 0);
       matmul(att_, n, d, t.wo, d, tmp_);
       for (std::size_t i = 0; i < x_.size(); ++i) x_[i] += tmp_[i];
@@ -154,8 +159,9 @@ class Forward {
           const std::int64_t qpos = first_pos + i;
           float mx = -INFINITY;
           for (std::int32_t t = 0; t < held.count; ++t) {
-            if (held.pos[t] > qpos || (held.admitted && !held.admitted[t] && qpos - held.pos[t] >= held.window)) {
-              // causal, by position; and a gated key outside the local window
+            if (held.pos[t] > qpos || (held.admitted && !held.admitted[t] && qpos - held.pos[t] >= held.window) ||
+                (held.selected && !held.selected[t])) {
+              // causal, by position; a gated key outside the local window; a page the selection left out
               p_[std::size_t(t)] = -INFINITY;
               continue;
             }

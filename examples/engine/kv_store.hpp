@@ -6,17 +6,23 @@
 //                 move with compaction like the K/V rows do.
 //   ContiguousKv  a plain growing buffer: the reference the paged path must
 //                 match token for token.
+// With a page-selecting cache (Quest), PagedKv also keeps the page bounds
+// current (page_bounds_update after every scatter) and, for a decode query,
+// asks the cache which pages each kv-head reads: read() then marks only
+// their tokens selected, and the keys read are counted against the dense read.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <kvcache/kernels/gather.hpp>
+#include <kvcache/kernels/page_bounds.hpp>
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/kvcache.hpp>
 #include <span>
 #include <stdexcept>
 #include <vector>
 
+#include "engine_types.hpp"
 #include "forward.hpp"
 
 namespace engine {
@@ -64,9 +70,9 @@ class PagedKv {
   // [streams][n]. positions: the engine's table of token positions per pool
   // slot, one table per group of a token policy that compacts kv-heads
   // separately ([groups][pool slots]); it lives across calls.
-  PagedKv(const Cache& cache, const kvcache::PoolView& pool, std::span<const kvcache::SeqId> seqs,
+  PagedKv(Cache& cache, const kvcache::PoolView& pool, std::span<const kvcache::SeqId> seqs,
           std::span<const std::int32_t> slots, std::int64_t first_pos, std::vector<std::int64_t>& positions,
-          std::int32_t groups = 1, GroupLayout layout = {0, 1, 1})
+          std::int32_t groups = 1, GroupLayout layout = {0, 1, 1}, KeyCounts* counts = nullptr)
       : cache_(cache),
         pool_(pool),
         seqs_(seqs.begin(), seqs.end()),
@@ -76,11 +82,12 @@ class PagedKv {
         slot_pos_(positions),
         groups_(groups),
         layout_(groups == 1 ? GroupLayout{0, 0, 1} : layout),
-        pool_slots_(pool.num_blocks * pool.block_size) {
+        pool_slots_(pool.num_blocks * pool.block_size),
+        counts_(counts) {
     if (seqs.empty() || (seqs.size() > 1 && (pool.num_layers != 1 || groups != 1)))
       throw std::invalid_argument("PagedKv: one stream per layer needs a single-layer pool and one position table");
   }
-  PagedKv(const Cache& cache, const kvcache::PoolView& pool, kvcache::SeqId seq, std::span<const std::int32_t> slots,
+  PagedKv(Cache& cache, const kvcache::PoolView& pool, kvcache::SeqId seq, std::span<const std::int32_t> slots,
           std::int64_t first_pos, std::vector<std::int64_t>& positions, std::int32_t groups = 1,
           GroupLayout layout = {0, 1, 1})
       : PagedKv(cache, pool, std::span<const kvcache::SeqId>(&seq, 1), slots, first_pos, positions, groups, layout) {}
@@ -91,6 +98,10 @@ class PagedKv {
     kvcache::ScatterParams p{pool_, {k, v, kvcache::DType::f32, 0, row * 4, hd * 4}, {slots.data()}, n, pool_layer(l),
                              1};
     if (auto st = kvcache::scatter_host(p); !st) throw std::runtime_error("scatter: " + st.message());
+    if constexpr (Cache::selects) {  // the written keys enter their pages' bounds
+      kvcache::PageBoundsUpdateParams u{pool_, pool_layer(l), slots.data(), n, cache_.page_bounds(pool_layer(l))->data()};
+      if (auto st = kvcache::page_bounds_update_host(u); !st) throw std::runtime_error("page_bounds_update: " + st.message());
+    }
     if (l == 0 || seqs_.size() > 1) {  // one table per group, or one per layer's stream (one group)
       for (std::int32_t g = 0; g < groups_; ++g)
         for (std::int32_t i = 0; i < n; ++i) slot_pos_[std::size_t(g * pool_slots_ + slots[std::size_t(i)])] = first_ + i;
@@ -98,12 +109,56 @@ class PagedKv {
     }
     gathered_ = -1;
   }
+  // A decode query (n == 1) of a page-selecting cache: the pages each
+  // kv-head reads, as a mask over the held tokens (q: [q_heads][head_dim]).
+  void select(std::int32_t l, const float* q, std::int32_t n) {
+    if constexpr (Cache::selects) {
+      selected_layer_ = -1;
+      if (n != 1 || seqs_.size() != 1) return;  // prefill reads densely, as Quest's paper does
+      if (mapped_ != 0) map(0);
+      const std::int32_t H = pool_.num_kv_heads, B = pool_.block_size;
+      const auto group = cache_.selection().config().query_group;
+      const auto blocks = *cache_.table().blocks(seqs_[0]);
+      chosen_indptr_.resize(std::size_t(H) + 1);
+      chosen_.resize(std::size_t(H) * blocks.size());
+      const std::span<const float> queries(q, std::size_t(H) * std::size_t(group) * std::size_t(pool_.head_dim));
+      if (auto r = cache_.select(seqs_, l, queries, {chosen_indptr_, chosen_}); !r)
+        throw std::runtime_error("select: " + r.status().message());
+      mask_.assign(std::size_t(H) * std::size_t(held_), 0);
+      ones_.assign(std::size_t(H), 0);
+      for (std::int32_t h = 0; h < H; ++h) {
+        // Both lists are in logical order: one walk maps the chosen blocks to row indices.
+        std::size_t j = 0;
+        for (std::int32_t c = chosen_indptr_[std::size_t(h)]; c < chosen_indptr_[std::size_t(h) + 1]; ++c) {
+          while (blocks[j] != chosen_[std::size_t(c)]) ++j;
+          const std::int32_t lo = std::max(0, std::int32_t(j) * B - front_);
+          const std::int32_t hi = std::min(held_, (std::int32_t(j) + 1) * B - front_);
+          for (std::int32_t t = lo; t < hi; ++t) mask_[std::size_t(h * held_ + t)] = 1;
+          ones_[std::size_t(h)] += std::max(0, hi - lo);
+        }
+      }
+      selected_layer_ = l;
+    } else {
+      (void)l, (void)q, (void)n;
+    }
+  }
   HeldKv read(std::int32_t l, std::int32_t g) {
     const std::int32_t hd = pool_.head_dim, row = pool_.num_kv_heads * hd;
     if (gathered_ != l) gather(l);
     const std::int32_t group = layout_.of(l, g);
     const std::ptrdiff_t first = std::ptrdiff_t(front_) * row + std::ptrdiff_t(g) * hd;  // past the dead front
-    return {k_.data() + first, v_.data() + first, pos_.data() + std::ptrdiff_t(group) * held_, held_, row};
+    HeldKv h{k_.data() + first, v_.data() + first, pos_.data() + std::ptrdiff_t(group) * held_, held_, row};
+    const bool picked = selected_layer_ == l;
+    if (picked) h.selected = mask_.data() + std::ptrdiff_t(g) * held_;
+    if (counts_ && n_ == 1) {
+      counts_->read += picked ? ones_[std::size_t(g)] : held_;
+      counts_->dense += held_;
+      ++counts_->reads;
+      if constexpr (Cache::selects)
+        if (picked && l >= cache_.selection().config().dense_layers)
+          counts_->sparse_read += ones_[std::size_t(g)], ++counts_->sparse_reads;
+    }
+    return h;
   }
 
  private:
@@ -145,7 +200,7 @@ class PagedKv {
     gathered_ = l;
   }
 
-  const Cache& cache_;
+  Cache& cache_;
   kvcache::PoolView pool_;
   std::vector<kvcache::SeqId> seqs_;
   std::span<const std::int32_t> slots_;
@@ -161,6 +216,10 @@ class PagedKv {
   std::vector<std::int32_t> indices_;
   std::vector<float> k_, v_;  // [front + held][kv_heads][head_dim]
   std::vector<std::int64_t> pos_;
+  KeyCounts* counts_;
+  std::int32_t selected_layer_ = -1;  // the layer mask_ holds (select() for a decode query)
+  std::vector<std::int32_t> chosen_indptr_, chosen_, ones_;
+  std::vector<std::uint8_t> mask_;  // [kv_heads][held]
 };
 
 }  // namespace engine

@@ -64,10 +64,11 @@ struct Served {
   double tokens_per_second() const { return double(stats.tokens_generated) / seconds; }
 };
 
-template <class Policy>
+// Selection: kvcache::SelectAll, or QuestSelection (cfg.quest configures it).
+template <class Policy, class Selection = kvcache::SelectAll>
 Served serve(const Model& m, Policy p, const EngineConfig& cfg, std::vector<Request> reqs,
              const std::string& label = "") {
-  Engine<Policy> e(m, cfg, p);
+  Engine<Policy, Selection> e(m, cfg, p);
   const auto t0 = std::chrono::steady_clock::now();
   std::int64_t shown = 0;
   // A progress line rewritten in place only on a terminal: a redirected log

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 #include <kvcache/kvcache.hpp>
@@ -24,6 +25,7 @@
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/ring_write.hpp>
+#include <kvcache/kernels/page_bounds.hpp>
 #include <kvcache/kernels/scatter.hpp>
 
 #ifdef __CUDACC__
@@ -362,4 +364,46 @@ struct GateEngine {
     return src;
   }
 };
+// Quest: 2 layers, 2 kv-heads (4 query heads), head_dim 8, block 16, f32;
+// three prompts, then decode steps. write_kv stores random keys at the
+// slots; attention() keeps each layer's last selection (with the queries it
+// answered) for the test to check against a selection from the keys themselves.
+struct QuestEngine {
+  static constexpr int32_t num_layers = 2, kv_heads = 2, q_heads = 4, head_dim = 8, block = 16, num_blocks = 64;
+  kv::Geometry geometry = kv::Geometry::make({.num_layers = num_layers, .num_kv_heads = kv_heads, .head_dim = head_dim,
+                                              .block_size = block, .dtype = kv::DType::f32})
+                              .value();
+  std::vector<float> memory = std::vector<float>(std::size_t(geometry.pool_bytes(num_blocks).value() / 4));
+  kv::PoolView pool = kv::make_pool_view(geometry, memory.data(), num_blocks).value();
+  std::vector<int32_t> prompt_lens{150, 90, 40};
+  int32_t steps = 30;
+  std::mt19937 rng{20261123};
+  std::vector<std::vector<float>> last_queries = std::vector<std::vector<float>>(num_layers);
+  std::vector<std::vector<int32_t>> last_indptr = std::vector<std::vector<int32_t>>(num_layers);
+  std::vector<std::vector<int32_t>> last_indices = last_indptr;
+  int64_t attention_calls = 0;
+
+  void write_kv(int32_t layer, std::span<const int32_t> slots) {
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    std::vector<float> kv_rows(slots.size() * std::size_t(kv_heads * head_dim));
+    for (auto& x : kv_rows) x = u(rng);
+    const int64_t row = int64_t{kv_heads} * head_dim * 4;
+    kv::ScatterParams p{pool, {kv_rows.data(), kv_rows.data(), kv::DType::f32, 0, row, head_dim * 4},
+                        kv::TokenAddress{slots.data()}, int64_t(slots.size()), layer};
+    if (!kv::scatter_host(p)) throw std::runtime_error("scatter");
+  }
+  std::span<const float> queries(int32_t layer) {
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    auto& q = last_queries[std::size_t(layer)];
+    q.resize(prompt_lens.size() * std::size_t(q_heads * head_dim));
+    for (auto& x : q) x = u(rng);
+    return q;
+  }
+  void attention(int32_t layer, std::span<const int32_t> indptr, std::span<const int32_t> indices) {
+    last_indptr[std::size_t(layer)].assign(indptr.begin(), indptr.end());
+    last_indices[std::size_t(layer)].assign(indices.begin(), indices.begin() + indptr.back());
+    ++attention_calls;
+  }
+};
+
 }  // namespace readme

@@ -293,6 +293,54 @@ TEST_CASE_METHOD(KernelEngine, "README Quest: bounds of the written pages then e
   }
 }
 
+TEST_CASE_METHOD(QuestEngine, "README Quest: every layer reads the pages a selection from the keys themselves picks") {
+  MustComplete guard;
+#include "snippets/quest.inc"
+  guard.done = true;
+  REQUIRE(attention_calls == int64_t(steps) * num_layers);
+  REQUIRE(cache.check_invariants().ok());
+  // The reference: each page's bounds from its live keys in the pool (not the
+  // snippet's store), the bound with page_select's sum order, the best pages
+  // with ties to the lower one, the first and last always; layer 0 is dense.
+  for (int32_t layer = 0; layer < num_layers; ++layer) {
+    const auto& q = last_queries[std::size_t(layer)];
+    std::vector<int32_t> want;
+    for (std::size_t k = 0; k < seqs.size(); ++k) {
+      const auto blocks = *cache.table().blocks(seqs[k]);
+      const auto held = int32_t(*cache.tokens_held(seqs[k]));
+      const auto n = int32_t(blocks.size());
+      for (int32_t h = 0; h < kv_heads; ++h) {
+        std::vector<std::pair<float, int32_t>> ranked;
+        for (int32_t j = 1; j + 1 < n; ++j) {
+          float kmax[head_dim], kmin[head_dim];
+          std::fill_n(kmax, head_dim, -FLT_MAX);
+          std::fill_n(kmin, head_dim, FLT_MAX);
+          for (int32_t t = 0; t < std::min(block, held - j * block); ++t)
+            for (int32_t d = 0; d < head_dim; ++d) {
+              const float x = *reinterpret_cast<const float*>(pool.row(blocks[std::size_t(j)], layer, 0, t, h) + 4 * d) + 0.0f;
+              kmax[d] = std::max(kmax[d], x), kmin[d] = std::min(kmin[d], x);
+            }
+          float best = -INFINITY;
+          for (int32_t g = 0; g < q_heads / kv_heads; ++g) {
+            const float* qv = q.data() + ((k * kv_heads + std::size_t(h)) * (q_heads / kv_heads) + std::size_t(g)) * head_dim;
+            float lane[4] = {};
+            for (int32_t d = 0; d < head_dim; ++d) lane[d % 4] += std::max(qv[d] * kmax[d], qv[d] * kmin[d]);
+            best = std::max(best, (lane[0] + lane[1]) + (lane[2] + lane[3]));
+          }
+          ranked.emplace_back(-best, j);
+        }
+        std::sort(ranked.begin(), ranked.end());
+        std::vector<int32_t> pick{0, n - 1};
+        for (std::size_t c = 0; c < ranked.size(); ++c)
+          if (layer == 0 || n <= 4 || c < 2) pick.push_back(ranked[c].second);
+        std::sort(pick.begin(), pick.end());
+        for (const int32_t j : pick) want.push_back(blocks[std::size_t(j)]);
+      }
+    }
+    CHECK(last_indices[std::size_t(layer)] == want);
+  }
+}
+
 TEST_CASE_METHOD(GateEngine, "README Write-Gated KV: every head row holds its ring and its admitted tokens") {
 #include "snippets/write_gate_cache.inc"
   REQUIRE(written == 600);

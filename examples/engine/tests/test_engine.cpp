@@ -376,3 +376,54 @@ TEST_CASE("Write-Gated KV through the cache attends exactly as the gate rule on 
   CHECK(kept < std::int64_t(c.layers * c.kv_heads) * 399);
 }
 
+
+TEST_CASE("Quest with a budget that covers the context serves exactly what the dense cache does") {
+  const engine::Model model(kDir + "/kjv-tiny.bin");
+  const auto reqs = requests(heldout(4096), 3, 700, 90, 10, 30);
+  const engine::EngineConfig cfg0{.max_kv_tokens = 2048, .block_size = 16, .chunk = 32, .max_batch = 3};
+  auto dense = reqs;
+  engine::Engine<kv::KeepAll>(model, cfg0, {}).run(dense);
+  auto cfg = cfg0;
+  cfg.quest = {.token_budget = model.config().context, .dense_layers = 1,
+               .query_group = model.config().q_heads / model.config().kv_heads};
+  engine::Engine<kv::KeepAll, kv::QuestSelection> e(model, cfg, {});
+  auto rs = reqs;
+  e.run(rs);
+  for (std::size_t i = 0; i < reqs.size(); ++i) CHECK(rs[i].output == dense[i].output);
+  CHECK(e.stats().keys.reads > 0);
+  CHECK(e.stats().keys.read == e.stats().keys.dense);  // every page chosen: every key read
+}
+
+TEST_CASE("Quest reads at most its budget per decode query in the sparse layers, under any eviction policy") {
+  const engine::Model model(kDir + "/kjv-tiny.bin");
+  const auto reqs = requests(heldout(4096), 3, 600, 90, 20, 20);
+  const engine::EngineConfig cfg0{.max_kv_tokens = 2048, .block_size = 16, .chunk = 32, .max_batch = 3};
+  const auto& c = model.config();
+  const auto run = [&](auto policy, const engine::EngineConfig& base) {
+    auto cfg = base;
+    cfg.quest = {.token_budget = 64, .dense_layers = 1, .query_group = c.q_heads / c.kv_heads};
+    engine::Engine<decltype(policy), kv::QuestSelection> e(model, cfg, policy);
+    auto rs = reqs;
+    while (std::any_of(rs.begin(), rs.end(), [](const auto& r) { return !r.done; })) {
+      e.step(rs);
+      REQUIRE(e.cache().check_invariants().ok());
+    }
+    const auto& k = e.stats().keys;
+    REQUIRE(k.sparse_reads > 0);
+    CHECK(k.sparse_read <= k.sparse_reads * 64);  // 4 pages of 16 at most
+    CHECK(k.read < k.dense);
+    for (const auto& r : rs) CHECK(std::int32_t(r.output.size()) == r.max_new);
+  };
+  run(kv::KeepAll{}, cfg0);
+  run(kv::SlidingWindow(256), cfg0);
+  engine::with_policy("h2o", 256, c, [&](auto policy, auto adjust) {  // compaction: stale pages recomputed
+    auto cfg = cfg0;
+    adjust(cfg);
+    run(policy, cfg);
+  });
+  engine::with_policy("block_scores_summed", 256, c, [&](auto policy, auto adjust) {
+    auto cfg = cfg0;
+    adjust(cfg);
+    run(policy, cfg);
+  });
+}
