@@ -5,7 +5,11 @@
 // kernels, and after every operation each live sequence's row must read back
 // a legal set of positions for its policy. A failed call must leave the
 // cache exactly as it was; check_invariants() must hold after every call.
-// Write-Gated KV's head-paged cache has its own run (gate_run.hpp).
+// Write-Gated KV's head-paged cache has its own run (gate_run.hpp). With
+// Quest's selection the run also keeps the page bounds as an engine does
+// (page_bounds_update after every write; stale pages recomputed after every
+// call), and then every live key must lie within its page's bounds; select()
+// and select_params() get any queries and buffers.
 #include <kvcache/cache.hpp>
 #include <kvcache/eviction/average_attention.hpp>
 #include <kvcache/eviction/block_scores.hpp>
@@ -16,6 +20,8 @@
 #include <kvcache/eviction/tova.hpp>
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
+#include <kvcache/kernels/page_bounds.hpp>
+#include <kvcache/selection/quest.hpp>
 
 #include <cstdio>
 #include <cstdlib>
@@ -60,20 +66,31 @@ struct Input {
   }
 };
 
-template <class Policy>
+template <class Policy, class Selection = kv::SelectAll>
 struct Run {
-  using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::SelectAll, Policy>;
+  using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, Selection, Policy>;
+  static constexpr bool quest = C::selects;
   kv::GeometrySpec spec{.num_layers = 1, .num_kv_heads = G, .head_dim = 1, .block_size = B, .dtype = kv::DType::f32};
+  std::vector<float> bounds = std::vector<float>(quest ? std::size_t(kBlocks * G * 2) : 0);
   C cache;
   // [block][K,V][token][head], NHD, head_dim 1: K of (slot, head) holds a position.
   std::vector<float> mem = std::vector<float>(std::size_t(kBlocks * 2 * B * G), -1.0f);
   kv::PoolView pool = *kv::make_pool_view(*kv::Geometry::make(spec), mem.data(), kBlocks);
   std::vector<kv::SeqId> live;
 
-  explicit Run(Policy p)
+  Run(Policy p, Input& in)
       : cache({.geometry = *kv::Geometry::make(spec), .num_blocks = kBlocks, .max_sequences = kSeqs,
                .max_blocks_per_sequence = kPerSeq, .event_capacity = 8},
-              {}, {}, std::move(p)) {}
+              {}, selection(in), std::move(p)) {}
+  typename kv::SelectionArg<Selection>::type selection(Input& in) {
+    if constexpr (quest) {
+      const std::int32_t first = in.upto(1);
+      return kv::QuestConfig{.token_budget = B * (1 + first + in.upto(4)), .first_pages = first, .last_pages = 1,
+                             .dense_layers = in.upto(1), .query_group = 1 + in.upto(2), .bounds = bounds};
+    } else {
+      return {};
+    }
+  }
 
   float& at(std::int32_t slot, std::int32_t head) { return mem[std::size_t((slot / B) * 2 * B * G + (slot % B) * G + head)]; }
   std::int32_t groups() const {
@@ -85,12 +102,69 @@ struct Run {
     if (copy.src >= 0 && !kv::block_copy_host({pool, pool, &copy, 1}).ok()) fail("block_copy");
     for (std::size_t i = 0; i < slots.size(); ++i)
       for (std::int32_t h = 0; h < G; ++h) at(slots[i], h) = float(first_pos + std::int64_t(i));
+    if constexpr (quest)
+      if (!kv::page_bounds_update_host({pool, 0, slots.data(), std::int64_t(slots.size()), bounds.data()}).ok())
+        fail("page_bounds_update");
+  }
+
+  // Quest: recompute the stale pages (as an engine does before selecting),
+  // then every live key lies within its page's bounds.
+  void check_bounds() {
+    std::vector<std::int32_t> pages(std::size_t(kSeqs * kPerSeq)), fill(pages.size());
+    auto n = cache.stale_pages(live, {pages, fill});
+    if (!n) fail("stale_pages", n.status().message());
+    if (!kv::page_bounds_host({pool, 0, pages.data(), fill.data(), *n, bounds.data()}).ok()) fail("page_bounds");
+    for (const kv::SeqId s : live) {
+      const auto blocks = *cache.table().blocks(s);
+      const std::int32_t front = *cache.table().front(s), held = std::int32_t(*cache.tokens_held(s));
+      for (std::int32_t j = front; j < front + held; ++j)
+        for (std::int32_t h = 0; h < G; ++h) {
+          const std::int32_t page = blocks[std::size_t(j / B)];
+          const float k = at(page * B + j % B, h), hi = bounds[std::size_t((page * G + h) * 2)], lo = bounds[std::size_t((page * G + h) * 2 + 1)];
+          if (!(lo <= k && k <= hi))
+            fail("a live key outside its page's bounds", "page " + std::to_string(page) + " slot " + std::to_string(j % B));
+        }
+    }
+  }
+
+  // Quest: select() and select_params() with any queries and buffers; what
+  // they write is a legal selection of each row's pages.
+  void select(Input& in) {
+    std::vector<kv::SeqId> seqs = live;
+    if (in.byte() % 8 == 0) seqs.push_back(kv::SeqId{in.byte() % 8, in.byte()});  // maybe stale
+    const auto& q = cache.selection().config();
+    const std::int64_t want = std::int64_t(seqs.size()) * G * q.query_group;
+    std::vector<float> queries(std::size_t(std::max<std::int64_t>(0, want + in.upto(2) - 1)));
+    for (auto& x : queries) x = in.byte() % 32 == 0 ? std::numeric_limits<float>::quiet_NaN() : float(in.byte()) / 32.0f - 4.0f;
+    std::vector<std::int32_t> indptr(std::size_t(in.upto(12))), indices(std::size_t(in.upto(80)));
+    auto r = cache.select(seqs, 0, queries, {indptr, indices});
+    if (r) {
+      const std::int32_t budget = q.token_budget / B;
+      for (std::size_t k = 0; k < seqs.size(); ++k) {
+        const auto blocks = *cache.table().blocks(seqs[k]);
+        const auto n = std::int32_t(blocks.size());
+        for (std::int32_t h = 0; h < G; ++h) {
+          const std::size_t row = k * G + std::size_t(h);
+          const std::int32_t lo = indptr[row], hi = indptr[row + 1];
+          if (hi - lo != (q.dense_layers > 0 ? n : std::min(n, budget))) fail("select: row length");
+          std::int32_t j = 0;
+          for (std::int32_t c = lo; c < hi; ++c, ++j) {  // the row's pages, in logical order
+            while (j < n && blocks[std::size_t(j)] != indices[std::size_t(c)]) ++j;
+            if (j == n) fail("select: a page not in the row, or out of order");
+          }
+          if (hi > lo && indices[std::size_t(hi - 1)] != blocks.back()) fail("select: the last page left out");
+        }
+      }
+    }
+    std::vector<std::int32_t> a(std::size_t(in.upto(6))), b(std::size_t(in.upto(40))), c(std::size_t(in.upto(12)));
+    (void)cache.select_params(seqs, in.upto(1), {a, b, c});
   }
 
   // Every live row reads back positions that are distinct, older than the
   // next one, and what the policy says it keeps.
   void check() {
     if (auto st = cache.check_invariants(); !st) fail("check_invariants", st.message());
+    if constexpr (quest) check_bounds();
     for (const kv::SeqId s : live) {
       const auto blocks = *cache.table().blocks(s);
       const std::int32_t front = *cache.table().front(s), held = std::int32_t(*cache.tokens_held(s));
@@ -239,6 +313,7 @@ struct Run {
         (void)cache.blocks_needed(in.wide(), in.wide(), in.wide());
         (void)cache.can_admit(in.wide(), in.wide());
         (void)cache.shared_excess();
+        if constexpr (quest) select(in);
         std::vector<kv::BlockEvent> ev(std::size_t(in.upto(4)));
         (void)cache.drain_events(ev);
         if (!(cache == before)) {  // draining events changes the pool: compare everything else by re-draining
@@ -255,16 +330,16 @@ struct Run {
   }
 };
 
-template <class Policy>
+template <class Policy, class Selection = kv::SelectAll>
 void run(Policy p, Input& in) {
-  Run<Policy> r(std::move(p));
+  Run<Policy, Selection> r(std::move(p), in);
   for (int ops = 0; ops < 400 && in.n > 0; ++ops) r.step(in);
 }
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Input in{data, size};
-  switch (in.byte() % 9) {
+  switch (in.byte() % 10) {
     case 0: run(kv::KeepAll{}, in); break;
     case 1: run(kv::SlidingWindow(1 + in.upto(12)), in); break;
     case 2: run(kv::SinkWindowEviction({.sinks = in.upto(6), .window = 1 + in.upto(12), .block_size = B}), in); break;
@@ -283,6 +358,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       for (int ops = 0; ops < 400 && in.n > 0; ++ops) r.step(in);
       break;
     }
+    case 9:  // Quest over each kind of eviction
+      switch (in.byte() % 4) {
+        case 0: run<kv::KeepAll, kv::QuestSelection>(kv::KeepAll{}, in); break;
+        case 1: run<kv::SlidingWindow, kv::QuestSelection>(kv::SlidingWindow(1 + in.upto(12)), in); break;
+        case 2:
+          run<kv::BlockScoreEviction, kv::QuestSelection>(
+              kv::BlockScoreEviction({.start = B, .recent = B, .max = 3 * B + B * in.upto(3), .block_size = B}), in);
+          break;
+        default:
+          run<kv::H2OEviction, kv::QuestSelection>(kv::H2OEviction({.heavy = 1 + in.upto(6), .recent = in.upto(6), .groups = in.byte() % 2 ? G : 1}), in);
+      }
+      break;
     default: {
       const std::int32_t budget = 2 + in.upto(12);
       run(kv::AverageAttentionEviction({.budget = budget, .step = 1 + in.upto(budget - 2), .groups = in.byte() % 2 ? G : 1}), in);

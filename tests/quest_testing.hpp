@@ -240,4 +240,53 @@ struct QuestRig {
   }
 };
 
+// Random operations on a Quest cache under policy P; after each one, every
+// page whose bounds miss a live key is listed stale, and after the
+// recompute none is, private pages are exact (without forks), and select()
+// matches the reference.
+template <class P>
+void quest_cache_property(std::mt19937_64& rng, P policy, bool forks, std::int32_t ops, kv::DType t = kv::DType::f32) {
+  kv::GeometrySpec spec;
+  spec.num_layers = 3, spec.num_kv_heads = 2, spec.head_dim = 8, spec.block_size = 4, spec.dtype = t;
+  const std::int32_t pages = 2 + std::int32_t(rng() % 3);
+  QuestRig<P> rig(rng, spec, 80, {.token_budget = pages * 4, .dense_layers = 1, .query_group = 2}, policy);
+  std::vector<kv::SeqId> live;
+  for (std::int32_t op = 0; op < ops; ++op) {
+    const auto pick = [&] { return live[std::size_t(rng() % live.size())]; };
+    const std::uint64_t what = live.empty() ? 0 : rng() % 10;
+    if (what == 0 && live.size() < 5) {
+      auto s = rig.cache.add_sequence();
+      REQUIRE(s.ok());
+      live.push_back(*s);
+      (void)rig.write(*s, 1 + std::int32_t(rng() % 30));
+    } else if (what == 4) {
+      (void)rig.write_batch(live);
+    } else if (what <= 3) {
+      (void)rig.write(pick(), 1 + std::int32_t(rng() % (what == 1 ? 12 : 3)));
+    } else if (what == 5 && forks && live.size() < 5) {
+      auto c = rig.cache.fork(pick());
+      if (c) live.push_back(*c);
+    } else if (what == 6) {
+      const kv::SeqId s = pick();
+      const auto held = std::int32_t(*rig.cache.tokens_held(s));
+      if (held > 0) (void)rig.cache.truncate(s, 1 + std::int32_t(rng() % std::uint64_t(std::min(held, 6))));
+    } else if (what <= 8) {
+      rig.evict(pick());
+    } else if (live.size() > 1) {
+      const auto k = std::size_t(rng() % live.size());
+      REQUIRE(rig.cache.free(live[k]).ok());
+      live.erase(live.begin() + std::ptrdiff_t(k));
+    }
+    const auto bad = rig.uncovered(live);
+    const auto listed = rig.refresh(live);
+    for (const std::int32_t page : bad) {
+      INFO("op " << op << ": page " << page << " misses a live key and is not listed stale");
+      REQUIRE(listed.count(page) == 1);
+    }
+    REQUIRE(rig.uncovered(live).empty());
+    if (!forks) REQUIRE(rig.inexact(live).empty());
+    REQUIRE(rig.cache.check_invariants().ok());
+    if (op % 4 == 0 && !live.empty()) rig.check_select(live);
+  }
+}
 }  // namespace kvtest

@@ -10,6 +10,7 @@
 #include <kvcache/cache.hpp>
 
 #include "gate_cache_property.hpp"
+#include "quest_testing.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -376,3 +377,19 @@ TEST_CASE("random operations through a Write-Gated KV cache keep every head row 
   gate_testing::gate_cache_property(rng, trials, steps);
 }
 
+
+TEST_CASE("random operations through a Quest cache keep every page's bounds and every selection") {
+  const std::uint64_t seed = env_u64("KVCACHE_SEED", std::random_device{}());
+  const std::uint64_t ops = env_u64("KVCACHE_PROPERTY_OPS", 1'000'000);
+  INFO("KVCACHE_SEED=" << seed);
+  std::mt19937_64 rng(seed);
+  // A 25th of the plain cache's operations: each one here checks every key of every layer.
+  const int steps = 200, trials = int(std::max<std::uint64_t>(1, ops / 25 / 4 / std::uint64_t(steps)));
+  for (int t = 0; t < trials; ++t) {
+    const bool forks = t % 2 == 1;
+    kvtest::quest_cache_property(rng, kvcache::KeepAll{}, forks, steps);
+    kvtest::quest_cache_property(rng, kvcache::SlidingWindow(8 + std::int32_t(rng() % 16)), forks, steps);
+    kvtest::quest_cache_property(rng, kvcache::BlockScoreEviction({.start = 4, .recent = 8, .max = 24, .block_size = 4}), forks, steps);
+    kvtest::quest_cache_property(rng, kvcache::H2OEviction({.heavy = 6, .recent = 6, .groups = 1}), forks, steps);
+  }
+}

@@ -26,79 +26,33 @@ QuestConfig quest(std::int32_t budget_pages = 3) {
   return {.token_budget = budget_pages * 4, .first_pages = 1, .last_pages = 1, .dense_layers = 1, .query_group = 2};
 }
 
-// Random operations on a Quest cache under policy P; after each one, every
-// page whose bounds miss a live key is listed stale, and after the
-// recompute none is, private pages are exact (without forks), and select()
-// matches the reference.
-template <class P>
-void run_random(std::mt19937_64& rng, P policy, bool forks, std::int32_t ops, DType t = DType::f32) {
-  QuestRig<P> rig(rng, small_spec(t), 80, quest(2 + std::int32_t(rng() % 3)), policy);
-  std::vector<SeqId> live;
-  for (std::int32_t op = 0; op < ops; ++op) {
-    const auto pick = [&] { return live[std::size_t(rng() % live.size())]; };
-    const std::uint64_t what = live.empty() ? 0 : rng() % 10;
-    if (what == 0 && live.size() < 5) {
-      auto s = rig.cache.add_sequence();
-      REQUIRE(s.ok());
-      live.push_back(*s);
-      (void)rig.write(*s, 1 + std::int32_t(rng() % 30));
-    } else if (what == 4) {
-      (void)rig.write_batch(live);
-    } else if (what <= 3) {
-      (void)rig.write(pick(), 1 + std::int32_t(rng() % (what == 1 ? 12 : 3)));
-    } else if (what == 5 && forks && live.size() < 5) {
-      auto c = rig.cache.fork(pick());
-      if (c) live.push_back(*c);
-    } else if (what == 6) {
-      const SeqId s = pick();
-      const auto held = std::int32_t(*rig.cache.tokens_held(s));
-      if (held > 0) (void)rig.cache.truncate(s, 1 + std::int32_t(rng() % std::uint64_t(std::min(held, 6))));
-    } else if (what <= 8) {
-      rig.evict(pick());
-    } else if (live.size() > 1) {
-      const auto k = std::size_t(rng() % live.size());
-      REQUIRE(rig.cache.free(live[k]).ok());
-      live.erase(live.begin() + std::ptrdiff_t(k));
-    }
-    const auto bad = rig.uncovered(live);
-    const auto listed = rig.refresh(live);
-    for (const std::int32_t page : bad) {
-      INFO("op " << op << ": page " << page << " misses a live key and is not listed stale");
-      REQUIRE(listed.count(page) == 1);
-    }
-    REQUIRE(rig.uncovered(live).empty());
-    if (!forks) REQUIRE(rig.inexact(live).empty());
-    REQUIRE(rig.cache.check_invariants().ok());
-    if (op % 4 == 0 && !live.empty()) rig.check_select(live);
-  }
-}
 }  // namespace
 
 TEST_CASE("Quest with keep-all: appends fold into the bounds and copy-on-write pages are listed stale") {
   auto rng = fresh_rng();
-  for (int run = 0; run < 6; ++run) run_random(rng, KeepAll{}, run % 2 == 1, 60);
+  for (int run = 0; run < 6; ++run) kvtest::quest_cache_property(rng, KeepAll{}, run % 2 == 1, 60);
 }
 
 TEST_CASE("Quest with a sliding window: dropped front blocks shift the stale marks and the dead front keeps an upper bound") {
   auto rng = fresh_rng();
-  for (int run = 0; run < 6; ++run) run_random(rng, SlidingWindow(12 + std::int32_t(rng() % 12)), run % 2 == 1, 60);
+  for (int run = 0; run < 6; ++run) kvtest::quest_cache_property(rng, SlidingWindow(12 + std::int32_t(rng() % 12)), run % 2 == 1, 60);
 }
 
 TEST_CASE("Quest with block eviction: rotated blocks are listed stale and recomputed after rope") {
   auto rng = fresh_rng();
   for (int run = 0; run < 6; ++run)
-    run_random(rng, BlockScoreEviction({.start = 4, .recent = 8, .max = 24, .block_size = 4}), run % 2 == 1, 60);
+    kvtest::quest_cache_property(rng, BlockScoreEviction({.start = 4, .recent = 8, .max = 24, .block_size = 4}), run % 2 == 1, 60);
 }
 
 TEST_CASE("Quest with token eviction: compaction targets are listed stale and recomputed") {
   auto rng = fresh_rng();
-  for (int run = 0; run < 6; ++run) run_random(rng, H2OEviction({.heavy = 6, .recent = 6, .groups = 1}), run % 2 == 1, 60);
+  for (int run = 0; run < 6; ++run) kvtest::quest_cache_property(rng, H2OEviction({.heavy = 6, .recent = 6, .groups = 1}), run % 2 == 1, 60);
 }
 
 TEST_CASE("Quest bounds stay upper bounds for every pool dtype") {
   auto rng = fresh_rng();
   for (const DType t : {DType::f16, DType::bf16, DType::fp8_e4m3})
-    run_random(rng, H2OEviction({.heavy = 6, .recent = 6, .groups = 1}), false, 40, t);
+    kvtest::quest_cache_property(rng, H2OEviction({.heavy = 6, .recent = 6, .groups = 1}), false, 40, t);
 }
 
 TEST_CASE("Quest rollback: the stale tail keeps a looser bound that still holds, and the recompute makes it exact") {
