@@ -39,6 +39,7 @@
 #include "kvcache/prefix_sharing.hpp"
 #include "kvcache/selection/page_bounds_selection.hpp"
 #include "kvcache/selection/select_all.hpp"
+#include "kvcache/selection/stale_heads.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
@@ -147,8 +148,7 @@ class Cache {
     if constexpr (StatefulEviction<Eviction>) eviction_.bind(cfg.max_sequences, cap);
     if constexpr (evicts) ledger_.bind(cfg.max_sequences);
     if constexpr (selects)
-      if (auto st = selection_.bind(cfg.geometry, cfg.num_blocks, cfg.max_sequences, cfg.max_blocks_per_sequence); !st)
-        throw ConfigError("kvcache::Cache", st);
+      if (auto st = selection_.bind(selection_shape(cfg, admission)); !st) throw ConfigError("kvcache::Cache", st);
     if constexpr (TokenEviction<Eviction>) {
       scratch_.chosen.resize(std::size_t(cap));
       scratch_.index_moves.resize(std::size_t(cap));
@@ -191,7 +191,12 @@ class Cache {
   }
   /// A new sequence sharing every block of s (copy-on-write on the next write into a shared block).
   Result<SeqId> fork(SeqId s) noexcept {
-    if constexpr (head_paged) return admission_.fork(table_, pool_, s);
+    if constexpr (head_paged) {
+      auto child = admission_.fork(table_, pool_, s);
+      if constexpr (selects)
+        if (child) stale_heads::forked(selection_.stale(), admission_, s, *child);
+      return child;
+    }
     auto child = table_.fork(pool_, s);
     if constexpr (StatefulEviction<Eviction>)
       if (child) eviction_.copy_state(s.index, child->index);
@@ -203,7 +208,12 @@ class Cache {
   }
   /// Ends s: the handle dies, its blocks go back tail first; published blocks stay cached.
   Status free(SeqId s) noexcept {
-    if constexpr (head_paged) return admission_.free(table_, pool_, s);
+    if constexpr (head_paged) {
+      auto st = admission_.free(table_, pool_, s);
+      if constexpr (selects)
+        if (st) stale_heads::freed(selection_.stale(), admission_, s);
+      return st;
+    }
     auto st = table_.release(pool_, s);
     if constexpr (StatefulEviction<Eviction>)
       if (st) eviction_.reset(s.index);
@@ -249,7 +259,10 @@ class Cache {
   Result<GateWriteInfo> write(SeqId s, std::int32_t layer, std::span<const float> gates, const GateWriteSpans& out) noexcept
     requires head_paged
   {
-    return admission_.write(table_, pool_, s, layer, gates, out);
+    auto r = admission_.write(table_, pool_, s, layer, gates, out);
+    if constexpr (selects)
+      if (r) stale_heads::copied(selection_.stale(), table_, admission_, std::span(&s, 1), layer, layer + 1, out.copies.first(std::size_t(r->copies)));
+    return r;
   }
   /// Head-paged decode step of one layer: one new token for each of seqs;
   /// gates, out.slots and out.promote are [seqs][kv_heads] (the policy's
@@ -258,7 +271,10 @@ class Cache {
                                     const GateWriteSpans& out) noexcept
     requires head_paged
   {
-    return admission_.write_batch(table_, pool_, seqs, layer, gates, out);
+    auto r = admission_.write_batch(table_, pool_, seqs, layer, gates, out);
+    if constexpr (selects)
+      if (r) stale_heads::copied(selection_.stale(), table_, admission_, seqs, layer, layer + 1, out.copies.first(std::size_t(r->copies)));
+    return r;
   }
   /// Rollback: the n most recently appended tokens leave. A token policy's
   /// compaction reorders the row, so after an evict() that evicted tokens a
@@ -298,14 +314,23 @@ class Cache {
   Result<GateWriteInfo> reconcile(SeqId s, std::int32_t layer, std::span<const float> gates) noexcept
     requires head_paged
   {
-    return admission_.reconcile(table_, pool_, s, layer, gates);
+    auto r = admission_.reconcile(table_, pool_, s, layer, gates);
+    if constexpr (selects)
+      if (r) stale_heads::reconciled(selection_.stale(), table_, admission_, s, layer, std::int32_t(gates.size()) / admission_.num_kv_heads());
+    return r;
   }
   /// Head-paged rollback of the n newest tokens of every layer: the engine
   /// runs out.copies, then out.moves (the policy's truncate()). All or nothing.
   Result<GateWriteInfo> truncate(SeqId s, std::int32_t n, const GateWriteSpans& out) noexcept
     requires head_paged
   {
-    return admission_.truncate(table_, pool_, s, n, out);
+    auto r = admission_.truncate(table_, pool_, s, n, out);
+    if constexpr (selects)
+      if (r) {
+        stale_heads::copied(selection_.stale(), table_, admission_, std::span(&s, 1), 0, admission_.num_layers(), out.copies.first(std::size_t(r->copies)));
+        stale_heads::truncated(selection_.stale(), table_, pool_, admission_, s);
+      }
+    return r;
   }
 
   // --- eviction ----------------------------------------------------------------
@@ -448,8 +473,9 @@ class Cache {
   }
 
   // --- selection (page-bounds policies: Quest) --------------------------------
-  /// One layer's slice of the page-bounds store, [num_blocks][kv_heads][2][head_dim]:
-  /// the bounds argument of that layer's page_bounds_update and page_bounds launches.
+  /// One pool layer's slice of the page-bounds store, [num_blocks][kv_heads][2][head_dim]:
+  /// the bounds argument of that layer's page_bounds_update and page_bounds launches
+  /// (head-paged: the pool has one layer, so slice 0 serves every model layer).
   Result<std::span<float>> page_bounds(std::int32_t layer) const noexcept
     requires selects
   {
@@ -457,14 +483,21 @@ class Cache {
       return Status{Errc::invalid_argument, "layer", layer, geometry_.spec().num_layers};
     return selection_.bounds(layer);
   }
-  /// The pages of seqs whose bounds a copy-on-write, a compaction, a rotation
-  /// or a rollback left stale, as (page, fill) for page_bounds on every layer;
+  /// The pages of seqs whose bounds a copy-on-write, a compaction, a rotation,
+  /// a rollback or a reconciled deferred write left stale (head-paged: of
+  /// every head row), as (page, fill) for page_bounds on every pool layer;
   /// listing them marks them current. Run it after those edits' kernels and
   /// before select(). All or nothing; returns pages listed.
   Result<std::int32_t> stale_pages(std::span<const SeqId> seqs, const StaleSpans& out) noexcept
     requires selects
   {
-    return take_stale_pages(selection_.stale(), table_, pool_, seqs, out);
+    if constexpr (head_paged) {  // every layer's head rows of seqs
+      if (auto rows = head_rows::count(admission_, seqs, -1); !rows) return rows.status();
+      return take_stale_rows(selection_.stale(), table_, pool_,
+                             [&](auto f) { head_rows::each(admission_, seqs, -1, [&](std::int64_t, SeqId h) { f(h); }); }, out);
+    } else {
+      return take_stale_pages(selection_.stale(), table_, pool_, seqs, out);
+    }
   }
   /// Host selection: the pages each (sequence, kv-head) of seqs reads for
   /// `layer`'s queries ([seqs][kv_heads][query_group][head_dim] fp32) as a
@@ -474,7 +507,8 @@ class Cache {
                               const SelectSpans& out) noexcept
     requires selects
   {
-    return selection_.select(table_, seqs, layer, queries, out);
+    if constexpr (head_paged) return selection_.select_heads(table_, admission_, seqs, layer, queries, out);
+    else return selection_.select(table_, seqs, layer, queries, out);
   }
   /// A page_select launch's inputs for a device backend: the rows' pages and
   /// output offsets into `plan`, and the params but queries, out_indices and
@@ -483,7 +517,8 @@ class Cache {
                                          const SelectPlanSpans& plan) const noexcept
     requires selects
   {
-    return selection_.plan(table_, seqs, layer, plan);
+    if constexpr (head_paged) return selection_.plan_heads(table_, admission_, seqs, layer, plan);
+    else return selection_.plan(table_, seqs, layer, plan);
   }
 
   // --- accounting (what the scheduler asks) ---------------------------------
@@ -644,6 +679,17 @@ class Cache {
       (void)cfg, (void)t;
       return a;
     }
+  }
+
+  // What the selection policy binds to: rows per sequence, or head rows.
+  SelectionShape selection_shape(const CacheConfig& cfg, const typename AdmissionArg<Admission>::type& a) const {
+    const GeometrySpec& g = cfg.geometry.spec();
+    if constexpr (head_paged)
+      return {cfg.geometry, cfg.num_blocks, admission_.num_layers(), streams(cfg, a), cfg.max_sequences * admission_.num_kv_heads(),
+              cfg.max_blocks_per_sequence, admission_.num_kv_heads(), admission_.local_window() / g.block_size};
+    else
+      return {cfg.geometry, cfg.num_blocks, g.num_layers, cfg.max_sequences, cfg.max_sequences, cfg.max_blocks_per_sequence,
+              g.num_kv_heads, 0};
   }
 
   // A usable geometry, and a policy that counts blocks in the geometry's size.

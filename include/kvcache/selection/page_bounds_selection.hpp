@@ -33,6 +33,19 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// What a page-bounds policy binds to (the cache fills it at construction).
+struct SelectionShape {
+  Geometry geometry{};                  ///< The pool's geometry (its layers are the store's slices).
+  std::int32_t num_blocks = 0;          ///< Pool blocks.
+  std::int32_t model_layers = 0;        ///< Layers the queries come from (a head-paged pool has one per block).
+  std::int32_t streams = 0;             ///< Table streams (stale marks are per stream).
+  std::int32_t max_rows = 0;            ///< Rows one select() call may have.
+  std::int32_t max_blocks_per_row = 0;  ///< Longest row, in blocks.
+  std::int32_t kv_heads = 0;            ///< The model's kv-heads per layer.
+  /// Head-paged rows: leading pages every row reads (the ring), on top of the budget.
+  std::int32_t ring_pages = 0;
+};
+
 /// Where select() writes the chosen pages: a head-folded CSR, row k × kv_heads + h
 /// = kv-head h of seqs[k], each row's physical blocks in logical order.
 struct SelectSpans {
@@ -60,7 +73,7 @@ concept PageBoundsSelection =
     requires(P& p, const P& cp, const PageTable& t, const Geometry& g, std::span<const SeqId> seqs, std::int32_t i,
              std::span<const float> q, const SelectSpans& out, const SelectPlanSpans& plan) {
       typename P::Config;
-      { p.bind(g, i, i, i) } -> std::same_as<Status>;  // geometry, num_blocks, max_sequences, max_blocks_per_sequence
+      { p.bind(SelectionShape{}) } -> std::same_as<Status>;
       { p.stale() } -> std::same_as<StalePages&>;
       { cp.stale() } -> std::same_as<const StalePages&>;
       { cp.bounds(i) } -> std::same_as<std::span<float>>;
@@ -68,25 +81,25 @@ concept PageBoundsSelection =
       { p.select(t, seqs, i, q, out) } -> std::same_as<Result<std::int32_t>>;
     };
 
-/// Lists the stale pages of seqs (page, fill) and marks them clean; all or
-/// nothing: a bad handle or a buffer too small changes nothing. Returns pages listed.
-/// A page shared with another row (a fork) is listed whole (fill = block
-/// size): its rows may hold different counts of its tokens after a rollback,
-/// and slots past a row's tokens only loosen the bound.
-template <class Table, class Pool>
-Result<std::int32_t> take_stale_pages(StalePages& stale, const Table& t, const Pool& pool, std::span<const SeqId> seqs,
-                                      const StaleSpans& out) noexcept {
+/// Lists the stale pages of the rows each(f) calls f with (validated table
+/// streams) as (page, fill) and marks them clean; all or nothing: a buffer too
+/// small changes nothing. Returns pages listed. A page shared with another
+/// row (a fork) is listed whole (fill = block size): its rows may hold
+/// different counts of its tokens after a rollback, and slots past a row's
+/// tokens only loosen the bound.
+template <class Table, class Pool, class Each>
+Result<std::int32_t> take_stale_rows(StalePages& stale, const Table& t, const Pool& pool, Each&& each,
+                                     const StaleSpans& out) noexcept {
   std::int64_t n = 0;
-  for (std::size_t k = 0; k < seqs.size(); ++k) {
-    if (auto st = t.validate(seqs[k]); !st) return Status{st.code(), "seqs_at", std::int64_t(k), 0};
-    const std::int32_t from = stale.from(seqs[k].index), rows = std::int32_t(t.blocks_unchecked(seqs[k]).size());
+  each([&](SeqId s) {
+    const std::int32_t from = stale.from(s.index), rows = std::int32_t(t.blocks_unchecked(s).size());
     if (from < rows) n += rows - from;
-  }
+  });
   if (std::int64_t(out.pages.size()) < n) return Status{Errc::buffer_too_small, "pages", std::int64_t(out.pages.size()), n};
   if (std::int64_t(out.fill.size()) < n) return Status{Errc::buffer_too_small, "fill", std::int64_t(out.fill.size()), n};
   std::size_t w = 0;
   const std::int32_t B = t.block_size();
-  for (const SeqId s : seqs) {
+  each([&](SeqId s) {
     const auto blocks = t.blocks_unchecked(s);
     const std::int64_t slots = std::int64_t{t.front_unchecked(s)} + t.tokens_unchecked(s);  // the row's used slots
     for (std::int32_t j = stale.from(s.index); j < std::int32_t(blocks.size()); ++j, ++w) {
@@ -95,8 +108,17 @@ Result<std::int32_t> take_stale_pages(StalePages& stale, const Table& t, const P
       out.fill[w] = shared ? B : std::int32_t(std::min<std::int64_t>(B, slots - std::int64_t{j} * B));
     }
     stale.clear(s.index);
-  }
+  });
   return std::int32_t(w);  // a handle listed twice is listed once
+}
+
+/// take_stale_rows over the rows of seqs (one per sequence); a bad handle is seqs_at.
+template <class Table, class Pool>
+Result<std::int32_t> take_stale_pages(StalePages& stale, const Table& t, const Pool& pool, std::span<const SeqId> seqs,
+                                      const StaleSpans& out) noexcept {
+  for (std::size_t k = 0; k < seqs.size(); ++k)
+    if (auto st = t.validate(seqs[k]); !st) return Status{st.code(), "seqs_at", std::int64_t(k), 0};
+  return take_stale_rows(stale, t, pool, [&](auto f) { for (const SeqId s : seqs) f(s); }, out);
 }
 
 KVCACHE_END_NAMESPACE

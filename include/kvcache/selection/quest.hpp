@@ -21,6 +21,7 @@
 #include <span>
 #include <vector>
 
+#include "kvcache/admission/head_paged.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/geometry.hpp"
 #include "kvcache/kernels/page_select.hpp"
@@ -58,91 +59,70 @@ class QuestSelection {
     return std::int64_t{s.num_layers} * num_blocks * s.num_kv_heads * 2 * s.head_dim;
   }
 
-  /// Checks the config against the cache's geometry and sizes the scratch a
+  /// Checks the config against the cache's shape and sizes the scratch a
   /// select() call uses (allocates: construction time). Errors name the field.
-  Status bind(const Geometry& g, std::int32_t num_blocks, std::int32_t max_sequences,
-              std::int32_t max_blocks_per_sequence) {
-    const GeometrySpec& s = g.spec();
+  Status bind(const SelectionShape& shape) {
+    const GeometrySpec& s = shape.geometry.spec();
     if (c_.first_pages < 0) return Status{Errc::invalid_argument, "first_pages", c_.first_pages, 0};
     if (c_.last_pages < 0) return Status{Errc::invalid_argument, "last_pages", c_.last_pages, 0};
     const std::int64_t forced = std::max<std::int64_t>(1, std::int64_t{c_.first_pages} + c_.last_pages);
     if (c_.token_budget < forced * s.block_size)
       return Status{Errc::invalid_argument, "token_budget (at least (first_pages + last_pages) x block_size)",
                     c_.token_budget, forced * s.block_size};
-    if (c_.dense_layers < 0 || c_.dense_layers > s.num_layers)
-      return Status{Errc::invalid_argument, "dense_layers", c_.dense_layers, s.num_layers};
+    if (c_.dense_layers < 0 || c_.dense_layers > shape.model_layers)
+      return Status{Errc::invalid_argument, "dense_layers", c_.dense_layers, shape.model_layers};
     if (c_.query_group < 1) return Status{Errc::invalid_argument, "query_group", c_.query_group, 1};
-    if (std::int64_t need = bounds_floats(g, num_blocks); std::int64_t(c_.bounds.size()) < need || !c_.bounds.data())
+    if (std::int64_t need = bounds_floats(shape.geometry, shape.num_blocks); std::int64_t(c_.bounds.size()) < need || !c_.bounds.data())
       return Status{Errc::buffer_too_small, "bounds (QuestSelection::bounds_floats)", std::int64_t(c_.bounds.size()), need};
-    layers_ = s.num_layers, heads_ = s.num_kv_heads, dim_ = s.head_dim, blocks_ = num_blocks;
-    max_seqs_ = std::max(0, max_sequences);
-    stale_.bind(max_seqs_);
-    rows_indptr_.assign(std::size_t(max_seqs_) + 1, 0);
-    rows_indices_.assign(std::size_t(max_seqs_) * std::size_t(std::max(0, max_blocks_per_sequence)), 0);
-    out_indptr_.assign(std::size_t(max_seqs_) * std::size_t(heads_) + 1, 0);
-    scratch_.resize(page_select_scratch_bytes(max_blocks_per_sequence, heads_));
+    slices_ = s.num_layers, page_heads_ = s.num_kv_heads, dim_ = s.head_dim, blocks_ = shape.num_blocks;
+    layers_ = shape.model_layers, heads_ = shape.kv_heads, ring_pages_ = shape.ring_pages;
+    max_rows_ = std::max(0, shape.max_rows);
+    stale_.bind(shape.streams);
+    const std::size_t longest = std::size_t(std::max(0, shape.max_blocks_per_row));
+    rows_indptr_.assign(std::size_t(max_rows_) + 1, 0);
+    rows_indices_.assign(std::size_t(max_rows_) * longest, 0);
+    out_indptr_.assign(std::size_t(max_rows_) * std::size_t(page_heads_) + 1, 0);
+    scratch_.resize(page_select_scratch_bytes(shape.max_blocks_per_row, page_heads_));
     return {};
   }
 
   /// The config.
   const QuestConfig& config() const noexcept { return c_; }
-  /// Pages a (sequence, kv-head) reads at most in a sparse layer.
+  /// Pages a (sequence, kv-head) reads at most in a sparse layer (head-paged: on top of its ring).
   std::int32_t budget_pages(std::int32_t block_size) const noexcept { return c_.token_budget / block_size; }
-  /// One layer's slice of the store: [num_blocks][kv_heads][2][head_dim] (page_bounds' layout).
-  std::span<float> bounds(std::int32_t layer) const noexcept {
-    const std::size_t per = std::size_t(blocks_) * std::size_t(heads_) * 2 * std::size_t(dim_);
-    return c_.bounds.subspan(std::size_t(layer) * per, per);
+  /// One slice of the store: [num_blocks][kv_heads][2][head_dim] (page_bounds'
+  /// layout), per pool layer (a head-paged pool has one, for every model layer).
+  std::span<float> bounds(std::int32_t slice) const noexcept {
+    const std::size_t per = std::size_t(blocks_) * std::size_t(page_heads_) * 2 * std::size_t(dim_);
+    return c_.bounds.subspan(std::size_t(slice) * per, per);
   }
-  /// Per sequence, the pages whose bounds the engine must recompute.
+  /// Per table stream, the pages whose bounds the engine must recompute.
   StalePages& stale() noexcept { return stale_; }
-  /// Per sequence, the pages whose bounds the engine must recompute.
+  /// Per table stream, the pages whose bounds the engine must recompute.
   const StalePages& stale() const noexcept { return stale_; }
 
-  /// A page_select launch's inputs for one layer's queries of seqs: the rows'
-  /// pages and the output offsets into `plan`, and every field of the
-  /// returned params but queries, out_indices and scratch. Dense layers get a
-  /// budget no row reaches (every page, no estimate). All checks come first:
-  /// on an error nothing is written.
+  /// A page_select launch's inputs for one layer's queries of seqs (one row
+  /// per sequence): the rows' pages and the output offsets into `plan`, and
+  /// every field of the returned params but queries, out_indices and
+  /// scratch. Dense layers get a budget no row reaches (every page, no
+  /// estimate). All checks come first: on an error nothing is written.
   template <class Table>
   Result<PageSelectParams> plan(const Table& t, std::span<const SeqId> seqs, std::int32_t layer,
                                 const SelectPlanSpans& out) const noexcept {
-    if (layer < 0 || layer >= layers_) return Status{Errc::invalid_argument, "layer", layer, layers_};
-    std::int64_t pages = 0;
-    for (std::size_t k = 0; k < seqs.size(); ++k) {
+    for (std::size_t k = 0; k < seqs.size(); ++k)
       if (auto st = t.validate(seqs[k]); !st) return Status{st.code(), "seqs_at", std::int64_t(k), 0};
-      pages += std::int64_t(t.blocks_unchecked(seqs[k]).size());
-    }
-    const std::int64_t S = std::int64_t(seqs.size()), rows = S * heads_;
-    if (pages * heads_ > INT32_MAX) return Status{Errc::invalid_argument, "pages x kv_heads (past int32)", pages * heads_, INT32_MAX};
-    if (std::int64_t(out.indptr.size()) < S + 1) return Status{Errc::buffer_too_small, "indptr", std::int64_t(out.indptr.size()), S + 1};
-    if (std::int64_t(out.indices.size()) < pages) return Status{Errc::buffer_too_small, "indices", std::int64_t(out.indices.size()), pages};
-    if (std::int64_t(out.out_indptr.size()) < rows + 1)
-      return Status{Errc::buffer_too_small, "out_indptr", std::int64_t(out.out_indptr.size()), rows + 1};
-    std::int32_t at = 0;
-    out.indptr[0] = 0;
-    for (std::size_t k = 0; k < seqs.size(); ++k) {
-      const auto blocks = t.blocks_unchecked(seqs[k]);
-      std::copy(blocks.begin(), blocks.end(), out.indices.begin() + at);
-      at += std::int32_t(blocks.size());
-      out.indptr[k + 1] = at;
-    }
-    const std::int32_t budget = layer < c_.dense_layers ? INT32_MAX : budget_pages(t.block_size());
-    (void)page_select_indptr(out.indptr.data(), std::int32_t(S), heads_, budget, out.out_indptr.data(), out.out_indptr.size());
-    PageSelectParams p{};
-    p.bounds = bounds(layer).data();
-    p.num_blocks = blocks_;
-    p.num_kv_heads = heads_;
-    p.head_dim = dim_;
-    p.group = c_.query_group;
-    p.indptr = out.indptr.data();
-    p.indices = out.indices.data();
-    p.num_seqs = std::int32_t(S);
-    p.num_pages = at;
-    p.budget = budget;
-    p.first_pages = c_.first_pages;
-    p.last_pages = c_.last_pages;
-    p.out_indptr = out.out_indptr.data();
-    return p;
+    return plan_rows(t, std::int64_t(seqs.size()), [&](auto f) { for (const SeqId s : seqs) f(s); }, layer, out);
+  }
+  /// plan() over a head-paged admission's rows: row k × kv_heads + h is head
+  /// h of seqs[k] in `layer`, one head per page; every row's ring pages are
+  /// read on top of the budget.
+  template <class Table, class Admission>
+  Result<PageSelectParams> plan_heads(const Table& t, const Admission& a, std::span<const SeqId> seqs, std::int32_t layer,
+                                      const SelectPlanSpans& out) const noexcept {
+    if (layer < 0 || layer >= layers_) return Status{Errc::invalid_argument, "layer", layer, layers_};
+    auto rows = head_rows::count(a, seqs, layer);
+    if (!rows) return rows.status();
+    return plan_rows(t, *rows, [&](auto f) { head_rows::each(a, seqs, layer, [&](std::int64_t, SeqId h) { f(h); }); }, layer, out);
   }
 
   /// Host backend: the pages each (sequence, kv-head) of seqs reads for one
@@ -153,13 +133,83 @@ class QuestSelection {
   template <class Table>
   Result<std::int32_t> select(const Table& t, std::span<const SeqId> seqs, std::int32_t layer,
                               std::span<const float> queries, const SelectSpans& out) noexcept {
-    if (std::int64_t(seqs.size()) > max_seqs_) return Status{Errc::invalid_argument, "seqs.size", std::int64_t(seqs.size()), max_seqs_};
-    const std::int64_t S = std::int64_t(seqs.size()), want = S * heads_ * c_.query_group * dim_;
+    if (std::int64_t(seqs.size()) > max_rows_) return Status{Errc::invalid_argument, "seqs.size", std::int64_t(seqs.size()), max_rows_};
+    if (auto st = check_queries(std::int64_t(seqs.size()), queries); !st) return st;
+    return run(plan(t, seqs, layer, {rows_indptr_, rows_indices_, out_indptr_}), queries, out);
+  }
+  /// select() over a head-paged admission's rows (as plan_heads()).
+  template <class Table, class Admission>
+  Result<std::int32_t> select_heads(const Table& t, const Admission& a, std::span<const SeqId> seqs, std::int32_t layer,
+                                    std::span<const float> queries, const SelectSpans& out) noexcept {
+    const std::int64_t rows = std::int64_t(seqs.size()) * heads_;
+    if (rows > max_rows_) return Status{Errc::invalid_argument, "seqs.size", std::int64_t(seqs.size()), max_rows_ / std::max(1, heads_)};
+    if (auto st = check_queries(std::int64_t(seqs.size()), queries); !st) return st;
+    return run(plan_heads(t, a, seqs, layer, {rows_indptr_, rows_indices_, out_indptr_}), queries, out);
+  }
+
+  /// Same config, same stale marks (the store is the caller's memory).
+  friend bool operator==(const QuestSelection& a, const QuestSelection& b) {
+    return a.c_.token_budget == b.c_.token_budget && a.c_.first_pages == b.c_.first_pages &&
+           a.c_.last_pages == b.c_.last_pages && a.c_.dense_layers == b.c_.dense_layers &&
+           a.c_.query_group == b.c_.query_group && a.c_.bounds.data() == b.c_.bounds.data() && a.stale_ == b.stale_;
+  }
+
+ private:
+  Status check_queries(std::int64_t seqs, std::span<const float> queries) const noexcept {
+    const std::int64_t want = seqs * heads_ * c_.query_group * dim_;
     if (std::int64_t(queries.size()) != want) return Status{Errc::invalid_argument, "queries.size", std::int64_t(queries.size()), want};
-    auto planned = plan(t, seqs, layer, {rows_indptr_, rows_indices_, out_indptr_});
+    return {};
+  }
+
+  // The plan over `rows` rows that each(f) calls f with, in row order (validated streams).
+  template <class Table, class Each>
+  Result<PageSelectParams> plan_rows(const Table& t, std::int64_t rows, Each&& each, std::int32_t layer,
+                                     const SelectPlanSpans& out) const noexcept {
+    if (layer < 0 || layer >= layers_) return Status{Errc::invalid_argument, "layer", layer, layers_};
+    std::int64_t pages = 0;
+    each([&](SeqId r) { pages += std::int64_t(t.blocks_unchecked(r).size()); });
+    const std::int64_t out_rows = rows * page_heads_;
+    if (pages * page_heads_ > INT32_MAX)
+      return Status{Errc::invalid_argument, "pages x kv_heads (past int32)", pages * page_heads_, INT32_MAX};
+    if (std::int64_t(out.indptr.size()) < rows + 1) return Status{Errc::buffer_too_small, "indptr", std::int64_t(out.indptr.size()), rows + 1};
+    if (std::int64_t(out.indices.size()) < pages) return Status{Errc::buffer_too_small, "indices", std::int64_t(out.indices.size()), pages};
+    if (std::int64_t(out.out_indptr.size()) < out_rows + 1)
+      return Status{Errc::buffer_too_small, "out_indptr", std::int64_t(out.out_indptr.size()), out_rows + 1};
+    std::int32_t at = 0;
+    std::size_t k = 0;
+    out.indptr[0] = 0;
+    each([&](SeqId r) {
+      const auto blocks = t.blocks_unchecked(r);
+      std::copy(blocks.begin(), blocks.end(), out.indices.begin() + at);
+      at += std::int32_t(blocks.size());
+      out.indptr[++k] = at;
+    });
+    // A head-paged row reads its ring on top of the budget: the ring pages count as leading forced pages.
+    const std::int32_t budget = layer < c_.dense_layers ? INT32_MAX : ring_pages_ + budget_pages(t.block_size());
+    (void)page_select_indptr(out.indptr.data(), std::int32_t(rows), page_heads_, budget, out.out_indptr.data(),
+                             out.out_indptr.size());
+    PageSelectParams p{};
+    p.bounds = bounds(slices_ == 1 ? 0 : layer).data();
+    p.num_blocks = blocks_;
+    p.num_kv_heads = page_heads_;
+    p.head_dim = dim_;
+    p.group = c_.query_group;
+    p.indptr = out.indptr.data();
+    p.indices = out.indices.data();
+    p.num_seqs = std::int32_t(rows);
+    p.num_pages = at;
+    p.budget = budget;
+    p.first_pages = ring_pages_ + c_.first_pages;
+    p.last_pages = c_.last_pages;
+    p.out_indptr = out.out_indptr.data();
+    return p;
+  }
+
+  // Runs a host plan with the caller's queries into `out`.
+  Result<std::int32_t> run(Result<PageSelectParams> planned, std::span<const float> queries, const SelectSpans& out) noexcept {
     if (!planned) return planned.status();
     PageSelectParams p = *planned;
-    const std::int64_t rows = S * heads_, chosen = out_indptr_[std::size_t(rows)];
+    const std::int64_t rows = std::int64_t{p.num_seqs} * page_heads_, chosen = out_indptr_[std::size_t(rows)];
     if (std::int64_t(out.indptr.size()) < rows + 1) return Status{Errc::buffer_too_small, "indptr", std::int64_t(out.indptr.size()), rows + 1};
     if (std::int64_t(out.indices.size()) < chosen) return Status{Errc::buffer_too_small, "indices", std::int64_t(out.indices.size()), chosen};
     p.queries = queries.data();
@@ -171,16 +221,8 @@ class QuestSelection {
     return std::int32_t(chosen);
   }
 
-  /// Same config, same stale marks (the store is the caller's memory).
-  friend bool operator==(const QuestSelection& a, const QuestSelection& b) {
-    return a.c_.token_budget == b.c_.token_budget && a.c_.first_pages == b.c_.first_pages &&
-           a.c_.last_pages == b.c_.last_pages && a.c_.dense_layers == b.c_.dense_layers &&
-           a.c_.query_group == b.c_.query_group && a.c_.bounds.data() == b.c_.bounds.data() && a.stale_ == b.stale_;
-  }
-
- private:
   QuestConfig c_;
-  std::int32_t layers_ = 0, heads_ = 0, dim_ = 0, blocks_ = 0, max_seqs_ = 0;
+  std::int32_t slices_ = 0, page_heads_ = 0, dim_ = 0, blocks_ = 0, layers_ = 0, heads_ = 0, ring_pages_ = 0, max_rows_ = 0;
   StalePages stale_;
   std::vector<std::int32_t> rows_indptr_, rows_indices_, out_indptr_;  // select()'s plan
   std::vector<std::byte> scratch_;  // page_select_host's scores and order (4-byte aligned: operator new)
