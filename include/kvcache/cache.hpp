@@ -28,6 +28,7 @@
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/eviction/compaction_plan.hpp"
+#include "kvcache/eviction/global_region.hpp"
 #include "kvcache/eviction/keep_all.hpp"
 #include "kvcache/eviction/plan.hpp"
 #include "kvcache/eviction/run.hpp"
@@ -128,9 +129,19 @@ class Cache {
                 "kvcache::Cache: a head_paged admission policy must model HeadPagedAdmission (admission/head_paged.hpp)");
   static_assert(!head_paged || (std::same_as<Pool, BlockPool> && std::same_as<Table, PageTable>),
                 "kvcache::Cache: a head-paged admission policy (WriteGate) runs on BlockPool and PageTable");
-  static_assert(!head_paged || std::same_as<Eviction, KeepAll>,
-                "kvcache::Cache: a head-paged admission policy (WriteGate) composes with KeepAll only for now: "
-                "eviction of its global region is not built yet");
+  static_assert(!(head_paged && WindowEviction<Eviction>),
+                "kvcache::Cache: WriteGate (head-paged admission) with a window eviction policy (SlidingWindow): "
+                "WriteGate's ring already is the local window, and dropping the front of a head row would drop the "
+                "ring and leave the global region behind it; use KeepAll, or a token policy on the global region");
+  static_assert(!(head_paged && BlockEviction<Eviction>),
+                "kvcache::Cache: WriteGate (head-paged admission) with a block eviction policy (BlockScoreEviction, "
+                "SinkWindowEviction): block policies re-rotate kept blocks by their shift in the row, which is a "
+                "position shift only in a row of consecutive positions; a head row's global region holds scattered "
+                "admitted positions; use a token policy (H2O, SnapKV, TOVA, average attention) on the global region");
+  /// A token policy evicts from each head row's global region (eviction/global_region.hpp).
+  static constexpr bool evicts_global = head_paged && TokenEviction<Eviction>;
+  /// Per-sequence streams under an evicting policy: the bound ledger keeps where each stands.
+  static constexpr bool ledgered = evicts && !head_paged;
 
   /// Builds the cache; throws ConfigError for a bad configuration (zero sizes, overflow, a policy unlike the
   /// geometry). With a head-paged admission, `admission` is its Config, the geometry holds one layer and one
@@ -145,11 +156,18 @@ class Cache {
         eviction_(eviction),
         hasher_(hasher) {
     const std::int32_t cap = cfg.max_blocks_per_sequence * cfg.geometry.block_size();
-    if constexpr (StatefulEviction<Eviction>) eviction_.bind(cfg.max_sequences, cap);
-    if constexpr (evicts) ledger_.bind(cfg.max_sequences);
+    if constexpr (evicts_global) {  // one stream of the policy per head row, one group each
+      if (eviction_.groups() != 1)
+        throw ConfigError("kvcache::Cache", Status{Errc::invalid_argument, "eviction.groups (one per head row)", eviction_.groups(), 1});
+      eviction_.bind(streams(cfg, admission), cap);
+      global_.bind(streams(cfg, admission), cap);
+    } else if constexpr (StatefulEviction<Eviction>) {
+      eviction_.bind(cfg.max_sequences, cap);
+    }
+    if constexpr (ledgered) ledger_.bind(cfg.max_sequences);
     if constexpr (selects)
       if (auto st = selection_.bind(selection_shape(cfg, admission)); !st) throw ConfigError("kvcache::Cache", st);
-    if constexpr (TokenEviction<Eviction>) {
+    if constexpr (TokenEviction<Eviction> && !head_paged) {
       scratch_.chosen.resize(std::size_t(cap));
       scratch_.index_moves.resize(std::size_t(cap));
     }
@@ -195,12 +213,14 @@ class Cache {
       auto child = admission_.fork(table_, pool_, s);
       if constexpr (selects)
         if (child) stale_heads::forked(selection_.stale(), admission_, s, *child);
+      if constexpr (evicts_global)
+        if (child) global_.forked(admission_, eviction_, s, *child);
       return child;
     }
     auto child = table_.fork(pool_, s);
     if constexpr (StatefulEviction<Eviction>)
       if (child) eviction_.copy_state(s.index, child->index);
-    if constexpr (evicts)
+    if constexpr (ledgered)
       if (child) ledger_.copy(s.index, child->index);
     if constexpr (selects)
       if (child) selection_.stale().copy(s.index, child->index);
@@ -212,12 +232,14 @@ class Cache {
       auto st = admission_.free(table_, pool_, s);
       if constexpr (selects)
         if (st) stale_heads::freed(selection_.stale(), admission_, s);
+      if constexpr (evicts_global)
+        if (st) global_.freed(admission_, eviction_, s);
       return st;
     }
     auto st = table_.release(pool_, s);
     if constexpr (StatefulEviction<Eviction>)
       if (st) eviction_.reset(s.index);
-    if constexpr (evicts)
+    if constexpr (ledgered)
       if (st) ledger_.reset(s.index);
     if constexpr (selects)
       if (st) selection_.stale().clear(s.index);
@@ -291,7 +313,7 @@ class Cache {
     auto st = table_.truncate(pool_, s, n);
     if constexpr (StatefulEviction<Eviction>)
       if (st) eviction_.on_truncate(s.index, table_.tokens_unchecked(s));
-    if constexpr (evicts)
+    if constexpr (ledgered)
       if (st) ledger_.on_truncate(s.index, table_.appended_unchecked(s));
     if constexpr (selects)  // a partial tail keeps the removed keys' extremes: recompute it, unless another
       if (st && n > 0) {    // row shares it (that row may hold more of it: the looser bound holds for both)
@@ -330,6 +352,8 @@ class Cache {
         stale_heads::copied(selection_.stale(), table_, admission_, std::span(&s, 1), 0, admission_.num_layers(), out.copies.first(std::size_t(r->copies)));
         stale_heads::truncated(selection_.stale(), table_, pool_, admission_, s);
       }
+    if constexpr (evicts_global)
+      if (r) global_.truncated(admission_, eviction_, s);
     return r;
   }
 
@@ -339,7 +363,7 @@ class Cache {
   /// policy does not read, a wrong shape, a NaN, an infinity or a negative
   /// value is an error naming it, and nothing changes.
   Status observe(SeqId s, const Scores& sc) noexcept
-    requires ObservingEviction<Eviction>
+    requires(ObservingEviction<Eviction> && !head_paged)
   {
     if (auto st = table_.validate(s); !st) return st;
     if (!valid_kind(sc.kind) || !Eviction::required_signals.covers(signal_of(sc.kind)))
@@ -352,9 +376,31 @@ class Cache {
       return Status{Errc::invalid_argument, "scores_at", bad, 0};
     return eviction_.observe(s.index, sc, view(s, 0));
   }
+  /// Head-paged with a token policy on the global region: one layer's scores,
+  /// each kv-head's row in turn, one score per token the row holds (ring
+  /// slots, then global, as export_heads_csr lays them out); the policy reads
+  /// each row's global part. Finite and >= 0; a kind the policy does not
+  /// read, a wrong size or a bad value is an error naming it, and nothing changes.
+  Status observe(SeqId s, std::int32_t layer, ScoreKind kind, std::span<const float> values) noexcept
+    requires(evicts_global && ObservingEviction<Eviction>)
+  {
+    return global_.observe(table_, pool_, admission_, eviction_, s, layer, kind, values);
+  }
+  /// Head-paged with a token policy: every head row's global region of s is
+  /// evicted and compacted; run `moves` (all rows) with the compaction kernel
+  /// on the single-head pool. The ring is never a candidate; tokens in blocks
+  /// a fork shares never leave. A buffer too small is an error, and nothing changes.
+  Result<EvictionResult> evict(SeqId s, std::span<SlotMove> moves) noexcept
+    requires evicts_global
+  {
+    StalePages* stale = nullptr;
+    if constexpr (selects) stale = &selection_.stale();
+    return global_.evict(table_, pool_, admission_, eviction_, s, moves, stale);
+  }
+
   /// Shorthand: one score per held token, reduced over heads and queries.
   Status observe(SeqId s, std::span<const float> scores) noexcept
-    requires ObservingEviction<Eviction>
+    requires(ObservingEviction<Eviction> && !head_paged)
   {
     return observe(s, Scores{ScoreKind::attention_sums, scores, 1});
   }
@@ -388,7 +434,7 @@ class Cache {
     if constexpr (BlockEviction<Eviction>) r = EvictionRun::blocks(table_, pool_, eviction_, s, out.blocks, out.rotations);
     else if constexpr (TokenEviction<Eviction>) r = EvictionRun::tokens(table_, pool_, eviction_, scratch_, s, out.moves, out.group_moves);
     else if constexpr (WindowEviction<Eviction>) r = EvictionRun::front(table_, pool_, eviction_, s, pending_queries);
-    if constexpr (evicts)
+    if constexpr (ledgered)
       if (r) settle(s, pending_queries, TokenEviction<Eviction> && r.value().tokens > 0);
     if constexpr (selects)
       if (r && r->tokens > 0) {
@@ -597,13 +643,13 @@ class Cache {
     requires(!head_paged)
   {
     if (auto st = table_.validate(s); !st) return st;
-    if constexpr (evicts) return ledger_.at(s.index).excess;
+    if constexpr (ledgered) return ledger_.at(s.index).excess;
     else return std::int64_t{0};
   }
   /// The sum of shared_excess over every live sequence. O(sequences).
   std::int64_t shared_excess() const noexcept {
     std::int64_t total = 0;
-    if constexpr (evicts) table_.for_each_stream([&](SeqId s) { total += ledger_.at(s.index).excess; });
+    if constexpr (ledgered) table_.for_each_stream([&](SeqId s) { total += ledger_.at(s.index).excess; });
     return total;
   }
 
@@ -622,7 +668,7 @@ class Cache {
       const std::int64_t appended = table_.appended_unchecked(s), held = table_.tokens_unchecked(s);
       const std::int64_t blocks = std::int64_t(table_.blocks_unchecked(s).size());
       BoundLedger::Entry e{.settled = appended};
-      if constexpr (evicts) e = ledger_.at(s.index);
+      if constexpr (ledgered) e = ledger_.at(s.index);
       const std::int64_t limit = eviction_.max_tokens_held(e.settled) + (appended - e.settled) + e.excess;
       if (bad.ok() && held > limit) bad = Status{Errc::invariant_violated, "tokens_held", held, limit};
       const bool met = e.settled == appended && e.excess == 0;
@@ -635,8 +681,12 @@ class Cache {
   friend bool operator==(const Cache& a, const Cache& b) {
     if constexpr (StatefulEviction<Eviction>)
       if (!(a.eviction_ == b.eviction_)) return false;
-    if constexpr (evicts)
+    if constexpr (ledgered)
       if (!(a.ledger_ == b.ledger_)) return false;
+    if constexpr (evicts_global)
+      if (!(a.global_ == b.global_)) return false;
+    if constexpr (selects)
+      if (!(a.selection_ == b.selection_)) return false;
     if constexpr (head_paged)
       if (!(a.admission_ == b.admission_)) return false;
     return a.pool_ == b.pool_ && a.table_ == b.table_;
@@ -716,9 +766,11 @@ class Cache {
   [[no_unique_address]] Eviction eviction_;
   [[no_unique_address]] Hasher hasher_;
   struct NoLedger {};
-  [[no_unique_address]] std::conditional_t<evicts, BoundLedger, NoLedger> ledger_;
+  [[no_unique_address]] std::conditional_t<ledgered, BoundLedger, NoLedger> ledger_;
+  struct NoRegion {};
+  [[no_unique_address]] std::conditional_t<evicts_global, GlobalRegion, NoRegion> global_;
   struct NoScratch {};
-  [[no_unique_address]] std::conditional_t<TokenEviction<Eviction>, EvictionRun::TokenScratch, NoScratch> scratch_;
+  [[no_unique_address]] std::conditional_t<TokenEviction<Eviction> && !head_paged, EvictionRun::TokenScratch, NoScratch> scratch_;
 };
 
 KVCACHE_END_NAMESPACE

@@ -1,7 +1,10 @@
 // Compiled by expect.cmake, once per KVCACHE_MODE_*: only "good" may compile.
 #include <kvcache/admission/write_gate.hpp>
 #include <kvcache/cache.hpp>
+#include <kvcache/eviction/block_scores.hpp>
 #include <kvcache/eviction/h2o.hpp>
+#include <kvcache/eviction/sliding_window.hpp>
+#include <kvcache/selection/quest.hpp>
 
 namespace kv = kvcache;
 
@@ -28,6 +31,10 @@ struct SelectionWithoutSignals {  // no required_signals
 using C = kv::Cache<>;
 using G = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate>;
 std::size_t size_of_gated() { return sizeof(G); }
+// All three at once, and each pair: they compose.
+using All = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate, kv::QuestSelection, kv::H2OEviction>;
+std::size_t size_of_all() { return sizeof(All); }
+std::size_t size_of_quest_h2o() { return sizeof(kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::QuestSelection, kv::H2OEviction>); }
 #elif defined(KVCACHE_MODE_bad_eviction)
 using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::SelectAll, EvictionMissingBound>;
 #elif defined(KVCACHE_MODE_bad_signals)
@@ -35,7 +42,9 @@ using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::SelectAll, E
 #elif defined(KVCACHE_MODE_bad_admission)
 using C = kv::Cache<kv::BlockPool, kv::PageTable, AdmissionWithoutKind>;
 #elif defined(KVCACHE_MODE_bad_composition)
-using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate, kv::SelectAll, kv::H2OEviction>;
+using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate, kv::SelectAll, kv::SlidingWindow>;
+#elif defined(KVCACHE_MODE_bad_composition_block)
+using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate, kv::QuestSelection, kv::BlockScoreEviction>;
 #elif defined(KVCACHE_MODE_bad_selection)
 using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, SelectionWithoutSignals>;
 #endif

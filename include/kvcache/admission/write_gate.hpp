@@ -150,6 +150,20 @@ class WriteGate {
   /// Allotted writes of (s, layer) not reconciled yet.
   Result<std::int32_t> pending(SeqId s, std::int32_t layer) const noexcept;
 
+  // --- eviction of the global region (a token policy through the cache) --------
+  /// Global tokens of (s, layer, kv_head) that a token eviction may choose
+  /// from: past the blocks the row shares (a fork), as a global token index.
+  /// 0 when s has deferred writes pending (nothing may move then: reconcile first).
+  std::int32_t first_evictable(const PageTable& table, const BlockPool& pool, SeqId s, std::int32_t layer,
+                               std::int32_t kv_head) const noexcept;
+  /// A token eviction of the head's global region ran (write_gate_evict.hpp):
+  /// global token m.dst now holds what m.src held (global token indices, the
+  /// engine runs them as slot moves), and its last `count` tokens leave; the
+  /// first `first_changed` stay where they were. The caller planned it
+  /// (first_evictable, no pending writes): it cannot fail.
+  void compact_global(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer, std::int32_t kv_head,
+                      std::span<const SlotMove> index_moves, std::int32_t count, std::int32_t first_changed) noexcept;
+
   // --- what a head holds ------------------------------------------------------
   /// The head stream of (s, layer, head) in the table (for exports: one row per head).
   Result<SeqId> head(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept;
@@ -295,3 +309,4 @@ KVCACHE_END_NAMESPACE
 #include "kvcache/admission/write_gate_impl.hpp"
 #include "kvcache/admission/write_gate_batch.hpp"
 #include "kvcache/admission/write_gate_deferred.hpp"
+#include "kvcache/admission/write_gate_evict.hpp"
