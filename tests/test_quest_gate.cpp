@@ -30,21 +30,22 @@ namespace {
 std::mt19937_64 fresh_rng() { return std::mt19937_64(Catch::rngSeed() ^ std::random_device{}()); }
 
 constexpr std::int32_t B = 4, W = 8, L = 2, H = 2, kBlocks = 400, kRow = 24, kSeqs = 4, kGroup = 2;
-using GateQuest = Cache<BlockPool, PageTable, WriteGate, QuestSelection>;
-
+// E: KeepAll (admission and selection), or a token policy on the global regions (all three).
+template <class E = KeepAll>
 struct Rig {
   std::mt19937_64& rng;
   KvMemory mem{B, kBlocks, H};
   std::vector<float> store = std::vector<float>(std::size_t(QuestSelection::bounds_floats(mem.geo, kBlocks)));
-  GateQuest cache;
+  Cache<BlockPool, PageTable, WriteGate, QuestSelection, E> cache;
   std::vector<SeqId> live;
   std::vector<std::int32_t> tag;  // key_of's sequence number per handle index (forks copy it)
 
-  Rig(std::mt19937_64& r, std::int32_t budget_pages, GlobalCapAction at_cap = GlobalCapAction::refuse)
+  Rig(std::mt19937_64& r, std::int32_t budget_pages, GlobalCapAction at_cap = GlobalCapAction::refuse, E policy = {})
       : rng(r),
         cache({.geometry = mem.geo, .num_blocks = kBlocks, .max_sequences = kSeqs, .max_blocks_per_sequence = kRow},
               WriteGateConfig{.num_layers = L, .num_kv_heads = H, .local_window = W, .tau = 0.5f, .at_cap = at_cap},
-              QuestConfig{.token_budget = budget_pages * B, .dense_layers = 1, .query_group = kGroup, .bounds = store}),
+              QuestConfig{.token_budget = budget_pages * B, .dense_layers = 1, .query_group = kGroup, .bounds = store},
+              policy),
         tag(kSeqs, 0) {}
 
   // The commands of one write or rollback, then the new keys into the bounds.
@@ -99,6 +100,24 @@ struct Rig {
     std::vector<BlockCopy> copies(std::size_t(L * H * 4));
     auto r = cache.truncate(s, n, {{}, moves, {}, copies});
     if (r) run({{}, moves, {}, copies}, *r, s, 0, 0, 0);
+  }
+
+  // Scores for every head row of s (a function of position), then the eviction and its moves.
+  void evict(SeqId s) {
+    if constexpr (TokenEviction<E>) {
+      for (std::int32_t l = 0; l < L; ++l) {
+        std::vector<float> v;
+        for (std::int32_t h = 0; h < H; ++h) {
+          const auto held = *cache.admission().positions(s, l, h);
+          for (const std::int32_t p : held) v.push_back(float((p * 7919 + h * 13 + l * 5) % 97) / 16.0f);
+        }
+        REQUIRE(cache.observe(s, l, ScoreKind::head_attention_sums, v).ok());
+      }
+      std::vector<SlotMove> moves(std::size_t(L * H * kRow * B));
+      auto r = cache.evict(s, moves);
+      REQUIRE(r.ok());
+      mem.move(std::span(moves).first(std::size_t(r->moves)));
+    }
   }
 
   std::set<std::int32_t> refresh() {
@@ -187,10 +206,11 @@ struct Rig {
 };
 }  // namespace
 
-TEST_CASE("Write-Gated KV + Quest: every head row's global pages keep true bounds and select the plain top-k") {
-  auto rng = fresh_rng();
-  for (int trial = 0; trial < 8; ++trial) {
-    Rig rig(rng, 2 + std::int32_t(rng() % 3));
+namespace {
+template <class E = KeepAll>
+void random_run(std::mt19937_64& rng, int trials, E policy = {}) {
+  for (int trial = 0; trial < trials; ++trial) {
+    Rig<E> rig(rng, 2 + std::int32_t(rng() % 3), GlobalCapAction::refuse, policy);
     std::int32_t next_tag = 0;
     for (int op = 0; op < 80; ++op) {
       const auto pick = [&] { return rig.live[std::size_t(rng() % rig.live.size())]; };
@@ -209,6 +229,8 @@ TEST_CASE("Write-Gated KV + Quest: every head row's global pages keep true bound
         const SeqId parent = pick();
         auto c = rig.cache.fork(parent);
         if (c) rig.live.push_back(*c), rig.tag[c->index] = rig.tag[parent.index];
+      } else if (what == 7 && TokenEviction<E>) {
+        rig.evict(pick());
       } else if (what <= 8) {
         rig.truncate(pick(), 1 + std::int32_t(rng() % 4));
       } else if (rig.live.size() > 1) {
@@ -229,10 +251,21 @@ TEST_CASE("Write-Gated KV + Quest: every head row's global pages keep true bound
     }
   }
 }
+}  // namespace
+
+TEST_CASE("Write-Gated KV + Quest: every head row's global pages keep true bounds and select the plain top-k") {
+  auto rng = fresh_rng();
+  random_run(rng, 8);
+}
+
+TEST_CASE("all three: Write-Gated KV + Quest + H2O on the global regions keep true bounds and select the plain top-k") {
+  auto rng = fresh_rng();
+  random_run(rng, 8, H2OEviction({.heavy = 6, .recent = 2}));
+}
 
 TEST_CASE("Write-Gated KV + Quest: errors name the value and change nothing") {
   auto rng = fresh_rng();
-  Rig rig(rng, 2);
+  Rig<> rig(rng, 2);
   const SeqId s = *rig.cache.add_sequence();
   rig.live.push_back(s);
   REQUIRE(rig.write(s, 40));
@@ -260,7 +293,7 @@ TEST_CASE("Write-Gated KV + Quest: errors name the value and change nothing") {
 
 TEST_CASE("Write-Gated KV + Quest without a host sync: reconcile marks the promoted pages stale") {
   auto rng = fresh_rng();
-  Rig rig(rng, 2, GlobalCapAction::drop);  // the deferred path drops at the cap
+  Rig<> rig(rng, 2, GlobalCapAction::drop);  // the deferred path drops at the cap
   const SeqId s = *rig.cache.add_sequence();
   rig.live.push_back(s);
   std::vector<std::int32_t> gl(std::size_t(L * H), 0);  // the device's state
