@@ -330,6 +330,11 @@ struct Run {
   }
 };
 
+template <class Run>
+void gate_steps(Run&& r, Input& in) {
+  for (int ops = 0; ops < 400 && in.n > 0; ++ops) r.step(in);
+}
+
 template <class Policy, class Selection = kv::SelectAll>
 void run(Policy p, Input& in) {
   Run<Policy, Selection> r(std::move(p), in);
@@ -353,9 +358,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                     .groups = in.byte() % 2 ? G : 1}),
                 in);
       break;
-    case 8: {
-      fuzz_gate::GateRun r(in, [](const char* what, const std::string& d = "") { fail(what, d); });
-      for (int ops = 0; ops < 400 && in.n > 0; ++ops) r.step(in);
+    case 8: {  // Write-Gated KV alone, with Quest, with H2O on the global regions, or all three
+      const auto f = [](const char* what, const std::string& d = "") { fail(what, d); };
+      using F = decltype(f);
+      switch (in.byte() % 4) {
+        case 0: gate_steps(fuzz_gate::GateRun<Input, F>(in, f), in); break;
+        case 1: gate_steps(fuzz_gate::GateRun<Input, F, kv::QuestSelection>(in, f), in); break;
+        case 2: {
+          kv::H2OEviction h2o({.heavy = 1 + in.upto(4), .recent = in.upto(3)});
+          gate_steps(fuzz_gate::GateRun<Input, F, kv::SelectAll, kv::H2OEviction>(in, f, h2o), in);
+          break;
+        }
+        default: {
+          kv::H2OEviction h2o({.heavy = 1 + in.upto(4), .recent = in.upto(3)});
+          gate_steps(fuzz_gate::GateRun<Input, F, kv::QuestSelection, kv::H2OEviction>(in, f, h2o), in);
+        }
+      }
       break;
     }
     case 9:  // Quest over each kind of eviction

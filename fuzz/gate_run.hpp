@@ -5,14 +5,20 @@
 // through the host kernels in the order the cache hands them out. After every
 // call each head row must read back exactly the positions WriteGate tracks,
 // distinct and older than the next one, within ring + cap; a failed call must
-// leave the cache and the memory exactly as they were.
+// leave the cache and the memory exactly as they were. With Quest (Selection)
+// the run keeps each page's key bounds as an engine does (page_bounds_update
+// on what a write stores; stale pages recomputed after every call) and every
+// live global key must lie within its page's bounds; with a token policy
+// (Eviction) on the global regions it observes any scores and evicts.
 #pragma once
 
 #include <kvcache/admission/write_gate.hpp>
 #include <kvcache/cache.hpp>
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
+#include <kvcache/kernels/page_bounds.hpp>
 #include <kvcache/kernels/ring_admit.hpp>
+#include <kvcache/selection/quest.hpp>
 
 #include "checks.hpp"
 
@@ -26,11 +32,13 @@
 namespace fuzz_gate {
 namespace kv = kvcache;
 
-template <class In, class Fail>
+template <class In, class Fail, class Selection = kv::SelectAll, class Eviction = kv::KeepAll>
 struct GateRun {
-  using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate>;
+  using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate, Selection, Eviction>;
+  static constexpr bool quest = C::selects;
   static constexpr std::int32_t B = 2, kBlocks = 48, kSeqs = 3, kRow = 8;
   kv::Geometry geo = *kv::Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 1, .block_size = B, .dtype = kv::DType::f32});
+  std::vector<float> bounds = std::vector<float>(quest ? std::size_t(kBlocks * 2) : 0);
   C cache;
   std::vector<float> mem = std::vector<float>(std::size_t(kBlocks * 2 * B), -1.0f);  // [block][K,V][token]
   kv::PoolView pool = *kv::make_pool_view(geo, mem.data(), kBlocks);
@@ -47,12 +55,78 @@ struct GateRun {
   DeviceHeads& dev(kv::SeqId s, std::int32_t l) { return device[std::size_t(s.index % kSeqs) * 2 + std::size_t(l & 1)]; }
   bool deferred(kv::SeqId s) { return dev(s, 0).mode == 2 || dev(s, 1).mode == 2; }
 
-  GateRun(In& in, Fail f)
+  GateRun(In& in, Fail f, Eviction e = Eviction{})
       : cache({.geometry = geo, .num_blocks = kBlocks, .max_sequences = kSeqs, .max_blocks_per_sequence = kRow},
               kv::WriteGateConfig{.num_layers = 1 + in.upto(1), .num_kv_heads = 1 + in.upto(1), .local_window = B * (1 + in.upto(2)),
                                   .tau = float(in.byte()) / 255.0f, .global_cap = in.upto(6),
-                                  .at_cap = kv::GlobalCapAction(in.byte() % 2)}),
+                                  .at_cap = kv::GlobalCapAction(in.byte() % 2)},
+              selection(in), std::move(e)),
         fail(f) {}
+  typename kv::SelectionArg<Selection>::type selection(In& in) {
+    if constexpr (quest) {
+      const std::int32_t first = in.upto(1);
+      return kv::QuestConfig{.token_budget = B * (1 + first + in.upto(3)), .first_pages = first, .last_pages = 1,
+                             .dense_layers = in.upto(1), .query_group = 1 + in.upto(1), .bounds = bounds};
+    } else {
+      return {};
+    }
+  }
+  // Quest: the keys a call stored enter their pages' bounds (as an engine runs page_bounds_update after it).
+  void fold(std::span<const std::int32_t> slots) {
+    if constexpr (quest)
+      if (!slots.empty() && !kv::page_bounds_update_host({pool, 0, slots.data(), std::int64_t(slots.size()), bounds.data()}))
+        fail("page_bounds_update");
+  }
+  void fold(std::span<const kv::SlotMove> moves) {
+    std::vector<std::int32_t> dst;
+    for (const auto& m : moves) dst.push_back(m.dst);
+    fold(std::span<const std::int32_t>(dst));
+  }
+
+  // Quest: recompute the stale pages, then every live global key lies within its page's bounds.
+  void check_bounds() {
+    std::vector<std::int32_t> pages(static_cast<std::size_t>(kSeqs * 4 * kRow)), fill(pages.size());
+    auto n = cache.stale_pages(live, {pages, fill});
+    if (!n) fail("stale_pages", n.status().message());
+    if (!kv::page_bounds_host({pool, 0, pages.data(), fill.data(), *n, bounds.data()})) fail("page_bounds");
+    const std::int32_t W = cache.admission().local_window();
+    for (const kv::SeqId s : live)
+      for (std::int32_t l = 0; l < L(); ++l) {
+        if (*cache.admission().pending(s, l) > 0) continue;  // the device is ahead: reconcile lists its pages
+        for (std::int32_t h = 0; h < H(); ++h) {
+          const kv::SeqId row = *cache.admission().head(s, l, h);
+          const auto blocks = *cache.table().blocks(row);
+          const std::int32_t used = *cache.table().tokens(row);
+          for (std::int32_t j = W; j < used; ++j) {
+            const std::int32_t page = blocks[std::size_t(j / B)];
+            const float k = at(page * B + j % B);
+            if (!(bounds[std::size_t(page * 2 + 1)] <= k && k <= bounds[std::size_t(page * 2)]))
+              fail("a live global key outside its page's bounds", "page " + std::to_string(page));
+          }
+        }
+      }
+  }
+  // Quest: select() with any queries and buffers; a result is each head row's pages, ring and last included.
+  void select(In& in) {
+    std::vector<kv::SeqId> seqs = live;
+    if (in.byte() % 8 == 0) seqs.push_back(kv::SeqId{in.byte() % 4, in.byte()});
+    const std::int32_t layer = in.upto(2) - 1, group = cache.selection().config().query_group;
+    std::vector<float> q(std::size_t(std::max<std::int64_t>(0, std::int64_t(seqs.size()) * H() * group + in.upto(2) - 1)));
+    for (auto& x : q) x = in.byte() % 32 == 0 ? in.score() : float(in.byte()) / 32.0f - 4.0f;
+    std::vector<std::int32_t> indptr(std::size_t(in.upto(8))), indices(std::size_t(in.upto(48)));
+    auto r = cache.select(seqs, layer, q, {indptr, indices});
+    if (!r) return;
+    const std::int32_t ring = cache.admission().local_window() / B;
+    for (std::size_t k = 0; k < seqs.size(); ++k)
+      for (std::int32_t h = 0; h < H(); ++h) {
+        const auto blocks = *cache.table().blocks(*cache.admission().head(seqs[k], layer, h));
+        const std::size_t row = k * std::size_t(H()) + std::size_t(h);
+        const std::int32_t lo = indptr[row], hi = indptr[row + 1];
+        for (std::int32_t j = 0; j < std::min<std::int32_t>(ring, std::int32_t(blocks.size())); ++j)
+          if (hi - lo <= j || indices[std::size_t(lo + j)] != blocks[std::size_t(j)]) fail("select: a ring page left out");
+        if (!blocks.empty() && (hi == lo || indices[std::size_t(hi - 1)] != blocks.back())) fail("select: the last page left out");
+      }
+  }
 
   float at(std::int32_t slot) const { return mem[std::size_t((slot / B) * 2 * B + slot % B)]; }
   std::int32_t L() const { return cache.admission().num_layers(); }
@@ -60,6 +134,7 @@ struct GateRun {
 
   void check() {
     if (auto st = cache.check_invariants(); !st) fail("check_invariants", st.message());
+    if constexpr (quest) check_bounds();
     const std::int32_t W = cache.admission().local_window(), cap = cache.admission().global_cap();
     for (const kv::SeqId s : live)
       for (std::int32_t l = 0; l < L(); ++l) {
@@ -99,6 +174,23 @@ struct GateRun {
     const std::uint32_t op = in.byte() % 10;
     const bool trace = std::getenv("KVCACHE_FUZZ_TRACE") != nullptr;
     if (trace) std::fprintf(stderr, "gate op %u seq %u\n", op, s.index);
+    if constexpr (C::evicts_global)
+      if (op == 6) {  // scores of any shape for one layer, then the global regions' eviction and its moves
+        if (live.empty() || deferred(s)) return check();
+        const std::int32_t layer = in.upto(2) - (in.byte() % 16 == 0);
+        std::int64_t want = 0;
+        for (std::int32_t h = 0; h < H() && layer >= 0 && layer < L(); ++h)
+          want += std::int64_t(cache.admission().positions(s, layer, h)->size());
+        std::vector<float> sc(std::size_t(std::max<std::int64_t>(0, want + in.upto(2) - 1)));
+        for (auto& x : sc) x = in.byte() % 32 == 0 ? in.score() : float(in.byte()) / 64.0f;
+        st = cache.observe(s, layer, kv::ScoreKind(in.byte() % 3), sc);
+        fuzz_checks::failed_call_changed_nothing(st, cache, before, mem, mem_before, fail);
+        const auto before_evict = cache;
+        auto r = cache.evict(s, moves);
+        if (r && r->moves > 0 && !kv::compaction_host({pool, moves.data(), r->moves})) fail("compaction");
+        fuzz_checks::failed_call_changed_nothing(r.status(), cache, before_evict, mem, mem, fail);
+        return check();
+      }
     switch (op) {
       case 0: {
         auto r = cache.add_sequence();
@@ -136,11 +228,17 @@ struct GateRun {
             if (promote[std::size_t(i)] >= 0) mem[std::size_t(promote[std::size_t(i)] / B * 2 * B + promote[std::size_t(i)] % B)] = at(slots[std::size_t(i)]);
             mem[std::size_t(slots[std::size_t(i)] / B * 2 * B + slots[std::size_t(i)] % B)] = float(first + i / H());
           }
+          std::vector<std::int32_t> stored(slots.begin(), slots.begin() + m * H());
+          for (std::int32_t i = 0; i < m * H(); ++i)
+            if (promote[std::size_t(i)] >= 0) stored.push_back(promote[std::size_t(i)]);
+          fold(std::span<const std::int32_t>(stored));
           break;
         }
         if (r->moves > 0 && !kv::compaction_host({pool, moves.data(), r->moves})) fail("compaction");
         for (std::int32_t i = 0; i < m * H(); ++i)
           if (slots[std::size_t(i)] >= 0) mem[std::size_t(slots[std::size_t(i)] / B * 2 * B + slots[std::size_t(i)] % B)] = float(first + i / H());
+        fold(std::span<const kv::SlotMove>(moves.data(), std::size_t(r->moves)));
+        fold(std::span<const std::int32_t>(slots.data(), std::size_t(m * H())));
         break;
       }
       case 3: {
@@ -149,6 +247,7 @@ struct GateRun {
         st = r.status();
         if (r && r->copies > 0 && !kv::block_copy_host({pool, pool, copies.data(), r->copies})) fail("block_copy");
         if (r && r->moves > 0 && !kv::compaction_host({pool, moves.data(), r->moves})) fail("compaction");
+        if (r) fold(std::span<const kv::SlotMove>(moves.data(), std::size_t(r->moves)));
         break;
       }
       case 4: {
@@ -227,10 +326,13 @@ struct GateRun {
         const auto put = [&](std::int32_t slot, float x) { mem[std::size_t(slot / B * 2 * B + slot % B)] = x; };
         const auto rows = std::int32_t(seqs.size()) * H();
         if (promote.empty() && r->moves > 0 && !kv::compaction_host({pool, moves.data(), r->moves})) fail("compaction");
+        std::vector<std::int32_t> stored(slots.begin(), slots.begin() + rows);
         for (std::int32_t i = 0; i < rows; ++i) {  // ring_write: per (sequence, head), the promotion, then the token
-          if (!promote.empty() && promote[std::size_t(i)] >= 0) put(promote[std::size_t(i)], at(slots[std::size_t(i)]));
+          if (!promote.empty() && promote[std::size_t(i)] >= 0) put(promote[std::size_t(i)], at(slots[std::size_t(i)])), stored.push_back(promote[std::size_t(i)]);
           put(slots[std::size_t(i)], float(first[std::size_t(i / H())]));
         }
+        if (promote.empty()) fold(std::span<const kv::SlotMove>(moves.data(), std::size_t(r->moves)));
+        fold(std::span<const std::int32_t>(stored));
         break;
       }
       case 5:
@@ -252,6 +354,7 @@ struct GateRun {
         (void)cache.blocks_needed(in.wide(), in.wide(), in.wide());
         (void)cache.can_admit(in.wide(), in.wide());
         (void)cache.tokens_held(s, in.upto(2) - 1, in.upto(2) - 1);
+        if constexpr (quest) select(in);
         if (!(cache == before)) fail("a read-only call changed the cache");
         return check();
       }
