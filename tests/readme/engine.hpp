@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <span>
@@ -17,6 +18,7 @@
 #include <kvcache/eviction/average_attention.hpp>
 #include <kvcache/eviction/block_scores.hpp>
 #include <kvcache/eviction/h2o.hpp>
+#include <kvcache/selection/quest.hpp>
 #include <kvcache/eviction/sink_window.hpp>
 #include <kvcache/eviction/sliding_window.hpp>
 #include <kvcache/eviction/snapkv.hpp>
@@ -278,6 +280,46 @@ struct GateEngine {
       keys_read += len;
     }
     if (layer == num_layers - 1) written = end;
+  }
+
+  // The composition snippet's side (Write-Gated KV + Quest + H2O): the
+  // step's queries (2 per kv-head), and attention over the chosen pages of
+  // each head row, as the scores H2O observes: one per row token (ring, then
+  // global), a softmax over the chosen tokens and 0 elsewhere.
+  std::vector<float> query_buffer, score_buffer;
+  std::vector<int32_t> rows_indptr = std::vector<int32_t>(num_kv_heads + 1);
+  std::vector<int32_t> rows_indices = std::vector<int32_t>(std::size_t(num_kv_heads * row_blocks));
+  std::vector<int32_t> rows_last = std::vector<int32_t>(num_kv_heads);
+  std::vector<kv::SlotMove> evict_moves = std::vector<kv::SlotMove>(std::size_t(num_layers * num_kv_heads * row_blocks * block));
+  int64_t chosen_keys = 0, row_keys = 0;
+  int32_t most_read = 0;  // pages a head row of the sparse layer read at most in one step
+  std::span<const float> queries(int32_t layer) {
+    query_buffer.resize(std::size_t(num_kv_heads * 2 * head_dim));
+    for (std::size_t i = 0; i < query_buffer.size(); ++i) query_buffer[i] = float((int64_t(i) * 7 + layer + written) % 5) - 2.0f;
+    return query_buffer;
+  }
+  std::span<const float> attention_scores(int32_t layer, std::span<const int32_t> chosen_ptr, std::span<const int32_t> chosen) {
+    score_buffer.clear();
+    for (int32_t h = 0; h < num_kv_heads; ++h) {
+      const int32_t pages = rows_indptr[std::size_t(h + 1)] - rows_indptr[std::size_t(h)];
+      const int32_t len = pages == 0 ? 0 : (pages - 1) * block + rows_last[std::size_t(h)];
+      std::vector<float> p(std::size_t(len), 0.0f);
+      float sum = 0.0f;
+      for (int32_t j = 0; j < len; ++j) {
+        const int32_t b = rows_indices[std::size_t(rows_indptr[std::size_t(h)] + j / block)];
+        if (std::find(chosen.begin() + chosen_ptr[std::size_t(h)], chosen.begin() + chosen_ptr[std::size_t(h + 1)], b) ==
+            chosen.begin() + chosen_ptr[std::size_t(h + 1)])
+          continue;  // a page the selection left out is not read
+        const float* k = reinterpret_cast<const float*>(pool.row(b, 0, 0, j % block, 0));
+        p[std::size_t(j)] = std::exp(std::fmod(k[0] * 0.37f + float(layer + h), 3.0f));
+        sum += p[std::size_t(j)];
+        chosen_keys += layer > 0 ? 1 : 0;  // the sparse layer's reads
+      }
+      for (auto& x : p) score_buffer.push_back(x / sum);
+      row_keys += layer > 0 ? len : 0;
+      if (layer > 0) most_read = std::max(most_read, chosen_ptr[std::size_t(h + 1)] - chosen_ptr[std::size_t(h)]);
+    }
+    return score_buffer;
   }
 
   // The batch snippet's side: a decode step of several sequences, sequence k

@@ -341,6 +341,24 @@ TEST_CASE_METHOD(QuestEngine, "README Quest: every layer reads the pages a selec
   }
 }
 
+TEST_CASE_METHOD(GateEngine, "README composing the three: admitted then evicted global regions and Quest's reads") {
+  MustComplete guard;
+#include "snippets/compose.inc"
+  guard.done = true;
+  REQUIRE(written == 600);
+  REQUIRE(cache.check_invariants().ok());
+  for (int32_t l = 0; l < num_layers; ++l)
+    for (int32_t h = 0; h < num_kv_heads; ++h) {
+      const auto st = *cache.admission().head_state(seq, l, h);
+      REQUIRE(st.ring == W);
+      REQUIRE(st.global <= 48);  // H2O's heavy hitters
+      REQUIRE(st.global >= 40);  // admitted tokens well past 48 were there to choose from
+    }
+  // The sparse layer read its ring and at most 2 global pages of each row; the dense one, every page.
+  REQUIRE(chosen_keys < row_keys);
+  REQUIRE(most_read == W / block + 2);
+}
+
 TEST_CASE_METHOD(GateEngine, "README Write-Gated KV: every head row holds its ring and its admitted tokens") {
 #include "snippets/write_gate_cache.inc"
   REQUIRE(written == 600);
