@@ -146,12 +146,15 @@ struct GatedFigures {
   double lambda = 0.0, admitted = 0.0, keys_per_query = 0.0, dense_keys_per_query = 0.0;
 };
 
-// The same tasks under Write-Gated KV with one gate set, a request at a time.
+// The same tasks under Write-Gated KV with one gate set, a request at a time,
+// alone or composed with Quest (Selection) and a token policy on the global regions (Eviction).
+template <class Selection = kvcache::SelectAll, class Eviction = kvcache::KeepAll>
 Row evaluate_gated(const engine::Model& m, const engine::GateSet& g, const Workset& w,
-                   const std::vector<engine::Request>& full_outputs, GatedFigures& fig) {
+                   const std::vector<engine::Request>& full_outputs, GatedFigures& fig, kvcache::QuestConfig quest = {},
+                   Eviction eviction = {}) {
   const auto t0 = std::chrono::steady_clock::now();
   Row row;
-  engine::GatedEngine e(m, g);
+  engine::GatedEngine<Selection, Eviction> e(m, g, 64, 16, quest, eviction);
   auto answered = [&](const std::vector<engine::TaskSample>& samples) {
     std::int64_t hits = 0;
     for (const auto& s : samples) hits += e.generate(s.prompt, std::int32_t(s.answer.size()), row.peak_kv) == s.answer;
@@ -307,20 +310,49 @@ int main(int argc, char** argv) try {
     }
   std::vector<engine::GateSet> gate_sets;
   for (const auto& f : gate_files) gate_sets.emplace_back(f);
-  std::vector<Row> gated(gate_sets.size());
-  std::vector<GatedFigures> figures(gate_sets.size());
+  // Each gate set alone, then the middle one (λ = 0.01) composed: with Quest at a
+  // budget of 64 global tokens, with H2O keeping 128 heavy hitters in each global
+  // region (the eviction policy that ranks first above), and with both.
+  struct GatedJob {
+    std::size_t set;
+    int variant;  // 0: alone, 1: + Quest, 2: + H2O, 3: all three
+  };
+  std::vector<GatedJob> gated_jobs;
+  for (std::size_t j = 0; j < gate_sets.size(); ++j) gated_jobs.push_back({j, 0});
+  for (std::size_t j = 0; j < gate_sets.size(); ++j)
+    if (gate_sets[j].lambda == 0.01f)
+      for (int v : {1, 2, 3}) gated_jobs.push_back({j, v});
+  std::vector<Row> gated(gated_jobs.size());
+  std::vector<GatedFigures> figures(gated_jobs.size());
   std::atomic<std::size_t> next_gate{0};
   auto gated_worker = [&] {
-    for (std::size_t j; (j = next_gate++) < gate_sets.size();) {
-      gated[j] = evaluate_gated(model, gate_sets[j], w, full_outputs, figures[j]);
-      gated[j].policy = fmt::format("wg_kv λ={:g}", gate_sets[j].lambda);
+    for (std::size_t j; (j = next_gate++) < gated_jobs.size();) {
+      const engine::GateSet& g = gate_sets[gated_jobs[j].set];
+      const kvcache::QuestConfig quest = quest_config(64, c);
+      const kvcache::H2OEviction h2o({.heavy = 128, .recent = 0});
+      std::string label = fmt::format("wg_kv λ={:g}", g.lambda);
+      switch (gated_jobs[j].variant) {
+        case 0: gated[j] = evaluate_gated(model, g, w, full_outputs, figures[j]); break;
+        case 1:
+          gated[j] = evaluate_gated<kvcache::QuestSelection>(model, g, w, full_outputs, figures[j], quest);
+          label += " + quest 64";
+          break;
+        case 2:
+          gated[j] = evaluate_gated<kvcache::SelectAll, kvcache::H2OEviction>(model, g, w, full_outputs, figures[j], {}, h2o);
+          label += " + h2o 128";
+          break;
+        default:
+          gated[j] = evaluate_gated<kvcache::QuestSelection, kvcache::H2OEviction>(model, g, w, full_outputs, figures[j], quest, h2o);
+          label += " + quest 64 + h2o 128";
+      }
+      gated[j].policy = label;
       gated[j].budget = -1;
       const std::lock_guard<std::mutex> lock(progress);
-      fmt::print(stderr, "  wg_kv λ={:g}: {:.0f} s\n", gate_sets[j].lambda, gated[j].seconds);
+      fmt::print(stderr, "  {}: {:.0f} s\n", label, gated[j].seconds);
     }
   };
   pool.clear();
-  for (std::int32_t t = 0; t < std::min<std::int32_t>(threads, std::int32_t(gate_sets.size())); ++t)
+  for (std::int32_t t = 0; t < std::min<std::int32_t>(threads, std::int32_t(gated_jobs.size())); ++t)
     pool.emplace_back(gated_worker);
   for (auto& t : pool) t.join();
   rows.insert(rows.end(), gated.begin(), gated.end());
@@ -350,12 +382,14 @@ int main(int argc, char** argv) try {
   if (!figures.empty()) {
     fmt::print(
         "\nWrite-Gated KV (W = {} tokens per head, tau = {:g}): peak KV is the tokens a request's heads hold "
-        "divided by layers x kv-heads; keys read per decode query and kv-head, against the dense cache's.\n\n"
+        "divided by layers x kv-heads; keys read per decode query and kv-head, against the dense cache's. "
+        "Composed rows: + quest 64 reads each head row's ring and at most 64 of its global tokens (4 pages, the first "
+        "and last among them; layer 0 dense); + h2o 128 keeps each head's 128 heaviest admitted tokens.\n\n"
         "| gates | admitted (of tokens leaving the ring) | peak KV | keys read per decode query | dense | ratio |\n"
         "| --- | ---: | ---: | ---: | ---: | ---: |\n",
         gate_sets[0].window, gate_sets[0].tau);
     for (std::size_t j = 0; j < figures.size(); ++j)
-      fmt::print("| λ = {:g} | {:.3f} | {} | {:.1f} | {:.1f} | {:.2f} |\n", figures[j].lambda, figures[j].admitted,
+      fmt::print("| {} | {:.3f} | {} | {:.1f} | {:.1f} | {:.2f} |\n", gated[j].policy.substr(6), figures[j].admitted,
                  gated[j].peak_kv, figures[j].keys_per_query, figures[j].dense_keys_per_query,
                  figures[j].keys_per_query / figures[j].dense_keys_per_query);
   }

@@ -20,6 +20,8 @@ namespace engine {
 //   pre_rope(layer, k, n)        optional: the chunk's keys before RoPE (a write gate reads them)
 //   select(layer, q, n)          optional: the chunk's queries [n][q_heads][head_dim], post-RoPE, before
 //                                the layer's reads (page selection picks what read() returns)
+//   attend(layer, head, t, a)    optional: query weight a > 0 on held token t of a kv-head (any query, q-head)
+//   attended(layer)              optional: the layer's attention is done (a store feeds its scores on)
 struct HeldKv {
   const float* k = nullptr;  // [count][row_stride], the head's row at offset 0
   const float* v = nullptr;
@@ -108,6 +110,7 @@ class Forward {
       kv.write(l, k_.data(), v_.data(), n);
       if constexpr (requires { kv.select(l, q_.data(), n); }) kv.select(l, q_.data(), n);
       attention(kv, l, n, first_pos, trace, observe_last > 0 ? std::max(0, n - observe_last) : 0);
+      if constexpr (requires { kv.attended(l); }) kv.attended(l);
       matmul(att_, n, d, t.wo, d, tmp_);
       for (std::size_t i = 0; i < x_.size(); ++i) x_[i] += tmp_[i];
       rmsnorm(x_, w.mlp_norm, n, hn_);
@@ -174,6 +177,7 @@ class Forward {
           for (std::int32_t t = 0; t < held.count; ++t) {
             const float a = p_[std::size_t(t)] / sum;
             if (a == 0.0f) continue;
+            if constexpr (requires { kv.attend(l, g, t, a); }) kv.attend(l, g, t, a);
             const float* v = held.v + std::size_t(t) * std::size_t(held.row_stride);
             for (std::int32_t e = 0; e < hd; ++e) out[e] += a * v[e];
             if (trace && i >= observed) trace->layer_sums[std::size_t(l)][std::size_t(t)] += a;

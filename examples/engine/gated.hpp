@@ -11,6 +11,11 @@
 // (ring + global, through the head-folded CSR export) plus the chunk's own
 // keys, with the rule the gates were trained for: a key farther than W
 // behind the query is read only if admitted.
+//
+// Composed with Quest (Selection = QuestSelection) a decode query reads, of
+// each head row, its ring and the global pages Quest picks; composed with a
+// token policy (Eviction, e.g. H2O) each layer's attention to a head row's
+// tokens is observed and every step ends with the global regions' eviction.
 #pragma once
 
 #include <algorithm>
@@ -22,6 +27,7 @@
 #include <kvcache/admission/write_gate.hpp>
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
+#include <kvcache/kernels/page_bounds.hpp>
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/kernels/write_gate.hpp>
 #include <kvcache/kvcache.hpp>
@@ -85,7 +91,9 @@ class GateSet {
   std::vector<float> data_;
 };
 
-using GatedCache = kvcache::Cache<kvcache::BlockPool, kvcache::PageTable, kvcache::WriteGate>;
+template <class Selection = kvcache::SelectAll, class Eviction = kvcache::KeepAll>
+using GatedCacheOf = kvcache::Cache<kvcache::BlockPool, kvcache::PageTable, kvcache::WriteGate, Selection, Eviction>;
+using GatedCache = GatedCacheOf<>;
 
 // What gated requests did, over every layer and kv-head: tokens that left
 // the ring admitted or not, and the keys decode queries read (summed over
@@ -95,9 +103,10 @@ struct GateCounts {
 };
 
 // The forward pass's store for one request (see the file comment).
+template <class C = GatedCache>
 class GatedKv {
  public:
-  GatedKv(GatedCache& cache, const kvcache::PoolView& pool, kvcache::SeqId seq, const GateSet& gates,
+  GatedKv(C& cache, const kvcache::PoolView& pool, kvcache::SeqId seq, const GateSet& gates,
           std::int64_t first_pos, std::vector<std::uint8_t>& admitted, GateCounts& counts)
       : cache_(cache), pool_(pool), seq_(seq), gates_(gates), first_(first_pos), adm_(admitted), counts_(counts),
         H_(gates.kv_heads), hd_(gates.head_dim), heads_(std::size_t(H_)) {}
@@ -122,11 +131,7 @@ class GatedKv {
         hb.adm.push_back(adm_at(l, h, first_ + t));
       }
     }
-    if (n == 1) {  // a decode query of this layer: keys it reads per kv-head, against a dense cache
-      ++counts_.decode_queries;
-      for (const Head& hb : heads_) counts_.keys_read += visible(hb, first_);
-      counts_.dense_keys += H_ * (first_ + 1);
-    }
+    n_ = n;
     slots_.resize(std::size_t(n * H_));
     moves_.resize(std::size_t(H_ * gates_.window));
     copies_.resize(std::size_t(H_ * (first_ + n) / pool_.block_size + H_ * 2));
@@ -140,18 +145,95 @@ class GatedKv {
       throw std::runtime_error("compaction: " + st.message());
     const kvcache::ScatterParams sp{pool_, {k, v, kvcache::DType::f32, 0, hd_ * 4, 0}, {slots_.data()}, n * H_};
     if (auto st = kvcache::scatter_host(sp); !st) throw std::runtime_error("scatter: " + st.message());
+    if constexpr (C::selects) {  // what the write stored enters its pages' bounds (single-head pool: one slice)
+      stored_.assign(slots_.begin(), slots_.begin() + n * H_);
+      for (std::int32_t m = 0; m < r->moves; ++m) stored_.push_back(moves_[std::size_t(m)].dst);
+      kvcache::PageBoundsUpdateParams u{pool_, 0, stored_.data(), std::int64_t(stored_.size()), cache_.page_bounds(0)->data()};
+      if (auto st = kvcache::page_bounds_update_host(u); !st) throw std::runtime_error("page_bounds_update: " + st.message());
+    }
+  }
+
+  // A decode query (n == 1): with Quest, the pages each head row reads (its
+  // ring always); then the keys it reads per kv-head, against a dense cache.
+  void select(std::int32_t l, const float* q, std::int32_t n) {
+    if (n != 1) return;
+    for (Head& hb : heads_) hb.sel.assign(hb.pos.size(), 1);
+    if constexpr (C::selects) {
+      const kvcache::SeqId one[] = {seq_};
+      stale_.resize(std::size_t(gates_.layers * H_) * std::size_t(cache_.table().max_blocks_per_stream()));
+      fill_.resize(stale_.size());
+      auto listed = cache_.stale_pages(one, {stale_, fill_});  // pages an eviction compacted
+      if (!listed) throw std::runtime_error("stale_pages: " + listed.status().message());
+      if (auto st = kvcache::page_bounds_host({pool_, 0, stale_.data(), fill_.data(), *listed, cache_.page_bounds(0)->data()}); !st)
+        throw std::runtime_error("page_bounds: " + st.message());
+      const std::int32_t group = cache_.selection().config().query_group;
+      chosen_ptr_.resize(std::size_t(H_ + 1));
+      chosen_.resize(std::size_t(H_) * std::size_t(cache_.table().max_blocks_per_stream()));
+      const std::span<const float> queries(q, std::size_t(H_ * group * hd_));
+      if (auto r = cache_.select(one, l, queries, {chosen_ptr_, chosen_}); !r)
+        throw std::runtime_error("select: " + r.status().message());
+      const std::int32_t B = pool_.block_size;
+      for (std::int32_t h = 0; h < H_; ++h) {
+        // The chosen pages' positions, through the row as the write left it.
+        const auto row = *cache_.table().blocks(*cache_.admission().head(seq_, l, h));
+        const auto positions = *cache_.admission().positions(seq_, l, h);
+        picked_.assign(std::size_t(first_ + 1), 0);
+        for (std::size_t j = 0; j < positions.size(); ++j)
+          if (std::find(chosen_.begin() + chosen_ptr_[std::size_t(h)], chosen_.begin() + chosen_ptr_[std::size_t(h + 1)],
+                        row[j / std::size_t(B)]) != chosen_.begin() + chosen_ptr_[std::size_t(h + 1)])
+            picked_[std::size_t(positions[j])] = 1;
+        Head& hb = heads_[std::size_t(h)];
+        for (std::size_t t = 0; t < hb.pos.size(); ++t) hb.sel[t] = hb.pos[t] >= first_ || picked_[std::size_t(hb.pos[t])];
+      }
+    }
+    ++counts_.decode_queries;
+    for (const Head& hb : heads_) counts_.keys_read += visible(hb, first_);
+    counts_.dense_keys += H_ * (first_ + 1);
   }
 
   HeldKv read(std::int32_t, std::int32_t g) const {
     const Head& hb = heads_[std::size_t(g)];
-    return {hb.k.data(), hb.v.data(), hb.pos.data(), std::int32_t(hb.pos.size()), hd_, hb.adm.data(), gates_.window};
+    HeldKv held{hb.k.data(), hb.v.data(), hb.pos.data(), std::int32_t(hb.pos.size()), hd_, hb.adm.data(), gates_.window};
+    if (n_ == 1 && C::selects) held.selected = hb.sel.data();
+    return held;
+  }
+
+  // A token policy on the global regions: the layer's attention per held token ...
+  void attend(std::int32_t, std::int32_t g, std::int32_t t, float a) {
+    if constexpr (C::evicts_global) {
+      Head& hb = heads_[std::size_t(g)];
+      hb.sum.resize(hb.pos.size(), 0.0f);
+      hb.sum[std::size_t(t)] += a;
+    } else {
+      (void)g, (void)t, (void)a;
+    }
+  }
+  // ... observed per head row in the row's order (ring, then global), once the layer is done.
+  void attended(std::int32_t l) {
+    if constexpr (C::evicts_global) {
+      scores_.clear();
+      for (std::int32_t h = 0; h < H_; ++h) {
+        Head& hb = heads_[std::size_t(h)];
+        hb.sum.resize(hb.pos.size(), 0.0f);
+        by_pos_.assign(std::size_t(first_ + n_), 0.0f);
+        for (std::size_t t = 0; t < hb.pos.size(); ++t) by_pos_[std::size_t(hb.pos[t])] = hb.sum[t];
+        const auto row = *cache_.admission().positions(seq_, l, h);
+        for (const std::int32_t p : row) scores_.push_back(by_pos_[std::size_t(p)]);
+        hb.sum.clear();
+      }
+      if (auto st = cache_.observe(seq_, l, kvcache::ScoreKind::head_attention_sums, scores_); !st)
+        throw std::runtime_error("observe: " + st.message());
+    } else {
+      (void)l;
+    }
   }
 
  private:
   struct Head {
     std::vector<float> k, v;
     std::vector<std::int64_t> pos;
-    std::vector<std::uint8_t> adm;
+    std::vector<std::uint8_t> adm, sel;  // sel: the entry's page was chosen (decode queries under Quest)
+    std::vector<float> sum;              // attention per entry (a token policy's observation)
   };
   std::uint8_t& adm_at(std::int32_t l, std::int32_t h, std::int64_t p) {
     const std::size_t per = adm_.size() / std::size_t(gates_.layers * H_);
@@ -160,7 +242,7 @@ class GatedKv {
   std::int64_t visible(const Head& hb, std::int64_t q) const {
     std::int64_t n = 0;
     for (std::size_t t = 0; t < hb.pos.size(); ++t)
-      n += hb.pos[t] <= q && (hb.adm[t] || q - hb.pos[t] < gates_.window) ? 1 : 0;
+      n += hb.pos[t] <= q && (hb.adm[t] || q - hb.pos[t] < gates_.window) && (hb.sel.empty() || hb.sel[t]) ? 1 : 0;
     return n;
   }
   // Each head's row of layer l as the cache holds it now, read through the head-folded CSR export.
@@ -189,7 +271,7 @@ class GatedKv {
     }
   }
 
-  GatedCache& cache_;
+  C& cache_;
   kvcache::PoolView pool_;
   kvcache::SeqId seq_;
   const GateSet& gates_;
@@ -202,15 +284,23 @@ class GatedKv {
   std::vector<std::int32_t> slots_, indptr_, indices_, last_;
   std::vector<kvcache::SlotMove> moves_;
   std::vector<kvcache::BlockCopy> copies_;
+  std::int32_t n_ = 0;  // tokens of the current write
+  std::vector<std::int32_t> stored_, stale_, fill_, chosen_ptr_, chosen_;
+  std::vector<std::uint8_t> picked_;  // [position]: in a chosen page
+  std::vector<float> scores_, by_pos_;
 };
 
 // One request at a time under Write-Gated KV: teacher-forced scoring and
 // greedy generation, in chunks of `chunk`. Peak KV is the tokens a request's
 // heads hold, divided by layers x kv-heads: the figure a dense stream's
 // token count compares with.
+template <class Selection = kvcache::SelectAll, class Eviction = kvcache::KeepAll>
 class GatedEngine {
  public:
-  GatedEngine(const Model& m, const GateSet& g, std::int32_t chunk = 64, std::int32_t block_size = 16)
+  using Cache = GatedCacheOf<Selection, Eviction>;
+  // quest: Quest's config when Selection is QuestSelection (the engine supplies the store).
+  GatedEngine(const Model& m, const GateSet& g, std::int32_t chunk = 64, std::int32_t block_size = 16,
+              kvcache::QuestConfig quest = {}, Eviction eviction = {})
       : m_(m), g_(g), chunk_(chunk), fwd_(m),
         geometry_(*kvcache::Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = m.config().head_dim(),
                                             .block_size = block_size, .dtype = kvcache::DType::f32})),
@@ -218,8 +308,10 @@ class GatedEngine {
         blocks_(g.layers * g.kv_heads * row_blocks_ + 1),
         memory_(std::size_t(*geometry_.pool_bytes(blocks_))),
         pool_(*kvcache::make_pool_view(geometry_, memory_.data(), blocks_)),
+        bounds_(Cache::selects ? std::size_t(kvcache::QuestSelection::bounds_floats(geometry_, blocks_)) : 0),
         cache_({.geometry = geometry_, .num_blocks = blocks_, .max_sequences = 1, .max_blocks_per_sequence = row_blocks_},
-               kvcache::WriteGateConfig{.num_layers = g.layers, .num_kv_heads = g.kv_heads, .local_window = g.window, .tau = g.tau}) {
+               kvcache::WriteGateConfig{.num_layers = g.layers, .num_kv_heads = g.kv_heads, .local_window = g.window, .tau = g.tau},
+               selection_arg(quest), eviction) {
     const auto& c = m.config();
     if (g.layers != c.layers || g.kv_heads != c.kv_heads || g.head_dim != c.head_dim())
       throw std::invalid_argument("gates: shape differs from the model's");
@@ -265,19 +357,40 @@ class GatedEngine {
     std::vector<float> logits;
     for (std::int64_t at = 0; at < std::int64_t(tokens.size());) {
       const auto n = std::int32_t(std::min<std::int64_t>(chunk_, std::int64_t(tokens.size()) - at));
-      GatedKv kv(cache_, pool_, seq_, g_, at, adm_, counts_);
+      GatedKv<Cache> kv(cache_, pool_, seq_, g_, at, adm_, counts_);
       fwd_.run(kv, tokens.subspan(std::size_t(at), std::size_t(n)), at, logits, keep);
       peak_kv = std::max(peak_kv, held());
+      evict();
       each_chunk(at, n, logits);
       at += n;
     }
     if (!keep) (void)cache_.free(seq_);
   }
   void step(std::int32_t token, std::int64_t pos, std::vector<float>& logits, std::int64_t& peak_kv) {
-    GatedKv kv(cache_, pool_, seq_, g_, pos, adm_, counts_);
+    GatedKv<Cache> kv(cache_, pool_, seq_, g_, pos, adm_, counts_);
     const std::int32_t t[] = {token};
     fwd_.run(kv, t, pos, logits, true);
     peak_kv = std::max(peak_kv, held());
+    evict();
+  }
+  // A token policy: every head row's global region after the step's observation, and the moves it asks for.
+  void evict() {
+    if constexpr (Cache::evicts_global) {
+      evict_moves_.resize(std::size_t(g_.layers * g_.kv_heads) * std::size_t(row_blocks_ * geometry_.block_size()));
+      auto e = cache_.evict(seq_, evict_moves_);
+      if (!e) throw std::runtime_error("evict: " + e.status().message());
+      if (auto st = kvcache::compaction_host({pool_, evict_moves_.data(), e->moves}); !st)
+        throw std::runtime_error("compaction: " + st.message());
+    }
+  }
+  typename kvcache::SelectionArg<Selection>::type selection_arg(kvcache::QuestConfig q) {
+    if constexpr (Cache::selects) {
+      q.bounds = bounds_;
+      return q;
+    } else {
+      (void)q;
+      return {};
+    }
   }
   std::int64_t held() const {
     const std::int64_t heads = std::int64_t(g_.layers) * g_.kv_heads;
@@ -292,10 +405,12 @@ class GatedEngine {
   std::int32_t row_blocks_, blocks_;
   std::vector<std::byte> memory_;
   kvcache::PoolView pool_;
-  GatedCache cache_;
+  std::vector<float> bounds_;  // Quest's store (single-head pool: one slice)
+  Cache cache_;
   kvcache::SeqId seq_{};
   std::vector<std::uint8_t> adm_;  // [layer][kv_head][position]: gate >= tau
   GateCounts counts_;
+  std::vector<kvcache::SlotMove> evict_moves_;
 };
 
 }  // namespace engine

@@ -347,7 +347,7 @@ TEST_CASE("Write-Gated KV through the cache attends exactly as the gate rule on 
   const engine::GateSet gates(kDir + "/gates-0.01.bin");
   REQUIRE(gates.window == 64);
   const auto text = heldout(400);
-  engine::GatedEngine gated(model, gates);
+  engine::GatedEngine<> gated(model, gates);
   const auto score = gated.score(text);
   // The rule, chunk by chunk as the engine runs it.
   engine::Forward fwd(model);
@@ -426,4 +426,38 @@ TEST_CASE("Quest reads at most its budget per decode query in the sparse layers,
     adjust(cfg);
     run(policy, cfg);
   });
+}
+
+TEST_CASE("Write-Gated KV composed with Quest and H2O: no-op settings serve the gated engine exactly, tight ones read and hold less") {
+  const engine::Model model(kDir + "/kjv-tiny.bin");
+  const auto& c = model.config();
+  const engine::GateSet gates(kDir + "/gates-0.01.bin");
+  const auto text = heldout(700);
+  const std::vector<std::int32_t> prompt(text.begin(), text.begin() + 600);
+  const kv::QuestConfig all_pages{.token_budget = c.context, .dense_layers = 1, .query_group = c.q_heads / c.kv_heads};
+  const kv::QuestConfig tight{.token_budget = 32, .dense_layers = 1, .query_group = c.q_heads / c.kv_heads};
+  std::int64_t peak = 0, peak_h2o = 0, peak_all = 0;
+  engine::GatedEngine<> plain(model, gates);
+  const auto want = plain.generate(prompt, 24, peak);
+  const auto plain_score = plain.score(text);
+  {  // Quest reading every page, H2O keeping every admitted token: the gated engine's tokens and scores
+    engine::GatedEngine<kv::QuestSelection, kv::H2OEviction> noop(model, gates, 64, 16, all_pages,
+                                                                  kv::H2OEviction({.heavy = c.context, .recent = 0}));
+    std::int64_t p = 0;
+    CHECK(noop.generate(prompt, 24, p) == want);
+    CHECK(noop.score(text).nll == plain_score.nll);
+    CHECK(noop.counts().keys_read == plain.counts().keys_read);
+  }
+  engine::GatedEngine<kv::QuestSelection> quest(model, gates, 64, 16, tight);
+  (void)quest.generate(prompt, 24, peak);
+  CHECK(quest.counts().keys_read < plain.counts().keys_read);  // ring + 2 global pages per head row
+  engine::GatedEngine<kv::SelectAll, kv::H2OEviction> h2o(model, gates, 64, 16, {}, kv::H2OEviction({.heavy = 64, .recent = 0}));
+  (void)h2o.generate(prompt, 24, peak_h2o);
+  CHECK(peak_h2o <= gates.window + 64 + 64);  // per head: the ring, 64 heavy hitters, a chunk's promotions
+  CHECK(peak_h2o < peak);
+  engine::GatedEngine<kv::QuestSelection, kv::H2OEviction> all(model, gates, 64, 16, tight, kv::H2OEviction({.heavy = 64, .recent = 0}));
+  const auto out = all.generate(prompt, 24, peak_all);
+  CHECK(out.size() == 24);
+  CHECK(peak_all <= gates.window + 64 + 64);
+  CHECK(all.counts().keys_read < h2o.counts().keys_read);
 }
