@@ -165,6 +165,19 @@ TEST_CASE("a failed Result never reads as success") {
   CHECK(Result<int>(5).value_or(-1) == 5);
 }
 
+TEST_CASE("a range-for over the value of a temporary Result walks a value it owns") {
+  // *call() on a temporary moves the value out, so the loop's range outlives the Result
+  // (a reference into the temporary would dangle: ASan reports that as a use after free).
+  const auto make = [](int n) { return Result<std::vector<int>>(std::vector<int>(std::size_t(n), 3)); };
+  int sum = 0;
+  for (const int x : *make(1000)) sum += x;
+  CHECK(sum == 3000);
+  static_assert(std::is_same_v<decltype(*make(1)), std::vector<int>>);
+  const auto kept = make(2);
+  static_assert(std::is_same_v<decltype(*kept), const std::vector<int>&>);
+  CHECK_THROWS_AS(*Result<std::vector<int>>(Status{Errc::out_of_blocks, "n"}), BadResultAccess);
+}
+
 TEST_CASE("a fork under a token policy is legal: above the bound only by its shared excess, and back after") {
   Engine<H2OEviction> e(H2OEviction({.heavy = 4, .recent = 4, .groups = G}));
   const SeqId a = *e.cache.add_sequence();

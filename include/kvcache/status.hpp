@@ -176,8 +176,15 @@ class [[nodiscard]] Result {
   }
   /// The value, or `fallback` on a failed Result (never throws).
   constexpr T value_or(T fallback) const noexcept { return ok() ? value_ : fallback; }
+  /// The value of a temporary Result, moved out (so `for (x : *call())` owns what it walks).
+  constexpr T value() && {
+    if (!ok()) detail::bad_result_access(status_);
+    return std::move(value_);
+  }
   /// The value; throws BadResultAccess on a failed Result.
-  constexpr const T& operator*() const { return value(); }
+  constexpr const T& operator*() const& { return value(); }
+  /// The value of a temporary Result, by value: a range-for over `*call()` keeps it alive.
+  constexpr T operator*() && { return std::move(*this).value(); }
   /// Member access to the value; throws BadResultAccess on a failed Result.
   constexpr const T* operator->() const { return &value(); }
 
