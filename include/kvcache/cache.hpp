@@ -8,8 +8,11 @@
 //   cache.export_csr(seqs, indptr, indices, last_page_len);
 //
 // Why one file of this size: every member is an entry point of the composed
-// API, a few lines of forwarding under its contract and its requires-clause
-// (per-sequence or head-paged); the policies' logic lives in their folders.
+// API (sequences, writes, eviction, selection, exports, accounting, for
+// per-sequence rows and for head rows), a few lines of forwarding under its
+// contract and its requires-clause, and a call into the policies' hooks; the
+// policies' logic lives in their folders (admission/, selection/ with
+// stale_rows.hpp and stale_heads.hpp, eviction/ with global_region.hpp).
 #pragma once
 
 #include <algorithm>
@@ -41,6 +44,7 @@
 #include "kvcache/selection/page_bounds_selection.hpp"
 #include "kvcache/selection/select_all.hpp"
 #include "kvcache/selection/stale_heads.hpp"
+#include "kvcache/selection/stale_rows.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
@@ -253,8 +257,8 @@ class Cache {
     requires(!head_paged)
   {
     auto r = table_.reserve(pool_, s, n, slots);
-    if constexpr (selects)  // the copied tail block's bounds are the old block's to take over: recompute it
-      if (r && r->copy.src >= 0) selection_.stale().mark(s.index, first_new_block(s, n));
+    if constexpr (selects)
+      if (r) stale_rows::reserved(selection_.stale(), table_, s, n, r->copy);
     return r;
   }
   /// Reserves counts[k] tokens for seqs[k], all or nothing; slots padded with -1, copy-on-write commands in copies.
@@ -264,14 +268,7 @@ class Cache {
   {
     auto r = table_.reserve_batch(pool_, seqs, counts, slots, copies);
     if constexpr (selects)
-      if (r && r->copies > 0)
-        for (std::size_t k = 0; k < seqs.size(); ++k) {
-          if (counts[k] == 0) continue;
-          const std::int32_t j = first_new_block(seqs[k], counts[k]);
-          const BlockId b = table_.blocks_unchecked(seqs[k])[std::size_t(j)];
-          for (std::int32_t c = 0; c < r->copies; ++c)
-            if (copies[std::size_t(c)].dst == b) selection_.stale().mark(seqs[k].index, j);
-        }
+      if (r) stale_rows::reserved(selection_.stale(), table_, seqs, counts, copies.first(std::size_t(r->copies)));
     return r;
   }
   /// Head-paged: writes layer `layer`'s n = gates.size() / kv_heads new tokens
@@ -315,12 +312,8 @@ class Cache {
       if (st) eviction_.on_truncate(s.index, table_.tokens_unchecked(s));
     if constexpr (ledgered)
       if (st) ledger_.on_truncate(s.index, table_.appended_unchecked(s));
-    if constexpr (selects)  // a partial tail keeps the removed keys' extremes: recompute it, unless another
-      if (st && n > 0) {    // row shares it (that row may hold more of it: the looser bound holds for both)
-        const std::int32_t used = table_.front_unchecked(s) + table_.tokens_unchecked(s), j = used / block_size();
-        if (used % block_size() != 0 && pool_.ref_count(table_.blocks_unchecked(s)[std::size_t(j)]) == 1)
-          selection_.stale().mark(s.index, j);
-      }
+    if constexpr (selects)
+      if (st && n > 0) stale_rows::truncated(selection_.stale(), table_, pool_, s);
     return st;
   }
 
@@ -437,11 +430,7 @@ class Cache {
     if constexpr (ledgered)
       if (r) settle(s, pending_queries, TokenEviction<Eviction> && r.value().tokens > 0);
     if constexpr (selects)
-      if (r && r->tokens > 0) {
-        // Rotated blocks and compaction targets hold other keys now; a window's front blocks left.
-        if constexpr (WindowEviction<Eviction>) selection_.stale().shift(s.index, r->evicted);
-        else selection_.stale().mark(s.index, r->first_changed / block_size());
-      }
+      if (r) stale_rows::evicted<Eviction>(selection_.stale(), s, *r, block_size());
     return r;
   }
   /// Shorthand for block policies: evict(s, {blocks, rotations}).
@@ -697,10 +686,6 @@ class Cache {
     return {table_.tokens_unchecked(s), table_.appended_unchecked(s), first_candidate};
   }
   std::int32_t first_unshared_block(SeqId s) const noexcept { return EvictionRun::first_unshared_block(table_, pool_, s); }
-  // The logical block the first of the n tokens just reserved for s went to.
-  std::int32_t first_new_block(SeqId s, std::int32_t n) const noexcept {
-    return (table_.front_unchecked(s) + table_.tokens_unchecked(s) - n) / block_size();
-  }
 
   // The policy evicted (r ok): record where the stream now stands.
   void settle(SeqId s, std::int32_t pending, bool reordered) noexcept {

@@ -1,0 +1,68 @@
+// Stale page bounds of per-sequence rows (Quest over AdmitAll): which pages
+// each edit of a sequence's row leaves stale. Appends keep the bounds current
+// through the engine's page_bounds_update; these are the edits that rewrite
+// or shrink held slots.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "kvcache/config.hpp"
+#include "kvcache/block_pool.hpp"
+#include "kvcache/eviction/plan.hpp"
+#include "kvcache/policy.hpp"
+#include "kvcache/selection/stale_pages.hpp"
+#include "kvcache/sequence_id.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+namespace stale_rows {
+
+/// The logical block the first of the n tokens just reserved for s went to.
+template <class Table>
+std::int32_t first_new_block(const Table& t, SeqId s, std::int32_t n) noexcept {
+  return (t.front_unchecked(s) + t.tokens_unchecked(s) - n) / t.block_size();
+}
+
+/// reserve() copied s's shared tail (copy-on-write): the copy holds the old block's keys, recompute it.
+template <class Table>
+void reserved(StalePages& stale, const Table& t, SeqId s, std::int32_t n, const BlockCopy& copy) noexcept {
+  if (copy.src >= 0) stale.mark(s.index, first_new_block(t, s, n));
+}
+
+/// reserve_batch() copied some tails: each sequence whose first new token's block is a copy target.
+template <class Table>
+void reserved(StalePages& stale, const Table& t, std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
+              std::span<const BlockCopy> copies) noexcept {
+  if (copies.empty()) return;
+  for (std::size_t k = 0; k < seqs.size(); ++k) {
+    if (counts[k] == 0) continue;
+    const std::int32_t j = first_new_block(t, seqs[k], counts[k]);
+    const BlockId b = t.blocks_unchecked(seqs[k])[std::size_t(j)];
+    for (const BlockCopy& c : copies)
+      if (c.dst == b) stale.mark(seqs[k].index, j);
+  }
+}
+
+/// A rollback left a partial tail that keeps the removed keys' extremes:
+/// recompute it, unless another row shares it (that row may hold more of
+/// it; the looser bound holds for both).
+template <class Table, class Pool>
+void truncated(StalePages& stale, const Table& t, const Pool& pool, SeqId s) noexcept {
+  const std::int32_t used = t.front_unchecked(s) + t.tokens_unchecked(s), j = used / t.block_size();
+  if (used % t.block_size() != 0 && pool.ref_count(t.blocks_unchecked(s)[std::size_t(j)]) == 1) stale.mark(s.index, j);
+}
+
+/// An evict() that removed tokens: rotated blocks and compaction targets hold
+/// other keys from `first_changed` on; a window's dropped front blocks shift
+/// the row's logical indices down.
+template <class E>
+void evicted(StalePages& stale, SeqId s, const EvictionResult& r, std::int32_t block_size) noexcept {
+  if (r.tokens == 0) return;
+  if constexpr (WindowEviction<E>) stale.shift(s.index, r.evicted);
+  else stale.mark(s.index, r.first_changed / block_size);
+}
+
+}  // namespace stale_rows
+
+KVCACHE_END_NAMESPACE
