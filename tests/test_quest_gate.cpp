@@ -127,43 +127,38 @@ struct Rig {
     REQUIRE(page_bounds_host({mem.view, 0, pages.data(), fill.data(), *n, store.data()}).ok());
     return {pages.begin(), pages.begin() + *n};
   }
-  // Global pages (past the ring) of every live head row whose bounds miss a live key.
-  std::set<std::int32_t> uncovered() {
-    std::set<std::int32_t> bad;
+  // Calls f(page, tokens in it) for every global page (past the ring) of every live head row.
+  template <class F>
+  void each_global_page(F&& f) {
     for (const SeqId s : live)
       for (std::int32_t l = 0; l < L; ++l)
         for (std::int32_t h = 0; h < H; ++h) {
           const SeqId row = *cache.admission().head(s, l, h);
           const auto blocks = *cache.table().blocks(row);
           const std::int32_t used = *cache.table().tokens(row);
-          for (std::int32_t j = W / B; j < std::int32_t(blocks.size()); ++j) {
-            const float* e = store.data() + std::size_t(blocks[std::size_t(j)]) * 2 * kDim;
-            for (std::int32_t t = 0; t < std::min(B, used - j * B); ++t) {
-              const float k = mem.k_at(blocks[std::size_t(j)] * B + t);
-              for (std::int32_t d = 0; d < kDim; ++d)
-                if (!(e[d] >= k && e[kDim + d] <= k)) bad.insert(blocks[std::size_t(j)]);
-            }
-          }
+          for (std::int32_t j = W / B; j < std::int32_t(blocks.size()); ++j) f(blocks[std::size_t(j)], std::min(B, used - j * B));
         }
+  }
+  // Global pages whose bounds miss a live key.
+  std::set<std::int32_t> uncovered() {
+    std::set<std::int32_t> bad;
+    each_global_page([&](std::int32_t page, std::int32_t fill) {
+      const float* e = store.data() + std::size_t(page) * 2 * kDim;
+      for (std::int32_t t = 0; t < fill; ++t)
+        for (std::int32_t d = 0; d < kDim; ++d)
+          if (!(e[d] >= mem.k_at(page * B + t) && e[kDim + d] <= mem.k_at(page * B + t))) bad.insert(page);
+    });
     return bad;
   }
   // Private global pages whose bounds differ from the max and min of their tokens.
   std::set<std::int32_t> inexact() {
     std::set<std::int32_t> bad;
-    for (const SeqId s : live)
-      for (std::int32_t l = 0; l < L; ++l)
-        for (std::int32_t h = 0; h < H; ++h) {
-          const SeqId row = *cache.admission().head(s, l, h);
-          const auto blocks = *cache.table().blocks(row);
-          const std::int32_t used = *cache.table().tokens(row);
-          for (std::int32_t j = W / B; j < std::int32_t(blocks.size()); ++j) {
-            const std::int32_t page = blocks[std::size_t(j)];
-            if (cache.pool().ref_count(page) > 1) continue;
-            float mx = -FLT_MAX, mn = FLT_MAX;
-            for (std::int32_t t = 0; t < std::min(B, used - j * B); ++t) mx = std::max(mx, mem.k_at(page * B + t)), mn = std::min(mn, mem.k_at(page * B + t));
-            if (store[std::size_t(page) * 2 * kDim] != mx || store[std::size_t(page) * 2 * kDim + kDim] != mn) bad.insert(page);
-          }
-        }
+    each_global_page([&](std::int32_t page, std::int32_t fill) {
+      if (cache.pool().ref_count(page) > 1) return;
+      float mx = -FLT_MAX, mn = FLT_MAX;
+      for (std::int32_t t = 0; t < fill; ++t) mx = std::max(mx, mem.k_at(page * B + t)), mn = std::min(mn, mem.k_at(page * B + t));
+      if (store[std::size_t(page) * 2 * kDim] != mx || store[std::size_t(page) * 2 * kDim + kDim] != mn) bad.insert(page);
+    });
     return bad;
   }
   // select() per layer against a plain top-k per head row: its ring and first

@@ -16,6 +16,27 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// The fewest moves that compact `evicted` (strictly ascending token indices
+/// of a stream that keeps `kept` tokens) out of it: each hole below `kept`
+/// takes a kept token at or past it, lowest first, so no source is ever a
+/// destination and the moves run in parallel in place. Calls move(src, dst)
+/// in ascending dst order; returns the number of moves (the holes below kept).
+template <class Move>
+std::int32_t fill_holes(std::span<const std::int32_t> evicted, std::int32_t kept, Move&& move) noexcept {
+  const auto count = std::int32_t(evicted.size());
+  std::int32_t holes = 0;
+  while (holes < count && evicted[std::size_t(holes)] < kept) ++holes;
+  std::int32_t k = holes, m = 0;
+  for (std::int32_t t = kept; m < holes; ++t) {
+    if (k < count && evicted[std::size_t(k)] == t) {
+      ++k;
+      continue;
+    }
+    move(t, evicted[std::size_t(m++)]);
+  }
+  return holes;
+}
+
 /// keep: strictly ascending positions < length. blocks: the stream's page-table
 /// row. Writes the moves (slot -> slot) and order[p] = the old position now at
 /// p, for p < keep.size(). Returns the number of moves.

@@ -20,6 +20,7 @@
 #include "kvcache/admission/head_paged.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
+#include "kvcache/eviction/compaction_plan.hpp"
 #include "kvcache/eviction/plan.hpp"
 #include "kvcache/page_table.hpp"
 #include "kvcache/policy.hpp"
@@ -109,19 +110,11 @@ class GlobalRegion {
         const std::int32_t kept = v.held - count;
         const auto blocks = t.blocks_unchecked(row);
         const auto slot = [&](std::int32_t g) { return blocks[std::size_t((W + g) / B)] * B + (W + g) % B; };
-        // Holes below `kept` take the kept tokens at or past it, lowest first (compaction_plan.hpp's rule).
-        std::int32_t holes = 0;
-        while (holes < count && chosen[std::size_t(holes)] < kept) ++holes;
-        std::int32_t k = holes, m = 0;
-        for (std::int32_t g = kept; m < holes; ++g) {
-          if (k < count && chosen[std::size_t(k)] == g) {
-            ++k;
-            continue;
-          }
-          index_moves_[std::size_t(m)] = SlotMove{g, chosen[std::size_t(m)]};
-          moves[std::size_t(out.moves + m)] = SlotMove{slot(g), slot(chosen[std::size_t(m)])};
-          ++m;
-        }
+        std::int32_t m = 0;
+        const std::int32_t holes = fill_holes(chosen, kept, [&](std::int32_t src, std::int32_t dst) {
+          index_moves_[std::size_t(m)] = SlotMove{src, dst};
+          moves[std::size_t(out.moves + m++)] = SlotMove{slot(src), slot(dst)};
+        });
         const std::span<const SlotMove> im(index_moves_.data(), std::size_t(holes));
         e.on_compacted(row.index, 0, im, kept);
         a.compact_global(t, pool, s, l, h, im, count, chosen[0]);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvcache/config.hpp"
+#include "kvcache/eviction/compaction_plan.hpp"
 #include "kvcache/eviction/plan.hpp"
 #include "kvcache/page_table_edits.hpp"
 #include "kvcache/policy.hpp"
@@ -94,20 +95,11 @@ struct EvictionRun {
     for (std::int32_t g = 0; g < groups; ++g) {
       e.choose(s.index, v, g, chosen);
       first_hole = std::min(first_hole, chosen[0]);
-      // Holes below `kept` are filled by the kept tokens at or past it, lowest
-      // first: the fewest moves, sources never overwritten (compaction_plan.hpp).
-      std::int32_t holes = 0;
-      while (holes < count && chosen[std::size_t(holes)] < kept) ++holes;
-      std::int32_t k = holes, m = 0;
-      for (std::int32_t t = kept; m < holes; ++t) {
-        if (k < count && chosen[std::size_t(k)] == t) {
-          ++k;
-          continue;
-        }
-        scratch.index_moves[std::size_t(m)] = SlotMove{t, chosen[std::size_t(m)]};
-        moves[std::size_t(off + m)] = SlotMove{slot(t), slot(chosen[std::size_t(m)])};
-        ++m;
-      }
+      std::int32_t m = 0;
+      const std::int32_t holes = fill_holes(chosen, kept, [&](std::int32_t src, std::int32_t dst) {
+        scratch.index_moves[std::size_t(m)] = SlotMove{src, dst};
+        moves[std::size_t(off + m++)] = SlotMove{slot(src), slot(dst)};
+      });
       group_moves[std::size_t(g)] = off;
       off += holes;
       e.on_compacted(s.index, g, std::span<const SlotMove>(scratch.index_moves.data(), std::size_t(holes)), kept);
