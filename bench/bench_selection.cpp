@@ -3,7 +3,11 @@
 // sequence, head_dim 128, 4 query heads per kv-head, a 1,024-token budget),
 // and for one sequence at 32k tokens. Reference: memcpy of the metadata bytes
 // the step reads (out_bytes: every page's max and min per kv-head), same run.
+// The cache row runs the same step through Cache<..., QuestSelection>::select
+// (rows' CSR from the page table, output offsets, the host kernel): its
+// overhead over the bare kernel.
 #include <kvcache/kernels/page_select.hpp>
+#include <kvcache/kvcache.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -63,12 +67,41 @@ void run(benchmark::State& state, std::int32_t seqs, std::int32_t tokens) {
 }
 
 void BM_select_256x8_at_4k(benchmark::State& state) { run(state, 256, 4096); }
+
+// The same step through the composed cache: 256 sequences of 4k tokens, the
+// store holding the step's bounds (block 0 is the pool's null block).
+void BM_cache_select_256x8_at_4k(benchmark::State& state) {
+  constexpr std::int32_t seqs = 256, tokens = 4096;
+  Step step(seqs, tokens);
+  const double bytes = step.metadata_bytes();  // the step reads the same bytes as the bare kernel's
+  const auto g = *kv::Geometry::make({.num_layers = 1, .num_kv_heads = kHeads, .head_dim = kDim, .block_size = kBlock});
+  const std::int32_t blocks = seqs * (tokens / kBlock) + 1;
+  step.bounds.resize(std::size_t(kv::QuestSelection::bounds_floats(g, blocks)));
+  kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::QuestSelection> cache(
+      {.geometry = g, .num_blocks = blocks, .max_sequences = seqs, .max_blocks_per_sequence = tokens / kBlock},
+      {}, {.token_budget = kBudget * kBlock, .dense_layers = 0, .query_group = kGroup, .bounds = step.bounds});
+  std::vector<kv::SeqId> ids;
+  std::vector<std::int32_t> slots(tokens);
+  for (std::int32_t s = 0; s < seqs; ++s) {
+    ids.push_back(*cache.add_sequence());
+    if (!cache.reserve(ids.back(), tokens, slots)) std::abort();
+  }
+  std::vector<std::int32_t> indptr(std::size_t(seqs) * kHeads + 1), out(std::size_t(seqs) * kHeads * kBudget);
+  for (auto _ : state) {
+    auto r = cache.select(ids, 0, step.queries, {indptr, out});
+    if (!r) state.SkipWithError("select failed");
+    benchmark::ClobberMemory();
+  }
+  state.counters["out_bytes"] = bytes;
+  state.counters["rows"] = double(seqs) * kHeads;
+}
 void BM_select_1x8_at_32k(benchmark::State& state) { run(state, 1, 32768); }
 }  // namespace
 
 BENCHMARK(BM_memcpy)->Arg(std::int64_t{256} * 256 * kHeads * 2 * kDim * 4)->Arg(std::int64_t{2048} * kHeads * 2 * kDim * 4)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_select_256x8_at_4k)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_cache_select_256x8_at_4k)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_select_1x8_at_32k)->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

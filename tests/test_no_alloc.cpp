@@ -3,6 +3,7 @@
 #include <kvcache/cache.hpp>
 #include <kvcache/eviction/h2o.hpp>
 #include <kvcache/eviction/sliding_window.hpp>
+#include <kvcache/selection/quest.hpp>
 
 #include <array>
 #include <cstdio>
@@ -85,8 +86,37 @@ int main() {
     if (h2o.observe(a, Scores{ScoreKind::last_query_attention, scores, 8}).ok()) ++bad;  // must fail, without allocating
     if (!h2o.free(a).ok() || !window.free(b).ok()) ++bad;
   }
-  const long during_eviction = g_allocations - before_eviction, during = during_core + during_eviction;
-  std::printf("heap allocations during the workload: %ld (eviction part: %ld); unexpected results: %ld\n", during,
-              during_eviction, bad);
+  const long during_eviction = g_allocations - before_eviction;
+  // Selection: Quest with H2O, select for a batch every step (its scratch is sized at construction).
+  std::vector<float> store(std::size_t(QuestSelection::bounds_floats(g, 256)));
+  using Quest = Cache<BlockPool, PageTable, AdmitAll, QuestSelection, H2OEviction>;
+  Quest quest(ecfg, {}, {.token_budget = 128, .dense_layers = 1, .query_group = 4, .bounds = store},
+              H2OEviction({.heavy = 200, .recent = 40, .groups = 8}));
+  std::vector<float> queries(4 * 8 * 4 * 128, 0.5f);
+  std::vector<std::int32_t> sel_indptr(4 * 8 + 1), sel_indices(4 * 8 * 64), stale(4 * 64), fill(4 * 64);
+  const long before_selection = g_allocations;
+  for (int round = 0; round < 10; ++round) {
+    std::array<SeqId, 4> batch{};
+    for (auto& q : batch) q = *quest.add_sequence();
+    for (int step = 0; step < 100; ++step) {
+      const std::int32_t n = step < 10 ? 32 : 1;
+      for (const SeqId q : batch) {
+        if (!quest.reserve(q, n, slots).ok()) ++bad;
+        const auto held = static_cast<std::size_t>(*quest.tokens_held(q));
+        if (!quest.observe(q, Scores{ScoreKind::head_attention_sums, std::span(scores).first(8 * held), 8}).ok()) ++bad;
+        if (!quest.evict(q, EvictionSpans{.moves = moves, .group_moves = group_moves}).ok()) ++bad;
+      }
+      if (!quest.stale_pages(batch, {stale, fill}).ok()) ++bad;
+      for (std::int32_t layer = 0; layer < 4; ++layer)
+        if (!quest.select(batch, layer, queries, {sel_indptr, sel_indices}).ok()) ++bad;
+    }
+    if (quest.select(batch, 4, queries, {sel_indptr, sel_indices}).ok()) ++bad;  // must fail, without allocating
+    for (const SeqId q : batch)
+      if (!quest.free(q).ok()) ++bad;
+  }
+  const long during_selection = g_allocations - before_selection;
+  const long during = during_core + during_eviction + during_selection;
+  std::printf("heap allocations during the workload: %ld (eviction part: %ld, selection part: %ld); unexpected results: %ld\n",
+              during, during_eviction, during_selection, bad);
   return during == 0 && bad == 0 ? 0 : 1;
 }
