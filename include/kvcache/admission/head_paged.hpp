@@ -169,7 +169,9 @@ Status export_heads_lengths(const PageTable& t, const A& a, std::span<const SeqI
 /// positions of its tokens in row order, columns[indptr[r] .. indptr[r+1]).
 /// A row's first min(len, W) entries are the ring: positions within the last
 /// W, the earlier part of a chunk's local band (its own keys are the rest).
-/// The entries from W on are the admitted global columns, ascending. Export
+/// The entries from W on are the admitted global columns, ascending until a
+/// token policy evicts from the region (its compaction moves the region's
+/// last tokens into the holes; eviction/global_region.hpp). Export
 /// before writing the chunk: a query at position p then reads the global
 /// columns, the ring entries it is causal to, and the chunk's keys in (p - W, p].
 /// Returns columns written.
