@@ -80,17 +80,12 @@ struct Run {
       }
   }
   bool write(SeqId s, std::int32_t n) {
+    gate_testing::RandomWrite w;
     for (std::int32_t l = 0; l < L; ++l) {
-      std::vector<float> gates(std::size_t(n * H));
-      for (auto& g : gates) g = rng() % 3 == 0 ? 0.9f : 0.1f;
-      std::vector<std::int32_t> slots(gates.size());
-      std::vector<SlotMove> moves(std::size_t(n * H + W * H));
-      std::vector<BlockCopy> copies(std::size_t(8 * H));
-      const std::int64_t pos0 = *cache.admission().appended(s, l);
-      auto r = cache.write(s, l, gates, {slots, moves, {}, copies});
+      auto r = gate_testing::random_write(cache, rng, s, l, n, 8, w);
       if (!r) return false;
-      mem.copy_blocks(std::span(copies).first(std::size_t(r->copies)));
-      mem.run(std::span(moves).first(std::size_t(r->moves)), slots, {}, tag[s.index], l, pos0, n);
+      mem.copy_blocks(std::span(w.copies).first(std::size_t(r->copies)));
+      mem.run(std::span(w.moves).first(std::size_t(r->moves)), w.slots, {}, tag[s.index], l, w.pos0, n);
     }
     follow(s);
     return true;

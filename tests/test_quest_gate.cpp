@@ -62,16 +62,11 @@ struct Rig {
   }
 
   bool write(SeqId s, std::int32_t n) {
+    gate_testing::RandomWrite w;
     for (std::int32_t l = 0; l < L; ++l) {
-      std::vector<float> gates(std::size_t(n * H));
-      for (auto& g : gates) g = rng() % 3 == 0 ? 0.9f : 0.1f;
-      std::vector<std::int32_t> slots(gates.size());
-      std::vector<SlotMove> moves(std::size_t(n * H + W * H));
-      std::vector<BlockCopy> copies(std::size_t(4 * H));
-      const std::int64_t pos0 = *cache.admission().appended(s, l);
-      auto r = cache.write(s, l, gates, {slots, moves, {}, copies});
+      auto r = gate_testing::random_write(cache, rng, s, l, n, 4, w);
       if (!r) return false;
-      run({slots, moves, {}, copies}, *r, s, l, pos0, n);
+      run(w.spans(), *r, s, l, w.pos0, n);
     }
     return true;
   }

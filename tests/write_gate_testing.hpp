@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <kvcache/admission/head_paged.hpp>
 #include <kvcache/geometry.hpp>
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
@@ -149,4 +150,29 @@ struct KvMemory {
   }
   std::vector<float> k_src, v_src;
 };
+
+// One layer's write of n tokens to s through a head-paged cache, with random
+// gates (a third admitted), into buffers sized for it: moves for n + W tokens
+// per head, `copies_per_head` copies per head. The engine's commands stay in
+// `w` for the caller to run; w.pos0 is the write's first position.
+struct RandomWrite {
+  std::vector<float> gates;
+  std::vector<std::int32_t> slots;
+  std::vector<SlotMove> moves;
+  std::vector<BlockCopy> copies;
+  std::int64_t pos0 = 0;
+  GateWriteSpans spans() { return {slots, moves, {}, copies}; }
+};
+template <class Cache>
+Result<GateWriteInfo> random_write(Cache& cache, std::mt19937_64& rng, SeqId s, std::int32_t layer, std::int32_t n,
+                                   std::int32_t copies_per_head, RandomWrite& w) {
+  const std::int32_t H = cache.admission().num_kv_heads(), W = cache.admission().local_window();
+  w.gates.resize(std::size_t(n * H));
+  for (auto& g : w.gates) g = rng() % 3 == 0 ? 0.9f : 0.1f;
+  w.slots.assign(w.gates.size(), 0);
+  w.moves.resize(std::size_t(n * H + W * H));
+  w.copies.resize(std::size_t(copies_per_head * H));
+  w.pos0 = *cache.admission().appended(s, layer);
+  return cache.write(s, layer, w.gates, w.spans());
+}
 }  // namespace gate_testing
