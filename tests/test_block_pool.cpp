@@ -102,36 +102,104 @@ TEST_CASE("free-but-cached: recycled last, least recently freed first, and a hit
 
   std::array<BlockEvent, 8> ev{};
   REQUIRE(p.drain_events(ev) == 3);
-  CHECK(ev[0] == BlockEvent{EventKind::stored, b[0], h(10), h(0)});
-  CHECK(ev[1] == BlockEvent{EventKind::stored, b[1], h(11), h(10)});
-  CHECK(ev[2] == BlockEvent{EventKind::removed, b[1], h(11), {}});
+  CHECK(ev[0] == BlockEvent{.kind = EventKind::stored, .block = b[0], .hash = h(10), .parent = h(0), .first = true});
+  CHECK(ev[1] == BlockEvent{.kind = EventKind::stored, .block = b[1], .hash = h(11), .parent = h(10)});
+  CHECK(ev[2] == BlockEvent{.kind = EventKind::removed, .block = b[1], .hash = h(11)});
 }
 
-TEST_CASE("publish is write-once, a duplicate hash keeps the first block") {
-  BlockPool p(5, 8);
+TEST_CASE("publish is write-once, and a copy of a cached hash serves hits once the first copy goes") {
+  BlockPool p(6, 8);
   const BlockId a = *p.allocate_one(), b = *p.allocate_one();
   REQUIRE(*p.publish(a, h(1), h(0)));
   auto dup = p.publish(b, h(1), h(0));
   REQUIRE(dup.ok());
-  CHECK_FALSE(*dup);
+  CHECK_FALSE(*dup);  // not new to the cache: no stored event
   CHECK(p.has_hash(b));
-  CHECK_FALSE(p.is_cached(b));
+  CHECK(p.is_cached(b));
   CHECK(p.lookup(h(1)) == a);
+  CHECK(p.num_published() == 1);
+  CHECK(p.counters().copies == 1);
   {
     const BlockPool before = p;
     auto again = p.publish(a, h(2), h(0));
     CHECK(again.status().code() == Errc::already_hashed);
     CHECK(p == before);
   }
-  REQUIRE(p.release(b).ok());  // a freed duplicate holds nothing worth caching
-  CHECK_FALSE(p.has_hash(b));
+  // The first copy is freed while the second is held: the hash stays, served by b.
+  REQUIRE(p.release(a).ok());
+  CHECK_FALSE(p.has_hash(a));  // redundant while b holds the content: plain free
   CHECK(p.num_cached() == 0);
+  CHECK(p.lookup(h(1)) == b);
   require_ok(p);
   {
     const BlockPool before = p;
-    CHECK(p.publish(b, h(3), h(0)).status().code() == Errc::not_allocated);
+    CHECK(p.publish(a, h(3), h(0)).status().code() == Errc::not_allocated);
     CHECK(p == before);
   }
+  std::array<BlockEvent, 8> ev{};
+  REQUIRE(p.drain_events(ev) == 1);  // one hash stored, none removed
+  CHECK(ev[0].kind == EventKind::stored);
+}
+
+TEST_CASE("a free cached block is its hash's only copy: a new used copy replaces it") {
+  BlockPool p(6, 8);
+  const BlockId d = *p.allocate_one();
+  REQUIRE(*p.publish(d, h(5), h(0)));
+  REQUIRE(p.release(d).ok());
+  CHECK(p.num_cached() == 1);
+  const BlockId e = *p.allocate_one();  // a plain free block, not d
+  REQUIRE(e != d);
+  CHECK_FALSE(*p.publish(e, h(5), h(0)));
+  CHECK(p.lookup(h(5)) == e);  // hits take the used copy: nothing leaves the free pool
+  CHECK_FALSE(p.has_hash(d));
+  CHECK(p.num_cached() == 0);
+  require_ok(p);
+}
+
+TEST_CASE("the cache stays prefix-closed: recycling a chain's last parent drops its children") {
+  BlockPool p(8, 16);
+  std::array<BlockId, 3> c{};
+  REQUIRE(p.allocate(c).ok());
+  REQUIRE(*p.publish(c[0], h(20), h(0)));
+  REQUIRE(*p.publish(c[1], h(21), h(20)));
+  REQUIRE(*p.publish(c[2], h(22), h(21)));
+  // The parent is freed before its children (a window dropping the front):
+  // it reaches the front of the queue first.
+  REQUIRE(p.release(c[0]).ok());
+  REQUIRE(p.release(c[2]).ok());
+  require_ok(p);
+  // Take every plain free block, then one more: c[0] is recycled.
+  std::vector<BlockId> plain(std::size_t(p.num_free() - p.num_cached()));
+  REQUIRE(p.allocate(plain).ok());
+  CHECK(*p.allocate_one() == c[0]);
+  // No block stays reachable-by-hash under a missing parent.
+  CHECK(p.lookup(h(20)) == -1);
+  CHECK(p.lookup(h(21)) == -1);  // used by its holder, but no longer a hit
+  CHECK(p.lookup(h(22)) == -1);  // free: back to plain
+  CHECK_FALSE(p.has_hash(c[1]));
+  CHECK_FALSE(p.has_hash(c[2]));
+  CHECK(p.num_cached() == 0);
+  CHECK(p.counters().recycled == 1);
+  CHECK(p.counters().invalidated == 2);
+  CHECK(*p.allocate_one() == c[2]);  // the invalidated free block is plain: reused first
+  require_ok(p);
+  std::array<BlockEvent, 8> ev{};
+  REQUIRE(p.drain_events(ev) == 6);
+  for (int i = 3; i < 6; ++i) CHECK(ev[std::size_t(i)].kind == EventKind::removed);
+  CHECK(ev[3].hash == h(20));
+}
+
+TEST_CASE("unpublishing a parent whose content changes drops its cached children") {
+  BlockPool p(6, 8);
+  std::array<BlockId, 2> c{};
+  REQUIRE(p.allocate(c).ok());
+  REQUIRE(*p.publish(c[0], h(30), h(0)));
+  REQUIRE(*p.publish(c[1], h(31), h(30)));
+  REQUIRE(p.release(c[1]).ok());  // a rollback released the child, cached
+  REQUIRE(p.unpublish(c[0]).ok());  // the parent is rewritten
+  CHECK(p.lookup(h(31)) == -1);
+  CHECK(p.num_cached() == 0);
+  require_ok(p);
 }
 
 TEST_CASE("reset_prefix_cache is refused while blocks are in use") {

@@ -36,11 +36,14 @@ static_assert(AdmissionPolicy<AdmitAll> && !AdmissionPolicy<NotAPolicy> && !Admi
 static_assert(SelectionPolicy<SelectAll> && !SelectionPolicy<NotAPolicy>);
 static_assert(!Cache<>::provided_signals.covers(NeedsScores::required_signals));
 
-// Empty policies and the default hasher take no space in the cache.
+// Empty policies and the default hasher take no space in the cache: it is
+// the pool, the table and the prefix cache's state.
 struct BareLayout {
   Geometry g;
   BlockPool p;
   PageTable t;
+  PrefixState prefix;
+  std::vector<BlockId> hit_scratch;
 };
 static_assert(sizeof(Cache<>) == sizeof(BareLayout));
 

@@ -96,7 +96,7 @@ TEST_CASE("HashIndex agrees with std::unordered_map under churn") {
     REQUIRE(index.size() == static_cast<std::int32_t>(ref.size()));
   }
   std::size_t seen = 0;
-  index.for_each([&](const BlockHash&, std::int32_t v) {
+  index.for_each([&](const IndexKey&, std::int32_t v) {
     ++seen;
     REQUIRE(ref.count(static_cast<std::uint64_t>(v)) == 1);
   });

@@ -29,6 +29,36 @@ struct PrefixKey {
 /// The hash a sequence's chain starts from: its salt.
 constexpr BlockHash chain_root(const PrefixKey& key) noexcept { return BlockHash{key.salt, ~key.salt}; }
 
+/// A multimodal input (an image, an audio clip) whose placeholder tokens sit
+/// at positions [begin, end) of the sequence, with its content hash. The key
+/// enters only the blocks the range overlaps, so the text before the input
+/// stays shareable and two prompts with different images never share a block
+/// of placeholders.
+struct ExtraKey {
+  std::int64_t begin = 0;  ///< First placeholder position.
+  std::int64_t end = 0;  ///< One past the last placeholder position.
+  std::uint64_t key = 0;  ///< The input's content hash.
+  friend constexpr bool operator==(const ExtraKey&, const ExtraKey&) = default;
+};
+
+/// acc with one more extra key folded in (order matters, as in a chain).
+constexpr std::uint64_t fold_extra(std::uint64_t acc, std::uint64_t key) noexcept {
+  std::uint64_t x = (acc ^ 0x9e3779b97f4a7c15ULL) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 31) ^ key) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 29);
+}
+
+/// The extra a block covering positions [lo, hi) hashes: `base` (the
+/// sequence's extra, e.g. its LoRA id) with the key of every range in
+/// `extras` that overlaps the block folded in, in the given order. Without
+/// overlapping ranges it is `base` itself.
+constexpr std::uint64_t block_extra(std::uint64_t base, std::span<const ExtraKey> extras, std::int64_t lo,
+                                    std::int64_t hi) noexcept {
+  for (const ExtraKey& e : extras)
+    if (e.begin < hi && e.end > lo) base = fold_extra(base, e.key);
+  return base;
+}
+
 template <class H>
 concept BlockHasher = requires(const H& h, const BlockHash& parent, std::span<const std::int32_t> tokens,
                                std::uint64_t extra) {

@@ -6,6 +6,11 @@
 // still hold cached content go to the back, so allocation takes plain free
 // blocks first and then recycles cached content least recently freed first.
 // A prefix hit (retain of a cached block) takes it back out in O(1).
+//
+// Which blocks hold which hash is the PrefixIndex's (prefix_index.hpp): copies
+// of one hash all serve hits, and the cache stays prefix-closed. A free block
+// with a hash is always its hash's only copy: when a second copy exists, the
+// one freed is redundant and goes back plain.
 #pragma once
 
 #include <cstdint>
@@ -17,13 +22,29 @@
 #include "kvcache/block_hash.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/events.hpp"
-#include "kvcache/hash_index.hpp"
+#include "kvcache/prefix_index.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
 /// Physical block id (0: the null block).
 using BlockId = std::int32_t;
+
+/// What a stored event reports about a block published with publish().
+struct StoredBlock {
+  PrefixKey key{};  ///< The publishing sequence's salt and extra.
+  std::uint64_t block_extra = 0;  ///< The extra key hashed into this block.
+  std::span<const std::int32_t> tokens{};  ///< The block's token ids.
+};
+
+/// Lifetime counters of a pool's cached content.
+struct PoolCounters {
+  std::int64_t stored = 0;  ///< Hashes that entered the cache (stored events).
+  std::int64_t copies = 0;  ///< Publishes of a hash already cached (a second copy, no event).
+  std::int64_t recycled = 0;  ///< Free-but-cached blocks taken for new content.
+  std::int64_t invalidated = 0;  ///< Blocks that lost their hash because their content or their parent's went.
+  friend constexpr bool operator==(const PoolCounters&, const PoolCounters&) = default;
+};
 
 /// The physical blocks: O(1) allocate / retain / release, ref counts, free-but-cached blocks and their hash index.
 class BlockPool {
@@ -32,15 +53,15 @@ class BlockPool {
   /// and out-of-window table entries point at it.
   static constexpr BlockId null_block = 0;
 
-  /// num_blocks includes the null block. event_capacity 0 disables events.
-  explicit BlockPool(std::int32_t num_blocks, std::int32_t event_capacity = 0)
+  /// num_blocks includes the null block. event_capacity 0 disables events;
+  /// each event keeps up to event_tokens token ids (the block size) and names `medium`.
+  explicit BlockPool(std::int32_t num_blocks, std::int32_t event_capacity = 0, std::int32_t event_tokens = 0,
+                     Medium medium = Medium::gpu)
       : ref_(checked(num_blocks), 0),
         prev_(static_cast<std::size_t>(num_blocks) + 1),
         next_(static_cast<std::size_t>(num_blocks) + 1),
-        hash_(static_cast<std::size_t>(num_blocks)),
-        hstate_(static_cast<std::size_t>(num_blocks), kNoHash),
-        index_(num_blocks),
-        events_(event_capacity),
+        prefix_(num_blocks),
+        events_(event_capacity, event_tokens, medium),
         sentinel_(num_blocks) {
     prev_[ix(sentinel_)] = next_[ix(sentinel_)] = sentinel_;
     for (BlockId b = 1; b < num_blocks; ++b) link_before(sentinel_, b);
@@ -54,19 +75,23 @@ class BlockPool {
   std::int32_t num_cached() const noexcept { return num_cached_; }
   /// Blocks with a ref count above 0.
   std::int32_t num_used() const noexcept { return sentinel_ - 1 - num_free_; }
-  /// Blocks that currently serve prefix hits (used or free-but-cached).
-  std::int32_t num_published() const noexcept { return index_.size(); }
+  /// Distinct hashes that serve prefix hits (each held by used or free-but-cached blocks).
+  std::int32_t num_published() const noexcept { return prefix_.size(); }
+  /// Lifetime counters: hashes stored, copies, cached blocks recycled, blocks invalidated.
+  const PoolCounters& counters() const noexcept { return counters_; }
+  /// Which blocks hold which hash (read-only).
+  const PrefixIndex& prefix_index() const noexcept { return prefix_; }
 
   /// True for an id allocate() can hand out (not the null block, inside the pool).
   bool valid(BlockId b) const noexcept { return b > null_block && b < sentinel_; }
   /// Holders of block b (0: free).
   std::int32_t ref_count(BlockId b) const noexcept { return ref_[static_cast<std::size_t>(b)]; }
   /// True when block b carries a content hash (published).
-  bool has_hash(BlockId b) const noexcept { return hstate_[static_cast<std::size_t>(b)] != kNoHash; }
-  /// True when block b's hash is in the index (a prefix lookup can find it).
-  bool is_cached(BlockId b) const noexcept { return hstate_[static_cast<std::size_t>(b)] == kIndexed; }
+  bool has_hash(BlockId b) const noexcept { return prefix_.has(b); }
+  /// True when a prefix lookup of b's hash finds b or a copy of it (every hashed block).
+  bool is_cached(BlockId b) const noexcept { return prefix_.has(b); }
   /// Block b's content hash (meaningful when has_hash(b)).
-  const BlockHash& hash(BlockId b) const noexcept { return hash_[static_cast<std::size_t>(b)]; }
+  const BlockHash& hash(BlockId b) const noexcept { return prefix_.hash(b); }
 
   /// All-or-nothing: fills every entry of `out` with a fresh block (ref 1) or
   /// fails with out_of_blocks and changes nothing.
@@ -103,65 +128,75 @@ class BlockPool {
     if (!valid(b)) return Status{Errc::invalid_argument, "block", b, sentinel_ - 1};
     auto& r = ref_[static_cast<std::size_t>(b)];
     if (r == 0) return Status{Errc::not_allocated, "block", b, 0};
+    if (r == 1 && has_hash(b) && !prefix_.alone(b)) drop(b);  // a live copy keeps the hash: this one is redundant
     if (--r == 0) {
       ++num_free_;
-      if (is_cached(b)) {
+      if (has_hash(b)) {
         link_before(sentinel_, b);  // back: recycled last
         ++num_cached_;
       } else {
-        hstate_[static_cast<std::size_t>(b)] = kNoHash;  // a duplicate's hash is useless once free
-        link_before(next_[ix(sentinel_)], b);                // front: reused first
+        link_before(next_[ix(sentinel_)], b);  // front: reused first
       }
     }
     return {};
   }
 
-  /// Gives a used, full block its content hash (write-once). Returns true if the
-  /// block now serves prefix hits, false if another block already holds that
-  /// hash (the block keeps the hash for chaining but is not shared).
-  Result<bool> publish(BlockId b, const BlockHash& h, const BlockHash& parent) noexcept {
+  /// Gives a used, full block its content hash (write-once); `parent` is the
+  /// hash its chain continues (a chain root when no block holds it). Returns
+  /// true when the hash is new to the cache (a stored event), false when b
+  /// joins as a copy of a cached hash: the copy serves hits too once the
+  /// others go. A free copy already cached is redundant then and goes back plain.
+  Result<bool> publish(BlockId b, const BlockHash& h, const BlockHash& parent, const StoredBlock& info = {}) noexcept {
     if (!valid(b)) return Status{Errc::invalid_argument, "block", b, sentinel_ - 1};
     if (ref_count(b) == 0) return Status{Errc::not_allocated, "block", b, 0};
     if (has_hash(b)) return Status{Errc::already_hashed, "block", b, 0};
-    hash_[static_cast<std::size_t>(b)] = h;
-    if (!index_.insert(h, b)) {
-      hstate_[static_cast<std::size_t>(b)] = kHashed;
+    const BlockId twin = prefix_.find(h);
+    if (!prefix_.insert(b, h, parent)) {
+      ++counters_.copies;
+      if (ref_count(twin) == 0) drop(twin);  // a free twin is its hash's only other copy
       return false;
     }
-    hstate_[static_cast<std::size_t>(b)] = kIndexed;
-    events_.push(BlockEvent{EventKind::stored, b, h, parent});
+    ++counters_.stored;
+    events_.push(BlockEvent{.kind = EventKind::stored, .block = b, .hash = h, .parent = parent,
+                            .first = prefix_.is_root(b), .key = info.key, .block_extra = info.block_extra,
+                            .block_size = events_.tokens_per_event()},
+                 info.tokens);
     return true;
   }
 
-  /// The content of a used block is about to change: forget its hash.
+  /// The content of a used block is about to change: forget its hash (and,
+  /// when no copy keeps it, the hashes of every block chained from it).
   Status unpublish(BlockId b) noexcept {
     if (!valid(b)) return Status{Errc::invalid_argument, "block", b, sentinel_ - 1};
     if (ref_count(b) == 0) return Status{Errc::not_allocated, "block", b, 0};
-    drop_hash(b);
+    if (has_hash(b)) drop(b);
     return {};
   }
 
-  /// Block holding cached content with this hash, or -1.
-  BlockId lookup(const BlockHash& h) const noexcept { return index_.find(h); }
+  /// A block holding cached content with this hash (a used copy when one exists), or -1.
+  BlockId lookup(const BlockHash& h) const noexcept { return prefix_.find(h); }
 
   /// Forgets all cached content; refused while any block is in use (as vLLM).
   Status reset_prefix_cache() noexcept {
     if (num_used() > 0) return Status{Errc::blocks_in_use, "num_used", num_used(), 0};
-    index_.clear();
-    for (auto& s : hstate_) s = kNoHash;
+    prefix_.clear();
     num_cached_ = 0;
-    events_.push(BlockEvent{EventKind::all_cleared, -1, {}, {}});
+    events_.push(BlockEvent{.kind = EventKind::all_cleared});
     return {};
   }
 
   /// Moves up to out.size() pending events into out, oldest first; returns how many.
   std::int32_t drain_events(std::span<BlockEvent> out) noexcept { return events_.drain(out); }
+  /// drain_events() with each stored block's token ids (tokens_per_event() per event).
+  Result<std::int32_t> drain_events(std::span<BlockEvent> out, std::span<std::int32_t> token_ids) noexcept {
+    return events_.drain(out, token_ids);
+  }
   /// The pending block events.
   const EventQueue& events() const noexcept { return events_; }
 
   /// Full consistency check, O(capacity). For tests and debug builds.
   Status check() const {
-    if (ref_[ix(null_block)] != 0 || hstate_[ix(null_block)] != kNoHash)
+    if (ref_[ix(null_block)] != 0 || has_hash(null_block))
       return Status{Errc::invariant_violated, "null_block", ref_[ix(null_block)], 0};
     std::vector<char> queued(static_cast<std::size_t>(sentinel_), 0);
     std::int32_t n = 0, cached = 0;
@@ -176,16 +211,12 @@ class BlockPool {
     }
     if (n != num_free_) return Status{Errc::invariant_violated, "num_free", num_free_, n};
     if (cached != num_cached_) return Status{Errc::invariant_violated, "num_cached", num_cached_, cached};
-    std::int32_t indexed = 0;
-    for (BlockId b = 1; b < sentinel_; ++b) {
+    for (BlockId b = 1; b < sentinel_; ++b)
       if ((ref_[ix(b)] == 0) != static_cast<bool>(queued[ix(b)]) || ref_[ix(b)] < 0)
         return Status{Errc::invariant_violated, "ref_count", b, ref_[ix(b)]};
-      if (is_cached(b)) {
-        ++indexed;
-        if (index_.find(hash_[ix(b)]) != b) return Status{Errc::invariant_violated, "index_entry", b, 0};
-      }
-    }
-    if (indexed != index_.size()) return Status{Errc::invariant_violated, "index_size", index_.size(), indexed};
+    // A free block with a hash is its hash's only copy, so a lookup that has a
+    // used copy to offer returns it (a hit on it takes nothing from the free pool).
+    if (auto st = prefix_.check([&](std::int32_t b) { return ref_[ix(b)]; }); !st) return st;
     // free + used == capacity, by construction of num_used(); checked anyway.
     if (num_free_ + num_used() != sentinel_ - 1) return Status{Errc::invariant_violated, "conservation", 0, 0};
     return {};
@@ -194,15 +225,14 @@ class BlockPool {
   friend bool operator==(const BlockPool&, const BlockPool&) = default;
 
  private:
-  static constexpr std::uint8_t kNoHash = 0, kHashed = 1, kIndexed = 2;
-
   static constexpr std::size_t ix(std::int32_t i) noexcept { return static_cast<std::size_t>(i); }
 
   // Block 0 is the null block, so a usable pool has at least 2; every block
-  // costs about 64 bytes of host bookkeeping (links, hash, ref count, index).
+  // costs about 160 bytes of host bookkeeping (links, ref count, hash and
+  // parent, rings, two index slots of two entries each).
   static std::size_t checked(std::int32_t num_blocks) {
     if (num_blocks < 2) throw ConfigError("kvcache::BlockPool", Status{Errc::invalid_argument, "num_blocks", num_blocks, 2});
-    return checked_elements("kvcache::BlockPool", "num_blocks", num_blocks, num_blocks, 64);
+    return checked_elements("kvcache::BlockPool", "num_blocks", num_blocks, num_blocks, 160);
   }
 
   void link_before(BlockId at, BlockId b) noexcept {
@@ -216,30 +246,38 @@ class BlockPool {
     next_[ix(prev_[ix(b)])] = next_[ix(b)];
     prev_[ix(next_[ix(b)])] = prev_[ix(b)];
   }
-  void drop_hash(BlockId b) noexcept {
-    auto& s = hstate_[static_cast<std::size_t>(b)];
-    if (s == kIndexed) {
-      index_.erase(hash_[ix(b)]);
-      events_.push(BlockEvent{EventKind::removed, b, hash_[ix(b)], {}});
-    }
-    s = kNoHash;
+  // b loses its hash; so does every block chained from it when b was its
+  // hash's last copy. Free blocks of the cascade stop being cached content:
+  // they move to the front of the queue, to be reused first.
+  void drop(BlockId b) noexcept {
+    prefix_.erase(b, [&](BlockId x, bool gone) {
+      if (gone) events_.push(BlockEvent{.kind = EventKind::removed, .block = x, .hash = prefix_.hash(x)});
+      if (x != b) ++counters_.invalidated;
+      if (ref_[ix(x)] == 0) {  // free-but-cached (a cascade, or a redundant twin)
+        unlink(x);
+        link_before(next_[ix(sentinel_)], x);
+        --num_cached_;
+      }
+    });
   }
   BlockId take_front() noexcept {
     const BlockId b = next_[ix(sentinel_)];
     unlink(b);
     --num_free_;
-    if (is_cached(b)) --num_cached_;
-    drop_hash(b);  // lazy eviction of cached content happens here
     ref_[ix(b)] = 1;
+    if (has_hash(b)) {  // lazy eviction of cached content happens here
+      --num_cached_;
+      ++counters_.recycled;
+      drop(b);
+    }
     return b;
   }
 
   std::vector<std::int32_t> ref_;
   std::vector<BlockId> prev_, next_;  // size capacity + 1; the last node is the sentinel
-  std::vector<BlockHash> hash_;
-  std::vector<std::uint8_t> hstate_;
-  HashIndex index_;
+  PrefixIndex prefix_;
   EventQueue events_;
+  PoolCounters counters_{};
   BlockId sentinel_;
   std::int32_t num_free_ = 0;
   std::int32_t num_cached_ = 0;

@@ -40,6 +40,7 @@
 #include "kvcache/page_table_edits.hpp"
 #include "kvcache/page_table_export.hpp"
 #include "kvcache/policy.hpp"
+#include "kvcache/prefix_cache.hpp"
 #include "kvcache/prefix_sharing.hpp"
 #include "kvcache/selection/page_bounds_selection.hpp"
 #include "kvcache/selection/select_all.hpp"
@@ -56,6 +57,9 @@ struct CacheConfig {
   std::int32_t max_sequences = 0;  ///< Live sequences at once (handles).
   std::int32_t max_blocks_per_sequence = 0;  ///< Longest row, in blocks.
   std::int32_t event_capacity = 0;  ///< 0: no block events
+  /// Publish full blocks as reserve() is given their token ids (block_tokens.hpp), not only through publish().
+  bool publish_on_reserve = false;
+  Medium medium = Medium::gpu;  ///< The tier block events name.
 };
 
 template <class P>
@@ -153,7 +157,7 @@ class Cache {
   explicit Cache(const CacheConfig& cfg, typename AdmissionArg<Admission>::type admission = {},
                  typename SelectionArg<Selection>::type selection = {}, Eviction eviction = {}, Hasher hasher = {})
       : geometry_(valid_geometry(cfg.geometry, eviction)),
-        pool_(cfg.num_blocks, cfg.event_capacity),
+        pool_(make_pool(cfg)),
         table_(pool_, streams(cfg, admission), cfg.max_blocks_per_sequence, cfg.geometry.block_size()),
         admission_(make_admission(cfg, admission, table_)),
         selection_(selection),
@@ -169,6 +173,13 @@ class Cache {
       eviction_.bind(cfg.max_sequences, cap);
     }
     if constexpr (ledgered) ledger_.bind(cfg.max_sequences);
+    if constexpr (head_paged) {
+      if (cfg.publish_on_reserve)
+        throw ConfigError("kvcache::Cache", Status{Errc::invalid_argument, "publish_on_reserve (head-paged rows are not prefixes)", 1, 0});
+    } else {
+      prefix_ = PrefixState(cfg.num_blocks, cfg.geometry.block_size(), cfg.max_sequences, cfg.publish_on_reserve);
+      hit_scratch_.resize(std::size_t(cfg.max_blocks_per_sequence));
+    }
     if constexpr (selects)
       if (auto st = selection_.bind(selection_shape(cfg, admission)); !st) throw ConfigError("kvcache::Cache", st);
     if constexpr (TokenEviction<Eviction> && !head_paged) {
@@ -197,7 +208,9 @@ class Cache {
   Result<SeqId> add_sequence(const PrefixKey& key = {}) noexcept
     requires(!head_paged)
   {
-    return table_.add(key);
+    auto s = table_.add(key);
+    if (s) prefix_.started(s->index, 0);
+    return s;
   }
   /// A new empty sequence (head-paged: layers x kv-heads empty head streams).
   Result<SeqId> add_sequence() noexcept
@@ -205,11 +218,43 @@ class Cache {
   {
     return admission_.add(table_);
   }
-  /// A new sequence that starts with the cached prefix of `prompt` shared.
-  Result<PrefixHit> add_sequence(std::span<const std::int32_t> prompt, const PrefixKey& key = {}) noexcept
+  /// A new sequence that starts with the cached prefix of `prompt` shared
+  /// (nothing reserved: admit() also reserves the rest, all or nothing).
+  Result<PrefixHit> add_sequence(std::span<const std::int32_t> prompt, const PrefixKey& key = {},
+                                 std::span<const ExtraKey> extras = {}) noexcept
     requires(!head_paged)
   {
-    return add_with_prefix(table_, pool_, prompt, key, hasher_);
+    auto hit = PrefixSharing::add(table_, pool_, prompt, key, extras, hasher_);
+    if (hit) {
+      prefix_.queried(std::int64_t(prompt.size()), hit->cached_tokens);
+      prefix_.started(hit->seq.index, hit->cached_tokens);
+    }
+    return hit;
+  }
+  /// Atomic admission: a new sequence with the cached prefix of `prompt`
+  /// shared and its next uncached prompt tokens reserved (all of them, or
+  /// opt.reserve), their slots in slots[0..reserved). With opt.max_new >= 0
+  /// its lifetime need is promised in the scheduler's ledger, and must fit
+  /// the free pool less every promise outstanding. All or nothing: on an error
+  /// nothing changes, the free queue's order included. With publish_on_reserve,
+  /// the reserved tokens' full blocks are published.
+  Result<AdmitResult> admit(std::span<const std::int32_t> prompt, std::span<std::int32_t> slots,
+                            const AdmitOptions& opt = {}) noexcept
+    requires(!head_paged)
+  {
+    auto plan = admit_plan(prompt, opt, slots.size());
+    if (!plan) return plan.status();
+    const SeqId s = PrefixSharing::adopt(table_, pool_, opt.key, std::span(hit_scratch_).first(std::size_t(plan->hit.blocks)));
+    const std::int32_t cached = plan->hit.blocks * block_size();
+    prefix_.queried(std::int64_t(prompt.size()), cached);
+    prefix_.started(s.index, cached);
+    if (opt.max_new >= 0) prefix_.promise(s.index, plan->lifetime);
+    auto r = reserve(s, prompt.subspan(std::size_t(cached), std::size_t(plan->reserve)), slots, opt.extras);
+    if (!r) {  // unreachable: the plan checked every block and buffer
+      (void)free(s);
+      return r.status();
+    }
+    return AdmitResult{s, cached, plan->reserve, r->new_blocks, opt.max_new >= 0 ? plan->lifetime : 0};
   }
   /// A new sequence sharing every block of s (copy-on-write on the next write into a shared block).
   Result<SeqId> fork(SeqId s) noexcept {
@@ -222,6 +267,7 @@ class Cache {
       return child;
     }
     auto child = table_.fork(pool_, s);
+    if (child) prefix_.forked(s.index, child->index);
     if constexpr (StatefulEviction<Eviction>)
       if (child) eviction_.copy_state(s.index, child->index);
     if constexpr (ledgered)
@@ -241,6 +287,7 @@ class Cache {
       return st;
     }
     auto st = table_.release(pool_, s);
+    if (st) prefix_.freed(s.index);
     if constexpr (StatefulEviction<Eviction>)
       if (st) eviction_.reset(s.index);
     if constexpr (ledgered)
@@ -257,8 +304,23 @@ class Cache {
     requires(!head_paged)
   {
     auto r = table_.reserve(pool_, s, n, slots);
+    if (r) prefix_.copied(std::span(&r->copy, 1));
     if constexpr (selects)
       if (r) stale_rows::reserved(selection_.stale(), table_, s, n, r->copy);
+    return r;
+  }
+  /// reserve() of ids.size() tokens given their ids: with publish_on_reserve,
+  /// every block they fill is hashed and published (extras: the multimodal
+  /// ranges overlapping them). The engine writes their K/V in the step that
+  /// first reads them, so no hit can see a block before it is written.
+  Result<ReserveInfo> reserve(SeqId s, std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
+                              std::span<const ExtraKey> extras = {}) noexcept
+    requires(!head_paged)
+  {
+    if (prefix_.store().on())
+      if (auto st = PrefixSharing::check_extras(extras); !st) return st;
+    auto r = reserve(s, static_cast<std::int32_t>(ids.size()), slots);
+    if (r) prefix_.reserved(table_, pool_, s, ids, slots, extras, hasher_);
     return r;
   }
   /// Reserves counts[k] tokens for seqs[k], all or nothing; slots padded with -1, copy-on-write commands in copies.
@@ -267,8 +329,24 @@ class Cache {
     requires(!head_paged)
   {
     auto r = table_.reserve_batch(pool_, seqs, counts, slots, copies);
+    if (r) prefix_.copied(copies.first(std::size_t(r->copies)));
     if constexpr (selects)
       if (r) stale_rows::reserved(selection_.stale(), table_, seqs, counts, copies.first(std::size_t(r->copies)));
+    return r;
+  }
+  /// reserve_batch() given the new tokens' ids, packed as the slots are: with
+  /// publish_on_reserve, the blocks they fill are published (the decode step).
+  Result<BatchInfo> reserve_batch(std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
+                                  std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
+                                  std::span<BlockCopy> copies) noexcept
+    requires(!head_paged)
+  {
+    std::int64_t total = 0;
+    for (std::size_t k = 0; k < counts.size() && k < seqs.size(); ++k) total += std::max(counts[k], 0);
+    if (std::int64_t(ids.size()) != total && counts.size() == seqs.size())
+      return Status{Errc::invalid_argument, "ids.size (the sum of counts)", std::int64_t(ids.size()), total};
+    auto r = reserve_batch(seqs, counts, slots, copies);
+    if (r) prefix_.reserved_batch(table_, pool_, seqs, counts, ids, slots, hasher_);
     return r;
   }
   /// Head-paged: writes layer `layer`'s n = gates.size() / kv_heads new tokens
@@ -308,6 +386,7 @@ class Cache {
       if (n > limit) return Status{Errc::truncate_too_many, "n_tokens", n, limit};
     }
     auto st = table_.truncate(pool_, s, n);
+    if (st) prefix_.truncated(table_, s);
     if constexpr (StatefulEviction<Eviction>)
       if (st) eviction_.on_truncate(s.index, table_.tokens_unchecked(s));
     if constexpr (ledgered)
@@ -440,20 +519,31 @@ class Cache {
 
   // --- prefix sharing ------------------------------------------------------
   /// Cached blocks of the longest published prefix of `tokens` into out; returns how many.
-  std::int32_t match_prefix(std::span<const std::int32_t> tokens, const PrefixKey& key,
-                            std::span<BlockId> out) const noexcept
+  /// A peek: nothing is retained and the query counters do not move.
+  std::int32_t match_prefix(std::span<const std::int32_t> tokens, const PrefixKey& key, std::span<BlockId> out,
+                            std::span<const ExtraKey> extras = {}) const noexcept
     requires(!head_paged)
   {
-    return kvcache::match_prefix(table_, pool_, tokens, key, hasher_, out);
+    if (!PrefixSharing::check_extras(extras)) return 0;
+    return PrefixSharing::match(table_, pool_, tokens, key, extras, hasher_, out).blocks;
   }
-  /// Publishes s's full blocks of `tokens` (its first tokens) for prefix hits; returns blocks newly published.
-  Result<std::int32_t> publish(SeqId s, std::span<const std::int32_t> tokens) noexcept
+  /// Publishes s's full blocks of `tokens` (its first tokens) for prefix hits; returns the hashes newly cached.
+  /// extras: the multimodal ranges among them. With publish_on_reserve it also supplies ids reserve() lacked.
+  Result<std::int32_t> publish(SeqId s, std::span<const std::int32_t> tokens, std::span<const ExtraKey> extras = {}) noexcept
     requires(!head_paged)
   {
-    return publish_prefix(table_, pool_, s, tokens, hasher_);
+    return PrefixSharing::publish(table_, pool_, s, tokens, extras, hasher_, prefix_.store());
   }
   /// Moves pending block events (stored / removed / all_cleared) into out; returns how many.
   std::int32_t drain_events(std::span<BlockEvent> out) noexcept { return pool_.drain_events(out); }
+  /// drain_events() with each stored block's token ids: event i's block_size ids at token_ids[i * block_size()].
+  Result<std::int32_t> drain_events(std::span<BlockEvent> out, std::span<std::int32_t> token_ids) noexcept {
+    return pool_.drain_events(out, token_ids);
+  }
+  /// Prefix-cache counters (queries, hit tokens, hashes stored, recycled, invalidated) and block states.
+  PrefixStats prefix_stats() const noexcept { return prefix_.stats(pool_); }
+  /// The prefix cache's state: publish-on-reserve ids, the lifetime ledger (read-only).
+  const PrefixState& prefix_state() const noexcept { return prefix_; }
   /// Drops every cached hash (free-but-cached blocks become plain free); emits all_cleared.
   Status reset_prefix_cache() noexcept { return pool_.reset_prefix_cache(); }
 
@@ -609,10 +699,40 @@ class Cache {
     if (chunk > 0 && after < prompt_len) peak = std::min(prompt_len, after + chunk + slack);
     return std::max(blocks_for_tokens(peak, block_size()), eviction_.max_blocks_held(prompt_len + max_new, block_size()));
   }
-  /// A sequence handle is free and the pool can cover blocks_needed now.
+  /// A sequence handle is free and blocks_needed fits the free pool less the
+  /// blocks promised to running sequences (promised_blocks()).
   bool can_admit(std::int64_t prompt_len, std::int64_t max_new) const noexcept {
     auto need = blocks_needed(prompt_len, max_new);
-    return need.ok() && free_sequences() > 0 && *need <= pool_.num_free();
+    return need.ok() && free_sequences() > 0 && *need <= pool_.num_free() - promised_blocks();
+  }
+  /// What admit(prompt, slots, opt) would take, counting its prefix hit:
+  /// from_free is its lifetime need less the hit blocks other sequences hold
+  /// (free-but-cached hit blocks count against the free pool). Errors are admit()'s.
+  Result<AdmitPlan> plan_admission(std::span<const std::int32_t> prompt, const AdmitOptions& opt = {}) const noexcept
+    requires(!head_paged)
+  {
+    return admit_plan(prompt, opt, -1);
+  }
+  /// admit(prompt, ...) would succeed now.
+  bool can_admit(std::span<const std::int32_t> prompt, const AdmitOptions& opt = {}) const noexcept
+    requires(!head_paged)
+  {
+    return admit_plan(prompt, opt, -1).ok();
+  }
+  /// Blocks owed to running sequences: each promise (admit with max_new, or
+  /// promise()) less the blocks the sequence holds. O(sequences).
+  std::int64_t promised_blocks() const noexcept {
+    if constexpr (head_paged) return 0;
+    else return prefix_.outstanding(table_);
+  }
+  /// Promises s `blocks` over its lifetime (0 withdraws); admissions leave them free for it.
+  Status promise(SeqId s, std::int64_t blocks) noexcept
+    requires(!head_paged)
+  {
+    if (auto st = table_.validate(s); !st) return st;
+    if (blocks < 0) return Status{Errc::invalid_argument, "blocks", blocks, 0};
+    prefix_.promise(s.index, blocks);
+    return {};
   }
   /// Blocks allocate() can hand out now (plain free + free-but-cached).
   std::int32_t free_blocks() const noexcept { return pool_.num_free(); }
@@ -678,7 +798,7 @@ class Cache {
       if (!(a.selection_ == b.selection_)) return false;
     if constexpr (head_paged)
       if (!(a.admission_ == b.admission_)) return false;
-    return a.pool_ == b.pool_ && a.table_ == b.table_;
+    return a.pool_ == b.pool_ && a.table_ == b.table_ && a.prefix_ == b.prefix_;
   }
 
  private:
@@ -707,6 +827,44 @@ class Cache {
       return cfg.max_sequences;
     }
   }
+  static Pool make_pool(const CacheConfig& cfg) {
+    if constexpr (std::same_as<Pool, BlockPool>) return BlockPool(cfg.num_blocks, cfg.event_capacity, cfg.geometry.block_size(), cfg.medium);
+    else return Pool(cfg.num_blocks, cfg.event_capacity);
+  }
+
+  // admit()'s checks and plan; the hit blocks go to hit_scratch_. slots: the
+  // caller's slot buffer size (-1: a dry run, no buffer to check).
+  Result<AdmitPlan> admit_plan(std::span<const std::int32_t> prompt, const AdmitOptions& opt,
+                               std::int64_t slots) const noexcept {
+    if (free_sequences() == 0) return Status{Errc::capacity_exceeded, "max_sequences", table_.max_streams() + 1, table_.max_streams()};
+    if (prompt.empty()) return Status{Errc::invalid_argument, "prompt.size", 0, 1};
+    if (std::int64_t(prompt.size()) > INT32_MAX) return Status{Errc::capacity_exceeded, "prompt.size", std::int64_t(prompt.size()), INT32_MAX};
+    if (opt.reserve < 0) return Status{Errc::invalid_argument, "reserve", opt.reserve, 0};
+    if (opt.max_new < -1) return Status{Errc::invalid_argument, "max_new", opt.max_new, -1};
+    if (auto st = PrefixSharing::check_extras(opt.extras); !st) return st;
+    auto life = blocks_needed(std::int64_t(prompt.size()), std::max<std::int64_t>(opt.max_new, 0), opt.prefill_chunk);
+    if (!life) return life.status();
+    AdmitPlan p{};
+    p.hit = PrefixSharing::match(table_, pool_, prompt, opt.key, opt.extras, hasher_, hit_scratch_);
+    const std::int32_t cached = p.hit.blocks * block_size();
+    p.reserve = std::min<std::int32_t>(opt.reserve, std::int32_t(prompt.size()) - cached);
+    if (std::int64_t{cached} + p.reserve > table_.max_tokens())
+      return Status{Errc::capacity_exceeded, "n_tokens", p.reserve, table_.max_tokens() - cached};
+    p.fresh = static_cast<std::int32_t>(blocks_for_tokens(cached + p.reserve, block_size())) - p.hit.blocks;
+    p.lifetime = std::max<std::int64_t>(*life, p.hit.blocks + p.fresh);
+    p.from_free = p.lifetime - (p.hit.blocks - p.hit.free_blocks);
+    p.available = pool_.num_free() - promised_blocks();
+    Status st{};
+    if (slots >= 0 && slots < p.reserve)
+      st = Status{Errc::buffer_too_small, "slots", slots, p.reserve};
+    else if (p.fresh > pool_.num_free() - p.hit.free_blocks)
+      st = Status{Errc::out_of_blocks, "n_blocks", p.fresh, pool_.num_free() - p.hit.free_blocks};
+    else if (opt.max_new >= 0 && p.from_free > p.available)
+      st = Status{Errc::out_of_blocks, "lifetime_blocks (promises outstanding subtracted)", p.from_free, p.available};
+    if (!st) return st;
+    return p;
+  }
+
   static Admission make_admission(const CacheConfig& cfg, const typename AdmissionArg<Admission>::type& a, Table& t) {
     if constexpr (head_paged) {
       return Admission(a, cfg.max_sequences, t);
@@ -754,6 +912,8 @@ class Cache {
   [[no_unique_address]] std::conditional_t<ledgered, BoundLedger, NoLedger> ledger_;
   struct NoRegion {};
   [[no_unique_address]] std::conditional_t<evicts_global, GlobalRegion, NoRegion> global_;
+  PrefixState prefix_;
+  mutable std::vector<BlockId> hit_scratch_;  // admit_plan()'s dry-run hit blocks (scratch, not state)
   struct NoScratch {};
   [[no_unique_address]] std::conditional_t<TokenEviction<Eviction> && !head_paged, EvictionRun::TokenScratch, NoScratch> scratch_;
 };

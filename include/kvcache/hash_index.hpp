@@ -1,4 +1,4 @@
-// Fixed-capacity map BlockHash -> block id for the prefix cache. Open
+// Fixed-capacity map (block hash, layer group) -> block id for the prefix cache. Open
 // addressing with linear probing and backward-shift deletion (no tombstones),
 // so it never allocates after construction and never degrades with churn.
 #pragma once
@@ -11,6 +11,19 @@
 #include "kvcache/config.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
+
+/// What the prefix index is keyed by: a block's chained hash and its layer
+/// group. Every layer shares one group today (0); hybrid models that keep
+/// full-attention and sliding-window groups in one pool index each group's
+/// blocks under its own id, so one token prefix can be cached per group.
+struct IndexKey {
+  BlockHash hash{};  ///< The block's chained hash.
+  std::uint32_t group = 0;  ///< Layer group (0: the one group of a uniform model).
+  constexpr IndexKey() = default;
+  /// A key in group `g` (implicit from a hash: group 0).
+  constexpr IndexKey(const BlockHash& h, std::uint32_t g = 0) noexcept : hash(h), group(g) {}  // NOLINT(google-explicit-constructor)
+  friend constexpr bool operator==(const IndexKey&, const IndexKey&) = default;
+};
 
 /// Open-addressing map from block hash to block id, sized once (no allocation after construction).
 class HashIndex {
@@ -26,7 +39,7 @@ class HashIndex {
   std::int32_t size() const noexcept { return size_; }
 
   /// Block registered under `key`, or -1.
-  std::int32_t find(const BlockHash& key) const noexcept {
+  std::int32_t find(const IndexKey& key) const noexcept {
     for (std::uint64_t i = bucket(key);; i = (i + 1) & mask_) {
       if (values_[i] == kEmpty) return -1;
       if (keys_[i] == key) return values_[i];
@@ -34,7 +47,7 @@ class HashIndex {
   }
 
   /// Inserts if absent; returns false (and changes nothing) if the key is present.
-  bool insert(const BlockHash& key, std::int32_t value) noexcept {
+  bool insert(const IndexKey& key, std::int32_t value) noexcept {
     std::uint64_t i = bucket(key);
     for (; values_[i] != kEmpty; i = (i + 1) & mask_)
       if (keys_[i] == key) return false;
@@ -44,8 +57,19 @@ class HashIndex {
     return true;
   }
 
+  /// Replaces the value under `key`; false (and nothing changes) when absent.
+  bool assign(const IndexKey& key, std::int32_t value) noexcept {
+    for (std::uint64_t i = bucket(key);; i = (i + 1) & mask_) {
+      if (values_[i] == kEmpty) return false;
+      if (keys_[i] == key) {
+        values_[i] = value;
+        return true;
+      }
+    }
+  }
+
   /// Removes `key` if present.
-  bool erase(const BlockHash& key) noexcept {
+  bool erase(const IndexKey& key) noexcept {
     std::uint64_t i = bucket(key);
     for (; values_[i] != kEmpty; i = (i + 1) & mask_) {
       if (!(keys_[i] == key)) continue;
@@ -60,7 +84,7 @@ class HashIndex {
         values_[hole] = values_[j];
         hole = j;
       }
-      keys_[hole] = BlockHash{};
+      keys_[hole] = IndexKey{};
       values_[hole] = kEmpty;
       --size_;
       return true;
@@ -70,12 +94,12 @@ class HashIndex {
 
   /// Removes every entry.
   void clear() noexcept {
-    for (auto& k : keys_) k = BlockHash{};
+    for (auto& k : keys_) k = IndexKey{};
     for (auto& v : values_) v = kEmpty;
     size_ = 0;
   }
 
-  /// Calls f(hash, block) for every entry.
+  /// Calls f(key, block) for every entry.
   template <class F>
   void for_each(F&& f) const {
     for (std::size_t i = 0; i < values_.size(); ++i)
@@ -86,10 +110,11 @@ class HashIndex {
 
  private:
   static constexpr std::int32_t kEmpty = -1;
-  std::uint64_t bucket(const BlockHash& k) const noexcept {
-    return ((k.lo ^ (k.hi * 0x9e3779b97f4a7c15ULL)) * 0xbf58476d1ce4e5b9ULL >> 17) & mask_;
+  std::uint64_t bucket(const IndexKey& k) const noexcept {
+    const std::uint64_t x = k.hash.lo ^ (k.hash.hi * 0x9e3779b97f4a7c15ULL) ^ (std::uint64_t{k.group} << 32);
+    return (x * 0xbf58476d1ce4e5b9ULL >> 17) & mask_;
   }
-  std::vector<BlockHash> keys_;
+  std::vector<IndexKey> keys_;
   std::vector<std::int32_t> values_;
   std::uint64_t mask_ = 0;
   std::int32_t size_ = 0;

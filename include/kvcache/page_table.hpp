@@ -63,6 +63,8 @@ class PageTable {
   std::int32_t block_size() const noexcept { return block_size_; }
   /// Rows (handles) the table has.
   std::int32_t max_streams() const noexcept { return max_streams_; }
+  /// Most tokens one row holds (max blocks x block size).
+  std::int32_t max_tokens() const noexcept { return max_tokens_; }
   /// Longest row, in blocks.
   std::int32_t max_blocks_per_stream() const noexcept { return max_blocks_; }
   /// Rows in use.
@@ -114,6 +116,8 @@ class PageTable {
   }
   /// Tokens ever appended to s (the next token's position), s assumed valid.
   std::int64_t appended_unchecked(SeqId s) const noexcept { return st_[s.index].appended; }
+  /// s's prefix key (salt and extra), s assumed valid.
+  const PrefixKey& key_unchecked(SeqId s) const noexcept { return st_[s.index].key; }
   /// Tokens ever appended (reserved minus truncated); eviction bounds use it.
   Result<std::int64_t> appended(SeqId s) const noexcept {
     if (auto st = validate(s); !st) return st;

@@ -89,7 +89,10 @@ struct PageTableEdits {
     st.nblocks -= dead;
     st.tokens -= n;
     st.front = st.tokens == 0 ? 0 : (st.front + n) % bs;
-    st.nhashed = std::max(0, st.nhashed - dead);
+    // The row no longer starts at position 0: it never publishes again, and
+    // its published blocks may lose their hashes once the dropped parents
+    // are recycled (the index stays prefix-closed).
+    st.nhashed = 0;
     return {};
   }
 

@@ -1,0 +1,187 @@
+// What the composed cache keeps for prefix caching beside the pool's index:
+//   - the token ids per block when it publishes on reserve (block_tokens.hpp);
+//   - the scheduler's ledger: blocks promised to running sequences over their
+//     lifetime, so that admitting by lifetime need never has to preempt;
+//   - the query counters a router or dashboard reads (hit rate).
+// And the plan of an atomic admission: the prefix hit and every block it
+// needs, found before anything changes.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvcache/block_hash.hpp"
+#include "kvcache/block_pool.hpp"
+#include "kvcache/block_tokens.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/page_table.hpp"
+#include "kvcache/prefix_sharing.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+/// How admit() admits a prompt.
+struct AdmitOptions {
+  PrefixKey key{};  ///< The sequence's salt (tenant, cache salt) and extra (LoRA id).
+  std::span<const ExtraKey> extras{};  ///< Multimodal inputs: positions and content hashes (sorted, not overlapping).
+  /// Tokens the sequence may generate: its lifetime need, blocks_needed(prompt, max_new, prefill_chunk), is
+  /// promised in the scheduler's ledger and must fit the free pool less every earlier promise. -1: no promise.
+  std::int64_t max_new = -1;
+  std::int64_t prefill_chunk = 0;  ///< As blocks_needed(): the engine evicts after every chunk of this many tokens.
+  /// Uncached prompt tokens to reserve now (chunked prefill reserves one chunk; the rest through reserve()).
+  std::int32_t reserve = INT32_MAX;
+};
+
+/// What admit() did.
+struct AdmitResult {
+  SeqId seq{};  ///< The new sequence.
+  std::int32_t cached_tokens = 0;  ///< Prompt tokens served by the cache (whole blocks, at most the prompt's length - 1).
+  std::int32_t reserved = 0;  ///< Prompt tokens reserved after them: their slots are slots[0..reserved).
+  std::int32_t new_blocks = 0;  ///< Blocks allocated for them.
+  std::int64_t promised = 0;  ///< Lifetime blocks promised in the ledger (0 without max_new).
+};
+
+/// What admitting a prompt would take, found without changing anything.
+struct AdmitPlan {
+  PrefixMatch hit{};  ///< The prefix hit.
+  std::int32_t reserve = 0;  ///< Uncached tokens reserved now.
+  std::int32_t fresh = 0;  ///< New blocks those take.
+  std::int64_t lifetime = 0;  ///< Blocks the sequence holds at its peak (hit blocks included).
+  /// Blocks the admission takes from the free pool over the sequence's life: lifetime less the hit blocks
+  /// other sequences already hold (a free-but-cached hit block counts: adopting it takes it from the pool).
+  std::int64_t from_free = 0;
+  std::int64_t available = 0;  ///< Free blocks less every promise outstanding.
+};
+
+/// Prefix-cache counters and block states.
+struct PrefixStats {
+  std::int64_t queries = 0;  ///< Admissions that looked a prompt up (add_sequence(prompt), admit).
+  std::int64_t query_tokens = 0;  ///< Their prompt tokens.
+  std::int64_t hit_tokens = 0;  ///< Of those, tokens served from the cache.
+  PoolCounters pool{};  ///< Hashes stored, copies, cached blocks recycled, blocks invalidated.
+  std::int32_t hashes = 0;  ///< Distinct hashes cached now.
+  std::int32_t used_hashed = 0;  ///< Used blocks holding a hash (they serve hits while held).
+  std::int32_t used_plain = 0;  ///< Used blocks without one (partial tails, unpublished, evicted rows).
+  std::int32_t free_cached = 0;  ///< Free blocks keeping cached content (recycled least recently freed first).
+  std::int32_t free_plain = 0;  ///< Free blocks without content.
+};
+
+/// Publish-on-reserve ids, the lifetime ledger and the query counters.
+class PrefixState {
+ public:
+  PrefixState() = default;
+  /// Sized once: `streams` sequences; the id store only when publishing on reserve.
+  PrefixState(std::int32_t num_blocks, std::int32_t block_size, std::int32_t streams, bool publish_on_reserve)
+      : store_(publish_on_reserve ? BlockTokens(num_blocks, block_size, streams) : BlockTokens()),
+        promised_(static_cast<std::size_t>(streams), 0) {}
+
+  /// The id store (off unless publishing on reserve).
+  const BlockTokens& store() const noexcept { return store_; }
+  /// The id store, for publish().
+  BlockTokens& store() noexcept { return store_; }
+  /// Lifetime blocks promised to stream s (0: none).
+  std::int64_t promised(std::uint32_t s) const noexcept { return promised_[s]; }
+  /// Records a promise for stream s.
+  void promise(std::uint32_t s, std::int64_t blocks) noexcept { promised_[s] = blocks; }
+
+  /// Blocks still owed to running sequences: each one's promise less the blocks it holds. O(sequences).
+  std::int64_t outstanding(const PageTable& t) const noexcept {
+    std::int64_t owed = 0;
+    t.for_each_stream([&](SeqId s) {
+      owed += std::max<std::int64_t>(0, promised_[s.index] - std::int64_t(t.blocks_unchecked(s).size()));
+    });
+    return owed;
+  }
+
+  /// A prompt was looked up; `cached` of its tokens hit.
+  void queried(std::int64_t tokens, std::int64_t cached) noexcept {
+    ++queries_;
+    query_tokens_ += tokens;
+    hit_tokens_ += cached;
+  }
+
+  /// A sequence started with `cached` positions (a hit, or empty).
+  void started(std::uint32_t s, std::int64_t cached) noexcept {
+    if (store_.on()) store_.start(s, cached);
+  }
+  /// A fork: the child knows what the parent knows and carries its promise.
+  void forked(std::uint32_t p, std::uint32_t c) noexcept {
+    if (store_.on()) store_.start(c, store_.known(p));
+    promised_[c] = promised_[p];
+  }
+  /// The sequence ended.
+  void freed(std::uint32_t s) noexcept {
+    if (store_.on()) store_.start(s, 0);
+    promised_[s] = 0;
+  }
+  /// A rollback left s with `tokens` positions.
+  void truncated(const PageTable& t, SeqId s) noexcept {
+    if (!store_.on()) return;
+    const auto blocks = t.blocks_unchecked(s);
+    store_.truncate(s.index, t.appended_unchecked(s), blocks.empty() ? -1 : blocks.back());
+  }
+
+  /// A reserve (with ids or without) copied these blocks (copy-on-write): so are their ids.
+  void copied(std::span<const BlockCopy> copies) noexcept {
+    if (!store_.on()) return;
+    for (const BlockCopy& c : copies)
+      if (c.src >= 0) store_.copy_block(c.src, c.dst);
+  }
+
+  /// reserve() of ids.size() tokens of s succeeded (copies done): record the
+  /// ids and publish the blocks they fill. Returns the hashes newly cached.
+  template <BlockHasher H>
+  std::int32_t reserved(PageTable& t, BlockPool& pool, SeqId s, std::span<const std::int32_t> ids,
+                        std::span<const std::int32_t> slots, std::span<const ExtraKey> extras, const H& hasher) noexcept {
+    if (!store_.on()) return 0;
+    const std::int64_t first = t.appended_unchecked(s) - std::int64_t(ids.size());
+    store_.write(s.index, first, [&](std::size_t k) { return slots[k]; }, ids, t.key_unchecked(s).extra, extras);
+    return PrefixSharing::publish_known(t, pool, s.index, store_, hasher);
+  }
+
+  /// reserve_batch() succeeded (copies done): ids are packed as the slots are.
+  /// Publishes the blocks each entry fills; returns the hashes newly cached.
+  template <BlockHasher H>
+  std::int32_t reserved_batch(PageTable& t, BlockPool& pool, std::span<const SeqId> seqs,
+                              std::span<const std::int32_t> counts, std::span<const std::int32_t> ids,
+                              std::span<const std::int32_t> slots, const H& hasher) noexcept {
+    if (!store_.on()) return 0;
+    std::int32_t stored = 0;
+    std::size_t at = 0;
+    const std::int64_t B = t.block_size(), mask = (B & (B - 1)) == 0 ? B - 1 : -1;
+    for (std::size_t k = 0; k < seqs.size(); ++k) {
+      const std::int32_t n = counts[k];
+      const SeqId s = seqs[k];
+      const std::int64_t first = t.appended_unchecked(s) - n;
+      store_.write(s.index, first, [&](std::size_t j) { return slots[at + j]; }, ids.subspan(at, std::size_t(n)),
+                   t.key_unchecked(s).extra, {});
+      // Only an entry that completes a block can publish.
+      if (n > 0 && (mask >= 0 ? first & mask : first % B) + n >= B) stored += PrefixSharing::publish_known(t, pool, s.index, store_, hasher);
+      at += std::size_t(n);
+    }
+    return stored;
+  }
+
+  /// The counters and the pool's block states now.
+  PrefixStats stats(const BlockPool& pool) const noexcept {
+    PrefixStats st{.queries = queries_, .query_tokens = query_tokens_, .hit_tokens = hit_tokens_, .pool = pool.counters()};
+    st.hashes = pool.num_published();
+    st.free_cached = pool.num_cached();
+    st.free_plain = pool.num_free() - pool.num_cached();
+    st.used_hashed = pool.prefix_index().members() - pool.num_cached();
+    st.used_plain = pool.num_used() - st.used_hashed;
+    return st;
+  }
+
+  /// Equality of state (the ledger and the counters included).
+  friend bool operator==(const PrefixState&, const PrefixState&) = default;
+
+ private:
+  BlockTokens store_;
+  std::vector<std::int64_t> promised_;  // per stream
+  std::int64_t queries_ = 0, query_tokens_ = 0, hit_tokens_ = 0;
+};
+
+KVCACHE_END_NAMESPACE

@@ -1,0 +1,423 @@
+// The plain cache's randomized property harness (test_property.cpp): random
+// operations (add, prefix add, atomic admit, reserve with and without ids,
+// batch reserve, fork, truncate, free, publish, reset, invalid calls) against
+// a reference model. The cache's slots are "written" into a simulated KV
+// memory holding token ids, copy-on-write commands are executed, and after
+// every operation every live sequence must read back exactly its model tokens
+// through its page table; the prefix cache must be prefix-closed, every used
+// block with a hash reachable, and (publishing on reserve) every full block
+// whose ids were given published. Failed calls must leave the cache
+// bit-for-bit as it was.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <kvcache/cache.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <set>
+#include <tuple>
+#include <vector>
+
+namespace kvtest {
+
+using namespace kvcache;
+
+
+constexpr std::int32_t kBlocks = 40, kSeqs = 8, kPerSeq = 10;
+
+struct Seq {
+  SeqId id;
+  std::vector<std::int32_t> tokens;   // what the cache must hold
+  std::vector<std::int32_t> pending;  // rest of the prompt, appended by later reserves
+  PrefixKey key;
+  std::size_t known = 0;              // leading tokens whose ids the cache was given (publish on reserve)
+};
+
+using Hash3 = std::tuple<std::uint64_t, std::uint64_t>;
+
+// B: the block size. A power of two and not take different paths (masks, and
+// specialized batch passes). Auto: the cache publishes on reserve.
+template <std::int32_t B, bool Auto = false>
+class Harness {
+  static constexpr std::int32_t kMaxTokens = B * kPerSeq;
+
+ public:
+  explicit Harness(std::uint64_t seed)
+      : rng_(seed),
+        cache_({.geometry = *Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = B}),
+                .num_blocks = kBlocks,
+                .max_sequences = kSeqs,
+                .max_blocks_per_sequence = kPerSeq,
+                .event_capacity = 256,
+                .publish_on_reserve = Auto}),
+        mem_(std::size_t(kBlocks) * B, -1) {
+    for (auto& t : templates_) {
+      t.resize(kMaxTokens);
+      for (auto& x : t) x = std::int32_t(rng_() % 1000);
+    }
+  }
+
+  void step() {
+    before_ = cache_;
+    const auto pick = rng_() % 100;
+    if (pick < 8) op_add();
+    else if (pick < 12) op_admit();
+    else if (pick < 40) op_reserve();
+    else if (pick < 52) op_batch();
+    else if (pick < 60) op_truncate();
+    else if (pick < 67) op_fork();
+    else if (pick < 76) op_free();
+    else if (pick < 88) op_publish();
+    else if (pick < 90) op_reset();
+    else op_invalid();
+    verify();
+  }
+
+  std::int64_t prefix_hits = 0, cows = 0, failures = 0, successes = 0, admits = 0;
+
+ private:
+  // --- helpers ---------------------------------------------------------------
+  std::int32_t rand_int(std::int32_t n) { return std::int32_t(rng_() % std::uint64_t(n)); }
+  Seq* random_live() { return live_.empty() ? nullptr : &live_[std::size_t(rand_int(std::int32_t(live_.size())))]; }
+  std::int32_t tail_ref(const Seq& s) const {
+    const auto blocks = *cache_.table().blocks(s.id);
+    return blocks.empty() ? 0 : cache_.pool().ref_count(blocks.back());
+  }
+  // Blocks a reserve of n tokens takes from the pool (copy-on-write included).
+  std::int32_t blocks_for_reserve(const Seq& s, std::int32_t n) const {
+    const auto t = std::int32_t(s.tokens.size());
+    const std::int32_t fresh = (t + n + B - 1) / B - (t + B - 1) / B;
+    const bool cow = n > 0 && t % B != 0 && tail_ref(s) > 1;
+    return fresh + (cow ? 1 : 0);
+  }
+  std::int32_t next_token(Seq& s) {
+    if (!s.pending.empty()) {
+      const std::int32_t t = s.pending.front();
+      s.pending.erase(s.pending.begin());
+      return t;
+    }
+    return std::int32_t(rng_() % 1000);
+  }
+  void expect_failure(const Status& st, Errc want) {
+    ++failures;
+    INFO(op_ << ": expected " << to_string(want) << ", got " << st.message());
+    REQUIRE(st.code() == want);
+    REQUIRE(cache_ == before_);
+  }
+  void expect_ok(const Status& st) {
+    ++successes;
+    INFO(op_ << ": " << st.message());
+    REQUIRE(st.ok());
+  }
+  void apply_copy(const BlockCopy& c) {
+    ++cows;
+    std::copy_n(mem_.begin() + std::ptrdiff_t(c.src) * B, B, mem_.begin() + std::ptrdiff_t(c.dst) * B);
+  }
+  std::vector<std::int32_t> take(Seq& s, std::int32_t n) {
+    std::vector<std::int32_t> t(std::size_t(std::max(n, 0)));
+    for (auto& x : t) x = next_token(s);
+    return t;
+  }
+  // The engine's scatter: toks at slots; `ids` when the cache was given them.
+  void write(Seq& s, std::span<const std::int32_t> slots, std::span<const std::int32_t> toks, bool ids) {
+    if (ids && s.known == s.tokens.size()) s.known += toks.size();
+    for (std::size_t k = 0; k < slots.size(); ++k) {
+      mem_[std::size_t(slots[k])] = toks[k];
+      s.tokens.push_back(toks[k]);
+    }
+  }
+  std::vector<std::int32_t> random_prompt() {
+    const auto& t = templates_[std::size_t(rand_int(3))];
+    std::vector<std::int32_t> p(t.begin(), t.begin() + rand_int(kMaxTokens) + 1);
+    for (std::int32_t k = rand_int(3); k > 0 && !p.empty(); --k) p[std::size_t(rand_int(std::int32_t(p.size())))] = 7;
+    return p;
+  }
+
+  // --- operations ------------------------------------------------------------
+  void op_add() {
+    op_ = "add";
+    const PrefixKey key{.salt = std::uint64_t(rand_int(2)), .extra = 0};
+    const bool full = std::int32_t(live_.size()) == kSeqs;
+    if (rand_int(2) == 0) {
+      auto r = cache_.add_sequence(key);
+      if (full) return expect_failure(r.status(), Errc::capacity_exceeded);
+      expect_ok(r.status());
+      live_.push_back(Seq{*r, {}, random_prompt(), key});
+      return;
+    }
+    auto prompt = random_prompt();
+    auto r = cache_.add_sequence(prompt, key);
+    if (full) return expect_failure(r.status(), Errc::capacity_exceeded);
+    expect_ok(r.status());
+    const std::int32_t cached = r->cached_tokens;
+    REQUIRE(cached % B == 0);
+    REQUIRE(cached <= std::int32_t(prompt.size()) - 1);
+    prefix_hits += cached > 0;
+    Seq s{r->seq, {prompt.begin(), prompt.begin() + cached}, {prompt.begin() + cached, prompt.end()}, key};
+    live_.push_back(std::move(s));
+  }
+
+  // Atomic admission: hit + reserve of (part of) the rest, all or nothing.
+  void op_admit() {
+    op_ = "admit";
+    auto prompt = random_prompt();
+    const PrefixKey key{.salt = std::uint64_t(rand_int(2)), .extra = 0};
+    AdmitOptions opt{.key = key};
+    if (rand_int(3) == 0) opt.reserve = rand_int(2 * B);
+    if (rand_int(3) == 0) opt.max_new = rand_int(3 * B);
+    std::vector<BlockId> hit(kPerSeq);
+    const std::int32_t m = cache_.match_prefix(prompt, key, hit);
+    std::int32_t free_hits = 0;
+    for (std::int32_t b = 0; b < m; ++b) free_hits += cache_.pool().ref_count(hit[std::size_t(b)]) == 0 ? 1 : 0;
+    const std::int32_t cached = m * B, reserve = std::min(opt.reserve, std::int32_t(prompt.size()) - cached);
+    const std::int32_t fresh = (cached + reserve + B - 1) / B - m;
+    const std::int64_t life = std::max<std::int64_t>((std::int64_t(prompt.size()) + std::max<std::int64_t>(opt.max_new, 0) + B - 1) / B, m + fresh);
+    const std::int64_t available = cache_.free_blocks() - cache_.promised_blocks();
+    std::vector<std::int32_t> slots(std::size_t(rand_int(20) == 0 ? std::max(reserve - 1, 0) : reserve));
+    REQUIRE(cache_.can_admit(prompt, opt) == cache_.plan_admission(prompt, opt).ok());
+    const bool can = cache_.can_admit(prompt, opt);
+    const std::int32_t free_before = cache_.free_blocks();
+    auto r = cache_.admit(prompt, slots, opt);
+    if (std::int32_t(live_.size()) == kSeqs) return expect_failure(r.status(), Errc::capacity_exceeded);
+    if (std::int32_t(slots.size()) < reserve) return expect_failure(r.status(), Errc::buffer_too_small);
+    if (fresh > free_before - free_hits) return expect_failure(r.status(), Errc::out_of_blocks);
+    if (opt.max_new >= 0 && life - (m - free_hits) > available) return expect_failure(r.status(), Errc::out_of_blocks);
+    expect_ok(r.status());
+    REQUIRE(can);
+    ++admits;
+    REQUIRE(r->cached_tokens == cached);
+    REQUIRE(r->reserved == reserve);
+    REQUIRE(r->promised == (opt.max_new >= 0 ? life : 0));
+    prefix_hits += cached > 0;
+    Seq s{r->seq, {prompt.begin(), prompt.begin() + cached}, {}, key, std::size_t(cached)};
+    const std::vector<std::int32_t> toks(prompt.begin() + cached, prompt.begin() + cached + reserve);
+    s.pending.assign(prompt.begin() + cached + reserve, prompt.end());
+    write(s, std::span(slots).first(std::size_t(reserve)), toks, true);
+    live_.push_back(std::move(s));
+  }
+
+  void op_reserve() {
+    op_ = "reserve";
+    Seq* s = random_live();
+    if (!s) return;
+    std::int32_t n = rand_int(10);
+    if (rand_int(50) == 0) n = -1 - rand_int(3);
+    if (rand_int(50) == 0) n = kMaxTokens;
+    std::vector<std::int32_t> slots(std::size_t(std::max(n, 0)));
+    const bool short_of_blocks = n >= 0 && blocks_for_reserve(*s, n) > cache_.free_blocks();
+    // Publishing on reserve, most reserves give ids; the rest are drafts.
+    const bool ids = Auto && n >= 0 && rand_int(5) != 0;
+    const Seq saved = *s;
+    auto toks = take(*s, n);
+    auto r = ids ? cache_.reserve(s->id, toks, slots) : cache_.reserve(s->id, n, slots);
+    if (!r) *s = saved;  // the model keeps its pending prompt
+    if (n < 0) return expect_failure(r.status(), Errc::invalid_argument);
+    if (std::int32_t(s->tokens.size()) + n > kMaxTokens) return expect_failure(r.status(), Errc::capacity_exceeded);
+    if (short_of_blocks) return expect_failure(r.status(), Errc::out_of_blocks);
+    expect_ok(r.status());
+    if (r->copy.src >= 0) apply_copy(r->copy);
+    write(*s, slots, toks, ids);
+  }
+
+  void op_batch() {
+    op_ = "batch";
+    if (live_.empty()) return;
+    std::vector<std::size_t> idx(live_.size());
+    for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    std::shuffle(idx.begin(), idx.end(), rng_);
+    idx.resize(std::size_t(rand_int(std::int32_t(idx.size())) + 1));
+    const bool dup = rand_int(20) == 0;
+    const bool decode = rand_int(3) == 0;  // every count 1: the decode step's own pass
+    if (dup) idx.push_back(idx.front());
+    std::vector<SeqId> ids;
+    std::vector<std::int32_t> counts;
+    std::int32_t total = 0, blocks = 0, copies = 0;
+    Errc want = Errc::ok;
+    for (std::size_t k = 0; k < idx.size(); ++k) {
+      const Seq& s = live_[idx[k]];
+      ids.push_back(s.id);
+      counts.push_back(decode ? 1 : rand_int(3));
+      total += counts.back();
+      if (dup && k + 1 == idx.size()) break;  // the duplicate is rejected before it is planned
+      const auto t = std::int32_t(s.tokens.size());
+      if (want == Errc::ok && t + counts.back() > kMaxTokens) want = Errc::capacity_exceeded;
+      blocks += blocks_for_reserve(s, counts.back());
+      copies += (counts.back() > 0 && t % B != 0 && tail_ref(s) > 1) ? 1 : 0;
+    }
+    if (dup && want == Errc::ok) want = Errc::duplicate_sequence;
+    const std::int32_t pad = rand_int(3) - (rand_int(30) == 0 ? 3 : 0);
+    std::vector<std::int32_t> slots(std::size_t(std::max(total + pad, 0)), 12345);
+    std::vector<BlockCopy> cbuf(static_cast<std::size_t>(copies));
+    const std::int32_t free_before = cache_.free_blocks();
+    // Tokens drawn up front (the ids overload takes them); restored on failure.
+    std::vector<Seq> saved(live_);
+    std::vector<std::vector<std::int32_t>> toks(idx.size());
+    std::vector<std::int32_t> packed;
+    for (std::size_t k = 0; k < idx.size(); ++k) {
+      toks[k] = take(live_[idx[k]], counts[k]);
+      packed.insert(packed.end(), toks[k].begin(), toks[k].end());
+    }
+    const bool with_ids = Auto && rand_int(4) != 0;
+    auto r = with_ids ? cache_.reserve_batch(ids, counts, packed, slots, cbuf) : cache_.reserve_batch(ids, counts, slots, cbuf);
+    if (!r) live_ = saved;
+    if (want != Errc::ok) return expect_failure(r.status(), want);
+    if (std::int32_t(slots.size()) < total) return expect_failure(r.status(), Errc::buffer_too_small);
+    if (blocks > free_before) return expect_failure(r.status(), Errc::out_of_blocks);
+    expect_ok(r.status());
+    REQUIRE(r->slots == total);
+    // The engine runs every copy first, then the scatter.
+    for (std::int32_t c = 0; c < r->copies; ++c) apply_copy(cbuf[std::size_t(c)]);
+    std::size_t at = 0;
+    for (std::size_t k = 0; k < idx.size(); ++k) {
+      write(live_[idx[k]], std::span(slots).subspan(at, std::size_t(counts[k])), toks[k], with_ids);
+      at += std::size_t(counts[k]);
+    }
+    for (; at < slots.size(); ++at) REQUIRE(slots[at] == -1);
+  }
+
+  void op_truncate() {
+    op_ = "truncate";
+    Seq* s = random_live();
+    if (!s) return;
+    const auto t = std::int32_t(s->tokens.size());
+    const std::int32_t k = rand_int(t + 3);
+    auto st = cache_.truncate(s->id, k);
+    if (k > t) return expect_failure(st, Errc::truncate_too_many);
+    expect_ok(st);
+    s->tokens.resize(std::size_t(t - k));
+    s->known = std::min(s->known, s->tokens.size());
+    s->pending.clear();
+  }
+
+  void op_fork() {
+    op_ = "fork";
+    Seq* s = random_live();
+    if (!s) return;
+    auto r = cache_.fork(s->id);
+    if (std::int32_t(live_.size()) == kSeqs) return expect_failure(r.status(), Errc::capacity_exceeded);
+    expect_ok(r.status());
+    Seq child = *s;
+    child.id = *r;
+    live_.push_back(std::move(child));
+  }
+
+  void op_free() {
+    op_ = "free";
+    if (live_.empty()) return;
+    const auto i = std::size_t(rand_int(std::int32_t(live_.size())));
+    expect_ok(cache_.free(live_[i].id));
+    dead_.push_back(live_[i].id);
+    live_.erase(live_.begin() + std::ptrdiff_t(i));
+  }
+
+  void op_publish() {
+    op_ = "publish";
+    Seq* s = random_live();
+    if (!s) return;
+    const auto t = std::int32_t(s->tokens.size());
+    const std::int32_t len = rand_int(t + 3);
+    std::vector<std::int32_t> tokens(s->tokens.begin(), s->tokens.begin() + std::min(len, t));
+    tokens.resize(std::size_t(len), 1);
+    auto r = cache_.publish(s->id, tokens);
+    if (len > t) return expect_failure(r.status(), Errc::prefix_too_long);
+    expect_ok(r.status());
+    if (Auto) s->known = std::max(s->known, std::size_t(len));
+  }
+
+  void op_reset() {
+    op_ = "reset";
+    if (rand_int(4) == 0)  // sometimes empty the cache first, so the reset can succeed
+      while (!live_.empty()) {
+        expect_ok(cache_.free(live_.back().id));
+        dead_.push_back(live_.back().id);
+        live_.pop_back();
+      }
+    before_ = cache_;
+    const bool busy = cache_.pool().num_used() > 0;
+    auto st = cache_.reset_prefix_cache();
+    if (busy) return expect_failure(st, Errc::blocks_in_use);
+    expect_ok(st);
+  }
+
+  void op_invalid() {
+    op_ = "invalid";
+    std::vector<std::int32_t> slots(4);
+    if (!dead_.empty()) {
+      const SeqId d = dead_[std::size_t(rand_int(std::int32_t(dead_.size())))];
+      switch (rand_int(5)) {
+        case 0: return expect_failure(cache_.reserve(d, 1, slots).status(), Errc::unknown_sequence);
+        case 1: return expect_failure(cache_.fork(d).status(), Errc::unknown_sequence);
+        case 2: return expect_failure(cache_.truncate(d, 0), Errc::unknown_sequence);
+        case 3: return expect_failure(cache_.free(d), Errc::unknown_sequence);
+        default: return expect_failure(cache_.publish(d, {}).status(), Errc::unknown_sequence);
+      }
+    }
+    expect_failure(cache_.reserve(SeqId{kSeqs + 3, 0}, 1, slots).status(), Errc::unknown_sequence);
+  }
+
+  // --- the checks after every operation ---------------------------------------
+  void verify() {
+    {
+      const Status st = cache_.check_invariants();
+      INFO(st.message());
+      REQUIRE(st.ok());
+    }
+    REQUIRE(cache_.table().num_streams() == std::int32_t(live_.size()));
+    for (const Seq& s : live_) {
+      const auto blocks = *cache_.table().blocks(s.id);
+      REQUIRE(*cache_.tokens_held(s.id) == std::int64_t(s.tokens.size()));
+      REQUIRE(std::int64_t(blocks.size()) <= *cache_.blocks_needed(std::int64_t(s.tokens.size()), 0));
+      for (std::size_t p = 0; p < s.tokens.size(); ++p)
+        if (mem_[std::size_t(blocks[p / B]) * B + p % B] != s.tokens[p]) {
+          FAIL("after " << op_ << ": sequence " << s.id.index << " reads " << mem_[std::size_t(blocks[p / B]) * B + p % B]
+                           << " at position " << p << ", model has " << s.tokens[p]);
+        }
+    }
+    // Prefix-closed: no block holds a hash whose parent hash is not cached.
+    const PrefixIndex& index = cache_.pool().prefix_index();
+    for (BlockId b = 1; b < cache_.pool().capacity(); ++b) {
+      if (!index.has(b)) continue;
+      if (!index.is_root(b)) REQUIRE(cache_.pool().lookup(index.parent(b)) >= 0);
+      REQUIRE(cache_.pool().lookup(index.hash(b)) >= 0);  // every copy is reachable by its hash
+    }
+    // Reachable: a live sequence's leading hashed blocks are hit by its own
+    // tokens; publishing on reserve, so is every full block it gave ids for.
+    for (const Seq& s : live_) {
+      const auto blocks = *cache_.table().blocks(s.id);
+      std::size_t hashed = 0;
+      while (hashed < blocks.size() && cache_.pool().has_hash(blocks[hashed])) ++hashed;
+      std::size_t want = std::min(hashed, s.tokens.empty() ? 0 : (s.tokens.size() - 1) / B);
+      if (Auto) want = std::max(want, std::min(s.known, s.tokens.size() - (s.tokens.empty() ? 0 : 1)) / B);
+      std::vector<BlockId> hit(kPerSeq);
+      INFO("after " << op_ << ": sequence " << s.id.index << " with " << hashed << " hashed blocks, " << s.known << " ids known");
+      REQUIRE(std::size_t(cache_.match_prefix(s.tokens, s.key, hit)) >= want);
+    }
+    // Events replay to exactly the set of published hashes.
+    BlockEvent ev[64];
+    for (std::int32_t n; (n = cache_.drain_events(ev)) > 0;)
+      for (std::int32_t i = 0; i < n; ++i) {
+        const Hash3 h{ev[i].hash.lo, ev[i].hash.hi};
+        if (ev[i].kind == EventKind::stored) REQUIRE(published_.insert(h).second);
+        else if (ev[i].kind == EventKind::removed) REQUIRE(published_.erase(h) == 1);
+        else published_.clear();
+      }
+    REQUIRE(cache_.pool().events().dropped() == 0);
+    REQUIRE(std::int32_t(published_.size()) == cache_.pool().num_published());
+    for (const auto& [lo, hi] : published_) REQUIRE(cache_.pool().lookup(BlockHash{lo, hi}) >= 0);
+  }
+
+  const char* op_ = "";
+  std::mt19937_64 rng_;
+  Cache<> cache_;
+  Cache<> before_{cache_};
+  std::vector<std::int32_t> mem_;
+  std::vector<Seq> live_;
+  std::vector<SeqId> dead_;
+  std::vector<std::int32_t> templates_[3];
+  std::set<Hash3> published_;
+};
+
+}  // namespace kvtest
