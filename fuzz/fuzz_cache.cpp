@@ -5,6 +5,10 @@
 // kernels, and after every operation each live sequence's row must read back
 // a legal set of positions for its policy. A failed call must leave the
 // cache exactly as it was; check_invariants() must hold after every call.
+// The prefix cache is driven through add_sequence(prompt), admit() with any
+// options, reserve and reserve_batch with ids (publishing on reserve or not),
+// publish with multimodal extra keys, promises, and drained events with token
+// ids; check_invariants() includes the index being prefix-closed.
 // Write-Gated KV's head-paged cache has its own run (gate_run.hpp). With
 // Quest's selection the run also keeps the page bounds as an engine does
 // (page_bounds_update after every write; stale pages recomputed after every
@@ -80,8 +84,20 @@ struct Run {
 
   Run(Policy p, Input& in)
       : cache({.geometry = *kv::Geometry::make(spec), .num_blocks = kBlocks, .max_sequences = kSeqs,
-               .max_blocks_per_sequence = kPerSeq, .event_capacity = 8},
+               .max_blocks_per_sequence = kPerSeq, .event_capacity = 8, .publish_on_reserve = in.byte() % 2 == 1},
               {}, selection(in), std::move(p)) {}
+
+  // The "text" is token id = position; an image may cover any range.
+  static std::vector<std::int32_t> text(std::int64_t first, std::size_t n) {
+    std::vector<std::int32_t> t(n);
+    std::iota(t.begin(), t.end(), std::int32_t(first));
+    return t;
+  }
+  std::vector<kv::ExtraKey> extras(Input& in) {
+    std::vector<kv::ExtraKey> e(std::size_t(in.byte() % 4 == 0 ? in.upto(2) : 0));
+    for (auto& x : e) x = {.begin = in.upto(40) - 1, .end = in.upto(40), .key = in.byte() % 3};
+    return e;
+  }
   typename kv::SelectionArg<Selection>::type selection(Input& in) {
     if constexpr (quest) {
       const std::int32_t first = in.upto(1);
@@ -121,6 +137,8 @@ struct Run {
         for (std::int32_t h = 0; h < G; ++h) {
           const std::int32_t page = blocks[std::size_t(j / B)];
           const float k = at(page * B + j % B, h), hi = bounds[std::size_t((page * G + h) * 2)], lo = bounds[std::size_t((page * G + h) * 2 + 1)];
+          if (!(lo <= k && k <= hi) && std::getenv("KVCACHE_FUZZ_TRACE"))
+            std::fprintf(stderr, "seq %u row pos %d key %g bounds [%g, %g]\n", s.index, j, double(k), double(lo), double(hi));
           if (!(lo <= k && k <= hi))
             fail("a live key outside its page's bounds", "page " + std::to_string(page) + " slot " + std::to_string(j % B));
         }
@@ -207,12 +225,33 @@ struct Run {
         st = r.status();
         break;
       }
-      case 1: {  // prefix add: the "text" is token id = position
-        std::vector<std::int32_t> prompt(std::size_t(in.upto(40)));
-        std::iota(prompt.begin(), prompt.end(), 0);
-        auto r = cache.add_sequence(prompt);
-        if (r) live.push_back(r->seq);
+      case 1: {  // prefix add, or an atomic admission with any options
+        const auto prompt = text(0, std::size_t(in.upto(40)));
+        const auto ex = extras(in);
+        const kv::PrefixKey key{.salt = in.byte() % 2, .extra = in.byte() % 2};
+        if (in.byte() % 2) {
+          auto r = cache.add_sequence(prompt, key, ex);
+          if (r) live.push_back(r->seq);
+          st = r.status();
+          break;
+        }
+        const kv::AdmitOptions opt{.key = key, .extras = ex, .max_new = in.byte() % 2 ? -1 : in.wide(),
+                                   .prefill_chunk = in.upto(8), .reserve = in.byte() % 2 ? INT32_MAX : in.upto(12) - 1};
+        std::vector<std::int32_t> slots(std::size_t(in.upto(44)));
+        const auto plan = cache.plan_admission(prompt, opt);
+        auto r = cache.admit(prompt, slots, opt);
+        if (plan.ok() != r.ok() && !(plan.ok() && r.status().code() == kv::Errc::buffer_too_small))
+          fail("plan_admission and admit disagree", r.status().message());
         st = r.status();
+        if (r) {
+          live.push_back(r->seq);
+          if (std::getenv("KVCACHE_FUZZ_TRACE")) {
+            std::fprintf(stderr, "  admit %zu cached %d reserved %d:", prompt.size(), r->cached_tokens, r->reserved);
+            for (std::int32_t i = 0; i < r->reserved; ++i) std::fprintf(stderr, " %d", slots[std::size_t(i)]);
+            std::fprintf(stderr, "\n");
+          }
+          write(std::span(slots).first(std::size_t(r->reserved)), {}, r->cached_tokens);
+        }
         break;
       }
       case 2:
@@ -220,14 +259,17 @@ struct Run {
         const std::int32_t n = in.upto(12) - 1;
         std::vector<std::int32_t> slots(std::size_t(in.upto(12)));
         const std::int64_t first = cache.table().appended(s).value_or(0);
-        auto r = cache.reserve(s, n, slots);
+        const auto ids = text(first, std::size_t(std::max(n, 0)));
+        const bool with_ids = in.byte() % 2;
+        auto r = with_ids ? cache.reserve(s, ids, slots, extras(in)) : cache.reserve(s, n, slots);
+        const std::int32_t count = with_ids ? std::int32_t(ids.size()) : n;
         st = r.status();
         if (r && std::getenv("KVCACHE_FUZZ_TRACE")) {
-          std::fprintf(stderr, "  reserve %d first %ld copy %d -> %d:", n, long(first), r->copy.src, r->copy.dst);
-          for (std::int32_t i = 0; i < n; ++i) std::fprintf(stderr, " %d", slots[std::size_t(i)]);
+          std::fprintf(stderr, "  reserve %d first %ld copy %d -> %d:", count, long(first), r->copy.src, r->copy.dst);
+          for (std::int32_t i = 0; i < count; ++i) std::fprintf(stderr, " %d", slots[std::size_t(i)]);
           std::fprintf(stderr, "\n");
         }
-        if (r) write(std::span(slots).first(std::size_t(n)), r->copy, first);
+        if (r) write(std::span(slots).first(std::size_t(count)), r->copy, first);
         break;
       }
       case 4: {  // a batch over every live sequence
@@ -240,7 +282,13 @@ struct Run {
           counts[i] = decode ? 1 : in.upto(5);
           firsts[i] = std::int32_t(cache.table().appended(seqs[i]).value_or(0));
         }
-        auto r = cache.reserve_batch(seqs, counts, slots, copies);
+        std::vector<std::int32_t> ids;
+        for (std::size_t i = 0; i < seqs.size(); ++i) {
+          const auto t = text(firsts[i], std::size_t(counts[i]));
+          ids.insert(ids.end(), t.begin(), t.end());
+        }
+        if (!ids.empty() && in.byte() % 16 == 0) ids.pop_back();  // a wrong id count
+        auto r = in.byte() % 2 ? cache.reserve_batch(seqs, counts, ids, slots, copies) : cache.reserve_batch(seqs, counts, slots, copies);
         st = r.status();
         if (r && std::getenv("KVCACHE_FUZZ_TRACE")) {
           for (std::size_t i = 0; i < seqs.size(); ++i) std::fprintf(stderr, "  seq %u count %d first %d\n", seqs[i].index, counts[i], firsts[i]);
@@ -269,9 +317,12 @@ struct Run {
         if (st) std::erase(live, s);
         break;
       case 8: {
-        std::vector<std::int32_t> tokens(std::size_t(in.upto(40)));
-        std::iota(tokens.begin(), tokens.end(), 0);
-        st = cache.publish(s, tokens).status();
+        const auto tokens = text(0, std::size_t(in.upto(40)));
+        if (in.byte() % 4 == 0) {
+          st = cache.promise(s, in.wide());
+          break;
+        }
+        st = cache.publish(s, tokens, extras(in)).status();
         break;
       }
       case 9:
@@ -312,14 +363,30 @@ struct Run {
         (void)cache.export_lengths(seqs, c);
         (void)cache.blocks_needed(in.wide(), in.wide(), in.wide());
         (void)cache.can_admit(in.wide(), in.wide());
+        {
+          const auto prompt = text(0, std::size_t(in.upto(40)));
+          const auto ex = extras(in);
+          const kv::AdmitOptions opt{.extras = ex, .max_new = in.wide(), .prefill_chunk = in.wide(), .reserve = in.upto(40) - 1};
+          if (cache.can_admit(prompt, opt) != cache.plan_admission(prompt, opt).ok()) fail("can_admit and plan_admission disagree");
+          std::vector<kv::BlockId> hit(std::size_t(in.upto(12)));
+          (void)cache.match_prefix(prompt, {}, hit, ex);
+          const kv::PrefixStats ps = cache.prefix_stats();
+          if (ps.used_hashed + ps.used_plain + ps.free_cached + ps.free_plain != kBlocks - 1) fail("prefix_stats: block states");
+          if (cache.promised_blocks() < 0) fail("promised_blocks");
+        }
         (void)cache.shared_excess();
         if constexpr (quest) select(in);
         std::vector<kv::BlockEvent> ev(std::size_t(in.upto(4)));
-        (void)cache.drain_events(ev);
+        std::vector<std::int32_t> ids(std::size_t(in.upto(20)));
+        const bool with_ids = in.byte() % 2;
+        if (with_ids) (void)cache.drain_events(ev, ids);
+        else (void)cache.drain_events(ev);
         if (!(cache == before)) {  // draining events changes the pool: compare everything else by re-draining
           auto copy = before;
           std::vector<kv::BlockEvent> ev2(ev.size());
-          (void)copy.drain_events(ev2);
+          std::vector<std::int32_t> ids2(ids.size());
+          if (with_ids) (void)copy.drain_events(ev2, ids2);
+          else (void)copy.drain_events(ev2);
           if (!(cache == copy)) fail("a read-only call changed the cache");
         }
         return check();

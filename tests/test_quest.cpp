@@ -78,6 +78,23 @@ TEST_CASE("Quest rollback: the stale tail keeps a looser bound that still holds,
   REQUIRE(rig.uncovered(both).empty());
 }
 
+TEST_CASE("Quest rollback into a published block: not marked, since a prefix hit may adopt it whole") {
+  auto rng = fresh_rng();
+  QuestRig<KeepAll> rig(rng, small_spec(), 40, quest());
+  const SeqId s = *rig.cache.add_sequence();
+  REQUIRE(rig.write(s, 12));  // three full pages
+  std::vector<std::int32_t> text(13);
+  for (std::size_t i = 0; i < text.size(); ++i) text[i] = std::int32_t(i);
+  REQUIRE(*rig.cache.publish(s, std::span(text).first(12)) == 3);
+  const SeqId one[] = {s};
+  REQUIRE(rig.cache.truncate(s, 2).ok());  // into the third page, which keeps its hash
+  REQUIRE(rig.refresh(one).empty());
+  auto hit = rig.cache.add_sequence(text);  // adopts all three pages, the third with all its keys
+  REQUIRE(hit->cached_tokens == 12);
+  const SeqId both[] = {s, hit->seq};
+  REQUIRE(rig.uncovered(both).empty());
+}
+
 TEST_CASE("Quest select: dense layers read every page, sparse ones the budget with sinks and the partial page") {
   auto rng = fresh_rng();
   QuestRig<KeepAll> rig(rng, small_spec(), 40, quest(3));

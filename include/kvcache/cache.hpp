@@ -242,7 +242,7 @@ class Cache {
                             const AdmitOptions& opt = {}) noexcept
     requires(!head_paged)
   {
-    auto plan = admit_plan(prompt, opt, slots.size());
+    auto plan = admit_plan(prompt, opt, static_cast<std::int64_t>(slots.size()));
     if (!plan) return plan.status();
     const SeqId s = PrefixSharing::adopt(table_, pool_, opt.key, std::span(hit_scratch_).first(std::size_t(plan->hit.blocks)));
     const std::int32_t cached = plan->hit.blocks * block_size();
@@ -725,12 +725,14 @@ class Cache {
     if constexpr (head_paged) return 0;
     else return prefix_.outstanding(table_);
   }
-  /// Promises s `blocks` over its lifetime (0 withdraws); admissions leave them free for it.
+  /// Promises s `blocks` (at most a row's blocks) over its lifetime (0 withdraws); admissions leave them free for it.
   Status promise(SeqId s, std::int64_t blocks) noexcept
     requires(!head_paged)
   {
     if (auto st = table_.validate(s); !st) return st;
     if (blocks < 0) return Status{Errc::invalid_argument, "blocks", blocks, 0};
+    if (blocks > table_.max_blocks_per_stream())  // more than a row can hold is never owed
+      return Status{Errc::invalid_argument, "blocks", blocks, table_.max_blocks_per_stream()};
     prefix_.promise(s.index, blocks);
     return {};
   }

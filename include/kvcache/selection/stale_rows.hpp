@@ -46,11 +46,14 @@ void reserved(StalePages& stale, const Table& t, std::span<const SeqId> seqs, st
 
 /// A rollback left a partial tail that keeps the removed keys' extremes:
 /// recompute it, unless another row shares it (that row may hold more of
-/// it; the looser bound holds for both).
+/// it) or it is still published (a prefix hit may adopt it whole): the
+/// looser bound holds for every holder.
 template <class Table, class Pool>
 void truncated(StalePages& stale, const Table& t, const Pool& pool, SeqId s) noexcept {
   const std::int32_t used = t.front_unchecked(s) + t.tokens_unchecked(s), j = used / t.block_size();
-  if (used % t.block_size() != 0 && pool.ref_count(t.blocks_unchecked(s)[std::size_t(j)]) == 1) stale.mark(s.index, j);
+  if (used % t.block_size() == 0) return;
+  const BlockId tail = t.blocks_unchecked(s)[std::size_t(j)];
+  if (pool.ref_count(tail) == 1 && !pool.has_hash(tail)) stale.mark(s.index, j);
 }
 
 /// An evict() that removed tokens: rotated blocks and compaction targets hold
