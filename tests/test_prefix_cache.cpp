@@ -378,7 +378,7 @@ TEST_CASE("publishing on reserve with an image across two chunks hashes as publi
   CHECK(ew[4].block_extra == 0);  // [16, 20): after it
 }
 
-TEST_CASE("router events carry token ids, parent, block size, keys and medium; counters track queries and states") {
+TEST_CASE("router events carry token ids, parent, block size, keys and medium and counters track queries and states") {
   auto cfg = config(12);
   cfg.medium = Medium::cpu;
   Cache<> cache(cfg);
