@@ -235,7 +235,7 @@ std::int32_t run_scheduler(bool ledger, std::uint64_t seed) {
 }
 }  // namespace
 
-TEST_CASE("a lifetime-need scheduler with the promise ledger never preempts; without it, it does") {
+TEST_CASE("a lifetime-need scheduler with the promise ledger never preempts and without it does") {
   std::int32_t without = 0;
   for (std::uint64_t seed = 1; seed <= 5; ++seed) {
     CHECK(run_scheduler(true, seed) == 0);
