@@ -115,8 +115,39 @@ int main() {
       if (!quest.free(q).ok()) ++bad;
   }
   const long during_selection = g_allocations - before_selection;
-  const long during = during_core + during_eviction + during_selection;
-  std::printf("heap allocations during the workload: %ld (eviction part: %ld, selection part: %ld); unexpected results: %ld\n",
-              during, during_eviction, during_selection, bad);
+  // Prefix cache: atomic admission with promises, publishing on reserve (a
+  // decode step with ids), copies, recycling that cascades, events with ids.
+  Cache<> pc({.geometry = g, .num_blocks = 96, .max_sequences = 8, .max_blocks_per_sequence = 64,
+              .event_capacity = 64, .publish_on_reserve = true});
+  std::vector<std::int32_t> ids(32), event_ids(64 * 16);
+  const ExtraKey image[] = {{.begin = 40, .end = 60, .key = 7}};
+  const long before_prefix = g_allocations;
+  for (int round = 0; round < 50; ++round) {
+    std::size_t n = 0;
+    for (; n < 4; ++n) {
+      const AdmitOptions opt{.extras = n % 2 ? std::span<const ExtraKey>(image) : std::span<const ExtraKey>{},
+                             .max_new = 20, .reserve = 128};
+      (void)pc.plan_admission(std::span(prompt).first(200 + 50 * n), opt);
+      auto a = pc.admit(std::span(prompt).first(200 + 50 * n), slots, opt);
+      if (!a) break;
+      seqs[n] = a->seq;
+    }
+    for (int step = 0; step < 20; ++step) {
+      for (std::size_t k = 0; k < n; ++k) ids[k] = step;
+      if (!pc.reserve_batch(std::span(seqs).first(n), std::span(counts).first(n), std::span(ids).first(n), slots, copies).ok()) ++bad;
+    }
+    if (pc.can_admit(std::span(prompt).first(600), {.max_new = 100000})) ++bad;  // must refuse, without allocating
+    (void)pc.prefix_stats();
+    (void)pc.promised_blocks();
+    (void)pc.drain_events(events, event_ids);
+    for (std::size_t i = 0; i < n; ++i)
+      if (!pc.free(seqs[i]).ok()) ++bad;
+  }
+  const long during_prefix = g_allocations - before_prefix;
+  if (pc.prefix_stats().hit_tokens == 0 || pc.prefix_stats().pool.recycled == 0) ++bad;  // hits and recycling ran
+  const long during = during_core + during_eviction + during_selection + during_prefix;
+  std::printf("heap allocations during the workload: %ld (eviction part: %ld, selection part: %ld, prefix part: %ld); "
+              "unexpected results: %ld\n",
+              during, during_eviction, during_selection, during_prefix, bad);
   return during == 0 && bad == 0 ? 0 : 1;
 }
