@@ -117,7 +117,7 @@ int main() {
   const long during_selection = g_allocations - before_selection;
   // Prefix cache: atomic admission with promises, publishing on reserve (a
   // decode step with ids), copies, recycling that cascades, events with ids.
-  Cache<> pc({.geometry = g, .num_blocks = 96, .max_sequences = 8, .max_blocks_per_sequence = 64,
+  Cache<> pc({.geometry = g, .num_blocks = 64, .max_sequences = 8, .max_blocks_per_sequence = 64,
               .event_capacity = 64, .publish_on_reserve = true});
   std::vector<std::int32_t> ids(32), event_ids(64 * 16);
   const ExtraKey image[] = {{.begin = 40, .end = 60, .key = 7}};
@@ -127,13 +127,14 @@ int main() {
     for (; n < 4; ++n) {
       const AdmitOptions opt{.extras = n % 2 ? std::span<const ExtraKey>(image) : std::span<const ExtraKey>{},
                              .max_new = 20, .reserve = 128};
-      (void)pc.plan_admission(std::span(prompt).first(200 + 50 * n), opt);
-      auto a = pc.admit(std::span(prompt).first(200 + 50 * n), slots, opt);
+      const auto p = std::span(prompt).subspan(std::size_t(round % 3), 200 + 50 * n);  // varies: misses, recycling
+      (void)pc.plan_admission(p, opt);
+      auto a = pc.admit(p, slots, opt);
       if (!a) break;
       seqs[n] = a->seq;
     }
     for (int step = 0; step < 20; ++step) {
-      for (std::size_t k = 0; k < n; ++k) ids[k] = step;
+      for (std::size_t k = 0; k < n; ++k) ids[k] = round * 100 + step;
       if (!pc.reserve_batch(std::span(seqs).first(n), std::span(counts).first(n), std::span(ids).first(n), slots, copies).ok()) ++bad;
     }
     if (pc.can_admit(std::span(prompt).first(600), {.max_new = 100000})) ++bad;  // must refuse, without allocating
