@@ -53,24 +53,45 @@ std::int64_t decode_out_bytes() {
   return 4 * (kDecodeSeqs + (kDecodeSeqs + 1) + blocks + kDecodeSeqs);  // slots + indptr + indices + last
 }
 
+// Prefix caching in the decode step: off; on, publishing each full block as
+// reserve_batch() is given the step's token ids (publish_on_reserve); and on
+// with router events drained every step, token ids included.
+enum class Caching { off, on_reserve, with_events };
+
+template <Caching Mode>
 void BM_decode_step_256(benchmark::State& state) {
   constexpr std::int32_t per_seq = (kDecodeContext + kDecodeSteps) / 16 + 1;
-  auto cache = make_cache(kDecodeSeqs * per_seq + 1, kDecodeSeqs, per_seq);
+  kv::Cache<> cache({.geometry = llama8b(), .num_blocks = kDecodeSeqs * per_seq + 1, .max_sequences = kDecodeSeqs,
+                     .max_blocks_per_sequence = per_seq, .event_capacity = Mode == Caching::with_events ? 4096 : 0,
+                     .publish_on_reserve = Mode != Caching::off});
   std::vector<kv::SeqId> seqs(kDecodeSeqs);
-  std::vector<std::int32_t> slots(kDecodeContext), ones(kDecodeSeqs, 1), step_slots(kDecodeSeqs);
+  std::vector<std::int32_t> prompt(kDecodeContext), slots(kDecodeContext), ones(kDecodeSeqs, 1), step_slots(kDecodeSeqs),
+      ids(kDecodeSeqs);
   std::vector<std::int32_t> indptr(kDecodeSeqs + 1), indices(std::size_t(kDecodeSeqs) * per_seq), last(kDecodeSeqs);
   std::vector<kv::BlockCopy> copies(kDecodeSeqs);
-  for (auto& s : seqs) {
-    s = *cache.add_sequence();
-    (void)cache.reserve(s, kDecodeContext - 3, slots);  // ragged start: boundaries spread across steps
+  std::vector<kv::BlockEvent> events(512);
+  std::vector<std::int32_t> event_ids(512 * 16);
+  for (std::size_t k = 0; k < seqs.size(); ++k) {
+    for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = std::int32_t(k * 1000 + i);  // distinct prompts
+    // Ragged start: boundaries spread across steps.
+    auto a = cache.admit(std::span(prompt).first(kDecodeContext - 3), slots);
+    if (!a) state.SkipWithError("admit failed");
+    seqs[k] = a->seq;
   }
+  std::int32_t step = 0;
   for (auto _ : state) {
-    auto r = cache.reserve_batch(seqs, ones, step_slots, copies);
+    for (std::size_t k = 0; k < ids.size(); ++k) ids[k] = step * 7 + std::int32_t(k);  // this step's sampled tokens
+    ++step;
+    auto r = Mode == Caching::off ? cache.reserve_batch(seqs, ones, step_slots, copies)
+                                  : cache.reserve_batch(seqs, ones, ids, step_slots, copies);
     auto nnz = cache.export_csr(seqs, indptr, indices, last);
+    if constexpr (Mode == Caching::with_events) benchmark::DoNotOptimize(cache.drain_events(events, event_ids));
     benchmark::DoNotOptimize(r);
     benchmark::DoNotOptimize(nnz);
     benchmark::ClobberMemory();
   }
+  if (Mode != Caching::off && cache.pool().num_published() != kDecodeSeqs * ((kDecodeContext - 3 + kDecodeSteps) / 16))
+    state.SkipWithError("a full block was not published");
   state.counters["out_bytes"] = double(decode_out_bytes());
   state.counters["seqs"] = kDecodeSeqs;
 }
@@ -145,7 +166,15 @@ void BM_prefix_match_1000(benchmark::State& state, Hasher hasher) {
 BENCHMARK(BM_memcpy)->Arg(64 << 20)->Arg(decode_out_bytes())->Arg(kDecodeSeqs * 4)->Arg(8192 * 4)->Arg(16000 * 4);
 BENCHMARK(BM_allocate_free_one);
 BENCHMARK(BM_allocate_free_64);
-BENCHMARK(BM_decode_step_256)->Iterations(kDecodeSteps)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_step_256<Caching::off>)->Name("BM_decode_step_256")->Iterations(kDecodeSteps)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_step_256<Caching::on_reserve>)
+    ->Name("BM_decode_step_256_publish_on_reserve")
+    ->Iterations(kDecodeSteps)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_step_256<Caching::with_events>)
+    ->Name("BM_decode_step_256_publish_and_events")
+    ->Iterations(kDecodeSteps)
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_reserve_256x1<true>)->Name("BM_reserve_batch_256x1")->Iterations(kDecodeSteps)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_reserve_256x1<false>)->Name("BM_reserve_single_256x1")->Iterations(kDecodeSteps)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_reserve_8k_prompt)->Unit(benchmark::kMicrosecond);

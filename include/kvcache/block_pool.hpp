@@ -35,6 +35,9 @@ struct StoredBlock {
   PrefixKey key{};  ///< The publishing sequence's salt and extra.
   std::uint64_t block_extra = 0;  ///< The extra key hashed into this block.
   std::span<const std::int32_t> tokens{};  ///< The block's token ids.
+  /// A block known to hold the parent hash (the row's previous block), PrefixIndex::kChainRoot for a chain's
+  /// first block, or PrefixIndex::kUnknownParent: saves the pool a lookup.
+  std::int32_t parent_block = PrefixIndex::kUnknownParent;
 };
 
 /// Lifetime counters of a pool's cached content.
@@ -150,8 +153,7 @@ class BlockPool {
     if (!valid(b)) return Status{Errc::invalid_argument, "block", b, sentinel_ - 1};
     if (ref_count(b) == 0) return Status{Errc::not_allocated, "block", b, 0};
     if (has_hash(b)) return Status{Errc::already_hashed, "block", b, 0};
-    const BlockId twin = prefix_.find(h);
-    if (!prefix_.insert(b, h, parent)) {
+    if (const BlockId twin = prefix_.insert(b, h, parent, info.parent_block); twin >= 0) {
       ++counters_.copies;
       if (ref_count(twin) == 0) drop(twin);  // a free twin is its hash's only other copy
       return false;

@@ -26,14 +26,14 @@ struct IndexKey {
 };
 
 /// Open-addressing map from block hash to block id, sized once (no allocation after construction).
+/// Key and value share a slot: a probe that misses the CPU cache costs one line, not two.
 class HashIndex {
  public:
   HashIndex() = default;
   /// Room for max_entries keys at a load factor of at most 1/2.
   explicit HashIndex(std::int32_t max_entries)
-      : keys_(std::bit_ceil(static_cast<std::uint64_t>(max_entries < 1 ? 1 : max_entries) * 2)),
-        values_(keys_.size(), kEmpty),
-        mask_(keys_.size() - 1) {}
+      : slots_(std::bit_ceil(static_cast<std::uint64_t>(max_entries < 1 ? 1 : max_entries) * 2)),
+        mask_(slots_.size() - 1) {}
 
   /// Hashes indexed.
   std::int32_t size() const noexcept { return size_; }
@@ -41,28 +41,30 @@ class HashIndex {
   /// Block registered under `key`, or -1.
   std::int32_t find(const IndexKey& key) const noexcept {
     for (std::uint64_t i = bucket(key);; i = (i + 1) & mask_) {
-      if (values_[i] == kEmpty) return -1;
-      if (keys_[i] == key) return values_[i];
+      if (slots_[i].value == kEmpty) return -1;
+      if (slots_[i].key == key) return slots_[i].value;
     }
   }
 
   /// Inserts if absent; returns false (and changes nothing) if the key is present.
-  bool insert(const IndexKey& key, std::int32_t value) noexcept {
+  bool insert(const IndexKey& key, std::int32_t value) noexcept { return find_or_insert(key, value) == kEmpty; }
+
+  /// The value under `key`; when absent, inserts `value` and returns -1 (one probe for both).
+  std::int32_t find_or_insert(const IndexKey& key, std::int32_t value) noexcept {
     std::uint64_t i = bucket(key);
-    for (; values_[i] != kEmpty; i = (i + 1) & mask_)
-      if (keys_[i] == key) return false;
-    keys_[i] = key;
-    values_[i] = value;
+    for (; slots_[i].value != kEmpty; i = (i + 1) & mask_)
+      if (slots_[i].key == key) return slots_[i].value;
+    slots_[i] = Slot{key, value};
     ++size_;
-    return true;
+    return kEmpty;
   }
 
   /// Replaces the value under `key`; false (and nothing changes) when absent.
   bool assign(const IndexKey& key, std::int32_t value) noexcept {
     for (std::uint64_t i = bucket(key);; i = (i + 1) & mask_) {
-      if (values_[i] == kEmpty) return false;
-      if (keys_[i] == key) {
-        values_[i] = value;
+      if (slots_[i].value == kEmpty) return false;
+      if (slots_[i].key == key) {
+        slots_[i].value = value;
         return true;
       }
     }
@@ -71,21 +73,19 @@ class HashIndex {
   /// Removes `key` if present.
   bool erase(const IndexKey& key) noexcept {
     std::uint64_t i = bucket(key);
-    for (; values_[i] != kEmpty; i = (i + 1) & mask_) {
-      if (!(keys_[i] == key)) continue;
+    for (; slots_[i].value != kEmpty; i = (i + 1) & mask_) {
+      if (!(slots_[i].key == key)) continue;
       // Backward shift: pull later entries of the probe run into the hole
       // whenever their home bucket does not lie cyclically in (hole, j].
       std::uint64_t hole = i;
-      for (std::uint64_t j = (i + 1) & mask_; values_[j] != kEmpty; j = (j + 1) & mask_) {
-        const std::uint64_t home = bucket(keys_[j]);
+      for (std::uint64_t j = (i + 1) & mask_; slots_[j].value != kEmpty; j = (j + 1) & mask_) {
+        const std::uint64_t home = bucket(slots_[j].key);
         const bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
         if (stays) continue;
-        keys_[hole] = keys_[j];
-        values_[hole] = values_[j];
+        slots_[hole] = slots_[j];
         hole = j;
       }
-      keys_[hole] = IndexKey{};
-      values_[hole] = kEmpty;
+      slots_[hole] = Slot{};
       --size_;
       return true;
     }
@@ -94,28 +94,31 @@ class HashIndex {
 
   /// Removes every entry.
   void clear() noexcept {
-    for (auto& k : keys_) k = IndexKey{};
-    for (auto& v : values_) v = kEmpty;
+    for (auto& s : slots_) s = Slot{};
     size_ = 0;
   }
 
   /// Calls f(key, block) for every entry.
   template <class F>
   void for_each(F&& f) const {
-    for (std::size_t i = 0; i < values_.size(); ++i)
-      if (values_[i] != kEmpty) f(keys_[i], values_[i]);
+    for (const Slot& s : slots_)
+      if (s.value != kEmpty) f(s.key, s.value);
   }
 
   friend bool operator==(const HashIndex&, const HashIndex&) = default;
 
  private:
   static constexpr std::int32_t kEmpty = -1;
+  struct Slot {
+    IndexKey key{};
+    std::int32_t value = kEmpty;
+    friend constexpr bool operator==(const Slot&, const Slot&) = default;
+  };
   std::uint64_t bucket(const IndexKey& k) const noexcept {
     const std::uint64_t x = k.hash.lo ^ (k.hash.hi * 0x9e3779b97f4a7c15ULL) ^ (std::uint64_t{k.group} << 32);
     return (x * 0xbf58476d1ce4e5b9ULL >> 17) & mask_;
   }
-  std::vector<IndexKey> keys_;
-  std::vector<std::int32_t> values_;
+  std::vector<Slot> slots_;
   std::uint64_t mask_ = 0;
   std::int32_t size_ = 0;
 };

@@ -158,7 +158,8 @@ struct PrefixSharing {
       const auto [ids, extra] = block(b);
       const BlockHash h = hasher(parent, ids, extra);
       if (!pool.has_hash(blk)) {
-        auto r = pool.publish(blk, h, parent, StoredBlock{.key = st.key, .block_extra = extra, .tokens = ids});
+        const BlockId up = b == 0 ? PrefixIndex::kChainRoot : t.row(i)[b - 1];
+        auto r = pool.publish(blk, h, parent, StoredBlock{.key = st.key, .block_extra = extra, .tokens = ids, .parent_block = up});
         stored += (r.ok() && *r) ? 1 : 0;
       }
       parent = h;
