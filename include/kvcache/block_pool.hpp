@@ -175,6 +175,8 @@ class BlockPool {
     return {};
   }
 
+  /// Starts loading the index slot a publish or lookup of h touches first.
+  void prefetch(const BlockHash& h) const noexcept { prefix_.prefetch(h); }
   /// A block holding cached content with this hash (a used copy when one exists), or -1.
   BlockId lookup(const BlockHash& h) const noexcept { return prefix_.find(h); }
 

@@ -42,7 +42,7 @@ class HashIndex {
   std::int32_t find(const IndexKey& key) const noexcept {
     for (std::uint64_t i = bucket(key);; i = (i + 1) & mask_) {
       if (slots_[i].value == kEmpty) return -1;
-      if (slots_[i].key == key) return slots_[i].value;
+      if (slots_[i].holds(key)) return slots_[i].value;
     }
   }
 
@@ -53,17 +53,20 @@ class HashIndex {
   std::int32_t find_or_insert(const IndexKey& key, std::int32_t value) noexcept {
     std::uint64_t i = bucket(key);
     for (; slots_[i].value != kEmpty; i = (i + 1) & mask_)
-      if (slots_[i].key == key) return slots_[i].value;
+      if (slots_[i].holds(key)) return slots_[i].value;
     slots_[i] = Slot{key, value};
     ++size_;
     return kEmpty;
   }
 
+  /// Starts loading the slot `key` probes first: a batch of inserts overlaps its cache misses.
+  void prefetch(const IndexKey& key) const noexcept { __builtin_prefetch(slots_.data() + bucket(key), 1); }
+
   /// Replaces the value under `key`; false (and nothing changes) when absent.
   bool assign(const IndexKey& key, std::int32_t value) noexcept {
     for (std::uint64_t i = bucket(key);; i = (i + 1) & mask_) {
       if (slots_[i].value == kEmpty) return false;
-      if (slots_[i].key == key) {
+      if (slots_[i].holds(key)) {
         slots_[i].value = value;
         return true;
       }
@@ -74,12 +77,12 @@ class HashIndex {
   bool erase(const IndexKey& key) noexcept {
     std::uint64_t i = bucket(key);
     for (; slots_[i].value != kEmpty; i = (i + 1) & mask_) {
-      if (!(slots_[i].key == key)) continue;
+      if (!(slots_[i].holds(key))) continue;
       // Backward shift: pull later entries of the probe run into the hole
       // whenever their home bucket does not lie cyclically in (hole, j].
       std::uint64_t hole = i;
       for (std::uint64_t j = (i + 1) & mask_; slots_[j].value != kEmpty; j = (j + 1) & mask_) {
-        const std::uint64_t home = bucket(slots_[j].key);
+        const std::uint64_t home = bucket(slots_[j].key());
         const bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
         if (stays) continue;
         slots_[hole] = slots_[j];
@@ -102,17 +105,23 @@ class HashIndex {
   template <class F>
   void for_each(F&& f) const {
     for (const Slot& s : slots_)
-      if (s.value != kEmpty) f(s.key, s.value);
+      if (s.value != kEmpty) f(s.key(), s.value);
   }
 
   friend bool operator==(const HashIndex&, const HashIndex&) = default;
 
  private:
   static constexpr std::int32_t kEmpty = -1;
+  // 24 bytes: the key's fields and the value, without the padding a nested IndexKey would add.
   struct Slot {
-    IndexKey key{};
+    BlockHash hash{};
+    std::uint32_t group = 0;
     std::int32_t value = kEmpty;
-    friend constexpr bool operator==(const Slot&, const Slot&) = default;
+    Slot() = default;
+    Slot(const IndexKey& k, std::int32_t v) noexcept : hash(k.hash), group(k.group), value(v) {}
+    IndexKey key() const noexcept { return {hash, group}; }
+    bool holds(const IndexKey& k) const noexcept { return hash == k.hash && group == k.group; }
+    friend bool operator==(const Slot&, const Slot&) = default;
   };
   std::uint64_t bucket(const IndexKey& k) const noexcept {
     const std::uint64_t x = k.hash.lo ^ (k.hash.hi * 0x9e3779b97f4a7c15ULL) ^ (std::uint64_t{k.group} << 32);

@@ -75,7 +75,8 @@ class PrefixState {
   /// Sized once: `streams` sequences; the id store only when publishing on reserve.
   PrefixState(std::int32_t num_blocks, std::int32_t block_size, std::int32_t streams, bool publish_on_reserve)
       : store_(publish_on_reserve ? BlockTokens(num_blocks, block_size, streams) : BlockTokens()),
-        promised_(static_cast<std::size_t>(streams), 0) {}
+        promised_(static_cast<std::size_t>(streams), 0),
+        due_(publish_on_reserve ? static_cast<std::size_t>(streams) : 0) {}
 
   /// The id store (off unless publishing on reserve).
   const BlockTokens& store() const noexcept { return store_; }
@@ -148,19 +149,22 @@ class PrefixState {
                               std::span<const std::int32_t> counts, std::span<const std::int32_t> ids,
                               std::span<const std::int32_t> slots, const H& hasher) noexcept {
     if (!store_.on()) return 0;
-    std::int32_t stored = 0;
-    std::size_t at = 0;
+    std::size_t at = 0, due = 0;
     const std::int64_t B = t.block_size(), mask = (B & (B - 1)) == 0 ? B - 1 : -1;
+    // Record the ids; the entries that fill a block start loading the index
+    // slot their hash lands in, so their cache misses overlap...
     for (std::size_t k = 0; k < seqs.size(); ++k) {
       const std::int32_t n = counts[k];
       const SeqId s = seqs[k];
       const std::int64_t first = t.appended_unchecked(s) - n;
-      store_.write(s.index, first, [&](std::size_t j) { return slots[at + j]; }, ids.subspan(at, std::size_t(n)),
-                   t.key_unchecked(s).extra, {});
-      // Only an entry that completes a block can publish.
-      if (n > 0 && (mask >= 0 ? first & mask : first % B) + n >= B) stored += PrefixSharing::publish_known(t, pool, s.index, store_, hasher);
+      store_.append(s.index, first, slots.data() + at, ids.data() + at, n, t.key_unchecked(s).extra);
+      if (n > 0 && (mask >= 0 ? first & mask : first % B) + n >= B && PrefixSharing::prefetch_known(t, pool, s.index, store_, hasher))
+        due_[due++] = s.index;
       at += std::size_t(n);
     }
+    // ...then publish them.
+    std::int32_t stored = 0;
+    for (std::size_t k = 0; k < due; ++k) stored += PrefixSharing::publish_known(t, pool, due_[k], store_, hasher);
     return stored;
   }
 
@@ -175,13 +179,17 @@ class PrefixState {
     return st;
   }
 
-  /// Equality of state (the ledger and the counters included).
-  friend bool operator==(const PrefixState&, const PrefixState&) = default;
+  /// Equality of state (the ledger and the counters included; scratch excluded).
+  friend bool operator==(const PrefixState& a, const PrefixState& b) {
+    return a.store_ == b.store_ && a.promised_ == b.promised_ && a.queries_ == b.queries_ &&
+           a.query_tokens_ == b.query_tokens_ && a.hit_tokens_ == b.hit_tokens_;
+  }
 
  private:
   BlockTokens store_;
   std::vector<std::int64_t> promised_;  // per stream
   std::int64_t queries_ = 0, query_tokens_ = 0, hit_tokens_ = 0;
+  std::vector<std::uint32_t> due_;  // reserved_batch(): streams with a block to publish (scratch)
 };
 
 KVCACHE_END_NAMESPACE

@@ -37,15 +37,7 @@ class PrefixIndex {
   PrefixIndex() = default;
   /// Room for block ids [0, capacity).
   explicit PrefixIndex(std::int32_t capacity)
-      : hash_(ix(capacity)),
-        parent_(ix(capacity)),
-        state_(ix(capacity), kNone),
-        copy_next_(ix(capacity), -1),
-        copy_prev_(ix(capacity), -1),
-        kid_next_(ix(capacity), -1),
-        kid_prev_(ix(capacity), -1),
-        up_(ix(capacity), -1),
-        kids_(ix(capacity), -1),
+      : n_(ix(capacity)),
         groups_(capacity),
         stack_(ix(capacity)) {}
 
@@ -54,19 +46,21 @@ class PrefixIndex {
   /// Blocks holding a hash (every copy).
   std::int32_t members() const noexcept { return members_; }
   /// True when b holds a hash (it is a member of that hash's group).
-  bool has(std::int32_t b) const noexcept { return state_[ix(b)] != kNone; }
+  bool has(std::int32_t b) const noexcept { return n_[ix(b)].state != kNone; }
   /// b's hash (meaningful when has(b)).
-  const BlockHash& hash(std::int32_t b) const noexcept { return hash_[ix(b)]; }
+  const BlockHash& hash(std::int32_t b) const noexcept { return n_[ix(b)].hash; }
   /// The hash b's chain continues (meaningful when has(b) and !is_root(b)).
-  const BlockHash& parent(std::int32_t b) const noexcept { return parent_[ix(b)]; }
+  const BlockHash& parent(std::int32_t b) const noexcept { return n_[ix(b)].parent; }
   /// True when b's parent is a chain root (a sequence's salt), not a block.
-  bool is_root(std::int32_t b) const noexcept { return state_[ix(b)] == kRoot; }
+  bool is_root(std::int32_t b) const noexcept { return n_[ix(b)].state == kRoot; }
   /// True when b is the only block holding its hash.
-  bool alone(std::int32_t b) const noexcept { return copy_next_[ix(b)] == b; }
+  bool alone(std::int32_t b) const noexcept { return n_[ix(b)].copy_next == b; }
   /// A block holding `key`, or -1.
   std::int32_t find(const IndexKey& key) const noexcept { return groups_.find(key); }
+  /// Starts loading the index slot of `key` (batched publishes overlap their misses).
+  void prefetch(const IndexKey& key) const noexcept { groups_.prefetch(key); }
   /// Another copy of b's hash, or b itself when alone.
-  std::int32_t next_copy(std::int32_t b) const noexcept { return copy_next_[ix(b)]; }
+  std::int32_t next_copy(std::int32_t b) const noexcept { return n_[ix(b)].copy_next; }
 
   /// b (holding no hash) takes hash h. Its parent is `parent` when that hash is
   /// indexed, a chain root otherwise; parent_block saves the lookup when the
@@ -75,22 +69,22 @@ class PrefixIndex {
   /// joined as a copy.
   std::int32_t insert(std::int32_t b, const BlockHash& h, const BlockHash& parent,
                       std::int32_t parent_block = kUnknownParent) noexcept {
-    hash_[ix(b)] = h;
-    parent_[ix(b)] = parent;
-    std::int32_t up = parent_block >= 0 && has(parent_block) && hash_[ix(parent_block)] == parent ? parent_block : -1;
+    n_[ix(b)].hash = h;
+    n_[ix(b)].parent = parent;
+    std::int32_t up = parent_block >= 0 && has(parent_block) && n_[ix(parent_block)].hash == parent ? parent_block : -1;
     if (up < 0 && parent_block != kChainRoot) up = groups_.find(parent);
     if (up >= 0) {
-      state_[ix(b)] = kChild;
-      up_[ix(b)] = up;
-      if (kids_[ix(up)] >= 0) link(kid_next_, kid_prev_, kids_[ix(up)], b);
-      else kids_[ix(up)] = kid_next_[ix(b)] = kid_prev_[ix(b)] = b;
+      n_[ix(b)].state = kChild;
+      n_[ix(b)].up = up;
+      if (n_[ix(up)].kids >= 0) link<&Node::kid_next, &Node::kid_prev>(n_[ix(up)].kids, b);
+      else n_[ix(up)].kids = n_[ix(b)].kid_next = n_[ix(b)].kid_prev = b;
     } else {
-      state_[ix(b)] = kRoot;
+      n_[ix(b)].state = kRoot;
     }
     ++members_;
     const std::int32_t member = groups_.find_or_insert(h, b);
-    if (member >= 0) link(copy_next_, copy_prev_, member, b);
-    else copy_next_[ix(b)] = copy_prev_[ix(b)] = b;
+    if (member >= 0) link<&Node::copy_next, &Node::copy_prev>(member, b);
+    else n_[ix(b)].copy_next = n_[ix(b)].copy_prev = b;
     return member;
   }
 
@@ -100,32 +94,32 @@ class PrefixIndex {
   /// is true when that block was its hash's last copy (the hash left the index).
   template <class F>
   void erase(std::int32_t b, F&& dropped) noexcept {
-    if (state_[ix(b)] == kChild) unlink_kid(b);
+    if (n_[ix(b)].state == kChild) unlink_kid(b);
     std::size_t top = 0;
     stack_[top++] = b;
     while (top > 0) {
       const std::int32_t x = stack_[--top];
       const bool gone = alone(x);
-      const std::int32_t kid = kids_[ix(x)];
-      kids_[ix(x)] = -1;
+      const std::int32_t kid = n_[ix(x)].kids;
+      n_[ix(x)].kids = -1;
       if (gone) {
-        (void)groups_.erase(hash_[ix(x)]);
+        (void)groups_.erase(n_[ix(x)].hash);
         // Every child of the hash is dropped below: its ring is abandoned whole.
         if (kid >= 0) {
           std::int32_t k = kid;
           do {
             stack_[top++] = k;
-            state_[ix(k)] = kOrphan;  // its ring is gone: do not unlink it
-            k = kid_next_[ix(k)];
+            n_[ix(k)].state = kOrphan;  // its ring is gone: do not unlink it
+            k = n_[ix(k)].kid_next;
           } while (k != kid);
         }
       } else {
-        const std::int32_t heir = copy_next_[ix(x)];
-        if (groups_.find(hash_[ix(x)]) == x) (void)groups_.assign(hash_[ix(x)], heir);
-        unlink(copy_next_, copy_prev_, x);
+        const std::int32_t heir = n_[ix(x)].copy_next;
+        if (groups_.find(n_[ix(x)].hash) == x) (void)groups_.assign(n_[ix(x)].hash, heir);
+        unlink<&Node::copy_next, &Node::copy_prev>(x);
         if (kid >= 0) adopt_kids(heir, kid);  // the hash stays: its children hang from another copy
       }
-      state_[ix(x)] = kNone;
+      n_[ix(x)].state = kNone;
       --members_;
       dropped(x, gone);
     }
@@ -134,8 +128,10 @@ class PrefixIndex {
   /// Forgets everything.
   void clear() noexcept {
     groups_.clear();
-    for (auto& s : state_) s = kNone;
-    for (auto& k : kids_) k = -1;
+    for (auto& n : n_) {
+      n.state = kNone;
+      n.kids = -1;
+    }
     members_ = 0;
   }
 
@@ -144,32 +140,32 @@ class PrefixIndex {
   template <class Ref>
   Status check(Ref&& ref) const {
     std::int32_t members = 0, hashed = 0;
-    for (std::int32_t b = 0; b < std::int32_t(state_.size()); ++b) {
+    for (std::int32_t b = 0; b < std::int32_t(n_.size()); ++b) {
       if (!has(b)) {
-        if (kids_[ix(b)] != -1) return Status{Errc::invariant_violated, "kids_of_unhashed", b, kids_[ix(b)]};
+        if (n_[ix(b)].kids != -1) return Status{Errc::invariant_violated, "kids_of_unhashed", b, n_[ix(b)].kids};
         continue;
       }
       ++hashed;
-      const std::int32_t m = groups_.find(hash_[ix(b)]);
-      if (m < 0 || !has(m) || !(hash_[ix(m)] == hash_[ix(b)])) return Status{Errc::invariant_violated, "group", b, m};
+      const std::int32_t m = groups_.find(n_[ix(b)].hash);
+      if (m < 0 || !has(m) || !(n_[ix(m)].hash == n_[ix(b)].hash)) return Status{Errc::invariant_violated, "group", b, m};
       if (m == b) ++members;
-      if (copy_prev_[ix(copy_next_[ix(b)])] != b || !(hash_[ix(copy_next_[ix(b)])] == hash_[ix(b)]))
-        return Status{Errc::invariant_violated, "copy_ring", b, copy_next_[ix(b)]};
-      if (ref(b) == 0 && !alone(b)) return Status{Errc::invariant_violated, "free_copy", b, copy_next_[ix(b)]};
-      if (state_[ix(b)] == kChild) {
+      if (n_[ix(n_[ix(b)].copy_next)].copy_prev != b || !(n_[ix(n_[ix(b)].copy_next)].hash == n_[ix(b)].hash))
+        return Status{Errc::invariant_violated, "copy_ring", b, n_[ix(b)].copy_next};
+      if (ref(b) == 0 && !alone(b)) return Status{Errc::invariant_violated, "free_copy", b, n_[ix(b)].copy_next};
+      if (n_[ix(b)].state == kChild) {
         // Prefix-closed: b hangs from a block holding its parent hash.
-        const std::int32_t up = up_[ix(b)];
-        if (up < 0 || !has(up) || !(hash_[ix(up)] == parent_[ix(b)])) return Status{Errc::invariant_violated, "orphan", b, up};
-        const std::int32_t anchor = kids_[ix(up)];
+        const std::int32_t up = n_[ix(b)].up;
+        if (up < 0 || !has(up) || !(n_[ix(up)].hash == n_[ix(b)].parent)) return Status{Errc::invariant_violated, "orphan", b, up};
+        const std::int32_t anchor = n_[ix(up)].kids;
         std::int32_t k = anchor, n = 0;
-        while (k >= 0 && k != b && n <= std::int32_t(state_.size())) {
-          k = kid_next_[ix(k)];
+        while (k >= 0 && k != b && n <= std::int32_t(n_.size())) {
+          k = n_[ix(k)].kid_next;
           ++n;
           if (k == anchor) k = -1;
         }
-        if (k != b || kid_prev_[ix(kid_next_[ix(b)])] != b) return Status{Errc::invariant_violated, "kid_ring", b, anchor};
-      } else if (state_[ix(b)] != kRoot) {
-        return Status{Errc::invariant_violated, "kid_state", b, state_[ix(b)]};
+        if (k != b || n_[ix(n_[ix(b)].kid_next)].kid_prev != b) return Status{Errc::invariant_violated, "kid_ring", b, anchor};
+      } else if (n_[ix(b)].state != kRoot) {
+        return Status{Errc::invariant_violated, "kid_state", b, n_[ix(b)].state};
       }
     }
     if (members != groups_.size()) return Status{Errc::invariant_violated, "groups", groups_.size(), members};
@@ -178,11 +174,12 @@ class PrefixIndex {
   }
 
   friend bool operator==(const PrefixIndex& a, const PrefixIndex& b) {
-    if (a.members_ != b.members_ || a.state_ != b.state_ || a.kids_ != b.kids_ || !(a.groups_ == b.groups_)) return false;
-    for (std::size_t i = 0; i < a.state_.size(); ++i) {
-      if (a.state_[i] == kNone) continue;
-      if (!(a.hash_[i] == b.hash_[i]) || !(a.parent_[i] == b.parent_[i]) || a.copy_next_[i] != b.copy_next_[i] ||
-          a.kid_next_[i] != b.kid_next_[i] || a.up_[i] != b.up_[i])
+    if (a.members_ != b.members_ || a.n_.size() != b.n_.size() || !(a.groups_ == b.groups_)) return false;
+    for (std::size_t i = 0; i < a.n_.size(); ++i) {
+      const Node &x = a.n_[i], &y = b.n_[i];
+      if (x.state != y.state || x.kids != y.kids) return false;
+      if (x.state == kNone) continue;
+      if (!(x.hash == y.hash) || !(x.parent == y.parent) || x.copy_next != y.copy_next || x.kid_next != y.kid_next || x.up != y.up)
         return false;
     }
     return true;
@@ -194,50 +191,58 @@ class PrefixIndex {
   static constexpr std::uint8_t kNone = 0, kRoot = 1, kChild = 2, kOrphan = 3;
   static constexpr std::size_t ix(std::int32_t i) noexcept { return static_cast<std::size_t>(i); }
 
-  // Rings are circular doubly linked lists over block ids.
-  static void link(std::vector<std::int32_t>& next, std::vector<std::int32_t>& prev, std::int32_t at,
-                   std::int32_t b) noexcept {
-    const std::int32_t n = next[ix(at)];
-    next[ix(at)] = b;
-    prev[ix(b)] = at;
-    next[ix(b)] = n;
-    prev[ix(n)] = b;
+  struct Node;
+  // Rings are circular doubly linked lists over block ids (Next, Prev: which ring).
+  template <std::int32_t Node::*Next, std::int32_t Node::*Prev>
+  void link(std::int32_t at, std::int32_t b) noexcept {
+    const std::int32_t n = n_[ix(at)].*Next;
+    n_[ix(at)].*Next = b;
+    n_[ix(b)].*Prev = at;
+    n_[ix(b)].*Next = n;
+    n_[ix(n)].*Prev = b;
   }
-  static void unlink(std::vector<std::int32_t>& next, std::vector<std::int32_t>& prev, std::int32_t b) noexcept {
-    next[ix(prev[ix(b)])] = next[ix(b)];
-    prev[ix(next[ix(b)])] = prev[ix(b)];
-    next[ix(b)] = prev[ix(b)] = b;
+  template <std::int32_t Node::*Next, std::int32_t Node::*Prev>
+  void unlink(std::int32_t b) noexcept {
+    n_[ix(n_[ix(b)].*Prev)].*Next = n_[ix(b)].*Next;
+    n_[ix(n_[ix(b)].*Next)].*Prev = n_[ix(b)].*Prev;
+    n_[ix(b)].*Next = n_[ix(b)].*Prev = b;
   }
   void unlink_kid(std::int32_t b) noexcept {
-    const std::int32_t up = up_[ix(b)];
-    if (kids_[ix(up)] == b) kids_[ix(up)] = kid_next_[ix(b)] == b ? -1 : kid_next_[ix(b)];
-    unlink(kid_next_, kid_prev_, b);
+    const std::int32_t up = n_[ix(b)].up;
+    if (n_[ix(up)].kids == b) n_[ix(up)].kids = n_[ix(b)].kid_next == b ? -1 : n_[ix(b)].kid_next;
+    unlink<&Node::kid_next, &Node::kid_prev>(b);
   }
   // The ring starting at `kid` now hangs from `heir` (a copy of the same hash):
   // each child names its new parent block (O(children)), then the rings splice.
   void adopt_kids(std::int32_t heir, std::int32_t kid) noexcept {
     std::int32_t k = kid;
     do {
-      up_[ix(k)] = heir;
-      k = kid_next_[ix(k)];
+      n_[ix(k)].up = heir;
+      k = n_[ix(k)].kid_next;
     } while (k != kid);
-    const std::int32_t a = kids_[ix(heir)];
+    const std::int32_t a = n_[ix(heir)].kids;
     if (a < 0) {
-      kids_[ix(heir)] = kid;
+      n_[ix(heir)].kids = kid;
       return;
     }
-    const std::int32_t a_last = kid_prev_[ix(a)], k_last = kid_prev_[ix(kid)];
-    kid_next_[ix(a_last)] = kid;
-    kid_prev_[ix(kid)] = a_last;
-    kid_next_[ix(k_last)] = a;
-    kid_prev_[ix(a)] = k_last;
+    const std::int32_t a_last = n_[ix(a)].kid_prev, k_last = n_[ix(kid)].kid_prev;
+    n_[ix(a_last)].kid_next = kid;
+    n_[ix(kid)].kid_prev = a_last;
+    n_[ix(k_last)].kid_next = a;
+    n_[ix(a)].kid_prev = k_last;
   }
 
-  std::vector<BlockHash> hash_, parent_;
-  std::vector<std::uint8_t> state_;
-  std::vector<std::int32_t> copy_next_, copy_prev_, kid_next_, kid_prev_;
-  std::vector<std::int32_t> up_;    // the block whose children ring holds b
-  std::vector<std::int32_t> kids_;  // a child of b (its ring's anchor), or -1
+  // Everything about one block in one cache line: a publish touches the
+  // block's and its parent's, and one slot of the hash index.
+  struct Node {
+    BlockHash hash{}, parent{};
+    std::int32_t copy_next = -1, copy_prev = -1;  // the ring of copies of `hash`
+    std::int32_t kid_next = -1, kid_prev = -1;    // the ring of children b is in
+    std::int32_t up = -1;                          // the block whose children ring holds b
+    std::int32_t kids = -1;                        // a child of b (its ring's anchor), or -1
+    std::uint8_t state = kNone;
+  };
+  std::vector<Node> n_;
   HashIndex groups_;  // hash -> a member
   std::vector<std::int32_t> stack_;  // the cascade's work list (scratch)
   std::int32_t members_ = 0;

@@ -131,6 +131,20 @@ struct PrefixSharing {
     });
   }
 
+  /// Publish on reserve, step one of a batch: when stream i has a full block
+  /// to publish, starts loading its index slot and returns true.
+  template <BlockHasher H>
+  static bool prefetch_known(const PageTable& t, const BlockPool& pool, std::uint32_t i, const BlockTokens& store,
+                             const H& hasher) noexcept {
+    const PageTable::Stream& st = t.st_[i];
+    if (st.front != 0 || st.tokens != st.appended) return false;
+    if (t.div_b(std::min<std::int64_t>(store.known(i), st.tokens)) <= st.nhashed) return false;
+    const BlockId* r = t.row(i);
+    const BlockHash parent = st.nhashed == 0 ? chain_root(st.key) : pool.hash(r[st.nhashed - 1]);
+    pool.prefetch(hasher(parent, store.ids(r[st.nhashed]), store.extra(r[st.nhashed])));
+    return true;
+  }
+
   /// Publish on reserve: the full blocks of stream i whose ids the store has.
   /// Nothing once the stream has evicted (its row no longer holds the prefix).
   template <BlockHasher H>
@@ -138,7 +152,7 @@ struct PrefixSharing {
                                     const H& hasher) noexcept {
     const PageTable::Stream& st = t.st_[i];
     if (st.front != 0 || st.tokens != st.appended) return 0;
-    const auto full = static_cast<std::int32_t>(std::min<std::int64_t>(store.known(i), st.tokens) / t.block_size_);
+    const std::int32_t full = t.div_b(std::min<std::int64_t>(store.known(i), st.tokens));
     if (full <= st.nhashed) return 0;
     const BlockId* r = t.row(i);
     return publish_blocks(t, pool, i, full, hasher, [&](std::int32_t b) { return std::pair{store.ids(r[b]), store.extra(r[b])}; });
