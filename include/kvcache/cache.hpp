@@ -342,11 +342,12 @@ class Cache {
     requires(!head_paged)
   {
     std::int64_t total = 0;
-    for (std::size_t k = 0; k < counts.size() && k < seqs.size(); ++k) total += std::max(counts[k], 0);
-    if (std::int64_t(ids.size()) != total && counts.size() == seqs.size())
+    for (const std::int32_t c : counts) total += c;  // a negative count is the table's error to report
+    if (std::int64_t(ids.size()) != total && counts.size() == seqs.size() &&
+        std::none_of(counts.begin(), counts.end(), [](std::int32_t c) { return c < 0; }))
       return Status{Errc::invalid_argument, "ids.size (the sum of counts)", std::int64_t(ids.size()), total};
     auto r = reserve_batch(seqs, counts, slots, copies);
-    if (r) prefix_.reserved_batch(table_, pool_, seqs, counts, ids, slots, hasher_);
+    if (r && std::int64_t(ids.size()) == total) prefix_.reserved_batch(table_, pool_, seqs, counts, ids, slots, hasher_);
     return r;
   }
   /// Head-paged: writes layer `layer`'s n = gates.size() / kv_heads new tokens
