@@ -421,3 +421,24 @@ TEST_CASE("router events carry token ids, parent, block size, keys and medium an
   CHECK(st.used_hashed + st.used_plain + st.free_cached + st.free_plain == cache.pool().capacity() - 1);
   CHECK(st.used_plain == cache.pool().num_used());
 }
+
+TEST_CASE("reserve and reserve_batch with ids: a wrong id count or bad extras change nothing") {
+  Cache<> cache(config(32, true));
+  std::vector<std::int32_t> slots(16);
+  const SeqId a = cache.admit(iota(5), slots)->seq, b = cache.admit(iota(6, 300), slots)->seq;
+  const SeqId seqs[] = {a, b};
+  const std::int32_t counts[] = {2, 1};
+  std::vector<BlockCopy> copies(2);
+  const Cache<> before = cache;
+  const std::vector<std::int32_t> two{1, 2};
+  CHECK(cache.reserve_batch(seqs, counts, two, slots, copies).status().message() ==
+        "invalid_argument: ids.size (the sum of counts)=2 (limit 3)");
+  const ExtraKey empty[] = {{.begin = 3, .end = 3, .key = 1}};
+  CHECK(cache.reserve(a, two, slots, empty).status().message() == "invalid_argument: extras.end=3 (limit 4)");
+  const std::int32_t negative[] = {-1, 1};
+  CHECK(cache.reserve_batch(seqs, negative, two, slots, copies).status().code() == Errc::invalid_argument);  // the count's error
+  CHECK(cache == before);
+  const std::vector<std::int32_t> three{1, 2, 3};
+  REQUIRE(cache.reserve_batch(seqs, counts, three, slots, copies).ok());
+  require_ok(cache);
+}
