@@ -38,6 +38,7 @@ class PrefixIndex {
   /// Room for block ids [0, capacity).
   explicit PrefixIndex(std::int32_t capacity)
       : n_(ix(capacity)),
+        state_(ix(capacity), kNone),
         groups_(capacity),
         stack_(ix(capacity)) {}
 
@@ -46,13 +47,13 @@ class PrefixIndex {
   /// Blocks holding a hash (every copy).
   std::int32_t members() const noexcept { return members_; }
   /// True when b holds a hash (it is a member of that hash's group).
-  bool has(std::int32_t b) const noexcept { return n_[ix(b)].state != kNone; }
+  bool has(std::int32_t b) const noexcept { return state_[ix(b)] != kNone; }
   /// b's hash (meaningful when has(b)).
   const BlockHash& hash(std::int32_t b) const noexcept { return n_[ix(b)].hash; }
   /// The hash b's chain continues (meaningful when has(b) and !is_root(b)).
   const BlockHash& parent(std::int32_t b) const noexcept { return n_[ix(b)].parent; }
   /// True when b's parent is a chain root (a sequence's salt), not a block.
-  bool is_root(std::int32_t b) const noexcept { return n_[ix(b)].state == kRoot; }
+  bool is_root(std::int32_t b) const noexcept { return state_[ix(b)] == kRoot; }
   /// True when b is the only block holding its hash.
   bool alone(std::int32_t b) const noexcept { return n_[ix(b)].copy_next == b; }
   /// A block holding `key`, or -1.
@@ -74,12 +75,12 @@ class PrefixIndex {
     std::int32_t up = parent_block >= 0 && has(parent_block) && n_[ix(parent_block)].hash == parent ? parent_block : -1;
     if (up < 0 && parent_block != kChainRoot) up = groups_.find(parent);
     if (up >= 0) {
-      n_[ix(b)].state = kChild;
+      state_[ix(b)] = kChild;
       n_[ix(b)].up = up;
       if (n_[ix(up)].kids >= 0) link<&Node::kid_next, &Node::kid_prev>(n_[ix(up)].kids, b);
       else n_[ix(up)].kids = n_[ix(b)].kid_next = n_[ix(b)].kid_prev = b;
     } else {
-      n_[ix(b)].state = kRoot;
+      state_[ix(b)] = kRoot;
     }
     ++members_;
     const std::int32_t member = groups_.find_or_insert(h, b);
@@ -94,7 +95,7 @@ class PrefixIndex {
   /// is true when that block was its hash's last copy (the hash left the index).
   template <class F>
   void erase(std::int32_t b, F&& dropped) noexcept {
-    if (n_[ix(b)].state == kChild) unlink_kid(b);
+    if (state_[ix(b)] == kChild) unlink_kid(b);
     std::size_t top = 0;
     stack_[top++] = b;
     while (top > 0) {
@@ -109,7 +110,7 @@ class PrefixIndex {
           std::int32_t k = kid;
           do {
             stack_[top++] = k;
-            n_[ix(k)].state = kOrphan;  // its ring is gone: do not unlink it
+            state_[ix(k)] = kOrphan;  // its ring is gone: do not unlink it
             k = n_[ix(k)].kid_next;
           } while (k != kid);
         }
@@ -119,7 +120,7 @@ class PrefixIndex {
         unlink<&Node::copy_next, &Node::copy_prev>(x);
         if (kid >= 0) adopt_kids(heir, kid);  // the hash stays: its children hang from another copy
       }
-      n_[ix(x)].state = kNone;
+      state_[ix(x)] = kNone;
       --members_;
       dropped(x, gone);
     }
@@ -128,10 +129,8 @@ class PrefixIndex {
   /// Forgets everything.
   void clear() noexcept {
     groups_.clear();
-    for (auto& n : n_) {
-      n.state = kNone;
-      n.kids = -1;
-    }
+    for (auto& n : n_) n.kids = -1;
+    for (auto& st : state_) st = kNone;
     members_ = 0;
   }
 
@@ -152,7 +151,7 @@ class PrefixIndex {
       if (n_[ix(n_[ix(b)].copy_next)].copy_prev != b || !(n_[ix(n_[ix(b)].copy_next)].hash == n_[ix(b)].hash))
         return Status{Errc::invariant_violated, "copy_ring", b, n_[ix(b)].copy_next};
       if (ref(b) == 0 && !alone(b)) return Status{Errc::invariant_violated, "free_copy", b, n_[ix(b)].copy_next};
-      if (n_[ix(b)].state == kChild) {
+      if (state_[ix(b)] == kChild) {
         // Prefix-closed: b hangs from a block holding its parent hash.
         const std::int32_t up = n_[ix(b)].up;
         if (up < 0 || !has(up) || !(n_[ix(up)].hash == n_[ix(b)].parent)) return Status{Errc::invariant_violated, "orphan", b, up};
@@ -164,8 +163,8 @@ class PrefixIndex {
           if (k == anchor) k = -1;
         }
         if (k != b || n_[ix(n_[ix(b)].kid_next)].kid_prev != b) return Status{Errc::invariant_violated, "kid_ring", b, anchor};
-      } else if (n_[ix(b)].state != kRoot) {
-        return Status{Errc::invariant_violated, "kid_state", b, n_[ix(b)].state};
+      } else if (state_[ix(b)] != kRoot) {
+        return Status{Errc::invariant_violated, "kid_state", b, state_[ix(b)]};
       }
     }
     if (members != groups_.size()) return Status{Errc::invariant_violated, "groups", groups_.size(), members};
@@ -177,8 +176,8 @@ class PrefixIndex {
     if (a.members_ != b.members_ || a.n_.size() != b.n_.size() || !(a.groups_ == b.groups_)) return false;
     for (std::size_t i = 0; i < a.n_.size(); ++i) {
       const Node &x = a.n_[i], &y = b.n_[i];
-      if (x.state != y.state || x.kids != y.kids) return false;
-      if (x.state == kNone) continue;
+      if (a.state_[i] != b.state_[i] || x.kids != y.kids) return false;
+      if (a.state_[i] == kNone) continue;
       if (!(x.hash == y.hash) || !(x.parent == y.parent) || x.copy_next != y.copy_next || x.kid_next != y.kid_next || x.up != y.up)
         return false;
     }
@@ -232,7 +231,7 @@ class PrefixIndex {
     n_[ix(a)].kid_prev = k_last;
   }
 
-  // Everything about one block in one cache line: a publish touches the
+  // Everything else about one block in one cache line: a publish touches the
   // block's and its parent's, and one slot of the hash index.
   struct Node {
     BlockHash hash{}, parent{};
@@ -240,9 +239,11 @@ class PrefixIndex {
     std::int32_t kid_next = -1, kid_prev = -1;    // the ring of children b is in
     std::int32_t up = -1;                          // the block whose children ring holds b
     std::int32_t kids = -1;                        // a child of b (its ring's anchor), or -1
-    std::uint8_t state = kNone;
   };
   std::vector<Node> n_;
+  // Apart from the nodes: has() is read for every tail on the decode step's
+  // fast path, and 16 KB of states stay cached where 1 MB of nodes would not.
+  std::vector<std::uint8_t> state_;
   HashIndex groups_;  // hash -> a member
   std::vector<std::int32_t> stack_;  // the cascade's work list (scratch)
   std::int32_t members_ = 0;
