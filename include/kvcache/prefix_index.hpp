@@ -30,9 +30,9 @@ KVCACHE_BEGIN_NAMESPACE
 /// Hash groups of copies, parent -> children rings, and the cascade that keeps the cache prefix-closed.
 class PrefixIndex {
  public:
-  /// What insert() is told about b's parent: a block holding it (>= 0),
-  /// unknown (look the hash up), or the chain's root (a salt, never a block).
-  static constexpr std::int32_t kUnknownParent = -1, kChainRoot = -2;
+  // What insert() is told about b's parent: a block holding it (>= 0), or one of these.
+  static constexpr std::int32_t kUnknownParent = -1;  ///< Unknown: insert() looks the parent hash up.
+  static constexpr std::int32_t kChainRoot = -2;  ///< The chain's root: a salt, never a block.
 
   PrefixIndex() = default;
   /// Room for block ids [0, capacity).
