@@ -251,25 +251,25 @@ class Engine {
   }
 
   // Highest priority first, while a handle is free and the pool covers the
-  // request's whole life under the policy's bound.
+  // request's whole life under the policy's bound, less the blocks the
+  // cache's ledger has promised to running requests and they do not hold yet
+  // (Cache::promise, promised_blocks).
   void admit(std::vector<Request>& reqs) {
     std::vector<Request*> waiting;
     for (auto& r : reqs)
       if (!r.running && !r.done) waiting.push_back(&r);
     std::stable_sort(waiting.begin(), waiting.end(), [](auto* a, auto* b) { return a->priority > b->priority; });
-    // Blocks promised to running requests but not reserved yet are not free.
-    std::int64_t promised = 0;
-    for (auto& r : reqs)
-      if (r.running) promised += std::max<std::int64_t>(0, r.need_blocks - blocks_held(r));
     for (Request* r : waiting) {
       const std::int64_t remaining_new = r->max_new - std::int64_t(r->output.size());
       auto need = blocks_needed(tokens_of(*r), cfg_.optimistic ? 0 : remaining_new, chunk_for_accounting());
-      if (!need || cache_.free_sequences() < streams_ || *need > cache_.free_blocks() - promised) break;
+      if (!need || cache_.free_sequences() < streams_ || *need > cache_.free_blocks() - cache_.promised_blocks()) break;
       add_streams(*r);
+      for (const kvcache::SeqId s : r->seqs)  // each stream's share of the need
+        if (auto st = cache_.promise(s, std::min<std::int64_t>(*need / streams_, cache_.table().max_blocks_per_stream())); !st)
+          throw std::runtime_error(st.message());
       r->running = true;
       r->fed = 0;
       r->need_blocks = *need;
-      promised += r->need_blocks;
     }
   }
 
