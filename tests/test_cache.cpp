@@ -43,7 +43,6 @@ struct BareLayout {
   BlockPool p;
   PageTable t;
   PrefixState prefix;
-  std::vector<BlockId> hit_scratch;
 };
 static_assert(sizeof(Cache<>) == sizeof(BareLayout));
 

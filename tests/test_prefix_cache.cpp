@@ -339,16 +339,17 @@ TEST_CASE("multimodal extra keys enter only the blocks their placeholders cover"
   REQUIRE(cache.publish(a, prompt, cat).ok());
   std::vector<BlockId> hit(8);
   auto probe = iota(17);
-  CHECK(cache.match_prefix(probe, {}, hit, cat) == 4);
-  CHECK(cache.match_prefix(probe, {}, hit, dog) == 1);  // the text before the image is shared
+  CHECK(*cache.match_prefix(probe, {}, hit, cat) == 4);
+  CHECK(*cache.match_prefix(probe, {}, hit, dog) == 1);  // the text before the image is shared
   CHECK(cache.match_prefix(probe, {}, hit) == 1);  // without the image: the same
-  CHECK(cache.match_prefix(probe, {.salt = 9}, hit, cat) == 0);  // the salt still isolates tenants
-  CHECK(cache.match_prefix(probe, {.extra = 3}, hit, cat) == 0);  // so does a LoRA id
+  CHECK(*cache.match_prefix(probe, {.salt = 9}, hit, cat) == 0);  // the salt still isolates tenants
+  CHECK(*cache.match_prefix(probe, {.extra = 3}, hit, cat) == 0);  // so does a LoRA id
   auto d = cache.admit(probe, slots, {.extras = dog});
   REQUIRE(d.ok());
   CHECK(d->cached_tokens == 4);
   CHECK(cache.prefix_stats().query_tokens == 17);
   const ExtraKey unsorted[] = {{.begin = 8, .end = 9, .key = 1}, {.begin = 2, .end = 3, .key = 2}};
+  CHECK(cache.match_prefix(probe, {}, hit, unsorted).status().code() == Errc::invalid_argument);
   CHECK(cache.publish(a, prompt, unsorted).status().message() ==
         "invalid_argument: extras.begin (sorted, not overlapping)=2 (limit 9)");
   require_ok(cache);

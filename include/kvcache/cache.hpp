@@ -177,8 +177,8 @@ class Cache {
       if (cfg.publish_on_reserve)
         throw ConfigError("kvcache::Cache", Status{Errc::invalid_argument, "publish_on_reserve (head-paged rows are not prefixes)", 1, 0});
     } else {
-      prefix_ = PrefixState(cfg.num_blocks, cfg.geometry.block_size(), cfg.max_sequences, cfg.publish_on_reserve);
-      hit_scratch_.resize(std::size_t(cfg.max_blocks_per_sequence));
+      prefix_ = PrefixState(cfg.num_blocks, cfg.geometry.block_size(), cfg.max_sequences, cfg.max_blocks_per_sequence,
+                            cfg.publish_on_reserve);
     }
     if constexpr (selects)
       if (auto st = selection_.bind(selection_shape(cfg, admission)); !st) throw ConfigError("kvcache::Cache", st);
@@ -244,7 +244,7 @@ class Cache {
   {
     auto plan = admit_plan(prompt, opt, static_cast<std::int64_t>(slots.size()));
     if (!plan) return plan.status();
-    const SeqId s = PrefixSharing::adopt(table_, pool_, opt.key, std::span(hit_scratch_).first(std::size_t(plan->hit.blocks)));
+    const SeqId s = PrefixSharing::adopt(table_, pool_, opt.key, prefix_.hits(plan->hit.blocks));
     const std::int32_t cached = plan->hit.blocks * block_size();
     prefix_.queried(std::int64_t(prompt.size()), cached);
     prefix_.started(s.index, cached);
@@ -521,11 +521,17 @@ class Cache {
   // --- prefix sharing ------------------------------------------------------
   /// Cached blocks of the longest published prefix of `tokens` into out; returns how many.
   /// A peek: nothing is retained and the query counters do not move.
-  std::int32_t match_prefix(std::span<const std::int32_t> tokens, const PrefixKey& key, std::span<BlockId> out,
-                            std::span<const ExtraKey> extras = {}) const noexcept
+  std::int32_t match_prefix(std::span<const std::int32_t> tokens, const PrefixKey& key, std::span<BlockId> out) const noexcept
     requires(!head_paged)
   {
-    if (!PrefixSharing::check_extras(extras)) return 0;
+    return PrefixSharing::match(table_, pool_, tokens, key, {}, hasher_, out).blocks;
+  }
+  /// match_prefix() of a prompt with multimodal inputs; bad extras are invalid_argument.
+  Result<std::int32_t> match_prefix(std::span<const std::int32_t> tokens, const PrefixKey& key, std::span<BlockId> out,
+                                    std::span<const ExtraKey> extras) const noexcept
+    requires(!head_paged)
+  {
+    if (auto st = PrefixSharing::check_extras(extras); !st) return st;
     return PrefixSharing::match(table_, pool_, tokens, key, extras, hasher_, out).blocks;
   }
   /// Publishes s's full blocks of `tokens` (its first tokens) for prefix hits; returns the hashes newly cached.
@@ -835,37 +841,13 @@ class Cache {
     else return Pool(cfg.num_blocks, cfg.event_capacity);
   }
 
-  // admit()'s checks and plan; the hit blocks go to hit_scratch_. slots: the
-  // caller's slot buffer size (-1: a dry run, no buffer to check).
+  // admit()'s checks and plan (prefix_cache.hpp), with the policy's lifetime
+  // need; slots: the caller's slot buffer size (-1: a dry run).
   Result<AdmitPlan> admit_plan(std::span<const std::int32_t> prompt, const AdmitOptions& opt,
                                std::int64_t slots) const noexcept {
     if (free_sequences() == 0) return Status{Errc::capacity_exceeded, "max_sequences", table_.max_streams() + 1, table_.max_streams()};
-    if (prompt.empty()) return Status{Errc::invalid_argument, "prompt.size", 0, 1};
-    if (std::int64_t(prompt.size()) > INT32_MAX) return Status{Errc::capacity_exceeded, "prompt.size", std::int64_t(prompt.size()), INT32_MAX};
-    if (opt.reserve < 0) return Status{Errc::invalid_argument, "reserve", opt.reserve, 0};
-    if (opt.max_new < -1) return Status{Errc::invalid_argument, "max_new", opt.max_new, -1};
-    if (auto st = PrefixSharing::check_extras(opt.extras); !st) return st;
-    auto life = blocks_needed(std::int64_t(prompt.size()), std::max<std::int64_t>(opt.max_new, 0), opt.prefill_chunk);
-    if (!life) return life.status();
-    AdmitPlan p{};
-    p.hit = PrefixSharing::match(table_, pool_, prompt, opt.key, opt.extras, hasher_, hit_scratch_);
-    const std::int32_t cached = p.hit.blocks * block_size();
-    p.reserve = std::min<std::int32_t>(opt.reserve, std::int32_t(prompt.size()) - cached);
-    if (std::int64_t{cached} + p.reserve > table_.max_tokens())
-      return Status{Errc::capacity_exceeded, "n_tokens", p.reserve, table_.max_tokens() - cached};
-    p.fresh = static_cast<std::int32_t>(blocks_for_tokens(cached + p.reserve, block_size())) - p.hit.blocks;
-    p.lifetime = std::max<std::int64_t>(*life, p.hit.blocks + p.fresh);
-    p.from_free = p.lifetime - (p.hit.blocks - p.hit.free_blocks);
-    p.available = pool_.num_free() - promised_blocks();
-    Status st{};
-    if (slots >= 0 && slots < p.reserve)
-      st = Status{Errc::buffer_too_small, "slots", slots, p.reserve};
-    else if (p.fresh > pool_.num_free() - p.hit.free_blocks)
-      st = Status{Errc::out_of_blocks, "n_blocks", p.fresh, pool_.num_free() - p.hit.free_blocks};
-    else if (opt.max_new >= 0 && p.from_free > p.available)
-      st = Status{Errc::out_of_blocks, "lifetime_blocks (promises outstanding subtracted)", p.from_free, p.available};
-    if (!st) return st;
-    return p;
+    const auto life = blocks_needed(std::int64_t(prompt.size()), std::max<std::int64_t>(opt.max_new, 0), opt.prefill_chunk);
+    return prefix_.plan(table_, pool_, prompt, opt, life, hasher_, slots);
   }
 
   static Admission make_admission(const CacheConfig& cfg, const typename AdmissionArg<Admission>::type& a, Table& t) {
@@ -916,7 +898,6 @@ class Cache {
   struct NoRegion {};
   [[no_unique_address]] std::conditional_t<evicts_global, GlobalRegion, NoRegion> global_;
   PrefixState prefix_;
-  mutable std::vector<BlockId> hit_scratch_;  // admit_plan()'s dry-run hit blocks (scratch, not state)
   struct NoScratch {};
   [[no_unique_address]] std::conditional_t<TokenEviction<Eviction> && !head_paged, EvictionRun::TokenScratch, NoScratch> scratch_;
 };

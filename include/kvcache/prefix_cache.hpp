@@ -72,11 +72,13 @@ struct PrefixStats {
 class PrefixState {
  public:
   PrefixState() = default;
-  /// Sized once: `streams` sequences; the id store only when publishing on reserve.
-  PrefixState(std::int32_t num_blocks, std::int32_t block_size, std::int32_t streams, bool publish_on_reserve)
+  /// Sized once: `streams` sequences of up to `max_blocks` blocks; the id store only when publishing on reserve.
+  PrefixState(std::int32_t num_blocks, std::int32_t block_size, std::int32_t streams, std::int32_t max_blocks,
+              bool publish_on_reserve)
       : store_(publish_on_reserve ? BlockTokens(num_blocks, block_size, streams) : BlockTokens()),
         promised_(static_cast<std::size_t>(streams), 0),
-        due_(publish_on_reserve ? static_cast<std::size_t>(streams) : 0) {}
+        due_(publish_on_reserve ? static_cast<std::size_t>(streams) : 0),
+        hits_(static_cast<std::size_t>(max_blocks)) {}
 
   /// The id store (off unless publishing on reserve).
   const BlockTokens& store() const noexcept { return store_; }
@@ -95,6 +97,39 @@ class PrefixState {
     });
     return owed;
   }
+
+  /// admit()'s checks and plan, changing nothing: `lifetime` is the policy's
+  /// blocks_needed() for the prompt and max_new; the hit blocks are kept for
+  /// hits(); `slots` is the caller's slot buffer size (-1: a dry run).
+  template <BlockHasher H>
+  Result<AdmitPlan> plan(const PageTable& t, const BlockPool& pool, std::span<const std::int32_t> prompt,
+                         const AdmitOptions& opt, const Result<std::int64_t>& lifetime, const H& hasher,
+                         std::int64_t slots) const noexcept {
+    if (prompt.empty()) return Status{Errc::invalid_argument, "prompt.size", 0, 1};
+    if (std::int64_t(prompt.size()) > INT32_MAX) return Status{Errc::capacity_exceeded, "prompt.size", std::int64_t(prompt.size()), INT32_MAX};
+    if (opt.reserve < 0) return Status{Errc::invalid_argument, "reserve", opt.reserve, 0};
+    if (opt.max_new < -1) return Status{Errc::invalid_argument, "max_new", opt.max_new, -1};
+    if (auto st = PrefixSharing::check_extras(opt.extras); !st) return st;
+    if (!lifetime) return lifetime.status();
+    AdmitPlan p{};
+    p.hit = PrefixSharing::match(t, pool, prompt, opt.key, opt.extras, hasher, hits_);
+    const std::int32_t B = t.block_size(), cached = p.hit.blocks * B;
+    p.reserve = std::min<std::int32_t>(opt.reserve, std::int32_t(prompt.size()) - cached);
+    if (std::int64_t{cached} + p.reserve > t.max_tokens())
+      return Status{Errc::capacity_exceeded, "n_tokens", p.reserve, t.max_tokens() - cached};
+    p.fresh = static_cast<std::int32_t>((std::int64_t{cached} + p.reserve + B - 1) / B) - p.hit.blocks;
+    p.lifetime = std::max<std::int64_t>(*lifetime, p.hit.blocks + p.fresh);
+    p.from_free = p.lifetime - (p.hit.blocks - p.hit.free_blocks);
+    p.available = pool.num_free() - outstanding(t);
+    if (slots >= 0 && slots < p.reserve) return Status{Errc::buffer_too_small, "slots", slots, p.reserve};
+    if (p.fresh > pool.num_free() - p.hit.free_blocks)
+      return Status{Errc::out_of_blocks, "n_blocks", p.fresh, pool.num_free() - p.hit.free_blocks};
+    if (opt.max_new >= 0 && p.from_free > p.available)
+      return Status{Errc::out_of_blocks, "lifetime_blocks (promises outstanding subtracted)", p.from_free, p.available};
+    return p;
+  }
+  /// The hit blocks of the last plan().
+  std::span<const BlockId> hits(std::int32_t n) const noexcept { return std::span(hits_).first(static_cast<std::size_t>(n)); }
 
   /// A prompt was looked up; `cached` of its tokens hit.
   void queried(std::int64_t tokens, std::int64_t cached) noexcept {
@@ -190,6 +225,7 @@ class PrefixState {
   std::vector<std::int64_t> promised_;  // per stream
   std::int64_t queries_ = 0, query_tokens_ = 0, hit_tokens_ = 0;
   std::vector<std::uint32_t> due_;  // reserved_batch(): streams with a block to publish (scratch)
+  mutable std::vector<BlockId> hits_;  // plan(): the hit blocks (scratch; a const dry run writes it too)
 };
 
 KVCACHE_END_NAMESPACE

@@ -108,8 +108,8 @@ TEST_CASE_METHOD(Multimodal, "README multimodal: the text before the image is sh
   REQUIRE(a->cached_tokens == 32);  // the 32 tokens of text before the image
   REQUIRE(cache.publish(a->seq, prompt, image).ok());
   std::vector<kv::BlockId> hit(40);
-  REQUIRE(cache.match_prefix(prompt, {.salt = tenant_id}, hit, image) == 37);  // (600 - 1) / 16
-  REQUIRE(cache.match_prefix(prompt, {.salt = tenant_id + 1}, hit, image) == 0);  // another tenant
+  REQUIRE(*cache.match_prefix(prompt, {.salt = tenant_id}, hit, image) == 37);  // (600 - 1) / 16
+  REQUIRE(*cache.match_prefix(prompt, {.salt = tenant_id + 1}, hit, image) == 0);  // another tenant
 }
 
 TEST_CASE_METHOD(RouterEvents, "README router events: stored blocks with their token ids, and the counters") {
