@@ -8,6 +8,7 @@
 #include <kvcache/eviction/sliding_window.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -241,6 +242,7 @@ TEST_CASE("a lifetime-need scheduler with the promise ledger never preempts and 
     CHECK(run_scheduler(true, seed) == 0);
     without += run_scheduler(false, seed);
   }
+  std::printf("lifetime-need scheduler, 5 seeds: 0 preemptions with the ledger, %d without\n", without);
   CHECK(without > 0);  // the check can fail: promises matter
 }
 
