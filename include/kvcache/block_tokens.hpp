@@ -73,19 +73,6 @@ class BlockTokens {
     }
     if (known_[s] == first) known_[s] = first + n;
   }
-  /// write() without extra keys, for the decode step: n ids at slots.
-  void append(std::uint32_t s, std::int64_t first, const std::int32_t* slots, const std::int32_t* ids, std::int32_t n,
-              std::uint64_t base) noexcept {
-    for (std::int32_t k = 0; k < n; ++k) {
-      const std::int32_t slot = slots[k];
-      ids_[static_cast<std::size_t>(slot)] = ids[k];
-      if (math_.mod(slot) == 0) {
-        extra_[block(slot)] = base;
-        mixed_at_[block(slot)] = -1;
-      }
-    }
-    if (known_[s] == first) known_[s] = first + n;
-  }
   /// Block dst is a copy of src (copy-on-write): so are its ids.
   void copy_block(std::int32_t src, std::int32_t dst) noexcept {
     std::copy_n(ids_.begin() + std::ptrdiff_t(src) * block_size_, block_size_, ids_.begin() + std::ptrdiff_t(dst) * block_size_);

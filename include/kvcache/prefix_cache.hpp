@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvcache/block_hash.hpp"
+#include "kvcache/block_math.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/block_tokens.hpp"
 #include "kvcache/config.hpp"
@@ -117,7 +118,7 @@ class PrefixState {
     p.reserve = std::min<std::int32_t>(opt.reserve, std::int32_t(prompt.size()) - cached);
     if (std::int64_t{cached} + p.reserve > t.max_tokens())
       return Status{Errc::capacity_exceeded, "n_tokens", p.reserve, t.max_tokens() - cached};
-    p.fresh = static_cast<std::int32_t>((std::int64_t{cached} + p.reserve + B - 1) / B) - p.hit.blocks;
+    p.fresh = BlockMath::of(B).blocks_for(std::int64_t{cached} + p.reserve) - p.hit.blocks;
     p.lifetime = std::max<std::int64_t>(*lifetime, p.hit.blocks + p.fresh);
     p.from_free = p.lifetime - (p.hit.blocks - p.hit.free_blocks);
     p.available = pool.num_free() - outstanding(t);
@@ -192,7 +193,8 @@ class PrefixState {
       const std::int32_t n = counts[k];
       const SeqId s = seqs[k];
       const std::int64_t first = t.appended_unchecked(s) - n;
-      store_.append(s.index, first, slots.data() + at, ids.data() + at, n, t.key_unchecked(s).extra);
+      store_.write(s.index, first, [&](std::size_t j) { return slots[at + j]; }, ids.subspan(at, std::size_t(n)),
+                   t.key_unchecked(s).extra, {});
       if (n > 0 && (mask >= 0 ? first & mask : first % B) + n >= B && PrefixSharing::prefetch_known(t, pool, s.index, store_, hasher))
         due_[due++] = s.index;
       at += std::size_t(n);

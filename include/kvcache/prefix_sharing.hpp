@@ -109,8 +109,7 @@ struct PrefixSharing {
                                       std::span<const ExtraKey> extras, const H& hasher, BlockTokens& store) noexcept {
     if (auto st = t.validate(s); !st) return st;
     const std::uint32_t i = s.index;
-    // After eviction the held tokens are no longer the written prefix.
-    if (t.st_[i].front != 0 || t.st_[i].tokens != t.st_[i].appended)
+    if (evicted(t.st_[i]))
       return Status{Errc::invalid_argument, "evicted_tokens", t.st_[i].appended - t.st_[i].tokens, 0};
     if (std::int64_t(tokens.size()) > t.st_[i].tokens)
       return Status{Errc::prefix_too_long, "tokens.size", std::int64_t(tokens.size()), t.st_[i].tokens};
@@ -136,12 +135,10 @@ struct PrefixSharing {
   template <BlockHasher H>
   static bool prefetch_known(const PageTable& t, const BlockPool& pool, std::uint32_t i, const BlockTokens& store,
                              const H& hasher) noexcept {
-    const PageTable::Stream& st = t.st_[i];
-    if (st.front != 0 || st.tokens != st.appended) return false;
-    if (t.div_b(std::min<std::int64_t>(store.known(i), st.tokens)) <= st.nhashed) return false;
-    const BlockId* r = t.row(i);
-    const BlockHash parent = st.nhashed == 0 ? chain_root(st.key) : pool.hash(r[st.nhashed - 1]);
-    pool.prefetch(hasher(parent, store.ids(r[st.nhashed]), store.extra(r[st.nhashed])));
+    const std::int32_t next = t.st_[i].nhashed;
+    if (known_full(t, i, store) <= next) return false;
+    const BlockId blk = t.row(i)[next];
+    pool.prefetch(hasher(chain_parent(t, pool, i), store.ids(blk), store.extra(blk)));
     return true;
   }
 
@@ -150,15 +147,26 @@ struct PrefixSharing {
   template <BlockHasher H>
   static std::int32_t publish_known(PageTable& t, BlockPool& pool, std::uint32_t i, const BlockTokens& store,
                                     const H& hasher) noexcept {
-    const PageTable::Stream& st = t.st_[i];
-    if (st.front != 0 || st.tokens != st.appended) return 0;
-    const std::int32_t full = t.div_b(std::min<std::int64_t>(store.known(i), st.tokens));
-    if (full <= st.nhashed) return 0;
+    const std::int32_t full = known_full(t, i, store);
+    if (full <= t.st_[i].nhashed) return 0;
     const BlockId* r = t.row(i);
     return publish_blocks(t, pool, i, full, hasher, [&](std::int32_t b) { return std::pair{store.ids(r[b]), store.extra(r[b])}; });
   }
 
  private:
+  // After eviction the held tokens are no longer the written prefix: the row never publishes.
+  static bool evicted(const PageTable::Stream& st) noexcept { return st.front != 0 || st.tokens != st.appended; }
+  // Stream i's full blocks whose ids the store has (0 once it has evicted).
+  static std::int32_t known_full(const PageTable& t, std::uint32_t i, const BlockTokens& store) noexcept {
+    const PageTable::Stream& st = t.st_[i];
+    return evicted(st) ? 0 : t.div_b(std::min<std::int64_t>(store.known(i), st.tokens));
+  }
+  // The hash stream i's next published block chains from.
+  static BlockHash chain_parent(const PageTable& t, const BlockPool& pool, std::uint32_t i) noexcept {
+    const PageTable::Stream& st = t.st_[i];
+    return st.nhashed == 0 ? chain_root(st.key) : pool.hash(t.row(i)[st.nhashed - 1]);
+  }
+
   // Hashes and publishes blocks [nhashed, full) of row i; block(b) gives a
   // block's token ids and extra. Returns the hashes new to the cache.
   template <BlockHasher H, class Block>
@@ -166,7 +174,7 @@ struct PrefixSharing {
                                      Block&& block) noexcept {
     PageTable::Stream& st = t.st_[i];
     std::int32_t stored = 0;
-    BlockHash parent = st.nhashed == 0 ? chain_root(st.key) : pool.hash(t.row(i)[st.nhashed - 1]);
+    BlockHash parent = chain_parent(t, pool, i);
     for (std::int32_t b = st.nhashed; b < full; ++b) {
       const BlockId blk = t.row(i)[b];
       const auto [ids, extra] = block(b);
