@@ -18,11 +18,11 @@ class KvcacheConan(ConanFile):
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
     generators = "CMakeToolchain"
-    exports_sources = "CMakeLists.txt", "LICENSE", "cmake/*", "include/*", "kernels/*"
+    exports_sources = "CMakeLists.txt", "LICENSE", "cmake/*", "include/*"
     no_copy_source = True
 
     def set_version(self):
-        header = load(self, os.path.join(self.recipe_folder, "include", "kvcache", "config.hpp"))
+        header = load(self, os.path.join(self.recipe_folder, "include", "kvcache", "version.hpp"))
         parts = [re.search(rf"#define KVCACHE_VERSION_{p} (\d+)", header).group(1) for p in ("MAJOR", "MINOR", "PATCH")]
         self.version = ".".join(parts)
 

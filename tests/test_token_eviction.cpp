@@ -238,7 +238,7 @@ template <class Rule>
 Harness<Rule> run_against_reference(std::uint64_t seed, std::int32_t steps, bool prefill_then_decode) {
   Harness<Rule> h;
   Rule rule;
-  std::vector<Group> ref(std::size_t(Rule::groups));
+  std::vector<Group> ref(static_cast<std::size_t>(Rule::groups));
   std::mt19937_64 rng(seed);
   const std::int32_t prompt = prefill_then_decode ? 30 : 0;
   std::int64_t peak_blocks = 0;

@@ -116,7 +116,7 @@ class Tasks {
 
  private:
   static void append(std::vector<std::int32_t>& out, const std::string& s) {
-    for (unsigned char c : s) out.push_back(c);
+    for (const char c : s) out.push_back(static_cast<unsigned char>(c));
   }
   static void append(std::vector<std::int32_t>& out, const std::vector<std::int32_t>& s) {
     out.insert(out.end(), s.begin(), s.end());

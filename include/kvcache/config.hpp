@@ -1,10 +1,6 @@
 // Build-wide switches and the versioned namespace every header lives in.
 #pragma once
 
-#define KVCACHE_VERSION_MAJOR 0
-#define KVCACHE_VERSION_MINOR 1
-#define KVCACHE_VERSION_PATCH 0
-
 // Bodies shared by the host backend and CUDA kernels carry this marker; it is
 // empty under a plain C++ compiler so .hpp headers compile with g++ alone.
 #if defined(__CUDACC__)
@@ -22,10 +18,23 @@
 #endif
 
 // Two engines that embed different copies of the library can link together:
-// every symbol sits in kvcache::v0 (inline, so users just write kvcache::).
+// every symbol sits in an inline namespace named for the major version
+// (kvcache::v0 until 1.0; users just write kvcache::), so copies of different
+// majors never share a symbol. Two copies of the same major (an engine that
+// vendors its own) are kept apart by defining KVCACHE_INLINE_NAMESPACE to a
+// name of their own before the first include (e.g. -DKVCACHE_INLINE_NAMESPACE=v0_myengine).
+#define KVCACHE_CONCAT_(a, b) a##b
+#define KVCACHE_CONCAT(a, b) KVCACHE_CONCAT_(a, b)
+#ifndef KVCACHE_INLINE_NAMESPACE
+#define KVCACHE_INLINE_NAMESPACE KVCACHE_CONCAT(v, KVCACHE_VERSION_MAJOR)
+#endif
 #define KVCACHE_BEGIN_NAMESPACE \
   namespace kvcache {           \
-  inline namespace v0 {
+  inline namespace KVCACHE_INLINE_NAMESPACE {
 #define KVCACHE_END_NAMESPACE \
   }                           \
   }
+
+// Last: version.hpp needs the namespace macros above (and either header may be
+// included first).
+#include "kvcache/version.hpp"

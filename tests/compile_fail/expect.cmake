@@ -1,7 +1,7 @@
 # Compiles policy_concepts.cpp in MODE; "good" must compile, every "bad_*"
 # must fail with a diagnostic that names the violated concept.
 execute_process(
-  COMMAND ${CXX} -std=c++20 -fsyntax-only -I${INCLUDE} -I${INCLUDE_BUILD} -DKVCACHE_MODE_${MODE} ${SRC}
+  COMMAND ${CXX} -std=c++20 -fsyntax-only -I${INCLUDE} -DKVCACHE_MODE_${MODE} ${SRC}
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 set(log "${out}${err}")
 if(MODE STREQUAL "good")

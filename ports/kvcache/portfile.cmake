@@ -1,0 +1,32 @@
+# Header-only: one configuration, no binaries.
+set(VCPKG_BUILD_TYPE release)
+
+# The release's source tarball. ports/ is export-ignored (.gitattributes), so
+# the tarball, and this hash, do not depend on this file;
+# scripts/source-tarball writes the same tarball from a checkout.
+vcpkg_from_github(
+    OUT_SOURCE_PATH SOURCE_PATH
+    REPO kvcache/kvcache
+    REF "v${VERSION}"
+    SHA512 0
+    HEAD_REF main
+)
+
+# Every optional part off: the package is the headers (the .cuh kernels
+# included) and the CMake files, the same whether or not nvcc is present.
+vcpkg_cmake_configure(
+    SOURCE_PATH "${SOURCE_PATH}"
+    OPTIONS
+        -DKVCACHE_ENABLE_CUDA=OFF
+        -DKVCACHE_BUILD_TESTS=OFF
+        -DKVCACHE_BUILD_EXAMPLES=OFF
+        -DKVCACHE_BUILD_BENCH=OFF
+        -DKVCACHE_BUILD_FUZZ=OFF
+)
+vcpkg_cmake_install()
+vcpkg_cmake_config_fixup(CONFIG_PATH share/cmake/kvcache)
+
+# The license goes to share/kvcache/copyright; the project's own copy is dropped.
+file(REMOVE_RECURSE "${CURRENT_PACKAGES_DIR}/share/doc")
+file(INSTALL "${CMAKE_CURRENT_LIST_DIR}/usage" DESTINATION "${CURRENT_PACKAGES_DIR}/share/${PORT}")
+vcpkg_install_copyright(FILE_LIST "${SOURCE_PATH}/LICENSE")

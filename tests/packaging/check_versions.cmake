@@ -1,0 +1,46 @@
+# The version is written once (include/kvcache/version.hpp); everything that
+# states it must agree: CMake's project() (it reads the header), the vcpkg
+# port's manifest, the CHANGELOG's newest release, and the Conan recipe (it
+# reads the header; its literal version would be a second source).
+#   cmake -DSOURCE_DIR=... -DPROJECT_VERSION=... -P check_versions.cmake
+file(STRINGS "${SOURCE_DIR}/include/kvcache/version.hpp" lines REGEX "^#define KVCACHE_VERSION_(MAJOR|MINOR|PATCH) ")
+set(header "")
+foreach(part MAJOR MINOR PATCH)
+  if(NOT lines MATCHES "KVCACHE_VERSION_${part} ([0-9]+)")
+    message(FATAL_ERROR "version.hpp: no KVCACHE_VERSION_${part}")
+  endif()
+  list(APPEND header ${CMAKE_MATCH_1})
+endforeach()
+list(JOIN header "." header)
+set(failures "")
+macro(expect what value)
+  if(NOT "${value}" STREQUAL "${header}")
+    list(APPEND failures "${what} says '${value}', version.hpp says '${header}'")
+  else()
+    message(STATUS "${what}: ${value}")
+  endif()
+endmacro()
+
+expect("CMake project()" "${PROJECT_VERSION}")
+
+file(READ "${SOURCE_DIR}/ports/kvcache/vcpkg.json" manifest)
+string(JSON port_version ERROR_VARIABLE err GET "${manifest}" version)
+expect("ports/kvcache/vcpkg.json" "${port_version}")
+
+file(STRINGS "${SOURCE_DIR}/CHANGELOG.md" releases REGEX "^## [0-9]")
+list(GET releases 0 newest)
+string(REGEX MATCH "^## ([0-9]+\\.[0-9]+\\.[0-9]+) \\([0-9]+-[0-9]+-[0-9]+\\)" _ "${newest}")
+expect("CHANGELOG.md's newest release (## X.Y.Z (YYYY-MM-DD))" "${CMAKE_MATCH_1}")
+
+file(READ "${SOURCE_DIR}/conanfile.py" recipe)
+if(NOT recipe MATCHES "\"version\\.hpp\"" OR recipe MATCHES "\n    version = ")
+  list(APPEND failures "conanfile.py must take its version from version.hpp (set_version), not state one")
+else()
+  message(STATUS "conanfile.py: reads version.hpp")
+endif()
+
+if(failures)
+  list(JOIN failures "\n  " msg)
+  message(FATAL_ERROR "versions disagree:\n  ${msg}")
+endif()
+message(STATUS "every version is ${header}")
