@@ -8,7 +8,7 @@ vcpkg_from_github(
     OUT_SOURCE_PATH SOURCE_PATH
     REPO kvcache/kvcache
     REF "v${VERSION}"
-    SHA512 0
+    SHA512 b338faad486110c968eeacd36ec14d0aa4693c7d75ea7030c7198e02690192d947a001f5b35fbd29f55b9b9057039411a0b1004c6c06c97e32407c0b9310af60
     HEAD_REF main
 )
 
