@@ -3,15 +3,8 @@
 # port's manifest, the CHANGELOG's newest release, and the Conan recipe (it
 # reads the header; its literal version would be a second source).
 #   cmake -DSOURCE_DIR=... -DPROJECT_VERSION=... -P check_versions.cmake
-file(STRINGS "${SOURCE_DIR}/include/kvcache/version.hpp" lines REGEX "^#define KVCACHE_VERSION_(MAJOR|MINOR|PATCH) ")
-set(header "")
-foreach(part MAJOR MINOR PATCH)
-  if(NOT lines MATCHES "KVCACHE_VERSION_${part} ([0-9]+)")
-    message(FATAL_ERROR "version.hpp: no KVCACHE_VERSION_${part}")
-  endif()
-  list(APPEND header ${CMAKE_MATCH_1})
-endforeach()
-list(JOIN header "." header)
+include("${SOURCE_DIR}/cmake/read_version.cmake")
+kvcache_read_version("${SOURCE_DIR}/include/kvcache/version.hpp" header)
 set(failures "")
 macro(expect what value)
   if(NOT "${value}" STREQUAL "${header}")
