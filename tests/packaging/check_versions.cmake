@@ -25,6 +25,13 @@ list(GET releases 0 newest)
 string(REGEX MATCH "^## ([0-9]+\\.[0-9]+\\.[0-9]+) \\([0-9]+-[0-9]+-[0-9]+\\)" _ "${newest}")
 expect("CHANGELOG.md's newest release (## X.Y.Z (YYYY-MM-DD))" "${CMAKE_MATCH_1}")
 
+file(READ "${SOURCE_DIR}/pyproject.toml" pyproject)
+if(NOT pyproject MATCHES "input = \"include/kvcache/version.hpp\"" OR pyproject MATCHES "\nversion = ")
+  list(APPEND failures "pyproject.toml must take its version from version.hpp (the regex provider), not state one")
+else()
+  message(STATUS "pyproject.toml: reads version.hpp")
+endif()
+
 file(READ "${SOURCE_DIR}/conanfile.py" recipe)
 if(NOT recipe MATCHES "\"version\\.hpp\"" OR recipe MATCHES "\n    version = ")
   list(APPEND failures "conanfile.py must take its version from version.hpp (set_version), not state one")

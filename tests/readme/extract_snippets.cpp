@@ -5,9 +5,12 @@
 // Fails (exit 1, naming the line) on a ```cpp block without a marker, a
 // marker without a block, a repeated name, or a set of names unlike the
 // expected one (every snippet is tested, every test finds its snippet).
+// `<!-- snippet: python_NAME -->` markers and their ```python blocks belong to
+// python/tests/test_readme.py; a ```python block without one fails here too.
 #include <fstream>
 #include <iostream>
 #include <set>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -33,10 +36,19 @@ int main(int argc, char** argv) {
 
   std::set<std::string> found;
   std::string line, pending, body;  // pending: the marker's name, until its block opens
-  bool in_block = false;
+  std::string python_pending;       // a python_NAME marker: python/tests/test_readme.py runs its block
+  bool in_block = false, in_python = false;
   for (int n = 1; std::getline(in, line); ++n) {
     const std::string where = std::string(argv[1]) + ":" + std::to_string(n) + ": ";
-    if (in_block) {
+    if (in_python) {
+      if (line.rfind("```", 0) == 0) in_python = false;
+    } else if (!python_pending.empty()) {
+      if (line != "```python") return fail(where + "marker '" + python_pending + "' must be followed directly by its ```python block");
+      in_python = true;
+      python_pending.clear();
+    } else if (line == "```python") {
+      return fail(where + "```python block without a `<!-- snippet: python_NAME -->` line before it");
+    } else if (in_block) {
       if (line.rfind("```", 0) == 0) {
         if (!write(std::string(argv[2]) + "/" + pending + ".inc", body)) return fail(where + "cannot write " + pending);
         in_block = false;
@@ -49,6 +61,11 @@ int main(int argc, char** argv) {
       if (line.size() < marker.size() + marker_end.size() || line.substr(line.size() - marker_end.size()) != marker_end)
         return fail(where + "malformed snippet marker");
       pending = line.substr(marker.size(), line.size() - marker.size() - marker_end.size());
+      if (pending.rfind("python_", 0) == 0) {  // the Python tests' snippet, not a C++ one
+        python_pending = std::move(pending);
+        pending.clear();
+        continue;
+      }
       if (!found.insert(pending).second) return fail(where + "snippet '" + pending + "' appears twice");
     } else if (line == "```cpp") {
       if (pending.empty()) return fail(where + "```cpp block without a `<!-- snippet: NAME -->` line before it");

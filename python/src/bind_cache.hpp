@@ -1,0 +1,319 @@
+// One compiled Cache per eviction policy, bound with the same methods:
+// sequence handles are Python ints (SeqId's index in the low 32 bits, its
+// generation in the high 32: the struct's own layout, so a uint64 array of
+// handles is read in place), arrays are read and written without copies.
+#pragma once
+
+#include <kvcache/kvcache.hpp>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <bit>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "arrays.hpp"
+
+namespace kvpy {
+
+namespace kv = kvcache;
+static_assert(sizeof(kv::SeqId) == sizeof(std::uint64_t) && std::endian::native == std::endian::little);
+static_assert(sizeof(kv::BlockCopy) == 2 * sizeof(std::int32_t) && sizeof(kv::SlotMove) == 2 * sizeof(std::int32_t));
+
+inline std::uint64_t pack(kv::SeqId s) { return std::bit_cast<std::uint64_t>(s); }
+inline kv::SeqId unpack(std::uint64_t h) { return std::bit_cast<kv::SeqId>(h); }
+inline std::span<const kv::SeqId> seq_span(const Array<std::uint64_t>& a) {
+  return {reinterpret_cast<const kv::SeqId*>(a.data()), a.size()};
+}
+template <class T>
+std::span<const T> cspan(const Array<T>& a) {
+  return {a.data(), a.size()};
+}
+
+struct Admitted {  // Cache.admit's result
+  std::uint64_t seq;
+  std::int32_t cached_tokens, reserved, new_blocks;
+  std::int64_t promised;
+  nb::object slots;
+};
+
+// observe and evict, by the policy's kind. evict returns what the engine acts
+// on: (result, blocks, rotations) for block policies ([n] and [n, 3] int32),
+// (result, moves, group_moves) for token policies ([n, 2] and [groups + 1]),
+// (result,) for window and keep-all.
+template <class C, class E>
+void bind_eviction_calls(nb::class_<C>& c) {
+  if constexpr (kv::ObservingEviction<E>) {
+    c.def(
+        "observe",
+        [](C& self, std::uint64_t s, nb::handle scores, std::string kind) {
+          Array<float> a;
+          if (!a.borrow(scores, false)) bad_array("scores", "float32 ([rows, held] or [held])");
+          const auto k = kind == "attention_sums"        ? kv::ScoreKind::attention_sums
+                         : kind == "head_attention_sums" ? kv::ScoreKind::head_attention_sums
+                         : kind == "last_query_attention" ? kv::ScoreKind::last_query_attention
+                                                          : static_cast<kv::ScoreKind>(255);
+          require(k != static_cast<kv::ScoreKind>(255), "scores.kind", -1, 2);
+          require(a.ndim() == 1 || a.ndim() == 2, "scores.ndim", std::int64_t(a.ndim()), 2);
+          const auto rows = a.ndim() == 2 ? std::int32_t(a.shape(0)) : 1;
+          check(self.observe(unpack(s), kv::Scores{k, {a.data(), a.size()}, rows}));
+        },
+        nb::arg("seq"), nb::arg("scores"), nb::arg("kind") = "attention_sums");
+  }
+  if constexpr (kv::BlockEviction<E>) {
+    c.def(
+        "evict",
+        [](C& self, std::uint64_t s, nb::handle blocks, nb::handle rotations) {
+          const auto held = std::size_t(check(self.blocks_held(unpack(s))));
+          Array<std::int32_t> b, r;
+          nb::object bobj = out_arg(b, blocks, held, "blocks"), robj = out_arg(r, rotations, held, "rotations", 3);
+          std::span<kv::BlockRotation> rs(reinterpret_cast<kv::BlockRotation*>(r.data()), r.size() / 3);
+          const auto e = check(self.evict(unpack(s), kv::EvictionSpans{.blocks = b.span(), .rotations = rs}));
+          return std::make_tuple(e, bobj, robj);
+        },
+        nb::arg("seq"), nb::arg("blocks") = nb::none(), nb::arg("rotations") = nb::none());
+  } else if constexpr (kv::TokenEviction<E>) {
+    c.def(
+        "evict",
+        [](C& self, std::uint64_t s, nb::handle moves, nb::handle group_moves) {
+          const std::int32_t groups = self.eviction().groups();
+          const auto held = std::size_t(check(self.tokens_held(unpack(s))));
+          Array<std::int32_t> mv, gm;
+          nb::object mobj = out_arg(mv, moves, held * std::size_t(groups), "moves", 2);
+          nb::object gobj = out_arg(gm, group_moves, std::size_t(groups) + 1, "group_moves");
+          std::span<kv::SlotMove> ms(reinterpret_cast<kv::SlotMove*>(mv.data()), mv.size() / 2);
+          const auto e = check(self.evict(unpack(s), kv::EvictionSpans{.moves = ms, .group_moves = gm.span()}));
+          return std::make_tuple(e, mobj, gobj);
+        },
+        nb::arg("seq"), nb::arg("moves") = nb::none(), nb::arg("group_moves") = nb::none());
+    c.def(
+        "positions",
+        [](const C& self, std::uint64_t s, std::int32_t group) {
+          check(self.tokens_held(unpack(s)));
+          require(group >= 0 && group < self.eviction().groups(), "group", group, self.eviction().groups());
+          const auto p = self.eviction().positions(unpack(s).index, group);
+          return std::vector<std::int32_t>(p.begin(), p.end());
+        },
+        nb::arg("seq"), nb::arg("group") = 0);
+  } else {
+    c.def(
+        "evict",
+        [](C& self, std::uint64_t s, std::int32_t pending_queries) {
+          return std::make_tuple(check(self.evict(unpack(s), kv::EvictionSpans{}, pending_queries)));
+        },
+        nb::arg("seq"), nb::arg("pending_queries") = 0);
+    c.def("front", [](const C& self, std::uint64_t s) { return check(self.table().front(unpack(s))); });
+  }
+}
+
+template <class C>
+void bind_cache(nb::module_& m, const char* name) {
+  using E = typename std::remove_cvref_t<decltype(std::declval<C&>().eviction())>;
+  nb::class_<C> c(m, name);
+  c.def(
+       "__init__",
+       [](C* self, const kv::Geometry& g, std::int32_t num_blocks, std::int32_t max_sequences,
+          std::int32_t max_blocks_per_sequence, std::int32_t event_capacity, bool publish_on_reserve, const E& eviction) {
+         new (self) C({.geometry = g, .num_blocks = num_blocks, .max_sequences = max_sequences,
+                       .max_blocks_per_sequence = max_blocks_per_sequence, .event_capacity = event_capacity,
+                       .publish_on_reserve = publish_on_reserve},
+                      {}, {}, eviction);
+       },
+       nb::arg("geometry"), nb::arg("num_blocks"), nb::arg("max_sequences"), nb::arg("max_blocks_per_sequence"),
+       nb::arg("event_capacity") = 0, nb::arg("publish_on_reserve") = false, nb::arg("eviction"))
+      .def_prop_ro("block_size", &C::block_size)
+      .def_prop_ro("geometry", &C::geometry)
+      .def_prop_ro("eviction", [](const C& self) { return self.eviction(); })
+      // Sequences.
+      .def("add_sequence", [](C& self) { return pack(check(self.add_sequence())); })
+      .def(
+          "add_sequence_with_prefix",
+          [](C& self, nb::handle prompt, std::uint64_t salt, std::uint64_t extra) {
+            Array<std::int32_t> p;
+            in_arg(p, prompt, "prompt");
+            const auto hit = check(self.add_sequence(cspan(p), kv::PrefixKey{salt, extra}));
+            return std::pair<std::uint64_t, std::int32_t>(pack(hit.seq), hit.cached_tokens);
+          },
+          nb::arg("prompt"), nb::arg("salt") = 0, nb::arg("extra") = 0)
+      .def(
+          "admit",
+          [](C& self, nb::handle prompt, nb::handle slots, std::uint64_t salt, std::uint64_t extra, std::int64_t max_new,
+             std::int32_t prefill_chunk, std::int32_t reserve) {
+            Array<std::int32_t> p, o;
+            in_arg(p, prompt, "prompt");
+            nb::object obj = out_arg(o, slots, slots.is_none() ? p.size() : 0, "slots");
+            const auto a = check(self.admit(cspan(p), o.span(),
+                                            {.key = {salt, extra}, .max_new = max_new, .prefill_chunk = prefill_chunk,
+                                             .reserve = reserve}));
+            return Admitted{pack(a.seq), a.cached_tokens, a.reserved, a.new_blocks, a.promised, obj};
+          },
+          nb::arg("prompt"), nb::arg("slots") = nb::none(), nb::arg("salt") = 0, nb::arg("extra") = 0,
+          nb::arg("max_new") = -1, nb::arg("prefill_chunk") = 0, nb::arg("reserve") = INT32_MAX)
+      .def(
+          "can_admit_prompt",
+          [](const C& self, nb::handle prompt, std::uint64_t salt, std::uint64_t extra, std::int64_t max_new,
+             std::int32_t prefill_chunk) {
+            Array<std::int32_t> p;
+            in_arg(p, prompt, "prompt");
+            return self.can_admit(cspan(p), {.key = {salt, extra}, .max_new = max_new, .prefill_chunk = prefill_chunk});
+          },
+          nb::arg("prompt"), nb::arg("salt") = 0, nb::arg("extra") = 0, nb::arg("max_new") = -1,
+          nb::arg("prefill_chunk") = 0)
+      .def("fork", [](C& self, std::uint64_t s) { return pack(check(self.fork(unpack(s)))); })
+      .def("free", [](C& self, std::uint64_t s) { check(self.free(unpack(s))); })
+      .def("truncate", [](C& self, std::uint64_t s, std::int32_t n) { check(self.truncate(unpack(s), n)); })
+      // Slots.
+      .def(
+          "reserve",
+          [](C& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots) {
+            std::int32_t n = 0;
+            const bool count = nb::try_cast(n_or_ids, n, false);
+            Array<std::int32_t> ids, o;
+            if (!count) in_arg(ids, n_or_ids, "ids");
+            const auto want = std::size_t(count ? std::max(n, 0) : std::int32_t(ids.size()));
+            nb::object obj = out_arg(o, slots, want, "slots");
+            const auto r = count ? check(self.reserve(unpack(s), n, o.span()))
+                                 : check(self.reserve(unpack(s), cspan(ids), o.span()));
+            return std::make_tuple(obj, r.new_blocks, std::make_pair(r.copy.src, r.copy.dst));
+          },
+          nb::arg("seq"), nb::arg("n"), nb::arg("slots") = nb::none())
+      .def(
+          "reserve_batch",
+          [](C& self, nb::handle seqs, nb::handle counts, nb::handle slots, nb::handle copies, nb::handle ids) {
+            Array<std::uint64_t> sq;
+            Array<std::int32_t> ct, o, cp, id;
+            in_arg(sq, seqs, "seqs");
+            in_arg(ct, counts, "counts");
+            std::size_t total = 0;
+            for (std::size_t k = 0; k < ct.size(); ++k) total += std::size_t(std::max(ct.data()[k], 0));
+            nb::object sobj = out_arg(o, slots, total, "slots"), cobj = out_arg(cp, copies, sq.size(), "copies", 2);
+            std::span<kv::BlockCopy> cps(reinterpret_cast<kv::BlockCopy*>(cp.data()), cp.size() / 2);
+            kv::BatchInfo r;
+            if (ids.is_none()) {
+              r = check(self.reserve_batch(seq_span(sq), cspan(ct), o.span(), cps));
+            } else {
+              in_arg(id, ids, "ids");
+              r = check(self.reserve_batch(seq_span(sq), cspan(ct), cspan(id), o.span(), cps));
+            }
+            return std::make_tuple(sobj, cobj, r.copies);
+          },
+          nb::arg("seqs"), nb::arg("counts"), nb::arg("slots") = nb::none(), nb::arg("copies") = nb::none(),
+          nb::arg("ids") = nb::none())
+      // Prefix cache.
+      .def(
+          "publish",
+          [](C& self, std::uint64_t s, nb::handle tokens) {
+            Array<std::int32_t> t;
+            in_arg(t, tokens, "tokens");
+            return check(self.publish(unpack(s), cspan(t)));
+          },
+          nb::arg("seq"), nb::arg("tokens"))
+      .def(
+          "match_prefix",
+          [](const C& self, nb::handle tokens, std::uint64_t salt, std::uint64_t extra) {
+            Array<std::int32_t> t;
+            in_arg(t, tokens, "tokens");
+            std::vector<kv::BlockId> blocks(t.size() / std::size_t(self.block_size()) + 1);
+            const auto n = self.match_prefix(cspan(t), kv::PrefixKey{salt, extra}, blocks);
+            blocks.resize(std::size_t(n));
+            return blocks;
+          },
+          nb::arg("tokens"), nb::arg("salt") = 0, nb::arg("extra") = 0)
+      .def("reset_prefix_cache", [](C& self) { check(self.reset_prefix_cache()); })
+      .def("prefix_stats", [](const C& self) {
+        const kv::PrefixStats s = self.prefix_stats();
+        nb::dict d;
+        d["queries"] = s.queries, d["query_tokens"] = s.query_tokens, d["hit_tokens"] = s.hit_tokens;
+        d["stored"] = s.pool.stored, d["copies"] = s.pool.copies, d["recycled"] = s.pool.recycled;
+        d["invalidated"] = s.pool.invalidated, d["hashes"] = s.hashes, d["used_hashed"] = s.used_hashed;
+        d["used_plain"] = s.used_plain, d["free_cached"] = s.free_cached, d["free_plain"] = s.free_plain;
+        return d;
+      })
+      .def(
+          "drain_events",
+          [](C& self, std::int32_t max_events) {
+            std::vector<kv::BlockEvent> ev(std::size_t(std::max(max_events, 0)));
+            std::vector<std::int32_t> ids(ev.size() * std::size_t(self.block_size()));
+            const auto n = check(self.drain_events(ev, ids));
+            nb::list out;
+            for (std::int32_t i = 0; i < n; ++i) {
+              const auto& e = ev[std::size_t(i)];
+              nb::dict d;
+              d["kind"] = e.kind == kv::EventKind::stored ? "stored" : e.kind == kv::EventKind::removed ? "removed" : "all_cleared";
+              d["block"] = e.block, d["hash"] = std::make_pair(e.hash.lo, e.hash.hi);
+              d["parent"] = std::make_pair(e.parent.lo, e.parent.hi), d["first"] = e.first;
+              d["salt"] = e.key.salt, d["extra"] = e.key.extra, d["block_extra"] = e.block_extra;
+              const auto b = std::size_t(i) * std::size_t(self.block_size());
+              d["token_ids"] = std::vector<std::int32_t>(ids.begin() + std::ptrdiff_t(b),
+                                                         ids.begin() + std::ptrdiff_t(b) + e.num_tokens);
+              out.append(d);
+            }
+            return out;
+          },
+          nb::arg("max_events") = 1024)
+      // Exports.
+      .def(
+          "export_block_table",
+          [](const C& self, nb::handle seqs, std::int32_t row_stride, nb::handle out) {
+            Array<std::uint64_t> sq;
+            Array<std::int32_t> o;
+            in_arg(sq, seqs, "seqs");
+            const std::size_t rows = sq.size(), cols = std::size_t(std::max(row_stride, 0));
+            nb::object obj = out_arg(o, out.is_none() ? nb::cast(new_array<std::int32_t, 2>(rows, cols)) : nb::borrow(out),
+                                     rows * cols, "out");
+            check(self.export_block_table(seq_span(sq), o.span(), row_stride));
+            return obj;
+          },
+          nb::arg("seqs"), nb::arg("row_stride"), nb::arg("out") = nb::none())
+      .def(
+          "export_csr",
+          [](const C& self, nb::handle seqs, nb::handle indptr, nb::handle indices, nb::handle last_page_len) {
+            Array<std::uint64_t> sq;
+            Array<std::int32_t> ip, ix, lp;
+            in_arg(sq, seqs, "seqs");
+            std::size_t pages = 0;
+            if (indices.is_none())
+              for (auto s : seq_span(sq)) pages += std::size_t(std::max(check(self.blocks_held(s)), 0));
+            nb::object a = out_arg(ip, indptr, sq.size() + 1, "indptr"), b = out_arg(ix, indices, pages, "indices"),
+                       c = out_arg(lp, last_page_len, sq.size(), "last_page_len");
+            const auto nnz = check(self.export_csr(seq_span(sq), ip.span(), ix.span(), lp.span()));
+            return std::make_tuple(a, b, c, nnz);
+          },
+          nb::arg("seqs"), nb::arg("indptr") = nb::none(), nb::arg("indices") = nb::none(),
+          nb::arg("last_page_len") = nb::none())
+      .def(
+          "export_lengths",
+          [](const C& self, nb::handle seqs, nb::handle out) {
+            Array<std::uint64_t> sq;
+            Array<std::int32_t> o;
+            in_arg(sq, seqs, "seqs");
+            nb::object obj = out_arg(o, out, sq.size(), "out");
+            check(self.export_lengths(seq_span(sq), o.span()));
+            return obj;
+          },
+          nb::arg("seqs"), nb::arg("out") = nb::none())
+      // Accounting.
+      .def("tokens_held", [](const C& self, std::uint64_t s) { return check(self.tokens_held(unpack(s))); })
+      .def("blocks_held", [](const C& self, std::uint64_t s) { return check(self.blocks_held(unpack(s))); })
+      .def("blocks_needed",
+           [](const C& self, std::int64_t prompt_len, std::int64_t max_new, std::int32_t chunk) {
+             return check(self.blocks_needed(prompt_len, max_new, chunk));
+           },
+           nb::arg("prompt_len"), nb::arg("max_new"), nb::arg("prefill_chunk") = 0)
+      .def("can_admit", [](const C& self, std::int64_t prompt_len, std::int64_t max_new) { return self.can_admit(prompt_len, max_new); },
+           nb::arg("prompt_len"), nb::arg("max_new"))
+      .def("promise", [](C& self, std::uint64_t s, std::int64_t blocks) { check(self.promise(unpack(s), blocks)); })
+      .def_prop_ro("promised_blocks", &C::promised_blocks)
+      .def_prop_ro("free_blocks", &C::free_blocks)
+      .def_prop_ro("free_sequences", &C::free_sequences)
+      .def_prop_ro("max_tokens_after_eviction", &C::max_tokens_after_eviction)
+      .def("shared_excess", [](const C& self, std::uint64_t s) { return check(self.shared_excess(unpack(s))); })
+      .def("check_invariants", [](const C& self) { check(self.check_invariants()); });
+  bind_eviction_calls<C, E>(c);
+}
+
+}  // namespace kvpy
