@@ -36,10 +36,18 @@ from ._kvcache import (
     KeepAll,
     KvPlanes,
     Layout,
+    PoolView,
     SinkWindow,
     SlidingWindow,
     SnapKV,
     Tova,
+    block_copy,
+    compaction,
+    gather,
+    make_rope_table,
+    rope,
+    scatter,
+    scores,
 )
 
 _kvcache._set_error_classes(_BY_CODE)
@@ -81,6 +89,7 @@ __all__ = [
     "AlreadyHashed", "AverageAttention", "BlockScores", "BlocksInUse", "BufferTooSmall", "Cache",
     "CapacityExceeded", "DType", "DuplicateSequence", "Error", "EvictionResult", "Geometry",
     "GeometryOverflow", "H2O", "InvalidArgument", "InvariantViolated", "KeepAll", "KvPlanes", "Layout",
-    "NotAllocated", "OutOfBlocks", "PrefixTooLong", "SinkWindow", "SlidingWindow", "SnapKV", "Tova",
-    "TruncateTooMany", "UnknownSequence",
+    "NotAllocated", "OutOfBlocks", "PoolView", "PrefixTooLong", "SinkWindow", "SlidingWindow", "SnapKV", "Tova",
+    "TruncateTooMany", "UnknownSequence", "block_copy", "compaction", "gather", "make_rope_table", "rope",
+    "scatter", "scores",
 ]

@@ -105,6 +105,15 @@ class Array {
       for (std::size_t i = 0; i < ndim_; ++i) shape_[i] = a.shape(i);
       return true;
     }
+    if constexpr (std::is_same_v<T, std::uint64_t>) {  // handles in an int64 tensor (torch has no uint64)
+      nb::ndarray<const std::int64_t, nb::c_contig, nb::device::cpu> i;
+      if (nb::try_cast(h, i, false) && i.ndim() <= 2) {
+        keep_ = nb::cast(i), data_ = reinterpret_cast<T*>(const_cast<std::int64_t*>(i.data())), size_ = i.size();
+        ndim_ = i.ndim();
+        for (std::size_t d = 0; d < ndim_; ++d) shape_[d] = i.shape(d);
+        return true;
+      }
+    }
     nb::ndarray<const T, nb::c_contig, nb::device::cpu> a;
     if (!nb::try_cast(h, a, true) || a.ndim() > 2) return false;
     keep_ = nb::cast(a), data_ = const_cast<T*>(a.data()), size_ = a.size(), ndim_ = a.ndim();

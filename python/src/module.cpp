@@ -7,6 +7,10 @@
 #include "bind_cache.hpp"
 #include "errors.hpp"
 
+namespace kvpy {
+void register_kernels(nanobind::module_& m);  // kernels.cpp
+}
+
 namespace nb = nanobind;
 namespace kv = kvcache;
 using namespace nb::literals;
@@ -85,6 +89,7 @@ NB_MODULE(_kvcache, m) {
   kvpy::register_errors(m);
   bind_geometry(m);
   bind_policies(m);
+  kvpy::register_kernels(m);
   nb::class_<kvpy::Admitted>(m, "Admitted")
       .def_ro("seq", &kvpy::Admitted::seq)
       .def_ro("cached_tokens", &kvpy::Admitted::cached_tokens)

@@ -1,0 +1,126 @@
+"""The host kernels on arrays (numpy here; torch CPU tensors take the same
+DLPack path) against plain numpy references: what the kernel wrote, and
+that a bad call wrote nothing."""
+import numpy as np
+import pytest
+
+import kvcache as kv
+
+L, H, D, B, N = 2, 2, 8, 4, 12
+
+
+def pool(dtype=kv.DType.f32, planes=kv.KvPlanes.interleaved):
+    g = kv.Geometry(num_layers=L, num_kv_heads=H, head_dim=D, block_size=B, dtype=dtype, planes=planes)
+    mem = np.zeros(g.pool_bytes(N), dtype=np.uint8)
+    return g, mem, kv.PoolView(g, mem, N)
+
+
+def gather_all(pv, layer, pages, n, dtype=np.float32):
+    """Every token of one sequence whose pages are `pages`, through the gather kernel."""
+    k = np.zeros((n, H, D), dtype=dtype)
+    v = np.zeros_like(k)
+    kv.gather(pv, layer, np.array([0, len(pages)], dtype=np.int32), np.array(pages, dtype=np.int32),
+              np.array([0, n], dtype=np.int32), k, v)
+    return k, v
+
+
+@pytest.mark.parametrize("planes", [kv.KvPlanes.interleaved, kv.KvPlanes.separate])
+def test_scatter_then_gather_returns_the_rows(planes):
+    g, mem, pv = pool(planes=planes)
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((L, 6, H, D), dtype=np.float32)
+    v = rng.standard_normal((L, 6, H, D), dtype=np.float32)
+    slots = np.array([8, 9, 10, 11, 20, 21], dtype=np.int32)  # blocks 2 and 5
+    kv.scatter(pv, k, v, slots)  # every layer in one call
+    for layer in range(L):
+        gk, gv = gather_all(pv, layer, [2, 5], 6)
+        np.testing.assert_array_equal(gk, k[layer])
+        np.testing.assert_array_equal(gv, v[layer])
+
+
+def test_scatter_reads_a_strided_slice_of_fused_qkv_and_converts_to_f16():
+    g, mem, pv = pool(dtype=kv.DType.f16)
+    hq = 4
+    rng = np.random.default_rng(1)
+    qkv = rng.standard_normal((5, (hq + 2 * H) * D), dtype=np.float32)
+    k = qkv[:, hq * D:(hq + H) * D].reshape(5, H, D)  # a view: token stride (hq + 2H) * D
+    v = qkv[:, (hq + H) * D:].reshape(5, H, D)
+    assert not k.flags.c_contiguous
+    kv.scatter(pv, k, v, np.array([4, 5, 6, 7, 8], dtype=np.int32), first_layer=1)
+    gk, gv = gather_all(pv, 1, [1, 2], 5)
+    np.testing.assert_array_equal(gk, k.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(gv, v.astype(np.float16).astype(np.float32))
+
+
+def test_bad_calls_are_typed_errors_that_write_nothing():
+    g, mem, pv = pool()
+    k = np.ones((2, H, D), dtype=np.float32)
+    before = mem.copy()
+    cases = [
+        (lambda: kv.scatter(pv, k, k, np.array([4, N * B], dtype=np.int32)), kv.InvalidArgument, "slot_of_token=1"),
+        (lambda: kv.scatter(pv, k, k, np.array([4, 5], dtype=np.int64)), kv.InvalidArgument, "slots must be int32"),
+        (lambda: kv.scatter(pv, np.ones((2, H + 1, D), dtype=np.float32), k, np.array([4, 5], dtype=np.int32)),
+         kv.InvalidArgument, "k=3"),
+        (lambda: kv.scatter(pv, k, k.astype(np.float16), np.array([4, 5], dtype=np.int32)), kv.InvalidArgument, "v must be"),
+        (lambda: kv.scatter(pv, k.astype(np.int32), k, np.array([4, 5], dtype=np.int32)), kv.InvalidArgument, "float32"),
+        (lambda: kv.compaction(pv, np.array([[4, N * B]], dtype=np.int32)), kv.InvalidArgument, "moves=0"),
+        (lambda: kv.block_copy(pv, pv, np.array([[1, N]], dtype=np.int32)), kv.InvalidArgument, "pairs.dst=0"),
+    ]
+    for call, error, match in cases:
+        with pytest.raises(error, match=match):
+            call()
+        np.testing.assert_array_equal(mem, before)
+    with pytest.raises(kv.InvalidArgument, match="memory.nbytes"):
+        kv.PoolView(g, np.zeros(10, dtype=np.uint8), N)
+
+
+def test_compaction_moves_the_rows_of_a_head_range():
+    g, mem, pv = pool()
+    k = np.arange(8 * H * D, dtype=np.float32).reshape(8, H, D)
+    kv.scatter(pv, k, -k, np.arange(4, 12, dtype=np.int32))  # layer 0, blocks 1-2
+    kv.compaction(pv, np.array([[11, 4], [10, 5]], dtype=np.int32), num_layers=1, first_head=1, num_heads=1)
+    gk, gv = gather_all(pv, 0, [1, 2], 8)
+    want = k.copy()
+    want[0, 1], want[1, 1] = k[7, 1], k[6, 1]  # head 1 only
+    np.testing.assert_array_equal(gk, want)
+    np.testing.assert_array_equal(gv, -want)
+
+
+def test_block_copy_copies_every_layer():
+    g, mem, pv = pool()
+    for layer in range(L):
+        kv.scatter(pv, np.full((B, H, D), layer + 1, dtype=np.float32), np.full((B, H, D), -1, dtype=np.float32),
+                   np.arange(4, 8, dtype=np.int32), first_layer=layer)
+    kv.block_copy(pv, pv, np.array([[1, 7]], dtype=np.int32))
+    for layer in range(L):
+        a, _ = gather_all(pv, layer, [1], B)
+        b, _ = gather_all(pv, layer, [7], B)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_rope_rotates_keys_by_their_delta():
+    g, mem, pv = pool()
+    rng = np.random.default_rng(2)
+    k = rng.standard_normal((B, H, D), dtype=np.float32)
+    kv.scatter(pv, k, k, np.arange(12, 16, dtype=np.int32))  # block 3, layer 0
+    max_delta, theta = 8, 10000.0
+    cos = np.zeros((max_delta + 1) * D // 2, dtype=np.float32)
+    sin = np.zeros_like(cos)
+    kv.make_rope_table(theta, D, max_delta, cos, sin)
+    kv.rope(pv, np.array([3], dtype=np.int32), np.array([-5], dtype=np.int32), cos, sin, max_delta, num_layers=1)
+    gk, _ = gather_all(pv, 0, [3], B)
+    angle = -5 * theta ** (-2.0 * np.arange(D // 2) / D)  # NeoX pairs (i, i + D/2)
+    x, y = k[..., : D // 2].astype(np.float64), k[..., D // 2:].astype(np.float64)
+    want = np.concatenate([x * np.cos(angle) - y * np.sin(angle), y * np.cos(angle) + x * np.sin(angle)], axis=-1)
+    np.testing.assert_allclose(gk, want, rtol=1e-5, atol=1e-5)
+
+
+def test_scores_sum_attention_over_heads_and_queries():
+    rng = np.random.default_rng(3)
+    attn = rng.random((2, 3, 4, 10), dtype=np.float32)
+    lengths = np.array([10, 6], dtype=np.int32)
+    out = np.full((2, 10), -1, dtype=np.float32)
+    kv.scores(attn, lengths, out)
+    want = attn.astype(np.float64).sum(axis=(1, 2))
+    np.testing.assert_allclose(out[0], want[0], rtol=1e-6)
+    np.testing.assert_allclose(out[1, :6], want[1, :6], rtol=1e-6)
