@@ -41,13 +41,20 @@ from ._kvcache import (
     SlidingWindow,
     SnapKV,
     Tova,
+    WriteGateWeights,
     block_copy,
     compaction,
     gather,
     make_rope_table,
+    page_bounds,
+    page_bounds_update,
+    page_select,
+    page_select_scratch_bytes,
+    ring_write,
     rope,
     scatter,
     scores,
+    write_gate,
 )
 
 _kvcache._set_error_classes(_BY_CODE)
@@ -91,5 +98,6 @@ __all__ = [
     "GeometryOverflow", "H2O", "InvalidArgument", "InvariantViolated", "KeepAll", "KvPlanes", "Layout",
     "NotAllocated", "OutOfBlocks", "PoolView", "PrefixTooLong", "SinkWindow", "SlidingWindow", "SnapKV", "Tova",
     "TruncateTooMany", "UnknownSequence", "block_copy", "compaction", "gather", "make_rope_table", "rope",
-    "scatter", "scores",
+    "scatter", "scores", "WriteGateWeights", "page_bounds", "page_bounds_update", "page_select",
+    "page_select_scratch_bytes", "ring_write", "write_gate",
 ]

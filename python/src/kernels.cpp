@@ -7,15 +7,22 @@
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/gather.hpp>
+#include <kvcache/kernels/page_bounds.hpp>
+#include <kvcache/kernels/page_select.hpp>
+#include <kvcache/kernels/ring_write.hpp>
 #include <kvcache/kernels/rope.hpp>
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/kernels/scores.hpp>
+#include <kvcache/kernels/write_gate.hpp>
 #include <kvcache/kvcache.hpp>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "errors.hpp"
 
@@ -91,6 +98,24 @@ Rows rows_of(const Tensor& t, const char* name, const kv::PoolView& pool) {
   return r;
 }
 
+// Write-Gated KV's gate weights for one layer: float32 tensors, kept alive here.
+struct GateWeights {
+  kv::WriteGateWeights w;
+  nb::object keep[6];
+};
+
+// V must be laid out as K (the kernels take one set of strides).
+void same_rows(const Rows& k, const Rows& v) {
+  if (k.dtype != v.dtype || k.layers != v.layers || k.tokens != v.tokens || k.layer_stride != v.layer_stride ||
+      k.token_stride != v.token_stride || k.head_stride != v.head_stride)
+    bad("v", "shaped, typed and strided as k");
+}
+
+// Quest's key bounds of every block: [num_blocks][kv_heads][max, min][head_dim] floats.
+float* bounds_of(const Pool& pool, const Tensor& bounds) {
+  return vec<float>(bounds, "bounds", pool.view.num_blocks * pool.view.num_kv_heads * 2 * pool.view.head_dim);
+}
+
 }  // namespace
 
 void register_kernels(nb::module_& m) {
@@ -110,9 +135,7 @@ void register_kernels(nb::module_& m) {
       "scatter",
       [](Pool& pool, Tensor k, Tensor v, Tensor slots, std::int32_t first_layer, float k_scale, float v_scale) {
         const Rows rk = rows_of(k, "k", pool.view), rv = rows_of(v, "v", pool.view);
-        if (rk.dtype != rv.dtype || rk.layers != rv.layers || rk.tokens != rv.tokens || rk.layer_stride != rv.layer_stride ||
-            rk.token_stride != rv.token_stride || rk.head_stride != rv.head_stride)
-          bad("v", "shaped, typed and strided as k");
+        same_rows(rk, rv);
         const auto* s = vec<const std::int32_t>(slots, "slots", rk.tokens);
         kv::ScatterParams p{pool.view, {k.data(), v.data(), rk.dtype, rk.layer_stride, rk.token_stride, rk.head_stride},
                             kv::TokenAddress{s}, rk.tokens, first_layer, std::int32_t(rk.layers), k_scale, v_scale};
@@ -186,6 +209,123 @@ void register_kernels(nb::module_& m) {
         check(kv::make_rope_table(theta, rotary_dim, max_delta, {c, std::size_t(cos.size())}, {s, std::size_t(sin.size())}));
       },
       "theta"_a, "rotary_dim"_a, "max_delta"_a, "cos"_a, "sin"_a);
+
+  // Selection (Quest) and admission (Write-Gated KV) kernels.
+  m.def(
+      "page_bounds",
+      [](Pool& pool, std::int32_t layer, Tensor pages, Tensor fill, Tensor bounds) {
+        const auto n = std::int64_t(pages.size());
+        check(kv::page_bounds_host({pool.view, layer, vec<const std::int32_t>(pages, "pages", n),
+                                    vec<const std::int32_t>(fill, "fill", n), std::int32_t(n), bounds_of(pool, bounds)}));
+      },
+      "pool"_a, "layer"_a, "pages"_a, "fill"_a, "bounds"_a);
+  m.def(
+      "page_bounds_update",
+      [](Pool& pool, std::int32_t layer, Tensor slots, Tensor bounds, bool first_slot_starts_page) {
+        const auto n = std::int64_t(slots.size());
+        kv::PageBoundsUpdateParams p{pool.view, layer, vec<const std::int32_t>(slots, "slots", n), n, bounds_of(pool, bounds)};
+        p.first_slot_starts_page = first_slot_starts_page;
+        check(kv::page_bounds_update_host(p));
+      },
+      "pool"_a, "layer"_a, "slots"_a, "bounds"_a, "first_slot_starts_page"_a = true);
+  m.def(
+      "page_select",
+      [](Tensor bounds, Tensor queries, Tensor indptr, Tensor indices, std::int32_t budget, std::int32_t first_pages,
+         std::int32_t last_pages, nb::handle out_indptr, nb::handle out_indices, nb::handle scratch) {
+        if (bounds.ndim() != 4 || bounds.shape(2) != 2) bad("bounds", "[num_blocks, kv_heads, 2, head_dim] float32");
+        if (queries.ndim() != 4) bad("queries", "[num_seqs, kv_heads, group, head_dim] float32");
+        const auto blocks = std::int64_t(bounds.shape(0));
+        const auto heads = std::int32_t(bounds.shape(1)), dim = std::int32_t(bounds.shape(3));
+        const auto seqs = std::int32_t(queries.shape(0)), group = std::int32_t(queries.shape(2));
+        require(std::int32_t(queries.shape(1)) == heads, "queries.shape[1]", std::int64_t(queries.shape(1)), heads);
+        require(std::int32_t(queries.shape(3)) == dim, "queries.shape[3]", std::int64_t(queries.shape(3)), dim);
+        const auto* ip = vec<const std::int32_t>(indptr, "indptr", std::int64_t(seqs) + 1);
+        check(kv::check_csr(ip, seqs));
+        const std::int32_t pages = seqs ? ip[seqs] : 0;
+        std::int32_t longest = 0;
+        for (std::int32_t k = 0; k < seqs; ++k) longest = std::max(longest, ip[k + 1] - ip[k]);
+        const std::size_t rows = std::size_t(seqs) * std::size_t(heads);
+        nb::module_ np = nb::module_::import_("numpy");  // new outputs are numpy arrays
+        nb::object oi = out_indptr.is_none() ? np.attr("zeros")(rows + 1, "int32") : nb::borrow(out_indptr);
+        Tensor oit = nb::cast<Tensor>(oi);
+        auto* op = vec<std::int32_t>(oit, "out_indptr", std::int64_t(rows) + 1);
+        check(kv::page_select_indptr(ip, seqs, heads, budget, op, oit.size()));
+        nb::object ox = out_indices.is_none() ? np.attr("zeros")(op[rows], "int32") : nb::borrow(out_indices);
+        Tensor oxt = nb::cast<Tensor>(ox);
+        auto* ox_data = vec<std::int32_t>(oxt, "out_indices", op[rows]);
+        const std::size_t need = kv::page_select_scratch_bytes(longest, heads);
+        std::vector<std::byte> own;  // without a scratch tensor: one allocation here (pass one on a hot path)
+        void* scratch_ptr = nullptr;
+        std::size_t scratch_bytes = need;
+        if (scratch.is_none()) {
+          own.resize(need), scratch_ptr = own.data();
+        } else {
+          Tensor st = nb::cast<Tensor>(scratch);
+          on_cpu(st, "scratch");
+          scratch_ptr = st.data(), scratch_bytes = st.nbytes();  // too small: page_select_host names it
+        }
+        kv::PageSelectParams p{vec<const float>(bounds, "bounds", blocks * heads * 2 * dim), blocks, heads, dim,
+                               vec<const float>(queries, "queries", std::int64_t(seqs) * heads * group * dim), group, ip,
+                               vec<const std::int32_t>(indices, "indices", pages), seqs, pages, budget, first_pages, last_pages,
+                               op, ox_data, scratch_ptr, scratch_bytes};
+        check(kv::page_select_host(p));
+        return std::make_tuple(oi, ox);
+      },
+      "bounds"_a, "queries"_a, "indptr"_a, "indices"_a, "budget"_a, "first_pages"_a = 1, "last_pages"_a = 1,
+      "out_indptr"_a = nb::none(), "out_indices"_a = nb::none(), "scratch"_a = nb::none());
+  m.def("page_select_scratch_bytes", &kv::page_select_scratch_bytes, "longest_row_pages"_a, "num_kv_heads"_a);
+
+  nb::class_<GateWeights>(m, "WriteGateWeights")
+      .def(
+          "__init__",
+          [](GateWeights* self, Tensor norm_pre, Tensor norm_post, Tensor w1, Tensor b1, Tensor w2, Tensor b2,
+             float norm_eps, float min_gate, const std::string& activation) {
+            if (w1.ndim() != 3) bad("w1", "[kv_heads, 2 * head_dim, hidden] float32");
+            const auto heads = std::int32_t(w1.shape(0)), dim = std::int32_t(w1.shape(1) / 2), hidden = std::int32_t(w1.shape(2));
+            require(std::int64_t(w1.shape(1)) == 2 * std::int64_t(dim), "w1.shape[1]", std::int64_t(w1.shape(1)), 2 * dim);
+            if (activation != "gelu" && activation != "silu") bad("activation", "\"gelu\" or \"silu\"");
+            kv::WriteGateWeights w{vec<const float>(norm_pre, "norm_pre", dim), vec<const float>(norm_post, "norm_post", dim),
+                                   vec<const float>(w1, "w1", std::int64_t(heads) * 2 * dim * hidden),
+                                   vec<const float>(b1, "b1", std::int64_t(heads) * hidden),
+                                   vec<const float>(w2, "w2", std::int64_t(heads) * hidden), vec<const float>(b2, "b2", heads),
+                                   heads, dim, hidden, norm_eps, min_gate,
+                                   activation == "gelu" ? kv::GateActivation::gelu : kv::GateActivation::silu};
+            new (self) GateWeights{w, {nb::cast(norm_pre), nb::cast(norm_post), nb::cast(w1), nb::cast(b1), nb::cast(w2), nb::cast(b2)}};
+          },
+          "norm_pre"_a, "norm_post"_a, "w1"_a, "b1"_a, "w2"_a, "b2"_a, "norm_eps"_a = 1e-6f, "min_gate"_a = 1e-3f,
+          "activation"_a = "gelu");
+  m.def(
+      "write_gate",
+      [](GateWeights& w, Tensor k_pre, Tensor k_post, Tensor gates) {
+        on_cpu(k_pre, "k_pre"), on_cpu(k_post, "k_post");
+        if (k_pre.ndim() != 3 || k_post.ndim() != 3) bad("k_pre", "[tokens, kv_heads, head_dim] (k_post the same)");
+        const auto tokens = std::int64_t(k_pre.shape(0));
+        const std::int64_t item = k_pre.dtype().bits / 8;
+        if (k_pre.dtype() != k_post.dtype() || k_post.shape(0) != k_pre.shape(0) || k_pre.stride(0) != k_post.stride(0) ||
+            k_pre.stride(1) != k_post.stride(1))
+          bad("k_post", "shaped, typed and strided as k_pre");
+        require(std::int32_t(k_pre.shape(1)) == w.w.num_kv_heads, "k_pre.shape[1]", std::int64_t(k_pre.shape(1)), w.w.num_kv_heads);
+        require(std::int32_t(k_pre.shape(2)) == w.w.head_dim, "k_pre.shape[2]", std::int64_t(k_pre.shape(2)), w.w.head_dim);
+        if (w.w.head_dim > 1 && k_pre.stride(2) != 1) bad("k_pre", "contiguous in head_dim");
+        kv::WriteGateParams p{w.w, k_pre.data(), k_post.data(), dtype_of(k_pre, "k_pre"), k_pre.stride(0) * item,
+                              k_pre.stride(1) * item, tokens, vec<float>(gates, "gates", tokens * w.w.num_kv_heads)};
+        check(kv::write_gate_host(p));
+      },
+      "weights"_a, "k_pre"_a, "k_post"_a, "gates"_a);
+  m.def(
+      "ring_write",
+      [](Pool& pool, Tensor k, Tensor v, Tensor ring_slots, nb::handle promote_slots, std::int32_t first_layer, float k_scale,
+         float v_scale) {
+        const Rows rk = rows_of(k, "k", pool.view), rv = rows_of(v, "v", pool.view);
+        same_rows(rk, rv);
+        const std::int32_t* promote = nullptr;
+        if (!promote_slots.is_none()) promote = vec<const std::int32_t>(nb::cast<Tensor>(promote_slots), "promote_slots", rk.tokens);
+        check(kv::ring_write_host({pool.view, {k.data(), v.data(), rk.dtype, rk.layer_stride, rk.token_stride, rk.head_stride},
+                                   rk.tokens, first_layer, std::int32_t(rk.layers),
+                                   vec<const std::int32_t>(ring_slots, "ring_slots", rk.tokens), promote, k_scale, v_scale}));
+      },
+      "pool"_a, "k"_a, "v"_a, "ring_slots"_a, "promote_slots"_a = nb::none(), "first_layer"_a = 0, "k_scale"_a = 1.0f,
+      "v_scale"_a = 1.0f);
 
   m.def(
       "scores",
