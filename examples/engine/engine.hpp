@@ -132,7 +132,7 @@ class Engine {
     std::vector<Request*> running;
     for (auto& r : reqs)
       if (r.running) running.push_back(&r);
-    std::sort(running.begin(), running.end(), [](auto* a, auto* b) { return a->priority > b->priority; });
+    std::stable_sort(running.begin(), running.end(), [](auto* a, auto* b) { return a->priority > b->priority; });
     for (Request* r : running) {
       if (!r->running) continue;  // preempted earlier in this step
       advance(*r, reqs);
@@ -302,6 +302,7 @@ class Engine {
     if (prefill_done) {
       const auto& lg = r.last_logits;
       r.output.push_back(std::int32_t(std::max_element(lg.begin(), lg.end()) - lg.begin()));
+      if (cfg_.keep_logits) r.logits.insert(r.logits.end(), lg.begin(), lg.end());
       ++stats_.tokens_generated;
       if (std::int32_t(r.output.size()) >= r.max_new) finish(r);
     }

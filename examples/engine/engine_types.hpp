@@ -20,6 +20,7 @@ struct Request {
   std::vector<kvcache::SeqId> seqs;  // its streams: one, or one per layer (EngineConfig::layer_streams)
   std::int64_t peak_kv = 0, need_blocks = 0;
   std::vector<float> last_logits;
+  std::vector<float> logits;  // EngineConfig::keep_logits: each output token's logits, [output][vocab]
 };
 
 // How a token policy's groups map onto the model: one choice for the whole
@@ -53,6 +54,9 @@ struct EngineConfig {
   // (the engine supplies the bounds store). score() then feeds the tokens after
   // the prompt one at a time, so teacher-forced queries are decode queries.
   kvcache::QuestConfig quest{};
+  // Keep the logits every output token was chosen from (Request::logits), for
+  // a driver that compares engines (kvcache_serve).
+  bool keep_logits = false;
 };
 
 // Keys the decode queries read, per (query, layer, kv-head), against the dense read.

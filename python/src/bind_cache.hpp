@@ -106,7 +106,6 @@ void bind_eviction_calls(nb::class_<C>& c) {
           return std::make_tuple(check(self.evict(unpack(s), kv::EvictionSpans{}, pending_queries)));
         },
         nb::arg("seq"), nb::arg("pending_queries") = 0);
-    c.def("front", [](const C& self, std::uint64_t s) { return check(self.table().front(unpack(s))); });
   }
 }
 
@@ -128,6 +127,8 @@ void bind_cache(nb::module_& m, const char* name) {
       .def_prop_ro("block_size", &C::block_size)
       .def_prop_ro("geometry", &C::geometry)
       .def_prop_ro("eviction", [](const C& self) { return self.eviction(); })
+      // A sliding window's dead front slots in the first block (0 under other policies).
+      .def("front", [](const C& self, std::uint64_t s) { return check(self.table().front(unpack(s))); })
       // Sequences.
       .def("add_sequence", [](C& self) { return pack(check(self.add_sequence())); })
       .def(

@@ -62,20 +62,24 @@ void bind_policies(nb::module_& m) {
   nb::class_<kv::H2OEviction>(m, "H2O")
       .def("__init__", [](kv::H2OEviction* self, std::int32_t heavy, std::int32_t recent, std::int32_t groups) {
         new (self) kv::H2OEviction({.heavy = heavy, .recent = recent, .groups = groups});
-      }, "heavy"_a, "recent"_a, "groups"_a = 1);
+      }, "heavy"_a, "recent"_a, "groups"_a = 1)
+      .def_prop_ro("groups", &kv::H2OEviction::groups);
   nb::class_<kv::TovaEviction>(m, "Tova")
       .def("__init__", [](kv::TovaEviction* self, std::int32_t budget, std::int32_t groups) {
         new (self) kv::TovaEviction({.budget = budget, .groups = groups});
-      }, "budget"_a, "groups"_a = 1);
+      }, "budget"_a, "groups"_a = 1)
+      .def_prop_ro("groups", &kv::TovaEviction::groups);
   nb::class_<kv::SnapKVEviction>(m, "SnapKV")
       .def("__init__", [](kv::SnapKVEviction* self, std::int32_t capacity, std::int32_t window, std::int32_t kernel,
                           std::int32_t groups) {
         new (self) kv::SnapKVEviction({.capacity = capacity, .window = window, .kernel = kernel, .groups = groups});
-      }, "capacity"_a, "window"_a = 32, "kernel"_a = 7, "groups"_a = 1);
+      }, "capacity"_a, "window"_a = 32, "kernel"_a = 7, "groups"_a = 1)
+      .def_prop_ro("groups", &kv::SnapKVEviction::groups);
   nb::class_<kv::AverageAttentionEviction>(m, "AverageAttention")
       .def("__init__", [](kv::AverageAttentionEviction* self, std::int32_t budget, std::int32_t step, std::int32_t groups) {
         new (self) kv::AverageAttentionEviction({.budget = budget, .step = step, .groups = groups});
-      }, "budget"_a, "step"_a = 64, "groups"_a = 1);
+      }, "budget"_a, "step"_a = 64, "groups"_a = 1)
+      .def_prop_ro("groups", &kv::AverageAttentionEviction::groups);
 }
 
 template <class E>

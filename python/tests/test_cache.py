@@ -130,6 +130,9 @@ def test_h2o_observes_scores_and_writes_moves():
     assert r.tokens == 4 and c.tokens_held(s) == 4
     assert sorted(c.positions(s, 0)) == [0, 3, 6, 7] and sorted(c.positions(s, 1)) == [1, 2, 6, 7]
     assert group_moves[-1] == r.moves and moves.shape[1] == 2
+    assert c.eviction.groups == 2 and c.front(s) == 0  # front: a window's dead slots, 0 here
+    with pytest.raises(kv.UnknownSequence):
+        c.front(s + 1)
     with pytest.raises(kv.InvalidArgument, match="scores_at"):
         c.observe(s, np.array([[np.nan, 0, 0, 0]] * 2, dtype=np.float32), "head_attention_sums")
     with pytest.raises(kv.InvalidArgument, match="scores.kind"):

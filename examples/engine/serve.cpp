@@ -1,0 +1,109 @@
+// kvcache_serve: serves one workload (the held-out text's requests, as the
+// demo cuts them) with one named policy, and writes what the engine did as
+// JSON: every request's prompt, greedy output and the logits each output
+// token was chosen from, and the engine's statistics. The Python example
+// engine (examples/python/) is tested against this output.
+//
+//   kvcache_serve [--policy NAME] [--budget TOKENS] [--requests N] [--prompt TOKENS] [--new TOKENS]
+//                 [--pool TOKENS] [--chunk TOKENS] [--batch N] [--block TOKENS] [--optimistic] [--json FILE]
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "serving.hpp"
+
+namespace {
+
+// Floats print as the shortest text that reads back as the same float32.
+std::string to_json(const engine::Served& s, const std::string& policy, std::int32_t budget) {
+  const auto& st = s.stats;
+  std::string out = fmt::format(
+      "{{\"policy\": \"{}\", \"budget\": {}, \"stats\": {{\"steps\": {}, \"tokens_generated\": {}, "
+      "\"preemptions\": {}, \"reprefilled\": {}, \"kv_high_water\": {}, \"max_batch\": {}}},\n \"requests\": [",
+      policy, budget, st.steps, st.tokens_generated, st.preemptions, st.reprefilled, st.kv_high_water, st.max_batch);
+  for (std::size_t i = 0; i < s.reqs.size(); ++i) {
+    const auto& r = s.reqs[i];
+    out += fmt::format(
+        "{}\n  {{\"id\": {}, \"priority\": {}, \"max_new\": {}, \"peak_kv\": {}, \"prompt\": [{}], \"output\": [{}], "
+        "\"logits\": [{}]}}",
+        i ? "," : "", r.id, r.priority, r.max_new, r.peak_kv, fmt::join(r.prompt, ", "), fmt::join(r.output, ", "),
+        fmt::join(r.logits, ", "));
+  }
+  return out + "\n]}\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::string policy = "keep_all", json;
+  std::map<std::string, std::int32_t> num{{"--budget", 256}, {"--requests", 4}, {"--prompt", 512}, {"--new", 128},
+                                          {"--pool", 8192},  {"--chunk", 64},   {"--batch", 8},    {"--block", 16}};
+  bool optimistic = false;
+  const auto usage = [&] {
+    fmt::print(stderr,
+               "usage: {} [--policy NAME] [--budget N] [--requests N] [--prompt N] [--new N] [--pool TOKENS] "
+               "[--chunk N] [--batch N] [--block N] [--optimistic] [--json FILE]\n",
+               argv[0]);
+    return 2;
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--optimistic") {
+      optimistic = true;
+      continue;
+    }
+    if (i + 1 >= argc) return fmt::print(stderr, "{} needs a value\n", a), 2;
+    const std::string v = argv[++i];
+    if (a == "--policy") {
+      policy = v;
+    } else if (a == "--json") {
+      json = v;
+    } else if (auto it = num.find(a); it != num.end()) {
+      std::size_t used = 0;
+      std::int32_t x = 0;
+      try {
+        x = std::stoi(v, &used);
+      } catch (const std::exception&) {
+      }
+      if (used == 0 || used != v.size() || x <= 0)
+        return fmt::print(stderr, "{} needs a positive integer, got '{}'\n", a, v), 2;
+      it->second = x;
+    } else {
+      return usage();
+    }
+  }
+  if (const std::int32_t shortest = num["--prompt"] - 32 * std::min(3, num["--requests"] - 1); shortest <= 0)
+    return fmt::print(stderr, "--prompt {}: request {} would get {} tokens (prompts are cut 32 shorter in turn)\n",
+                      num["--prompt"], std::min(3, num["--requests"] - 1), shortest),
+           2;
+  const engine::Model model(std::string(ENGINE_MODEL_DIR) + "/kjv-tiny.bin");
+  const engine::EngineConfig cfg0{.max_kv_tokens = num["--pool"],
+                                  .block_size = num["--block"],
+                                  .chunk = num["--chunk"],
+                                  .max_batch = num["--batch"],
+                                  .optimistic = optimistic,
+                                  .keep_logits = true};
+  const auto reqs = engine::workload(engine::heldout(), num["--requests"], num["--prompt"], num["--new"]);
+  std::string text;
+  engine::with(policy, num["--budget"], model.config(), cfg0, [&](auto p, const engine::EngineConfig& cfg) {
+    const auto served = engine::serve(model, p, cfg, reqs);
+    fmt::print("{} at {}: {} steps, {} tokens generated, {} preemptions, {} re-prefilled, high-water {} tokens\n",
+               policy, num["--budget"], served.stats.steps, served.stats.tokens_generated, served.stats.preemptions,
+               served.stats.reprefilled, served.stats.kv_high_water);
+    text = to_json(served, policy, num["--budget"]);
+  });
+  if (!json.empty()) {
+    std::FILE* f = std::fopen(json.c_str(), "w");
+    if (!f || std::fputs(text.c_str(), f) < 0 || std::fclose(f) != 0)
+      return fmt::print(stderr, "kvcache_serve: cannot write {}\n", json), 1;
+  }
+  return 0;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "kvcache_serve: {}\n", e.what());
+  return 1;
+}

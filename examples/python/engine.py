@@ -1,0 +1,345 @@
+"""A small continuous-batching engine in PyTorch over kvcache: the Python twin
+of examples/engine/engine.hpp, step for step, so the two can be compared
+token for token (python/tests/test_example_engine.py).
+
+Requests are admitted by the cache's accounting (the whole life's blocks
+under the policy, or, `optimistic`, the prefill's, as vLLM does); every step
+runs one prefill chunk or one decoded token per running request, highest
+priority first; when the pool runs out, the lowest-priority running request
+is preempted (its blocks freed, its prompt and output so far re-prefilled
+later). Eviction runs after every chunk on the attention the forward pass
+just computed. Greedy decoding: runs are reproducible.
+
+Each request's chunk is its own forward call, as in the C++ engine: a
+request's eviction frees blocks before the next request reserves, so the
+schedule (and who is preempted) is the same in both engines.
+"""
+import dataclasses
+
+import numpy as np
+import torch
+
+import kvcache as kv
+from model import Forward, Trace
+
+TOKEN_POLICIES = (kv.H2O, kv.Tova, kv.SnapKV, kv.AverageAttention)
+POLICY_NAMES = ["keep_all", "sliding_window", "sink_window", "block_scores", "block_scores_summed", "h2o",
+                "h2o_summed", "tova", "tova_summed", "snapkv", "snapkv_summed", "average_attention",
+                "average_attention_summed"]
+
+
+@dataclasses.dataclass
+class EngineConfig:
+    max_kv_tokens: int = 4096  # the pool: max_kv_tokens / block_size blocks
+    block_size: int = 16
+    chunk: int = 64            # prefill chunk
+    max_batch: int = 8         # running requests at most
+    evict_in_prefill: bool = True
+    optimistic: bool = False   # admit when the prefill fits now; preempt when decoding runs out
+    grouping: str = "heads"    # token policies' groups: all, heads, layers or layer_heads
+    observe_window: int = 0    # SnapKV: the prompt's last queries that score it
+    layer_streams: bool = False  # one stream per (request, layer): block policies choose per layer
+
+
+@dataclasses.dataclass
+class Request:
+    id: int
+    prompt: list
+    max_new: int
+    priority: int = 0  # a larger priority is preempted last
+    output: list = dataclasses.field(default_factory=list)
+    logits: list = dataclasses.field(default_factory=list)  # each output token's logits [vocab]
+    fed: int = 0       # tokens of prompt + output in the cache
+    running: bool = False
+    done: bool = False
+    seqs: list = dataclasses.field(default_factory=list)
+    peak_kv: int = 0
+
+
+@dataclasses.dataclass
+class Stats:
+    steps: int = 0
+    tokens_generated: int = 0
+    preemptions: int = 0
+    reprefilled: int = 0
+    kv_high_water: int = 0
+    max_batch: int = 0
+
+
+def policy_by_name(name, budget, c, cfg):
+    """The named policy holding about `budget` tokens per request, and `cfg`
+    adjusted for it (examples/engine/policies.hpp, the same table)."""
+    B = 16
+    cfg = dataclasses.replace(cfg)
+    layer_heads = c["layers"] * c["kv_heads"]
+    if name == "keep_all":
+        return kv.KeepAll(), cfg
+    if name == "sliding_window":
+        return kv.SlidingWindow(budget), cfg
+    if name == "sink_window":
+        return kv.SinkWindow(sinks=4, window=budget - 2 * B, block_size=B), cfg
+    if name in ("block_scores", "block_scores_summed"):
+        recent = max(B, min(4 * B, (budget - 3 * B) // B * B))
+        cfg.layer_streams = name == "block_scores"
+        return kv.BlockScores(start=B, recent=recent, max=budget - B, block_size=B), cfg
+    if name in ("h2o", "h2o_summed"):  # half heavy hitters, half recent
+        summed = name == "h2o_summed"
+        cfg.grouping = "heads" if summed else "layer_heads"
+        return kv.H2O(heavy=budget // 2, recent=budget - budget // 2,
+                      groups=c["kv_heads"] if summed else layer_heads), cfg
+    if name in ("tova", "tova_summed"):
+        summed = name == "tova_summed"
+        cfg.grouping = "all" if summed else "layers"
+        return kv.Tova(budget=budget, groups=1 if summed else c["layers"]), cfg
+    if name in ("snapkv", "snapkv_summed"):  # one shot after the prompt
+        per_head = name == "snapkv"
+        cfg.evict_in_prefill = False
+        cfg.grouping = "layer_heads" if per_head else "heads"
+        cfg.observe_window = 32 if per_head else 0
+        return kv.SnapKV(capacity=budget - 32, window=32, kernel=7,
+                         groups=layer_heads if per_head else c["kv_heads"]), cfg
+    if name in ("average_attention", "average_attention_summed"):
+        summed = name == "average_attention_summed"
+        cfg.grouping = "all" if summed else "layer_heads"
+        return kv.AverageAttention(budget=budget, step=32, groups=1 if summed else layer_heads), cfg
+    raise ValueError(f"unknown policy '{name}' (one of: {', '.join(POLICY_NAMES)})")
+
+
+class PagedKv:
+    """One request's view of the pool for one forward call: write() scatters
+    the chunk's K/V to its slots, read() gathers what the request holds back
+    through the exported CSR page table, with each row's token position."""
+
+    def __init__(self, eng, r, slots, first_pos):
+        self.e, self.r, self.slots, self.first = eng, r, slots, first_pos
+        self.mapped = self.gathered = -1
+
+    def _stream(self, layer):
+        return 0 if len(self.r.seqs) == 1 else layer
+
+    def _pool_layer(self, layer):
+        return layer if len(self.r.seqs) == 1 else 0
+
+    def write(self, layer, k, v):
+        e, s = self.e, self._stream(layer)
+        slots = self.slots[s]
+        kv.scatter(e.pool, k, v, slots, first_layer=self._pool_layer(layer))
+        if layer == 0 or len(self.r.seqs) > 1:  # one position table per group (all groups see the same write)
+            e.positions[:, torch.from_numpy(slots).long()] = torch.arange(self.first, self.first + len(slots))
+            self.mapped = -1
+        self.gathered = -1
+
+    def _map(self, s):
+        e, seq = self.e, self.r.seqs[s]
+        _, self.indices, _, _ = e.cache.export_csr(np.array([seq], dtype=np.uint64), e.indptr, None, e.last)
+        B = e.cfg.block_size
+        self.front = e.cache.front(seq)  # a sliding window's dead front slots
+        self.held = e.cache.tokens_held(seq)
+        j = torch.arange(self.front, self.front + self.held)
+        pool_slot = torch.from_numpy(self.indices).long()[j // B] * B + j % B
+        self.pos = e.positions[:, pool_slot]  # [groups, held]
+        self.mapped = s
+
+    def read(self, layer):
+        e = self.e
+        if self.mapped != self._stream(layer):
+            self._map(self._stream(layer))
+        if self.gathered != layer:
+            rows = self.front + self.held
+            self.k = torch.empty(rows, e.heads, e.head_dim)
+            self.v = torch.empty_like(self.k)
+            kv.gather(e.pool, self._pool_layer(layer), e.indptr, self.indices, np.array([0, rows], dtype=np.int32),
+                      self.k, self.v)
+            self.gathered = layer
+        keys = self.k[self.front:].transpose(0, 1)  # [kv_heads, held, head_dim], past the dead front
+        values = self.v[self.front:].transpose(0, 1)
+        groups = [e.group_of(layer, h) for h in range(e.heads)]
+        return keys, values, self.pos[groups]
+
+
+class Engine:
+    def __init__(self, model, cfg, policy):
+        c = model.c
+        self.m, self.c, self.cfg, self.fwd = model, c, cfg, Forward(model)
+        self.heads, self.head_dim = c["kv_heads"], c["dim"] // c["q_heads"]
+        self.token_policy = isinstance(policy, TOKEN_POLICIES)
+        self.observes = self.token_policy or isinstance(policy, kv.BlockScores)
+        if self.token_policy and cfg.layer_streams:
+            raise ValueError("layer_streams: token policies choose per layer through their groups")
+        self.streams = c["layers"] if cfg.layer_streams else 1
+        self.geometry = kv.Geometry(num_layers=1 if cfg.layer_streams else c["layers"], num_kv_heads=self.heads,
+                                    head_dim=self.head_dim, block_size=cfg.block_size, dtype=kv.DType.f32)
+        self.blocks = (cfg.max_kv_tokens // cfg.block_size + 1) * self.streams
+        self.memory = torch.zeros(self.geometry.pool_bytes(self.blocks), dtype=torch.uint8)
+        self.pool = kv.PoolView(self.geometry, self.memory, self.blocks)
+        self.max_blocks_per_stream = c["context"] // cfg.block_size + 2
+        self.cache = kv.Cache(self.geometry, num_blocks=self.blocks, max_sequences=cfg.max_batch * self.streams,
+                              max_blocks_per_sequence=self.max_blocks_per_stream, eviction=policy)
+        self.groups = policy.groups if self.token_policy else 1
+        self.grouping = "all" if self.groups == 1 else cfg.grouping
+        L, H = c["layers"], self.heads
+        self.layout = {"all": (0, 0), "heads": (0, 1), "layers": (1, 0), "layer_heads": (H, 1)}[self.grouping]
+        self.positions = torch.full((self.groups, self.blocks * cfg.block_size), -1, dtype=torch.long)
+        self.indptr, self.last = np.zeros(2, dtype=np.int32), np.zeros(1, dtype=np.int32)
+        self.stats = Stats()
+        self.last_query = isinstance(policy, kv.Tova)
+
+    def group_of(self, layer, head):
+        return layer * self.layout[0] + head * self.layout[1]
+
+    # Bookkeeping.
+    def held(self, r):  # one stream per layer: their mean, rounded up
+        return (sum(self.cache.tokens_held(s) for s in r.seqs) + self.streams - 1) // self.streams
+
+    def blocks_needed(self, tokens, new_tokens, chunk):
+        return self.cache.blocks_needed(tokens, new_tokens, chunk) * self.streams
+
+    def _tokens_of(self, r):
+        return len(r.prompt) + len(r.output)
+
+    def _add_streams(self, r):
+        r.seqs = [self.cache.add_sequence() for _ in range(self.streams)]
+
+    def _free_streams(self, r):
+        for s in r.seqs:
+            self.cache.free(s)
+        r.seqs = []
+
+    def _reserve(self, r, n):
+        """n slots in each of r's streams, [streams, n]; all or nothing (raises kv.OutOfBlocks)."""
+        if len(r.seqs) == 1:
+            slots, _, copy = self.cache.reserve(r.seqs[0], n)
+            copies = copy[0] >= 0
+            slots = slots[None]
+        else:
+            slots, _, copies = self.cache.reserve_batch(np.array(r.seqs, dtype=np.uint64),
+                                                        np.full(len(r.seqs), n, dtype=np.int32))
+            slots = slots.reshape(len(r.seqs), n)
+        if copies:
+            raise RuntimeError("unexpected copy-on-write: nothing is shared here")
+        return slots
+
+    def _chunk_before(self, left, n):  # never past the prompt's end; the last chunk holds the observation window
+        w = self.cfg.observe_window
+        n = min(n, left)
+        if w > 0 and 0 < left - n < w and left > w:
+            n = left - w
+        return n
+
+    # Scheduling.
+    def run(self, reqs):
+        while not all(r.done for r in reqs):
+            self.step(reqs)
+
+    def step(self, reqs):
+        self._admit(reqs)
+        running = sorted((r for r in reqs if r.running), key=lambda r: -r.priority)
+        for r in running:
+            if r.running:  # not preempted earlier in this step
+                self._advance(r, reqs)
+        live = [r for r in reqs if r.running]
+        st = self.stats
+        st.max_batch = max(st.max_batch, len(live))
+        st.kv_high_water = max(st.kv_high_water, sum(self.held(r) for r in live))
+        st.steps += 1
+
+    def _admit(self, reqs):
+        chunk = self.cfg.chunk if self.cfg.evict_in_prefill else 0
+        for r in sorted((r for r in reqs if not r.running and not r.done), key=lambda r: -r.priority):
+            remaining = r.max_new - len(r.output)
+            try:
+                need = self.blocks_needed(self._tokens_of(r), 0 if self.cfg.optimistic else remaining, chunk)
+            except kv.Error:
+                break
+            c = self.cache
+            if c.free_sequences < self.streams or need > c.free_blocks - c.promised_blocks:
+                break
+            self._add_streams(r)
+            for s in r.seqs:  # each stream's share of the need
+                c.promise(s, min(need // self.streams, self.max_blocks_per_stream))
+            r.running, r.fed = True, 0
+
+    def _advance(self, r, reqs):
+        total = self._tokens_of(r)
+        n = self._chunk_before(total - r.fed, min(self.cfg.chunk, total - r.fed))
+        while True:
+            try:
+                slots = self._reserve(r, n)
+                break
+            except kv.OutOfBlocks:
+                if not self._preempt_lowest(reqs, r):
+                    return  # r itself was preempted
+        seq = r.prompt + r.output
+        trace = Trace(ragged=self.streams > 1)
+        store = PagedKv(self, r, slots, r.fed)
+        logits = self.fwd.run(store, seq[r.fed:r.fed + n], r.fed, True, trace, self.cfg.observe_window)
+        r.fed += n
+        r.peak_kv = max(r.peak_kv, self.held(r))
+        prefill_done = r.fed >= total
+        if self.cfg.evict_in_prefill or prefill_done:
+            self._feed_and_evict(r, trace)
+        if prefill_done:
+            r.logits.append(logits[0])
+            r.output.append(int(torch.argmax(logits[0])))
+            self.stats.tokens_generated += 1
+            if len(r.output) >= r.max_new:
+                self._free_streams(r)
+                r.running, r.done = False, True
+
+    def _preempt_lowest(self, reqs, keep):
+        """Frees the lowest-priority running request (perhaps `keep`: then False)."""
+        running = [r for r in reqs if r.running]
+        if not running:
+            raise RuntimeError("out of blocks with nothing to preempt")
+        victim = min(running, key=lambda r: (r.priority, -r.id))
+        if victim is keep and len(running) == 1:
+            raise RuntimeError(f"request {keep.id} does not fit the pool on its own")
+        self.stats.preemptions += 1
+        self.stats.reprefilled += victim.fed
+        self._free_streams(victim)
+        victim.running, victim.fed = False, 0
+        return victim is not keep
+
+    # Eviction.
+    def _feed_and_evict(self, r, trace):
+        c, cache = self.c, self.cache
+        if self.streams > 1:  # one stream per layer, scored by that layer's attention
+            for layer, seq in enumerate(r.seqs):
+                cache.observe(seq, trace.layer_sums[layer].contiguous(), "attention_sums")
+                cache.evict(seq)
+            return
+        seq = r.seqs[0]
+        if self.observes:
+            if self.last_query:
+                if self.grouping == "layers":
+                    cache.observe(seq, trace.layer_last_query.reshape(c["layers"] * c["q_heads"], -1),
+                                  "last_query_attention")
+                else:
+                    cache.observe(seq, trace.last_query, "last_query_attention")
+            elif self.grouping == "layer_heads":
+                cache.observe(seq, trace.layer_head_sums.reshape(c["layers"] * self.heads, -1), "head_attention_sums")
+            elif self.grouping == "heads":
+                cache.observe(seq, trace.head_sums, "head_attention_sums")
+            else:
+                cache.observe(seq, trace.head_sums.sum(0), "attention_sums")
+        out = cache.evict(seq)
+        if self.token_policy and out[0].moves > 0:
+            self._compact(out[1], out[2])
+
+    def _compact(self, moves, group_moves):
+        """Moves each group's surviving rows (its layers, its kv-heads) and their positions."""
+        L, H = self.c["layers"], self.heads
+        by_layer = self.grouping in ("layers", "layer_heads")
+        by_head = self.grouping in ("heads", "layer_heads")
+        per_layer = H if self.grouping == "layer_heads" else 1
+        for g in range(self.groups):
+            lo, hi = int(group_moves[g]), int(group_moves[g + 1])
+            if lo == hi:
+                continue
+            first_layer, layers = (g // per_layer, 1) if by_layer else (0, L)
+            head, heads = (g % H, 1) if by_head else (0, 0)
+            kv.compaction(self.pool, moves[lo:hi], first_layer=first_layer, num_layers=layers,
+                          first_head=head, num_heads=heads)
+            pos = self.positions[g]
+            for src, dst in moves[lo:hi].tolist():  # in order: a move may read an earlier one's destination
+                pos[dst] = pos[src]
