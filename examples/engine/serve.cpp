@@ -92,9 +92,11 @@ int main(int argc, char** argv) try {
   std::string text;
   engine::with(policy, num["--budget"], model.config(), cfg0, [&](auto p, const engine::EngineConfig& cfg) {
     const auto served = engine::serve(model, p, cfg, reqs);
-    fmt::print("{} at {}: {} steps, {} tokens generated, {} preemptions, {} re-prefilled, high-water {} tokens\n",
-               policy, num["--budget"], served.stats.steps, served.stats.tokens_generated, served.stats.preemptions,
-               served.stats.reprefilled, served.stats.kv_high_water);
+    fmt::print(
+        "{} at {}: {} steps, {} tokens generated, {} preemptions, {} re-prefilled, high-water {} tokens ({:.0f} "
+        "tokens/s)\n",
+        policy, num["--budget"], served.stats.steps, served.stats.tokens_generated, served.stats.preemptions,
+        served.stats.reprefilled, served.stats.kv_high_water, served.tokens_per_second());
     text = to_json(served, policy, num["--budget"]);
   });
   if (!json.empty()) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "kvcache/admission/admit_all.hpp"
+#include "kvcache/admission/write_gate.hpp"
 #include "kvcache/block_hash.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/cache.hpp"

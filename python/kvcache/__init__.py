@@ -1,6 +1,7 @@
 """kvcache: the KV-cache manager of transformer inference engines, from Python.
 
-The same headers as the C++ library, compiled once per eviction policy.
+The same headers as the C++ library, compiled once per supported combination
+of admission (all, or Write-Gated KV), selection (all, or Quest) and eviction.
 Sequence handles are ints; slot mappings, block tables, CSR pages and
 compaction moves are written into the int32 arrays you pass (numpy or torch
 CPU tensors, no copy), or returned as new numpy arrays when you pass none.
@@ -31,25 +32,30 @@ from ._kvcache import (
     BlockScores,
     DType,
     EvictionResult,
+    GateWriteInfo,
     Geometry,
     H2O,
     KeepAll,
     KvPlanes,
     Layout,
     PoolView,
+    Quest,
     SinkWindow,
     SlidingWindow,
     SnapKV,
     Tova,
+    WriteGate,
     WriteGateWeights,
     block_copy,
     compaction,
     gather,
+    has_cuda,
     make_rope_table,
     page_bounds,
     page_bounds_update,
     page_select,
     page_select_scratch_bytes,
+    ring_admit,
     ring_write,
     rope,
     scatter,
@@ -60,44 +66,75 @@ from ._kvcache import (
 _kvcache._set_error_classes(_BY_CODE)
 __version__ = _kvcache.__version__
 
-_CACHES = {
-    KeepAll: _kvcache.Cache_KeepAll,
-    SlidingWindow: _kvcache.Cache_SlidingWindow,
-    SinkWindow: _kvcache.Cache_SinkWindow,
-    BlockScores: _kvcache.Cache_BlockScores,
-    H2O: _kvcache.Cache_H2O,
-    Tova: _kvcache.Cache_Tova,
-    SnapKV: _kvcache.Cache_SnapKV,
-    AverageAttention: _kvcache.Cache_AverageAttention,
+_EVICTIONS = {KeepAll: "KeepAll", SlidingWindow: "SlidingWindow", SinkWindow: "SinkWindow",
+              BlockScores: "BlockScores", H2O: "H2O", Tova: "Tova", SnapKV: "SnapKV",
+              AverageAttention: "AverageAttention"}
+# What Write-Gated KV composes with, and why the rest does not (the C++ static_asserts' reasons).
+_GATED_REJECTS = {
+    SlidingWindow: "the ring already is the local window, and dropping a head row's front would drop the ring",
+    SinkWindow: "block policies re-rotate kept blocks by their shift in the row; a global region holds scattered "
+                "admitted positions",
+    BlockScores: "block policies re-rotate kept blocks by their shift in the row; a global region holds scattered "
+                 "admitted positions",
 }
 
 
-def Cache(geometry, num_blocks, max_sequences=256, max_blocks_per_sequence=None, eviction=None,
-          event_capacity=0, publish_on_reserve=False):
-    """A cache over ``num_blocks`` blocks (block 0 is the null block) under an eviction policy.
+def _bad(name, value, why):
+    return InvalidArgument(f"invalid_argument: {name}={value} ({why})")
 
-    ``max_blocks_per_sequence`` defaults to ``num_blocks - 1``. The object is
-    the compiled ``kvcache::Cache`` of the policy's type: every method is one
-    call into C++.
+
+def Cache(geometry, num_blocks, max_sequences=256, max_blocks_per_sequence=None, eviction=None,
+          event_capacity=0, publish_on_reserve=False, admission=None, selection=None, bounds=None):
+    """A cache over ``num_blocks`` blocks (block 0 is the null block): admission,
+    selection and eviction composed, as ``kvcache::Cache<BlockPool, PageTable,
+    Admission, Selection, Eviction>``.
+
+    ``eviction``: a policy object (default ``KeepAll()``). ``admission``:
+    ``None`` (every token is written) or ``WriteGate(...)``: head-paged, one
+    row per (sequence, layer, kv-head) over single-head blocks (``geometry``
+    has one layer and one kv-head), with ``write``/``write_batch`` in place of
+    ``reserve``. ``selection``: ``None`` or ``Quest(...)``; its bounds store is
+    ``bounds`` (a C-contiguous float32 CPU array of
+    ``Quest.bounds_floats(geometry, num_blocks)`` floats) or a new numpy
+    array, kept alive by the cache and seen through ``page_bounds(layer)``.
+    ``max_blocks_per_sequence`` (one row: a sequence, or one head under
+    WriteGate) defaults to ``num_blocks - 1``. The object is the compiled
+    cache of that combination: every method is one call into C++.
     """
     eviction = KeepAll() if eviction is None else eviction
-    try:
-        cls = _CACHES[type(eviction)]
-    except KeyError:
-        raise InvalidArgument(f"invalid_argument: eviction={type(eviction).__name__} "
-                              f"(one of {', '.join(t.__name__ for t in _CACHES)})") from None
+    ev = _EVICTIONS.get(type(eviction))
+    if ev is None:
+        raise _bad("eviction", type(eviction).__name__, "one of " + ", ".join(t.__name__ for t in _EVICTIONS))
+    if admission is not None and not isinstance(admission, WriteGate):
+        raise _bad("admission", type(admission).__name__, "None or WriteGate")
+    if selection is not None and not isinstance(selection, Quest):
+        raise _bad("selection", type(selection).__name__, "None or Quest")
+    if admission is not None and type(eviction) in _GATED_REJECTS:
+        raise _bad("eviction", ev, "does not compose with WriteGate: " + _GATED_REJECTS[type(eviction)])
+    if bounds is not None and selection is None:
+        raise _bad("bounds", "given", "only a Quest cache has a bounds store")
     if max_blocks_per_sequence is None:
         max_blocks_per_sequence = max(num_blocks - 1, 1)
-    return cls(geometry, num_blocks, max_sequences, max_blocks_per_sequence, event_capacity,
-               publish_on_reserve, eviction)
+    name = "Cache_" + ("WriteGate_" if admission is not None else "") + ("Quest_" if selection is not None else "") + ev
+    cls = getattr(_kvcache, name)
+    extra = ()
+    if selection is not None:
+        if bounds is None:
+            import numpy
+            bounds = numpy.zeros(Quest.bounds_floats(geometry, num_blocks), dtype=numpy.float32)
+        extra = (selection, bounds)
+    if admission is not None:
+        return cls(geometry, num_blocks, max_sequences, max_blocks_per_sequence, admission, eviction, *extra)
+    return cls(geometry, num_blocks, max_sequences, max_blocks_per_sequence, event_capacity, publish_on_reserve,
+               eviction, *extra)
 
 
 __all__ = [
     "AlreadyHashed", "AverageAttention", "BlockScores", "BlocksInUse", "BufferTooSmall", "Cache",
-    "CapacityExceeded", "DType", "DuplicateSequence", "Error", "EvictionResult", "Geometry",
+    "CapacityExceeded", "DType", "DuplicateSequence", "Error", "EvictionResult", "GateWriteInfo", "Geometry",
     "GeometryOverflow", "H2O", "InvalidArgument", "InvariantViolated", "KeepAll", "KvPlanes", "Layout",
-    "NotAllocated", "OutOfBlocks", "PoolView", "PrefixTooLong", "SinkWindow", "SlidingWindow", "SnapKV", "Tova",
-    "TruncateTooMany", "UnknownSequence", "block_copy", "compaction", "gather", "make_rope_table", "rope",
-    "scatter", "scores", "WriteGateWeights", "page_bounds", "page_bounds_update", "page_select",
-    "page_select_scratch_bytes", "ring_write", "write_gate",
+    "NotAllocated", "OutOfBlocks", "PoolView", "PrefixTooLong", "Quest", "SinkWindow", "SlidingWindow", "SnapKV", "Tova",
+    "TruncateTooMany", "UnknownSequence", "block_copy", "compaction", "gather", "has_cuda", "make_rope_table", "rope",
+    "scatter", "scores", "WriteGate", "WriteGateWeights", "page_bounds", "page_bounds_update", "page_select",
+    "page_select_scratch_bytes", "ring_admit", "ring_write", "write_gate",
 ]

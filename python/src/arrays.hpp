@@ -8,8 +8,13 @@
 
 #include <Python.h>
 #include <nanobind/nanobind.h>
-// numpy's C API, imported once by module.cpp (the only translation unit that includes this).
+// numpy's C API: one function table for the module, imported once by
+// module.cpp (KVCACHE_NUMPY_IMPORT); every other translation unit refers to it.
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL kvcache_numpy_api
+#ifndef KVCACHE_NUMPY_IMPORT
+#define NO_IMPORT_ARRAY
+#endif
 #include <numpy/arrayobject.h>
 #include <nanobind/ndarray.h>
 
@@ -58,6 +63,7 @@ bool format_is(const char* f) {
 template <class T>
 class Array {
  public:
+  static constexpr std::size_t kMaxDims = 4;  // queries are [seqs][kv_heads][group][head_dim]
   Array() = default;
   Array(const Array&) = delete;
   Array& operator=(const Array&) = delete;
@@ -69,7 +75,7 @@ class Array {
   bool borrow(nb::handle h, bool writable) {
     if (PyArray_Check(h.ptr())) {
       auto* a = reinterpret_cast<PyArrayObject*>(h.ptr());
-      if (numpy_type_is<T>(PyArray_TYPE(a)) && PyArray_IS_C_CONTIGUOUS(a) && PyArray_NDIM(a) <= 2 &&
+      if (numpy_type_is<T>(PyArray_TYPE(a)) && PyArray_IS_C_CONTIGUOUS(a) && PyArray_NDIM(a) <= kMaxDims &&
           (!writable || PyArray_ISWRITEABLE(a))) {
         data_ = static_cast<T*>(PyArray_DATA(a));
         size_ = std::size_t(PyArray_SIZE(a));
@@ -83,7 +89,7 @@ class Array {
     if (PyObject_CheckBuffer(h.ptr())) {
       if (PyObject_GetBuffer(h.ptr(), &view_, flags) == 0) {
         has_view_ = true;
-        if (view_.itemsize != Py_ssize_t(sizeof(T)) || !format_is<T>(view_.format) || view_.ndim > 2) {
+        if (view_.itemsize != Py_ssize_t(sizeof(T)) || !format_is<T>(view_.format) || view_.ndim > kMaxDims) {
           PyBuffer_Release(&view_);
           has_view_ = false;
         } else {
@@ -100,14 +106,14 @@ class Array {
     }
     if (writable) {
       nb::ndarray<T, nb::c_contig, nb::device::cpu> a;
-      if (!nb::try_cast(h, a, false) || a.ndim() > 2) return false;
+      if (!nb::try_cast(h, a, false) || a.ndim() > kMaxDims) return false;
       keep_ = nb::cast(a), data_ = a.data(), size_ = a.size(), ndim_ = a.ndim();
       for (std::size_t i = 0; i < ndim_; ++i) shape_[i] = a.shape(i);
       return true;
     }
     if constexpr (std::is_same_v<T, std::uint64_t>) {  // handles in an int64 tensor (torch has no uint64)
       nb::ndarray<const std::int64_t, nb::c_contig, nb::device::cpu> i;
-      if (nb::try_cast(h, i, false) && i.ndim() <= 2) {
+      if (nb::try_cast(h, i, false) && i.ndim() <= kMaxDims) {
         keep_ = nb::cast(i), data_ = reinterpret_cast<T*>(const_cast<std::int64_t*>(i.data())), size_ = i.size();
         ndim_ = i.ndim();
         for (std::size_t d = 0; d < ndim_; ++d) shape_[d] = i.shape(d);
@@ -115,7 +121,7 @@ class Array {
       }
     }
     nb::ndarray<const T, nb::c_contig, nb::device::cpu> a;
-    if (!nb::try_cast(h, a, true) || a.ndim() > 2) return false;
+    if (!nb::try_cast(h, a, true) || a.ndim() > kMaxDims) return false;
     keep_ = nb::cast(a), data_ = const_cast<T*>(a.data()), size_ = a.size(), ndim_ = a.ndim();
     for (std::size_t i = 0; i < ndim_; ++i) shape_[i] = a.shape(i);
     return true;
@@ -131,7 +137,7 @@ class Array {
   bool has_view_ = false;
   nb::object keep_;  // the DLPack path's array (or its converted copy)
   T* data_ = nullptr;
-  std::size_t size_ = 0, ndim_ = 0, shape_[2] = {0, 0};
+  std::size_t size_ = 0, ndim_ = 0, shape_[kMaxDims] = {};
 };
 
 // A new zeroed numpy array of n (x cols) elements that owns its buffer.

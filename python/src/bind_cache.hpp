@@ -17,22 +17,10 @@
 #include <vector>
 
 #include "arrays.hpp"
+#include "bind_common.hpp"
+#include "bind_selection.hpp"
 
 namespace kvpy {
-
-namespace kv = kvcache;
-static_assert(sizeof(kv::SeqId) == sizeof(std::uint64_t) && std::endian::native == std::endian::little);
-static_assert(sizeof(kv::BlockCopy) == 2 * sizeof(std::int32_t) && sizeof(kv::SlotMove) == 2 * sizeof(std::int32_t));
-
-inline std::uint64_t pack(kv::SeqId s) { return std::bit_cast<std::uint64_t>(s); }
-inline kv::SeqId unpack(std::uint64_t h) { return std::bit_cast<kv::SeqId>(h); }
-inline std::span<const kv::SeqId> seq_span(const Array<std::uint64_t>& a) {
-  return {reinterpret_cast<const kv::SeqId*>(a.data()), a.size()};
-}
-template <class T>
-std::span<const T> cspan(const Array<T>& a) {
-  return {a.data(), a.size()};
-}
 
 struct Admitted {  // Cache.admit's result
   std::uint64_t seq;
@@ -53,11 +41,7 @@ void bind_eviction_calls(nb::class_<C>& c) {
         [](C& self, std::uint64_t s, nb::handle scores, std::string kind) {
           Array<float> a;
           if (!a.borrow(scores, false)) bad_array("scores", "float32 ([rows, held] or [held])");
-          const auto k = kind == "attention_sums"        ? kv::ScoreKind::attention_sums
-                         : kind == "head_attention_sums" ? kv::ScoreKind::head_attention_sums
-                         : kind == "last_query_attention" ? kv::ScoreKind::last_query_attention
-                                                          : static_cast<kv::ScoreKind>(255);
-          require(k != static_cast<kv::ScoreKind>(255), "scores.kind", -1, 2);
+          const auto k = score_kind(kind);
           require(a.ndim() == 1 || a.ndim() == 2, "scores.ndim", std::int64_t(a.ndim()), 2);
           const auto rows = a.ndim() == 2 ? std::int32_t(a.shape(0)) : 1;
           check(self.observe(unpack(s), kv::Scores{k, {a.data(), a.size()}, rows}));
@@ -113,20 +97,35 @@ template <class C>
 void bind_cache(nb::module_& m, const char* name) {
   using E = typename std::remove_cvref_t<decltype(std::declval<C&>().eviction())>;
   nb::class_<C> c(m, name);
-  c.def(
-       "__init__",
-       [](C* self, const kv::Geometry& g, std::int32_t num_blocks, std::int32_t max_sequences,
-          std::int32_t max_blocks_per_sequence, std::int32_t event_capacity, bool publish_on_reserve, const E& eviction) {
-         new (self) C({.geometry = g, .num_blocks = num_blocks, .max_sequences = max_sequences,
-                       .max_blocks_per_sequence = max_blocks_per_sequence, .event_capacity = event_capacity,
-                       .publish_on_reserve = publish_on_reserve},
-                      {}, {}, eviction);
-       },
-       nb::arg("geometry"), nb::arg("num_blocks"), nb::arg("max_sequences"), nb::arg("max_blocks_per_sequence"),
-       nb::arg("event_capacity") = 0, nb::arg("publish_on_reserve") = false, nb::arg("eviction"))
-      .def_prop_ro("block_size", &C::block_size)
-      .def_prop_ro("geometry", &C::geometry)
-      .def_prop_ro("eviction", [](const C& self) { return self.eviction(); })
+  if constexpr (C::selects) {  // Quest: its config, and the bounds store (float32, kept alive by the cache)
+    c.def(
+        "__init__",
+        [](C* self, const kv::Geometry& g, std::int32_t num_blocks, std::int32_t max_sequences,
+           std::int32_t max_blocks_per_sequence, std::int32_t event_capacity, bool publish_on_reserve, const E& eviction,
+           kv::QuestConfig q, nb::handle bounds) {
+          q.bounds = bounds_store(bounds);
+          new (self) C({.geometry = g, .num_blocks = num_blocks, .max_sequences = max_sequences,
+                        .max_blocks_per_sequence = max_blocks_per_sequence, .event_capacity = event_capacity,
+                        .publish_on_reserve = publish_on_reserve},
+                       {}, q, eviction);
+        },
+        nb::arg("geometry"), nb::arg("num_blocks"), nb::arg("max_sequences"), nb::arg("max_blocks_per_sequence"),
+        nb::arg("event_capacity"), nb::arg("publish_on_reserve"), nb::arg("eviction"), nb::arg("selection"),
+        nb::arg("bounds"), nb::keep_alive<1, 10>());
+  } else {
+    c.def(
+        "__init__",
+        [](C* self, const kv::Geometry& g, std::int32_t num_blocks, std::int32_t max_sequences,
+           std::int32_t max_blocks_per_sequence, std::int32_t event_capacity, bool publish_on_reserve, const E& eviction) {
+          new (self) C({.geometry = g, .num_blocks = num_blocks, .max_sequences = max_sequences,
+                        .max_blocks_per_sequence = max_blocks_per_sequence, .event_capacity = event_capacity,
+                        .publish_on_reserve = publish_on_reserve},
+                       {}, {}, eviction);
+        },
+        nb::arg("geometry"), nb::arg("num_blocks"), nb::arg("max_sequences"), nb::arg("max_blocks_per_sequence"),
+        nb::arg("event_capacity") = 0, nb::arg("publish_on_reserve") = false, nb::arg("eviction"));
+  }
+  c
       // A sliding window's dead front slots in the first block (0 under other policies).
       .def("front", [](const C& self, std::uint64_t s) { return check(self.table().front(unpack(s))); })
       // Sequences.
@@ -164,8 +163,6 @@ void bind_cache(nb::module_& m, const char* name) {
           },
           nb::arg("prompt"), nb::arg("salt") = 0, nb::arg("extra") = 0, nb::arg("max_new") = -1,
           nb::arg("prefill_chunk") = 0)
-      .def("fork", [](C& self, std::uint64_t s) { return pack(check(self.fork(unpack(s)))); })
-      .def("free", [](C& self, std::uint64_t s) { check(self.free(unpack(s))); })
       .def("truncate", [](C& self, std::uint64_t s, std::int32_t n) { check(self.truncate(unpack(s), n)); })
       // Slots.
       .def(
@@ -299,22 +296,11 @@ void bind_cache(nb::module_& m, const char* name) {
           nb::arg("seqs"), nb::arg("out") = nb::none())
       // Accounting.
       .def("tokens_held", [](const C& self, std::uint64_t s) { return check(self.tokens_held(unpack(s))); })
-      .def("blocks_held", [](const C& self, std::uint64_t s) { return check(self.blocks_held(unpack(s))); })
-      .def("blocks_needed",
-           [](const C& self, std::int64_t prompt_len, std::int64_t max_new, std::int32_t chunk) {
-             return check(self.blocks_needed(prompt_len, max_new, chunk));
-           },
-           nb::arg("prompt_len"), nb::arg("max_new"), nb::arg("prefill_chunk") = 0)
-      .def("can_admit", [](const C& self, std::int64_t prompt_len, std::int64_t max_new) { return self.can_admit(prompt_len, max_new); },
-           nb::arg("prompt_len"), nb::arg("max_new"))
       .def("promise", [](C& self, std::uint64_t s, std::int64_t blocks) { check(self.promise(unpack(s), blocks)); })
-      .def_prop_ro("promised_blocks", &C::promised_blocks)
-      .def_prop_ro("free_blocks", &C::free_blocks)
-      .def_prop_ro("free_sequences", &C::free_sequences)
-      .def_prop_ro("max_tokens_after_eviction", &C::max_tokens_after_eviction)
-      .def("shared_excess", [](const C& self, std::uint64_t s) { return check(self.shared_excess(unpack(s))); })
-      .def("check_invariants", [](const C& self) { check(self.check_invariants()); });
+      .def("shared_excess", [](const C& self, std::uint64_t s) { return check(self.shared_excess(unpack(s))); });
+  bind_common(c);
   bind_eviction_calls<C, E>(c);
+  if constexpr (C::selects) bind_selection(c);
 }
 
 }  // namespace kvpy

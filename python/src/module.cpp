@@ -1,14 +1,18 @@
 // kvcache._kvcache: the bindings. The Python API (python/kvcache/__init__.py)
 // picks the compiled Cache of an eviction policy; everything else is here.
+#define KVCACHE_NUMPY_IMPORT  // this translation unit holds numpy's C API table (arrays.hpp)
 #include <kvcache/kvcache.hpp>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
-#include "bind_cache.hpp"
+#include "bind_cache.hpp"  // Admitted
 #include "errors.hpp"
 
 namespace kvpy {
-void register_kernels(nanobind::module_& m);  // kernels.cpp
+void register_kernels(nanobind::module_& m);        // kernels.cpp
+void register_caches(nanobind::module_& m);         // caches.cpp
+void register_quest_caches(nanobind::module_& m);   // caches_quest.cpp
+void register_gated_caches(nanobind::module_& m);   // caches_gated.cpp
 }
 
 namespace nb = nanobind;
@@ -82,8 +86,46 @@ void bind_policies(nb::module_& m) {
       .def_prop_ro("groups", &kv::AverageAttentionEviction::groups);
 }
 
-template <class E>
-using CacheOf = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::SelectAll, E>;
+// Write-Gated KV's and Quest's configurations, as the caches take them.
+void bind_admission_selection(nb::module_& m) {
+  nb::class_<kv::WriteGateConfig>(m, "WriteGate")
+      .def(
+          "__init__",
+          [](kv::WriteGateConfig* self, std::int32_t num_layers, std::int32_t num_kv_heads, std::int32_t local_window,
+             float tau, std::int32_t global_cap, const std::string& at_cap) {
+            if (at_cap != "refuse" && at_cap != "drop") {
+              kvpy::StatusError e(kv::Status{kv::Errc::invalid_argument, "at_cap", 0, 0});
+              e.text = "invalid_argument: at_cap must be \"refuse\" or \"drop\", got \"" + at_cap + "\"";
+              throw e;
+            }
+            new (self) kv::WriteGateConfig{num_layers, num_kv_heads, local_window, tau, global_cap,
+                                           at_cap == "drop" ? kv::GlobalCapAction::drop : kv::GlobalCapAction::refuse};
+          },
+          "num_layers"_a, "num_kv_heads"_a, "local_window"_a = 256, "tau"_a = 0.1f, "global_cap"_a = 0,
+          "at_cap"_a = "refuse")
+      .def_ro("num_layers", &kv::WriteGateConfig::num_layers)
+      .def_ro("num_kv_heads", &kv::WriteGateConfig::num_kv_heads)
+      .def_ro("local_window", &kv::WriteGateConfig::local_window)
+      .def_ro("tau", &kv::WriteGateConfig::tau)
+      .def_ro("global_cap", &kv::WriteGateConfig::global_cap)
+      .def_prop_ro("at_cap", [](const kv::WriteGateConfig& c) { return c.at_cap == kv::GlobalCapAction::drop ? "drop" : "refuse"; });
+  nb::class_<kv::QuestConfig>(m, "Quest")
+      .def(
+          "__init__",
+          [](kv::QuestConfig* self, std::int32_t token_budget, std::int32_t first_pages, std::int32_t last_pages,
+             std::int32_t dense_layers, std::int32_t query_group) {
+            new (self) kv::QuestConfig{token_budget, first_pages, last_pages, dense_layers, query_group, {}};
+          },
+          "token_budget"_a, "first_pages"_a = 1, "last_pages"_a = 1, "dense_layers"_a = 2, "query_group"_a = 1)
+      .def_ro("token_budget", &kv::QuestConfig::token_budget)
+      .def_ro("first_pages", &kv::QuestConfig::first_pages)
+      .def_ro("last_pages", &kv::QuestConfig::last_pages)
+      .def_ro("dense_layers", &kv::QuestConfig::dense_layers)
+      .def_ro("query_group", &kv::QuestConfig::query_group)
+      .def_static("bounds_floats", [](const kv::Geometry& g, std::int64_t num_blocks) {
+        return kv::QuestSelection::bounds_floats(g, num_blocks);
+      }, "geometry"_a, "num_blocks"_a);
+}
 
 }  // namespace
 
@@ -93,6 +135,7 @@ NB_MODULE(_kvcache, m) {
   kvpy::register_errors(m);
   bind_geometry(m);
   bind_policies(m);
+  bind_admission_selection(m);
   kvpy::register_kernels(m);
   nb::class_<kvpy::Admitted>(m, "Admitted")
       .def_ro("seq", &kvpy::Admitted::seq)
@@ -107,12 +150,14 @@ NB_MODULE(_kvcache, m) {
       .def_ro("tokens", &kv::EvictionResult::tokens)
       .def_ro("moves", &kv::EvictionResult::moves)
       .def_ro("first_changed", &kv::EvictionResult::first_changed);
-  kvpy::bind_cache<CacheOf<kv::KeepAll>>(m, "Cache_KeepAll");
-  kvpy::bind_cache<CacheOf<kv::SlidingWindow>>(m, "Cache_SlidingWindow");
-  kvpy::bind_cache<CacheOf<kv::SinkWindowEviction>>(m, "Cache_SinkWindow");
-  kvpy::bind_cache<CacheOf<kv::BlockScoreEviction>>(m, "Cache_BlockScores");
-  kvpy::bind_cache<CacheOf<kv::H2OEviction>>(m, "Cache_H2O");
-  kvpy::bind_cache<CacheOf<kv::TovaEviction>>(m, "Cache_Tova");
-  kvpy::bind_cache<CacheOf<kv::SnapKVEviction>>(m, "Cache_SnapKV");
-  kvpy::bind_cache<CacheOf<kv::AverageAttentionEviction>>(m, "Cache_AverageAttention");
+  nb::class_<kv::GateWriteInfo>(m, "GateWriteInfo")
+      .def_ro("promoted", &kv::GateWriteInfo::promoted)
+      .def_ro("direct", &kv::GateWriteInfo::direct)
+      .def_ro("dropped", &kv::GateWriteInfo::dropped)
+      .def_ro("dropped_at_cap", &kv::GateWriteInfo::dropped_at_cap)
+      .def_ro("moves", &kv::GateWriteInfo::moves)
+      .def_ro("copies", &kv::GateWriteInfo::copies);
+  kvpy::register_caches(m);
+  kvpy::register_quest_caches(m);
+  kvpy::register_gated_caches(m);
 }

@@ -10,7 +10,7 @@ BLOCKS = re.findall(r"<!-- snippet: (python_\w+) -->\n```python\n(.*?)```", READ
 
 
 def test_there_are_python_snippets():
-    assert [name for name, _ in BLOCKS] == ["python_quickstart"]
+    assert [name for name, _ in BLOCKS] == ["python_quickstart", "python_composed"]
 
 
 def test_quickstart_runs_and_prints_the_error():
@@ -18,3 +18,11 @@ def test_quickstart_runs_and_prints_the_error():
     with contextlib.redirect_stdout(out):
         exec(compile(dict(BLOCKS)["python_quickstart"], "README.md:python_quickstart", "exec"), {})
     assert out.getvalue() == "invalid_argument: n_tokens=-1 (limit 0)\n"
+
+
+def test_composed_runs_and_prints_a_head_row():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(dict(BLOCKS)["python_composed"], "README.md:python_composed", "exec"), {})
+    held, pages = out.getvalue().split(" ", 1)
+    assert int(held) >= 32 and pages.strip() == "[3, 3]"  # the ring's 32 tokens and admitted ones; 2 ring pages + 1

@@ -1,5 +1,6 @@
-// The CUDA launchers, compiled by nvcc in launchers.cu, callable from host
-// C++ test code built by g++ (Catch2 stays out of nvcc).
+// Every CUDA launcher behind a plain function, compiled once by nvcc in
+// launchers.cu and callable from code another compiler builds: the CUDA
+// test (Catch2 stays out of nvcc) and the Python module (python/).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,0 +1,86 @@
+// What every compiled Cache binds the same way, token-paged or head-paged:
+// handles, sequences and the accounting. Sequence handles are Python ints
+// (SeqId's index in the low 32 bits, its generation in the high 32: the
+// struct's own layout, so a uint64 array of handles is read in place).
+#pragma once
+
+#include <kvcache/kvcache.hpp>
+#include <nanobind/nanobind.h>
+// Every translation unit sees the same casters (a std::string parameter bound
+// without this header would be cast as a class in one unit and as str in another).
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <bit>
+#include <span>
+#include <string>
+
+#include "arrays.hpp"
+#include "errors.hpp"
+
+namespace kvpy {
+
+namespace kv = kvcache;
+static_assert(sizeof(kv::SeqId) == sizeof(std::uint64_t) && std::endian::native == std::endian::little);
+static_assert(sizeof(kv::BlockCopy) == 2 * sizeof(std::int32_t) && sizeof(kv::SlotMove) == 2 * sizeof(std::int32_t));
+
+inline std::uint64_t pack(kv::SeqId s) { return std::bit_cast<std::uint64_t>(s); }
+inline kv::SeqId unpack(std::uint64_t h) { return std::bit_cast<kv::SeqId>(h); }
+inline std::span<const kv::SeqId> seq_span(const Array<std::uint64_t>& a) {
+  return {reinterpret_cast<const kv::SeqId*>(a.data()), a.size()};
+}
+template <class T>
+std::span<const T> cspan(const Array<T>& a) {
+  return {a.data(), a.size()};
+}
+inline std::span<kv::BlockCopy> copy_span(const Array<std::int32_t>& a) {
+  return {reinterpret_cast<kv::BlockCopy*>(a.data()), a.size() / 2};
+}
+inline std::span<kv::SlotMove> move_span(const Array<std::int32_t>& a) {
+  return {reinterpret_cast<kv::SlotMove*>(a.data()), a.size() / 2};
+}
+
+// Blocks the rows of seqs hold (head-paged: every head row): the size of an
+// output that lists pages of them, when the caller gives none.
+template <class C>
+std::size_t blocks_of(const C& cache, std::span<const kv::SeqId> seqs) {
+  std::size_t n = 0;
+  for (const kv::SeqId s : seqs) n += std::size_t(std::max(check(cache.blocks_held(s)), 0));
+  return n;
+}
+
+// A score signal by name; any other name is invalid_argument naming scores.kind.
+inline kv::ScoreKind score_kind(const std::string& kind) {
+  if (kind == "attention_sums") return kv::ScoreKind::attention_sums;
+  if (kind == "head_attention_sums") return kv::ScoreKind::head_attention_sums;
+  if (kind == "last_query_attention") return kv::ScoreKind::last_query_attention;
+  require(false, "scores.kind", -1, 2);
+  return {};
+}
+
+template <class C>
+void bind_common(nb::class_<C>& c) {
+  c.def_prop_ro("block_size", &C::block_size)
+      .def_prop_ro("geometry", &C::geometry)
+      .def_prop_ro("eviction", [](const C& self) { return self.eviction(); })
+      .def("fork", [](C& self, std::uint64_t s) { return pack(check(self.fork(unpack(s)))); })
+      .def("free", [](C& self, std::uint64_t s) { check(self.free(unpack(s))); })
+      .def("blocks_held", [](const C& self, std::uint64_t s) { return check(self.blocks_held(unpack(s))); })
+      .def("blocks_needed",
+           [](const C& self, std::int64_t prompt_len, std::int64_t max_new, std::int32_t chunk) {
+             return check(self.blocks_needed(prompt_len, max_new, chunk));
+           },
+           nb::arg("prompt_len"), nb::arg("max_new"), nb::arg("prefill_chunk") = 0)
+      .def("can_admit", [](const C& self, std::int64_t prompt_len, std::int64_t max_new) { return self.can_admit(prompt_len, max_new); },
+           nb::arg("prompt_len"), nb::arg("max_new"))
+      .def_prop_ro("promised_blocks", &C::promised_blocks)
+      .def_prop_ro("free_blocks", &C::free_blocks)
+      .def_prop_ro("free_sequences", &C::free_sequences)
+      .def_prop_ro("max_tokens_after_eviction", &C::max_tokens_after_eviction)
+      .def("check_invariants", [](const C& self) { check(self.check_invariants()); });
+}
+
+}  // namespace kvpy
