@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "../tests/cuda/launchers.hpp"
+#include "launchers.hpp"  // cuda/
 #include "kernel_shapes.hpp"
 
 namespace kv = kvcache;

@@ -1,6 +1,7 @@
 // Every CUDA launcher behind a plain function, compiled once by nvcc in
 // launchers.cu and callable from code another compiler builds: the CUDA
-// test (Catch2 stays out of nvcc) and the Python module (python/).
+// test and benchmark (Catch2 and Google Benchmark stay out of nvcc) and the
+// Python module (python/).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -157,8 +157,7 @@ void in_arg(Array<T>& a, nb::handle given, const char* name) {
 
 // An output: the caller's array (the same object comes back), or a new one
 // of n elements (n x cols with cols > 1) when None was given. The wrong kind
-// of array, or one too small, is an invalid_argument naming it, before
-// anything changes.
+// of array is an invalid_argument naming it, before anything changes.
 template <class T>
 nb::object out_arg(Array<T>& a, nb::handle given, std::size_t n, const char* name, std::size_t cols = 1) {
   nb::object obj = !given.is_none() ? nb::borrow(given)
@@ -166,7 +165,8 @@ nb::object out_arg(Array<T>& a, nb::handle given, std::size_t n, const char* nam
                                     : nb::cast(new_array<T, 2>(n, cols));
   if (!a.borrow(obj, true)) bad_array(name, cols == 1 ? dtype_name<T>() : "[n, k] int32");
   if (cols > 1) require(a.ndim() == 2 && a.shape(1) == cols, name, std::int64_t(a.ndim() == 2 ? a.shape(1) : 0), std::int64_t(cols));
-  require(a.size() >= n * cols, name, std::int64_t(a.size() / cols), std::int64_t(n));
+  // The size is the library's to check: a caller's array too small is its
+  // buffer_too_small naming the buffer and the size the call needs.
   return obj;
 }
 

@@ -37,10 +37,12 @@ void register_kernels(nb::module_& m) {
             const Device d = device_of(memory, "memory");
             const auto bytes = check(g.pool_bytes(num_blocks));
             require(std::int64_t(memory.nbytes()) >= bytes, "memory.nbytes", std::int64_t(memory.nbytes()), bytes);
-            new (self) Pool{check(kv::make_pool_view(g, memory.data(), num_blocks)), d, nb::cast(memory)};
+            new (self) Pool{check(kv::make_pool_view(g, memory.data(), num_blocks)), d, nb::cast(memory), g};
           },
           "geometry"_a, "memory"_a, "num_blocks"_a)
       .def_prop_ro("num_blocks", [](const Pool& p) { return p.view.num_blocks; })
+      .def_prop_ro("geometry", [](const Pool& p) { return p.geometry; })
+      .def_prop_ro("memory", [](const Pool& p) { return p.memory; })
       .def_prop_ro("is_cuda", [](const Pool& p) { return p.device.cuda(); });
 
   m.def(

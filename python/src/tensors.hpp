@@ -87,6 +87,7 @@ struct Pool {
   kv::PoolView view;
   Device device;
   nb::object memory;  // kept alive while the view is
+  kv::Geometry geometry;
 };
 
 // K/V rows: [tokens, heads, dim] or [layers, tokens, heads, dim], dim contiguous; strides in bytes.

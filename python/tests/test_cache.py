@@ -61,10 +61,10 @@ def test_wrong_arrays_are_typed_errors_that_change_nothing():
     c = kv.Cache(geometry(), num_blocks=8, max_sequences=2)
     s = c.add_sequence()
     seqs = np.array([s], dtype=np.uint64)
-    for bad, match in [(np.zeros(4, dtype=np.int64), "slots must be a C-contiguous int32"),
-                       (np.zeros(8, dtype=np.int32)[::2], "slots must be a C-contiguous int32"),
-                       (np.zeros(1, dtype=np.int32), r"slots=1 \(limit 3\)")]:
-        with pytest.raises(kv.InvalidArgument, match=match):
+    for bad, error, match in [(np.zeros(4, dtype=np.int64), kv.InvalidArgument, "slots must be a C-contiguous int32"),
+                              (np.zeros(8, dtype=np.int32)[::2], kv.InvalidArgument, "slots must be a C-contiguous int32"),
+                              (np.zeros(1, dtype=np.int32), kv.BufferTooSmall, r"slots=1 \(limit 3\)")]:
+        with pytest.raises(error, match=match):
             c.reserve_batch(seqs, np.array([3], dtype=np.int32), bad)
         assert c.tokens_held(s) == 0 and c.free_blocks == 7
 

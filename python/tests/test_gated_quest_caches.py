@@ -175,7 +175,7 @@ def test_bad_gates_and_combinations_are_typed_errors_that_change_nothing():
         cache.write(seq, 0, bad)
     with pytest.raises(kv.InvalidArgument, match="layer"):
         cache.write(seq, L, bad[:1])
-    with pytest.raises(kv.InvalidArgument, match="slots"):
+    with pytest.raises(kv.BufferTooSmall, match=r"slots=1 \(limit 2\)"):
         cache.write(seq, 0, bad[:1], slots=np.zeros(1, dtype=np.int32))
     assert ([cache.positions(seq, 0, h) for h in range(H)], cache.free_blocks) == before
     with pytest.raises(kv.InvalidArgument, match="does not compose with WriteGate"):
