@@ -6,7 +6,9 @@ Sequence handles are ints; slot mappings, block tables, CSR pages and
 compaction moves are written into the int32 arrays you pass (numpy or torch
 CPU tensors, no copy), or returned as new numpy arrays when you pass none.
 Errors raise kvcache.Error subclasses whose message names the bad value;
-a failed call changes nothing.
+a failed call changes nothing. Kernels take CPU tensors, or CUDA tensors and
+a stream in a build with the CUDA launchers (has_cuda); kvcache.torch_ops
+registers the per-step kernels as torch.library custom ops.
 """
 
 from . import _kvcache
