@@ -124,7 +124,7 @@ def _transposed():
 
 @pytest.mark.skipif(not kv.has_cuda, reason="a build without the CUDA toolkit")
 def test_every_pool_kernel_dispatches_to_cuda():
-    """Each kernel with a pool reaches its CUDA launcher (the launch fails here: no GPU)."""
+    """Every other kernel reaches its CUDA launcher too (the launch fails here: no GPU)."""
     pool, _ = cuda_pool()
     i32 = lambda *s: FakeCuda(s, np.int32)  # noqa: E731
     calls = {
@@ -145,6 +145,13 @@ def test_every_pool_kernel_dispatches_to_cuda():
     with pytest.raises(RuntimeError, match="kvcache.ring_admit: cuda"):
         kv.ring_admit(head_pool, FakeCuda((1, H, D)), FakeCuda((1, H, D)), FakeCuda((1, H)), B, 8, 0.5, i32(H), i32(H),
                       i32(H), FakeCuda((H, B), np.uint8), i32(H, 4), stream=0)
+    hidden = 4
+    weights = kv.WriteGateWeights(FakeCuda((D,)), FakeCuda((D,)), FakeCuda((H, 2 * D, hidden)), FakeCuda((H, hidden)),
+                                  FakeCuda((H, hidden)), FakeCuda((H,)))
+    with pytest.raises(kv.InvalidArgument, match="k_pre must be on the launch's CUDA device"):
+        kv.write_gate(weights, np.zeros((1, H, D), np.float32), np.zeros((1, H, D), np.float32), FakeCuda((1, H)))
+    with pytest.raises(RuntimeError, match="kvcache.write_gate: cuda"):
+        kv.write_gate(weights, FakeCuda((1, H, D)), FakeCuda((1, H, D)), FakeCuda((1, H)), stream=0)
     with pytest.raises(kv.InvalidArgument, match="bounds must be a CPU tensor: page_select runs on the host"):
         kv.page_select(FakeCuda((8, H, 2, D)), FakeCuda((1, H, 1, D)), i32(2), i32(1), 2)
 
