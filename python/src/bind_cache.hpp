@@ -303,4 +303,20 @@ void bind_cache(nb::module_& m, const char* name) {
   if constexpr (C::selects) bind_selection(c);
 }
 
+// Every eviction policy's token-paged cache under selection S, named prefix + policy.
+template <class S>
+void bind_token_paged_caches(nb::module_& m, const std::string& prefix) {
+  const auto bind = [&]<class E>(const char* policy) {
+    bind_cache<kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, S, E>>(m, (prefix + policy).c_str());
+  };
+  bind.template operator()<kv::KeepAll>("KeepAll");
+  bind.template operator()<kv::SlidingWindow>("SlidingWindow");
+  bind.template operator()<kv::SinkWindowEviction>("SinkWindow");
+  bind.template operator()<kv::BlockScoreEviction>("BlockScores");
+  bind.template operator()<kv::H2OEviction>("H2O");
+  bind.template operator()<kv::TovaEviction>("Tova");
+  bind.template operator()<kv::SnapKVEviction>("SnapKV");
+  bind.template operator()<kv::AverageAttentionEviction>("AverageAttention");
+}
+
 }  // namespace kvpy

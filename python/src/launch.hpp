@@ -30,9 +30,9 @@ namespace kvpy {
 // default stream.
 inline cudaStream_t stream_of(nb::handle stream, Device d) {
   if (stream.is_none()) {
-    nb::dict modules = nb::borrow<nb::dict>(nb::module_::import_("sys").attr("modules"));
-    if (!modules.contains("torch")) return nullptr;
-    stream = modules["torch"].attr("cuda").attr("current_stream")(d.id);
+    PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed; no import per launch
+    if (!torch) return nullptr;
+    stream = nb::handle(torch).attr("cuda").attr("current_stream")(d.id);
   }
   if (nb::hasattr(stream, "cuda_stream")) stream = stream.attr("cuda_stream");
   std::uintptr_t handle = 0;
