@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <kvcache/kernels/block_copy.hpp>
+#include <kvcache/eviction/compaction_plan.hpp>
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/ring_write.hpp>
 

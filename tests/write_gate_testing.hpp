@@ -5,7 +5,7 @@
 
 #include <catch2/catch.hpp>
 
-#include <kvcache/admission/head_paged.hpp>
+#include <kvcache/head_rows.hpp>
 #include <kvcache/geometry.hpp>
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>

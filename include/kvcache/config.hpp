@@ -1,6 +1,8 @@
 // Build-wide switches and the versioned namespace every header lives in.
 #pragma once
 
+#include "kvcache/version.hpp"  // KVCACHE_VERSION_MAJOR names the namespace
+
 // Bodies shared by the host backend and CUDA kernels carry this marker; it is
 // empty under a plain C++ compiler so .hpp headers compile with g++ alone.
 #if defined(__CUDACC__)
@@ -35,6 +37,15 @@
   }                           \
   }
 
-// Last: version.hpp needs the namespace macros above (and either header may be
-// included first).
-#include "kvcache/version.hpp"
+KVCACHE_BEGIN_NAMESPACE
+
+/// The version of the copy of the library this translation unit was compiled
+/// with, as KVCACHE_VERSION (at run time: a Python binding or a log line
+/// reports the copy an engine actually carries).
+inline int version() noexcept { return KVCACHE_VERSION; }
+
+/// The same as "major.minor.patch".
+inline const char* version_string() noexcept { return KVCACHE_VERSION_STRING; }
+
+KVCACHE_END_NAMESPACE
+

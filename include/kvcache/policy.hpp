@@ -65,7 +65,7 @@ enum class SelectionKind : std::uint8_t {
 
 // Admission runs per write, per (layer, kv-head): the policy's kind says
 // whether it is consulted at all (pass_through) or owns the placement of
-// every token (head_paged; its full interface: admission/head_paged.hpp).
+// every token (head_paged; its full interface: head_rows.hpp).
 template <class P>
 concept AdmissionPolicy = requires {
   { P::required_signals } -> std::convertible_to<Signals>;

@@ -89,6 +89,25 @@ class PrefixState {
   std::int64_t promised(std::uint32_t s) const noexcept { return promised_[s]; }
   /// Records a promise for stream s.
   void promise(std::uint32_t s, std::int64_t blocks) noexcept { promised_[s] = blocks; }
+  /// Records a promise for stream s of at most `row_blocks` (a row's blocks:
+  /// more is never owed); a negative or larger one is invalid_argument naming it.
+  Status promise(std::uint32_t s, std::int64_t blocks, std::int64_t row_blocks) noexcept {
+    if (blocks < 0) return Status{Errc::invalid_argument, "blocks", blocks, 0};
+    if (blocks > row_blocks) return Status{Errc::invalid_argument, "blocks", blocks, row_blocks};
+    promised_[s] = blocks;
+    return {};
+  }
+  /// reserve_batch()'s ids are packed as its slots: one per token counted
+  /// (counts that the table will refuse are the table's error to report).
+  static Status check_batch_ids(std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
+                                std::span<const std::int32_t> ids) noexcept {
+    std::int64_t total = 0;
+    bool negative = false;
+    for (const std::int32_t c : counts) total += c, negative |= c < 0;
+    if (std::int64_t(ids.size()) != total && counts.size() == seqs.size() && !negative)
+      return Status{Errc::invalid_argument, "ids.size (the sum of counts)", std::int64_t(ids.size()), total};
+    return {};
+  }
 
   /// Blocks still owed to running sequences: each one's promise less the blocks it holds. O(sequences).
   std::int64_t outstanding(const PageTable& t) const noexcept {
@@ -143,34 +162,46 @@ class PrefixState {
   void started(std::uint32_t s, std::int64_t cached) noexcept {
     if (store_.on()) store_.start(s, cached);
   }
-  /// A fork: the child knows what the parent knows and carries its promise.
-  void forked(std::uint32_t p, std::uint32_t c) noexcept {
-    if (store_.on()) store_.start(c, store_.known(p));
-    promised_[c] = promised_[p];
-  }
-  /// The sequence ended.
-  void freed(std::uint32_t s) noexcept {
-    if (store_.on()) store_.start(s, 0);
-    promised_[s] = 0;
-  }
-  /// A rollback left s with `tokens` positions.
-  void truncated(const PageTable& t, SeqId s) noexcept {
-    if (!store_.on()) return;
-    const auto blocks = t.blocks_unchecked(s);
-    store_.truncate(s.index, t.appended_unchecked(s), blocks.empty() ? -1 : blocks.back());
+  /// A new sequence adopted the `cached` tokens of a prompt of `tokens` that hit.
+  void adopted(SeqId s, std::int64_t tokens, std::int64_t cached) noexcept {
+    queried(tokens, cached);
+    started(s.index, cached);
   }
 
-  /// A reserve (with ids or without) copied these blocks (copy-on-write): so are their ids.
-  void copied(std::span<const BlockCopy> copies) noexcept {
+  // --- hooks of a token-paged cache (cache/hooks.hpp) ---
+  /// A fork: the child knows what the parent knows and carries its promise.
+  template <class Rows>
+  void forked(const Rows&, SeqId p, SeqId c) noexcept {
+    if (store_.on()) store_.start(c.index, store_.known(p.index));
+    promised_[c.index] = promised_[p.index];
+  }
+  /// The sequence ended.
+  template <class Rows>
+  void freed(const Rows&, SeqId s) noexcept {
+    if (store_.on()) store_.start(s.index, 0);
+    promised_[s.index] = 0;
+  }
+  /// A rollback: the ids past the row's new end are forgotten.
+  template <class Rows>
+  void truncated(const Rows& r, SeqId s, std::int32_t) noexcept {
     if (!store_.on()) return;
-    for (const BlockCopy& c : copies)
-      if (c.src >= 0) store_.copy_block(c.src, c.dst);
+    const auto blocks = r.table.blocks_unchecked(s);
+    store_.truncate(s.index, r.table.appended_unchecked(s), blocks.empty() ? -1 : blocks.back());
+  }
+  /// A reserve copied a shared tail (copy-on-write): so are its ids.
+  template <class Rows>
+  void reserved(const Rows&, SeqId, std::int32_t, const BlockCopy& copy) noexcept { copied(std::span(&copy, 1)); }
+  /// A reserve_batch copied shared tails: so are their ids.
+  template <class Rows>
+  void reserved_batch(const Rows&, std::span<const SeqId>, std::span<const std::int32_t>,
+                      std::span<const BlockCopy> copies) noexcept {
+    copied(copies);
   }
 
   /// reserve() of ids.size() tokens of s succeeded (copies done): record the
   /// ids and publish the blocks they fill. Returns the hashes newly cached.
   template <BlockHasher H>
-  std::int32_t reserved(PageTable& t, BlockPool& pool, SeqId s, std::span<const std::int32_t> ids,
+  std::int32_t publish_reserved(PageTable& t, BlockPool& pool, SeqId s, std::span<const std::int32_t> ids,
                         std::span<const std::int32_t> slots, std::span<const ExtraKey> extras, const H& hasher) noexcept {
     if (!store_.on()) return 0;
     const std::int64_t first = t.appended_unchecked(s) - std::int64_t(ids.size());
@@ -181,7 +212,7 @@ class PrefixState {
   /// reserve_batch() succeeded (copies done): ids are packed as the slots are.
   /// Publishes the blocks each entry fills; returns the hashes newly cached.
   template <BlockHasher H>
-  std::int32_t reserved_batch(PageTable& t, BlockPool& pool, std::span<const SeqId> seqs,
+  std::int32_t publish_reserved_batch(PageTable& t, BlockPool& pool, std::span<const SeqId> seqs,
                               std::span<const std::int32_t> counts, std::span<const std::int32_t> ids,
                               std::span<const std::int32_t> slots, const H& hasher) noexcept {
     if (!store_.on()) return 0;
@@ -223,6 +254,12 @@ class PrefixState {
   }
 
  private:
+  void copied(std::span<const BlockCopy> copies) noexcept {
+    if (!store_.on()) return;
+    for (const BlockCopy& c : copies)
+      if (c.src >= 0) store_.copy_block(c.src, c.dst);
+  }
+
   BlockTokens store_;
   std::vector<std::int64_t> promised_;  // per stream
   std::int64_t queries_ = 0, query_tokens_ = 0, hit_tokens_ = 0;

@@ -1,6 +1,8 @@
 // The library's version: the one place it is written. CMake's project(),
 // the Conan recipe and the vcpkg port's manifest read or are checked against
-// these three lines (tests/packaging/check_versions.cmake).
+// these three lines (tests/packaging/check_versions.cmake). Macros only, so
+// config.hpp can name the versioned namespace from it; kvcache::version()
+// and version_string() are config.hpp's (every header includes it).
 #pragma once
 
 #define KVCACHE_VERSION_MAJOR 0
@@ -17,17 +19,3 @@
 #define KVCACHE_VERSION_STRING                                                  \
   KVCACHE_STRINGIFY(KVCACHE_VERSION_MAJOR) "." KVCACHE_STRINGIFY(KVCACHE_VERSION_MINOR) "." \
       KVCACHE_STRINGIFY(KVCACHE_VERSION_PATCH)
-
-#include "kvcache/config.hpp"
-
-KVCACHE_BEGIN_NAMESPACE
-
-/// The version of the copy of the library this translation unit was compiled
-/// with, as KVCACHE_VERSION (at run time: a Python binding or a log line
-/// reports the copy an engine actually carries).
-inline int version() noexcept { return KVCACHE_VERSION; }
-
-/// The same as "major.minor.patch".
-inline const char* version_string() noexcept { return KVCACHE_VERSION_STRING; }
-
-KVCACHE_END_NAMESPACE

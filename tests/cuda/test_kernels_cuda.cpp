@@ -12,6 +12,8 @@
 
 #include "../gate_testing.hpp"
 #include "../kernel_testing.hpp"
+#include <kvcache/eviction/compaction_plan.hpp>
+
 #include "launchers.hpp"
 
 using namespace kvcache;

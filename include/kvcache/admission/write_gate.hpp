@@ -24,7 +24,7 @@
 #include <span>
 #include <vector>
 
-#include "kvcache/admission/head_paged.hpp"
+#include "kvcache/head_rows.hpp"
 #include "kvcache/block_math.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"

@@ -17,14 +17,14 @@
 #include <span>
 #include <vector>
 
-#include "kvcache/admission/head_paged.hpp"
+#include "kvcache/head_rows.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/eviction/compaction_plan.hpp"
 #include "kvcache/eviction/plan.hpp"
+#include "kvcache/eviction/scores_check.hpp"
 #include "kvcache/page_table.hpp"
 #include "kvcache/policy.hpp"
-#include "kvcache/selection/stale_pages.hpp"
 #include "kvcache/slot_move.hpp"
 #include "kvcache/status.hpp"
 
@@ -57,13 +57,9 @@ class GlobalRegion {
   Status observe(const PageTable& t, const BlockPool& pool, const A& a, E& e, SeqId s, std::int32_t layer, ScoreKind kind,
                  std::span<const float> values) noexcept {
     if (auto h = a.head(s, layer, 0); !h) return h.status();
-    if (!valid_kind(kind) || !E::required_signals.covers(signal_of(kind)))
-      return Status{Errc::invalid_argument, "scores.kind", std::int64_t(kind), std::int64_t(E::required_signals.bits)};
     std::int64_t want = 0;
     for (std::int32_t h = 0; h < a.num_kv_heads(); ++h) want += t.tokens_unchecked(a.head_unchecked(s, layer, h));
-    if (std::int64_t(values.size()) != want) return Status{Errc::invalid_argument, "scores.size", std::int64_t(values.size()), want};
-    if (const std::int64_t bad = first_outside(values, 0.0f, kMaxScore); bad >= 0)
-      return Status{Errc::invalid_argument, "scores_at", bad, 0};
+    if (auto st = check_scores<E>(kind, 1, values, want); !st) return st;
     std::size_t at = 0;
     for (std::int32_t h = 0; h < a.num_kv_heads(); ++h) {
       const std::int32_t held = t.tokens_unchecked(a.head_unchecked(s, layer, h));
@@ -78,11 +74,11 @@ class GlobalRegion {
   /// Runs the policy on every head row of s: each row's chosen global tokens
   /// leave and the survivors are compacted; the slot moves of every row go to
   /// `moves` (one compaction launch on the single-head pool runs them all).
-  /// A buffer too small for the plan is an error, and nothing changes. With
-  /// `stale`, the rows' rewritten pages are marked for their key bounds.
-  template <HeadPagedAdmission A, class E>
+  /// A buffer too small for the plan is an error, and nothing changes.
+  /// changed(row, page) hears each row whose pages from `page` on now hold other tokens.
+  template <HeadPagedAdmission A, class E, class Changed>
   Result<EvictionResult> evict(PageTable& t, BlockPool& pool, A& a, E& e, SeqId s, std::span<SlotMove> moves,
-                               StalePages* stale) noexcept {
+                               Changed&& changed) noexcept {
     if (auto h = a.head(s, 0, 0); !h) return h.status();
     const std::int32_t L = a.num_layers(), H = a.num_kv_heads();
     std::int64_t need = 0;
@@ -118,7 +114,7 @@ class GlobalRegion {
         const std::span<const SlotMove> im(index_moves_.data(), std::size_t(holes));
         e.on_compacted(row.index, 0, im, kept);
         a.compact_global(t, pool, s, l, h, im, count, chosen[0]);
-        if (stale) stale->mark(row.index, (W + chosen[0]) / B);
+        changed(row, (W + chosen[0]) / B);
         out.moves += holes;
         out.tokens += count;
       }

@@ -37,6 +37,9 @@ struct EvictionResult {
   /// another token or none (the pages from there on hold other keys: their
   /// key bounds go stale). Window policies: 0 (the front moved).
   std::int32_t first_changed = 0;
+  /// Window policies: the tokens left the row's front (its logical blocks
+  /// shift down by `evicted`); no held slot was rewritten.
+  bool front = false;
 };
 
 KVCACHE_END_NAMESPACE

@@ -1,7 +1,7 @@
 // How the cache carries out an eviction policy's plan on a stream, one
 // function per kind of policy (policy.hpp): block (table edit + rotations),
 // token (compaction moves, then the tail leaves), window (the front leaves).
-// The cache validates the call and keeps the bound ledger; these do the edit.
+// RowEviction validates the call and keeps the bound ledger; these do the edit.
 #pragma once
 
 #include <algorithm>
@@ -20,7 +20,7 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-/// The eviction steps Cache::evict runs.
+/// The eviction steps RowEviction::evict runs (row_eviction.hpp).
 struct EvictionRun {
   /// Buffers a token eviction needs, sized once by the cache (no allocation per call).
   struct TokenScratch {
@@ -116,7 +116,7 @@ struct EvictionRun {
     if (n <= 0) return EvictionResult{};
     const auto before = std::int32_t(tab.blocks_unchecked(s).size());
     (void)drop_front(tab, pool, s, n);
-    return EvictionResult{.evicted = before - std::int32_t(tab.blocks_unchecked(s).size()), .tokens = n};
+    return EvictionResult{.evicted = before - std::int32_t(tab.blocks_unchecked(s).size()), .tokens = n, .front = true};
   }
 
 };

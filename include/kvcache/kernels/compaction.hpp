@@ -8,8 +8,7 @@
 #include <type_traits>
 
 #include "common.hpp"
-#include "kvcache/block_pool.hpp"
-#include "kvcache/eviction/compaction_plan.hpp"
+#include "kvcache/slot_move.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

@@ -21,7 +21,7 @@
 #include <span>
 #include <vector>
 
-#include "kvcache/admission/head_paged.hpp"
+#include "kvcache/head_rows.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/geometry.hpp"
 #include "kvcache/kernels/page_select.hpp"

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <span>
 
-#include "kvcache/admission/head_paged.hpp"
+#include "kvcache/head_rows.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/page_table.hpp"
 #include "kvcache/selection/stale_pages.hpp"

@@ -9,8 +9,6 @@
 
 #include "kvcache/config.hpp"
 #include "kvcache/block_pool.hpp"
-#include "kvcache/eviction/plan.hpp"
-#include "kvcache/policy.hpp"
 #include "kvcache/selection/stale_pages.hpp"
 #include "kvcache/sequence_id.hpp"
 
@@ -56,13 +54,13 @@ void truncated(StalePages& stale, const Table& t, const Pool& pool, SeqId s) noe
   if (pool.ref_count(tail) == 1 && !pool.has_hash(tail)) stale.mark(s.index, j);
 }
 
-/// An evict() that removed tokens: rotated blocks and compaction targets hold
-/// other keys from `first_changed` on; a window's dropped front blocks shift
-/// the row's logical indices down.
-template <class E>
-void evicted(StalePages& stale, SeqId s, const EvictionResult& r, std::int32_t block_size) noexcept {
+/// An evict() that removed tokens (r: its EvictionResult): rotated blocks and
+/// compaction targets hold other keys from `first_changed` on; a window's
+/// dropped front blocks shift the row's logical indices down.
+template <class Result>
+void evicted(StalePages& stale, SeqId s, const Result& r, std::int32_t block_size) noexcept {
   if (r.tokens == 0) return;
-  if constexpr (WindowEviction<E>) stale.shift(s.index, r.evicted);
+  if (r.front) stale.shift(s.index, r.evicted);
   else stale.mark(s.index, r.first_changed / block_size);
 }
 

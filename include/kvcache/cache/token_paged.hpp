@@ -1,0 +1,387 @@
+// A cache whose rows are sequences (token-paged): every layer and kv-head of
+// a token shares its slot. The core (pool, table) makes each edit; then the
+// participants hear of it (cache/hooks.hpp): the prefix state
+// (prefix_cache.hpp), the eviction state with its ledger
+// (eviction/row_eviction.hpp) and the selection's stale pages
+// (selection/row_selection.hpp). The policies' logic lives with them.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+
+#include "kvcache/block_hash.hpp"
+#include "kvcache/cache/accounting.hpp"
+#include "kvcache/cache/core.hpp"
+#include "kvcache/cache/hooks.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/eviction/plan.hpp"
+#include "kvcache/eviction/row_eviction.hpp"
+#include "kvcache/page_table_export.hpp"
+#include "kvcache/policy.hpp"
+#include "kvcache/prefix_cache.hpp"
+#include "kvcache/prefix_sharing.hpp"
+#include "kvcache/selection/row_selection.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+/// The token-paged cache: one row per sequence (Cache picks it for a pass-through admission).
+template <class Pool, class Table, class Admission, class Selection, class Eviction, class Hasher>
+class TokenPagedCache : public CacheCore<Pool, Table> {
+  using Core = CacheCore<Pool, Table>;
+  using Core::pool_, Core::table_;
+
+ public:
+  static constexpr bool head_paged = false;  ///< Rows are sequences.
+  /// The selection policy reads key bounds per page: the cache keeps a page-bounds store current.
+  static constexpr bool selects = Selection::kind == SelectionKind::page_bounds;
+  /// The eviction policy can leave a stream above its bound between calls (a ledger keeps where each stands).
+  static constexpr bool ledgered = RowEviction<Eviction>::ledgered;
+  static constexpr bool evicts = ledgered;       ///< The policy evicts at all.
+  static constexpr bool evicts_global = false;   ///< Head-paged only.
+  /// Score signals this cache feeds to policies (cache.hpp's cache_signals).
+  static constexpr Signals provided_signals{Signals::attention_sums | Signals::head_attention_sums |
+                                            Signals::last_query_attention};
+  /// Longest prompt_len + max_new accounting accepts.
+  static constexpr std::int64_t max_length = max_request_length;
+
+  /// Builds the cache; throws ConfigError for a bad configuration (zero sizes, overflow, a policy unlike the geometry).
+  explicit TokenPagedCache(const CacheConfig& cfg, Admission admission = {},
+                           typename RowSelection<Selection>::Arg selection = {}, Eviction eviction = {}, Hasher hasher = {})
+      : Core(cfg, cfg.max_sequences),
+        admission_(admission),
+        selection_(selection),
+        eviction_(eviction),
+        hasher_(hasher),
+        prefix_(cfg.num_blocks, cfg.geometry.block_size(), cfg.max_sequences, cfg.max_blocks_per_sequence, cfg.publish_on_reserve) {
+    const GeometrySpec& g = cfg.geometry.spec();
+    eviction_.bind(cfg.max_sequences, cfg.max_blocks_per_sequence * g.block_size, g.block_size);
+    if constexpr (selects)
+      selection_.bind({cfg.geometry, cfg.num_blocks, g.num_layers, cfg.max_sequences, cfg.max_sequences,
+                       cfg.max_blocks_per_sequence, g.num_kv_heads, 0});
+  }
+
+  const Admission& admission() const noexcept { return admission_; }          ///< The admission policy.
+  const Selection& selection() const noexcept { return selection_.policy(); } ///< The selection policy.
+  const Eviction& eviction() const noexcept { return eviction_.policy(); }    ///< The eviction policy.
+
+  // --- sequences -----------------------------------------------------------
+  /// A new empty sequence; capacity_exceeded when every handle is in use.
+  Result<SeqId> add_sequence(const PrefixKey& key = {}) noexcept {
+    auto s = table_.add(key);
+    if (s) prefix_.started(s->index, 0);
+    return s;
+  }
+  /// A new sequence that starts with the cached prefix of `prompt` shared
+  /// (nothing reserved: admit() also reserves the rest, all or nothing).
+  Result<PrefixHit> add_sequence(std::span<const std::int32_t> prompt, const PrefixKey& key = {},
+                                 std::span<const ExtraKey> extras = {}) noexcept {
+    auto hit = PrefixSharing::add(table_, pool_, prompt, key, extras, hasher_);
+    if (hit) prefix_.adopted(hit->seq, std::int64_t(prompt.size()), hit->cached_tokens);
+    return hit;
+  }
+  /// Atomic admission: a new sequence with the cached prefix of `prompt`
+  /// shared and its next uncached prompt tokens reserved (all of them, or
+  /// opt.reserve), their slots in slots[0..reserved). With opt.max_new >= 0
+  /// its lifetime need is promised in the scheduler's ledger, and must fit
+  /// the free pool less every promise outstanding. All or nothing: on an error
+  /// nothing changes, the free queue's order included. With publish_on_reserve,
+  /// the reserved tokens' full blocks are published.
+  Result<AdmitResult> admit(std::span<const std::int32_t> prompt, std::span<std::int32_t> slots,
+                            const AdmitOptions& opt = {}) noexcept {
+    auto plan = admit_plan(prompt, opt, static_cast<std::int64_t>(slots.size()));
+    if (!plan) return plan.status();
+    const SeqId s = PrefixSharing::adopt(table_, pool_, opt.key, prefix_.hits(plan->hit.blocks));
+    const std::int32_t cached = plan->hit.blocks * this->block_size();
+    prefix_.adopted(s, std::int64_t(prompt.size()), cached);
+    if (opt.max_new >= 0) prefix_.promise(s.index, plan->lifetime);
+    auto r = reserve(s, prompt.subspan(std::size_t(cached), std::size_t(plan->reserve)), slots, opt.extras);
+    if (!r) {  // unreachable: the plan checked every block and buffer
+      (void)free(s);
+      return r.status();
+    }
+    return AdmitResult{s, cached, plan->reserve, r->new_blocks, opt.max_new >= 0 ? plan->lifetime : 0};
+  }
+  /// A new sequence sharing every block of s (copy-on-write on the next write into a shared block).
+  Result<SeqId> fork(SeqId s) noexcept {
+    auto child = table_.fork(pool_, s);
+    if (child) notify(hooks::forked, s, *child);
+    return child;
+  }
+  /// Ends s: the handle dies, its blocks go back tail first; published blocks stay cached.
+  Status free(SeqId s) noexcept {
+    auto st = table_.release(pool_, s);
+    if (st) notify(hooks::freed, s);
+    return st;
+  }
+
+  // --- writes --------------------------------------------------------------
+  /// Room for n more tokens of s, all or nothing: slots[0..n) get their slots, and a copy-on-write
+  /// command comes back when the tail block is shared.
+  Result<ReserveInfo> reserve(SeqId s, std::int32_t n, std::span<std::int32_t> slots) noexcept {
+    auto r = table_.reserve(pool_, s, n, slots);
+    if (r) notify(hooks::reserved, s, n, r->copy);
+    return r;
+  }
+  /// reserve() of ids.size() tokens given their ids: with publish_on_reserve,
+  /// every block they fill is hashed and published (extras: the multimodal
+  /// ranges overlapping them). The engine writes their K/V in the step that
+  /// first reads them, so no hit can see a block before it is written.
+  Result<ReserveInfo> reserve(SeqId s, std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
+                              std::span<const ExtraKey> extras = {}) noexcept {
+    if (prefix_.store().on())
+      if (auto st = PrefixSharing::check_extras(extras); !st) return st;
+    auto r = reserve(s, static_cast<std::int32_t>(ids.size()), slots);
+    if (r) prefix_.publish_reserved(table_, pool_, s, ids, slots, extras, hasher_);
+    return r;
+  }
+  /// Reserves counts[k] tokens for seqs[k], all or nothing; slots padded with -1, copy-on-write commands in copies.
+  Result<BatchInfo> reserve_batch(std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
+                                  std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept {
+    auto r = table_.reserve_batch(pool_, seqs, counts, slots, copies);
+    if (r) notify(hooks::reserved_batch, seqs, counts, std::span<const BlockCopy>(copies.first(std::size_t(r->copies))));
+    return r;
+  }
+  /// reserve_batch() given the new tokens' ids, packed as the slots are: with
+  /// publish_on_reserve, the blocks they fill are published (the decode step).
+  Result<BatchInfo> reserve_batch(std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
+                                  std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
+                                  std::span<BlockCopy> copies) noexcept {
+    if (auto st = PrefixState::check_batch_ids(seqs, counts, ids); !st) return st;
+    auto r = reserve_batch(seqs, counts, slots, copies);
+    if (r) prefix_.publish_reserved_batch(table_, pool_, seqs, counts, ids, slots, hasher_);
+    return r;
+  }
+  /// Rollback: the n most recently appended tokens leave. A token policy's
+  /// compaction reorders the row, so after an evict() that evicted tokens a
+  /// rollback reaches back only to that call: n larger than the tokens
+  /// appended since is truncate_too_many naming the limit, and nothing changes.
+  Status truncate(SeqId s, std::int32_t n) noexcept {
+    if (auto st = table_.validate(s); !st) return st;
+    if (auto st = eviction_.check_truncate(table_, s, n); !st) return st;
+    auto st = table_.truncate(pool_, s, n);
+    if (st) notify(hooks::truncated, s, n);
+    return st;
+  }
+
+  // --- eviction ----------------------------------------------------------------
+  /// Feeds the policy one step's scores for the sequence's held tokens (slot
+  /// order). Scores are finite and >= 0. A kind outside ScoreKind or one the
+  /// policy does not read, a wrong shape, a NaN, an infinity or a negative
+  /// value is an error naming it, and nothing changes.
+  Status observe(SeqId s, const Scores& sc) noexcept
+    requires ObservingEviction<Eviction>
+  {
+    return eviction_.observe(table_, s, sc);
+  }
+  /// Shorthand: one score per held token, reduced over heads and queries.
+  Status observe(SeqId s, std::span<const float> scores) noexcept
+    requires ObservingEviction<Eviction>
+  {
+    return observe(s, Scores{ScoreKind::attention_sums, scores, 1});
+  }
+  /// Runs the policy on one sequence. What leaves and what the engine must do
+  /// depends on the policy's kind (policy.hpp):
+  ///   block   chosen logical blocks leave the row (ascending, into out.blocks);
+  ///           kept blocks that moved go to out.rotations (block, new index,
+  ///           position delta) for key re-rotation. Shared blocks never move:
+  ///           candidates start after the sequence's last shared block.
+  ///   token   each group's tokens leave; the survivors are compacted: run
+  ///           out.moves[out.group_moves[g] .. out.group_moves[g+1]) with the
+  ///           compaction kernel on group g's heads before the next write. The
+  ///           row then drops its tail. Tokens in shared blocks never leave.
+  ///           group_moves (groups() + 1 entries) is required and always
+  ///           written: a call with nothing to evict writes empty ranges.
+  ///   window  the oldest tokens leave the front; blocks with no live token go
+  ///           back to the pool. Nothing to run. `pending_queries`: the last
+  ///           held tokens whose attention has not run yet (evict between
+  ///           reserve and attention); the window keeps what they need.
+  /// pending_queries is for window policies; others take 0. A buffer too
+  /// small for the plan is an error, and nothing changes.
+  Result<EvictionResult> evict(SeqId s, const EvictionSpans& out, std::int32_t pending_queries = 0) noexcept {
+    auto r = eviction_.evict(table_, pool_, s, out, pending_queries);
+    if (r) notify(hooks::evicted, s, *r);
+    return r;
+  }
+  /// Shorthand for block policies: evict(s, {blocks, rotations}).
+  Result<EvictionResult> evict(SeqId s, std::span<std::int32_t> blocks, std::span<BlockRotation> rotations) noexcept {
+    return evict(s, EvictionSpans{.blocks = blocks, .rotations = rotations});
+  }
+
+  // --- prefix sharing ------------------------------------------------------
+  /// Cached blocks of the longest published prefix of `tokens` into out; returns how many.
+  /// A peek: nothing is retained and the query counters do not move.
+  std::int32_t match_prefix(std::span<const std::int32_t> tokens, const PrefixKey& key, std::span<BlockId> out) const noexcept {
+    return PrefixSharing::match(table_, pool_, tokens, key, {}, hasher_, out).blocks;
+  }
+  /// match_prefix() of a prompt with multimodal inputs; bad extras are invalid_argument.
+  Result<std::int32_t> match_prefix(std::span<const std::int32_t> tokens, const PrefixKey& key, std::span<BlockId> out,
+                                    std::span<const ExtraKey> extras) const noexcept {
+    if (auto st = PrefixSharing::check_extras(extras); !st) return st;
+    return PrefixSharing::match(table_, pool_, tokens, key, extras, hasher_, out).blocks;
+  }
+  /// Publishes s's full blocks of `tokens` (its first tokens) for prefix hits; returns the hashes newly cached.
+  /// extras: the multimodal ranges among them. With publish_on_reserve it also supplies ids reserve() lacked.
+  Result<std::int32_t> publish(SeqId s, std::span<const std::int32_t> tokens, std::span<const ExtraKey> extras = {}) noexcept {
+    return PrefixSharing::publish(table_, pool_, s, tokens, extras, hasher_, prefix_.store());
+  }
+  /// Prefix-cache counters (queries, hit tokens, hashes stored, recycled, invalidated) and block states.
+  PrefixStats prefix_stats() const noexcept { return prefix_.stats(pool_); }
+  /// The prefix cache's state: publish-on-reserve ids, the lifetime ledger (read-only).
+  const PrefixState& prefix_state() const noexcept { return prefix_; }
+  /// Drops every cached hash (free-but-cached blocks become plain free); emits all_cleared.
+  Status reset_prefix_cache() noexcept { return pool_.reset_prefix_cache(); }
+
+  // --- exports for attention kernels ----------------------------------------
+  /// Dense block table: row k of out (row_stride entries) holds seqs[k]'s blocks, null-padded.
+  Status export_block_table(std::span<const SeqId> seqs, std::span<std::int32_t> out, std::int32_t row_stride) const noexcept {
+    return kvcache::export_block_table(table_, seqs, out, row_stride);
+  }
+  /// FlashInfer paging for seqs: indptr (n+1), indices, last_page_len; returns pages written.
+  Result<std::int32_t> export_csr(std::span<const SeqId> seqs, std::span<std::int32_t> indptr, std::span<std::int32_t> indices,
+                                  std::span<std::int32_t> last_page_len) const noexcept {
+    return kvcache::export_csr(table_, seqs, indptr, indices, last_page_len);
+  }
+  /// Slots each row spans (front + tokens held) into out.
+  Status export_lengths(std::span<const SeqId> seqs, std::span<std::int32_t> out) const noexcept {
+    return kvcache::export_lengths(table_, seqs, out);
+  }
+
+  // --- selection (page-bounds policies: Quest) --------------------------------
+  /// One pool layer's slice of the page-bounds store, [num_blocks][kv_heads][2][head_dim]:
+  /// the bounds argument of that layer's page_bounds_update and page_bounds launches.
+  Result<std::span<float>> page_bounds(std::int32_t layer) const noexcept
+    requires selects
+  {
+    return selection_.page_bounds(layer);
+  }
+  /// The pages of seqs whose bounds a copy-on-write, a compaction, a rotation
+  /// or a rollback left stale, as (page, fill) for page_bounds on every pool
+  /// layer; listing them marks them current. Run it after those edits'
+  /// kernels and before select(). All or nothing; returns pages listed.
+  Result<std::int32_t> stale_pages(std::span<const SeqId> seqs, const StaleSpans& out) noexcept
+    requires selects
+  {
+    return selection_.stale_pages(table_, pool_, seqs, out);
+  }
+  /// Host selection: the pages each (sequence, kv-head) of seqs reads for
+  /// `layer`'s queries ([seqs][kv_heads][query_group][head_dim] fp32) as a
+  /// head-folded CSR (the policy's select(), e.g. QuestSelection::select).
+  /// Returns pages written; no allocation; on an error nothing is written.
+  Result<std::int32_t> select(std::span<const SeqId> seqs, std::int32_t layer, std::span<const float> queries,
+                              const SelectSpans& out) noexcept
+    requires selects
+  {
+    return selection_.select(table_, seqs, layer, queries, out);
+  }
+  /// A page_select launch's inputs for a device backend: the rows' pages and
+  /// output offsets into `plan`, and the params but queries, out_indices and
+  /// scratch (the policy's plan(); the cache never reads the store here).
+  Result<PageSelectParams> select_params(std::span<const SeqId> seqs, std::int32_t layer, const SelectPlanSpans& plan) const noexcept
+    requires selects
+  {
+    return selection_.select_params(table_, seqs, layer, plan);
+  }
+
+  // --- accounting (what the scheduler asks) ---------------------------------
+  /// Live tokens s holds.
+  Result<std::int64_t> tokens_held(SeqId s) const noexcept {
+    auto t = table_.tokens(s);
+    if (!t) return t.status();
+    return std::int64_t{*t};
+  }
+  /// Blocks s's row holds.
+  Result<std::int32_t> blocks_held(SeqId s) const noexcept {
+    auto b = table_.blocks(s);
+    if (!b) return b.status();
+    return static_cast<std::int32_t>(b->size());
+  }
+  /// Pool blocks a new sequence needs over its whole life under the eviction
+  /// policy's bound (the bound is non-decreasing in tokens appended). With
+  /// prefill_chunk > 0 the engine runs evict() after every prefill chunk of at
+  /// most that many tokens, so the prompt never sits whole in the cache.
+  Result<std::int64_t> blocks_needed(std::int64_t prompt_len, std::int64_t max_new, std::int64_t prefill_chunk = 0) const noexcept {
+    if (auto st = check_request_lengths(prompt_len, max_new, prefill_chunk); !st) return st;
+    return eviction_.blocks_needed(prompt_len, max_new, prefill_chunk, this->block_size());
+  }
+  /// A sequence handle is free and blocks_needed fits the free pool less the
+  /// blocks promised to running sequences (promised_blocks()).
+  bool can_admit(std::int64_t prompt_len, std::int64_t max_new) const noexcept {
+    auto need = blocks_needed(prompt_len, max_new);
+    return need.ok() && free_sequences() > 0 && *need <= pool_.num_free() - promised_blocks();
+  }
+  /// What admit(prompt, slots, opt) would take, counting its prefix hit:
+  /// from_free is its lifetime need less the hit blocks other sequences hold
+  /// (free-but-cached hit blocks count against the free pool). Errors are admit()'s.
+  Result<AdmitPlan> plan_admission(std::span<const std::int32_t> prompt, const AdmitOptions& opt = {}) const noexcept {
+    return admit_plan(prompt, opt, -1);
+  }
+  /// admit(prompt, ...) would succeed now.
+  bool can_admit(std::span<const std::int32_t> prompt, const AdmitOptions& opt = {}) const noexcept {
+    return admit_plan(prompt, opt, -1).ok();
+  }
+  /// Blocks owed to running sequences: each promise (admit with max_new, or
+  /// promise()) less the blocks the sequence holds. O(sequences).
+  std::int64_t promised_blocks() const noexcept { return prefix_.outstanding(table_); }
+  /// Promises s `blocks` (at most a row's blocks) over its lifetime (0 withdraws); admissions leave them free for it.
+  Status promise(SeqId s, std::int64_t blocks) noexcept {
+    if (auto st = table_.validate(s); !st) return st;
+    return prefix_.promise(s.index, blocks, table_.max_blocks_per_stream());
+  }
+  /// Sequence handles still free.
+  std::int32_t free_sequences() const noexcept { return table_.free_streams(); }
+  /// The eviction policy's bound for any stream (INT64_MAX for keep-all).
+  std::int64_t max_tokens_after_eviction() const noexcept { return eviction().max_tokens_after_eviction(); }
+  /// Tokens the sequence holds above its policy's bound because shared
+  /// blocks (prefix sharing, fork) kept the last evict() from going lower.
+  /// The scheduler counts them as memory it cannot reclaim yet; the next
+  /// evict() after the sharing ends brings the sequence back within its bound.
+  Result<std::int64_t> shared_excess(SeqId s) const noexcept {
+    if (auto st = table_.validate(s); !st) return st;
+    return eviction_.shared_excess(s);
+  }
+  /// The sum of shared_excess over every live sequence. O(sequences).
+  std::int64_t shared_excess() const noexcept {
+    std::int64_t total = 0;
+    table_.for_each_stream([&](SeqId s) { total += eviction_.shared_excess(s); });
+    return total;
+  }
+  /// Pool, table and the eviction contract (eviction/row_eviction.hpp's
+  /// check()); invariant_violated always means a library bug, never a legal
+  /// state. O(pool + table).
+  Status check_invariants() const {
+    if (auto st = pool_.check(); !st) return st;
+    if (auto st = table_.check(pool_); !st) return st;
+    return eviction_.check(table_);
+  }
+
+  friend bool operator==(const TokenPagedCache& a, const TokenPagedCache& b) {
+    return a.eviction_ == b.eviction_ && a.selection_ == b.selection_ && a.same_core(b) && a.prefix_ == b.prefix_;
+  }
+
+ private:
+  // The one loop over the participants: each hears what the core did.
+  template <class Hook, class... Args>
+  void notify(Hook, const Args&... args) noexcept {
+    const RowsRef<Table, Pool> rows{table_, pool_};
+    Hook::call(prefix_, rows, args...);
+    Hook::call(eviction_, rows, args...);
+    Hook::call(selection_, rows, args...);
+  }
+  // admit()'s checks and plan (prefix_cache.hpp), with the policy's lifetime
+  // need; slots: the caller's slot buffer size (-1: a dry run).
+  Result<AdmitPlan> admit_plan(std::span<const std::int32_t> prompt, const AdmitOptions& opt, std::int64_t slots) const noexcept {
+    if (free_sequences() == 0) return Status{Errc::capacity_exceeded, "max_sequences", table_.max_streams() + 1, table_.max_streams()};
+    const auto life = blocks_needed(std::int64_t(prompt.size()), std::max<std::int64_t>(opt.max_new, 0), opt.prefill_chunk);
+    return prefix_.plan(table_, pool_, prompt, opt, life, hasher_, slots);
+  }
+
+  [[no_unique_address]] Admission admission_;
+  [[no_unique_address]] RowSelection<Selection> selection_;
+  [[no_unique_address]] RowEviction<Eviction> eviction_;
+  [[no_unique_address]] Hasher hasher_;
+  PrefixState prefix_;
+};
+
+KVCACHE_END_NAMESPACE

@@ -1,0 +1,106 @@
+// A selection policy on per-sequence rows (a token-paged cache's
+// participant). A dense policy is only held; a page-bounds policy (Quest)
+// also hears every edit of a row that leaves key bounds stale
+// (stale_rows.hpp) and answers the cache's selection calls.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "kvcache/config.hpp"
+#include "kvcache/policy.hpp"
+#include "kvcache/selection/page_bounds_selection.hpp"
+#include "kvcache/selection/stale_rows.hpp"
+#include "kvcache/sequence_id.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+/// A dense selection policy (every query reads every page): held, never called.
+template <SelectionPolicy S>
+class RowSelection {
+ public:
+  using Arg = S;  ///< What the cache's constructor takes for it.
+  RowSelection() = default;
+  /// Takes the policy.
+  explicit RowSelection(S policy) : s_(std::move(policy)) {}
+  const S& policy() const noexcept { return s_; }  ///< The policy.
+  friend bool operator==(const RowSelection&, const RowSelection&) { return true; }
+
+ private:
+  [[no_unique_address]] S s_{};
+};
+
+/// A page-bounds selection policy: bound to the cache's shape, told of every edit.
+template <SelectionPolicy S>
+  requires(S::kind == SelectionKind::page_bounds)
+class RowSelection<S> {
+  static_assert(PageBoundsSelection<S>, "kvcache::Cache: a page_bounds selection policy must model PageBoundsSelection "
+                                        "(selection/page_bounds_selection.hpp)");
+
+ public:
+  using Arg = typename S::Config;  ///< What the cache's constructor takes for it.
+  RowSelection() = default;
+  /// The policy, from its configuration.
+  explicit RowSelection(const Arg& cfg) : s_(cfg) {}
+  /// Binds the policy to the cache's shape; throws ConfigError when it does not fit.
+  void bind(const SelectionShape& shape) {
+    if (auto st = s_.bind(shape); !st) throw ConfigError("kvcache::Cache", st);
+    layers_ = shape.geometry.spec().num_layers;
+  }
+  const S& policy() const noexcept { return s_; }  ///< The policy.
+
+  // --- hooks (cache/hooks.hpp) ---
+  template <class Rows>
+  void forked(const Rows&, SeqId parent, SeqId child) noexcept { s_.stale().copy(parent.index, child.index); }
+  template <class Rows>
+  void freed(const Rows&, SeqId s) noexcept { s_.stale().clear(s.index); }
+  template <class Rows>
+  void reserved(const Rows& r, SeqId s, std::int32_t n, const BlockCopy& copy) noexcept {
+    stale_rows::reserved(s_.stale(), r.table, s, n, copy);
+  }
+  template <class Rows>
+  void reserved_batch(const Rows& r, std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
+                      std::span<const BlockCopy> copies) noexcept {
+    stale_rows::reserved(s_.stale(), r.table, seqs, counts, copies);
+  }
+  template <class Rows>
+  void truncated(const Rows& r, SeqId s, std::int32_t n) noexcept {
+    if (n > 0) stale_rows::truncated(s_.stale(), r.table, r.pool, s);
+  }
+  template <class Rows, class Result>
+  void evicted(const Rows& r, SeqId s, const Result& result) noexcept {
+    stale_rows::evicted(s_.stale(), s, result, r.table.block_size());
+  }
+
+  /// One pool layer's slice of the page-bounds store (cache.hpp's page_bounds()).
+  Result<std::span<float>> page_bounds(std::int32_t layer) const noexcept {
+    if (layer < 0 || layer >= layers_) return Status{Errc::invalid_argument, "layer", layer, layers_};
+    return s_.bounds(layer);
+  }
+  /// Lists and clears the stale pages of seqs (cache.hpp's stale_pages()).
+  template <class Table, class Pool>
+  Result<std::int32_t> stale_pages(const Table& t, const Pool& pool, std::span<const SeqId> seqs, const StaleSpans& out) noexcept {
+    return take_stale_pages(s_.stale(), t, pool, seqs, out);
+  }
+  /// The policy's select() on rows.
+  template <class Table>
+  Result<std::int32_t> select(const Table& t, std::span<const SeqId> seqs, std::int32_t layer, std::span<const float> q,
+                              const SelectSpans& out) noexcept {
+    return s_.select(t, seqs, layer, q, out);
+  }
+  /// The policy's plan() on rows.
+  template <class Table>
+  Result<PageSelectParams> select_params(const Table& t, std::span<const SeqId> seqs, std::int32_t layer,
+                                         const SelectPlanSpans& plan) const noexcept {
+    return s_.plan(t, seqs, layer, plan);
+  }
+
+  friend bool operator==(const RowSelection& a, const RowSelection& b) { return a.s_ == b.s_; }
+
+ private:
+  S s_{};
+  std::int32_t layers_ = 0;
+};
+
+KVCACHE_END_NAMESPACE
