@@ -39,7 +39,7 @@ std::vector<float> random_scores(std::size_t n) {
 void BM_plan_32k(benchmark::State& state) {
   const auto agg = state.range(0) ? kv::Aggregation::norm_sum : kv::Aggregation::sum;
   kv::BlockScoreEviction p({.aggregation = agg});
-  p.bind(1, 32768);
+  p.bind({.streams = 1, .max_tokens = 32768, .block_size = 16});
   const auto sc = random_scores(32768);
   (void)p.observe(0, sc);
   std::vector<std::int32_t> out(2048);
@@ -53,7 +53,7 @@ void BM_plan_32k(benchmark::State& state) {
 
 void BM_observe_32k(benchmark::State& state) {
   kv::BlockScoreEviction p({});
-  p.bind(1, 32768);
+  p.bind({.streams = 1, .max_tokens = 32768, .block_size = 16});
   const auto sc = random_scores(32768);
   for (auto _ : state) {
     auto st = p.observe(0, sc);
@@ -93,7 +93,7 @@ void decide_32k(benchmark::State& state, E policy, kv::ScoreKind kind) {
 }
 void BM_decide_32k_sliding_window(benchmark::State& st) { decide_32k(st, kv::SlidingWindow(k32k), {}); }
 void BM_decide_32k_sink_window(benchmark::State& st) {
-  decide_32k(st, kv::SinkWindowEviction({.sinks = 4, .window = k32k - 64, .block_size = 16}), {});
+  decide_32k(st, kv::SinkWindowEviction({.sinks = 4, .window = k32k - 64}), {});
 }
 void BM_decide_32k_block_scores(benchmark::State& st) {
   decide_32k(st, kv::BlockScoreEviction({.start = 32, .recent = 128, .max = k32k - 16}), kv::ScoreKind::attention_sums);
@@ -110,7 +110,7 @@ void BM_decide_32k_average_attention(benchmark::State& st) {
 // SnapKV runs once per stream: its choice (pooling + top-C) over a 32k prompt.
 void BM_decide_32k_snapkv(benchmark::State& state) {
   kv::SnapKVEviction p({.capacity = 4096, .window = 32, .kernel = 7});
-  p.bind(1, k32k);
+  p.bind({.streams = 1, .max_tokens = k32k, .block_size = 16});
   const auto sc = random_scores(k32k);
   const kv::StreamView v{k32k, k32k, 0};
   (void)p.observe(0, kv::Scores{kv::ScoreKind::attention_sums, sc, 1}, v);

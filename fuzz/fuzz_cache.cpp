@@ -414,8 +414,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   switch (in.byte() % 10) {
     case 0: run(kv::KeepAll{}, in); break;
     case 1: run(kv::SlidingWindow(1 + in.upto(12)), in); break;
-    case 2: run(kv::SinkWindowEviction({.sinks = in.upto(6), .window = 1 + in.upto(12), .block_size = B}), in); break;
-    case 3: run(kv::BlockScoreEviction({.start = B, .recent = B, .max = 3 * B + B * in.upto(3), .block_size = B,
+    case 2: run(kv::SinkWindowEviction({.sinks = in.upto(6), .window = 1 + in.upto(12)}), in); break;
+    case 3: run(kv::BlockScoreEviction({.start = B, .recent = B, .max = 3 * B + B * in.upto(3),
                                         .aggregation = kv::Aggregation(in.byte() % 2), .pool_window = 1 + in.upto(2)}),
                 in);
       break;
@@ -449,7 +449,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         case 1: run<kv::SlidingWindow, kv::QuestSelection>(kv::SlidingWindow(1 + in.upto(12)), in); break;
         case 2:
           run<kv::BlockScoreEviction, kv::QuestSelection>(
-              kv::BlockScoreEviction({.start = B, .recent = B, .max = 3 * B + B * in.upto(3), .block_size = B}), in);
+              kv::BlockScoreEviction({.start = B, .recent = B, .max = 3 * B + B * in.upto(3)}), in);
           break;
         default:
           run<kv::H2OEviction, kv::QuestSelection>(kv::H2OEviction({.heavy = 1 + in.upto(6), .recent = in.upto(6), .groups = in.byte() % 2 ? G : 1}), in);

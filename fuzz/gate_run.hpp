@@ -280,9 +280,17 @@ struct GateRun {
         std::vector<float> k(std::size_t(n * H())), v(k.size());
         for (std::int32_t i = 0; i < n * H(); ++i) k[std::size_t(i)] = v[std::size_t(i)] = float(first + i / H());
         DeviceHeads& d = dev(s, layer);
-        const kv::RingAdmitParams p{pool, {k.data(), v.data(), kv::DType::f32, 0, 4, 0}, gates.data(), n, H(), W,
-                                    cache.admission().global_cap(), cache.admission().config().tau, start.data(), len.data(),
-                                    d.gl.data(), d.bits.data(), rows.data(), kRow};
+        kv::RingAdmitParams p = cache.admission().ring_admit_params();
+        p.cache = pool;
+        p.src = {k.data(), v.data(), kv::DType::f32, 0, 4, 0};
+        p.gates = gates.data();
+        p.num_tokens = n;
+        p.ring_start = start.data();
+        p.ring_len = len.data();
+        p.global_len = d.gl.data();
+        p.bits = d.bits.data();
+        p.rows = rows.data();
+        p.row_stride = kRow;
         if (!kv::ring_admit_host(p)) fail("ring_admit");
         d.pending.push_back(gates);
         d.mode = 2;

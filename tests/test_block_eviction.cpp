@@ -28,7 +28,7 @@ CacheConfig config(std::int32_t blocks = 64, std::int32_t seqs = 4, std::int32_t
 }
 // start 4, recent 4, max 16: the evictable area keeps 2 blocks; runs from 20 tokens.
 BlockScoreConfig small(Aggregation a = Aggregation::sum, std::int32_t pool = 1) {
-  return {.start = 4, .recent = 4, .max = 16, .block_size = B, .aggregation = a, .pool_window = pool};
+  return {.start = 4, .recent = 4, .max = 16, .aggregation = a, .pool_window = pool};
 }
 std::vector<float> per_block(const std::vector<float>& block_scores) {  // spread evenly over each block's tokens
   std::vector<float> s;
@@ -39,16 +39,27 @@ std::vector<float> per_block(const std::vector<float>& block_scores) {  // sprea
 }  // namespace
 
 TEST_CASE("configuration errors name the field") {
-  CHECK_THROWS_WITH(BlockScoreEviction({.start = 6, .block_size = 4}), Catch::Contains("start=6"));
-  CHECK_THROWS_WITH(BlockScoreEviction({.start = 4, .recent = 0, .block_size = 4}), Catch::Contains("recent=0"));
-  CHECK_THROWS_WITH(BlockScoreEviction({.start = 4, .recent = 4, .max = 8, .block_size = 4}), Catch::Contains("max=8"));
-  CHECK_THROWS_WITH(BlockScoreEviction({.start = 4, .recent = 4, .max = 16, .block_size = 4, .pool_window = 0}),
+  CHECK_THROWS_WITH(BlockScoreEviction({.start = 0}), Catch::Contains("start=0"));
+  CHECK_THROWS_WITH(BlockScoreEviction({.start = 4, .recent = 0}), Catch::Contains("recent=0"));
+  CHECK_THROWS_WITH(BlockScoreEviction({.start = 4, .recent = 4, .max = 8}), Catch::Contains("max=8"));
+  CHECK_THROWS_WITH(BlockScoreEviction({.start = 4, .recent = 4, .max = 16, .pool_window = 0}),
                     Catch::Contains("pool_window=0"));
+  // Block multiples are the geometry's: the cache binds its block size, and a
+  // size that is not a multiple of it names the field and the block size.
+  CHECK_THROWS_WITH(EvictCache(config(), {}, {}, BlockScoreEviction({.start = 6, .recent = 4, .max = 16})),
+                    Catch::Contains("start (a multiple of the block size)=6 (limit 4)"));
+  CHECK_THROWS_WITH(EvictCache(config(), {}, {}, BlockScoreEviction({.start = 4, .recent = 6, .max = 16})),
+                    Catch::Contains("recent (a multiple of the block size)=6"));
+  CHECK_THROWS_WITH(EvictCache(config(), {}, {}, BlockScoreEviction({.start = 4, .recent = 4, .max = 18})),
+                    Catch::Contains("max (a multiple of the block size)=18"));
+  const EvictCache cache(config(), {}, {}, BlockScoreEviction(small()));
+  CHECK(cache.eviction().block_size() == B);
+  CHECK(cache.max_tokens_after_eviction() == 16 + B - 1);
 }
 
 TEST_CASE("lifetime counters grow by the length increase, max-pool looks forward") {
   BlockScoreEviction p(small(Aggregation::norm_sum, 3));
-  p.bind(1, 64);
+  p.bind({.streams = 1, .max_tokens = 64, .block_size = B});
   REQUIRE(p.observe(0, std::vector<float>{1, 5, 2}).ok());
   CHECK(std::vector<std::int32_t>(p.counters(0).begin(), p.counters(0).end()) == std::vector<std::int32_t>{3, 2, 1});
   CHECK(std::vector<float>(p.accumulators(0).begin(), p.accumulators(0).end()) == std::vector<float>{5, 5, 2});
@@ -121,7 +132,7 @@ TEST_CASE("rotation deltas re-rotate kept keys to their new positions") {
   // Keys of a 32-token stream stored with RoPE at their positions (f32, NeoX).
   const GeometrySpec g{.num_layers = 1, .num_kv_heads = 2, .head_dim = 8, .block_size = B, .dtype = DType::f32};
   EvictCache cache({.geometry = *Geometry::make(g), .num_blocks = 16, .max_sequences = 1, .max_blocks_per_sequence = 12},
-                   {}, {}, BlockScoreEviction({.start = 4, .recent = 8, .max = 24, .block_size = B}));
+                   {}, {}, BlockScoreEviction({.start = 4, .recent = 8, .max = 24}));
   kvtest::Pool pool(g, 16);
   const std::int32_t half = 4, max_delta = 32;
   std::vector<float> cs((max_delta + 1) * half), sn(cs.size());
@@ -176,7 +187,7 @@ TEST_CASE("random score streams: the plan matches a brute-force reference, the b
   std::mt19937_64 rng(Catch::rngSeed() ^ std::random_device{}());
   for (int trial = 0; trial < 40; ++trial) {
     const auto agg = trial % 2 ? Aggregation::sum : Aggregation::norm_sum;
-    const BlockScoreConfig cfg{.start = 8, .recent = 8, .max = 32, .block_size = B, .aggregation = agg,
+    const BlockScoreConfig cfg{.start = 8, .recent = 8, .max = 32, .aggregation = agg,
                                .pool_window = 1 + int(rng() % 3)};
     EvictCache cache(config(256, 4, 40), {}, {}, BlockScoreEviction(cfg));
     std::vector<SeqId> seqs;

@@ -46,6 +46,11 @@ TEST_CASE("geometry overflow is a typed error, offsets are 64-bit") {
                               .dtype = DType::f32});
   REQUIRE_FALSE(huge.ok());
   CHECK(huge.status().code() == Errc::geometry_overflow);
+  // The error names the factor that overflowed and the largest value it could have had.
+  CHECK(huge.status().message() == "geometry_overflow: num_layers (block bytes past int64)=1073741824 (limit 1023)");
+  auto wide = Geometry::make({.num_layers = 1, .num_kv_heads = 1 << 20, .head_dim = 1 << 30, .block_size = 1 << 12,
+                              .dtype = DType::f32});
+  CHECK(wide.status().message() == "geometry_overflow: block_size (block bytes past int64)=4096 (limit 2047)");
 
   auto g = Geometry::make({.num_layers = 32, .num_kv_heads = 8, .head_dim = 128, .block_size = 16});
   auto big = g->pool_bytes(std::int64_t{1} << 50);

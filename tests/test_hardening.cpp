@@ -11,7 +11,15 @@
 #include <kvcache/eviction/sliding_window.hpp>
 #include <kvcache/eviction/snapkv.hpp>
 #include <kvcache/eviction/tova.hpp>
+#include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
+#include <kvcache/kernels/gather.hpp>
+#include <kvcache/kernels/page_bounds.hpp>
+#include <kvcache/kernels/ring_admit.hpp>
+#include <kvcache/kernels/ring_write.hpp>
+#include <kvcache/kernels/rope.hpp>
+#include <kvcache/kernels/scatter.hpp>
+#include <kvcache/kernels/scores.hpp>
 
 #include <cmath>
 #include <limits>
@@ -272,13 +280,18 @@ TEST_CASE("rollback after compaction reaches back only to the compaction, and re
   e.check(s);
 }
 
-TEST_CASE("a policy counting blocks of another size than the geometry's is rejected at construction") {
+TEST_CASE("block policies count in the geometry's block size, given once") {
   using BS = Cache<BlockPool, PageTable, AdmitAll, SelectAll, BlockScoreEviction>;
   using SW = Cache<BlockPool, PageTable, AdmitAll, SelectAll, SinkWindowEviction>;
-  CHECK_THROWS_WITH(BS(config(), {}, {}, BlockScoreEviction({.start = 16, .recent = 16, .max = 64, .block_size = 16})),
-                    Catch::Contains("eviction.block_size=16 (limit 4)"));
-  CHECK_THROWS_AS(SW(config(), {}, {}, SinkWindowEviction({.sinks = 4, .window = 32, .block_size = 16})), ConfigError);
-  CHECK_NOTHROW(SW(config(), {}, {}, SinkWindowEviction({.sinks = 4, .window = 32, .block_size = B})));
+  // The configs hold no block size: the cache binds the geometry's.
+  CHECK_THROWS_WITH(BS(config(), {}, {}, BlockScoreEviction({.start = 6, .recent = 16, .max = 64})),
+                    Catch::Contains("start (a multiple of the block size)=6 (limit 4)"));
+  const BS bs(config(), {}, {}, BlockScoreEviction({.start = 16, .recent = 16, .max = 64}));
+  CHECK(bs.eviction().block_size() == B);
+  const SW sw(config(), {}, {}, SinkWindowEviction({.sinks = 3, .window = 32}));
+  CHECK(sw.eviction().block_size() == B);
+  CHECK(sw.eviction().pinned() == B);  // 3 sinks round up to one block of the geometry's size
+  CHECK(sw.max_tokens_after_eviction() == B + 32 + B - 1);
 }
 
 TEST_CASE("extreme values are typed errors, not overflow") {
@@ -293,9 +306,9 @@ TEST_CASE("extreme values are typed errors, not overflow") {
   CHECK(SnapKVEviction({}).max_blocks_held(big, 16) == big / 16 + 1);
   CHECK(H2OEviction({}).max_blocks_held(big, 16) == 17);
   CHECK(SlidingWindow(INT32_MAX).max_blocks_held(big, 1) == std::int64_t{INT32_MAX} + 1);
-  CHECK_THROWS_WITH(BlockScoreEviction({.start = 1 << 30, .recent = 1 << 30, .max = 1 << 30, .block_size = 16}),
+  CHECK_THROWS_WITH(BlockScoreEviction({.start = 1 << 30, .recent = 1 << 30, .max = 1 << 30}),
                     Catch::Contains("max=1073741824"));
-  CHECK_THROWS_WITH(SinkWindowEviction({.sinks = INT32_MAX, .window = 16, .block_size = 16}), Catch::Contains("sinks+window"));
+  CHECK_THROWS_WITH(SinkWindowEviction({.sinks = INT32_MAX, .window = 16}), Catch::Contains("sinks+window"));
   auto cfg = config();
   cfg.event_capacity = -1;
   CHECK_THROWS_WITH(Cache<>(cfg), Catch::Contains("event_capacity=-1"));
@@ -323,4 +336,68 @@ TEST_CASE("observe rejects a kind outside ScoreKind and infinite scores, and cha
   v[4] = std::numeric_limits<float>::max();  // the largest finite score is fine
   CHECK(e.cache == before);
   CHECK(e.cache.observe(s, Scores{ScoreKind::head_attention_sums, v, G}).ok());
+}
+
+TEST_CASE("every enum field of every kernel's parameters is checked: a value outside its enum names the field and writes nothing") {
+  const GeometrySpec spec{.num_layers = 1, .num_kv_heads = 1, .head_dim = 4, .block_size = B, .dtype = DType::f32};
+  kvtest::Pool pool(spec, 4);
+  kvtest::poison(pool.bytes);
+  const auto before = pool.bytes;
+  const auto bogus_dtype = static_cast<DType>(7);
+  std::vector<float> k(4, 1.0f), v(4, 2.0f), out(16), bounds(4 * 2 * 4), cs(4), sn(4), attn(4), sc(4);
+  std::vector<std::int32_t> slots{1}, indptr{0, 1}, indices{1}, out_indptr{0, 1}, one{1}, zero{0}, len{1}, rows(8, 1);
+  std::vector<std::uint8_t> bits(B);
+  const std::vector<BlockCopy> pairs{{1, 2}};
+  const std::vector<SlotMove> moves{{1, 2}};
+  const float gate = 1.0f;
+  const KvSource src{k.data(), v.data(), DType::f32, 0, 16, 16};
+  auto bad = [&](PoolView view) { view.dtype = bogus_dtype; return view; };
+  auto named = [&](Status st, const char* field) {
+    INFO(st.message());
+    CHECK(st.code() == Errc::invalid_argument);
+    CHECK(std::string(st.what()) == field);
+    CHECK(pool.bytes == before);
+  };
+  ScatterParams sp{pool.view, src, TokenAddress{slots.data()}, 1};
+  REQUIRE(check_scatter_shape(sp).ok());
+  named(scatter_host({bad(pool.view), src, TokenAddress{slots.data()}, 1}), "cache.dtype");
+  sp.src.dtype = bogus_dtype;
+  named(scatter_host(sp), "src.dtype");
+  named(ring_write_host({.cache = pool.view, .src = sp.src, .num_tokens = 1, .ring_slots = slots.data()}), "src.dtype");
+  GatherParams gp{.cache = pool.view, .indptr = indptr.data(), .indices = indices.data(), .out_indptr = out_indptr.data(),
+                  .num_seqs = 1, .num_rows = 1, .k_out = out.data(), .v_out = out.data() + 8, .out_dtype = DType::f32,
+                  .token_stride = 16, .head_stride = 16};
+  REQUIRE(check_gather_shape(gp).ok());
+  gp.out_dtype = bogus_dtype;
+  named(gather_host(gp), "out_dtype");
+  gp.out_dtype = DType::f32;
+  gp.cache = bad(pool.view);
+  named(gather_host(gp), "cache.dtype");
+  named(block_copy_host({bad(pool.view), bad(pool.view), pairs.data(), 1}), "src.dtype");
+  named(compaction_host({.cache = bad(pool.view), .moves = moves.data(), .num_moves = 1}), "cache.dtype");
+  RopeParams rp{.cache = pool.view, .blocks = one.data(), .deltas = zero.data(), .num_entries = 1, .cos = cs.data(),
+                .sin = sn.data(), .max_delta = 0};
+  REQUIRE(check_rope_shape(rp).ok());
+  rp.style = static_cast<RopeStyle>(5);
+  named(rope_host(rp), "style");
+  rp.style = RopeStyle::neox;
+  rp.cache = bad(pool.view);
+  named(rope_host(rp), "cache.dtype");
+  ScoreParams scp{.attn = attn.data(), .lengths = len.data(), .scores = sc.data(), .num_streams = 1, .max_keys = 4};
+  REQUIRE(check_score_shape(scp).ok());
+  scp.reduce = static_cast<ScoreReduce>(9);
+  named(scores_host(scp), "reduce");
+  named(page_bounds_host({.cache = bad(pool.view), .pages = one.data(), .fill = one.data(), .num_pages = 1, .bounds = bounds.data()}),
+        "cache.dtype");
+  named(page_bounds_update_host({.cache = bad(pool.view), .slots = slots.data(), .num_tokens = 1, .bounds = bounds.data()}),
+        "cache.dtype");
+  RingAdmitParams ra{.cache = pool.view, .src = src, .gates = &gate, .num_tokens = 1, .num_heads = 1, .window = B,
+                     .global_limit = 0, .tau = 0.5f, .ring_start = zero.data(), .ring_len = zero.data(),
+                     .global_len = zero.data(), .bits = bits.data(), .rows = rows.data(), .row_stride = 1};
+  REQUIRE(check_ring_admit_shape(ra).ok());
+  ra.src.dtype = bogus_dtype;
+  named(ring_admit_host(ra), "src.dtype");
+  ra.src.dtype = DType::f32;
+  ra.cache = bad(pool.view);
+  named(ring_admit_host(ra), "cache.dtype");
 }

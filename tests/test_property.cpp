@@ -81,7 +81,7 @@ TEST_CASE("random operations through a Quest cache keep every page's bounds and 
     const bool forks = t % 2 == 1;
     kvtest::quest_cache_property(rng, kvcache::KeepAll{}, forks, steps);
     kvtest::quest_cache_property(rng, kvcache::SlidingWindow(8 + std::int32_t(rng() % 16)), forks, steps);
-    kvtest::quest_cache_property(rng, kvcache::BlockScoreEviction({.start = 4, .recent = 8, .max = 24, .block_size = 4}), forks, steps);
+    kvtest::quest_cache_property(rng, kvcache::BlockScoreEviction({.start = 4, .recent = 8, .max = 24}), forks, steps);
     kvtest::quest_cache_property(rng, kvcache::H2OEviction({.heavy = 6, .recent = 6, .groups = 1}), forks, steps);
   }
 }

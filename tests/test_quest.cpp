@@ -41,7 +41,7 @@ TEST_CASE("Quest with a sliding window: dropped front blocks shift the stale mar
 TEST_CASE("Quest with block eviction: rotated blocks are listed stale and recomputed after rope") {
   auto rng = fresh_rng();
   for (int run = 0; run < 6; ++run)
-    kvtest::quest_cache_property(rng, BlockScoreEviction({.start = 4, .recent = 8, .max = 24, .block_size = 4}), run % 2 == 1, 60);
+    kvtest::quest_cache_property(rng, BlockScoreEviction({.start = 4, .recent = 8, .max = 24}), run % 2 == 1, 60);
 }
 
 TEST_CASE("Quest with token eviction: compaction targets are listed stale and recomputed") {

@@ -303,8 +303,19 @@ TEST_CASE("Write-Gated KV + Quest without a host sync: reconcile marks the promo
       std::vector<float> gates(std::size_t(n * H));
       for (auto& g : gates) g = rng() % 3 == 0 ? 0.9f : 0.1f;
       const KvSource src = rig.mem.source(0, l, appended, n);
-      const RingAdmitParams p{rig.mem.view, src, gates.data(), n, H, W, 0, 0.5f, start.data(), len.data(),
-                              gl.data() + l * H, bits.data() + l * H * W, rows.data(), kRow};
+      // The policy's parameters (W, its effective cap, tau) come from the
+      // policy, so the device promotes exactly what reconcile() replays.
+      RingAdmitParams p = rig.cache.admission().ring_admit_params();
+      p.cache = rig.mem.view;
+      p.src = src;
+      p.gates = gates.data();
+      p.num_tokens = n;
+      p.ring_start = start.data();
+      p.ring_len = len.data();
+      p.global_len = gl.data() + l * H;
+      p.bits = bits.data() + l * H * W;
+      p.rows = rows.data();
+      p.row_stride = kRow;
       REQUIRE(ring_admit_host(p).ok());
       REQUIRE(rig.cache.reconcile(s, l, gates).ok());
     }

@@ -109,9 +109,9 @@ TEST_CASE("sliding window: blocks_needed covers the ring, shared front blocks on
 TEST_CASE("sinks + window keeps the pinned blocks and the last W tokens, and reports rotations") {
   for (std::int32_t sinks : {0, 3, 4}) {
     using C = Cache<BlockPool, PageTable, AdmitAll, SelectAll, SinkWindowEviction>;
-    const SinkWindowEviction policy({.sinks = sinks, .window = 6, .block_size = B});
+    C cache(config(), {}, {}, SinkWindowEviction({.sinks = sinks, .window = 6}));
+    const SinkWindowEviction& policy = cache.eviction();  // bound: it counts in the geometry's blocks
     const std::int32_t pinned = policy.pinned();
-    C cache(config(), {}, {}, policy);
     std::vector<std::int64_t> mem(64 * B, -1);
     Stream<C> st{cache, *cache.add_sequence(), mem};
     std::vector<std::int32_t> evicted(16);

@@ -64,8 +64,17 @@ TEST_CASE("deferred writes: the device decides, the host reconciles later, and b
         std::vector<float> gates(static_cast<std::size_t>(n * H));
         for (auto& g : gates) g = float(rng() % 1000) / 1000.0f;
         const KvSource src = mem.source(0, l, appended, n);
-        const RingAdmitParams p{mem.view, src, gates.data(), n, H, w, cap, 0.5f, start.data(), len.data(),
-                                dev.gl.data() + l * H, dev.bits.data() + l * H * w, rows.data(), row_blocks};
+        RingAdmitParams p = gate.ring_admit_params();  // W, the effective cap and tau: the policy's
+        p.cache = mem.view;
+        p.src = src;
+        p.gates = gates.data();
+        p.num_tokens = n;
+        p.ring_start = start.data();
+        p.ring_len = len.data();
+        p.global_len = dev.gl.data() + l * H;
+        p.bits = dev.bits.data() + l * H * w;
+        p.rows = rows.data();
+        p.row_stride = row_blocks;
         REQUIRE(ring_admit_host(p).ok());
         std::int32_t at_cap = 0;
         for (std::int32_t t = 0; t < n; ++t)
@@ -169,4 +178,61 @@ TEST_CASE("deferred writes: refuse at the cap, nothing to reconcile, bad gates, 
   auto r = strict.allot(table2, pool2, t, 0, 1, {.ring_start = start, .ring_len = len});
   CHECK(r.status().code() == Errc::invalid_argument);
   CHECK(std::string(r.status().what()).starts_with("at_cap"));
+}
+
+TEST_CASE("ring_admit's policy parameters come from the policy, so the device cannot diverge from the host's replay") {
+  // The config's global_cap 0 means "as many as the row holds", and tau is
+  // not the default: the launch takes both from ring_admit_params().
+  const std::int32_t block = 2, w = 4, row_blocks = w / block + 16;
+  const WriteGateConfig cfg{.num_layers = 1, .num_kv_heads = 2, .local_window = w, .tau = 0.7f, .global_cap = 0,
+                            .at_cap = GlobalCapAction::drop};
+  const std::int32_t blocks = 2 * row_blocks + 1, H = 2;
+  BlockPool pool(blocks, 0);
+  PageTable table(pool, std::int32_t(WriteGate::streams_for(cfg, 1)), row_blocks, block);
+  WriteGate gate(cfg, 1, table);
+  const RingAdmitParams policy = gate.ring_admit_params();
+  CHECK(policy.window == w);
+  CHECK(policy.num_heads == H);
+  CHECK(policy.tau == 0.7f);
+  CHECK(policy.global_limit == gate.global_cap());
+  CHECK(policy.global_limit == row_blocks * block - w);  // the config's 0: the whole row past the ring, a number here
+  KvMemory mem(block, blocks, H);
+  const SeqId s = *gate.add(table);
+  const SeqId one[] = {s};
+  Device dev(1, H, w), typed(1, H, w);  // typed: a launch whose cap an engine copied from the config (0)
+  std::int64_t appended = 0;
+  for (int step = 0; step < 12; ++step, ++appended) {
+    std::vector<std::int32_t> start(H), len(H), rows(static_cast<std::size_t>(H * row_blocks));
+    REQUIRE(gate.allot(table, pool, s, 0, 1, {.ring_start = start, .ring_len = len}).ok());
+    REQUIRE(export_heads_block_table(table, gate, one, 0, rows, row_blocks).ok());
+    const std::vector<float> gates{0.9f, step % 2 ? 0.8f : 0.6f};  // head 0 admits all; head 1 every other token (>= 0.7)
+    RingAdmitParams p = gate.ring_admit_params();
+    p.cache = mem.view;
+    p.src = mem.source(0, 0, appended, 1);
+    p.gates = gates.data();
+    p.num_tokens = 1;
+    p.ring_start = start.data();
+    p.ring_len = len.data();
+    p.global_len = dev.gl.data();
+    p.bits = dev.bits.data();
+    p.rows = rows.data();
+    p.row_stride = row_blocks;
+    REQUIRE(ring_admit_host(p).ok());
+    RingAdmitParams q = p;  // the slip the issue found: a literal 0 where the policy's cap belongs
+    q.global_limit = 0;
+    q.global_len = typed.gl.data();
+    q.bits = typed.bits.data();
+    REQUIRE(ring_admit_host(q).ok());
+    REQUIRE(gate.reconcile(table, pool, s, 0, gates).ok());
+    for (std::int32_t h = 0; h < H; ++h) {  // the device's global length is the host's, after every step
+      INFO("step " << step << " head " << h);
+      REQUIRE(dev.gl[std::size_t(h)] == gate.head_state(s, 0, h)->global);
+    }
+  }
+  // Tokens left the rings admitted: the host promoted them, and so did the
+  // device given the policy's parameters; the hand-typed launch promoted none.
+  CHECK(gate.head_state(s, 0, 0)->global == 12 - w);
+  CHECK(gate.head_state(s, 0, 1)->global == (12 - w) / 2);
+  CHECK(typed.gl[0] == 0);
+  CHECK(gate.check(table).ok());
 }

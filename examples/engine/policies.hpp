@@ -36,12 +36,12 @@ bool with_policy(const std::string& name, std::int32_t budget, const ModelConfig
   if (name == "keep_all") return f(kvcache::KeepAll{}, plain), true;
   if (name == "sliding_window") return f(kvcache::SlidingWindow(budget), plain), true;
   if (name == "sink_window")
-    return f(kvcache::SinkWindowEviction({.sinks = 4, .window = budget - 2 * B, .block_size = B}), plain), true;
+    return f(kvcache::SinkWindowEviction({.sinks = 4, .window = budget - 2 * B}), plain), true;
   if (name == "block_scores" || name == "block_scores_summed") {
     // A 64-token recent area, smaller when the budget leaves no evictable block.
     const std::int32_t recent = std::max(B, std::min(4 * B, (budget - 3 * B) / B * B));
     const bool per_layer = name == "block_scores";
-    return f(kvcache::BlockScoreEviction({.start = B, .recent = recent, .max = budget - B, .block_size = B}),
+    return f(kvcache::BlockScoreEviction({.start = B, .recent = recent, .max = budget - B}),
              [per_layer](EngineConfig& e) { e.layer_streams = per_layer; }),
            true;
   }

@@ -172,9 +172,9 @@ template <class F>
 bool dispatch(const std::string& name, F&& f) {
   if (name == "keep_all") return f(kv::KeepAll{});
   if (name == "sliding_window") return f(kv::SlidingWindow(kBudget));
-  if (name == "sink_window") return f(kv::SinkWindowEviction({.sinks = 4, .window = kBudget - kB, .block_size = kB}));
+  if (name == "sink_window") return f(kv::SinkWindowEviction({.sinks = 4, .window = kBudget - kB}));
   if (name == "block_scores")
-    return f(kv::BlockScoreEviction({.start = 16, .recent = 32, .max = kBudget - kB, .block_size = kB}));
+    return f(kv::BlockScoreEviction({.start = 16, .recent = 32, .max = kBudget - kB}));
   if (name == "h2o") return f(kv::H2OEviction({.heavy = kBudget - 32, .recent = 32, .groups = kHeads}));
   if (name == "tova") return f(kv::TovaEviction({.budget = kBudget}));
   if (name == "snapkv") return f(kv::SnapKVEviction({.capacity = kBudget - 32, .window = 32, .kernel = 7, .groups = kHeads}));

@@ -77,11 +77,11 @@ def policy_by_name(name, budget, c, cfg):
     if name == "sliding_window":
         return kv.SlidingWindow(budget), cfg
     if name == "sink_window":
-        return kv.SinkWindow(sinks=4, window=budget - 2 * B, block_size=B), cfg
+        return kv.SinkWindow(sinks=4, window=budget - 2 * B), cfg
     if name in ("block_scores", "block_scores_summed"):
         recent = max(B, min(4 * B, (budget - 3 * B) // B * B))
         cfg.layer_streams = name == "block_scores"
-        return kv.BlockScores(start=B, recent=recent, max=budget - B, block_size=B), cfg
+        return kv.BlockScores(start=B, recent=recent, max=budget - B), cfg
     if name in ("h2o", "h2o_summed"):  # half heavy hitters, half recent
         summed = name == "h2o_summed"
         cfg.grouping = "heads" if summed else "layer_heads"

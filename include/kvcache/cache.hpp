@@ -43,8 +43,8 @@ inline constexpr Signals cache_signals{Signals::attention_sums | Signals::head_a
 /// The signals a composition's policies need are the ones its cache feeds.
 template <class Admission, class Selection, class Eviction>
 struct SignalsCheck {
-  static constexpr bool head_paged = Admission::kind == AdmissionKind::head_paged;
-  static constexpr bool selects = Selection::kind == SelectionKind::page_bounds;
+  static constexpr bool head_paged = Admission::kind == AdmissionKind::head_paged;  ///< Gate scores are fed.
+  static constexpr bool selects = Selection::kind == SelectionKind::page_bounds;    ///< Page bounds are kept.
   static_assert(Signals{cache_signals.bits | (head_paged ? Signals::gate_scores : 0u)}.covers(Admission::required_signals),
                 "kvcache::Cache: the admission policy needs score signals this cache does not provide");
   static_assert(Signals{cache_signals.bits | (selects ? Signals::page_key_bounds : 0u)}.covers(Selection::required_signals),

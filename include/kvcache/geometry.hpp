@@ -82,12 +82,20 @@ class Geometry {
       return Status{Errc::invalid_argument, "planes", static_cast<std::int64_t>(s.planes), 1};
     Geometry g;
     g.spec_ = s;
-    std::int64_t head = 0, plane = 0, block = 0;
-    if (__builtin_mul_overflow(std::int64_t{s.head_dim}, elem, &head) ||
-        __builtin_mul_overflow(head, std::int64_t{s.num_kv_heads}, &plane) ||
-        __builtin_mul_overflow(plane, std::int64_t{s.block_size}, &plane) ||
-        __builtin_mul_overflow(plane, std::int64_t{2} * s.num_layers, &block))
-      return Status{Errc::geometry_overflow, "block_bytes", s.num_layers, INT64_MAX};
+    // One block's bytes, factor by factor: an overflow names the factor that
+    // took the product past int64 and the largest value it could have had.
+    std::int64_t head = 0, heads = 0, plane = 0, block = 0;
+    const auto too_big = [](const char* what, std::int64_t v, std::int64_t so_far) {
+      return Status{Errc::geometry_overflow, what, v, INT64_MAX / so_far};
+    };
+    if (__builtin_mul_overflow(std::int64_t{s.head_dim}, elem, &head))
+      return too_big("head_dim (block bytes past int64)", s.head_dim, elem);
+    if (__builtin_mul_overflow(head, std::int64_t{s.num_kv_heads}, &heads))
+      return too_big("num_kv_heads (block bytes past int64)", s.num_kv_heads, head);
+    if (__builtin_mul_overflow(heads, std::int64_t{s.block_size}, &plane))
+      return too_big("block_size (block bytes past int64)", s.block_size, heads);
+    if (__builtin_mul_overflow(plane, std::int64_t{2} * s.num_layers, &block))
+      return too_big("num_layers (block bytes past int64)", s.num_layers, 2 * plane);
     g.head_bytes_ = head;
     g.plane_bytes_ = plane;
     g.block_bytes_ = block;

@@ -1,35 +1,29 @@
-// Logical block -> physical block, per stream. A stream is a sequence, or a
-// (sequence, layer, kv-head) when heads keep ragged lengths. Capacities are
-// fixed at construction; no operation allocates afterwards.
+// The page table: the rows (page_table_rows.hpp) and the decode step's
+// bookkeeping for the whole batch in one call, reserve_batch, at no more
+// than the cost of one reserve() per sequence.
 //
-// Every mutating call validates everything first and only then changes
-// state, so a failed call leaves the table and the pool exactly as they were.
-// The pool is passed to each call (not stored), so owners stay movable.
+// One pass validates every entry and appends the common case (the tokens fit
+// a tail block only this stream holds) at once, so a step touches each
+// stream once. Entries that allocate or copy are planned in that pass (their
+// first slot holds a marker) and applied after the all-or-nothing checks by a
+// second pass over the planned range: sequential rather than a linked list,
+// so its loads do not wait on one another. A decode step's crossing into a
+// new block is planned inline and applied without the general path. The pass
+// is compiled four ways (block size a power of two or not; every count 1 or
+// not), since the decode step is what engines run most. An error undoes the
+// appends (streams stamped epoch | 1) and leaves every slot -1.
 #pragma once
 
-#include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <span>
-#include <stdexcept>
-#include <string>
-#include <vector>
 
-#include "kvcache/block_hash.hpp"
-#include "kvcache/block_math.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
+#include "kvcache/page_table_rows.hpp"
 #include "kvcache/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
-
-/// copy.src < 0: nothing to copy. Otherwise the engine copies block src to dst
-/// before writing the new tokens (copy-on-write of a shared tail block).
-struct ReserveInfo {
-  std::int32_t new_blocks = 0;  ///< Blocks allocated for this reservation.
-  BlockCopy copy{};  ///< Copy-on-write command to run before writing (src < 0: none).
-};
 
 /// What reserve_batch() did.
 struct BatchInfo {
@@ -37,265 +31,22 @@ struct BatchInfo {
   std::int32_t copies = 0;  ///< copy commands written
 };
 
-/// Logical to physical blocks per stream, with dense generation-checked handles.
-class PageTable {
-  friend struct PrefixSharing;   // prefix_sharing.hpp: match / adopt / publish
-  friend struct PageTableEdits;  // page_table_edits.hpp: what eviction does to a row
-
+/// Logical to physical blocks per stream (PageTableRows), with the batched reserve of a decode step.
+class PageTable : public PageTableRows {
  public:
-  /// A table of `max_streams` rows of up to `max_blocks_per_stream` blocks over `pool`; throws ConfigError for bad
-  /// sizes.
-  PageTable(const BlockPool& pool, std::int32_t max_streams, std::int32_t max_blocks_per_stream,
-            std::int32_t block_size)
-      : max_streams_(positive(max_streams, "max_streams")),
-        max_blocks_(positive(max_blocks_per_stream, "max_blocks_per_stream")),
-        block_size_(positive(block_size, "block_size")),
-        blocks_(checked_sizes(pool, max_streams, max_blocks_per_stream, block_size), BlockPool::null_block),
-        st_(static_cast<std::size_t>(max_streams)),
-        free_(st_.size()),
-        max_tokens_(max_blocks_per_stream * block_size),  // checked_sizes: fits int32
-        shift_(BlockMath::of(block_size).shift) {
-    for (std::int32_t i = 0; i < max_streams; ++i) free_[static_cast<std::size_t>(i)] = max_streams - 1 - i;
-    nfree_ = max_streams;
-  }
-
-  /// Tokens per block.
-  std::int32_t block_size() const noexcept { return block_size_; }
-  /// Rows (handles) the table has.
-  std::int32_t max_streams() const noexcept { return max_streams_; }
-  /// Most tokens one row holds (max blocks x block size).
-  std::int32_t max_tokens() const noexcept { return max_tokens_; }
-  /// Longest row, in blocks.
-  std::int32_t max_blocks_per_stream() const noexcept { return max_blocks_; }
-  /// Rows in use.
-  std::int32_t num_streams() const noexcept { return max_streams_ - nfree_; }
-  /// Rows free.
-  std::int32_t free_streams() const noexcept { return nfree_; }
-  /// Blocks that `tokens` tokens fill.
-  std::int32_t blocks_for(std::int64_t tokens) const noexcept { return math().blocks_for(tokens); }
-
-  /// True when s names a live row of this generation.
-  bool live(SeqId s) const noexcept {
-    return s.index < static_cast<std::uint32_t>(max_streams_) && st_[s.index].alive && st_[s.index].gen == s.generation;
-  }
-
-  /// ok, or unknown_sequence naming the stale index or generation.
-  Status validate(SeqId s) const noexcept {
-    if (s.index >= static_cast<std::uint32_t>(max_streams_))
-      return Status{Errc::unknown_sequence, "seq.index", s.index, max_streams_};
-    if (!st_[s.index].alive || st_[s.index].gen != s.generation)
-      return Status{Errc::unknown_sequence, "seq.generation", s.generation, st_[s.index].gen};
-    return {};
-  }
-
-  /// Unchecked accessors (call validate first): the hot paths of exporters.
-  std::int32_t tokens_unchecked(SeqId s) const noexcept { return st_[s.index].tokens; }
-  /// s's blocks, s assumed valid.
-  std::span<const BlockId> blocks_unchecked(SeqId s) const noexcept {
-    return {row(s.index), static_cast<std::size_t>(st_[s.index].nblocks)};
-  }
-  /// Dead slots at the head of the first block (a sliding window dropped them;
-  /// 0 otherwise). The row holds front + tokens slots; kernels that read the
-  /// row mask the front with their window.
-  std::int32_t front_unchecked(SeqId s) const noexcept { return st_[s.index].front; }
-
-  /// Live tokens s holds.
-  Result<std::int32_t> tokens(SeqId s) const noexcept {
-    if (auto st = validate(s); !st) return st;
-    return st_[s.index].tokens;
-  }
-  /// s's physical blocks, in logical order.
-  Result<std::span<const BlockId>> blocks(SeqId s) const noexcept {
-    if (auto st = validate(s); !st) return st;
-    return blocks_unchecked(s);
-  }
-  /// Dead slots before s's first live token (sliding window only, < block size).
-  Result<std::int32_t> front(SeqId s) const noexcept {
-    if (auto st = validate(s); !st) return st;
-    return st_[s.index].front;
-  }
-  /// Tokens ever appended to s (the next token's position), s assumed valid.
-  std::int64_t appended_unchecked(SeqId s) const noexcept { return st_[s.index].appended; }
-  /// s's prefix key (salt and extra), s assumed valid.
-  const PrefixKey& key_unchecked(SeqId s) const noexcept { return st_[s.index].key; }
-  /// Tokens ever appended (reserved minus truncated); eviction bounds use it.
-  Result<std::int64_t> appended(SeqId s) const noexcept {
-    if (auto st = validate(s); !st) return st;
-    return st_[s.index].appended;
-  }
-
-  /// Calls f(SeqId) for every live stream, in slot order.
-  template <class F>
-  void for_each_stream(F&& f) const {
-    for (std::uint32_t i = 0; i < static_cast<std::uint32_t>(max_streams_); ++i)
-      if (st_[i].alive) f(SeqId{i, st_[i].gen});
-  }
-
-  /// A new empty row; capacity_exceeded when every handle is in use.
-  Result<SeqId> add(const PrefixKey& key = {}) noexcept {
-    if (nfree_ == 0) return Status{Errc::capacity_exceeded, "max_sequences", max_streams_ + 1, max_streams_};
-    const std::uint32_t i = static_cast<std::uint32_t>(free_[static_cast<std::size_t>(--nfree_)]);
-    st_[i].alive = 1;
-    st_[i].key = key;
-    return SeqId{i, st_[i].gen};
-  }
-
-  /// Frees the stream; its blocks go back to the pool tail-first, so among
-  /// equally old cached blocks the chain tail is recycled first.
-  Status release(BlockPool& pool, SeqId s) noexcept {
-    if (auto st = validate(s); !st) return st;
-    const std::uint32_t i = s.index;
-    for (std::int32_t b = st_[i].nblocks; b-- > 0;) (void)pool.release(row(i)[b]);
-    clear_row(i, 0);
-    st_[i].tokens = st_[i].nblocks = st_[i].nhashed = st_[i].front = 0;
-    st_[i].appended = 0;
-    st_[i].key = PrefixKey{};
-    st_[i].alive = 0;
-    ++st_[i].gen;
-    free_[static_cast<std::size_t>(nfree_++)] = static_cast<std::int32_t>(i);
-    return {};
-  }
-
-  /// Room for n more tokens; writes their slots to slots[0..n). All or nothing.
-  Result<ReserveInfo> reserve(BlockPool& pool, SeqId s, std::int32_t n, std::span<std::int32_t> slots) noexcept {
-    if (auto st = validate(s); !st) return st;
-    Stream& stream = st_[s.index];
-    if (const std::int32_t off = mod_b(stream.front + stream.tokens);
-        n > 0 && off != 0 && slots.size() >= static_cast<std::size_t>(n) &&
-        append_in_tail(pool, stream, row(s.index)[stream.nblocks - 1], block_size_, off, n, slots.data()))
-      return ReserveInfo{};  // fits the tail: nothing to allocate, nothing can fail
-    Need need{};
-    if (auto st = plan_reserve(pool, s.index, n, need); !st) return st;
-    if (slots.size() < static_cast<std::size_t>(n)) return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), n};
-    if (need.blocks > pool.num_free()) return Status{Errc::out_of_blocks, "n_blocks", need.blocks, pool.num_free()};
-    ReserveInfo info{};
-    apply_reserve(pool, s.index, n, slots.data(), info);
-    return info;
-  }
+  using PageTableRows::PageTableRows;
 
   /// reserve() for a batch: counts[i] tokens for seqs[i], slots packed in order
   /// into `slots`, the rest of `slots` padded with -1 (padded CUDA-graph
   /// batches). Copy commands (one per shared tail) go to `copies`. All or
   /// nothing: on an error the table and pool are unchanged and every entry of
   /// `slots` is -1, so a scatter launched anyway writes nothing.
-  /// Defined in page_table_batch.hpp (the decode step's hot path).
   Result<BatchInfo> reserve_batch(BlockPool& pool, std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
                                   std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept;
 
-  /// Drops the last n tokens (speculative-decoding rollback). Blocks left empty
-  /// return to the pool. A published block that becomes the partial tail keeps
-  /// its hash (its content is still valid) until a write: then a shared tail is
-  /// copied first and an unshared one loses its hash before it is overwritten.
-  Status truncate(BlockPool& pool, SeqId s, std::int32_t n) noexcept {
-    if (auto st = validate(s); !st) return st;
-    const std::uint32_t i = s.index;
-    if (n < 0) return Status{Errc::invalid_argument, "n_tokens", n, 0};
-    if (n > st_[i].tokens) return Status{Errc::truncate_too_many, "n_tokens", n, st_[i].tokens};
-    cut_tail(pool, i, n);
-    st_[i].appended -= n;
-    return {};
-  }
-
-  /// A new stream sharing every block of `s` (parallel sampling, beam search).
-  Result<SeqId> fork(BlockPool& pool, SeqId s) noexcept {
-    if (auto st = validate(s); !st) return st;
-    auto child = add(st_[s.index].key);
-    if (!child) return child.status();
-    share_row(pool, s.index, child->index);
-    return child;
-  }
-
-  /// Every block held by exactly its holders, rows consistent with lengths,
-  /// handles conserved. Assumes the table is the pool's only client.
-  Status check(const BlockPool& pool) const {
-    std::vector<std::int32_t> refs(static_cast<std::size_t>(pool.capacity()), 0);
-    std::int32_t alive = 0;
-    for (std::uint32_t i = 0; i < std::uint32_t(max_streams_); ++i) {
-      if (!st_[i].alive) {
-        if (st_[i].tokens || st_[i].nblocks || st_[i].front) return Status{Errc::invariant_violated, "dead_stream", i, 0};
-        continue;
-      }
-      ++alive;
-      const std::int32_t used = st_[i].front + st_[i].tokens;
-      if (st_[i].front < 0 || st_[i].front >= block_size_ || (st_[i].tokens == 0 && st_[i].front != 0))
-        return Status{Errc::invariant_violated, "front", i, st_[i].front};
-      if (st_[i].nblocks != blocks_for(used) || st_[i].nblocks > max_blocks_)
-        return Status{Errc::invariant_violated, "row_length", i, st_[i].nblocks};
-      if (st_[i].nhashed > used / block_size_) return Status{Errc::invariant_violated, "num_hashed", i, st_[i].nhashed};
-      for (std::int32_t b = 0; b < max_blocks_; ++b) {
-        const BlockId blk = row(i)[b];
-        if (b >= st_[i].nblocks) {
-          if (blk != BlockPool::null_block) return Status{Errc::invariant_violated, "row_tail", i, b};
-          continue;
-        }
-        if (!pool.valid(blk)) return Status{Errc::invariant_violated, "row_block", i, blk};
-        if (b < st_[i].nhashed && !pool.has_hash(blk)) return Status{Errc::invariant_violated, "unhashed", i, blk};
-        ++refs[static_cast<std::size_t>(blk)];
-      }
-    }
-    if (alive + nfree_ != max_streams_) return Status{Errc::invariant_violated, "handles", alive, nfree_};
-    for (BlockId b = 1; b < pool.capacity(); ++b)
-      if (refs[static_cast<std::size_t>(b)] != pool.ref_count(b))
-        return Status{Errc::invariant_violated, "holders", b, pool.ref_count(b)};
-    return {};
-  }
-
-  /// Equality of observable state (batch scratch stamps excluded).
-  friend bool operator==(const PageTable& a, const PageTable& b) {
-    return a.max_streams_ == b.max_streams_ && a.max_blocks_ == b.max_blocks_ && a.block_size_ == b.block_size_ &&
-           a.blocks_ == b.blocks_ && a.st_ == b.st_ && a.free_ == b.free_ && a.nfree_ == b.nfree_;
-  }
-
  private:
-  struct Need {
-    std::int32_t blocks = 0;  // new blocks, copy-on-write target included
-    std::int32_t copy = 0;    // 1 if the tail block is shared and gets written
-  };
-
-  static std::int32_t positive(std::int32_t v, const char* what) {
-    if (v < 1) throw ConfigError("kvcache::PageTable", Status{Errc::invalid_argument, what, v, 1});
-    return v;
-  }
-  // Slots are int32 (slot = block * block_size + offset), as kernels take
-  // them; so are a stream's token indices. Returns the row storage's size.
-  static std::size_t checked_sizes(const BlockPool& pool, std::int32_t streams, std::int32_t max_blocks, std::int32_t bs) {
-    if (std::int64_t{pool.capacity()} * bs > INT32_MAX)
-      throw ConfigError("kvcache::PageTable", Status{Errc::capacity_exceeded, "num_blocks*block_size",
-                                                     std::int64_t{pool.capacity()} * bs, INT32_MAX});
-    if (std::int64_t{max_blocks} * bs > INT32_MAX)
-      throw ConfigError("kvcache::PageTable", Status{Errc::capacity_exceeded, "max_blocks_per_stream*block_size",
-                                                     std::int64_t{max_blocks} * bs, INT32_MAX});
-    const std::int64_t per_stream = std::int64_t{max_blocks} * static_cast<std::int64_t>(sizeof(BlockId) + sizeof(Stream)) + 4;
-    (void)checked_elements("kvcache::PageTable", "max_sequences", streams, streams, per_stream);
-    return static_cast<std::size_t>(streams) * static_cast<std::size_t>(max_blocks);
-  }
-
-  BlockId* row(std::uint32_t i) noexcept { return blocks_.data() + std::size_t(i) * std::size_t(max_blocks_); }
-  const BlockId* row(std::uint32_t i) const noexcept {
-    return blocks_.data() + std::size_t(i) * std::size_t(max_blocks_);
-  }
-  void clear_row(std::uint32_t i, std::int32_t from) noexcept {
-    for (std::int32_t b = from; b < st_[i].nblocks; ++b) row(i)[b] = BlockPool::null_block;
-  }
-
-  BlockMath math() const noexcept { return {block_size_, shift_}; }
-  std::int32_t div_b(std::int64_t x) const noexcept { return math().div(x); }
-  std::int32_t mod_b(std::int32_t x) const noexcept { return math().mod(x); }
-
-  Status plan_reserve(const BlockPool& pool, std::uint32_t i, std::int32_t n, Need& need) const noexcept {
-    const Stream& st = st_[i];
-    const std::int32_t used = st.front + st.tokens;
-    if (n < 0) return Status{Errc::invalid_argument, "n_tokens", n, 0};
-    const std::int64_t room = max_tokens_ - used;
-    if (n > room) return Status{Errc::capacity_exceeded, "n_tokens", n, room};
-    need.blocks = blocks_for(std::int64_t{used} + n) - st.nblocks;
-    need.copy = (n > 0 && mod_b(used) != 0 && pool.ref_count(row(i)[st.nblocks - 1]) > 1) ? 1 : 0;
-    need.blocks += need.copy;
-    return {};
-  }
-
   // reserve_batch's entries that allocate or copy, planned in its one pass
-  // and applied after its all-or-nothing checks (page_table_batch.hpp).
+  // and applied after its all-or-nothing checks (below).
   struct BatchPlan {
     std::uint32_t epoch;          // this call's stamp
     std::int64_t blocks = 0;      // new blocks, copy-on-write targets excluded
@@ -332,103 +83,175 @@ class PageTable {
     return batch_failed(slots, st);
   }
 
-  // The general append; callers have tried append_in_tail first.
-  void apply_reserve(BlockPool& pool, std::uint32_t i, std::int32_t n, std::int32_t* slots, ReserveInfo& info) noexcept {
-    if (n == 0) return;
-    Stream& st = st_[i];
-    BlockId* r = row(i);
-    const std::int32_t t = st.front + st.tokens, nb = st.nblocks;
-    std::int32_t off = mod_b(t);
-    if (off != 0) {  // the write lands in the partial tail block
-      BlockId& tail = r[nb - 1];
-      if (pool.ref_count(tail) > 1) {
-        const BlockId dst = *pool.allocate_one();
-        info.copy = BlockCopy{tail, dst};
-        (void)pool.release(tail);
-        tail = dst;
-      } else if (pool.has_hash(tail)) {
-        (void)pool.unpublish(tail);  // its content changes: no prefix hit may see it
-      }
-    }
-    const std::int32_t need = blocks_for(std::int64_t{t} + n);
-    if (need > nb) (void)pool.allocate(std::span<BlockId>(r + nb, static_cast<std::size_t>(need - nb)));
-    info.new_blocks = need - nb;
-    // Slots run consecutively inside a block: fill block by block.
-    for (std::int32_t k = 0, blk = div_b(t); k < n; off = 0, ++blk) {
-      const std::int32_t base = r[blk] * block_size_ + off, m = std::min(block_size_ - off, n - k);
-      for (std::int32_t j = 0; j < m; ++j) slots[k + j] = base + j;
-      k += m;
-    }
-    st.tokens += n;
-    st.nblocks = need;
-    st.appended += n;
-  }
-
-  // Row c (empty) takes every block of row p, one more holder each (fork, share_into).
-  void share_row(BlockPool& pool, std::uint32_t p, std::uint32_t c) noexcept {
-    for (std::int32_t b = 0; b < st_[p].nblocks; ++b) {
-      row(c)[b] = row(p)[b];
-      (void)pool.retain(row(p)[b]);
-    }
-    st_[c].tokens = st_[p].tokens;
-    st_[c].nblocks = st_[p].nblocks;
-    st_[c].nhashed = st_[p].nhashed;
-    st_[c].front = st_[p].front;
-    st_[c].appended = st_[p].appended;
-  }
-
-  // Drops the last n held tokens; blocks left empty return to the pool.
-  // Callers update `appended` (rollback) or not (eviction).
-  void cut_tail(BlockPool& pool, std::uint32_t i, std::int32_t n) noexcept {
-    Stream& st = st_[i];
-    const std::int32_t t = st.tokens - n, used = t == 0 ? 0 : st.front + t, keep = blocks_for(used);
-    for (std::int32_t b = st.nblocks; b-- > keep;) (void)pool.release(row(i)[b]);
-    clear_row(i, keep);
-    st.tokens = t;
-    st.front = t == 0 ? 0 : st.front;
-    st.nblocks = keep;
-    st.nhashed = std::min(st.nhashed, used / block_size_);
-  }
-
-  std::int32_t max_streams_, max_blocks_, block_size_;
-  std::vector<BlockId> blocks_;            // [max_streams][max_blocks], null-padded
-  // Everything about one stream in one cache line: a decode step touches it once.
-  struct Stream {
-    std::int32_t tokens = 0;    // tokens held (live)
-    std::int32_t nblocks = 0;   // == ceil((front + tokens) / block_size)
-    std::int32_t nhashed = 0;   // leading blocks already published
-    std::uint32_t gen = 0;      // handle generation
-    std::int64_t appended = 0;  // tokens ever appended (eviction bounds)
-    PrefixKey key{};
-    std::uint8_t alive = 0;
-    std::int32_t front = 0;     // dead slots before the first live token (< block_size)
-    std::uint32_t stamp = 0;    // reserve_batch duplicate detection (scratch, not state)
-    friend bool operator==(const Stream& a, const Stream& b) {
-      return a.tokens == b.tokens && a.nblocks == b.nblocks && a.nhashed == b.nhashed && a.gen == b.gen &&
-             a.appended == b.appended && a.key == b.key && a.alive == b.alive && a.front == b.front;
-    }
-  };
-  std::vector<Stream> st_;
-
-  // Decode's common case, no allocation: the n tokens fit the partial tail
-  // block (at `off`), which only this stream holds and nobody can hit.
-  static bool append_in_tail(const BlockPool& pool, Stream& st, BlockId tail, std::int32_t block_size, std::int32_t off,
-                             std::int32_t n, std::int32_t* slots) noexcept {
-    if (n > block_size - off || pool.ref_count(tail) != 1 || pool.has_hash(tail)) return false;
-    const std::int32_t base = tail * block_size + off;
-    for (std::int32_t j = 0; j < n; ++j) slots[j] = base + j;
-    st.tokens += n;
-    st.appended += n;
-    return true;
-  }
-
-  std::vector<std::int32_t> free_;         // stack of free stream slots
-  std::int32_t nfree_ = 0;
-  std::uint32_t epoch_ = 0;
-  std::int32_t max_tokens_;                // max_blocks_per_stream * block_size
-  std::int32_t shift_;                     // log2(block_size), or -1 if not a power of two
+  std::uint32_t epoch_ = 0;  // reserve_batch's stamp (scratch, not state)
 };
 
-KVCACHE_END_NAMESPACE
+inline Result<BatchInfo> PageTable::reserve_batch(BlockPool& pool, std::span<const SeqId> seqs,
+                                                  std::span<const std::int32_t> counts, std::span<std::int32_t> slots,
+                                                  std::span<BlockCopy> copies) noexcept {
+  if (counts.size() != seqs.size())
+    return batch_failed(slots, Status{Errc::invalid_argument, "counts.size", std::int64_t(counts.size()),
+                                      std::int64_t(seqs.size())});
+  // Stamps mark the streams this call has seen (duplicates) and, in the low
+  // bit, the ones it already appended to (what an error undoes).
+  epoch_ += 2;
+  if (epoch_ < 2) {  // wrapped: clear the stamps so no stale one matches
+    for (auto& st : st_) st.stamp = 0;
+    epoch_ = 2;
+  }
+  BatchPlan plan{epoch_};
+  // The fast pass needs every slot to fit the buffer; when they do not, the
+  // batch fails (buffer_too_small, or an earlier entry's error), and every
+  // entry goes the checked way. Branch-free, so it vectorizes.
+  std::int32_t not_one = 0;
+  std::int64_t wanted = 0;
+  for (const std::int32_t n : counts) {
+    not_one |= n ^ 1;
+    wanted += n > 0 ? n : 0;
+  }
+  const bool fits = wanted <= std::int64_t(slots.size()), ones = not_one == 0;
+  using Pass = std::size_t (PageTable::*)(const BlockPool&, std::span<const SeqId>, std::span<const std::int32_t>,
+                                          std::span<std::int32_t>, BatchPlan&, std::size_t) noexcept;
+  const Pass pass = shift_ >= 0 ? (ones ? &PageTable::batch_pass<true, true> : &PageTable::batch_pass<true, false>)
+                                : (ones ? &PageTable::batch_pass<false, true> : &PageTable::batch_pass<false, false>);
+  const auto run = [&](std::size_t from) { return fits ? (this->*pass)(pool, seqs, counts, slots, plan, from) : from; };
+  for (std::size_t k = run(0); k < seqs.size(); k = run(k + 1))
+    if (auto e = plan_batch_entry(pool, seqs[k], k, counts[k], slots, plan); !e) [[unlikely]]
+      return batch_undo(seqs, counts, k, slots, e);
+  const std::size_t all = seqs.size();
+  const std::int64_t room = std::int64_t(slots.size()), at = plan.at;
+  if (room < at) return batch_undo(seqs, counts, all, slots, Status{Errc::buffer_too_small, "slots", room, at});
+  // A planned write into a partial tail needs a copy-on-write block if the
+  // tail is shared; that is looked up only when the upper bound (every such
+  // tail shared) would not fit the pool or `copies`.
+  std::int32_t* const out = slots.data();
+  std::int64_t total_copies = plan.may_copy;
+  if (plan.may_copy > 0 &&
+      (std::int64_t(copies.size()) < plan.may_copy || plan.blocks + plan.may_copy > pool.num_free())) {
+    total_copies = 0;
+    for (std::size_t k = plan.first, a = std::size_t(plan.first_at); k <= plan.last; a += std::size_t(counts[k++]))
+      if (counts[k] > 0 && out[a] == kPlannedSlot) {  // a new block's start never copies
+        const std::uint32_t i = seqs[k].index;
+        total_copies += mod_b(st_[i].front + st_[i].tokens) != 0 && pool.ref_count(row(i)[st_[i].nblocks - 1]) > 1;
+      }
+  }
+  const std::int64_t total_blocks = plan.blocks + total_copies;
+  if (std::int64_t(copies.size()) < total_copies)
+    return batch_undo(seqs, counts, all, slots,
+                      Status{Errc::buffer_too_small, "copies", std::int64_t(copies.size()), total_copies});
+  if (total_blocks > pool.num_free())
+    return batch_undo(seqs, counts, all, slots, Status{Errc::out_of_blocks, "n_blocks", total_blocks, pool.num_free()});
+  BatchInfo info{};
+  for (std::size_t k = plan.first, a = std::size_t(plan.first_at); k <= plan.last; a += std::size_t(counts[k++])) {
+    const std::int32_t n = counts[k];
+    if (n == 0 || out[a] >= 0) continue;  // nothing, or appended in place (none planned: first > last)
+    const std::uint32_t i = seqs[k].index;
+    if (out[a] == kNewBlockSlot) {  // starts a block of its own: nothing to copy
+      Stream& st = st_[i];
+      const BlockId b = *pool.allocate_one();  // counted above
+      row(i)[st.nblocks++] = b;
+      for (std::int32_t j = 0; j < n; ++j) out[a + std::size_t(j)] = b * block_size_ + j;
+      st.tokens += n;
+      st.appended += n;
+      continue;
+    }
+    ReserveInfo r{};
+    apply_reserve(pool, i, n, out + a, r);
+    if (r.copy.src >= 0) copies[static_cast<std::size_t>(info.copies++)] = r.copy;
+  }
+  info.slots = static_cast<std::int32_t>(at);
+  for (std::int32_t *p = out + at, *end = out + room; p != end; ++p) *p = -1;
+  return info;
+}
 
-#include "kvcache/page_table_batch.hpp"  // PageTable::reserve_batch
+// The fast pass: from entry k, appends or plans every entry the two common
+// cases cover, and returns the first entry they do not (seqs.size() when
+// none). Such an entry, valid or not, goes to plan_batch_entry: the loop
+// calls nothing, so its values stay in registers. Members are copied to
+// locals: the stores below (int32 slots and fields) could alias them
+// otherwise. Only called when `slots` holds every count's slots. Pow2: the
+// block size is a power of two (a mask, not a division). Ones: every count
+// is 1 (decode).
+template <bool Pow2, bool Ones>
+inline std::size_t PageTable::batch_pass(const BlockPool& pool, std::span<const SeqId> seqs,
+                                         std::span<const std::int32_t> counts, std::span<std::int32_t> slots,
+                                         BatchPlan& plan, std::size_t k) noexcept {
+  Stream* const streams = st_.data();
+  const BlockId* const blocks = blocks_.data();
+  const std::uint32_t epoch = plan.epoch, nstreams = static_cast<std::uint32_t>(max_streams_);
+  const std::size_t row_len = static_cast<std::size_t>(max_blocks_), count = seqs.size();
+  const std::int32_t bs = block_size_, max_blocks = max_blocks_;
+  std::int32_t* const out = slots.data();
+  std::int64_t at = plan.at;  // slots so far
+  for (; k < count; ++k) {
+    const SeqId s = seqs[k];
+    const std::int32_t n = Ones ? 1 : counts[k];
+    if (s.index >= nstreams) [[unlikely]]
+      break;
+    Stream& st = streams[s.index];
+    if (!st.alive || st.gen != s.generation || (st.stamp & ~1u) == epoch) [[unlikely]]
+      break;
+    const std::int32_t t = st.front + st.tokens, off = Pow2 ? t & (bs - 1) : t % bs;
+    if (off != 0) {
+      // Fits the partial tail: valid by construction (the tail is inside the
+      // row), and nothing to allocate if only this stream holds it and no
+      // prefix hit can see it.
+      if (!Ones && (n <= 0 || n > bs - off)) break;
+      const BlockId tail = blocks[std::size_t(s.index) * row_len + std::size_t(st.nblocks - 1)];
+      if (pool.ref_count(tail) != 1 || pool.has_hash(tail)) break;
+      const std::int32_t base = tail * bs + off;
+      out[at] = base;
+      for (std::int32_t j = 1; j < n; ++j) out[at + j] = base + j;
+      st.tokens += n;
+      st.appended += n;
+      st.stamp = epoch | 1u;
+    } else {
+      // Starts one new block (a decode step crossing a block boundary):
+      // planned here, its allocation applied after the checks.
+      if ((!Ones && (n <= 0 || n > bs)) || st.nblocks >= max_blocks) break;
+      out[at] = kNewBlockSlot;
+      st.stamp = epoch;
+      if (plan.first == SIZE_MAX) {
+        plan.first = k;
+        plan.first_at = at;
+      }
+      plan.last = k;
+      plan.blocks += 1;
+    }
+    at += n;
+  }
+  plan.at = at;
+  return k;
+}
+
+// An entry the fast pass does not cover: checked (errors name it), its
+// stream stamped, and (when its slots start inside the buffer) its first
+// slot marked planned.
+KVCACHE_NOINLINE inline Status PageTable::plan_batch_entry(const BlockPool& pool, SeqId s, std::size_t k,
+                                                           std::int32_t n, std::span<std::int32_t> slots,
+                                                           BatchPlan& plan) noexcept {
+  if (auto e = validate(s); !e) return e;
+  const std::uint32_t i = s.index;
+  Stream& st = st_[i];
+  if ((st.stamp & ~1u) == plan.epoch) return Status{Errc::duplicate_sequence, "seqs_at", std::int64_t(k), i};
+  const std::int32_t t = st.front + st.tokens;
+  if (n < 0 || n > max_tokens_ - t) {
+    Need unused{};
+    return plan_reserve(pool, i, n, unused);  // names the bad count
+  }
+  st.stamp = plan.epoch;
+  if (n > 0 && plan.at < std::int64_t(slots.size())) {  // past the buffer the batch fails before applying
+    slots[std::size_t(plan.at)] = kPlannedSlot;
+    if (plan.first == SIZE_MAX) {
+      plan.first = k;
+      plan.first_at = plan.at;
+    }
+    plan.last = k;
+  }
+  plan.blocks += blocks_for(std::int64_t{t} + n) - st.nblocks;
+  plan.may_copy += n > 0 && mod_b(t) != 0;
+  plan.at += n;
+  return {};
+}
+
+KVCACHE_END_NAMESPACE

@@ -149,11 +149,21 @@ struct StreamView {
                                      // a block index for block policies, a token index for token policies
 };
 
-// Per-stream state that moves with the cache: sized once (bind), copied on
-// fork, cut on rollback (on_truncate), cleared when the stream is freed.
+/// What a cache binds a stateful policy to, once, at construction: the
+/// settings the policy must not be given twice (the block size is the
+/// geometry's) and the capacities its state is sized for.
+struct EvictionShape {
+  std::int32_t streams = 0;     ///< Table streams (sequences, or head rows).
+  std::int32_t max_tokens = 0;  ///< Most tokens one stream holds.
+  std::int32_t block_size = 0;  ///< Tokens per block: the cache's geometry's.
+};
+
+// Per-stream state that moves with the cache: sized once (bind, which may
+// throw ConfigError for a configuration that does not fit the shape), copied
+// on fork, cut on rollback (on_truncate), cleared when the stream is freed.
 template <class P>
 concept StatefulEviction = EvictionPolicy<P> && requires(P& p, std::uint32_t s, std::int32_t n) {
-  p.bind(n, n);
+  p.bind(EvictionShape{});
   p.on_truncate(s, n);
   p.reset(s);
   p.copy_state(s, s);

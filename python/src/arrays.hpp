@@ -170,4 +170,10 @@ nb::object out_arg(Array<T>& a, nb::handle given, std::size_t n, const char* nam
   return obj;
 }
 
+// The first n rows of an output (a view of the same array): what a call
+// actually wrote, so a caller never reads a buffer's unwritten tail.
+inline nb::object rows(const nb::object& out, std::int64_t n) {
+  return out[nb::slice(nb::int_(0), nb::int_(std::max<std::int64_t>(n, 0)), nb::none())];
+}
+
 }  // namespace kvpy

@@ -57,7 +57,7 @@ void bind_eviction_calls(nb::class_<C>& c) {
           nb::object bobj = out_arg(b, blocks, held, "blocks"), robj = out_arg(r, rotations, held, "rotations", 3);
           std::span<kv::BlockRotation> rs(reinterpret_cast<kv::BlockRotation*>(r.data()), r.size() / 3);
           const auto e = check(self.evict(unpack(s), kv::EvictionSpans{.blocks = b.span(), .rotations = rs}));
-          return std::make_tuple(e, bobj, robj);
+          return std::make_tuple(e, rows(bobj, e.evicted), rows(robj, e.rotations));
         },
         nb::arg("seq"), nb::arg("blocks") = nb::none(), nb::arg("rotations") = nb::none());
   } else if constexpr (kv::TokenEviction<E>) {
@@ -71,7 +71,7 @@ void bind_eviction_calls(nb::class_<C>& c) {
           nb::object gobj = out_arg(gm, group_moves, std::size_t(groups) + 1, "group_moves");
           std::span<kv::SlotMove> ms(reinterpret_cast<kv::SlotMove*>(mv.data()), mv.size() / 2);
           const auto e = check(self.evict(unpack(s), kv::EvictionSpans{.moves = ms, .group_moves = gm.span()}));
-          return std::make_tuple(e, mobj, gobj);
+          return std::make_tuple(e, rows(mobj, e.moves), gobj);  // exactly the moves written (group_moves[-1])
         },
         nb::arg("seq"), nb::arg("moves") = nb::none(), nb::arg("group_moves") = nb::none());
     c.def(
@@ -169,7 +169,15 @@ void bind_cache(nb::module_& m, const char* name) {
           "reserve",
           [](C& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots) {
             std::int32_t n = 0;
-            const bool count = nb::try_cast(n_or_ids, n, false);
+            const bool count = PyLong_Check(n_or_ids.ptr());
+            if (count) {  // a count: an int past int32 is invalid_argument naming it, not "ids must be ..."
+              int overflow = 0;
+              long long wide = PyLong_AsLongLongAndOverflow(n_or_ids.ptr(), &overflow);
+              if (overflow != 0) wide = overflow > 0 ? INT64_MAX : INT64_MIN;
+              require(wide <= INT32_MAX, "n", wide, INT32_MAX);
+              require(wide >= INT32_MIN, "n", wide, INT32_MIN);
+              n = std::int32_t(wide);
+            }
             Array<std::int32_t> ids, o;
             if (!count) in_arg(ids, n_or_ids, "ids");
             const auto want = std::size_t(count ? std::max(n, 0) : std::int32_t(ids.size()));

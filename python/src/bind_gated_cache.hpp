@@ -224,6 +224,7 @@ void bind_gated_cache(nb::module_& m, const char* name) {
         nb::arg("admission"), nb::arg("eviction"));
   }
   c.def_prop_ro("admission", [](const C& self) { return self.admission().config(); })
+      .def("ring_admit_params", [](const C& self) { return self.admission().ring_admit_params(); })
       .def("add_sequence", [](C& self) { return pack(check(self.add_sequence())); })
       .def(
           "tokens_held",
@@ -252,7 +253,8 @@ void bind_gated_cache(nb::module_& m, const char* name) {
               Array<std::int32_t> mv;
               const kv::SeqId one[] = {unpack(s)};
               nb::object mo = out_arg(mv, moves, tokens_of(self, one), "moves", 2);
-              return std::make_tuple(check(self.evict(unpack(s), move_span(mv))), mo);
+              const auto e = check(self.evict(unpack(s), move_span(mv)));
+              return std::make_tuple(e, rows(mo, e.moves));  // exactly the moves written
             },
             nb::arg("seq"), nb::arg("moves") = nb::none());
   }

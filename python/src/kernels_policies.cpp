@@ -182,8 +182,8 @@ void bind_write_gate(nb::module_& m) {
       "v_scale"_a = 1.0f, "stream"_a = nb::none());
   m.def(
       "ring_admit",
-      [](Pool& pool, Tensor k, Tensor v, Tensor gates, std::int32_t window, std::int32_t global_cap, float tau,
-         Tensor ring_start, Tensor ring_len, Tensor global_len, Tensor bits, Tensor rows, nb::handle stream) {
+      [](Pool& pool, Tensor k, Tensor v, Tensor gates, const kv::RingAdmitParams& policy, Tensor ring_start,
+         Tensor ring_len, Tensor global_len, Tensor bits, Tensor rows, nb::handle stream) {
         // K/V of one layer, [tokens, kv_heads, head_dim] with the heads side by side: entry t * heads + h.
         const Device d = pool.device;
         on(k, "k", d), on(v, "v", d);
@@ -197,26 +197,24 @@ void bind_write_gate(nb::module_& m) {
         if (k.dtype() != v.dtype() || k.shape(0) != v.shape(0) || k.shape(1) != v.shape(1) || k.stride(0) != v.stride(0) ||
             k.stride(1) != v.stride(1))
           bad("v", "shaped, typed and strided as k");
+        require(heads == policy.num_heads, "k.shape[1] (the policy's kv-heads)", heads, policy.num_heads);
         require(std::int32_t(rows.shape(0)) == heads, "rows.shape[0]", std::int64_t(rows.shape(0)), heads);
         const std::int32_t stride = std::int32_t(rows.shape(1));
-        const kv::RingAdmitParams p{pool.view,
-                                    {k.data(), v.data(), dtype_of(k, "k"), 0, k.stride(1) * item, 0},
-                                    vec<const float>(gates, "gates", std::int64_t(tokens) * heads, d),
-                                    tokens,
-                                    heads,
-                                    window,
-                                    global_cap,
-                                    tau,
-                                    vec<const std::int32_t>(ring_start, "ring_start", heads, d),
-                                    vec<const std::int32_t>(ring_len, "ring_len", heads, d),
-                                    vec<std::int32_t>(global_len, "global_len", heads, d),
-                                    vec<std::uint8_t>(bits, "bits", std::int64_t(heads) * window, d),
-                                    vec<const std::int32_t>(rows, "rows", std::int64_t(heads) * stride, d),
-                                    stride};
+        kv::RingAdmitParams p = policy;  // num_heads, window, global_limit, tau: the policy's
+        p.cache = pool.view;
+        p.src = {k.data(), v.data(), dtype_of(k, "k"), 0, k.stride(1) * item, 0};
+        p.gates = vec<const float>(gates, "gates", std::int64_t(tokens) * heads, d);
+        p.num_tokens = tokens;
+        p.ring_start = vec<const std::int32_t>(ring_start, "ring_start", heads, d);
+        p.ring_len = vec<const std::int32_t>(ring_len, "ring_len", heads, d);
+        p.global_len = vec<std::int32_t>(global_len, "global_len", heads, d);
+        p.bits = vec<std::uint8_t>(bits, "bits", std::int64_t(heads) * policy.window, d);
+        p.rows = vec<const std::int32_t>(rows, "rows", std::int64_t(heads) * stride, d);
+        p.row_stride = stride;
         launch("ring_admit", d, stream, p, kv::ring_admit_host, KVPY_CUDA(ring_admit), kv::check_ring_admit_shape);
       },
-      "pool"_a, "k"_a, "v"_a, "gates"_a, "window"_a, "global_cap"_a, "tau"_a, "ring_start"_a, "ring_len"_a,
-      "global_len"_a, "bits"_a, "rows"_a, "stream"_a = nb::none());
+      "pool"_a, "k"_a, "v"_a, "gates"_a, "params"_a, "ring_start"_a, "ring_len"_a, "global_len"_a, "bits"_a, "rows"_a,
+      "stream"_a = nb::none());
 }
 
 }  // namespace

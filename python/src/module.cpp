@@ -1,6 +1,7 @@
 // kvcache._kvcache: the bindings. The Python API (python/kvcache/__init__.py)
 // picks the compiled Cache of an eviction policy; everything else is here.
 #define KVCACHE_NUMPY_IMPORT  // this translation unit holds numpy's C API table (arrays.hpp)
+#include <kvcache/kernels/ring_admit.hpp>
 #include <kvcache/kvcache.hpp>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -55,14 +56,13 @@ void bind_policies(nb::module_& m) {
   nb::class_<kv::KeepAll>(m, "KeepAll").def(nb::init<>());
   nb::class_<kv::SlidingWindow>(m, "SlidingWindow").def(nb::init<std::int32_t>(), "window"_a);
   nb::class_<kv::SinkWindowEviction>(m, "SinkWindow")
-      .def("__init__", [](kv::SinkWindowEviction* self, std::int32_t sinks, std::int32_t window, std::int32_t block_size) {
-        new (self) kv::SinkWindowEviction({.sinks = sinks, .window = window, .block_size = block_size});
-      }, "sinks"_a, "window"_a, "block_size"_a);
+      .def("__init__", [](kv::SinkWindowEviction* self, std::int32_t sinks, std::int32_t window) {
+        new (self) kv::SinkWindowEviction({.sinks = sinks, .window = window});
+      }, "sinks"_a, "window"_a);
   nb::class_<kv::BlockScoreEviction>(m, "BlockScores")
-      .def("__init__", [](kv::BlockScoreEviction* self, std::int32_t start, std::int32_t recent, std::int32_t max,
-                          std::int32_t block_size) {
-        new (self) kv::BlockScoreEviction({.start = start, .recent = recent, .max = max, .block_size = block_size});
-      }, "start"_a, "recent"_a, "max"_a, "block_size"_a);
+      .def("__init__", [](kv::BlockScoreEviction* self, std::int32_t start, std::int32_t recent, std::int32_t max) {
+        new (self) kv::BlockScoreEviction({.start = start, .recent = recent, .max = max});
+      }, "start"_a, "recent"_a, "max"_a);
   nb::class_<kv::H2OEviction>(m, "H2O")
       .def("__init__", [](kv::H2OEviction* self, std::int32_t heavy, std::int32_t recent, std::int32_t groups) {
         new (self) kv::H2OEviction({.heavy = heavy, .recent = recent, .groups = groups});
@@ -109,6 +109,13 @@ void bind_admission_selection(nb::module_& m) {
       .def_ro("tau", &kv::WriteGateConfig::tau)
       .def_ro("global_cap", &kv::WriteGateConfig::global_cap)
       .def_prop_ro("at_cap", [](const kv::WriteGateConfig& c) { return c.at_cap == kv::GlobalCapAction::drop ? "drop" : "refuse"; });
+  // ring_admit's policy parameters, as a WriteGate cache's ring_admit_params()
+  // returns them (the device must decide with the numbers reconcile replays).
+  nb::class_<kv::RingAdmitParams>(m, "RingAdmitParams")
+      .def_ro("num_heads", &kv::RingAdmitParams::num_heads)
+      .def_ro("window", &kv::RingAdmitParams::window)
+      .def_ro("global_limit", &kv::RingAdmitParams::global_limit)
+      .def_ro("tau", &kv::RingAdmitParams::tau);
   nb::class_<kv::QuestConfig>(m, "Quest")
       .def(
           "__init__",

@@ -37,7 +37,12 @@ def test_reserve_hands_out_slots_block_by_block():
     assert c.free_blocks == 7
     with pytest.raises(kv.UnknownSequence):
         c.tokens_held(s)  # the handle died; a new one never aliases it
-    assert c.add_sequence() != s
+    s2 = c.add_sequence()
+    assert s2 != s
+    with pytest.raises(kv.InvalidArgument, match=r"n=1099511627776 \(limit 2147483647\)"):
+        c.reserve(s2, 2**40)  # a count past int32 is named as a count, not taken for ids
+    with pytest.raises(kv.InvalidArgument, match=r"n=-9223372036854775808 \(limit -2147483648\)"):
+        c.reserve(s2, -2**90)
 
 
 def test_caller_arrays_are_written_in_place_and_returned():
@@ -129,7 +134,7 @@ def test_h2o_observes_scores_and_writes_moves():
     r, moves, group_moves = c.evict(s)
     assert r.tokens == 4 and c.tokens_held(s) == 4
     assert sorted(c.positions(s, 0)) == [0, 3, 6, 7] and sorted(c.positions(s, 1)) == [1, 2, 6, 7]
-    assert group_moves[-1] == r.moves and moves.shape[1] == 2
+    assert group_moves[-1] == r.moves and moves.shape == (r.moves, 2)  # exactly the moves written
     assert c.eviction.groups == 2 and c.front(s) == 0  # front: a window's dead slots, 0 here
     with pytest.raises(kv.UnknownSequence):
         c.front(s + 1)
@@ -141,17 +146,23 @@ def test_h2o_observes_scores_and_writes_moves():
 
 def test_block_scores_evicts_whole_blocks():
     c = kv.Cache(geometry(), num_blocks=16, max_sequences=2,
-                 eviction=kv.BlockScores(start=4, recent=4, max=12, block_size=4))
+                 eviction=kv.BlockScores(start=4, recent=4, max=12))
     s = c.add_sequence()
     c.reserve(s, 20)
     c.observe(s, np.linspace(1, 2, 20, dtype=np.float32))
     r, blocks, rotations = c.evict(s)
-    assert r.evicted == 2 and c.tokens_held(s) == 12 and rotations.shape[1] == 3
+    assert r.evicted == 2 and c.tokens_held(s) == 12
+    assert blocks.shape == (2,) and rotations.shape == (r.rotations, 3)  # exactly the rows written
+    buffer = np.full(16, -7, dtype=np.int32)  # a caller's buffer: the rows returned are a view of it
+    c.reserve(s, 8)
+    c.observe(s, np.linspace(1, 2, 20, dtype=np.float32))
+    r, blocks, _ = c.evict(s, buffer)
+    assert r.evicted == 2 and blocks.shape == (2,) and np.shares_memory(blocks, buffer) and buffer[2] == -7
 
 
 def test_every_policy_has_a_cache():
-    for policy in [kv.KeepAll(), kv.SlidingWindow(8), kv.SinkWindow(sinks=4, window=8, block_size=4),
-                   kv.BlockScores(start=4, recent=4, max=12, block_size=4), kv.H2O(heavy=4, recent=4),
+    for policy in [kv.KeepAll(), kv.SlidingWindow(8), kv.SinkWindow(sinks=4, window=8),
+                   kv.BlockScores(start=4, recent=4, max=12), kv.H2O(heavy=4, recent=4),
                    kv.Tova(budget=8), kv.SnapKV(capacity=8, window=4, kernel=3), kv.AverageAttention(budget=8, step=2)]:
         c = kv.Cache(geometry(), num_blocks=16, max_sequences=2, eviction=policy)
         s = c.add_sequence()
@@ -160,7 +171,7 @@ def test_every_policy_has_a_cache():
     with pytest.raises(kv.InvalidArgument, match="eviction=int"):
         kv.Cache(geometry(), num_blocks=16, eviction=3)
     with pytest.raises(kv.InvalidArgument, match="block_size"):
-        kv.Cache(geometry(), num_blocks=16, eviction=kv.SinkWindow(sinks=4, window=8, block_size=16))
+        kv.Cache(geometry(), num_blocks=16, eviction=kv.SinkWindow(sinks=4, window=8))
 
 
 def test_random_operations_keep_the_invariants():

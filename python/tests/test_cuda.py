@@ -142,9 +142,11 @@ def test_every_pool_kernel_dispatches_to_cuda():
             call()
     head = kv.Geometry(num_layers=1, num_kv_heads=1, head_dim=D, block_size=B, dtype=kv.DType.f32)
     head_pool = kv.PoolView(head, FakeCuda((head.pool_bytes(16),), np.uint8), 16)
+    gate = kv.Cache(head, num_blocks=16, max_sequences=1, max_blocks_per_sequence=4,
+                    admission=kv.WriteGate(num_layers=1, num_kv_heads=H, local_window=B, tau=0.5))
     with pytest.raises(RuntimeError, match="kvcache.ring_admit: cuda"):
-        kv.ring_admit(head_pool, FakeCuda((1, H, D)), FakeCuda((1, H, D)), FakeCuda((1, H)), B, 8, 0.5, i32(H), i32(H),
-                      i32(H), FakeCuda((H, B), np.uint8), i32(H, 4), stream=0)
+        kv.ring_admit(head_pool, FakeCuda((1, H, D)), FakeCuda((1, H, D)), FakeCuda((1, H)), gate.ring_admit_params(),
+                      i32(H), i32(H), i32(H), FakeCuda((H, B), np.uint8), i32(H, 4), stream=0)
     hidden = 4
     weights = kv.WriteGateWeights(FakeCuda((D,)), FakeCuda((D,)), FakeCuda((H, 2 * D, hidden)), FakeCuda((H, hidden)),
                                   FakeCuda((H, hidden)), FakeCuda((H,)))

@@ -146,8 +146,9 @@ def test_deferred_write_matches_the_synchronous_one():
             assert info.copies == 0
             rows = lazy.export_heads_block_table(np.array([s2], dtype=np.uint64), layer, 16)
             k, v = kv_rows(layer, at, n)
-            cap = lazy.admission.global_cap or 16 * B - W
-            kv.ring_admit(pool_l, k, v, gates, W, cap, TAU, start, length, global_len[layer], bits[layer], rows)
+            params = lazy.ring_admit_params()  # W, the effective cap (the config says 0: the row) and tau
+            assert (params.window, params.global_limit, params.tau) == (W, 16 * B - W, pytest.approx(TAU))
+            kv.ring_admit(pool_l, k, v, gates, params, start, length, global_len[layer], bits[layer], rows)
             pending.append((layer, gates))
             assert lazy.pending_writes(s2, layer) >= 1
         at += n
@@ -181,7 +182,7 @@ def test_bad_gates_and_combinations_are_typed_errors_that_change_nothing():
     with pytest.raises(kv.InvalidArgument, match="does not compose with WriteGate"):
         gated(eviction=kv.SlidingWindow(16))
     with pytest.raises(kv.InvalidArgument, match="does not compose with WriteGate"):
-        gated(eviction=kv.BlockScores(start=4, recent=4, max=12, block_size=4))
+        gated(eviction=kv.BlockScores(start=4, recent=4, max=12))
     with pytest.raises(kv.InvalidArgument, match="at_cap"):
         kv.WriteGate(num_layers=1, num_kv_heads=1, at_cap="sometimes")
     with pytest.raises(kv.InvalidArgument, match="local_window"):

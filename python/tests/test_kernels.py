@@ -57,7 +57,7 @@ def test_bad_calls_are_typed_errors_that_write_nothing():
     k = np.ones((2, H, D), dtype=np.float32)
     before = mem.copy()
     cases = [
-        (lambda: kv.scatter(pv, k, k, np.array([4, N * B], dtype=np.int32)), kv.InvalidArgument, "slot_of_token=1"),
+        (lambda: kv.scatter(pv, k, k, np.array([4, N * B], dtype=np.int32)), kv.InvalidArgument, "slot \\(past the pool\\)=%d" % (N * B)),
         (lambda: kv.scatter(pv, k, k, np.array([4, 5], dtype=np.int64)), kv.InvalidArgument, "slots must be int32"),
         (lambda: kv.scatter(pv, np.ones((2, H + 1, D), dtype=np.float32), k, np.array([4, 5], dtype=np.int32)),
          kv.InvalidArgument, "k=3"),

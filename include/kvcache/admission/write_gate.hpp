@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kvcache/head_rows.hpp"
+#include "kvcache/kernels/ring_admit.hpp"
 #include "kvcache/block_math.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
@@ -74,7 +75,9 @@ class WriteGate {
     return std::int64_t{max_sequences} * c.num_layers * c.num_kv_heads;
   }
   const WriteGateConfig& config() const noexcept { return cfg_; }  ///< The configuration.
-  std::int32_t global_cap() const noexcept { return cap_; }  ///< The effective per-head cap.
+  /// The effective per-head cap: the config's global_cap, or, when that is 0,
+  /// what a row holds past its ring (a number; ring_admit's global_limit).
+  std::int32_t global_cap() const noexcept { return cap_; }
   std::int32_t num_layers() const noexcept { return cfg_.num_layers; }  ///< Layers per sequence.
   std::int32_t num_kv_heads() const noexcept { return cfg_.num_kv_heads; }  ///< Kv-heads per layer.
   std::int32_t local_window() const noexcept { return w_; }  ///< W_local: ring slots per head.
@@ -149,6 +152,19 @@ class WriteGate {
                                   std::span<const float> gates) noexcept;
   /// Allotted writes of (s, layer) not reconciled yet.
   Result<std::int32_t> pending(SeqId s, std::int32_t layer) const noexcept;
+  /// The ring_admit launch's policy parameters, exactly as reconcile()
+  /// replays them: num_heads, window (W), global_limit (the effective cap,
+  /// global_cap()) and tau. The engine fills in the rest (pool, K/V, gates,
+  /// the allotted rings' state, its device state, the rows), so the device
+  /// and the host's bookkeeping cannot disagree through a parameter.
+  RingAdmitParams ring_admit_params() const noexcept {
+    RingAdmitParams p{};
+    p.num_heads = cfg_.num_kv_heads;
+    p.window = w_;
+    p.global_limit = cap_;
+    p.tau = cfg_.tau;
+    return p;
+  }
 
   // --- eviction of the global region (a token policy through the cache) --------
   /// Global tokens of (s, layer, kv_head) that a token eviction may choose

@@ -70,15 +70,17 @@ class CacheCore {
   }
 
  protected:
+  /// The pool of cfg.num_blocks blocks and a table of `streams` rows; throws ConfigError.
   CacheCore(const CacheConfig& cfg, std::int32_t streams)
       : geometry_(usable(cfg.geometry)), pool_(make_pool(cfg)),
         table_(pool_, streams, cfg.max_blocks_per_sequence, cfg.geometry.block_size()) {}
 
+  /// The pools and the tables are equal (a mode's operator== adds its participants).
   bool same_core(const CacheCore& o) const { return pool_ == o.pool_ && table_ == o.table_; }
 
-  Geometry geometry_;
-  Pool pool_;
-  Table table_;
+  Geometry geometry_;  ///< The geometry the cache was built with.
+  Pool pool_;          ///< The block pool.
+  Table table_;        ///< The page table (rows per sequence, or head rows).
 
  private:
   static const Geometry& usable(const Geometry& g) {

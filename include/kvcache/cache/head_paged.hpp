@@ -62,7 +62,7 @@ class HeadPagedCache : public CacheCore<BlockPool, PageTable> {
         eviction_(eviction),
         hasher_(hasher) {
     const std::int32_t rows = table_.max_streams();
-    eviction_.bind(rows, cfg.max_blocks_per_sequence * cfg.geometry.block_size());
+    eviction_.bind({rows, cfg.max_blocks_per_sequence * cfg.geometry.block_size(), cfg.geometry.block_size()});
     if constexpr (selects)
       selection_.bind({cfg.geometry, cfg.num_blocks, admission_.num_layers(), rows, cfg.max_sequences * admission_.num_kv_heads(),
                        cfg.max_blocks_per_sequence, admission_.num_kv_heads(), admission_.local_window() / cfg.geometry.block_size()});

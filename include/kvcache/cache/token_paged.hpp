@@ -56,7 +56,7 @@ class TokenPagedCache : public CacheCore<Pool, Table> {
         hasher_(hasher),
         prefix_(cfg.num_blocks, cfg.geometry.block_size(), cfg.max_sequences, cfg.max_blocks_per_sequence, cfg.publish_on_reserve) {
     const GeometrySpec& g = cfg.geometry.spec();
-    eviction_.bind(cfg.max_sequences, cfg.max_blocks_per_sequence * g.block_size, g.block_size);
+    eviction_.bind({cfg.max_sequences, cfg.max_blocks_per_sequence * g.block_size, g.block_size});
     if constexpr (selects)
       selection_.bind({cfg.geometry, cfg.num_blocks, g.num_layers, cfg.max_sequences, cfg.max_sequences,
                        cfg.max_blocks_per_sequence, g.num_kv_heads, 0});

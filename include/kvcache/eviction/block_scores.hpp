@@ -28,12 +28,12 @@ KVCACHE_BEGIN_NAMESPACE
 /// How scores accumulate: plain sum, or sum divided by the token's lifetime counter.
 enum class Aggregation : std::uint8_t { sum, norm_sum };
 
-/// Configuration of BlockScoreEviction (token counts are multiples of block_size).
+/// Configuration of BlockScoreEviction: token counts that are multiples of the
+/// cache's block size (the geometry's: the cache binds it, it is not repeated here).
 struct BlockScoreConfig {
-  std::int32_t start = 32;  ///< tokens never evicted at the front (multiple of block_size, > 0)
-  std::int32_t recent = 128;  ///< tokens never evicted at the back (multiple of block_size, > 0)
-  std::int32_t max = 672;  ///< tokens kept after eviction (multiple of block_size, > start + recent)
-  std::int32_t block_size = 16;  ///< Tokens per block; must equal the geometry's.
+  std::int32_t start = 32;  ///< tokens never evicted at the front (a block multiple, > 0)
+  std::int32_t recent = 128;  ///< tokens never evicted at the back (a block multiple, > 0)
+  std::int32_t max = 672;  ///< tokens kept after eviction (a block multiple, > start + recent)
   Aggregation aggregation = Aggregation::norm_sum;  ///< sum, or norm_sum (divided by a lifetime counter).
   std::int32_t pool_window = 1;  ///< forward max-pool over incoming scores (1 = none)
 };
@@ -43,46 +43,52 @@ class BlockScoreEviction {
  public:
   static constexpr Signals required_signals{Signals::attention_sums};  ///< Reads head-reduced attention sums.
 
-  /// Throws ConfigError for sizes that are not positive block multiples or overflow.
+  /// Throws ConfigError for sizes that are not positive or do not leave room
+  /// between start and recent (block multiples are checked by bind()).
   explicit BlockScoreEviction(const BlockScoreConfig& c) : c_(c) {
-    auto bad = [](const char* what, std::int64_t v, std::int64_t limit = 1) {
-      throw ConfigError("kvcache::BlockScoreEviction", Status{Errc::invalid_argument, what, v, limit});
-    };
-    if (c.block_size < 1) bad("block_size", c.block_size);
-    if (c.start <= 0 || c.start % c.block_size) bad("start", c.start);
-    if (c.recent <= 0 || c.recent % c.block_size) bad("recent", c.recent);
-    if (c.max <= std::int64_t{c.start} + c.recent || c.max % c.block_size) bad("max", c.max, std::int64_t{c.start} + c.recent + 1);
-    if (std::int64_t{c.max} + c.block_size > INT32_MAX) bad("max", c.max, std::int64_t{INT32_MAX} - c.block_size);
+    if (c.start <= 0) bad("start", c.start);
+    if (c.recent <= 0) bad("recent", c.recent);
+    if (c.max <= std::int64_t{c.start} + c.recent) bad("max", c.max, std::int64_t{c.start} + c.recent + 1);
     if (c.pool_window < 1) bad("pool_window", c.pool_window);
   }
 
   /// The configuration.
   const BlockScoreConfig& config() const noexcept { return c_; }
-  /// Tokens per block the policy counts in.
-  std::int32_t block_size() const noexcept { return c_.block_size; }
+  /// Tokens per block the policy counts in: the geometry's, once bound (0 before).
+  std::int32_t block_size() const noexcept { return b_; }
 
   // --- accounting: after the policy ran, a stream holds at most this -------
   /// Tokens held after evict() once `appended` tokens were appended.
   std::int64_t max_tokens_held(std::int64_t appended) const noexcept {
-    return appended < std::int64_t{c_.max} + c_.block_size ? appended : max_tokens_after_eviction();
+    return appended < std::int64_t{c_.max} + b_ ? appended : max_tokens_after_eviction();
   }
   /// Blocks held after evict() once `appended` tokens were appended.
   std::int64_t max_blocks_held(std::int64_t appended, std::int32_t block_size) const noexcept {
     return blocks_for_tokens(max_tokens_held(appended), block_size);
   }
   /// max + B - 1: the partial last block counts as recent.
-  std::int64_t max_tokens_after_eviction() const noexcept { return std::int64_t{c_.max} + c_.block_size - 1; }
+  std::int64_t max_tokens_after_eviction() const noexcept { return std::int64_t{c_.max} + b_ - 1; }
 
   // --- state (the cache calls these) -----------------------------------------
-  /// Sizes the per-stream state once; nothing is allocated afterwards.
-  void bind(std::int32_t streams, std::int32_t tokens_per_stream) {
+  /// Takes the cache's block size, which start, recent and max must be
+  /// multiples of (else ConfigError naming the value), and sizes the
+  /// per-stream state once; nothing is allocated afterwards.
+  void bind(const EvictionShape& shape) {
+    const std::int32_t b = shape.block_size;
+    if (b < 1) bad("block_size", b);
+    if (c_.start % b) bad("start (a multiple of the block size)", c_.start, b);
+    if (c_.recent % b) bad("recent (a multiple of the block size)", c_.recent, b);
+    if (c_.max % b) bad("max (a multiple of the block size)", c_.max, b);
+    if (std::int64_t{c_.max} + b > INT32_MAX) bad("max", c_.max, std::int64_t{INT32_MAX} - b);
+    const std::int32_t streams = shape.streams, tokens_per_stream = shape.max_tokens;
     const std::size_t n = checked_elements("kvcache::BlockScoreEviction", "max_sequences*tokens_per_stream", streams,
                                            std::int64_t{streams} * tokens_per_stream, 8);
+    b_ = b;
     cap_ = tokens_per_stream;
     acc_.assign(n, 0.0f);
     cnt_.assign(acc_.size(), 0);
     len_.assign(std::size_t(streams), 0);
-    scratch_.resize(std::size_t(cap_ / c_.block_size + 1));
+    scratch_.resize(std::size_t(cap_ / b_ + 1));
   }
 
   /// Registers one step's scores for the stream's held tokens (scores.size()
@@ -114,7 +120,7 @@ class BlockScoreEviction {
   /// Writes the logical blocks to remove (ascending) to out; returns how many.
   Result<std::int32_t> plan(std::uint32_t s, std::int32_t held, std::int32_t first_candidate,
                             std::span<std::int32_t> out) noexcept {
-    const std::int32_t b = c_.block_size;
+    const std::int32_t b = b_;
     if (held < c_.max + b) return 0;
     const std::int32_t lo_area = c_.start / b, hi = held / b - c_.recent / b;
     const std::int32_t lo = std::max(lo_area, first_candidate);
@@ -161,7 +167,7 @@ class BlockScoreEviction {
   void on_removed(std::uint32_t s, std::span<const std::int32_t> blocks) noexcept {
     float* acc = acc_.data() + std::size_t(s) * std::size_t(cap_);
     std::int32_t* cnt = cnt_.data() + std::size_t(s) * std::size_t(cap_);
-    const std::int32_t b = c_.block_size, len = len_[s];
+    const std::int32_t b = b_, len = len_[s];
     std::int32_t out = 0;
     std::size_t k = 0;
     for (std::int32_t t = 0; t < len; ++t) {
@@ -201,7 +207,7 @@ class BlockScoreEviction {
   }
 
   friend bool operator==(const BlockScoreEviction& a, const BlockScoreEviction& b) {
-    return a.acc_ == b.acc_ && a.cnt_ == b.cnt_ && a.len_ == b.len_;
+    return a.b_ == b.b_ && a.acc_ == b.acc_ && a.cnt_ == b.cnt_ && a.len_ == b.len_;
   }
 
  private:
@@ -212,7 +218,12 @@ class BlockScoreEviction {
       return x.score != y.score ? x.score < y.score : x.block < y.block;
     }
   };
+  [[noreturn]] static void bad(const char* what, std::int64_t v, std::int64_t limit = 1) {
+    throw ConfigError("kvcache::BlockScoreEviction", Status{Errc::invalid_argument, what, v, limit});
+  }
+
   BlockScoreConfig c_;
+  std::int32_t b_ = 0;  // the cache's block size (bind)
   std::int32_t cap_ = 0;
   std::vector<float> acc_;
   std::vector<std::int32_t> cnt_;

@@ -26,7 +26,7 @@ class HeadEviction {
   /// Takes the policy.
   explicit HeadEviction(E policy) : e_(std::move(policy)) {}
   /// Nothing to size.
-  void bind(std::int32_t, std::int32_t) noexcept {}
+  void bind(const EvictionShape&) noexcept {}
   const E& policy() const noexcept { return e_; }  ///< The policy.
   friend bool operator==(const HeadEviction&, const HeadEviction&) { return true; }
 
@@ -43,21 +43,24 @@ class HeadEviction<E> {
   HeadEviction() = default;
   /// Takes the policy.
   explicit HeadEviction(E policy) : e_(std::move(policy)) {}
-  /// Sizes the state for `streams` head rows of up to `cap` tokens; the
-  /// policy has one group (a head row is one kv-head), else ConfigError.
-  void bind(std::int32_t streams, std::int32_t cap) {
+  /// Binds the policy to the head rows (shape.streams of up to shape.max_tokens
+  /// tokens); the policy has one group (a head row is one kv-head), else ConfigError.
+  void bind(const EvictionShape& shape) {
     if (e_.groups() != 1)
       throw ConfigError("kvcache::Cache", Status{Errc::invalid_argument, "eviction.groups (one per head row)", e_.groups(), 1});
-    e_.bind(streams, cap);
-    region_.bind(streams, cap);
+    e_.bind(shape);
+    region_.bind(shape.streams, shape.max_tokens);
   }
   const E& policy() const noexcept { return e_; }  ///< The policy.
 
   // --- hooks (cache/hooks.hpp) ---
+  /// A fork's regions start where its parent's stand.
   template <class Heads>
   void forked(const Heads& h, SeqId parent, SeqId child) noexcept { region_.forked(h.admission, e_, parent, child); }
+  /// s ended: its regions start over.
   template <class Heads>
   void freed(const Heads& h, SeqId s) noexcept { region_.freed(h.admission, e_, s); }
+  /// A rollback: the regions take back their newest tokens.
   template <class Heads>
   void truncated(const Heads& h, SeqId s) noexcept { region_.truncated(h.admission, e_, s); }
 

@@ -33,34 +33,34 @@ class RowEviction {
   /// Takes the policy.
   explicit RowEviction(E policy) : e_(std::move(policy)) {}
 
-  /// Sizes the state for `streams` rows of `block_size`-token blocks, `cap`
-  /// tokens each (construction time); a policy that counts in blocks of
-  /// another size is a ConfigError.
-  void bind(std::int32_t streams, std::int32_t cap, std::int32_t block_size) {
-    if constexpr (requires { e_.block_size(); })
-      if (e_.block_size() != block_size)
-        throw ConfigError("kvcache::Cache", Status{Errc::invalid_argument, "eviction.block_size", e_.block_size(), block_size});
-    if constexpr (StatefulEviction<E>) e_.bind(streams, cap);
-    if constexpr (ledgered) ledger_.bind(streams);
+  /// Binds the policy to the cache's shape (its block size included: the
+  /// policy is never given it twice) and sizes the ledger and the scratch
+  /// (construction time); a policy that does not fit throws ConfigError.
+  void bind(const EvictionShape& shape) {
+    if constexpr (StatefulEviction<E>) e_.bind(shape);
+    if constexpr (ledgered) ledger_.bind(shape.streams);
     if constexpr (TokenEviction<E>) {
-      scratch_.chosen.resize(std::size_t(cap));
-      scratch_.index_moves.resize(std::size_t(cap));
+      scratch_.chosen.resize(std::size_t(shape.max_tokens));
+      scratch_.index_moves.resize(std::size_t(shape.max_tokens));
     }
   }
   /// The policy (read-only: positions, scores, config).
   const E& policy() const noexcept { return e_; }
 
   // --- hooks (cache/hooks.hpp) ---
+  /// A fork: the child's state and ledger entry are its parent's.
   template <class Rows>
   void forked(const Rows&, SeqId parent, SeqId child) noexcept {
     if constexpr (StatefulEviction<E>) e_.copy_state(parent.index, child.index);
     if constexpr (ledgered) ledger_.copy(parent.index, child.index);
   }
+  /// s ended: its state and ledger entry start over.
   template <class Rows>
   void freed(const Rows&, SeqId s) noexcept {
     if constexpr (StatefulEviction<E>) e_.reset(s.index);
     if constexpr (ledgered) ledger_.reset(s.index);
   }
+  /// A rollback: the state is cut to what s holds, the ledger to what it appended.
   template <class Rows>
   void truncated(const Rows& r, SeqId s, std::int32_t) noexcept {
     if constexpr (StatefulEviction<E>) e_.on_truncate(s.index, r.table.tokens_unchecked(s));

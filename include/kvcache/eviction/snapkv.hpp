@@ -62,10 +62,10 @@ class SnapKVEviction : public TokenPolicyBase {
   std::int64_t max_tokens_after_eviction() const noexcept { return std::numeric_limits<std::int64_t>::max(); }
 
   /// Sizes the per-stream state: `streams` streams of up to `cap` tokens.
-  void bind(std::int32_t streams, std::int32_t cap) {
-    TokenPolicyBase::bind(streams, cap);
-    state_.assign(std::size_t(streams), fresh);
-    pooled_.resize(std::size_t(cap));
+  void bind(const EvictionShape& shape) {
+    TokenPolicyBase::bind(shape);
+    state_.assign(std::size_t(shape.streams), fresh);
+    pooled_.resize(std::size_t(shape.max_tokens));
   }
   /// Records the window's scores; the next evict() compresses once.
   Status observe(std::uint32_t s, const Scores& sc, const StreamView& v) noexcept {

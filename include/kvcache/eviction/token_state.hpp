@@ -174,7 +174,7 @@ class TokenPolicyBase {
   /// A token policy with `groups` independent choices per stream.
   explicit TokenPolicyBase(std::int32_t groups) : groups_(groups) {}
   /// Sizes the per-stream state: `streams` streams of up to `cap` tokens.
-  void bind(std::int32_t streams, std::int32_t cap) { st_.bind(streams, cap, groups_); }
+  void bind(const EvictionShape& shape) { st_.bind(shape.streams, shape.max_tokens, groups_); }
   /// Independent choices per stream (kv-heads, or layers x kv-heads).
   std::int32_t groups() const noexcept { return groups_; }
   /// Moves group g's scores and positions with the compaction moves; the group keeps `kept` tokens.

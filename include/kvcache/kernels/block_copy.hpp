@@ -43,6 +43,8 @@ inline Status check_block_copy_shape(const BlockCopyParams& p) noexcept {
   if (p.src.dtype != p.dst.dtype || p.src.num_layers != p.dst.num_layers ||
       plane_elems(p.src) != plane_elems(p.dst) || p.src.head_dim != p.dst.head_dim)
     return Status{Errc::invalid_argument, "dst.geometry", 0, 0};
+  if (auto st = check_dtype(p.src.dtype, "src.dtype"); !st) return st;
+  if (auto st = check_dtype(p.dst.dtype, "dst.dtype"); !st) return st;
   return {};
 }
 

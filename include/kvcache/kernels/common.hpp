@@ -42,6 +42,13 @@ inline Result<PoolView> make_pool_view(const Geometry& g, void* base, std::int64
   return PoolView{base, *s, num_blocks, sp.num_layers, sp.num_kv_heads, sp.head_dim, sp.block_size, sp.dtype};
 }
 
+/// A dtype field holds one of DType's enumerators (a cast integer may hold
+/// none, and would move no bytes): invalid_argument naming the field.
+inline Status check_dtype(DType d, const char* what) noexcept {
+  if (dtype_bytes(d) == 0) return Status{Errc::invalid_argument, what, static_cast<std::int64_t>(d), 3};
+  return {};
+}
+
 /// A host-visible CSR page table of n sequences (indptr has n + 1 entries):
 /// offsets start at 0 or more and never decrease, so indices holds
 /// indptr[n] entries. An error names the first bad entry.

@@ -23,6 +23,9 @@
 KVCACHE_BEGIN_NAMESPACE
 
 /// Parameters of ring_admit: one layer's write of num_tokens tokens x num_heads kv-heads.
+/// The policy's four (num_heads, window, global_limit, tau) must be the ones
+/// the host replays in reconcile(): take them from WriteGate::ring_admit_params()
+/// and fill in the rest, never type them again.
 struct RingAdmitParams {
   PoolView cache{};                      ///< Pool of single-head blocks (one layer, one kv-head per block).
   KvSource src{};                        ///< New K/V: entry t * num_heads + h is token t of head h (head 0, layer 0).
@@ -30,8 +33,11 @@ struct RingAdmitParams {
   std::int32_t num_tokens = 0;           ///< Tokens written.
   std::int32_t num_heads = 0;            ///< Kv-heads (rows).
   std::int32_t window = 0;               ///< W: ring slots per head, a multiple of the block size.
-  std::int32_t global_cap = 0;           ///< Admitted tokens a head keeps at most (more are dropped).
-  float tau = 0.1f;                      ///< Admitted when gate >= tau.
+  /// Admitted tokens a head keeps at most, a number (0 admits none): the
+  /// policy's effective cap, WriteGate::global_cap(), not its config's
+  /// global_cap (where 0 means "as many as the row holds").
+  std::int32_t global_limit = 0;
+  float tau = 0.0f;                      ///< Admitted when gate >= tau (the policy's WriteGateConfig::tau).
   const std::int32_t* ring_start = nullptr;  ///< [num_heads]: the ring's oldest slot before the call (allot).
   const std::int32_t* ring_len = nullptr;    ///< [num_heads]: ring tokens before the call (allot).
   std::int32_t* global_len = nullptr;    ///< [num_heads]: device state, read and advanced.
@@ -72,7 +78,7 @@ KVCACHE_HOST_DEVICE inline void ring_admit_head(const RingAdmitParams& p, std::i
       const bool old = old_left > 0;  // the victim was in the ring before the call: its bit and K/V are there
       old_left -= old ? 1 : 0;
       const bool admitted = old ? bits[r] != 0 : p.gates[std::int64_t{t - W} * H + h] >= p.tau;
-      if (admitted && gl < p.global_cap) {
+      if (admitted && gl < p.global_limit) {
         const std::int64_t dst = slot(p, h, W + gl);
         ++gl;
         for (std::int32_t kv = 0; kv < 2; ++kv) {
@@ -112,12 +118,16 @@ inline Status check_ring_admit_shape(const RingAdmitParams& p) noexcept {
   if (p.num_heads < 1) return Status{Errc::invalid_argument, "num_heads", p.num_heads, 1};
   if (p.window < p.cache.block_size || p.window % p.cache.block_size != 0)
     return Status{Errc::invalid_argument, "window (a multiple of the block size)", p.window, p.cache.block_size};
-  if (p.global_cap < 0) return Status{Errc::invalid_argument, "global_cap", p.global_cap, 0};
-  if (p.row_stride * std::int64_t{p.cache.block_size} < std::int64_t{p.window} + p.global_cap)
-    return Status{Errc::invalid_argument, "row_stride (rows hold window + global_cap)", p.row_stride, p.window + p.global_cap};
+  if (p.global_limit < 0) return Status{Errc::invalid_argument, "global_limit", p.global_limit, 0};
+  if (!(p.tau >= 0.0f && p.tau <= 1.0f)) return Status{Errc::invalid_argument, "tau (in [0, 1])", 0, 1};
+  if (p.row_stride * std::int64_t{p.cache.block_size} < std::int64_t{p.window} + p.global_limit)
+    return Status{Errc::invalid_argument, "row_stride (rows hold window + global_limit)", p.row_stride,
+                  std::int64_t{p.window} + p.global_limit};
   if (p.num_tokens > 0 &&  // nothing is read or written for no tokens
       (!p.gates || !p.ring_start || !p.ring_len || !p.global_len || !p.bits || !p.rows || !p.src.k || !p.src.v))
     return Status{Errc::invalid_argument, "null pointer", 0, 1};
+  if (auto st = check_dtype(p.cache.dtype, "cache.dtype"); !st) return st;
+  if (auto st = check_dtype(p.src.dtype, "src.dtype"); !st) return st;
   return {};
 }
 

@@ -105,11 +105,12 @@ inline Status check_scatter_shape(const ScatterParams& p) noexcept {
                   p.cache.num_layers};
   if (!(p.k_scale > 0.0f) || !(p.v_scale > 0.0f))
     return Status{Errc::invalid_argument, "k_scale/v_scale", 0, 0};
-  return {};
+  if (auto st = check_dtype(p.cache.dtype, "cache.dtype"); !st) return st;
+  return check_dtype(p.src.dtype, "src.dtype");
 }
 
 /// Host backend: validates every slot first (a slot outside the pool is an
-/// error naming the token), then writes. Nothing is written on error.
+/// error naming the slot and the pool's slots), then writes. Nothing is written on error.
 inline Status scatter_host(const ScatterParams& p) noexcept {
   if (auto st = check_scatter_shape(p); !st) return st;
   const std::int64_t pool_slots = p.cache.num_blocks * p.cache.block_size;
@@ -118,14 +119,14 @@ inline Status scatter_host(const ScatterParams& p) noexcept {
     for (std::int64_t t = 0; t < p.num_tokens; ++t) {
       const std::int32_t pos = p.addr.pos[t], s = p.addr.seq[t];
       if (pos < 0) continue;
-      if (s < 0 || s >= p.addr.num_seqs) return Status{Errc::invalid_argument, "seq_of_token", t, p.addr.num_seqs};
+      if (s < 0 || s >= p.addr.num_seqs) return Status{Errc::invalid_argument, "addr.seq (a token's sequence)", s, p.addr.num_seqs};
       const std::int64_t room = (std::int64_t{p.addr.indptr[s + 1]} - p.addr.indptr[s]) * p.cache.block_size;
-      if (pos >= room) return Status{Errc::invalid_argument, "pos_of_token", t, room};
+      if (pos >= room) return Status{Errc::invalid_argument, "addr.pos (past its sequence's pages)", pos, room};
     }
   }
   for (std::int64_t t = 0; t < p.num_tokens; ++t)
-    if (p.addr.slot(t, p.cache.block_size) >= pool_slots)
-      return Status{Errc::invalid_argument, "slot_of_token", t, pool_slots};
+    if (const std::int64_t slot = p.addr.slot(t, p.cache.block_size); slot >= pool_slots)
+      return Status{Errc::invalid_argument, "slot (past the pool)", slot, pool_slots};
   // When a token's heads are contiguous in both the source and the pool (NHD,
   // dense heads, no conversion), its K (or V) is one run: copy it at once.
   const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);

@@ -49,6 +49,8 @@ inline Status check_score_shape(const ScoreParams& p) noexcept {
     return Status{Errc::invalid_argument, "shape", p.num_streams, 0};
   if (p.num_streams > 0 && p.max_keys > 0 && (!p.attn || !p.lengths || !p.scores))
     return Status{Errc::invalid_argument, "pointers", 0, 1};
+  if (p.reduce != ScoreReduce::sum && p.reduce != ScoreReduce::mean_over_heads)
+    return Status{Errc::invalid_argument, "reduce", static_cast<std::int64_t>(p.reduce), 1};
   return {};
 }
 

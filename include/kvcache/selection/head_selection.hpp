@@ -45,21 +45,27 @@ class HeadSelection<S> {
   const S& policy() const noexcept { return s_; }  ///< The policy.
 
   // --- hooks (cache/hooks.hpp) ---
+  /// A fork's head rows share their parent's pages, stale ones included.
   template <class Heads>
   void forked(const Heads& h, SeqId parent, SeqId child) noexcept { stale_heads::forked(s_.stale(), h.admission, parent, child); }
+  /// s ended: nothing of its head rows is stale.
   template <class Heads>
   void freed(const Heads& h, SeqId s) noexcept { stale_heads::freed(s_.stale(), h.admission, s); }
+  /// Writes to layers [first, last) of seqs copied these shared blocks first.
   template <class Heads>
   void written(const Heads& h, std::span<const SeqId> seqs, std::int32_t first, std::int32_t last,
                std::span<const BlockCopy> copies) noexcept {
     stale_heads::copied(s_.stale(), h.table, h.admission, seqs, first, last, copies);
   }
+  /// A deferred write of n tokens was replayed: the device's promotions are stale.
   template <class Heads>
   void reconciled(const Heads& h, SeqId s, std::int32_t layer, std::int32_t n) noexcept {
     stale_heads::reconciled(s_.stale(), h.table, h.admission, s, layer, n);
   }
+  /// A rollback left partial global tails with the removed keys' extremes.
   template <class Heads>
   void truncated(const Heads& h, SeqId s) noexcept { stale_heads::truncated(s_.stale(), h.table, h.pool, h.admission, s); }
+  /// An eviction rewrote a head row's pages from first_page on.
   template <class Heads>
   void region_compacted(const Heads&, SeqId row, std::int32_t first_page) noexcept { s_.stale().mark(row.index, first_page); }
 

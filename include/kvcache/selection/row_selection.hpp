@@ -51,23 +51,29 @@ class RowSelection<S> {
   const S& policy() const noexcept { return s_; }  ///< The policy.
 
   // --- hooks (cache/hooks.hpp) ---
+  /// A fork shares its parent's pages, stale ones included.
   template <class Rows>
   void forked(const Rows&, SeqId parent, SeqId child) noexcept { s_.stale().copy(parent.index, child.index); }
+  /// s ended: nothing of it is stale.
   template <class Rows>
   void freed(const Rows&, SeqId s) noexcept { s_.stale().clear(s.index); }
+  /// A reserve copied a shared tail: the copy's bounds are stale.
   template <class Rows>
   void reserved(const Rows& r, SeqId s, std::int32_t n, const BlockCopy& copy) noexcept {
     stale_rows::reserved(s_.stale(), r.table, s, n, copy);
   }
+  /// A reserve_batch copied shared tails: their bounds are stale.
   template <class Rows>
   void reserved_batch(const Rows& r, std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
                       std::span<const BlockCopy> copies) noexcept {
     stale_rows::reserved(s_.stale(), r.table, seqs, counts, copies);
   }
+  /// A rollback left a partial tail with the removed keys' extremes.
   template <class Rows>
   void truncated(const Rows& r, SeqId s, std::int32_t n) noexcept {
     if (n > 0) stale_rows::truncated(s_.stale(), r.table, r.pool, s);
   }
+  /// An eviction rewrote or dropped pages of s.
   template <class Rows, class Result>
   void evicted(const Rows& r, SeqId s, const Result& result) noexcept {
     stale_rows::evicted(s_.stale(), s, result, r.table.block_size());
