@@ -171,6 +171,15 @@ class PageTableRows {
     return info;
   }
 
+  /// n tokens of s were appended without a slot (a per-token admission did not
+  /// admit them): its positions advance, nothing is held.
+  Status skip(SeqId s, std::int32_t n) noexcept {
+    if (auto st = validate(s); !st) return st;
+    if (n < 0) return Status{Errc::invalid_argument, "n_tokens", n, 0};
+    st_[s.index].appended += n;
+    return {};
+  }
+
   /// Drops the last n tokens (speculative-decoding rollback). Blocks left empty
   /// return to the pool. A published block that becomes the partial tail keeps
   /// its hash (its content is still valid) until a write: then a shared tail is

@@ -46,6 +46,12 @@ constexpr std::int64_t blocks_for_tokens(std::int64_t tokens, std::int32_t block
 enum class AdmissionKind : std::uint8_t {
   /// Every token is written where reserve() puts it; the cache never calls the policy (AdmitAll: free).
   pass_through,
+  /// The policy decides per token, by sequence and position, whether its K/V
+  /// is written: reserve() takes room for the admitted tokens only and gives
+  /// the others slot -1 (the scatter skips them); positions count every
+  /// token. Such rows skip positions, so they are not prefixes: no prefix
+  /// caching, no rollback (admission/row_admission.hpp).
+  per_token,
   /// The policy owns one page-table stream per (sequence, layer, kv-head) and
   /// places every write itself: ring slot, promotion, global slot or none
   /// (WriteGate). The cache's writes are write(seq, layer, gates, ...).

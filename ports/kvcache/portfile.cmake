@@ -27,6 +27,8 @@ vcpkg_cmake_install()
 vcpkg_cmake_config_fixup(CONFIG_PATH share/cmake/kvcache)
 
 # The license goes to share/kvcache/copyright; the project's own copy is dropped.
+# No usage file: vcpkg writes the find_package / target_link_libraries text
+# for a CMake config package itself, and an extension-less file would send
+# its ELF fix-up pass (patchelf, a download) over it.
 file(REMOVE_RECURSE "${CURRENT_PACKAGES_DIR}/share/doc")
-file(INSTALL "${CMAKE_CURRENT_LIST_DIR}/usage" DESTINATION "${CURRENT_PACKAGES_DIR}/share/${PORT}")
 vcpkg_install_copyright(FILE_LIST "${SOURCE_PATH}/LICENSE")

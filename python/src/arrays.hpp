@@ -19,6 +19,9 @@
 #include <nanobind/ndarray.h>
 
 #include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -120,12 +123,15 @@ class Array {
         return true;
       }
     }
+    if constexpr (std::is_integral_v<T>) return convert_integers(h);
     nb::ndarray<const T, nb::c_contig, nb::device::cpu> a;
     if (!nb::try_cast(h, a, true) || a.ndim() > kMaxDims) return false;
     keep_ = nb::cast(a), data_ = const_cast<T*>(a.data()), size_ = a.size(), ndim_ = a.ndim();
     for (std::size_t i = 0; i < ndim_; ++i) shape_[i] = a.shape(i);
     return true;
   }
+  // An input that needed a conversion held a value T cannot: its index (else -1).
+  std::int64_t out_of_range() const { return bad_index_; }
   T* data() const { return data_; }
   std::size_t size() const { return size_; }
   std::size_t ndim() const { return ndim_; }
@@ -133,6 +139,37 @@ class Array {
   std::span<T> span() const { return {data_, size_}; }
 
  private:
+  // The one rule for integer inputs that are not already T: any integer
+  // array-like (a numpy array of another integer type, a CPU tensor, a list,
+  // a tuple) is converted by value, and a value that does not fit T is an
+  // error naming its index (out_of_range), never a silent wrap. Floats are refused.
+  bool convert_integers(nb::handle h) {
+    constexpr int wide = std::is_signed_v<T> ? NPY_INT64 : NPY_UINT64;
+    PyObject* arr = PyArray_FROMANY(h.ptr(), wide, 0, int(kMaxDims), NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED);
+    if (!arr) {
+      PyErr_Clear();
+      return false;
+    }
+    nb::object keep = nb::steal(arr);
+    auto* a = reinterpret_cast<PyArrayObject*>(arr);
+    using Wide = std::conditional_t<std::is_signed_v<T>, std::int64_t, std::uint64_t>;
+    const auto* in = static_cast<const Wide*>(PyArray_DATA(a));
+    const std::size_t n = std::size_t(PyArray_SIZE(a));
+    owned_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (in[i] < Wide(std::numeric_limits<T>::min()) || in[i] > Wide(std::numeric_limits<T>::max())) {
+        bad_index_ = std::int64_t(i);
+        return false;
+      }
+      owned_[i] = T(in[i]);
+    }
+    data_ = owned_.data(), size_ = n, ndim_ = std::size_t(PyArray_NDIM(a));
+    for (std::size_t i = 0; i < ndim_; ++i) shape_[i] = std::size_t(PyArray_DIM(a, int(i)));
+    return true;
+  }
+
+  std::vector<T> owned_;        // a converted input's values
+  std::int64_t bad_index_ = -1;
   Py_buffer view_{};
   bool has_view_ = false;
   nb::object keep_;  // the DLPack path's array (or its converted copy)
@@ -152,7 +189,14 @@ Numpy<T, N> new_array(std::size_t n, std::size_t cols = 1) {
 // An input array (read only).
 template <class T>
 void in_arg(Array<T>& a, nb::handle given, const char* name) {
-  if (!a.borrow(given, false)) bad_array(name, dtype_name<T>());
+  if (a.borrow(given, false)) return;
+  if (a.out_of_range() >= 0) {  // a value that does not fit the library's type, named by its index
+    StatusError e(kvcache::Status{kvcache::Errc::invalid_argument, name, a.out_of_range(), 0});
+    e.text = std::string("invalid_argument: ") + name + "[" + std::to_string(a.out_of_range()) + "] does not fit " +
+             dtype_name<T>();
+    throw e;
+  }
+  bad_array(name, dtype_name<T>());
 }
 
 // An output: the caller's array (the same object comes back), or a new one

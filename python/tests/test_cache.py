@@ -74,6 +74,21 @@ def test_wrong_arrays_are_typed_errors_that_change_nothing():
         assert c.tokens_held(s) == 0 and c.free_blocks == 7
 
 
+def test_one_conversion_rule_for_integer_inputs():
+    c = kv.Cache(geometry(), num_blocks=16, max_sequences=4)
+    s, t = c.add_sequence(), c.add_sequence()
+    slots, _, _ = c.reserve_batch([s, t], (2, 1))  # lists and tuples convert like arrays
+    assert slots[:3].tolist() == [4, 5, 8]
+    slots, _, _ = c.reserve_batch(np.array([s, t], dtype=np.int64), np.array([1, 1], dtype=np.int64))
+    assert slots[:2].tolist() == [6, 9]
+    before = (c.tokens_held(s), c.free_blocks)
+    with pytest.raises(kv.InvalidArgument, match=r"counts\[1\] does not fit int32"):
+        c.reserve_batch([s, t], np.array([1, 2**40], dtype=np.int64))
+    with pytest.raises(kv.InvalidArgument, match="counts must be"):
+        c.reserve_batch([s, t], np.array([1.0, 2.0]))
+    assert (c.tokens_held(s), c.free_blocks) == before
+
+
 def test_out_of_blocks_is_all_or_nothing():
     c = kv.Cache(geometry(), num_blocks=4, max_sequences=2)  # 3 usable blocks
     a, b = c.add_sequence(), c.add_sequence()
@@ -170,8 +185,10 @@ def test_every_policy_has_a_cache():
         c.check_invariants()
     with pytest.raises(kv.InvalidArgument, match="eviction=int"):
         kv.Cache(geometry(), num_blocks=16, eviction=3)
-    with pytest.raises(kv.InvalidArgument, match="block_size"):
-        kv.Cache(geometry(), num_blocks=16, eviction=kv.SinkWindow(sinks=4, window=8))
+    # Block policies count in the geometry's block size (never given twice): sizes that are not
+    # multiples of it are refused when the cache is built.
+    with pytest.raises(kv.InvalidArgument, match=r"start \(a multiple of the block size\)=6 \(limit 4\)"):
+        kv.Cache(geometry(), num_blocks=16, eviction=kv.BlockScores(start=6, recent=4, max=16))
 
 
 def test_random_operations_keep_the_invariants():

@@ -1,12 +1,14 @@
-"""The README's Python snippets run as written (each ```python block behind a
-``<!-- snippet: python_NAME -->`` line)."""
+"""The Python snippets of the README and the docs pages run as written (each
+```python block behind a ``<!-- snippet: python_NAME -->`` line)."""
 import contextlib
 import io
 import pathlib
 import re
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-BLOCKS = re.findall(r"<!-- snippet: (python_\w+) -->\n```python\n(.*?)```", README.read_text(), re.S)
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+BLOCKS = [block for page in PAGES
+          for block in re.findall(r"<!-- snippet: (python_\w+) -->\n```python\n(.*?)```", page.read_text(), re.S)]
 
 
 def test_there_are_python_snippets():
@@ -16,13 +18,13 @@ def test_there_are_python_snippets():
 def test_quickstart_runs_and_prints_the_error():
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(dict(BLOCKS)["python_quickstart"], "README.md:python_quickstart", "exec"), {})
+        exec(compile(dict(BLOCKS)["python_quickstart"], "docs/python.md:python_quickstart", "exec"), {})
     assert out.getvalue() == "invalid_argument: n_tokens=-1 (limit 0)\n"
 
 
 def test_composed_runs_and_prints_a_head_row():
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(dict(BLOCKS)["python_composed"], "README.md:python_composed", "exec"), {})
+        exec(compile(dict(BLOCKS)["python_composed"], "docs/python.md:python_composed", "exec"), {})
     held, pages = out.getvalue().split(" ", 1)
     assert int(held) >= 32 and pages.strip() == "[3, 3]"  # the ring's 32 tokens and admitted ones; 2 ring pages + 1

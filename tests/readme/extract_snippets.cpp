@@ -1,7 +1,8 @@
-// Writes every ```cpp block of the README to OUT_DIR/NAME.inc, NAME taken from
-// the `<!-- snippet: NAME -->` line right before the block, so the tests that
-// include them compile and run exactly what the README shows.
-//   extract_snippets README.md OUT_DIR NAME...
+// Writes every ```cpp block of the README and the docs pages to
+// OUT_DIR/NAME.inc, NAME taken from the `<!-- snippet: NAME -->` line right
+// before the block, so the tests that include them compile and run exactly
+// what the pages show.
+//   extract_snippets OUT_DIR PAGE.md... -- NAME...
 // Fails (exit 1, naming the line) on a ```cpp block without a marker, a
 // marker without a block, a repeated name, or a set of names unlike the
 // expected one (every snippet is tested, every test finds its snippet).
@@ -25,21 +26,15 @@ bool write(const std::string& path, const std::string& text) {
   out << text;
   return bool(out);
 }
-}  // namespace
 
-int main(int argc, char** argv) {
-  if (argc < 3) return fail("usage: extract_snippets README.md OUT_DIR NAME...");
-  std::ifstream in(argv[1]);
-  if (!in) return fail(std::string("cannot read ") + argv[1]);
-  const std::set<std::string> expected(argv + 3, argv + argc);
-  const std::string marker = "<!-- snippet: ", marker_end = " -->";
-
-  std::set<std::string> found;
+// One page: its ```cpp blocks to out_dir, their names into found.
+int scan(std::istream& in, const std::string& page, const std::string& out_dir, const std::string& marker,
+         const std::string& marker_end, std::set<std::string>& found) {
   std::string line, pending, body;  // pending: the marker's name, until its block opens
   std::string python_pending;       // a python_NAME marker: python/tests/test_readme.py runs its block
   bool in_block = false, in_python = false;
   for (int n = 1; std::getline(in, line); ++n) {
-    const std::string where = std::string(argv[1]) + ":" + std::to_string(n) + ": ";
+    const std::string where = page + ":" + std::to_string(n) + ": ";
     if (in_python) {
       if (line.rfind("```", 0) == 0) in_python = false;
     } else if (!python_pending.empty()) {
@@ -50,7 +45,7 @@ int main(int argc, char** argv) {
       return fail(where + "```python block without a `<!-- snippet: python_NAME -->` line before it");
     } else if (in_block) {
       if (line.rfind("```", 0) == 0) {
-        if (!write(std::string(argv[2]) + "/" + pending + ".inc", body)) return fail(where + "cannot write " + pending);
+        if (!write(out_dir + "/" + pending + ".inc", body)) return fail(where + "cannot write " + pending);
         in_block = false;
         pending.clear();
       } else {
@@ -75,10 +70,30 @@ int main(int argc, char** argv) {
       return fail(where + "marker '" + pending + "' must be followed directly by its ```cpp block");
     }
   }
-  if (in_block || !pending.empty()) return fail("README ends inside snippet '" + pending + "'");
+  if (in_block || !pending.empty()) return fail(page + " ends inside snippet '" + pending + "'");
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> pages;
+  int k = 1;
+  if (argc < 3) return fail("usage: extract_snippets OUT_DIR PAGE.md... -- NAME...");
+  const std::string out_dir = argv[k++];
+  for (; k < argc && std::string(argv[k]) != "--"; ++k) pages.emplace_back(argv[k]);
+  if (k == argc) return fail("usage: extract_snippets OUT_DIR PAGE.md... -- NAME...");
+  const std::set<std::string> expected(argv + k + 1, argv + argc);
+  const std::string marker = "<!-- snippet: ", marker_end = " -->";
+
+  std::set<std::string> found;
+  for (const std::string& page : pages) {
+    std::ifstream in(page);
+    if (!in) return fail("cannot read " + page);
+    if (int rc = scan(in, page, out_dir, marker, marker_end, found)) return rc;
+  }
   for (const auto& name : found)
     if (!expected.count(name)) return fail("snippet '" + name + "' has no test (add it to tests/readme)");
   for (const auto& name : expected)
-    if (!found.count(name)) return fail("a test expects snippet '" + name + "', which the README no longer has");
+    if (!found.count(name)) return fail("a test expects snippet '" + name + "', which no page has");
   return 0;
 }

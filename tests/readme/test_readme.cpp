@@ -4,6 +4,9 @@
 // the test checks what the snippet did: results, bounds, invariants, and for
 // the token policies the memory the snippet's compaction left behind.
 #include <catch2/catch.hpp>
+#include <kvcache/kernels/gather.hpp>
+#include <kvcache/kernels/scatter.hpp>
+#include <kvcache/kvcache.hpp>
 
 #include <algorithm>
 #include <cfloat>
@@ -95,6 +98,41 @@ void require_ran_clean(const PolicyEngine& e, const C& cache, kv::SeqId seq) {
 }
 
 }  // namespace
+
+namespace custom_admission_snippet {
+namespace kv = kvcache;
+const kv::CacheConfig cfg{.geometry = *kv::Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 4, .block_size = 4}),
+                          .num_blocks = 16, .max_sequences = 2, .max_blocks_per_sequence = 8};
+#include "snippets/custom_admission.inc"
+}  // namespace custom_admission_snippet
+
+TEST_CASE("Composing: an admission of one's own composes with the unchanged cache") {
+  using namespace custom_admission_snippet;
+  REQUIRE(r.ok());
+  CHECK(slots[1] == -1);
+  CHECK(slots[3] == -1);
+  CHECK(slots[2] == slots[0] + 1);
+  CHECK(slots[4] == slots[0] + 2);
+  CHECK(cache.tokens_held(seq).value() == 3);
+  CHECK(cache.table().appended(seq).value() == 5);
+}
+
+TEST_CASE("README front page: reserve, scatter, export the CSR and gather back what was written") {
+  bool completed = false;  // the snippet returns early on an error: that must fail the test
+  [&] {
+#include "snippets/front_page.inc"
+    REQUIRE(st.ok());
+    REQUIRE(pages.value() == 2);  // 6 tokens in blocks of 4
+    CHECK(indptr == std::vector<int32_t>{0, 2});
+    CHECK(last_page_len[0] == 2);
+    CHECK(k_out == k);  // every token's K and V came back from the slots the cache handed out
+    CHECK(v_out == v);
+    CHECK(cache.tokens_held(seq).value() == 6);
+    CHECK(cache.check_invariants().ok());
+    completed = true;
+  }();
+  REQUIRE(completed);
+}
 
 TEST_CASE_METHOD(QuickStart, "README quick start: geometry, pool size, reserve, publish") {
 #include "snippets/quickstart.inc"

@@ -3,13 +3,15 @@
 // participants hear of it (cache/hooks.hpp): the prefix state
 // (prefix_cache.hpp), the eviction state with its ledger
 // (eviction/row_eviction.hpp) and the selection's stale pages
-// (selection/row_selection.hpp). The policies' logic lives with them.
+// (selection/row_selection.hpp); the admission decides how reserve takes
+// room (admission/row_admission.hpp). The policies' logic lives with them.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <span>
 
+#include "kvcache/admission/row_admission.hpp"
 #include "kvcache/block_hash.hpp"
 #include "kvcache/cache/accounting.hpp"
 #include "kvcache/cache/core.hpp"
@@ -56,13 +58,14 @@ class TokenPagedCache : public CacheCore<Pool, Table> {
         hasher_(hasher),
         prefix_(cfg.num_blocks, cfg.geometry.block_size(), cfg.max_sequences, cfg.max_blocks_per_sequence, cfg.publish_on_reserve) {
     const GeometrySpec& g = cfg.geometry.spec();
+    admission_.bind(cfg.max_sequences, cfg.publish_on_reserve);
     eviction_.bind({cfg.max_sequences, cfg.max_blocks_per_sequence * g.block_size, g.block_size});
     if constexpr (selects)
       selection_.bind({cfg.geometry, cfg.num_blocks, g.num_layers, cfg.max_sequences, cfg.max_sequences,
                        cfg.max_blocks_per_sequence, g.num_kv_heads, 0});
   }
 
-  const Admission& admission() const noexcept { return admission_; }          ///< The admission policy.
+  const Admission& admission() const noexcept { return admission_.policy(); } ///< The admission policy.
   const Selection& selection() const noexcept { return selection_.policy(); } ///< The selection policy.
   const Eviction& eviction() const noexcept { return eviction_.policy(); }    ///< The eviction policy.
 
@@ -120,7 +123,7 @@ class TokenPagedCache : public CacheCore<Pool, Table> {
   /// Room for n more tokens of s, all or nothing: slots[0..n) get their slots, and a copy-on-write
   /// command comes back when the tail block is shared.
   Result<ReserveInfo> reserve(SeqId s, std::int32_t n, std::span<std::int32_t> slots) noexcept {
-    auto r = table_.reserve(pool_, s, n, slots);
+    auto r = admission_.reserve(table_, pool_, s, n, slots);
     if (r) notify(hooks::reserved, s, n, r->copy);
     return r;
   }
@@ -139,7 +142,7 @@ class TokenPagedCache : public CacheCore<Pool, Table> {
   /// Reserves counts[k] tokens for seqs[k], all or nothing; slots padded with -1, copy-on-write commands in copies.
   Result<BatchInfo> reserve_batch(std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
                                   std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept {
-    auto r = table_.reserve_batch(pool_, seqs, counts, slots, copies);
+    auto r = admission_.reserve_batch(table_, pool_, seqs, counts, slots, copies);
     if (r) notify(hooks::reserved_batch, seqs, counts, std::span<const BlockCopy>(copies.first(std::size_t(r->copies))));
     return r;
   }
@@ -159,6 +162,7 @@ class TokenPagedCache : public CacheCore<Pool, Table> {
   /// appended since is truncate_too_many naming the limit, and nothing changes.
   Status truncate(SeqId s, std::int32_t n) noexcept {
     if (auto st = table_.validate(s); !st) return st;
+    if (auto st = admission_.check_truncate(); !st) return st;
     if (auto st = eviction_.check_truncate(table_, s, n); !st) return st;
     auto st = table_.truncate(pool_, s, n);
     if (st) notify(hooks::truncated, s, n);
@@ -181,22 +185,10 @@ class TokenPagedCache : public CacheCore<Pool, Table> {
   {
     return observe(s, Scores{ScoreKind::attention_sums, scores, 1});
   }
-  /// Runs the policy on one sequence. What leaves and what the engine must do
-  /// depends on the policy's kind (policy.hpp):
-  ///   block   chosen logical blocks leave the row (ascending, into out.blocks);
-  ///           kept blocks that moved go to out.rotations (block, new index,
-  ///           position delta) for key re-rotation. Shared blocks never move:
-  ///           candidates start after the sequence's last shared block.
-  ///   token   each group's tokens leave; the survivors are compacted: run
-  ///           out.moves[out.group_moves[g] .. out.group_moves[g+1]) with the
-  ///           compaction kernel on group g's heads before the next write. The
-  ///           row then drops its tail. Tokens in shared blocks never leave.
-  ///           group_moves (groups() + 1 entries) is required and always
-  ///           written: a call with nothing to evict writes empty ranges.
-  ///   window  the oldest tokens leave the front; blocks with no live token go
-  ///           back to the pool. Nothing to run. `pending_queries`: the last
-  ///           held tokens whose attention has not run yet (evict between
-  ///           reserve and attention); the window keeps what they need.
+  /// Runs the policy on one sequence; what leaves and what the engine must
+  /// do depend on the policy's kind (block: out.blocks and out.rotations;
+  /// token: out.moves by out.group_moves; window: nothing to run), as
+  /// RowEviction::evict documents (eviction/row_eviction.hpp).
   /// pending_queries is for window policies; others take 0. A buffer too
   /// small for the plan is an error, and nothing changes.
   Result<EvictionResult> evict(SeqId s, const EvictionSpans& out, std::int32_t pending_queries = 0) noexcept {
@@ -224,6 +216,7 @@ class TokenPagedCache : public CacheCore<Pool, Table> {
   /// Publishes s's full blocks of `tokens` (its first tokens) for prefix hits; returns the hashes newly cached.
   /// extras: the multimodal ranges among them. With publish_on_reserve it also supplies ids reserve() lacked.
   Result<std::int32_t> publish(SeqId s, std::span<const std::int32_t> tokens, std::span<const ExtraKey> extras = {}) noexcept {
+    if (auto st = admission_.check_prefix(); !st) return st;
     return PrefixSharing::publish(table_, pool_, s, tokens, extras, hasher_, prefix_.store());
   }
   /// Prefix-cache counters (queries, hit tokens, hashes stored, recycled, invalidated) and block states.
@@ -357,7 +350,7 @@ class TokenPagedCache : public CacheCore<Pool, Table> {
   }
 
   friend bool operator==(const TokenPagedCache& a, const TokenPagedCache& b) {
-    return a.eviction_ == b.eviction_ && a.selection_ == b.selection_ && a.same_core(b) && a.prefix_ == b.prefix_;
+    return a.admission_ == b.admission_ && a.eviction_ == b.eviction_ && a.selection_ == b.selection_ && a.same_core(b) && a.prefix_ == b.prefix_;
   }
 
  private:
@@ -377,7 +370,7 @@ class TokenPagedCache : public CacheCore<Pool, Table> {
     return prefix_.plan(table_, pool_, prompt, opt, life, hasher_, slots);
   }
 
-  [[no_unique_address]] Admission admission_;
+  [[no_unique_address]] RowAdmission<Admission> admission_;
   [[no_unique_address]] RowSelection<Selection> selection_;
   [[no_unique_address]] RowEviction<Eviction> eviction_;
   [[no_unique_address]] Hasher hasher_;

@@ -89,8 +89,22 @@ class RowEviction {
     return e_.observe(s.index, sc, EvictionRun::view(t, s, 0));
   }
 
-  /// Runs the policy on s by its kind (cache.hpp's evict() documents what
-  /// each kind leaves to the engine) and records where s now stands.
+  /// Runs the policy on s by its kind and records where s now stands. What
+  /// leaves and what the engine must do:
+  ///   block   chosen logical blocks leave the row (ascending, into out.blocks);
+  ///           kept blocks that moved go to out.rotations (block, new index,
+  ///           position delta) for key re-rotation. Shared blocks never move:
+  ///           candidates start after the sequence's last shared block.
+  ///   token   each group's tokens leave; the survivors are compacted: run
+  ///           out.moves[out.group_moves[g] .. out.group_moves[g+1]) with the
+  ///           compaction kernel on group g's heads before the next write. The
+  ///           row then drops its tail. Tokens in shared blocks never leave.
+  ///           group_moves (groups() + 1 entries) is required and always
+  ///           written: a call with nothing to evict writes empty ranges.
+  ///   window  the oldest tokens leave the front; blocks with no live token go
+  ///           back to the pool. Nothing to run. `pending`: the last held
+  ///           tokens whose attention has not run yet (evict between reserve
+  ///           and attention); the window keeps what they need.
   template <class Table, class Pool>
   Result<EvictionResult> evict(Table& t, Pool& pool, SeqId s, const EvictionSpans& out, std::int32_t pending) noexcept {
     if (auto st = t.validate(s); !st) return st;

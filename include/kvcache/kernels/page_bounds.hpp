@@ -77,7 +77,9 @@ struct PageBoundsUpdateParams {
   /// Appends (reserve's slots): a page's first slot is written only into a
   /// fresh page, so a token there resets the page's bounds before the fold.
   /// False for rewrites of live slots (ring slots, compaction targets): the
-  /// replaced keys' extremes stay, a looser bound that still holds.
+  /// replaced keys' extremes stay, a looser bound that still holds. (A
+  /// head-paged row's ring pages are always read and never ranked, so a
+  /// write that folds ring slots with true, restarting a ring page, is harmless.)
   bool first_slot_starts_page = true;
 };
 static_assert(std::is_trivially_copyable_v<PageBoundsUpdateParams>);
