@@ -261,7 +261,6 @@ struct GateRun {
       }
       case 7: {  // a deferred write: allot, the device decides (ring_admit), the gates wait for reconcile
         const std::int32_t layer = in.upto(1), n = in.upto(6);
-        const std::int32_t W = cache.admission().local_window();
         if (dev(s, layer).mode == 1) break;  // this layer's writes are synchronous
         std::vector<std::int32_t> start(std::size_t(in.upto(3))), len(start.size()), rows(std::size_t(H() * kRow));
         auto r = cache.allot(s, layer, n, {.ring_start = start, .ring_len = len, .copies = copies});

@@ -236,3 +236,60 @@ TEST_CASE("ring_admit's policy parameters come from the policy, so the device ca
   CHECK(typed.gl[0] == 0);
   CHECK(gate.check(table).ok());
 }
+
+TEST_CASE("device_state seeds the device after host writes, and the deferred writes that follow agree with the host") {
+  const std::int32_t block = 2, w = 4, row_blocks = w / block + 16, H = 2;
+  const WriteGateConfig cfg{.num_layers = 1, .num_kv_heads = H, .local_window = w, .tau = 0.5f, .at_cap = GlobalCapAction::drop};
+  const std::int32_t blocks = H * row_blocks + 1;
+  BlockPool pool(blocks, 0);
+  PageTable table(pool, std::int32_t(WriteGate::streams_for(cfg, 1)), row_blocks, block);
+  WriteGate gate(cfg, 1, table);
+  KvMemory mem(block, blocks, H);
+  const SeqId s = *gate.add(table);
+  const SeqId one[] = {s};
+  // A host prefill of 7 tokens: the ring holds the last 4, the admitted older ones went global.
+  std::vector<float> prefill(7 * H);
+  for (std::size_t i = 0; i < prefill.size(); ++i) prefill[i] = i % 3 == 0 ? 0.9f : 0.1f;
+  std::vector<std::int32_t> slots(7 * H);
+  std::vector<SlotMove> moves(16);
+  std::vector<BlockCopy> copies(8);
+  REQUIRE(gate.write(table, pool, s, 0, prefill, {.slots = slots, .moves = moves, .copies = copies}).ok());
+  Device dev(1, H, w);
+  std::vector<std::int32_t> too_small(1);
+  CHECK(gate.device_state(s, 0, too_small, dev.bits).code() == Errc::buffer_too_small);
+  CHECK(gate.device_state(s, 1, dev.gl, dev.bits).code() == Errc::invalid_argument);  // no layer 1
+  REQUIRE(gate.device_state(s, 0, dev.gl, dev.bits).ok());
+  for (std::int32_t h = 0; h < H; ++h) {
+    const auto st = *gate.head_state(s, 0, h);
+    CHECK(dev.gl[std::size_t(h)] == st.global);
+    for (std::int32_t r = 0; r < w; ++r) {  // ring slot r holds position p; its bit is p's gate >= tau
+      const auto positions = *gate.positions(s, 0, h);
+      const std::int32_t p = positions[std::size_t(r)];
+      CHECK(dev.bits[std::size_t(h * w + r)] == (prefill[std::size_t(p * H + h)] >= 0.5f ? 1 : 0));
+    }
+  }
+  // Decode on the device from the seeded state: after each reconcile the lengths agree.
+  std::int64_t appended = 7;
+  for (int step = 0; step < 10; ++step, ++appended) {
+    std::vector<std::int32_t> start(H), len(H), rows(static_cast<std::size_t>(H * row_blocks));
+    REQUIRE(gate.allot(table, pool, s, 0, 1, {.ring_start = start, .ring_len = len}).ok());
+    CHECK(gate.device_state(s, 0, dev.gl, dev.bits).code() == Errc::invalid_argument);  // pending: the device is ahead
+    REQUIRE(export_heads_block_table(table, gate, one, 0, rows, row_blocks).ok());
+    const std::vector<float> gates{0.9f, step % 2 ? 0.9f : 0.1f};
+    RingAdmitParams p = gate.ring_admit_params();
+    p.cache = mem.view;
+    p.src = mem.source(0, 0, appended, 1);
+    p.gates = gates.data();
+    p.num_tokens = 1;
+    p.ring_start = start.data();
+    p.ring_len = len.data();
+    p.global_len = dev.gl.data();
+    p.bits = dev.bits.data();
+    p.rows = rows.data();
+    p.row_stride = row_blocks;
+    REQUIRE(ring_admit_host(p).ok());
+    REQUIRE(gate.reconcile(table, pool, s, 0, gates).ok());
+    for (std::int32_t h = 0; h < H; ++h) REQUIRE(dev.gl[std::size_t(h)] == gate.head_state(s, 0, h)->global);
+  }
+  CHECK(gate.check(table).ok());
+}

@@ -152,6 +152,16 @@ class WriteGate {
                                   std::span<const float> gates) noexcept;
   /// Allotted writes of (s, layer) not reconciled yet.
   Result<std::int32_t> pending(SeqId s, std::int32_t layer) const noexcept;
+  /// The device state ring_admit advances, as the host holds it for (s,
+  /// layer): each head's global length ([kv_heads]) and its ring's admission
+  /// bits ([kv_heads][W], 0 or 1, by ring slot). Seed the device's copy with
+  /// it when a sequence's writes move from write() to allot() (a prefill on
+  /// the host, then decode without host syncs), after a fork, and after an
+  /// eviction of the global regions (their lengths shrink). With
+  /// deferred writes pending the device is ahead of the host: reconcile first
+  /// (invalid_argument naming them). A buffer too small is buffer_too_small.
+  Status device_state(SeqId s, std::int32_t layer, std::span<std::int32_t> global_len,
+                      std::span<std::uint8_t> bits) const noexcept;
   /// The ring_admit launch's policy parameters, exactly as reconcile()
   /// replays them: num_heads, window (W), global_limit (the effective cap,
   /// global_cap()) and tau. The engine fills in the rest (pool, K/V, gates,

@@ -45,6 +45,24 @@ inline Result<std::int32_t> WriteGate::pending(SeqId s, std::int32_t layer) cons
   return std::int32_t{npending(s.index, layer)};
 }
 
+inline Status WriteGate::device_state(SeqId s, std::int32_t layer, std::span<std::int32_t> global_len,
+                                      std::span<std::uint8_t> bits) const noexcept {
+  if (auto st = validate(s); !st) return st;
+  if (layer < 0 || layer >= cfg_.num_layers) return Status{Errc::invalid_argument, "layer", layer, cfg_.num_layers};
+  if (npending(s.index, layer) > 0)
+    return Status{Errc::invalid_argument, "pending_writes (reconcile first)", npending(s.index, layer), 0};
+  const std::int32_t H = cfg_.num_kv_heads;
+  if (std::int64_t(global_len.size()) < H) return Status{Errc::buffer_too_small, "global_len", std::int64_t(global_len.size()), H};
+  if (std::int64_t(bits.size()) < std::int64_t{H} * w_)
+    return Status{Errc::buffer_too_small, "bits", std::int64_t(bits.size()), std::int64_t{H} * w_};
+  for (std::int32_t h = 0; h < H; ++h) {
+    const std::size_t hi = head_index(s.index, layer, h);
+    global_len[std::size_t(h)] = heads_[hi].global;
+    for (std::int32_t r = 0; r < w_; ++r) bits[std::size_t(h) * std::size_t(w_) + std::size_t(r)] = bit(hi, r) ? 1 : 0;
+  }
+  return {};
+}
+
 inline Result<GateWriteInfo> WriteGate::allot(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
                                               std::int32_t n, const DeferredSpans& out) noexcept {
   if (auto st = validate(s); !st) return st;
