@@ -30,9 +30,11 @@ KVCACHE_BEGIN_NAMESPACE
 
 /// The token-paged cache: one row per sequence (Cache picks it for a pass-through admission).
 template <class Pool, class Table, class Admission, class Selection, class Eviction, class Hasher>
-class TokenPagedCache : public CacheCore<Pool, Table> {
+class TokenPagedCache : public CacheCore<Pool, Table>,
+                        public RowAccounting<TokenPagedCache<Pool, Table, Admission, Selection, Eviction, Hasher>> {
   using Core = CacheCore<Pool, Table>;
   using Core::pool_, Core::table_;
+  friend class RowAccounting<TokenPagedCache>;  // accounting.hpp reads the parts
 
  public:
   static constexpr bool head_paged = false;  ///< Rows are sequences.
@@ -277,78 +279,6 @@ class TokenPagedCache : public CacheCore<Pool, Table> {
     return selection_.select_params(table_, seqs, layer, plan);
   }
 
-  // --- accounting (what the scheduler asks) ---------------------------------
-  /// Live tokens s holds.
-  Result<std::int64_t> tokens_held(SeqId s) const noexcept {
-    auto t = table_.tokens(s);
-    if (!t) return t.status();
-    return std::int64_t{*t};
-  }
-  /// Blocks s's row holds.
-  Result<std::int32_t> blocks_held(SeqId s) const noexcept {
-    auto b = table_.blocks(s);
-    if (!b) return b.status();
-    return static_cast<std::int32_t>(b->size());
-  }
-  /// Pool blocks a new sequence needs over its whole life under the eviction
-  /// policy's bound (the bound is non-decreasing in tokens appended). With
-  /// prefill_chunk > 0 the engine runs evict() after every prefill chunk of at
-  /// most that many tokens, so the prompt never sits whole in the cache.
-  Result<std::int64_t> blocks_needed(std::int64_t prompt_len, std::int64_t max_new, std::int64_t prefill_chunk = 0) const noexcept {
-    if (auto st = check_request_lengths(prompt_len, max_new, prefill_chunk); !st) return st;
-    return eviction_.blocks_needed(prompt_len, max_new, prefill_chunk, this->block_size());
-  }
-  /// A sequence handle is free and blocks_needed fits the free pool less the
-  /// blocks promised to running sequences (promised_blocks()).
-  bool can_admit(std::int64_t prompt_len, std::int64_t max_new) const noexcept {
-    auto need = blocks_needed(prompt_len, max_new);
-    return need.ok() && free_sequences() > 0 && *need <= pool_.num_free() - promised_blocks();
-  }
-  /// What admit(prompt, slots, opt) would take, counting its prefix hit:
-  /// from_free is its lifetime need less the hit blocks other sequences hold
-  /// (free-but-cached hit blocks count against the free pool). Errors are admit()'s.
-  Result<AdmitPlan> plan_admission(std::span<const std::int32_t> prompt, const AdmitOptions& opt = {}) const noexcept {
-    return admit_plan(prompt, opt, -1);
-  }
-  /// admit(prompt, ...) would succeed now.
-  bool can_admit(std::span<const std::int32_t> prompt, const AdmitOptions& opt = {}) const noexcept {
-    return admit_plan(prompt, opt, -1).ok();
-  }
-  /// Blocks owed to running sequences: each promise (admit with max_new, or
-  /// promise()) less the blocks the sequence holds. O(sequences).
-  std::int64_t promised_blocks() const noexcept { return prefix_.outstanding(table_); }
-  /// Promises s `blocks` (at most a row's blocks) over its lifetime (0 withdraws); admissions leave them free for it.
-  Status promise(SeqId s, std::int64_t blocks) noexcept {
-    if (auto st = table_.validate(s); !st) return st;
-    return prefix_.promise(s.index, blocks, table_.max_blocks_per_stream());
-  }
-  /// Sequence handles still free.
-  std::int32_t free_sequences() const noexcept { return table_.free_streams(); }
-  /// The eviction policy's bound for any stream (INT64_MAX for keep-all).
-  std::int64_t max_tokens_after_eviction() const noexcept { return eviction().max_tokens_after_eviction(); }
-  /// Tokens the sequence holds above its policy's bound because shared
-  /// blocks (prefix sharing, fork) kept the last evict() from going lower.
-  /// The scheduler counts them as memory it cannot reclaim yet; the next
-  /// evict() after the sharing ends brings the sequence back within its bound.
-  Result<std::int64_t> shared_excess(SeqId s) const noexcept {
-    if (auto st = table_.validate(s); !st) return st;
-    return eviction_.shared_excess(s);
-  }
-  /// The sum of shared_excess over every live sequence. O(sequences).
-  std::int64_t shared_excess() const noexcept {
-    std::int64_t total = 0;
-    table_.for_each_stream([&](SeqId s) { total += eviction_.shared_excess(s); });
-    return total;
-  }
-  /// Pool, table and the eviction contract (eviction/row_eviction.hpp's
-  /// check()); invariant_violated always means a library bug, never a legal
-  /// state. O(pool + table).
-  Status check_invariants() const {
-    if (auto st = pool_.check(); !st) return st;
-    if (auto st = table_.check(pool_); !st) return st;
-    return eviction_.check(table_);
-  }
-
   friend bool operator==(const TokenPagedCache& a, const TokenPagedCache& b) {
     return a.admission_ == b.admission_ && a.eviction_ == b.eviction_ && a.selection_ == b.selection_ && a.same_core(b) && a.prefix_ == b.prefix_;
   }
@@ -365,8 +295,8 @@ class TokenPagedCache : public CacheCore<Pool, Table> {
   // admit()'s checks and plan (prefix_cache.hpp), with the policy's lifetime
   // need; slots: the caller's slot buffer size (-1: a dry run).
   Result<AdmitPlan> admit_plan(std::span<const std::int32_t> prompt, const AdmitOptions& opt, std::int64_t slots) const noexcept {
-    if (free_sequences() == 0) return Status{Errc::capacity_exceeded, "max_sequences", table_.max_streams() + 1, table_.max_streams()};
-    const auto life = blocks_needed(std::int64_t(prompt.size()), std::max<std::int64_t>(opt.max_new, 0), opt.prefill_chunk);
+    if (this->free_sequences() == 0) return Status{Errc::capacity_exceeded, "max_sequences", table_.max_streams() + 1, table_.max_streams()};
+    const auto life = this->blocks_needed(std::int64_t(prompt.size()), std::max<std::int64_t>(opt.max_new, 0), opt.prefill_chunk);
     return prefix_.plan(table_, pool_, prompt, opt, life, hasher_, slots);
   }
 
