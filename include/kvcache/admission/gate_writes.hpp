@@ -1,99 +1,98 @@
-// WriteGate's definitions (declared in write_gate.hpp, which includes this
-// file at its end): the per-head ring and global region, writes, rollback.
+// Write-Gated KV's synchronous writes and rollback, on the per-head state
+// (gate_heads.hpp): where each new token of a layer goes (its ring slot, a
+// global slot, or nowhere), the promotion of the token it replaces, the
+// copy-on-write of blocks a fork shares, and the rollback that refills the
+// ring from the global region.
 #pragma once
 
-#include "kvcache/admission/write_gate.hpp"
+#include <algorithm>
+#include <cstdint>
+#include <span>
+
+#include "kvcache/admission/gate_heads.hpp"
+#include "kvcache/block_pool.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/head_rows.hpp"
+#include "kvcache/page_table.hpp"
+#include "kvcache/page_table_edits.hpp"
+#include "kvcache/sequence_id.hpp"
+#include "kvcache/slot_move.hpp"
+#include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
-inline WriteGate::WriteGate(const WriteGateConfig& cfg, std::int32_t max_sequences, PageTable& table)
-    : cfg_(cfg), w_(cfg.local_window), b_(table.block_size()), max_seqs_(max_sequences),
-      bm_(BlockMath::of(table.block_size())), wm_(BlockMath::of(std::max(1, cfg.local_window))) {
-  auto bad = [](const char* what, std::int64_t v, std::int64_t limit) {
-    throw ConfigError("kvcache::WriteGate", Status{Errc::invalid_argument, what, v, limit});
-  };
-  if (cfg.num_layers < 1) bad("num_layers", cfg.num_layers, 1);
-  if (cfg.num_kv_heads < 1) bad("num_kv_heads", cfg.num_kv_heads, 1);
-  if (max_sequences < 1) bad("max_sequences", max_sequences, 1);
-  if (cfg.local_window < b_ || cfg.local_window % b_ != 0) bad("local_window (a multiple of the block size)", cfg.local_window, b_);
-  if (!(cfg.tau >= 0.0f && cfg.tau <= 1.0f)) bad("tau (in [0, 1])", 0, 1);
-  if (cfg.at_cap != GlobalCapAction::refuse && cfg.at_cap != GlobalCapAction::drop) bad("at_cap", std::int64_t(cfg.at_cap), 1);
-  const std::int64_t streams = streams_for(cfg, max_sequences);
-  if (streams > table.max_streams()) bad("table.max_streams (max_sequences x layers x kv_heads)", table.max_streams(), streams);
-  if (table.num_streams() != 0) bad("table.num_streams (the table must be unused)", table.num_streams(), 0);
-  row_cap_ = table.max_blocks_per_stream() * b_;
-  if (row_cap_ < w_) bad("table.max_blocks_per_stream x block_size (< local_window)", row_cap_, w_);
-  if (cfg.global_cap < 0 || cfg.global_cap > row_cap_ - w_) bad("global_cap", cfg.global_cap, row_cap_ - w_);
-  cap_ = cfg.global_cap > 0 ? cfg.global_cap : row_cap_ - w_;
-  words_ = (w_ + 63) / 64;
-  const auto n = std::size_t(streams);
-  heads_.resize(n);
-  pos_.assign(n * std::size_t(row_cap_), -1);
-  bits_.assign(n * std::size_t(words_), 0);
-  ids_.resize(n);
-  appended_.assign(std::size_t(max_sequences) * std::size_t(cfg.num_layers), 0);
-  gen_.assign(std::size_t(max_sequences), 0);
-  live_.assign(std::size_t(max_sequences), 0);
-  forked_.assign(std::size_t(max_sequences), 0);
-  stamp_.assign(std::size_t(max_sequences), 0);
-  pending_.assign(std::size_t(max_sequences) * std::size_t(cfg.num_layers) * max_pending, 0);
-  npending_.assign(std::size_t(max_sequences) * std::size_t(cfg.num_layers), 0);
-  for (std::int32_t i = max_sequences; i-- > 0;) free_.push_back(i);
-  plan_.resize(std::size_t(cfg.num_kv_heads));
-  src_.resize(std::size_t(w_));
-  touched_.assign(std::size_t(table.max_blocks_per_stream()), 0);
-  marked_.reserve(std::size_t(table.max_blocks_per_stream()));
-  // Every head stream for good, in head order: rows are then in head order
-  // too, and a sequence's add and free touch no table handle.
-  for (auto& id : ids_) id = *table.add();  // enough streams: checked above
-}
+/// Write-Gated KV's writes and rollback (a base of WriteGate).
+class GateWrites : public GateHeads {
+  friend class GateBatch;
+  friend class GateDeferred;
+  friend class WriteGate;
 
-inline Status WriteGate::validate(SeqId s) const noexcept {
-  if (s.index >= std::uint32_t(max_seqs_) || !live_[s.index] || gen_[s.index] != s.generation)
-    return Status{Errc::unknown_sequence, "seq", s.index == UINT32_MAX ? -1 : std::int64_t(s.index), max_seqs_};
-  return {};
-}
+ public:
+  using GateHeads::GateHeads;
 
-inline Result<SeqId> WriteGate::add(PageTable&) noexcept {
-  if (free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", max_seqs_ + std::int64_t{1}, max_seqs_};
-  const auto i = std::uint32_t(free_.back());
-  free_.pop_back();
-  for (std::int32_t l = 0; l < cfg_.num_layers; ++l)
-    for (std::int32_t h = 0; h < cfg_.num_kv_heads; ++h) heads_[head_index(i, l, h)] = Head{};  // rows are empty
-  live_[i] = 1;
-  forked_[i] = 0;
-  std::fill_n(appended_.begin() + std::ptrdiff_t(i) * cfg_.num_layers, cfg_.num_layers, 0);
-  return SeqId{i, gen_[i]};
-}
+  // --- writes ---------------------------------------------------------------
+  /// Writes n = gates.size() / kv_heads new tokens of layer `layer`: gates,
+  /// out.slots and out.promote are [n][kv_heads] (token-major, like the
+  /// layer's K). slots[t][h]: where token t of head h goes (its ring slot, a
+  /// global slot, or -1 when it is dropped within this call). out.moves:
+  /// promotions of tokens the ring held before the call (ring slot -> global
+  /// slot). out.promote (may be empty; needs n <= W): the promotion of the
+  /// token slots[t][h] replaces, or -1, for ring_write. out.copies: blocks a
+  /// fork shares that this write rewrites. All or nothing: a gate outside
+  /// [0, 1] or NaN, a buffer too small, the pool or a row out of room, or a
+  /// head at its cap under `refuse` is an error naming the value, and nothing changes.
+  Result<GateWriteInfo> write(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
+                              std::span<const float> gates, const GateWriteSpans& out) noexcept;
 
-inline Result<SeqId> WriteGate::fork(PageTable& table, BlockPool& pool, SeqId s) noexcept {
-  if (auto st = validate(s); !st) return st;
-  if (any_pending(s.index)) return Status{Errc::invalid_argument, "pending_writes (reconcile first)", 1, 0};
-  if (free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", max_seqs_ + std::int64_t{1}, max_seqs_};
-  const auto c = std::uint32_t(free_.back());
-  free_.pop_back();
-  for (std::int32_t l = 0; l < cfg_.num_layers; ++l)
-    for (std::int32_t h = 0; h < cfg_.num_kv_heads; ++h) {
-      const std::size_t from = head_index(s.index, l, h), to = head_index(c, l, h);
-      (void)share_into(table, pool, ids_[from], ids_[to]);  // a free sequence's rows are empty
-      heads_[to] = heads_[from];
-      std::copy_n(pos(from).begin(), row_cap_, pos(to).begin());
-      std::copy_n(bits_.begin() + std::ptrdiff_t(from) * words_, words_, bits_.begin() + std::ptrdiff_t(to) * words_);
-    }
-  std::copy_n(appended_.begin() + std::ptrdiff_t(s.index) * cfg_.num_layers, cfg_.num_layers,
-              appended_.begin() + std::ptrdiff_t(c) * cfg_.num_layers);
-  live_[c] = 1;
-  forked_[c] = forked_[s.index] = 1;  // both now share blocks
-  return SeqId{c, gen_[c]};
-}
+  /// Rollback of the n newest tokens of every layer (all layers must have
+  /// written the same tokens). Per head: they leave the ring; the newest
+  /// global tokens refill it from its oldest end (so a head's row stays
+  /// contiguous); if the global region runs out first, the ring is re-packed
+  /// into its first slots (kept tokens past the new length fill the holes
+  /// below it) and its order becomes slot order. Tokens the rolled-back writes
+  /// dropped do not come back. Moves (src -> dst, disjoint) go to out.moves,
+  /// for the compaction kernel, after out.copies (ring blocks a fork shares).
+  /// n past the newest run of consecutive positions a head holds is
+  /// truncate_too_many naming the limit, and nothing changes.
+  Result<GateWriteInfo> truncate(PageTable& table, BlockPool& pool, SeqId s, std::int32_t n,
+                                 const GateWriteSpans& out) noexcept;
 
-inline void WriteGate::mark(std::int32_t b) noexcept {
+ private:
+  // Marks logical block b of the head being planned or written (once).
+  void mark(std::int32_t b) noexcept;
+  // Marks the blocks (below `blocks`) whose ring slots n tokens written from state h
+  // rewrite, and the row's partial tail block when the row grows into it.
+  void mark_rewritten(const Head& h, std::int64_t n, bool tail_grows, std::int32_t blocks) noexcept;
+  // Shared blocks among those marked in touched_ (logical indices below `have`), clearing the marks.
+  std::int32_t count_shared(const BlockPool& pool, std::span<const BlockId> row) noexcept;
+  // Copies every shared block marked in touched_ (clearing the marks); planned, so it cannot fail.
+  void privatize_marked(PageTable& table, BlockPool& pool, SeqId head, std::span<BlockCopy> copies, std::int32_t& n);
+  // Replays n tokens of one head with their gates on `row` (grown already):
+  // positions, bits, promotions; records slots, moves and promote into *out when given.
+  void apply_head(std::size_t hi, std::int32_t h, std::int64_t n, std::span<const float> gates,
+                  std::span<const BlockId> row, std::int64_t first, GateWriteInfo& info, const GateWriteSpans* out) noexcept;
+  // Whether one more token grows the head's row: the ring is filling, or its
+  // oldest token leaves admitted for a global region under the cap.
+  bool grows_by_one(std::size_t hi) const noexcept {
+    const Head& h = heads_[hi];
+    return h.len < w_ || (bit(hi, h.start) && h.global < cap_);
+  }
+  // Grows a head's row by `grow` tokens (reserve copies a shared tail) and, after a fork, copies the
+  // ring blocks n tokens written from state `ring` rewrite. Planned by the caller: cannot fail.
+  void grow_row(PageTable& table, BlockPool& pool, std::uint32_t seq, std::size_t hi, std::int32_t grow, const Head& ring,
+                std::int64_t n, std::span<BlockCopy> copies, GateWriteInfo& info) noexcept;
+  // A head's state after rolling back n tokens; src_[r]: the row index ring slot r's content comes from.
+  Head rolled_back(const Head& h, std::int32_t n) noexcept;
+
+};
+
+inline void GateWrites::mark(std::int32_t b) noexcept {
   if (touched_[std::size_t(b)]) return;
   touched_[std::size_t(b)] = 1;
   marked_.push_back(b);  // reserved to the row length: never allocates
 }
 
-inline void WriteGate::mark_rewritten(const Head& h, std::int64_t n, bool tail_grows, std::int32_t blocks) noexcept {
+inline void GateWrites::mark_rewritten(const Head& h, std::int64_t n, bool tail_grows, std::int32_t blocks) noexcept {
   const std::int32_t first = h.len < w_ ? h.len : h.start;  // the next ring slot written (a partial ring starts at 0)
   const auto count = std::int32_t(std::min<std::int64_t>(n, w_));
   for (std::int32_t k = 0; k < count;) {
@@ -104,7 +103,7 @@ inline void WriteGate::mark_rewritten(const Head& h, std::int64_t n, bool tail_g
   if (const std::int32_t rt = row_tokens(h); tail_grows && rt % b_ != 0 && (rt - 1) / b_ < blocks) mark((rt - 1) / b_);
 }
 
-inline std::int32_t WriteGate::count_shared(const BlockPool& pool, std::span<const BlockId> row) noexcept {
+inline std::int32_t GateWrites::count_shared(const BlockPool& pool, std::span<const BlockId> row) noexcept {
   std::int32_t shared = 0;
   for (const std::int32_t b : marked_) {
     shared += std::size_t(b) < row.size() && pool.ref_count(row[std::size_t(b)]) > 1 ? 1 : 0;
@@ -114,7 +113,7 @@ inline std::int32_t WriteGate::count_shared(const BlockPool& pool, std::span<con
   return shared;
 }
 
-inline void WriteGate::privatize_marked(PageTable& table, BlockPool& pool, SeqId head, std::span<BlockCopy> copies,
+inline void GateWrites::privatize_marked(PageTable& table, BlockPool& pool, SeqId head, std::span<BlockCopy> copies,
                                         std::int32_t& n) {
   const auto blocks = std::int32_t(table.blocks_unchecked(head).size());
   for (const std::int32_t b : marked_) {
@@ -126,22 +125,7 @@ inline void WriteGate::privatize_marked(PageTable& table, BlockPool& pool, SeqId
   marked_.clear();
 }
 
-inline Status WriteGate::free(PageTable& table, BlockPool& pool, SeqId s) noexcept {
-  if (auto st = validate(s); !st) return st;
-  for (std::int32_t l = 0; l < cfg_.num_layers; ++l)
-    for (std::int32_t h = 0; h < cfg_.num_kv_heads; ++h) {
-      const std::size_t hi = head_index(s.index, l, h);
-      (void)table.truncate(pool, ids_[hi], table.tokens_unchecked(ids_[hi]));  // its blocks go back; the row stays the gate's
-      heads_[hi] = Head{};
-    }
-  live_[s.index] = 0;
-  for (std::int32_t l = 0; l < cfg_.num_layers; ++l) npending(s.index, l) = 0;  // allotted rows went back with the rest
-  ++gen_[s.index];
-  free_.push_back(std::int32_t(s.index));
-  return {};
-}
-
-inline void WriteGate::grow_row(PageTable& table, BlockPool& pool, std::uint32_t seq, std::size_t hi, std::int32_t grow,
+inline void GateWrites::grow_row(PageTable& table, BlockPool& pool, std::uint32_t seq, std::size_t hi, std::int32_t grow,
                                 const Head& ring, std::int64_t n, std::span<BlockCopy> copies, GateWriteInfo& info) noexcept {
   if (grow > 0) {
     if (const std::int32_t off = bm_.mod(table.tokens_unchecked(ids_[hi])); !forked_[seq] && off != 0 && grow <= b_ - off) {
@@ -158,7 +142,7 @@ inline void WriteGate::grow_row(PageTable& table, BlockPool& pool, std::uint32_t
   }
 }
 
-inline void WriteGate::apply_head(std::size_t hi, std::int32_t h, std::int64_t n, std::span<const float> gates,
+inline void GateWrites::apply_head(std::size_t hi, std::int32_t h, std::int64_t n, std::span<const float> gates,
                                   std::span<const BlockId> row, std::int64_t first, GateWriteInfo& info,
                                   const GateWriteSpans* out) noexcept {
   const std::int32_t H = cfg_.num_kv_heads;
@@ -203,7 +187,7 @@ inline void WriteGate::apply_head(std::size_t hi, std::int32_t h, std::int64_t n
   }
 }
 
-inline Result<GateWriteInfo> WriteGate::write(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
+inline Result<GateWriteInfo> GateWrites::write(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
                                               std::span<const float> gates, const GateWriteSpans& out) noexcept {
   if (auto st = validate(s); !st) return st;
   if (layer >= 0 && layer < cfg_.num_layers && npending(s.index, layer) > 0)
@@ -272,7 +256,7 @@ inline Result<GateWriteInfo> WriteGate::write(PageTable& table, BlockPool& pool,
   return info;
 }
 
-inline WriteGate::Head WriteGate::rolled_back(const Head& h, std::int32_t n) noexcept {
+inline GateHeads::Head GateWrites::rolled_back(const Head& h, std::int32_t n) noexcept {
   Head st = h;
   for (std::int32_t r = 0; r < w_; ++r) src_[std::size_t(r)] = r;
   const std::int32_t refill = st.len == w_ ? std::min(n, st.global) : 0;
@@ -296,7 +280,7 @@ inline WriteGate::Head WriteGate::rolled_back(const Head& h, std::int32_t n) noe
   return st;
 }
 
-inline Result<GateWriteInfo> WriteGate::truncate(PageTable& table, BlockPool& pool, SeqId s, std::int32_t n,
+inline Result<GateWriteInfo> GateWrites::truncate(PageTable& table, BlockPool& pool, SeqId s, std::int32_t n,
                                                  const GateWriteSpans& out) noexcept {
   if (auto st = validate(s); !st) return st;
   if (any_pending(s.index)) return Status{Errc::invalid_argument, "pending_writes (reconcile first)", 1, 0};
@@ -361,81 +345,6 @@ inline Result<GateWriteInfo> WriteGate::truncate(PageTable& table, BlockPool& po
   }
   for (std::int32_t l = 0; l < L; ++l) appended_[std::size_t(s.index) * std::size_t(L) + std::size_t(l)] -= n;
   return info;
-}
-
-inline Result<SeqId> WriteGate::head(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept {
-  if (auto st = validate(s); !st) return st;
-  if (layer < 0 || layer >= cfg_.num_layers) return Status{Errc::invalid_argument, "layer", layer, cfg_.num_layers};
-  if (kv_head < 0 || kv_head >= cfg_.num_kv_heads) return Status{Errc::invalid_argument, "kv_head", kv_head, cfg_.num_kv_heads};
-  return ids_[head_index(s.index, layer, kv_head)];
-}
-
-inline Result<StridedSpan<const std::int32_t>> WriteGate::positions(SeqId s, std::int32_t layer,
-                                                                  std::int32_t kv_head) const noexcept {
-  auto id = head(s, layer, kv_head);
-  if (!id) return id.status();
-  const std::size_t hi = head_index(s.index, layer, kv_head);
-  return pos(hi).first(std::size_t(row_tokens(heads_[hi])));
-}
-
-inline Result<WriteGate::HeadState> WriteGate::head_state(SeqId s, std::int32_t layer, std::int32_t kv_head) const noexcept {
-  auto id = head(s, layer, kv_head);
-  if (!id) return id.status();
-  const Head& h = heads_[head_index(s.index, layer, kv_head)];
-  return HeadState{h.len, h.global, h.start};
-}
-
-inline Result<std::int64_t> WriteGate::appended(SeqId s, std::int32_t layer) const noexcept {
-  if (auto st = validate(s); !st) return st;
-  if (layer < 0 || layer >= cfg_.num_layers) return Status{Errc::invalid_argument, "layer", layer, cfg_.num_layers};
-  return appended_[std::size_t(s.index) * std::size_t(cfg_.num_layers) + std::size_t(layer)];
-}
-
-inline Result<std::int64_t> WriteGate::tokens_held(const PageTable& table, SeqId s) const noexcept {
-  if (auto st = validate(s); !st) return st;
-  std::int64_t total = 0;
-  for (std::int32_t l = 0; l < cfg_.num_layers; ++l)
-    for (std::int32_t h = 0; h < cfg_.num_kv_heads; ++h) total += table.tokens_unchecked(ids_[head_index(s.index, l, h)]);
-  return total;
-}
-
-inline std::int64_t WriteGate::max_blocks_held(std::int64_t tokens) const noexcept {
-  if (tokens <= 0) return 0;
-  const std::int64_t ring = std::min<std::int64_t>(tokens, w_), global = std::min<std::int64_t>(cap_, tokens - ring);
-  return std::int64_t{cfg_.num_layers} * cfg_.num_kv_heads * blocks_for_tokens(ring + global, b_);
-}
-
-inline Status WriteGate::check(const PageTable& table) const {
-  const std::size_t per_seq = std::size_t(cfg_.num_layers) * std::size_t(cfg_.num_kv_heads);
-  std::vector<std::int32_t> seen;
-  for (std::size_t hi = 0; hi < heads_.size(); ++hi)  // a free sequence's rows stay the gate's, empty
-    if (!table.live(ids_[hi]) || (!live_[(hi / std::size_t(cfg_.num_kv_heads)) % std::size_t(max_seqs_)] &&
-                                  table.tokens_unchecked(ids_[hi]) != 0))
-      return Status{Errc::invariant_violated, "head_stream", std::int64_t(hi), 0};
-  for (std::size_t q = 0; q < std::size_t(max_seqs_); ++q) {
-    if (!live_[q]) continue;
-    for (std::size_t k = 0; k < per_seq; ++k) {
-      const std::size_t hi = head_index(std::uint32_t(q), std::int32_t(k / std::size_t(cfg_.num_kv_heads)),
-                                        std::int32_t(k % std::size_t(cfg_.num_kv_heads)));
-      const Head& h = heads_[hi];
-      const std::int64_t appended = appended_[q * std::size_t(cfg_.num_layers) + k / std::size_t(cfg_.num_kv_heads)];
-      if (h.len < 0 || h.len > w_ || h.start < 0 || h.start >= w_ || h.global < 0 || h.global > cap_)
-        return Status{Errc::invariant_violated, "head_state", std::int64_t(hi), w_};
-      if (h.len < w_ && (h.global != 0 || h.start != 0))  // a partial ring is the row's first slots
-        return Status{Errc::invariant_violated, "partial_ring", std::int64_t(hi), h.global};
-      const std::int32_t layer = std::int32_t(k / std::size_t(cfg_.num_kv_heads));
-      if (table.tokens_unchecked(ids_[hi]) != allotted_row_tokens(hi, std::uint32_t(q), layer))
-        return Status{Errc::invariant_violated, "row_tokens", table.tokens_unchecked(ids_[hi]),
-                      allotted_row_tokens(hi, std::uint32_t(q), layer)};
-      seen.assign(pos(hi).begin(), pos(hi).begin() + row_tokens(h));
-      std::sort(seen.begin(), seen.end());
-      if (!seen.empty() && (seen.front() < 0 || seen.back() >= appended))
-        return Status{Errc::invariant_violated, "positions", std::int64_t(hi), appended};
-      if (std::adjacent_find(seen.begin(), seen.end()) != seen.end())
-        return Status{Errc::invariant_violated, "positions_distinct", std::int64_t(hi), 0};
-    }
-  }
-  return {};
 }
 
 KVCACHE_END_NAMESPACE

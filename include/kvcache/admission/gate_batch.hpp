@@ -1,16 +1,42 @@
-// WriteGate::write_batch (declared in write_gate.hpp, which includes this
-// file at its end): a decode step of one layer for a batch of sequences, one
-// new token each, in one call. It is write() with n = 1 per sequence, planned
-// and applied for the whole batch at once: the checks run once per call, not
-// once per sequence, and the heads are visited in the order they lie in
-// memory (layer-major), which is what makes the decode step's bookkeeping cheap.
+// Write-Gated KV's decode step for a batch: one new token for each of a
+// batch's sequences in one layer, with one check of the arguments and one
+// pass over the layer's heads in memory order (gate_writes.hpp writes one
+// sequence).
 #pragma once
 
-#include "kvcache/admission/write_gate.hpp"
+#include <algorithm>
+#include <cstdint>
+#include <span>
+
+#include "kvcache/admission/gate_writes.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/head_rows.hpp"
+#include "kvcache/sequence_id.hpp"
+#include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
-inline Result<GateWriteInfo> WriteGate::write_batch(PageTable& table, BlockPool& pool, std::span<const SeqId> seqs,
+/// Write-Gated KV's batched decode write (a base of WriteGate).
+class GateBatch : public GateWrites {
+  friend class GateDeferred;
+  friend class WriteGate;
+
+ public:
+  using GateWrites::GateWrites;
+
+  /// A decode step of layer `layer` for a batch: one new token for each of
+  /// `seqs` (each at most once). gates, out.slots and out.promote are
+  /// [seqs][kv_heads]; out.moves and out.copies take the whole batch's
+  /// commands. The same result as write() per sequence in batch order, with
+  /// one check of the arguments and one pass over the layer's heads in
+  /// memory order. All or nothing, with write()'s errors; a sequence twice is
+  /// invalid_argument naming its index in `seqs`.
+  Result<GateWriteInfo> write_batch(PageTable& table, BlockPool& pool, std::span<const SeqId> seqs, std::int32_t layer,
+                                    std::span<const float> gates, const GateWriteSpans& out) noexcept;
+
+};
+
+inline Result<GateWriteInfo> GateBatch::write_batch(PageTable& table, BlockPool& pool, std::span<const SeqId> seqs,
                                                     std::int32_t layer, std::span<const float> gates,
                                                     const GateWriteSpans& out) noexcept {
   const std::int32_t H = cfg_.num_kv_heads;

@@ -1,51 +1,89 @@
-// WriteGate's deferred writes (declared in write_gate.hpp, which includes
-// this file at its end): the contract that lets a GPU engine write without
-// waiting for its gates. Where a token's ring slot is and which token it
-// replaces do not depend on gates, so the host knows them; whether the
-// replaced token is promoted, and to which global slot, does. The host
-// allots each head's worst case (every leaving token admitted, up to the cap)
-// before the step; the device decides (ring_admit) against its own copy of
-// each head's global length and ring bits, writing only into allotted
-// blocks; one step or more later the host replays the same decisions from
-// the gates it reads back (reconcile) and returns what the allotment did not use.
+// Write-Gated KV's deferred writes: the contract that lets a GPU engine
+// write without waiting for its gates. Where a token's ring slot is and
+// which token it replaces do not depend on gates, so the host knows them;
+// whether the replaced token is promoted, and to which global slot, does.
+// The host allots each head's worst case (every leaving token admitted, up
+// to the cap) before the step; the device decides (ring_admit) against its
+// own copy of each head's global length and ring bits, writing only into
+// allotted blocks; one step or more later the host replays the same
+// decisions from the gates it reads back (reconcile) and returns what the
+// allotment did not use.
 #pragma once
 
-#include "kvcache/admission/write_gate.hpp"
+#include <algorithm>
+#include <cstdint>
+#include <span>
+
+#include "kvcache/admission/gate_batch.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/head_rows.hpp"
+#include "kvcache/kernels/ring_admit.hpp"
+#include "kvcache/sequence_id.hpp"
+#include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
-inline WriteGate::Head WriteGate::advanced(Head h, std::int64_t n, std::int64_t& leaving) const noexcept {
-  const std::int64_t fill = std::min<std::int64_t>(n, w_ - h.len);
-  h.len += std::int32_t(fill);
-  n -= fill;
-  leaving += n;  // the ring is full: every further token replaces one
-  h.start = std::int32_t((h.start + n) % w_);
-  return h;
-}
+/// Write-Gated KV's no-host-sync writes (a base of WriteGate).
+class GateDeferred : public GateBatch {
+  friend class WriteGate;
 
-inline WriteGate::Head WriteGate::after_pending(std::size_t hi, std::uint32_t seq, std::int32_t layer,
-                                                std::int64_t& leaving) const noexcept {
-  Head h = heads_[hi];
-  for (std::int32_t k = 0; k < npending(seq, layer); ++k) h = advanced(h, queue(seq, layer)[k], leaving);
-  return h;
-}
+ public:
+  using GateBatch::GateBatch;
 
-inline std::int32_t WriteGate::allotted_row_tokens(std::size_t hi, std::uint32_t seq, std::int32_t layer,
-                                                   std::int64_t more) const noexcept {
-  std::int64_t leaving = 0;
-  Head h = after_pending(hi, seq, layer, leaving);
-  if (more > 0) h = advanced(h, more, leaving);
-  h.global = std::int32_t(std::min<std::int64_t>(cap_, h.global + leaving));
-  return row_tokens(h);
-}
+  // --- deferred writes: the gates stay on the device ----------------------------
+  using DeferredSpans = GateDeferredSpans;  ///< Where allot() puts what the device's launch needs.
+  /// The no-host-sync write, part 1 (no gates needed): allots layer `layer`
+  /// of s room for n new tokens, as if every token leaving a ring were
+  /// admitted (rows grow to ring + min(cap, global + leaving)), and gives the
+  /// rings' state before the write. The engine then exports the head rows
+  /// and launches ring_admit with the gates, the rows, and its device state
+  /// (each head's global length and ring bits), which decides and moves on
+  /// the device. Needs GlobalCapAction::drop (the device cannot fail a
+  /// write). Up to max_pending writes of a (sequence, layer) may wait for
+  /// reconcile(). All or nothing.
+  Result<GateWriteInfo> allot(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer, std::int32_t n,
+                              const DeferredSpans& out) noexcept;
+  /// Part 2, any time later (gates read back from the device): replays the
+  /// oldest allotted write of (s, layer) with its gates, exactly as the
+  /// device ran it, and gives back the blocks its allotment did not use (rows
+  /// keep what later allotted writes may need). Returns what it did.
+  Result<GateWriteInfo> reconcile(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
+                                  std::span<const float> gates) noexcept;
+  /// Allotted writes of (s, layer) not reconciled yet.
+  Result<std::int32_t> pending(SeqId s, std::int32_t layer) const noexcept;
+  /// The device state ring_admit advances, as the host holds it for (s,
+  /// layer): each head's global length ([kv_heads]) and its ring's admission
+  /// bits ([kv_heads][W], 0 or 1, by ring slot). Seed the device's copy with
+  /// it when a sequence's writes move from write() to allot() (a prefill on
+  /// the host, then decode without host syncs), after a fork, and after an
+  /// eviction of the global regions (their lengths shrink). With
+  /// deferred writes pending the device is ahead of the host: reconcile first
+  /// (invalid_argument naming them). A buffer too small is buffer_too_small.
+  Status device_state(SeqId s, std::int32_t layer, std::span<std::int32_t> global_len,
+                      std::span<std::uint8_t> bits) const noexcept;
+  /// The ring_admit launch's policy parameters, exactly as reconcile()
+  /// replays them: num_heads, window (W), global_limit (the effective cap,
+  /// global_cap()) and tau. The engine fills in the rest (pool, K/V, gates,
+  /// the allotted rings' state, its device state, the rows), so the device
+  /// and the host's bookkeeping cannot disagree through a parameter.
+  RingAdmitParams ring_admit_params() const noexcept {
+    RingAdmitParams p{};
+    p.num_heads = cfg_.num_kv_heads;
+    p.window = w_;
+    p.global_limit = cap_;
+    p.tau = cfg_.tau;
+    return p;
+  }
 
-inline Result<std::int32_t> WriteGate::pending(SeqId s, std::int32_t layer) const noexcept {
+};
+
+inline Result<std::int32_t> GateDeferred::pending(SeqId s, std::int32_t layer) const noexcept {
   if (auto st = validate(s); !st) return st;
   if (layer < 0 || layer >= cfg_.num_layers) return Status{Errc::invalid_argument, "layer", layer, cfg_.num_layers};
   return std::int32_t{npending(s.index, layer)};
 }
 
-inline Status WriteGate::device_state(SeqId s, std::int32_t layer, std::span<std::int32_t> global_len,
+inline Status GateDeferred::device_state(SeqId s, std::int32_t layer, std::span<std::int32_t> global_len,
                                       std::span<std::uint8_t> bits) const noexcept {
   if (auto st = validate(s); !st) return st;
   if (layer < 0 || layer >= cfg_.num_layers) return Status{Errc::invalid_argument, "layer", layer, cfg_.num_layers};
@@ -63,7 +101,7 @@ inline Status WriteGate::device_state(SeqId s, std::int32_t layer, std::span<std
   return {};
 }
 
-inline Result<GateWriteInfo> WriteGate::allot(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
+inline Result<GateWriteInfo> GateDeferred::allot(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
                                               std::int32_t n, const DeferredSpans& out) noexcept {
   if (auto st = validate(s); !st) return st;
   const std::int32_t H = cfg_.num_kv_heads;
@@ -111,7 +149,7 @@ inline Result<GateWriteInfo> WriteGate::allot(PageTable& table, BlockPool& pool,
   return info;
 }
 
-inline Result<GateWriteInfo> WriteGate::reconcile(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
+inline Result<GateWriteInfo> GateDeferred::reconcile(PageTable& table, BlockPool& pool, SeqId s, std::int32_t layer,
                                                   std::span<const float> gates) noexcept {
   if (auto st = validate(s); !st) return st;
   const std::int32_t H = cfg_.num_kv_heads;
