@@ -19,6 +19,7 @@
 #include <string>
 
 #include "errors.hpp"
+#include "kernel_def.hpp"
 #include "launch.hpp"
 #include "tensors.hpp"
 
@@ -45,8 +46,8 @@ void register_kernels(nb::module_& m) {
       .def_prop_ro("memory", [](const Pool& p) { return p.memory; })
       .def_prop_ro("is_cuda", [](const Pool& p) { return p.device.cuda(); });
 
-  m.def(
-      "scatter",
+  def_kernel(
+      m, "scatter",
       [](Pool& pool, Tensor k, Tensor v, Tensor slots, std::int32_t first_layer, float k_scale, float v_scale,
          nb::handle stream) {
         const Rows rk = rows_of(k, "k", pool), rv = rows_of(v, "v", pool);
@@ -59,8 +60,8 @@ void register_kernels(nb::module_& m) {
       "pool"_a, "k"_a, "v"_a, "slots"_a, "first_layer"_a = 0, "k_scale"_a = 1.0f, "v_scale"_a = 1.0f,
       "stream"_a = nb::none());
 
-  m.def(
-      "gather",
+  def_kernel(
+      m, "gather",
       [](Pool& pool, std::int32_t layer, Tensor indptr, Tensor indices, Tensor out_indptr, Tensor k_out, Tensor v_out,
          float k_scale, float v_scale, nb::handle stream) {
         const Device d = pool.device;
@@ -81,8 +82,8 @@ void register_kernels(nb::module_& m) {
       "pool"_a, "layer"_a, "indptr"_a, "indices"_a, "out_indptr"_a, "k_out"_a, "v_out"_a, "k_scale"_a = 1.0f,
       "v_scale"_a = 1.0f, "stream"_a = nb::none());
 
-  m.def(
-      "block_copy",
+  def_kernel(
+      m, "block_copy",
       [](Pool& src, Pool& dst, Tensor pairs, nb::handle stream) {
         if (src.device != dst.device) bad("dst", "on the device of src");
         const auto n = std::int64_t(pairs.size()) / 2;
@@ -93,8 +94,8 @@ void register_kernels(nb::module_& m) {
       },
       "src"_a, "dst"_a, "pairs"_a, "stream"_a = nb::none());
 
-  m.def(
-      "compaction",
+  def_kernel(
+      m, "compaction",
       [](Pool& pool, Tensor moves, std::int32_t first_layer, std::int32_t num_layers, std::int32_t first_head,
          std::int32_t num_heads, nb::handle stream) {
         const auto n = std::int64_t(moves.size()) / 2;
@@ -107,8 +108,8 @@ void register_kernels(nb::module_& m) {
       "pool"_a, "moves"_a, "first_layer"_a = 0, "num_layers"_a = -1, "first_head"_a = 0, "num_heads"_a = 0,
       "stream"_a = nb::none());
 
-  m.def(
-      "rope",
+  def_kernel(
+      m, "rope",
       [](Pool& pool, Tensor blocks, Tensor deltas, Tensor cos, Tensor sin, std::int32_t max_delta, std::int32_t first_layer,
          std::int32_t num_layers, std::int32_t rotary_dim, const std::string& style, nb::handle stream) {
         const Device d = pool.device;
@@ -125,8 +126,8 @@ void register_kernels(nb::module_& m) {
       "pool"_a, "blocks"_a, "deltas"_a, "cos"_a, "sin"_a, "max_delta"_a, "first_layer"_a = 0, "num_layers"_a = -1,
       "rotary_dim"_a = 0, "style"_a = "neox", "stream"_a = nb::none());
 
-  m.def(
-      "make_rope_table",  // computed on the host: copy the tables to the device once
+  def_kernel(
+      m, "make_rope_table",  // computed on the host: copy the tables to the device once
       [](double theta, std::int32_t rotary_dim, std::int32_t max_delta, Tensor cos, Tensor sin) {
         const std::int64_t n = (std::int64_t{max_delta} + 1) * (rotary_dim / 2);
         auto* c = vec<float>(cos, "cos", n, Device{});
@@ -135,8 +136,8 @@ void register_kernels(nb::module_& m) {
       },
       "theta"_a, "rotary_dim"_a, "max_delta"_a, "cos"_a, "sin"_a);
 
-  m.def(
-      "scores",
+  def_kernel(
+      m, "scores",
       [](Tensor attn, Tensor lengths, Tensor out, const std::string& reduce, nb::handle stream) {
         const Device d = device_of(attn, "attn");
         if (attn.ndim() != 4) bad("attn", "[streams, heads, queries, max_keys] float32");

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "errors.hpp"
+#include "kernel_def.hpp"
 #include "launch.hpp"
 #include "tensors.hpp"
 
@@ -40,8 +41,8 @@ float* bounds_of(const Pool& pool, const Tensor& bounds) {
 }
 
 void bind_quest(nb::module_& m) {
-  m.def(
-      "page_bounds",
+  def_kernel(
+      m, "page_bounds",
       [](Pool& pool, std::int32_t layer, Tensor pages, Tensor fill, Tensor bounds, nb::handle stream) {
         const auto n = std::int64_t(pages.size());
         const kv::PageBoundsParams p{pool.view,
@@ -54,8 +55,8 @@ void bind_quest(nb::module_& m) {
                kv::check_page_bounds_shape);
       },
       "pool"_a, "layer"_a, "pages"_a, "fill"_a, "bounds"_a, "stream"_a = nb::none());
-  m.def(
-      "page_bounds_update",
+  def_kernel(
+      m, "page_bounds_update",
       [](Pool& pool, std::int32_t layer, Tensor slots, Tensor bounds, bool first_slot_starts_page, nb::handle stream) {
         const auto n = std::int64_t(slots.size());
         kv::PageBoundsUpdateParams p{pool.view, layer, vec<const std::int32_t>(slots, "slots", n, pool.device), n,
@@ -65,8 +66,8 @@ void bind_quest(nb::module_& m) {
                kv::check_page_bounds_update_shape);
       },
       "pool"_a, "layer"_a, "slots"_a, "bounds"_a, "first_slot_starts_page"_a = true, "stream"_a = nb::none());
-  m.def(
-      "page_select",
+  def_kernel(
+      m, "page_select",
       [](Tensor bounds, Tensor queries, Tensor indptr, Tensor indices, std::int32_t budget, std::int32_t first_pages,
          std::int32_t last_pages, nb::handle out_indptr, nb::handle out_indices, nb::handle scratch) {
         if (device_of(bounds, "bounds").cuda())
@@ -139,8 +140,8 @@ void bind_write_gate(nb::module_& m) {
           },
           "norm_pre"_a, "norm_post"_a, "w1"_a, "b1"_a, "w2"_a, "b2"_a, "norm_eps"_a = 1e-6f, "min_gate"_a = 1e-3f,
           "activation"_a = "gelu");
-  m.def(
-      "write_gate",
+  def_kernel(
+      m, "write_gate",
       [](GateWeights& w, Tensor k_pre, Tensor k_post, Tensor gates, nb::handle stream) {
         const Device d = w.device;
         on(k_pre, "k_pre", d), on(k_post, "k_post", d);
@@ -158,8 +159,8 @@ void bind_write_gate(nb::module_& m) {
         launch("write_gate", d, stream, p, kv::write_gate_host, KVPY_CUDA(write_gate), kv::check_write_gate_shape);
       },
       "weights"_a, "k_pre"_a, "k_post"_a, "gates"_a, "stream"_a = nb::none());
-  m.def(
-      "ring_write",
+  def_kernel(
+      m, "ring_write",
       [](Pool& pool, Tensor k, Tensor v, Tensor ring_slots, nb::handle promote_slots, std::int32_t first_layer, float k_scale,
          float v_scale, nb::handle stream) {
         const Device d = pool.device;
@@ -180,8 +181,8 @@ void bind_write_gate(nb::module_& m) {
       },
       "pool"_a, "k"_a, "v"_a, "ring_slots"_a, "promote_slots"_a = nb::none(), "first_layer"_a = 0, "k_scale"_a = 1.0f,
       "v_scale"_a = 1.0f, "stream"_a = nb::none());
-  m.def(
-      "ring_admit",
+  def_kernel(
+      m, "ring_admit",
       [](Pool& pool, Tensor k, Tensor v, Tensor gates, const kv::RingAdmitParams& policy, Tensor ring_start,
          Tensor ring_len, Tensor global_len, Tensor bits, Tensor rows, nb::handle stream) {
         // K/V of one layer, [tokens, kv_heads, head_dim] with the heads side by side: entry t * heads + h.

@@ -74,6 +74,23 @@ def test_bad_calls_are_typed_errors_that_write_nothing():
         kv.PoolView(g, np.zeros(10, dtype=np.uint8), N)
 
 
+def test_a_tensor_where_no_kernel_runs_is_named_and_conversions_still_apply():
+    torch = pytest.importorskip("torch")
+    g, mem, pv = pool()
+    k = np.ones((2, H, D), dtype=np.float32)
+    slots = np.array([4, 5], dtype=np.int32)
+    meta = torch.empty((2, H, D), device="meta")
+    with pytest.raises(kv.InvalidArgument, match="k must be a CPU or CUDA tensor, not one on 'meta'"):
+        kv.scatter(pv, meta, k, slots)
+    with pytest.raises(kv.InvalidArgument, match="v must be a CPU or CUDA tensor, not one on 'meta'"):
+        kv.scatter(pv, k, v=meta, slots=slots)
+    with pytest.raises(TypeError):  # not a tensor at all: nanobind's own message
+        kv.scatter(pv, "k", k, slots)
+    kv.scatter(pv, k, -k, slots, k_scale=1)  # an int where a float is taken: converted as before
+    got, _ = gather_all(pv, 0, [1], 2)
+    np.testing.assert_array_equal(got, k)
+
+
 def test_compaction_moves_the_rows_of_a_head_range():
     g, mem, pv = pool()
     k = np.arange(8 * H * D, dtype=np.float32).reshape(8, H, D)
