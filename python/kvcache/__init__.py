@@ -40,7 +40,6 @@ from ._kvcache import (
     KeepAll,
     KvPlanes,
     Layout,
-    PoolView,
     Quest,
     SinkWindow,
     SlidingWindow,
@@ -66,6 +65,24 @@ from ._kvcache import (
 )
 
 _kvcache._set_error_classes(_BY_CODE)
+
+
+class PoolView(_kvcache.PoolView):
+    """A pool over the engine's memory: ``PoolView(geometry, memory, num_blocks)``,
+    ``memory`` any C-contiguous CPU or CUDA tensor of at least
+    ``geometry.pool_bytes(num_blocks)`` bytes (kept alive by the view)."""
+
+    __slots__ = ()
+
+    def __init__(self, geometry, memory, num_blocks):
+        try:
+            super().__init__(geometry, memory, num_blocks)
+        except TypeError:  # a tensor where no kernel runs (torch's meta): named, not a signature dump
+            device = getattr(getattr(memory, "device", None), "type", None)
+            if isinstance(device, str) and device not in ("cpu", "cuda"):
+                raise InvalidArgument(
+                    f"invalid_argument: memory must be a CPU or CUDA tensor, not one on '{device}'") from None
+            raise
 __version__ = _kvcache.__version__
 
 _EVICTIONS = {KeepAll: "KeepAll", SlidingWindow: "SlidingWindow", SinkWindow: "SinkWindow",

@@ -86,6 +86,8 @@ def test_a_tensor_where_no_kernel_runs_is_named_and_conversions_still_apply():
         kv.scatter(pv, k, v=meta, slots=slots)
     with pytest.raises(TypeError):  # not a tensor at all: nanobind's own message
         kv.scatter(pv, "k", k, slots)
+    with pytest.raises(kv.InvalidArgument, match="memory must be a CPU or CUDA tensor, not one on 'meta'"):
+        kv.PoolView(g, torch.empty(g.pool_bytes(N), dtype=torch.uint8, device="meta"), N)
     kv.scatter(pv, k, -k, slots, k_scale=1)  # an int where a float is taken: converted as before
     got, _ = gather_all(pv, 0, [1], 2)
     np.testing.assert_array_equal(got, k)
