@@ -27,6 +27,26 @@ struct Device {
   std::vector<std::uint8_t> bits;  // [layer][head][W]
   Device(std::int32_t L, std::int32_t H, std::int32_t W) : gl(static_cast<std::size_t>(L * H), 0), bits(static_cast<std::size_t>(L * H * W), 0) {}
 };
+
+// The device's ring_admit launch of n tokens: the policy's parameters (window,
+// heads, its effective cap, tau), then the engine's inputs and device state.
+RingAdmitParams launch(const WriteGate& gate, const PoolView& pool, const KvSource& src, const std::vector<float>& gates,
+                       std::int32_t n, const std::vector<std::int32_t>& start, const std::vector<std::int32_t>& len,
+                       std::int32_t* global_len, std::uint8_t* bits, const std::vector<std::int32_t>& rows,
+                       std::int32_t row_stride) {
+  RingAdmitParams p = gate.ring_admit_params();
+  p.cache = pool;
+  p.src = src;
+  p.gates = gates.data();
+  p.num_tokens = n;
+  p.ring_start = start.data();
+  p.ring_len = len.data();
+  p.global_len = global_len;
+  p.bits = bits;
+  p.rows = rows.data();
+  p.row_stride = row_stride;
+  return p;
+}
 }  // namespace
 
 TEST_CASE("deferred writes: the device decides, the host reconciles later, and both match the reference") {
@@ -64,17 +84,8 @@ TEST_CASE("deferred writes: the device decides, the host reconciles later, and b
         std::vector<float> gates(static_cast<std::size_t>(n * H));
         for (auto& g : gates) g = float(rng() % 1000) / 1000.0f;
         const KvSource src = mem.source(0, l, appended, n);
-        RingAdmitParams p = gate.ring_admit_params();  // W, the effective cap and tau: the policy's
-        p.cache = mem.view;
-        p.src = src;
-        p.gates = gates.data();
-        p.num_tokens = n;
-        p.ring_start = start.data();
-        p.ring_len = len.data();
-        p.global_len = dev.gl.data() + l * H;
-        p.bits = dev.bits.data() + l * H * w;
-        p.rows = rows.data();
-        p.row_stride = row_blocks;
+        const RingAdmitParams p =
+            launch(gate, mem.view, src, gates, n, start, len, dev.gl.data() + l * H, dev.bits.data() + l * H * w, rows, row_blocks);
         REQUIRE(ring_admit_host(p).ok());
         std::int32_t at_cap = 0;
         for (std::int32_t t = 0; t < n; ++t)
@@ -206,17 +217,8 @@ TEST_CASE("ring_admit's policy parameters come from the policy, so the device ca
     REQUIRE(gate.allot(table, pool, s, 0, 1, {.ring_start = start, .ring_len = len}).ok());
     REQUIRE(export_heads_block_table(table, gate, one, 0, rows, row_blocks).ok());
     const std::vector<float> gates{0.9f, step % 2 ? 0.8f : 0.6f};  // head 0 admits all; head 1 every other token (>= 0.7)
-    RingAdmitParams p = gate.ring_admit_params();
-    p.cache = mem.view;
-    p.src = mem.source(0, 0, appended, 1);
-    p.gates = gates.data();
-    p.num_tokens = 1;
-    p.ring_start = start.data();
-    p.ring_len = len.data();
-    p.global_len = dev.gl.data();
-    p.bits = dev.bits.data();
-    p.rows = rows.data();
-    p.row_stride = row_blocks;
+    const RingAdmitParams p =
+        launch(gate, mem.view, mem.source(0, 0, appended, 1), gates, 1, start, len, dev.gl.data(), dev.bits.data(), rows, row_blocks);
     REQUIRE(ring_admit_host(p).ok());
     RingAdmitParams q = p;  // the slip the issue found: a literal 0 where the policy's cap belongs
     q.global_limit = 0;
@@ -276,17 +278,8 @@ TEST_CASE("device_state seeds the device after host writes, and the deferred wri
     CHECK(gate.device_state(s, 0, dev.gl, dev.bits).code() == Errc::invalid_argument);  // pending: the device is ahead
     REQUIRE(export_heads_block_table(table, gate, one, 0, rows, row_blocks).ok());
     const std::vector<float> gates{0.9f, step % 2 ? 0.9f : 0.1f};
-    RingAdmitParams p = gate.ring_admit_params();
-    p.cache = mem.view;
-    p.src = mem.source(0, 0, appended, 1);
-    p.gates = gates.data();
-    p.num_tokens = 1;
-    p.ring_start = start.data();
-    p.ring_len = len.data();
-    p.global_len = dev.gl.data();
-    p.bits = dev.bits.data();
-    p.rows = rows.data();
-    p.row_stride = row_blocks;
+    const RingAdmitParams p =
+        launch(gate, mem.view, mem.source(0, 0, appended, 1), gates, 1, start, len, dev.gl.data(), dev.bits.data(), rows, row_blocks);
     REQUIRE(ring_admit_host(p).ok());
     REQUIRE(gate.reconcile(table, pool, s, 0, gates).ok());
     for (std::int32_t h = 0; h < H; ++h) REQUIRE(dev.gl[std::size_t(h)] == gate.head_state(s, 0, h)->global);

@@ -13,10 +13,11 @@
 #include <span>
 #include <vector>
 
-#include "kvcache/head_rows.hpp"
+#include "kvcache/admission/write_gate_config.hpp"
 #include "kvcache/block_math.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
+#include "kvcache/head_rows.hpp"
 #include "kvcache/page_table.hpp"
 #include "kvcache/page_table_edits.hpp"
 #include "kvcache/policy.hpp"
@@ -26,22 +27,6 @@
 #include "kvcache/strided_span.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
-
-/// What a write does when a head's global region is at its cap.
-enum class GlobalCapAction : std::uint8_t {
-  refuse,  ///< the call fails with capacity_exceeded naming the cap; nothing changes
-  drop,    ///< the promotion is skipped: the token leaves like an unadmitted one (counted)
-};
-
-/// Write-Gated KV's configuration.
-struct WriteGateConfig {
-  std::int32_t num_layers = 1;       ///< Layers per sequence.
-  std::int32_t num_kv_heads = 1;     ///< Kv-heads per layer.
-  std::int32_t local_window = 256;   ///< W_local: ring tokens per head, a multiple of the block size.
-  float tau = 0.1f;                  ///< A token is admitted when its gate is >= tau.
-  std::int32_t global_cap = 0;       ///< Admitted tokens a head keeps at most; 0: as many as its row holds.
-  GlobalCapAction at_cap = GlobalCapAction::refuse;  ///< What a promotion past the cap does.
-};
 
 class GateWrites;
 class GateBatch;

@@ -28,21 +28,11 @@ class HeadSelection : public RowSelection<S> {
 /// A page-bounds selection policy over head rows: bound to the cache's shape, told of every edit.
 template <SelectionPolicy S>
   requires(S::kind == SelectionKind::page_bounds)
-class HeadSelection<S> {
-  static_assert(PageBoundsSelection<S>, "kvcache::Cache: a page_bounds selection policy must model PageBoundsSelection "
-                                        "(selection/page_bounds_selection.hpp)");
+class HeadSelection<S> : public BoundPageSelection<S> {
+  using BoundPageSelection<S>::s_;
 
  public:
-  using Arg = typename S::Config;  ///< What the cache's constructor takes for it.
-  HeadSelection() = default;
-  /// The policy, from its configuration.
-  explicit HeadSelection(const Arg& cfg) : s_(cfg) {}
-  /// Binds the policy to the cache's shape; throws ConfigError when it does not fit.
-  void bind(const SelectionShape& shape) {
-    if (auto st = s_.bind(shape); !st) throw ConfigError("kvcache::Cache", st);
-    layers_ = shape.geometry.spec().num_layers;
-  }
-  const S& policy() const noexcept { return s_; }  ///< The policy.
+  using BoundPageSelection<S>::BoundPageSelection;
 
   // --- hooks (cache/hooks.hpp) ---
   /// A fork's head rows share their parent's pages, stale ones included.
@@ -69,11 +59,6 @@ class HeadSelection<S> {
   template <class Heads>
   void region_compacted(const Heads&, SeqId row, std::int32_t first_page) noexcept { s_.stale().mark(row.index, first_page); }
 
-  /// The pool's one layer slice of the page-bounds store (slice 0 serves every model layer).
-  Result<std::span<float>> page_bounds(std::int32_t layer) const noexcept {
-    if (layer < 0 || layer >= layers_) return Status{Errc::invalid_argument, "layer", layer, layers_};
-    return s_.bounds(layer);
-  }
   /// Lists and clears the stale pages of every head row of seqs.
   template <class Table, class Pool, class A>
   Result<std::int32_t> stale_pages(const Table& t, const Pool& pool, const A& a, std::span<const SeqId> seqs,
@@ -94,12 +79,6 @@ class HeadSelection<S> {
                                          const SelectPlanSpans& plan) const noexcept {
     return s_.plan_heads(t, a, seqs, layer, plan);
   }
-
-  friend bool operator==(const HeadSelection& a, const HeadSelection& b) { return a.s_ == b.s_; }
-
- private:
-  S s_{};
-  std::int32_t layers_ = 0;
 };
 
 KVCACHE_END_NAMESPACE

@@ -121,4 +121,36 @@ Result<std::int32_t> take_stale_pages(StalePages& stale, const Table& t, const P
   return take_stale_rows(stale, t, pool, [&](auto f) { for (const SeqId s : seqs) f(s); }, out);
 }
 
+/// A page-bounds policy bound to a cache: the policy, built from its Config
+/// and bound to the cache's shape, and its bounds store by pool layer. The
+/// participants over rows (row_selection.hpp) and over head rows
+/// (head_selection.hpp) derive from it and add the hooks of their edits.
+template <class S>
+class BoundPageSelection {
+  static_assert(PageBoundsSelection<S>, "kvcache::Cache: a page_bounds selection policy must model PageBoundsSelection "
+                                        "(selection/page_bounds_selection.hpp)");
+
+ public:
+  using Arg = typename S::Config;  ///< What the cache's constructor takes for it.
+  BoundPageSelection() = default;
+  /// The policy, from its configuration.
+  explicit BoundPageSelection(const Arg& cfg) : s_(cfg) {}
+  /// Binds the policy to the cache's shape; throws ConfigError when it does not fit.
+  void bind(const SelectionShape& shape) {
+    if (auto st = s_.bind(shape); !st) throw ConfigError("kvcache::Cache", st);
+    layers_ = shape.geometry.spec().num_layers;
+  }
+  const S& policy() const noexcept { return s_; }  ///< The policy.
+  /// One pool layer's slice of the page-bounds store (cache.hpp's page_bounds()).
+  Result<std::span<float>> page_bounds(std::int32_t layer) const noexcept {
+    if (layer < 0 || layer >= layers_) return Status{Errc::invalid_argument, "layer", layer, layers_};
+    return s_.bounds(layer);
+  }
+  friend bool operator==(const BoundPageSelection& a, const BoundPageSelection& b) { return a.s_ == b.s_; }
+
+ protected:
+  S s_{};                     ///< The policy (its stale pages are what the hooks mark).
+  std::int32_t layers_ = 0;   ///< Pool layers: the store's slices.
+};
+
 KVCACHE_END_NAMESPACE

@@ -34,21 +34,11 @@ class RowSelection {
 /// A page-bounds selection policy: bound to the cache's shape, told of every edit.
 template <SelectionPolicy S>
   requires(S::kind == SelectionKind::page_bounds)
-class RowSelection<S> {
-  static_assert(PageBoundsSelection<S>, "kvcache::Cache: a page_bounds selection policy must model PageBoundsSelection "
-                                        "(selection/page_bounds_selection.hpp)");
+class RowSelection<S> : public BoundPageSelection<S> {
+  using BoundPageSelection<S>::s_;
 
  public:
-  using Arg = typename S::Config;  ///< What the cache's constructor takes for it.
-  RowSelection() = default;
-  /// The policy, from its configuration.
-  explicit RowSelection(const Arg& cfg) : s_(cfg) {}
-  /// Binds the policy to the cache's shape; throws ConfigError when it does not fit.
-  void bind(const SelectionShape& shape) {
-    if (auto st = s_.bind(shape); !st) throw ConfigError("kvcache::Cache", st);
-    layers_ = shape.geometry.spec().num_layers;
-  }
-  const S& policy() const noexcept { return s_; }  ///< The policy.
+  using BoundPageSelection<S>::BoundPageSelection;
 
   // --- hooks (cache/hooks.hpp) ---
   /// A fork shares its parent's pages, stale ones included.
@@ -79,11 +69,6 @@ class RowSelection<S> {
     stale_rows::evicted(s_.stale(), s, result, r.table.block_size());
   }
 
-  /// One pool layer's slice of the page-bounds store (cache.hpp's page_bounds()).
-  Result<std::span<float>> page_bounds(std::int32_t layer) const noexcept {
-    if (layer < 0 || layer >= layers_) return Status{Errc::invalid_argument, "layer", layer, layers_};
-    return s_.bounds(layer);
-  }
   /// Lists and clears the stale pages of seqs (cache.hpp's stale_pages()).
   template <class Table, class Pool>
   Result<std::int32_t> stale_pages(const Table& t, const Pool& pool, std::span<const SeqId> seqs, const StaleSpans& out) noexcept {
@@ -101,12 +86,6 @@ class RowSelection<S> {
                                          const SelectPlanSpans& plan) const noexcept {
     return s_.plan(t, seqs, layer, plan);
   }
-
-  friend bool operator==(const RowSelection& a, const RowSelection& b) { return a.s_ == b.s_; }
-
- private:
-  S s_{};
-  std::int32_t layers_ = 0;
 };
 
 KVCACHE_END_NAMESPACE
