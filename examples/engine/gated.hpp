@@ -1,388 +1,110 @@
-// Write-Gated KV in the example engine: the trained gates (model/gates-<λ>.bin,
-// from train/train_gates.py), a K/V store over Cache<BlockPool, PageTable,
-// WriteGate> for the forward pass, and a one-request-at-a-time server
-// (score, generate) for the evaluation.
-//
-// Each layer's write: the library's write_gate kernel turns the chunk's pre-
-// and post-RoPE keys into gates; the cache places every (token, kv-head) in
-// its head's ring, promotes what the ring pushes out if it was admitted, and
-// hands back copies, moves and slots, which run through the host kernels.
-// Attention for the chunk reads each head's row as it was before the write
-// (ring + global, through the head-folded CSR export) plus the chunk's own
-// keys, with the rule the gates were trained for: a key farther than W
-// behind the query is read only if admitted.
-//
-// Composed with Quest (Selection = QuestSelection) a decode query reads, of
-// each head row, its ring and the global pages Quest picks; composed with a
-// token policy (Eviction, e.g. H2O) each layer's attention to a head row's
-// tokens is observed and every step ends with the global regions' eviction.
+// The example engine under Write-Gated KV: the scheduler (scheduler.hpp) over
+// GatedBackend, a head-paged Cache<BlockPool, PageTable, WriteGate,
+// Selection, Eviction> whose per-layer writes (gated_kv.hpp) gate, place and
+// promote every (token, kv-head). The loop is the token-paged engine's:
+// continuous batching by the cache's accounting, chunked prefill, greedy
+// decoding; GatedEngine adds the evaluation's one-request calls (score,
+// generate).
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <fstream>
-#include <iterator>
 #include <kvcache/admission/write_gate.hpp>
-#include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
-#include <kvcache/kernels/page_bounds.hpp>
-#include <kvcache/kernels/scatter.hpp>
-#include <kvcache/kernels/write_gate.hpp>
 #include <kvcache/kvcache.hpp>
 #include <span>
 #include <stdexcept>
-#include <string>
 #include <vector>
 
-#include "forward.hpp"
+#include "engine_types.hpp"
+#include "gated_kv.hpp"
 #include "model.hpp"
+#include "scheduler.hpp"
 
 namespace engine {
 
-// One trained gate set (write_gates in train_gates.py: header, then per
-// layer norm_pre, norm_post, w1, b1, w2, b2 as WriteGateWeights lays them out).
-class GateSet {
- public:
-  explicit GateSet(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw std::runtime_error("cannot open gates " + path);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    constexpr std::size_t kHeader = 4 + 6 * 4 + 4 * 4;
-    if (bytes.size() < kHeader || std::memcmp(bytes.data(), "KVCG", 4) != 0)
-      throw std::runtime_error(path + ": not a kvcache gate file (magic)");
-    std::uint32_t u[6];
-    float fl[4];
-    std::memcpy(u, bytes.data() + 4, sizeof u);
-    std::memcpy(fl, bytes.data() + 28, sizeof fl);
-    if (u[0] != 1) throw std::runtime_error(path + ": format version " + std::to_string(u[0]) + ", expected 1");
-    layers = std::int32_t(u[1]), kv_heads = std::int32_t(u[2]), head_dim = std::int32_t(u[3]), hidden = std::int32_t(u[4]);
-    window = std::int32_t(u[5]), tau = fl[0], lambda = fl[1], eps = fl[2], min_gate = fl[3];
-    const std::size_t floats = (bytes.size() - kHeader) / 4;
-    if (floats != std::size_t(layers) * per_layer() || (bytes.size() - kHeader) % 4)
-      throw std::runtime_error(path + ": " + std::to_string(floats) + " floats, the header implies " +
-                               std::to_string(std::size_t(layers) * per_layer()));
-    data_.resize(floats);
-    std::memcpy(data_.data(), bytes.data() + kHeader, floats * 4);
-  }
-  // Layer l's weights for the write_gate kernel.
-  kvcache::WriteGateWeights weights(std::int32_t l) const {
-    const float* p = data_.data() + std::size_t(l) * per_layer();
-    const std::size_t hd = std::size_t(head_dim), hid = std::size_t(hidden), H = std::size_t(kv_heads);
-    kvcache::WriteGateWeights w{};
-    w.norm_pre = p;
-    w.norm_post = p + hd;
-    w.w1 = w.norm_post + hd;
-    w.b1 = w.w1 + H * 2 * hd * hid;
-    w.w2 = w.b1 + H * hid;
-    w.b2 = w.w2 + H * hid;
-    w.num_kv_heads = kv_heads, w.head_dim = head_dim, w.hidden = hidden, w.norm_eps = eps, w.min_gate = min_gate;
-    return w;
-  }
-  std::int32_t layers = 0, kv_heads = 0, head_dim = 0, hidden = 0, window = 0;
-  float tau = 0.1f, lambda = 0.0f, eps = 1e-6f, min_gate = 1e-3f;
-
- private:
-  std::size_t per_layer() const {
-    const std::size_t hd = std::size_t(head_dim), hid = std::size_t(hidden), H = std::size_t(kv_heads);
-    return 2 * hd + H * (2 * hd * hid + 2 * hid + 1);
-  }
-  std::vector<float> data_;
-};
-
+// Every request is one cache handle whose rows are its (layer, kv-head)
+// pairs; the pool is single-head, sized so `max_batch` requests each hold
+// their heads' worst case (ring + cap, rows of a full context). The writes
+// take their slots inside the forward pass, layer by layer, so nothing can
+// be preempted halfway: requests are admitted by their lifetime bound
+// (EngineConfig::optimistic is refused), and max_kv_tokens is not read.
 template <class Selection = kvcache::SelectAll, class Eviction = kvcache::KeepAll>
-using GatedCacheOf = kvcache::Cache<kvcache::BlockPool, kvcache::PageTable, kvcache::WriteGate, Selection, Eviction>;
-using GatedCache = GatedCacheOf<>;
-
-// What gated requests did, over every layer and kv-head: tokens that left
-// the ring admitted or not, and the keys decode queries read (summed over
-// (query, layer) pairs and kv-heads) against what a dense cache reads.
-struct GateCounts {
-  std::int64_t admitted = 0, dropped = 0, decode_queries = 0, keys_read = 0, dense_keys = 0;
-};
-
-// The forward pass's store for one request (see the file comment).
-template <class C = GatedCache>
-class GatedKv {
- public:
-  GatedKv(C& cache, const kvcache::PoolView& pool, kvcache::SeqId seq, const GateSet& gates,
-          std::int64_t first_pos, std::vector<std::uint8_t>& admitted, GateCounts& counts)
-      : cache_(cache), pool_(pool), seq_(seq), gates_(gates), first_(first_pos), adm_(admitted), counts_(counts),
-        H_(gates.kv_heads), hd_(gates.head_dim), heads_(std::size_t(H_)) {}
-
-  void pre_rope(std::int32_t, const float* k, std::int32_t n) { k_pre_.assign(k, k + std::ptrdiff_t(n) * H_ * hd_); }
-
-  void write(std::int32_t l, const float* k, const float* v, std::int32_t n) {
-    const std::int64_t row = std::int64_t(H_) * hd_;
-    gate_.resize(std::size_t(n * H_));
-    const kvcache::WriteGateParams gp{gates_.weights(l), k_pre_.data(), k, kvcache::DType::f32, row * 4, hd_ * 4, n,
-                                      gate_.data()};
-    if (auto st = kvcache::write_gate_host(gp); !st) throw std::runtime_error("write_gate: " + st.message());
-    for (std::int32_t t = 0; t < n; ++t)
-      for (std::int32_t h = 0; h < H_; ++h) adm_at(l, h, first_ + t) = gate_[std::size_t(t * H_ + h)] >= gates_.tau;
-    snapshot(l);  // what attention reads: the rows before this write ...
-    for (std::int32_t h = 0; h < H_; ++h) {  // ... and the chunk's own keys
-      Head& hb = heads_[std::size_t(h)];
-      for (std::int32_t t = 0; t < n; ++t) {
-        hb.k.insert(hb.k.end(), k + t * row + h * hd_, k + t * row + (h + 1) * hd_);
-        hb.v.insert(hb.v.end(), v + t * row + h * hd_, v + t * row + (h + 1) * hd_);
-        hb.pos.push_back(first_ + t);
-        hb.adm.push_back(adm_at(l, h, first_ + t));
-      }
-    }
-    n_ = n;
-    slots_.resize(std::size_t(n * H_));
-    moves_.resize(std::size_t(H_ * gates_.window));
-    copies_.resize(std::size_t(H_ * (first_ + n) / pool_.block_size + H_ * 2));
-    auto r = cache_.write(seq_, l, gate_, {.slots = slots_, .moves = moves_, .copies = copies_});
-    if (!r) throw std::runtime_error("gated write: " + r.status().message());
-    counts_.admitted += r->promoted + r->direct;  // every layer's heads
-    counts_.dropped += r->dropped + r->dropped_at_cap;
-    if (auto st = kvcache::block_copy_host({pool_, pool_, copies_.data(), r->copies}); !st)
-      throw std::runtime_error("block_copy: " + st.message());
-    if (auto st = kvcache::compaction_host({pool_, moves_.data(), r->moves}); !st)
-      throw std::runtime_error("compaction: " + st.message());
-    const kvcache::ScatterParams sp{pool_, {k, v, kvcache::DType::f32, 0, hd_ * 4, 0}, {slots_.data()}, n * H_};
-    if (auto st = kvcache::scatter_host(sp); !st) throw std::runtime_error("scatter: " + st.message());
-    if constexpr (C::selects) {  // what the write stored enters its pages' bounds (single-head pool: one slice)
-      stored_.assign(slots_.begin(), slots_.begin() + n * H_);
-      for (std::int32_t m = 0; m < r->moves; ++m) stored_.push_back(moves_[std::size_t(m)].dst);
-      kvcache::PageBoundsUpdateParams u{pool_, 0, stored_.data(), std::int64_t(stored_.size()), cache_.page_bounds(0)->data()};
-      if (auto st = kvcache::page_bounds_update_host(u); !st) throw std::runtime_error("page_bounds_update: " + st.message());
-    }
-  }
-
-  // A decode query (n == 1): with Quest, the pages each head row reads (its
-  // ring always); then the keys it reads per kv-head, against a dense cache.
-  void select(std::int32_t l, const float* q, std::int32_t n) {
-    if (n != 1) return;
-    for (Head& hb : heads_) hb.sel.assign(hb.pos.size(), 1);
-    if constexpr (C::selects) {
-      const kvcache::SeqId one[] = {seq_};
-      stale_.resize(std::size_t(gates_.layers * H_) * std::size_t(cache_.table().max_blocks_per_stream()));
-      fill_.resize(stale_.size());
-      auto listed = cache_.stale_pages(one, {stale_, fill_});  // pages an eviction compacted
-      if (!listed) throw std::runtime_error("stale_pages: " + listed.status().message());
-      if (auto st = kvcache::page_bounds_host({pool_, 0, stale_.data(), fill_.data(), *listed, cache_.page_bounds(0)->data()}); !st)
-        throw std::runtime_error("page_bounds: " + st.message());
-      const std::int32_t group = cache_.selection().config().query_group;
-      chosen_ptr_.resize(std::size_t(H_ + 1));
-      chosen_.resize(std::size_t(H_) * std::size_t(cache_.table().max_blocks_per_stream()));
-      const std::span<const float> queries(q, std::size_t(H_ * group * hd_));
-      if (auto r = cache_.select(one, l, queries, {chosen_ptr_, chosen_}); !r)
-        throw std::runtime_error("select: " + r.status().message());
-      const std::int32_t B = pool_.block_size;
-      for (std::int32_t h = 0; h < H_; ++h) {
-        // The chosen pages' positions, through the row as the write left it.
-        const auto row = *cache_.table().blocks(*cache_.admission().head(seq_, l, h));
-        const auto positions = *cache_.admission().positions(seq_, l, h);
-        picked_.assign(std::size_t(first_ + 1), 0);
-        for (std::size_t j = 0; j < positions.size(); ++j)
-          if (std::find(chosen_.begin() + chosen_ptr_[std::size_t(h)], chosen_.begin() + chosen_ptr_[std::size_t(h + 1)],
-                        row[j / std::size_t(B)]) != chosen_.begin() + chosen_ptr_[std::size_t(h + 1)])
-            picked_[std::size_t(positions[j])] = 1;
-        Head& hb = heads_[std::size_t(h)];
-        for (std::size_t t = 0; t < hb.pos.size(); ++t) hb.sel[t] = hb.pos[t] >= first_ || picked_[std::size_t(hb.pos[t])];
-      }
-    }
-    ++counts_.decode_queries;
-    for (const Head& hb : heads_) counts_.keys_read += visible(hb, first_);
-    counts_.dense_keys += H_ * (first_ + 1);
-  }
-
-  HeldKv read(std::int32_t, std::int32_t g) const {
-    const Head& hb = heads_[std::size_t(g)];
-    HeldKv held{hb.k.data(), hb.v.data(), hb.pos.data(), std::int32_t(hb.pos.size()), hd_, hb.adm.data(), gates_.window};
-    if (n_ == 1 && C::selects) held.selected = hb.sel.data();
-    return held;
-  }
-
-  // A token policy on the global regions: the layer's attention per held token ...
-  void attend(std::int32_t, std::int32_t g, std::int32_t t, float a) {
-    if constexpr (C::evicts_global) {
-      Head& hb = heads_[std::size_t(g)];
-      hb.sum.resize(hb.pos.size(), 0.0f);
-      hb.sum[std::size_t(t)] += a;
-    } else {
-      (void)g, (void)t, (void)a;
-    }
-  }
-  // ... observed per head row in the row's order (ring, then global), once the layer is done.
-  void attended(std::int32_t l) {
-    if constexpr (C::evicts_global) {
-      scores_.clear();
-      for (std::int32_t h = 0; h < H_; ++h) {
-        Head& hb = heads_[std::size_t(h)];
-        hb.sum.resize(hb.pos.size(), 0.0f);
-        by_pos_.assign(std::size_t(first_ + n_), 0.0f);
-        for (std::size_t t = 0; t < hb.pos.size(); ++t) by_pos_[std::size_t(hb.pos[t])] = hb.sum[t];
-        const auto row = *cache_.admission().positions(seq_, l, h);
-        for (const std::int32_t p : row) scores_.push_back(by_pos_[std::size_t(p)]);
-        hb.sum.clear();
-      }
-      if (auto st = cache_.observe(seq_, l, kvcache::ScoreKind::head_attention_sums, scores_); !st)
-        throw std::runtime_error("observe: " + st.message());
-    } else {
-      (void)l;
-    }
-  }
-
- private:
-  struct Head {
-    std::vector<float> k, v;
-    std::vector<std::int64_t> pos;
-    std::vector<std::uint8_t> adm, sel;  // sel: the entry's page was chosen (decode queries under Quest)
-    std::vector<float> sum;              // attention per entry (a token policy's observation)
-  };
-  std::uint8_t& adm_at(std::int32_t l, std::int32_t h, std::int64_t p) {
-    const std::size_t per = adm_.size() / std::size_t(gates_.layers * H_);
-    return adm_[std::size_t(l * H_ + h) * per + std::size_t(p)];
-  }
-  std::int64_t visible(const Head& hb, std::int64_t q) const {
-    std::int64_t n = 0;
-    for (std::size_t t = 0; t < hb.pos.size(); ++t)
-      n += hb.pos[t] <= q && (hb.adm[t] || q - hb.pos[t] < gates_.window) && (hb.sel.empty() || hb.sel[t]) ? 1 : 0;
-    return n;
-  }
-  // Each head's row of layer l as the cache holds it now, read through the head-folded CSR export.
-  void snapshot(std::int32_t l) {
-    const kvcache::SeqId one[] = {seq_};
-    const std::int32_t B = pool_.block_size;
-    indptr_.resize(std::size_t(H_ + 1));
-    last_.resize(std::size_t(H_));
-    indices_.resize(std::size_t(H_) * std::size_t(cache_.table().max_blocks_per_stream()));
-    if (auto r = cache_.export_heads_csr(one, l, indptr_, indices_, last_); !r)
-      throw std::runtime_error("export_heads_csr: " + r.status().message());
-    for (std::int32_t h = 0; h < H_; ++h) {
-      Head& hb = heads_[std::size_t(h)];
-      const auto positions = *cache_.admission().positions(seq_, l, h);
-      const std::int32_t W = gates_.window;
-      hb.k.clear(), hb.v.clear(), hb.pos.clear(), hb.adm.clear();
-      for (std::size_t j = 0; j < positions.size(); ++j) {
-        const std::int32_t b = indices_[std::size_t(indptr_[std::size_t(h)]) + j / std::size_t(B)];
-        const auto* kr = reinterpret_cast<const float*>(pool_.row(b, 0, 0, std::int32_t(j % std::size_t(B)), 0));
-        const auto* vr = reinterpret_cast<const float*>(pool_.row(b, 0, 1, std::int32_t(j % std::size_t(B)), 0));
-        hb.k.insert(hb.k.end(), kr, kr + hd_);
-        hb.v.insert(hb.v.end(), vr, vr + hd_);
-        hb.pos.push_back(positions[j]);
-        hb.adm.push_back(j >= std::size_t(W) || adm_at(l, h, positions[j]));  // global tokens were admitted
-      }
-    }
-  }
-
-  C& cache_;
-  kvcache::PoolView pool_;
-  kvcache::SeqId seq_;
-  const GateSet& gates_;
-  std::int64_t first_;
-  std::vector<std::uint8_t>& adm_;
-  GateCounts& counts_;
-  std::int32_t H_, hd_;
-  std::vector<Head> heads_;
-  std::vector<float> k_pre_, gate_;
-  std::vector<std::int32_t> slots_, indptr_, indices_, last_;
-  std::vector<kvcache::SlotMove> moves_;
-  std::vector<kvcache::BlockCopy> copies_;
-  std::int32_t n_ = 0;  // tokens of the current write
-  std::vector<std::int32_t> stored_, stale_, fill_, chosen_ptr_, chosen_;
-  std::vector<std::uint8_t> picked_;  // [position]: in a chosen page
-  std::vector<float> scores_, by_pos_;
-};
-
-// One request at a time under Write-Gated KV: teacher-forced scoring and
-// greedy generation, in chunks of `chunk`. Peak KV is the tokens a request's
-// heads hold, divided by layers x kv-heads: the figure a dense stream's
-// token count compares with.
-template <class Selection = kvcache::SelectAll, class Eviction = kvcache::KeepAll>
-class GatedEngine {
+class GatedBackend {
  public:
   using Cache = GatedCacheOf<Selection, Eviction>;
-  // quest: Quest's config when Selection is QuestSelection (the engine supplies the store).
-  GatedEngine(const Model& m, const GateSet& g, std::int32_t chunk = 64, std::int32_t block_size = 16,
-              kvcache::QuestConfig quest = {}, Eviction eviction = {})
-      : m_(m), g_(g), chunk_(chunk), fwd_(m),
+  static constexpr bool traces = false;  // a token policy observes through GatedKv::attend
+  static constexpr bool decode_selects = Cache::selects;
+
+  GatedBackend(const Model& m, const EngineConfig& cfg, const GateSet& g, Eviction eviction = {})
+      : g_(g),
+        context_(m.config().context),
         geometry_(*kvcache::Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = m.config().head_dim(),
-                                            .block_size = block_size, .dtype = kvcache::DType::f32})),
-        row_blocks_(m.config().context / block_size + 2),
-        blocks_(g.layers * g.kv_heads * row_blocks_ + 1),
+                                            .block_size = cfg.block_size, .dtype = kvcache::DType::f32})),
+        row_blocks_(m.config().context / cfg.block_size + 2),
+        blocks_(cfg.max_batch * g.layers * g.kv_heads * row_blocks_ + 1),
         memory_(std::size_t(*geometry_.pool_bytes(blocks_))),
         pool_(*kvcache::make_pool_view(geometry_, memory_.data(), blocks_)),
         bounds_(Cache::selects ? std::size_t(kvcache::QuestSelection::bounds_floats(geometry_, blocks_)) : 0),
-        cache_({.geometry = geometry_, .num_blocks = blocks_, .max_sequences = 1, .max_blocks_per_sequence = row_blocks_},
+        cache_({.geometry = geometry_, .num_blocks = blocks_, .max_sequences = cfg.max_batch, .max_blocks_per_sequence = row_blocks_},
                kvcache::WriteGateConfig{.num_layers = g.layers, .num_kv_heads = g.kv_heads, .local_window = g.window, .tau = g.tau},
-               selection_arg(quest), eviction) {
+               selection_arg(cfg.quest), eviction),
+        adm_(std::size_t(cfg.max_batch)) {
     const auto& c = m.config();
     if (g.layers != c.layers || g.kv_heads != c.kv_heads || g.head_dim != c.head_dim())
       throw std::invalid_argument("gates: shape differs from the model's");
+    if (cfg.optimistic) throw std::invalid_argument("optimistic: Write-Gated KV writes reserve inside the forward pass");
+    if (cfg.layer_streams) throw std::invalid_argument("layer_streams: not with Write-Gated KV");
   }
 
-  struct Score {
-    double nll = 0.0;
-    std::int64_t predictions = 0, peak_kv = 0;
-  };
-  // As Engine::score: the nll of text[from..] given what precedes it.
-  Score score(std::span<const std::int32_t> text, std::int32_t from = 1) {
-    Score out;
-    run(text.first(text.size() - 1), [&](std::int64_t at, std::int32_t n, const std::vector<float>& logits) {
-      const std::int32_t V = m_.config().vocab;
-      for (std::int32_t i = std::max<std::int32_t>(0, from - 1 - std::int32_t(at)); i < n; ++i) {
-        out.nll += token_nll(&logits[std::size_t(i) * std::size_t(V)], V, text[std::size_t(at + i + 1)]);
-        ++out.predictions;
-      }
-    }, false, out.peak_kv);
-    return out;
-  }
-  // Greedy decoding of max_new tokens after the prompt; returns them.
-  std::vector<std::int32_t> generate(std::span<const std::int32_t> prompt, std::int32_t max_new, std::int64_t& peak_kv) {
-    std::vector<std::int32_t> text(prompt.begin(), prompt.end()), out;
-    std::vector<float> last;
-    run(text, [&](std::int64_t, std::int32_t, const std::vector<float>& logits) { last = logits; }, true, peak_kv);
-    while (std::int32_t(out.size()) < max_new) {
-      out.push_back(std::int32_t(std::max_element(last.begin(), last.end()) - last.begin()));
-      if (std::int32_t(out.size()) == max_new) break;
-      step(out.back(), std::int64_t(text.size() + out.size()) - 1, last, peak_kv);
-    }
-    (void)cache_.free(seq_);
-    return out;
-  }
+  const Cache& cache() const { return cache_; }
   const GateCounts& counts() const { return counts_; }
+  std::int32_t handles() const { return 1; }
+  kvcache::Result<std::int64_t> blocks_needed(std::int64_t tokens, std::int64_t new_tokens, std::int64_t chunk) const {
+    return cache_.blocks_needed(tokens, new_tokens, chunk);
+  }
+  std::int64_t room() const { return cache_.free_blocks(); }
+  std::int32_t free_handles() const { return cache_.free_sequences(); }
+
+  void open(Request& r) {
+    r.seqs = {*cache_.add_sequence()};
+    // [layer][kv_head][position]: gate >= tau, for a full context and its answer.
+    adm(r).assign(std::size_t(g_.layers * g_.kv_heads) * std::size_t(context_ + 256), 0);
+  }
+  void close(Request& r) {
+    for (const auto s : r.seqs) (void)cache_.free(s);
+    r.seqs.clear();
+  }
+  void promise(const Request&, std::int64_t) {}  // head rows keep no ledger
+  // The layer writes take their slots (GatedKv::write).
+  kvcache::Status reserve(const Request&, std::int32_t, std::vector<std::int32_t>& slots) {
+    slots.clear();
+    return {};
+  }
+  GatedKv<Cache> store(Request& r, std::int64_t at, std::span<const std::int32_t>, KeyCounts*) {
+    return {cache_, pool_, r.seqs[0], g_, at, adm(r), counts_};
+  }
+  // A token policy: every head row's global region after the step's
+  // observation (GatedKv::attended), and the moves it asks for.
+  void after_forward(Request& r, const AttentionTrace&) {
+    if constexpr (Cache::evicts_global) {
+      moves_.resize(std::size_t(g_.layers * g_.kv_heads) * std::size_t(row_blocks_ * geometry_.block_size()));
+      auto e = cache_.evict(r.seqs[0], moves_);
+      if (!e) throw std::runtime_error("evict: " + e.status().message());
+      if (auto st = kvcache::compaction_host({pool_, moves_.data(), e->moves}); !st)
+        throw std::runtime_error("compaction: " + st.message());
+    } else {
+      (void)r;
+    }
+  }
+  // The tokens r's heads hold, divided by layers x kv-heads: the figure a
+  // dense stream's token count compares with.
+  std::int64_t held(const Request& r) const {
+    const std::int64_t heads = std::int64_t(g_.layers) * g_.kv_heads;
+    return (*cache_.tokens_held(r.seqs[0]) + heads - 1) / heads;
+  }
 
  private:
-  template <class F>
-  void run(std::span<const std::int32_t> tokens, F&& each_chunk, bool keep, std::int64_t& peak_kv) {
-    seq_ = *cache_.add_sequence();
-    const auto& c = m_.config();
-    adm_.assign(std::size_t(c.layers * c.kv_heads) * std::size_t(c.context + 256), 0);  // a full context and its answer
-    std::vector<float> logits;
-    for (std::int64_t at = 0; at < std::int64_t(tokens.size());) {
-      const auto n = std::int32_t(std::min<std::int64_t>(chunk_, std::int64_t(tokens.size()) - at));
-      GatedKv<Cache> kv(cache_, pool_, seq_, g_, at, adm_, counts_);
-      fwd_.run(kv, tokens.subspan(std::size_t(at), std::size_t(n)), at, logits, keep);
-      peak_kv = std::max(peak_kv, held());
-      evict();
-      each_chunk(at, n, logits);
-      at += n;
-    }
-    if (!keep) (void)cache_.free(seq_);
-  }
-  void step(std::int32_t token, std::int64_t pos, std::vector<float>& logits, std::int64_t& peak_kv) {
-    GatedKv<Cache> kv(cache_, pool_, seq_, g_, pos, adm_, counts_);
-    const std::int32_t t[] = {token};
-    fwd_.run(kv, t, pos, logits, true);
-    peak_kv = std::max(peak_kv, held());
-    evict();
-  }
-  // A token policy: every head row's global region after the step's observation, and the moves it asks for.
-  void evict() {
-    if constexpr (Cache::evicts_global) {
-      evict_moves_.resize(std::size_t(g_.layers * g_.kv_heads) * std::size_t(row_blocks_ * geometry_.block_size()));
-      auto e = cache_.evict(seq_, evict_moves_);
-      if (!e) throw std::runtime_error("evict: " + e.status().message());
-      if (auto st = kvcache::compaction_host({pool_, evict_moves_.data(), e->moves}); !st)
-        throw std::runtime_error("compaction: " + st.message());
-    }
-  }
   typename kvcache::SelectionArg<Selection>::type selection_arg(kvcache::QuestConfig q) {
     if constexpr (Cache::selects) {
       q.bounds = bounds_;
@@ -392,25 +114,54 @@ class GatedEngine {
       return {};
     }
   }
-  std::int64_t held() const {
-    const std::int64_t heads = std::int64_t(g_.layers) * g_.kv_heads;
-    return (*cache_.tokens_held(seq_) + heads - 1) / heads;
-  }
+  std::vector<std::uint8_t>& adm(const Request& r) { return adm_[std::size_t(r.seqs[0].index)]; }
 
-  const Model& m_;
   const GateSet& g_;
-  std::int32_t chunk_;
-  Forward fwd_;
+  std::int32_t context_;
   kvcache::Geometry geometry_;
   std::int32_t row_blocks_, blocks_;
   std::vector<std::byte> memory_;
   kvcache::PoolView pool_;
   std::vector<float> bounds_;  // Quest's store (single-head pool: one slice)
   Cache cache_;
-  kvcache::SeqId seq_{};
-  std::vector<std::uint8_t> adm_;  // [layer][kv_head][position]: gate >= tau
+  std::vector<std::vector<std::uint8_t>> adm_;  // per handle: what the gates admitted
   GateCounts counts_;
-  std::vector<kvcache::SlotMove> evict_moves_;
+  std::vector<kvcache::SlotMove> moves_;
+};
+
+// The scheduler over Write-Gated KV, with the evaluation's one-request calls.
+template <class Selection = kvcache::SelectAll, class Eviction = kvcache::KeepAll>
+class GatedEngine : public Scheduler<GatedBackend<Selection, Eviction>> {
+ public:
+  using Backend = GatedBackend<Selection, Eviction>;
+  using Cache = typename Backend::Cache;
+
+  // A batching engine (run, step): cfg.quest configures Quest when Selection is QuestSelection.
+  GatedEngine(const Model& m, const GateSet& g, const EngineConfig& cfg, Eviction eviction = {})
+      : Scheduler<Backend>(m, cfg, g, std::move(eviction)) {}
+  // One request at a time (score, generate), in chunks of `chunk`.
+  GatedEngine(const Model& m, const GateSet& g, std::int32_t chunk = 64, std::int32_t block_size = 16,
+              kvcache::QuestConfig quest = {}, Eviction eviction = {})
+      : GatedEngine(m, g, EngineConfig{.block_size = block_size, .chunk = chunk, .max_batch = 1, .quest = quest},
+                    std::move(eviction)) {}
+
+  const Cache& cache() const { return this->backend().cache(); }
+  const GateCounts& counts() const { return this->backend().counts(); }
+
+  // The nll of text[from..] given what precedes it, the policy active after every chunk.
+  typename Scheduler<Backend>::Score score(std::span<const std::int32_t> text, std::int32_t from = 1) {
+    return Scheduler<Backend>::score(text, std::int32_t(text.size()) - 1, from);  // all of it is prompt: chunks throughout
+  }
+  // Greedy decoding of max_new tokens after the prompt; returns them, and
+  // raises peak_kv to the most the request held.
+  std::vector<std::int32_t> generate(std::span<const std::int32_t> prompt, std::int32_t max_new, std::int64_t& peak_kv) {
+    std::vector<Request> one(1);
+    one[0].prompt.assign(prompt.begin(), prompt.end());
+    one[0].max_new = max_new;
+    this->run(one);
+    peak_kv = std::max(peak_kv, one[0].peak_kv);
+    return one[0].output;
+  }
 };
 
 }  // namespace engine

@@ -168,3 +168,55 @@ TEST_CASE("Write-Gated KV composed with Quest and H2O: no-op settings serve the 
   CHECK(peak_all <= gates.window + 64 + 64);
   CHECK(all.counts().keys_read < h2o.counts().keys_read);
 }
+
+TEST_CASE("the one scheduler batches Write-Gated KV requests: each generates what it generates alone") {
+  const engine::Model model(kDir + "/kjv-tiny.bin");
+  const engine::GateSet gates(kDir + "/gates-0.01.bin");
+  const auto& c = model.config();
+  const auto reqs = requests(heldout(4096), 4, 500, 150, 40, 20);
+  const kv::QuestConfig tight{.token_budget = 32, .dense_layers = 1, .query_group = c.q_heads / c.kv_heads};
+  const auto batched_equals_alone = [&](auto selection, auto eviction, const kv::QuestConfig& quest) {
+    using S = decltype(selection);
+    using E = decltype(eviction);
+    std::vector<std::vector<std::int32_t>> alone;
+    engine::GatedEngine<S, E> one(model, gates, 32, 16, quest, eviction);
+    for (const auto& r : reqs) {
+      std::int64_t peak = 0;
+      alone.push_back(one.generate(r.prompt, r.max_new, peak));
+    }
+    // Three at a time: the fourth waits for a handle, then runs beside the others' decode.
+    engine::GatedEngine<S, E> e(model, gates, {.block_size = 16, .chunk = 32, .max_batch = 3, .quest = quest}, eviction);
+    auto rs = reqs;
+    while (std::any_of(rs.begin(), rs.end(), [](const auto& r) { return !r.done; })) {
+      e.step(rs);
+      REQUIRE(e.cache().check_invariants().ok());
+      std::int64_t live = 0;
+      for (const auto& r : rs) live += r.running;
+      CHECK(live <= 3);
+    }
+    CHECK(e.stats().max_batch == 3);
+    CHECK(e.stats().preemptions == 0);  // admitted by the lifetime bound: never short
+    for (std::size_t i = 0; i < reqs.size(); ++i) CHECK(rs[i].output == alone[i]);
+    CHECK(e.cache().free_sequences() == 3);  // every handle back
+    CHECK(e.counts().admitted == one.counts().admitted);  // the same gates, whatever the batch
+  };
+  batched_equals_alone(kv::SelectAll{}, kv::KeepAll{}, {});
+  batched_equals_alone(kv::QuestSelection{tight}, kv::H2OEviction({.heavy = 64, .recent = 0}), tight);
+}
+
+TEST_CASE("the scheduler refuses what it cannot serve, by name") {
+  const engine::Model model(kDir + "/kjv-tiny.bin");
+  const engine::GateSet gates(kDir + "/gates-0.01.bin");
+  // Write-Gated KV takes its slots inside the forward pass: nothing can be preempted halfway.
+  CHECK_THROWS_WITH((engine::GatedEngine<>(model, gates, engine::EngineConfig{.optimistic = true})),
+                    Catch::Contains("optimistic"));
+  // A request larger than the whole pool is never admitted: an error, not an endless loop.
+  auto reqs = requests(heldout(4096), 1, 0, 600, 0, 10);
+  engine::Engine<kv::KeepAll> e(model, {.max_kv_tokens = 256, .block_size = 16, .chunk = 32, .max_batch = 2}, {});
+  CHECK_THROWS_WITH(e.run(reqs), Catch::Contains("request 0 does not fit the pool on its own"));
+  // Nothing to generate: done without running.
+  auto none = requests(heldout(4096), 1, 0, 50, 0, 0);
+  e.run(none);
+  CHECK(none[0].done);
+  CHECK(none[0].output.empty());
+}
