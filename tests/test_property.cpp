@@ -9,6 +9,7 @@
 
 #include "cache_property.hpp"
 #include "gate_cache_property.hpp"
+#include "hybrid_property.hpp"
 #include "quest_testing.hpp"
 
 #include <algorithm>
@@ -83,5 +84,21 @@ TEST_CASE("random operations through a Quest cache keep every page's bounds and 
     kvtest::quest_cache_property(rng, kvcache::SlidingWindow(8 + std::int32_t(rng() % 16)), forks, steps);
     kvtest::quest_cache_property(rng, kvcache::BlockScoreEviction({.start = 4, .recent = 8, .max = 24}), forks, steps);
     kvtest::quest_cache_property(rng, kvcache::H2OEviction({.heavy = 6, .recent = 6, .groups = 1}), forks, steps);
+  }
+}
+
+TEST_CASE("random operations on a hybrid cache (full, window, chunked, cross over one pool) keep every invariant and every token") {
+  const std::uint64_t seed = env_u64("KVCACHE_SEED", std::random_device{}());
+  const std::uint64_t ops = env_u64("KVCACHE_PROPERTY_OPS", 1'000'000) / 20;
+  std::printf("test_property (hybrid): KVCACHE_SEED=%llu ops=%llu\n", static_cast<unsigned long long>(seed),
+              static_cast<unsigned long long>(ops));
+  INFO("replay with KVCACHE_SEED=" << seed);
+  kvtest::HybridHarness h(seed);
+  for (std::uint64_t i = 0; i < ops; ++i) h.step();
+  std::printf("test_property (hybrid): %lld admitted, %lld hits (%lld tokens), %lld rejected\n", static_cast<long long>(h.admits),
+              static_cast<long long>(h.hits), static_cast<long long>(h.hit_tokens), static_cast<long long>(h.failures));
+  if (ops >= 10'000) {
+    CHECK(h.hits > 100);
+    CHECK(h.failures > 100);
   }
 }

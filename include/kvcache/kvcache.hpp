@@ -6,6 +6,7 @@
 #include "kvcache/block_hash.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/cache.hpp"
+#include "kvcache/cache/hybrid.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/events.hpp"
 #include "kvcache/eviction/average_attention.hpp"

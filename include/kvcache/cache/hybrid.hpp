@@ -1,0 +1,316 @@
+// A cache for hybrid models: several layer groups (full, sliding window,
+// chunked local, MLA, cross-attention) over one BlockPool, as vLLM v1's
+// hybrid coordinator runs them. Each group has its own rows (GroupRows), its
+// rule (GroupRule) and its keys in the one prefix index (GroupHits); this
+// class only runs each call over the groups, all or nothing.
+//
+// A sequence's life: admit (a prefix hit, retained, plus the first chunk),
+// reserve (each later chunk or decoded token), computed (the forward pass
+// wrote K/V up to here: full blocks are published, and later reserves may
+// free what left a window), free. Window and chunk groups free on processed
+// tokens only, never on tokens reserved and not yet computed.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvcache/block_hash.hpp"
+#include "kvcache/block_pool.hpp"
+#include "kvcache/cache/hybrid_accounting.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/groups/group_exports.hpp"
+#include "kvcache/groups/group_hits.hpp"
+#include "kvcache/groups/group_rows.hpp"
+#include "kvcache/groups/group_rule.hpp"
+#include "kvcache/groups/layer_groups.hpp"
+#include "kvcache/sequence_id.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+/// What admit() did: prefix tokens served from the cache, and tokens reserved after them.
+struct HybridAdmit {
+  std::int32_t hit = 0;  ///< Prompt tokens whose K/V came from the cache (every group).
+  std::int32_t scheduled = 0;  ///< Tokens reserved after the hit (slots written for them).
+};
+
+/// Layer groups over one pool: all-or-nothing reserves across groups, per-group tables, hits and accounting.
+template <BlockHasher Hasher = FastBlockHasher>
+class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
+  friend class HybridAccounting<HybridCache<Hasher>>;
+
+ public:
+  explicit HybridCache(const HybridConfig& cfg, Hasher hasher = {})
+      : cfg_(checked(cfg)),
+        pool_(cfg.num_blocks),
+        hits_(cfg.groups, cfg.max_tokens, hasher),
+        owner_(std::size_t(cfg.num_blocks), -1),
+        seqs_(std::size_t(cfg.max_sequences)) {
+    for (std::int32_t g = 0; g < groups(); ++g) {
+      const GroupRule r = GroupRule::of(cfg.groups, g);
+      rows_.emplace_back(r, cfg.max_sequences, std::int32_t(r.kind == AttentionKind::cross ? r.blocks_for(r.span)
+                                                                                            : r.blocks_for(cfg.max_tokens)));
+    }
+    for (std::int32_t i = cfg.max_sequences - 1; i >= 0; --i) free_.push_back(std::uint32_t(i));
+    chain_.resize(std::size_t(groups()) * seqs_.size());
+    published_.resize(chain_.size());
+  }
+
+  const LayerGroups& layer_groups() const noexcept { return cfg_.groups; }  ///< The groups.
+  std::int32_t groups() const noexcept { return cfg_.groups.num_groups(); }  ///< Number of groups.
+  const BlockPool& pool() const noexcept { return pool_; }  ///< The shared pool.
+  const HybridConfig& config() const noexcept { return cfg_; }  ///< The configuration.
+  std::int32_t free_blocks() const noexcept { return pool_.num_free(); }  ///< Pages free (cached ones included).
+  std::int32_t free_sequences() const noexcept { return std::int32_t(free_.size()); }  ///< Handles free.
+
+  /// A new, empty sequence; `key` salts its hash chains (tenant, LoRA).
+  Result<SeqId> add_sequence(const PrefixKey& key = {}) {
+    if (free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", cfg_.max_sequences, cfg_.max_sequences};
+    const std::uint32_t i = free_.back();
+    free_.pop_back();
+    Seq& s = seqs_[i];
+    s.live = true, s.reserved = s.computed = 0, s.key = key, s.tokens.clear(), s.tokens_from = 0;
+    for (std::int32_t g = 0; g < groups(); ++g) published(g, i) = 0, chain(g, i) = chain_root(key);
+    return SeqId{i, s.generation};
+  }
+
+  /// The prefix of `prompt` every group can serve now (a multiple of
+  /// hit_alignment(), below the prompt's length); changes nothing but the scratch it looks up with.
+  std::int64_t match(std::span<const std::int32_t> prompt, const PrefixKey& key = {}) {
+    return cfg_.prefix_caching ? hits_.find(pool_, prompt, key, owner_of()) : 0;
+  }
+
+  /// A fresh sequence's first step: the longest prefix hit of `prompt`, then
+  /// up to `budget` more of its tokens reserved, all or nothing across every
+  /// group (hit blocks that are free but cached count as need, and are
+  /// retained before anything is allocated). slots: [groups][budget], group
+  /// g's slot of each scheduled token (-1 past `scheduled`, and in cross groups).
+  Result<HybridAdmit> admit(SeqId id, std::span<const std::int32_t> prompt, std::int32_t budget, std::span<std::int32_t> slots) {
+    if (auto st = validate(id); !st) return st;
+    Seq& s = seqs_[id.index];
+    if (s.reserved != 0) return Status{Errc::invalid_argument, "seq (admit takes a fresh sequence; tokens held)", s.reserved, 0};
+    const auto len = std::int64_t(prompt.size());
+    if (len < 1 || len > cfg_.max_tokens) return Status{Errc::invalid_argument, "prompt (tokens)", len, cfg_.max_tokens};
+    if (budget < 1) return Status{Errc::invalid_argument, "budget", budget, 1};
+    if (std::int64_t(slots.size()) < std::int64_t(groups()) * budget)
+      return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), std::int64_t(groups()) * budget};
+    const std::int64_t h = match(prompt, s.key);
+    const auto n = std::int32_t(std::min<std::int64_t>(budget, len - h));
+    std::int64_t need = 0;
+    for (std::int32_t g = 0; g < groups(); ++g) {
+      const GroupRule& r = rows_[std::size_t(g)].rule();
+      if (!r.caches()) {
+        need += r.blocks_for(r.span);
+        continue;
+      }
+      for (std::int64_t j = r.hit_first_block(h); j < h / r.block_size; ++j) need += pool_.ref_count(hits_.block(g, j)) == 0;
+      need += r.blocks_for(h + n) - h / r.block_size;
+    }
+    if (need > pool_.num_free()) return Status{Errc::out_of_blocks, "n_blocks", need, pool_.num_free()};
+    for (std::int32_t g = 0; g < groups(); ++g) {  // retain every group's hits, then allocate
+      const GroupRule& r = rows_[std::size_t(g)].rule();
+      if (!r.caches()) continue;
+      const std::int64_t first = std::min(r.hit_first_block(h), h / r.block_size);
+      scratch_.clear();
+      for (std::int64_t j = first; j < h / r.block_size; ++j) {
+        (void)pool_.retain(hits_.block(g, j));
+        scratch_.push_back(hits_.block(g, j));
+      }
+      rows_[std::size_t(g)].adopt(id.index, std::int32_t(first), scratch_);
+      published(g, id.index) = std::int32_t(h / r.block_size);
+      chain(g, id.index) = h > 0 ? hits_.chain(g, s.key) : chain_root(s.key);
+    }
+    s.computed = h;
+    s.reserved = h;
+    s.tokens_from = h;
+    grow(id.index, n, slots, budget);
+    if (cfg_.prefix_caching) s.tokens.assign(prompt.begin() + h, prompt.begin() + h + n);
+    return HybridAdmit{std::int32_t(h), n};
+  }
+
+  /// n more tokens for sequence id, all or nothing across groups: what left
+  /// each window (on computed tokens) is freed first and counts as room.
+  /// slots: [groups][n]. With prefix caching, `tokens` are the n tokens' ids.
+  Result<std::int32_t> reserve(SeqId id, std::int32_t n, std::span<std::int32_t> slots, std::span<const std::int32_t> tokens = {}) {
+    if (auto st = validate(id); !st) return st;
+    Seq& s = seqs_[id.index];
+    if (n < 0 || n > cfg_.max_tokens - s.reserved) return Status{Errc::invalid_argument, "n", n, cfg_.max_tokens - s.reserved};
+    if (std::int64_t(slots.size()) < std::int64_t(groups()) * n)
+      return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), std::int64_t(groups()) * n};
+    if (cfg_.prefix_caching && std::int64_t(tokens.size()) != n)
+      return Status{Errc::invalid_argument, "tokens (ids of the n tokens, prefix caching on)", std::int64_t(tokens.size()), n};
+    std::int64_t need = 0, freeable = 0;
+    for (const GroupRows& rows : rows_) {
+      const GroupRule& r = rows.rule();
+      if (!r.caches()) {
+        need += s.reserved == 0 ? r.blocks_for(r.span) : 0;
+        continue;
+      }
+      freeable += rows.freeable_below(pool_, id.index, std::int32_t(r.skipped_blocks(s.computed)));
+      need += r.blocks_for(s.reserved + n) - std::int64_t(rows.row(id.index).size());
+    }
+    if (need > pool_.num_free() + freeable) return Status{Errc::out_of_blocks, "n_blocks", need, pool_.num_free() + freeable};
+    for (GroupRows& rows : rows_) rows.free_below(pool_, id.index, std::int32_t(rows.rule().skipped_blocks(s.computed)));
+    grow(id.index, n, slots, n);
+    if (cfg_.prefix_caching) s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+    return n;
+  }
+
+  /// The forward pass wrote K/V for tokens [0, tokens): full blocks of every
+  /// caching group are published (prefix caching), and later reserves may free what left a window.
+  Status computed(SeqId id, std::int64_t tokens) {
+    if (auto st = validate(id); !st) return st;
+    Seq& s = seqs_[id.index];
+    if (tokens < s.computed || tokens > s.reserved) return Status{Errc::invalid_argument, "tokens (computed)", tokens, s.reserved};
+    s.computed = tokens;
+    if (!cfg_.prefix_caching) return {};
+    std::int64_t keep = s.computed;  // the first token a later publish still hashes
+    for (std::int32_t g = 0; g < groups(); ++g) {
+      const GroupRows& rows = rows_[std::size_t(g)];
+      const GroupRule& r = rows.rule();
+      if (!r.caches()) continue;
+      for (std::int32_t& j = published(g, id.index); std::int64_t(j + 1) * r.block_size <= s.computed; ++j) {
+        const auto from = std::size_t(std::int64_t(j) * r.block_size - s.tokens_from);
+        const BlockHash parent = chain(g, id.index);
+        chain(g, id.index) = hits_.hash(parent, std::span(s.tokens).subspan(from, std::size_t(r.block_size)), s.key.extra);
+        const BlockId b = rows.row(id.index)[std::size_t(j)];
+        const std::int32_t up = r.chained() && j > 0 ? rows.row(id.index)[std::size_t(j - 1)] : PrefixIndex::kChainRoot;
+        if (auto p = pool_.publish(b, group_key(chain(g, id.index), g), group_key(parent, g), StoredBlock{.parent_block = up}); !p)
+          return p.status();
+      }
+      keep = std::min(keep, std::int64_t(published(g, id.index)) * r.block_size);
+    }
+    s.tokens.erase(s.tokens.begin(), s.tokens.begin() + (keep - s.tokens_from));
+    s.tokens_from = keep;
+    return {};
+  }
+
+  /// Rolls back the last n reserved tokens (not computed: a rejected draft, a cancelled chunk).
+  Status truncate(SeqId id, std::int32_t n) {
+    if (auto st = validate(id); !st) return st;
+    Seq& s = seqs_[id.index];
+    if (n < 0 || n > s.reserved - s.computed) return Status{Errc::truncate_too_many, "n", n, s.reserved - s.computed};
+    s.reserved -= n;
+    for (GroupRows& rows : rows_)
+      if (rows.rule().caches()) rows.cut(pool_, id.index, std::int32_t(rows.rule().blocks_for(s.reserved)));
+    if (cfg_.prefix_caching) s.tokens.resize(std::size_t(s.reserved - s.tokens_from));
+    return {};
+  }
+
+  /// Frees every block of sequence id (last index first, into the cached-free LRU) and its handle.
+  Status free(SeqId id) {
+    if (auto st = validate(id); !st) return st;
+    for (GroupRows& rows : rows_) rows.cut(pool_, id.index, 0), rows.clear(id.index);
+    Seq& s = seqs_[id.index];
+    s.live = false;
+    ++s.generation;
+    free_.push_back(id.index);
+    return {};
+  }
+
+  /// Group g's dense block table of `seqs` (export_group_table: null ids where blocks were skipped).
+  Status export_block_table(std::int32_t g, std::span<const SeqId> seqs, std::span<std::int32_t> out,
+                            std::int32_t row_stride) const {
+    if (auto st = rows_of(g, seqs); !st) return st;
+    return export_group_table(rows_[std::size_t(g)], idx_, out, row_stride);
+  }
+  /// Group g's CSR over the live blocks of `seqs`, with each row's first token position (export_group_csr).
+  Result<std::int32_t> export_csr(std::int32_t g, std::span<const SeqId> seqs, std::span<std::int32_t> indptr,
+                                  std::span<std::int32_t> indices, std::span<std::int32_t> first_pos) const {
+    if (auto st = rows_of(g, seqs); !st) return st;
+    return export_group_csr(rows_[std::size_t(g)], idx_, indptr, indices, first_pos);
+  }
+  /// Group g's slots of positions [begin, end) of sequence id (a cross group: encoder positions).
+  Status slot_mapping(std::int32_t g, SeqId id, std::int64_t begin, std::int64_t end, std::span<std::int32_t> out) const {
+    const SeqId one[] = {id};
+    if (auto st = rows_of(g, one); !st) return st;
+    const GroupRule& r = rows_[std::size_t(g)].rule();
+    const std::int64_t stored = r.caches() ? seqs_[id.index].reserved : rows_[std::size_t(g)].live(id.index) > 0 ? r.span : 0;
+    return export_group_slots(rows_[std::size_t(g)], id.index, stored, begin, end, out);
+  }
+
+  /// Equal state (the hit finder's scratch aside): what error paths are tested against.
+  friend bool operator==(const HybridCache& a, const HybridCache& b) {
+    return a.pool_ == b.pool_ && a.rows_ == b.rows_ && a.owner_ == b.owner_ && a.seqs_ == b.seqs_ && a.free_ == b.free_ &&
+           a.chain_ == b.chain_ && a.published_ == b.published_;
+  }
+
+ private:
+  struct Seq {
+    friend bool operator==(const Seq&, const Seq&) = default;
+    std::uint32_t generation = 0;
+    bool live = false;
+    std::int64_t reserved = 0, computed = 0;
+    PrefixKey key{};
+    std::vector<std::int32_t> tokens;  // ids from tokens_from to reserved: what a later publish hashes
+    std::int64_t tokens_from = 0;
+  };
+  static const HybridConfig& checked(const HybridConfig& c) {
+    const auto fail = [](const char* what, std::int64_t v, std::int64_t lim) {
+      throw ConfigError("kvcache::HybridCache", Status{Errc::invalid_argument, what, v, lim});
+    };
+    if (c.groups.num_groups() < 1) fail("groups (LayerGroups::make builds them)", 0, 1);
+    if (c.num_blocks < 2) fail("num_blocks", c.num_blocks, 2);
+    if (c.max_sequences < 1) fail("max_sequences", c.max_sequences, 1);
+    if (c.max_tokens < 1) fail("max_tokens", c.max_tokens, 1);
+    if (c.prefill_chunk < 0) fail("prefill_chunk", c.prefill_chunk, 0);
+    return c;
+  }
+  Status validate(SeqId id) const noexcept {
+    if (id.index >= seqs_.size() || !seqs_[id.index].live || seqs_[id.index].generation != id.generation)
+      return Status{Errc::unknown_sequence, "seq", id.index, std::int64_t(seqs_.size())};
+    return {};
+  }
+  // idx_ = the rows of seqs, after checking g and every handle.
+  Status rows_of(std::int32_t g, std::span<const SeqId> seqs) const {
+    if (g < 0 || g >= groups()) return Status{Errc::invalid_argument, "group", g, groups() - 1};
+    idx_.clear();
+    for (const SeqId id : seqs) {
+      if (auto st = validate(id); !st) return st;
+      idx_.push_back(id.index);
+    }
+    return {};
+  }
+  auto owner_of() const noexcept {
+    return [this](BlockId b) { return std::int32_t(owner_[std::size_t(b)]); };
+  }
+  std::int32_t& published(std::int32_t g, std::uint32_t i) noexcept { return published_[std::size_t(g) * seqs_.size() + i]; }
+  std::int32_t published(std::int32_t g, std::uint32_t i) const noexcept { return published_[std::size_t(g) * seqs_.size() + i]; }
+  BlockHash& chain(std::int32_t g, std::uint32_t i) noexcept { return chain_[std::size_t(g) * seqs_.size() + i]; }
+  // After the checks: n more tokens in every group (a cross group takes its
+  // encoder's blocks on the first call), their slots at slots[g * stride].
+  void grow(std::uint32_t i, std::int32_t n, std::span<std::int32_t> slots, std::int32_t stride) {
+    Seq& s = seqs_[i];
+    for (std::int32_t g = 0; g < groups(); ++g) {
+      GroupRows& rows = rows_[std::size_t(g)];
+      const GroupRule& r = rows.rule();
+      const std::int64_t want = r.caches() ? r.blocks_for(s.reserved + n) : r.blocks_for(r.span);
+      scratch_.resize(std::size_t(std::max<std::int64_t>(0, want - std::int64_t(rows.row(i).size()))));
+      (void)pool_.allocate(scratch_);  // counted before any change: cannot fail
+      for (const BlockId b : scratch_) owner_[std::size_t(b)] = std::int8_t(g);
+      rows.append(i, scratch_);
+      std::int32_t* out = slots.data() + std::size_t(g) * std::size_t(stride);
+      for (std::int32_t t = 0; t < stride; ++t) {
+        const std::int64_t p = s.reserved + t;
+        out[t] = r.caches() && t < n ? rows.row(i)[std::size_t(p / r.block_size)] * r.block_size + std::int32_t(p % r.block_size) : -1;
+      }
+    }
+    s.reserved += n;
+  }
+
+  HybridConfig cfg_;
+  BlockPool pool_;
+  GroupHits<Hasher> hits_;
+  std::vector<GroupRows> rows_;
+  std::vector<std::int8_t> owner_;  // [block]: the group that last allocated it
+  std::vector<Seq> seqs_;
+  std::vector<std::uint32_t> free_;
+  std::vector<BlockHash> chain_;  // [group][seq]: the chain hash of the last published block
+  std::vector<std::int32_t> published_;  // [group][seq]: blocks published (a hit's count as published)
+  std::vector<BlockId> scratch_;
+  mutable std::vector<std::uint32_t> idx_;  // the rows an export reads
+};
+
+KVCACHE_END_NAMESPACE

@@ -1,0 +1,76 @@
+// One group's rows as attention kernels read them: a dense block table with
+// the null id where a block was skipped (vLLM-style kernels with a window
+// bound), a CSR over the live blocks with each row's first token position
+// (FlashInfer-style), and the slot of any stored position.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+
+#include "kvcache/block_pool.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/groups/group_rows.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+/// Dense table of rows `rows_at` of g: row k at out[k * row_stride], null ids
+/// for skipped blocks and past the row's end. buffer_too_small when out or a
+/// row does not fit (names the row's length).
+inline Status export_group_table(const GroupRows& g, std::span<const std::uint32_t> rows_at, std::span<std::int32_t> out,
+                                 std::int32_t row_stride) noexcept {
+  if (row_stride < 1) return Status{Errc::invalid_argument, "row_stride", row_stride, 1};
+  const std::int64_t need = std::int64_t(rows_at.size()) * row_stride;
+  if (std::int64_t(out.size()) < need) return Status{Errc::buffer_too_small, "out", std::int64_t(out.size()), need};
+  for (const std::uint32_t i : rows_at)
+    if (std::int64_t(g.row(i).size()) > row_stride)
+      return Status{Errc::buffer_too_small, "row_stride", row_stride, std::int64_t(g.row(i).size())};
+  std::int32_t* dst = out.data();
+  for (const std::uint32_t i : rows_at) {
+    const auto row = g.row(i);
+    std::copy(row.begin(), row.end(), dst);
+    std::fill(dst + row.size(), dst + row_stride, BlockPool::null_block);
+    dst += row_stride;
+  }
+  return {};
+}
+
+/// CSR of the live blocks of rows `rows_at` of g: indptr[k] .. indptr[k+1]
+/// in indices, and first_pos[k] the position of the first token they hold
+/// (first_live * block_size). Returns the number of indices written.
+inline Result<std::int32_t> export_group_csr(const GroupRows& g, std::span<const std::uint32_t> rows_at,
+                                             std::span<std::int32_t> indptr, std::span<std::int32_t> indices,
+                                             std::span<std::int32_t> first_pos) noexcept {
+  const auto n = std::int64_t(rows_at.size());
+  if (std::int64_t(indptr.size()) < n + 1) return Status{Errc::buffer_too_small, "indptr", std::int64_t(indptr.size()), n + 1};
+  if (std::int64_t(first_pos.size()) < n) return Status{Errc::buffer_too_small, "first_pos", std::int64_t(first_pos.size()), n};
+  std::int64_t total = 0;
+  for (const std::uint32_t i : rows_at) total += g.live(i);
+  if (std::int64_t(indices.size()) < total) return Status{Errc::buffer_too_small, "indices", std::int64_t(indices.size()), total};
+  std::int32_t at = 0;
+  indptr[0] = 0;
+  for (std::size_t k = 0; k < rows_at.size(); ++k) {
+    const auto row = g.row(rows_at[k]);
+    const std::int32_t first = g.first_live(rows_at[k]);
+    for (std::size_t j = std::size_t(first); j < row.size(); ++j) indices[std::size_t(at++)] = row[j];
+    indptr[k + 1] = at;
+    first_pos[k] = first * g.rule().block_size;
+  }
+  return at;
+}
+
+/// The slots of positions [begin, end) of row i of g (all in live blocks, below `stored`, its tokens).
+inline Status export_group_slots(const GroupRows& g, std::uint32_t i, std::int64_t stored, std::int64_t begin,
+                                 std::int64_t end, std::span<std::int32_t> out) noexcept {
+  const std::int32_t B = g.rule().block_size;
+  const std::int64_t lo = std::int64_t(g.first_live(i)) * B;
+  if (begin < lo || begin > end) return Status{Errc::invalid_argument, "begin (a freed or later position)", begin, lo};
+  if (end > stored) return Status{Errc::invalid_argument, "end", end, stored};
+  if (std::int64_t(out.size()) < end - begin) return Status{Errc::buffer_too_small, "out", std::int64_t(out.size()), end - begin};
+  const auto row = g.row(i);
+  for (std::int64_t p = begin; p < end; ++p) out[std::size_t(p - begin)] = row[std::size_t(p / B)] * B + std::int32_t(p % B);
+  return {};
+}
+
+KVCACHE_END_NAMESPACE

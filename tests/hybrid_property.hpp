@@ -1,0 +1,211 @@
+// A randomized harness for HybridCache: full, sliding-window, chunked-local
+// and cross-attention groups of three block sizes over one small pool, with
+// prompts drawn from a few shared stems so prefix hits are common and cached
+// blocks are recycled. Every slot a reserve hands out is "written" with the
+// hash of the prefix ending at its position; after every operation the
+// invariants hold, every hit's blocks hold exactly the prompt's prefix, every
+// live position of every sequence reads back its own prefix, and a failed
+// call leaves the cache equal to a copy taken before it.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <kvcache/cache/hybrid.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <unordered_map>
+#include <vector>
+
+namespace kvtest {
+
+class HybridHarness {
+ public:
+  explicit HybridHarness(std::uint64_t seed) : rng_(seed), cache_(config()) {
+    for (auto& stem : stems_) {
+      stem.resize(48);
+      for (auto& t : stem) t = std::int32_t(rng_() % 1000);
+    }
+  }
+  std::int64_t ops = 0, failures = 0, hits = 0, hit_tokens = 0, admits = 0;
+
+  void step() {
+    ++ops;
+    const auto before = cache_;
+    bool failed = false;
+    switch (pick(10)) {
+      case 0: case 1: failed = admit(); break;
+      case 2: case 3: case 4: failed = reserve(); break;
+      case 5: case 6: compute(); break;
+      case 7: failed = truncate(); break;
+      case 8: free_one(); break;
+      default: failed = bad_call(); break;
+    }
+    if (failed) {
+      ++failures;
+      REQUIRE(cache_ == before);
+    }
+    REQUIRE(cache_.check_invariants().ok());
+    for (auto& [index, s] : seqs_) read_back(s);
+  }
+
+ private:
+  struct Seq {
+    kvcache::SeqId id;
+    std::vector<std::int32_t> tokens;  // every token the sequence has (reserved) or will have (the prompt's rest)
+    std::vector<std::uint64_t> prefix;  // [p]: hash of tokens 0 .. p
+    std::int64_t reserved = 0, computed = 0;
+  };
+  static kvcache::HybridConfig config() {
+    using kvcache::AttentionKind;
+    static const std::vector<std::int32_t> l0{0}, l1{1, 2}, l2{3}, l3{4};
+    static const kvcache::LayerGroupSpec g[] = {
+        {.kind = AttentionKind::full, .layers = l0, .num_kv_heads = 1, .head_dim = 8},  // 32 B a token: 4 a page
+        {.kind = AttentionKind::sliding_window, .layers = l1, .num_kv_heads = 1, .head_dim = 8, .window = 6},  // 2
+        {.kind = AttentionKind::chunked_local, .layers = l2, .num_kv_heads = 1, .head_dim = 16, .chunk = 8},  // 2
+        {.kind = AttentionKind::cross, .layers = l3, .num_kv_heads = 1, .head_dim = 8, .encoder_len = 5}};  // 4
+    return {.groups = *kvcache::LayerGroups::make({.groups = g, .block_size = 2}),
+            .num_blocks = 48, .max_sequences = 5, .max_tokens = 48};
+  }
+  std::int32_t pick(std::int32_t n) { return std::int32_t(rng_() % std::uint64_t(n)); }
+  static std::uint64_t extend(std::uint64_t h, std::int32_t t) { return (h ^ std::uint64_t(t + 1)) * 0x100000001b3ULL + 7; }
+  void append(Seq& s, std::int32_t t) {
+    s.prefix.push_back(extend(s.prefix.empty() ? 0xcbf29ce484222325ULL : s.prefix.back(), t));
+  }
+  // Model the forward pass's write: each group's slot of each new position holds its prefix.
+  void write(const Seq& s, std::int64_t from, std::int32_t n, const std::vector<std::int32_t>& slots, std::int32_t stride) {
+    for (std::int32_t g = 0; g < cache_.groups(); ++g)
+      for (std::int32_t t = 0; t < n; ++t) {
+        const std::int32_t slot = slots[std::size_t(g * stride + t)];
+        if (g == 3) REQUIRE(slot == -1);
+        else content_[key(g, slot)] = s.prefix[std::size_t(from + t)];
+      }
+  }
+  static std::int64_t key(std::int32_t g, std::int32_t slot) { return std::int64_t(g) << 32 | std::uint32_t(slot); }
+  void read_back(const Seq& s) {
+    for (std::int32_t g = 0; g < 3; ++g) {
+      const auto rule = kvcache::GroupRule::of(cache_.layer_groups(), g);
+      const std::int64_t from = s.reserved - *cache_.tokens_held(s.id, g);
+      REQUIRE(from <= rule.first_read(s.computed));  // nothing a query still reads was freed
+      std::vector<std::int32_t> slots(std::size_t(s.reserved - from));
+      REQUIRE(cache_.slot_mapping(g, s.id, from, s.reserved, slots).ok());
+      for (std::int64_t p = from; p < s.reserved; ++p)
+        REQUIRE(content_.at(key(g, slots[std::size_t(p - from)])) == s.prefix[std::size_t(p)]);
+    }
+  }
+  Seq* any() {
+    if (seqs_.empty()) return nullptr;
+    auto it = seqs_.begin();
+    std::advance(it, pick(std::int32_t(seqs_.size())));
+    return &it->second;
+  }
+
+  bool admit() {
+    auto id = cache_.add_sequence();
+    if (!id) return true;
+    Seq s{*id, {}, {}, 0, 0};
+    const auto& stem = stems_[std::size_t(pick(3))];
+    const std::int32_t len = 1 + pick(40);
+    s.tokens.assign(stem.begin(), stem.begin() + len);
+    for (std::int32_t i = pick(3) == 0 ? pick(len) : len; i < len; ++i) s.tokens[std::size_t(i)] = std::int32_t(rng_() % 1000);
+    for (const auto t : s.tokens) append(s, t);
+    const std::int32_t budget = 1 + pick(len);
+    std::vector<std::int32_t> slots(std::size_t(cache_.groups() * budget));
+    const auto before = cache_;  // what an out_of_blocks must leave, the handle added
+    auto r = cache_.admit(s.id, s.tokens, budget, slots);
+    if (!r) {
+      REQUIRE(r.status().code() == kvcache::Errc::out_of_blocks);
+      REQUIRE(cache_ == before);
+      REQUIRE(cache_.free(s.id).ok());
+      return false;  // (the handle's add and free are not a failed call)
+    }
+    ++admits;
+    hits += r->hit > 0;
+    hit_tokens += r->hit;
+    // The hit's blocks hold this prompt's prefix, in every group, for every position a query still reads.
+    for (std::int32_t g = 0; g < 3 && r->hit > 0; ++g) {
+      const auto rule = kvcache::GroupRule::of(cache_.layer_groups(), g);
+      const std::int64_t from = rule.first_read(r->hit);
+      std::vector<std::int32_t> hit_slots(std::size_t(r->hit - from));
+      REQUIRE(cache_.slot_mapping(g, s.id, from, r->hit, hit_slots).ok());
+      for (std::int64_t p = from; p < r->hit; ++p)
+        REQUIRE(content_.at(key(g, hit_slots[std::size_t(p - from)])) == s.prefix[std::size_t(p)]);
+    }
+    s.reserved = r->hit + r->scheduled;
+    s.computed = r->hit;
+    write(s, r->hit, r->scheduled, slots, budget);
+    seqs_[s.id.index] = s;
+    return false;
+  }
+  bool reserve() {
+    Seq* s = any();
+    if (!s) return false;
+    std::int32_t n = pick(6);
+    if (s->reserved + n > 48) n = std::int32_t(48 - s->reserved) + (pick(4) == 0);  // sometimes one too many
+    const bool too_long = s->reserved + n > 48;
+    std::vector<std::int32_t> toks;
+    for (std::int32_t i = 0; i < n; ++i) {
+      const auto p = std::size_t(s->reserved + i);
+      toks.push_back(p < s->tokens.size() ? s->tokens[p] : std::int32_t(rng_() % 1000));
+    }
+    std::vector<std::int32_t> slots(std::size_t(cache_.groups() * n));
+    auto r = cache_.reserve(s->id, n, slots, toks);
+    if (!r) {
+      REQUIRE(r.status().code() == (too_long ? kvcache::Errc::invalid_argument : kvcache::Errc::out_of_blocks));
+      return true;
+    }
+    REQUIRE(!too_long);
+    s->tokens.resize(std::size_t(s->reserved));
+    s->prefix.resize(std::size_t(s->reserved));
+    for (const auto t : toks) s->tokens.push_back(t), append(*s, t);
+    write(*s, s->reserved, n, slots, n);
+    s->reserved += n;
+    return false;
+  }
+  void compute() {
+    Seq* s = any();
+    if (!s) return;
+    s->computed += pick(std::int32_t(s->reserved - s->computed) + 1);
+    REQUIRE(cache_.computed(s->id, s->computed).ok());
+  }
+  bool truncate() {
+    Seq* s = any();
+    if (!s) return false;
+    const auto n = std::int32_t(pick(std::int32_t(s->reserved - s->computed) + 2));
+    if (!cache_.truncate(s->id, n).ok()) {
+      REQUIRE(n > s->reserved - s->computed);
+      return true;
+    }
+    s->reserved -= n;
+    s->tokens.resize(std::size_t(s->reserved));
+    s->prefix.resize(std::size_t(s->reserved));
+    return false;
+  }
+  void free_one() {
+    Seq* s = any();
+    if (!s) return;
+    REQUIRE(cache_.free(s->id).ok());
+    seqs_.erase(s->id.index);
+  }
+  bool bad_call() {
+    Seq* s = any();
+    const kvcache::SeqId stale = s ? kvcache::SeqId{s->id.index, s->id.generation + 1} : kvcache::SeqId{0, 99};
+    std::vector<std::int32_t> out(8);
+    const kvcache::SeqId one[] = {stale};
+    switch (pick(3)) {
+      case 0: REQUIRE(cache_.free(stale).code() == kvcache::Errc::unknown_sequence); break;
+      case 1: REQUIRE(cache_.export_block_table(0, one, out, 8).code() == kvcache::Errc::unknown_sequence); break;
+      default: REQUIRE(cache_.reserve(stale, 1, out).status().code() == kvcache::Errc::unknown_sequence); break;
+    }
+    return true;
+  }
+
+  std::mt19937_64 rng_;
+  kvcache::HybridCache<> cache_;
+  std::vector<std::int32_t> stems_[3];
+  std::unordered_map<std::uint32_t, Seq> seqs_;
+  std::unordered_map<std::int64_t, std::uint64_t> content_;  // (group, slot) -> prefix hash written there
+};
+
+}  // namespace kvtest

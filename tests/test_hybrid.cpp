@@ -1,0 +1,327 @@
+// Layer groups over one pool: the layout (page bytes, block sizes, padding,
+// layer map), each kind's hit rule, freeing out of the window on computed
+// tokens only, the two-phase retain, the admission bound, the exports, and
+// every error path leaving the cache unchanged.
+#include <catch2/catch.hpp>
+
+#include <kvcache/cache/hybrid.hpp>
+
+#include <numeric>
+#include <vector>
+
+using namespace kvcache;
+
+namespace {
+
+std::vector<std::int32_t> range(std::int32_t from, std::int32_t to, std::int32_t step = 1) {
+  std::vector<std::int32_t> v;
+  for (std::int32_t i = from; i < to; i += step) v.push_back(i);
+  return v;
+}
+std::vector<std::int32_t> tokens(std::int32_t n, std::int32_t seed = 0) {
+  std::vector<std::int32_t> v(static_cast<std::size_t>(n));
+  for (std::int32_t i = 0; i < n; ++i) v[std::size_t(i)] = (i * 7919 + seed * 104729) % 50021;
+  return v;
+}
+
+// A small hybrid: full (B 4) + sliding window W (B 4), one layer each, same bytes per token.
+struct Small {
+  std::vector<std::int32_t> l0{0}, l1{1};
+  LayerGroupSpec specs[2];
+  LayerGroups lg;
+  Small(std::int32_t window, AttentionKind second = AttentionKind::sliding_window) {
+    specs[0] = {.kind = AttentionKind::full, .layers = l0, .num_kv_heads = 2, .head_dim = 8};
+    specs[1] = {.kind = second, .layers = l1, .num_kv_heads = 2, .head_dim = 8, .window = window, .chunk = window};
+    lg = *LayerGroups::make({.groups = specs, .block_size = 4});
+  }
+  HybridConfig config(std::int32_t blocks, std::int32_t chunk = 0) const {
+    return {.groups = lg, .num_blocks = blocks, .max_sequences = 4, .max_tokens = 64, .prefill_chunk = chunk};
+  }
+};
+
+// Runs a whole prompt through seq s (admit, computed) and returns the hit.
+std::int32_t prefill(HybridCache<>& c, SeqId s, const std::vector<std::int32_t>& prompt) {
+  std::vector<std::int32_t> slots(std::size_t(c.groups()) * prompt.size());
+  auto a = c.admit(s, prompt, std::int32_t(prompt.size()), slots);
+  REQUIRE(a.ok());
+  REQUIRE(c.computed(s, std::int64_t(prompt.size())).ok());
+  REQUIRE(c.check_invariants().ok());
+  return a->hit;
+}
+
+}  // namespace
+
+TEST_CASE("layer groups: one page size, each group's block size, padding and the layer map") {
+  SECTION("Gemma 3 27B: 10 full layers and 52 sliding-window layers (W 1024) in one pool") {
+    const auto global = range(5, 62, 6), local = [] {
+      std::vector<std::int32_t> v;
+      for (std::int32_t l = 0; l < 62; ++l)
+        if (l % 6 != 5) v.push_back(l);
+      return v;
+    }();
+    REQUIRE(global.size() == 10);
+    const LayerGroupSpec g[] = {
+        {.kind = AttentionKind::full, .layers = global, .num_kv_heads = 16, .head_dim = 128},
+        {.kind = AttentionKind::sliding_window, .layers = local, .num_kv_heads = 16, .head_dim = 128, .window = 1024}};
+    auto lg = LayerGroups::make({.groups = g, .block_size = 16, .block_multiple = 16});
+    REQUIRE(lg.ok());
+    CHECK(lg->num_layers() == 62);
+    CHECK(lg->page_bytes() == 52LL * 16 * 256 * 2 * 16);  // 52 layers x 16 tokens of (K + V) x 16 heads x 128 x fp16
+    CHECK(lg->block_size(1) == 16);
+    CHECK(lg->block_size(0) == 80);  // 83.2 tokens of 10 layers fit; a multiple of 16
+    CHECK(lg->padding(0) == lg->page_bytes() - 80 * lg->token_bytes(0));
+    CHECK(lg->layer_slot(5) == LayerSlot{0, 0});
+    CHECK(lg->layer_slot(11) == LayerSlot{0, 1});
+    CHECK(lg->layer_slot(6) == LayerSlot{1, 5});
+    CHECK(lg->layer_slot(62) == LayerSlot{});
+    CHECK(lg->hit_alignment() == 80);
+  }
+  SECTION("DeepSeek V3: 61 MLA layers, one 576-value latent per token, pages of 64") {
+    const auto layers = range(0, 61);
+    const LayerGroupSpec g[] = {{.kind = AttentionKind::mla, .layers = layers, .num_kv_heads = 1, .head_dim = 576}};
+    auto lg = LayerGroups::make({.groups = g, .block_size = 64, .block_multiple = 64});
+    REQUIRE(lg.ok());
+    CHECK(lg->v_head_dim(0) == 0);
+    CHECK(lg->token_bytes(0) == 61 * 576 * 2);  // no V
+    CHECK(lg->page_bytes() == 64 * 61 * 576 * 2);
+    CHECK(lg->padding(0) == 0);
+  }
+  SECTION("typed errors name the field") {
+    const auto a = range(0, 2), b = range(2, 3), twice = range(1, 3);
+    auto err = [](const LayerGroupsSpec& s) { return LayerGroups::make(s).status(); };
+    LayerGroupSpec g[2] = {{.layers = a, .head_dim = 64}, {.kind = AttentionKind::sliding_window, .layers = b, .head_dim = 64, .window = 0}};
+    CHECK(err({.groups = g}).what() == std::string("window"));
+    g[1].window = 8;
+    CHECK(err({.groups = g}).ok());
+    g[1].layers = twice;
+    CHECK(err({.groups = g}) == Status{Errc::invalid_argument, "layers (listed twice)", 1, 0});
+    g[1].layers = b;
+    g[1].kind = AttentionKind::mla;
+    g[1].v_head_dim = 64;
+    CHECK(err({.groups = g}).what() == std::string("v_head_dim (MLA stores no V, one latent head)"));
+    g[1] = {.kind = AttentionKind::full, .layers = b, .head_dim = 64, .v_head_dim = 0};
+    CHECK(err({.groups = g}).what() == std::string("v_head_dim (only MLA stores no V)"));
+    g[1] = {.kind = static_cast<AttentionKind>(9), .layers = b, .head_dim = 64};
+    CHECK(err({.groups = g}) == Status{Errc::invalid_argument, "kind", 9, 4});
+    // A page of one token of 3 layers holds one token of 2 layers (same shape): 1/3 of it is padding.
+    const auto three = range(2, 5);
+    g[1] = {.layers = three, .head_dim = 64};
+    CHECK(err({.groups = g, .block_size = 1, .max_padding_permille = 250}) ==
+          Status{Errc::invalid_argument, "padding_permille", 333, 250});
+    CHECK(err({.groups = g, .block_size = 1, .max_padding_permille = 400}).ok());
+    g[1] = {.layers = range(3, 4).empty() ? b : b, .head_dim = 64};
+    const auto gap = range(3, 4);
+    g[1].layers = gap;  // layer 2 in no group
+    CHECK(err({.groups = g}) == Status{Errc::invalid_argument, "layers", 3, 2});
+    CHECK(err({.groups = std::span<const LayerGroupSpec>{}}).what() == std::string("groups"));
+  }
+}
+
+TEST_CASE("a sliding-window group frees what left the window, on computed tokens only, into null entries") {
+  Small m(8);  // W 8, blocks of 4: a query at p reads p-7 .. p
+  HybridCache<> c(m.config(64));
+  const SeqId s = *c.add_sequence();
+  std::vector<std::int32_t> slots(64);
+  const auto t = tokens(40);
+  REQUIRE(c.admit(s, std::span(t).first(16), 16, slots)->scheduled == 16);
+  // Chunked prefill: the next chunk is reserved before the first is computed: nothing is freed.
+  REQUIRE(c.reserve(s, 8, slots, std::span(t).subspan(16, 8)).ok());
+  CHECK(*c.blocks_held(s, 1) == 6);
+  CHECK(c.check_invariants().ok());
+  REQUIRE(c.computed(s, 16).ok());  // the next query is at 16: it reads 9 .. 16
+  REQUIRE(c.reserve(s, 4, slots, std::span(t).subspan(24, 4)).ok());
+  CHECK(*c.blocks_held(s, 1) == 5);  // 7 blocks, of which 0, 1 are freed: block 2 (8 .. 11) is still read
+  CHECK(*c.blocks_held(s, 0) == 7);  // the full group keeps everything
+  std::vector<std::int32_t> table(8);
+  const SeqId one[] = {s};
+  REQUIRE(c.export_block_table(1, one, table, 8).ok());
+  CHECK(table[0] == BlockPool::null_block);
+  CHECK(table[1] == BlockPool::null_block);
+  CHECK(table[2] != BlockPool::null_block);
+  std::vector<std::int32_t> indptr(2), indices(8), first(1);
+  REQUIRE(*c.export_csr(1, one, indptr, indices, first) == 5);
+  CHECK(first[0] == 8);  // the first live token's position
+  CHECK(std::vector(indices.begin(), indices.begin() + 5) == std::vector(table.begin() + 2, table.begin() + 7));
+  CHECK(*c.tokens_held(s, 1) == 28 - 8);
+  std::vector<std::int32_t> out(4);
+  CHECK(c.slot_mapping(1, s, 4, 8, out) == Status{Errc::invalid_argument, "begin (a freed or later position)", 4, 8});
+  REQUIRE(c.slot_mapping(1, s, 8, 12, out).ok());
+  CHECK(out[0] == table[2] * 4);
+  CHECK(c.check_invariants().ok());
+}
+
+TEST_CASE("prefix hits: full, window and chunked-local rules, and cross-attention never cached") {
+  SECTION("a window hit needs only the blocks the next query reads") {
+    Small m(8);
+    HybridCache<> c(m.config(64));
+    const auto p = tokens(33, 1);
+    const SeqId a = *c.add_sequence();
+    CHECK(prefill(c, a, p) == 0);
+    REQUIRE(c.free(a).ok());
+    const SeqId b = *c.add_sequence();
+    CHECK(c.match(p) == 32);  // every block up to the last token
+    CHECK(prefill(c, b, p) == 32);
+    CHECK(*c.blocks_held(b, 1) == 3);  // blocks 6, 7 (positions 25 .. 31) and the new one; 0 .. 5 null
+    CHECK(*c.blocks_held(b, 0) == 9);
+  }
+  SECTION("a window whose blocks were recycled limits a hit the full group could serve") {
+    Small m(8);
+    HybridCache<> c(m.config(40));
+    const auto p = tokens(33, 2);
+    const SeqId a = *c.add_sequence();
+    prefill(c, a, p);
+    std::vector<std::int32_t> slots(8);
+    for (std::int32_t at = 33; at < 48; ++at) {  // a decodes on: its window frees blocks 0 .. 8, cached; its full blocks stay held
+      const std::int32_t t[] = {at};
+      REQUIRE(c.reserve(a, 1, slots, t).ok());
+      REQUIRE(c.computed(a, at + 1).ok());
+    }
+    CHECK(c.usage(1).cached == 10);  // the last reserve saw 47 computed: it reads 40 on
+    CHECK(c.match(p) == 32);  // the full group's blocks and the window's 6, 7 are all there
+    // Another request takes every free block: the cached window blocks are recycled.
+    const SeqId z = *c.add_sequence();
+    const auto q = tokens(64, 7);
+    const std::int32_t room = c.free_blocks();
+    auto r = c.admit(z, std::span(q).first(std::size_t(room / 2 * 4)), room / 2 * 4, std::span(slots.data(), 0));
+    CHECK(r.status().code() == Errc::buffer_too_small);
+    std::vector<std::int32_t> zs(std::size_t(room / 2 * 4) * 2);
+    REQUIRE(c.admit(z, std::span(q).first(std::size_t(room / 2 * 4)), room / 2 * 4, zs).ok());
+    CHECK(c.usage(1).cached == room % 2);  // the most recently freed one, when room is odd
+    CHECK(c.usage(0).held == 12 + room / 2);
+    CHECK(c.match(p) == 0);  // full alone would serve 32: the window has none of the blocks a hit needs
+    CHECK(c.check_invariants().ok());
+  }
+  SECTION("a chunked-local hit needs the current chunk's blocks") {
+    Small m(16, AttentionKind::chunked_local);  // C 16
+    HybridCache<> c(m.config(64));
+    const auto p = tokens(37, 3);
+    const SeqId a = *c.add_sequence();
+    prefill(c, a, p);
+    REQUIRE(c.free(a).ok());
+    const SeqId b = *c.add_sequence();
+    CHECK(prefill(c, b, p) == 36);  // chunk 2 starts at 32: blocks 8 (32 .. 35) needed, 0 .. 7 null
+    CHECK(*c.blocks_held(b, 1) == 2);
+  }
+  SECTION("cross-attention holds its encoder's blocks and does not limit hits") {
+    std::vector<std::int32_t> l0{0}, l1{1};
+    const LayerGroupSpec g[] = {{.layers = l0, .head_dim = 8},
+                                {.kind = AttentionKind::cross, .layers = l1, .head_dim = 8, .encoder_len = 10}};
+    HybridCache<> c({.groups = *LayerGroups::make({.groups = g, .block_size = 4}), .num_blocks = 32, .max_sequences = 2, .max_tokens = 32});
+    const auto p = tokens(13, 4);
+    const SeqId a = *c.add_sequence();
+    prefill(c, a, p);
+    CHECK(*c.blocks_held(a, 1) == 3);
+    CHECK(*c.tokens_held(a, 1) == 10);
+    std::vector<std::int32_t> enc(10);
+    REQUIRE(c.slot_mapping(1, a, 0, 10, enc).ok());
+    REQUIRE(c.free(a).ok());
+    const SeqId b = *c.add_sequence();
+    CHECK(prefill(c, b, p) == 12);
+    CHECK(c.usage(1).cached == 0);  // never published
+    CHECK(c.usage(1).held == 3);
+  }
+}
+
+TEST_CASE("two-phase admit: a hit of one group is retained before another group allocates") {
+  Small m(8);
+  const auto p = tokens(17, 5);
+  HybridCache<> c(m.config(1 + 10));
+  const SeqId a = *c.add_sequence();
+  prefill(c, a, p);  // 5 blocks per group; none freed (no reserve after computed)
+  REQUIRE(c.free(a).ok());
+  CHECK(c.pool().num_cached() == 8);  // 4 full blocks per group published; the partial ones go back plain
+  const SeqId x = *c.add_sequence();  // takes the 2 plain blocks: free blocks are now exactly the next need
+  const auto other = tokens(4, 11);
+  prefill(c, x, other);
+  REQUIRE(c.free_blocks() == 8);
+  const SeqId b = *c.add_sequence();
+  std::vector<std::int32_t> slots(2 * 17);
+  // Hit 16: full retains its 4 cached blocks, the window its blocks 2, 3 (positions 9 .. 15 are read);
+  // each group allocates 1: need 8 of 8. The cached blocks least recently freed are the full group's:
+  // were the window's block allocated before the full group retained, it would recycle a hit block.
+  const auto before = c;
+  auto r = c.admit(b, p, 17, slots);
+  REQUIRE(r.ok());
+  CHECK(r->hit == 16);
+  CHECK(c.check_invariants().ok());
+  CHECK(c.free_blocks() == 0);
+  const SeqId one[] = {b};
+  std::vector<std::int32_t> table(5);
+  REQUIRE(c.export_block_table(0, one, table, 5).ok());
+  for (std::int32_t j = 0; j < 4; ++j) CHECK(c.pool().has_hash(table[std::size_t(j)]));  // still the cached content
+  // Short of blocks: the same hit and 4 more tokens need 10 of 8; refused, nothing changed.
+  HybridCache<> short_of = before;
+  auto longer = p;
+  longer.insert(longer.end(), {1, 2, 3, 4});
+  std::vector<std::int32_t> more(2 * 21);
+  CHECK(short_of.match(longer) == 16);
+  CHECK(short_of.admit(b, longer, 21, more).status() == Status{Errc::out_of_blocks, "n_blocks", 10, 8});
+  CHECK(short_of == before);
+}
+
+TEST_CASE("the window's admission bound sizes the pool and admits the longest request") {
+  Small m(8);
+  for (const std::int32_t chunk : {0, 4, 5, 16}) {
+    const std::int64_t blocks = hybrid_pool_blocks(m.lg, 1, 64, chunk);
+    HybridCache<> c(m.config(std::int32_t(blocks), chunk));
+    CHECK(c.can_admit(64, 0));  // a prompt of the model's length fits the pool sized for it
+    CHECK(c.max_concurrency(64) == 1);
+    CHECK(*c.blocks_needed(64, 0) == blocks - 1);
+    CHECK(*c.blocks_needed(48, 16) <= blocks - 1);
+    // Prefill 48 in chunks, then decode 16, computing each step before the next reserve: never short.
+    const SeqId s = *c.add_sequence();
+    const auto t = tokens(64, 6);
+    std::vector<std::int32_t> slots(2 * 64);
+    const std::int32_t step = chunk > 0 ? chunk : 48;
+    auto a = c.admit(s, std::span(t).first(48), step, slots);
+    REQUIRE(a.ok());
+    std::int64_t at = a->scheduled;
+    std::int32_t peak = *c.blocks_held(s);
+    REQUIRE(c.computed(s, at).ok());
+    while (at < 64) {
+      const auto n = std::int32_t(std::min<std::int64_t>(at < 48 ? step : 1, (at < 48 ? 48 : 64) - at));
+      auto r = c.reserve(s, n, slots, std::span(t).subspan(std::size_t(at), std::size_t(n)));
+      REQUIRE(r.ok());
+      peak = std::max(peak, *c.blocks_held(s));
+      at += n;
+      REQUIRE(c.computed(s, at).ok());
+      REQUIRE(c.check_invariants().ok());
+    }
+    CHECK(peak <= *c.blocks_needed(48, 16));  // what the scheduler was told bounds what the rows held
+    INFO("chunk " << chunk);
+    HybridCache<> less(m.config(std::int32_t(blocks - 1), chunk));
+    CHECK_FALSE(less.can_admit(64, 0));
+  }
+}
+
+TEST_CASE("hybrid cache errors name the value and change nothing") {
+  Small m(8);
+  HybridCache<> c(m.config(16));
+  const SeqId s = *c.add_sequence();
+  std::vector<std::int32_t> slots(64);
+  const auto t = tokens(12);
+  REQUIRE(c.admit(s, t, 8, slots).ok());
+  const auto before = c;
+  CHECK(c.admit(s, t, 8, slots).status().what() == std::string("seq (admit takes a fresh sequence; tokens held)"));
+  CHECK(c.reserve(s, 4, std::span(slots).first(7), std::span(t).first(4)).status() == Status{Errc::buffer_too_small, "slots", 7, 8});
+  CHECK(c.reserve(s, 4, slots, std::span(t).first(3)).status().what() == std::string("tokens (ids of the n tokens, prefix caching on)"));
+  CHECK(c.reserve(s, -1, slots).status() == Status{Errc::invalid_argument, "n", -1, 56});
+  CHECK(c.reserve(s, 60, slots).status() == Status{Errc::invalid_argument, "n", 60, 56});
+  CHECK(c.computed(s, 9) == Status{Errc::invalid_argument, "tokens (computed)", 9, 8});
+  CHECK(c.truncate(s, 9) == Status{Errc::truncate_too_many, "n", 9, 8});
+  CHECK(c.tokens_held(s, 2).status() == Status{Errc::invalid_argument, "group", 2, 1});
+  std::vector<std::int32_t> table(4);
+  const SeqId one[] = {s};
+  CHECK(c.export_block_table(0, one, table, 1) == Status{Errc::buffer_too_small, "row_stride", 1, 2});
+  CHECK(c.export_block_table(-1, one, table, 2) == Status{Errc::invalid_argument, "group", -1, 1});
+  const SeqId stale{s.index, s.generation + 1};
+  CHECK(c.free(stale).code() == Errc::unknown_sequence);
+  CHECK(c.blocks_needed(-1, 0).status() == Status{Errc::invalid_argument, "prompt_len", -1, 0});
+  CHECK(c.blocks_needed(60, 8).status() == Status{Errc::invalid_argument, "max_new", 8, 4});
+  CHECK(c == before);
+  // The rollback it allows: uncomputed tokens only.
+  REQUIRE(c.truncate(s, 5).ok());
+  CHECK(*c.tokens(s) == 3);
+  CHECK(c.check_invariants().ok());
+  CHECK_THROWS_AS(HybridCache<>(m.config(1)), ConfigError);
+}
