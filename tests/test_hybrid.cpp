@@ -39,14 +39,15 @@ struct Small {
   }
 };
 
-// Runs a whole prompt through seq s (admit, computed) and returns the hit.
-std::int32_t prefill(HybridCache<>& c, SeqId s, const std::vector<std::int32_t>& prompt) {
+// Admits a whole prompt and computes it: the new sequence and its hit.
+HybridAdmitResult prefill(HybridCache<>& c, const std::vector<std::int32_t>& prompt) {
   std::vector<std::int32_t> slots(std::size_t(c.groups()) * prompt.size());
-  auto a = c.admit(s, prompt, std::int32_t(prompt.size()), slots);
+  auto a = c.admit(prompt, slots);
   REQUIRE(a.ok());
-  REQUIRE(c.computed(s, std::int64_t(prompt.size())).ok());
+  REQUIRE(a->cached_tokens + a->reserved == std::int32_t(prompt.size()));
+  REQUIRE(c.computed(a->seq, std::int64_t(prompt.size())).ok());
   REQUIRE(c.check_invariants().ok());
-  return a->hit;
+  return *a;
 }
 
 }  // namespace
@@ -120,16 +121,17 @@ TEST_CASE("layer groups: one page size, each group's block size, padding and the
 TEST_CASE("a sliding-window group frees what left the window, on computed tokens only, into null entries") {
   Small m(8);  // W 8, blocks of 4: a query at p reads p-7 .. p
   HybridCache<> c(m.config(64));
-  const SeqId s = *c.add_sequence();
   std::vector<std::int32_t> slots(64);
   const auto t = tokens(40);
-  REQUIRE(c.admit(s, std::span(t).first(16), 16, slots)->scheduled == 16);
+  const auto a = c.admit(std::span(t).first(16), slots);
+  REQUIRE(a->reserved == 16);
+  const SeqId s = a->seq;
   // Chunked prefill: the next chunk is reserved before the first is computed: nothing is freed.
-  REQUIRE(c.reserve(s, 8, slots, std::span(t).subspan(16, 8)).ok());
+  REQUIRE(c.reserve(s, std::span(t).subspan(16, 8), slots).ok());
   CHECK(*c.blocks_held(s, 1) == 6);
   CHECK(c.check_invariants().ok());
   REQUIRE(c.computed(s, 16).ok());  // the next query is at 16: it reads 9 .. 16
-  REQUIRE(c.reserve(s, 4, slots, std::span(t).subspan(24, 4)).ok());
+  REQUIRE(c.reserve(s, std::span(t).subspan(24, 4), slots).ok());
   CHECK(*c.blocks_held(s, 1) == 5);  // 7 blocks, of which 0, 1 are freed: block 2 (8 .. 11) is still read
   CHECK(*c.blocks_held(s, 0) == 7);  // the full group keeps everything
   std::vector<std::int32_t> table(8);
@@ -155,37 +157,34 @@ TEST_CASE("prefix hits: full, window and chunked-local rules, and cross-attentio
     Small m(8);
     HybridCache<> c(m.config(64));
     const auto p = tokens(33, 1);
-    const SeqId a = *c.add_sequence();
-    CHECK(prefill(c, a, p) == 0);
+    const SeqId a = prefill(c, p).seq;
     REQUIRE(c.free(a).ok());
-    const SeqId b = *c.add_sequence();
     CHECK(c.match(p) == 32);  // every block up to the last token
-    CHECK(prefill(c, b, p) == 32);
-    CHECK(*c.blocks_held(b, 1) == 3);  // blocks 6, 7 (positions 25 .. 31) and the new one; 0 .. 5 null
-    CHECK(*c.blocks_held(b, 0) == 9);
+    const auto b = prefill(c, p);
+    CHECK(b.cached_tokens == 32);
+    CHECK(*c.blocks_held(b.seq, 1) == 3);  // blocks 6, 7 (positions 25 .. 31) and the new one; 0 .. 5 null
+    CHECK(*c.blocks_held(b.seq, 0) == 9);
   }
   SECTION("a window whose blocks were recycled limits a hit the full group could serve") {
     Small m(8);
     HybridCache<> c(m.config(40));
     const auto p = tokens(33, 2);
-    const SeqId a = *c.add_sequence();
-    prefill(c, a, p);
+    const SeqId a = prefill(c, p).seq;
     std::vector<std::int32_t> slots(8);
     for (std::int32_t at = 33; at < 48; ++at) {  // a decodes on: its window frees blocks 0 .. 8, cached; its full blocks stay held
       const std::int32_t t[] = {at};
-      REQUIRE(c.reserve(a, 1, slots, t).ok());
+      REQUIRE(c.reserve(a, t, slots).ok());
       REQUIRE(c.computed(a, at + 1).ok());
     }
     CHECK(c.usage(1).cached == 10);  // the last reserve saw 47 computed: it reads 40 on
     CHECK(c.match(p) == 32);  // the full group's blocks and the window's 6, 7 are all there
     // Another request takes every free block: the cached window blocks are recycled.
-    const SeqId z = *c.add_sequence();
     const auto q = tokens(64, 7);
     const std::int32_t room = c.free_blocks();
-    auto r = c.admit(z, std::span(q).first(std::size_t(room / 2 * 4)), room / 2 * 4, std::span(slots.data(), 0));
-    CHECK(r.status().code() == Errc::buffer_too_small);
-    std::vector<std::int32_t> zs(std::size_t(room / 2 * 4) * 2);
-    REQUIRE(c.admit(z, std::span(q).first(std::size_t(room / 2 * 4)), room / 2 * 4, zs).ok());
+    const auto z = std::span(q).first(std::size_t(room / 2 * 4));
+    CHECK(c.admit(z, std::span(slots.data(), 0)).status().code() == Errc::buffer_too_small);
+    std::vector<std::int32_t> zs(z.size() * 2);
+    REQUIRE(c.admit(z, zs).ok());
     CHECK(c.usage(1).cached == room % 2);  // the most recently freed one, when room is odd
     CHECK(c.usage(0).held == 12 + room / 2);
     CHECK(c.match(p) == 0);  // full alone would serve 32: the window has none of the blocks a hit needs
@@ -195,12 +194,10 @@ TEST_CASE("prefix hits: full, window and chunked-local rules, and cross-attentio
     Small m(16, AttentionKind::chunked_local);  // C 16
     HybridCache<> c(m.config(64));
     const auto p = tokens(37, 3);
-    const SeqId a = *c.add_sequence();
-    prefill(c, a, p);
-    REQUIRE(c.free(a).ok());
-    const SeqId b = *c.add_sequence();
-    CHECK(prefill(c, b, p) == 36);  // chunk 2 starts at 32: blocks 8 (32 .. 35) needed, 0 .. 7 null
-    CHECK(*c.blocks_held(b, 1) == 2);
+    REQUIRE(c.free(prefill(c, p).seq).ok());
+    const auto b = prefill(c, p);
+    CHECK(b.cached_tokens == 36);  // chunk 2 starts at 32: blocks 8 (32 .. 35) needed, 0 .. 7 null
+    CHECK(*c.blocks_held(b.seq, 1) == 2);
   }
   SECTION("cross-attention holds its encoder's blocks and does not limit hits") {
     std::vector<std::int32_t> l0{0}, l1{1};
@@ -208,15 +205,13 @@ TEST_CASE("prefix hits: full, window and chunked-local rules, and cross-attentio
                                 {.kind = AttentionKind::cross, .layers = l1, .head_dim = 8, .encoder_len = 10}};
     HybridCache<> c({.groups = *LayerGroups::make({.groups = g, .block_size = 4}), .num_blocks = 32, .max_sequences = 2, .max_tokens = 32});
     const auto p = tokens(13, 4);
-    const SeqId a = *c.add_sequence();
-    prefill(c, a, p);
+    const SeqId a = prefill(c, p).seq;
     CHECK(*c.blocks_held(a, 1) == 3);
     CHECK(*c.tokens_held(a, 1) == 10);
     std::vector<std::int32_t> enc(10);
     REQUIRE(c.slot_mapping(1, a, 0, 10, enc).ok());
     REQUIRE(c.free(a).ok());
-    const SeqId b = *c.add_sequence();
-    CHECK(prefill(c, b, p) == 12);
+    CHECK(prefill(c, p).cached_tokens == 12);
     CHECK(c.usage(1).cached == 0);  // never published
     CHECK(c.usage(1).held == 3);
   }
@@ -226,26 +221,21 @@ TEST_CASE("two-phase admit: a hit of one group is retained before another group 
   Small m(8);
   const auto p = tokens(17, 5);
   HybridCache<> c(m.config(1 + 10));
-  const SeqId a = *c.add_sequence();
-  prefill(c, a, p);  // 5 blocks per group; none freed (no reserve after computed)
-  REQUIRE(c.free(a).ok());
+  REQUIRE(c.free(prefill(c, p).seq).ok());  // 5 blocks per group; none freed (no reserve after computed)
   CHECK(c.pool().num_cached() == 8);  // 4 full blocks per group published; the partial ones go back plain
-  const SeqId x = *c.add_sequence();  // takes the 2 plain blocks: free blocks are now exactly the next need
-  const auto other = tokens(4, 11);
-  prefill(c, x, other);
+  prefill(c, tokens(4, 11));  // takes the 2 plain blocks: free blocks are now exactly the next need
   REQUIRE(c.free_blocks() == 8);
-  const SeqId b = *c.add_sequence();
   std::vector<std::int32_t> slots(2 * 17);
   // Hit 16: full retains its 4 cached blocks, the window its blocks 2, 3 (positions 9 .. 15 are read);
   // each group allocates 1: need 8 of 8. The cached blocks least recently freed are the full group's:
   // were the window's block allocated before the full group retained, it would recycle a hit block.
   const auto before = c;
-  auto r = c.admit(b, p, 17, slots);
+  auto r = c.admit(p, slots);
   REQUIRE(r.ok());
-  CHECK(r->hit == 16);
+  CHECK(r->cached_tokens == 16);
   CHECK(c.check_invariants().ok());
   CHECK(c.free_blocks() == 0);
-  const SeqId one[] = {b};
+  const SeqId one[] = {r->seq};
   std::vector<std::int32_t> table(5);
   REQUIRE(c.export_block_table(0, one, table, 5).ok());
   for (std::int32_t j = 0; j < 4; ++j) CHECK(c.pool().has_hash(table[std::size_t(j)]));  // still the cached content
@@ -255,7 +245,7 @@ TEST_CASE("two-phase admit: a hit of one group is retained before another group 
   longer.insert(longer.end(), {1, 2, 3, 4});
   std::vector<std::int32_t> more(2 * 21);
   CHECK(short_of.match(longer) == 16);
-  CHECK(short_of.admit(b, longer, 21, more).status() == Status{Errc::out_of_blocks, "n_blocks", 10, 8});
+  CHECK(short_of.admit(longer, more).status() == Status{Errc::out_of_blocks, "n_blocks", 10, 8});
   CHECK(short_of == before);
 }
 
@@ -269,18 +259,18 @@ TEST_CASE("the window's admission bound sizes the pool and admits the longest re
     CHECK(*c.blocks_needed(64, 0) == blocks - 1);
     CHECK(*c.blocks_needed(48, 16) <= blocks - 1);
     // Prefill 48 in chunks, then decode 16, computing each step before the next reserve: never short.
-    const SeqId s = *c.add_sequence();
     const auto t = tokens(64, 6);
     std::vector<std::int32_t> slots(2 * 64);
     const std::int32_t step = chunk > 0 ? chunk : 48;
-    auto a = c.admit(s, std::span(t).first(48), step, slots);
+    auto a = c.admit(std::span(t).first(48), slots, {.reserve = step});
     REQUIRE(a.ok());
-    std::int64_t at = a->scheduled;
+    const SeqId s = a->seq;
+    std::int64_t at = a->reserved;
     std::int32_t peak = *c.blocks_held(s);
     REQUIRE(c.computed(s, at).ok());
     while (at < 64) {
       const auto n = std::int32_t(std::min<std::int64_t>(at < 48 ? step : 1, (at < 48 ? 48 : 64) - at));
-      auto r = c.reserve(s, n, slots, std::span(t).subspan(std::size_t(at), std::size_t(n)));
+      auto r = c.reserve(s, std::span(t).subspan(std::size_t(at), std::size_t(n)), slots);
       REQUIRE(r.ok());
       peak = std::max(peak, *c.blocks_held(s));
       at += n;
@@ -297,16 +287,16 @@ TEST_CASE("the window's admission bound sizes the pool and admits the longest re
 TEST_CASE("hybrid cache errors name the value and change nothing") {
   Small m(8);
   HybridCache<> c(m.config(16));
-  const SeqId s = *c.add_sequence();
   std::vector<std::int32_t> slots(64);
-  const auto t = tokens(12);
-  REQUIRE(c.admit(s, t, 8, slots).ok());
+  const auto t = tokens(60);
+  const SeqId s = c.admit(std::span(t).first(12), slots, {.reserve = 8})->seq;
   const auto before = c;
-  CHECK(c.admit(s, t, 8, slots).status().what() == std::string("seq (admit takes a fresh sequence; tokens held)"));
-  CHECK(c.reserve(s, 4, std::span(slots).first(7), std::span(t).first(4)).status() == Status{Errc::buffer_too_small, "slots", 7, 8});
-  CHECK(c.reserve(s, 4, slots, std::span(t).first(3)).status().what() == std::string("tokens (ids of the n tokens, prefix caching on)"));
-  CHECK(c.reserve(s, -1, slots).status() == Status{Errc::invalid_argument, "n", -1, 56});
-  CHECK(c.reserve(s, 60, slots).status() == Status{Errc::invalid_argument, "n", 60, 56});
+  CHECK(c.admit(std::span(t).first(12), slots, {.reserve = 0}).status() == Status{Errc::invalid_argument, "reserve", 0, 1});
+  CHECK(c.admit({}, slots).status() == Status{Errc::invalid_argument, "prompt (tokens)", 0, 64});
+  CHECK(c.admit(std::span(t).first(12), std::span(slots).first(23)).status() == Status{Errc::buffer_too_small, "slots", 23, 24});
+  CHECK(c.reserve(s, std::span(t).first(4), std::span(slots).first(7)).status() == Status{Errc::buffer_too_small, "slots", 7, 8});
+  CHECK(c.reserve(s, 4, slots).status() == Status{Errc::invalid_argument, "n (prefix caching is on: pass the token ids)", 4, 0});
+  CHECK(c.reserve(s, std::span(t).first(57), slots).status() == Status{Errc::invalid_argument, "n", 57, 56});
   CHECK(c.computed(s, 9) == Status{Errc::invalid_argument, "tokens (computed)", 9, 8});
   CHECK(c.truncate(s, 9) == Status{Errc::truncate_too_many, "n", 9, 8});
   CHECK(c.tokens_held(s, 2).status() == Status{Errc::invalid_argument, "group", 2, 1});

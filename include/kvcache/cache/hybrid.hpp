@@ -4,8 +4,8 @@
 // rule (GroupRule) and its keys in the one prefix index (GroupHits); this
 // class only runs each call over the groups, all or nothing.
 //
-// A sequence's life: admit (a prefix hit, retained, plus the first chunk),
-// reserve (each later chunk or decoded token), computed (the forward pass
+// A sequence's life: admit (a new sequence: a prefix hit, retained, plus the
+// first chunk), reserve (each later chunk or decoded token), computed (the forward pass
 // wrote K/V up to here: full blocks are published, and later reserves may
 // free what left a window), free. Window and chunk groups free on processed
 // tokens only, never on tokens reserved and not yet computed.
@@ -30,10 +30,18 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-/// What admit() did: prefix tokens served from the cache, and tokens reserved after them.
-struct HybridAdmit {
-  std::int32_t hit = 0;  ///< Prompt tokens whose K/V came from the cache (every group).
-  std::int32_t scheduled = 0;  ///< Tokens reserved after the hit (slots written for them).
+/// How HybridCache::admit() admits a prompt.
+struct HybridAdmitOptions {
+  PrefixKey key{};  ///< The sequence's salt (tenant, cache salt) and extra (LoRA id).
+  /// Uncached prompt tokens to reserve now (chunked prefill reserves one chunk; the rest through reserve()).
+  std::int32_t reserve = INT32_MAX;
+};
+
+/// What HybridCache::admit() did.
+struct HybridAdmitResult {
+  SeqId seq{};  ///< The new sequence.
+  std::int32_t cached_tokens = 0;  ///< Prompt tokens every group serves from the cache.
+  std::int32_t reserved = 0;  ///< Prompt tokens reserved after them.
 };
 
 /// Layer groups over one pool: all-or-nothing reserves across groups, per-group tables, hits and accounting.
@@ -82,22 +90,24 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
     return cfg_.prefix_caching ? hits_.find(pool_, prompt, key, owner_of()) : 0;
   }
 
-  /// A fresh sequence's first step: the longest prefix hit of `prompt`, then
-  /// up to `budget` more of its tokens reserved, all or nothing across every
-  /// group (hit blocks that are free but cached count as need, and are
-  /// retained before anything is allocated). slots: [groups][budget], group
-  /// g's slot of each scheduled token (-1 past `scheduled`, and in cross groups).
-  Result<HybridAdmit> admit(SeqId id, std::span<const std::int32_t> prompt, std::int32_t budget, std::span<std::int32_t> slots) {
-    if (auto st = validate(id); !st) return st;
-    Seq& s = seqs_[id.index];
-    if (s.reserved != 0) return Status{Errc::invalid_argument, "seq (admit takes a fresh sequence; tokens held)", s.reserved, 0};
+  /// Atomic admission: a new sequence with the longest prefix of `prompt`
+  /// every group serves from the cache, and its next uncached tokens reserved
+  /// (all of them, or opt.reserve). All or nothing across groups: hit blocks
+  /// that are free but cached count as need, and every group's hits are
+  /// retained before anything is allocated. slots: [groups][stride], stride =
+  /// min(prompt length, opt.reserve): group g's slot of reserved token i at
+  /// slots[g * stride + i] (-1 past `reserved`, and in cross groups).
+  Result<HybridAdmitResult> admit(std::span<const std::int32_t> prompt, std::span<std::int32_t> slots,
+                                  const HybridAdmitOptions& opt = {}) {
     const auto len = std::int64_t(prompt.size());
     if (len < 1 || len > cfg_.max_tokens) return Status{Errc::invalid_argument, "prompt (tokens)", len, cfg_.max_tokens};
-    if (budget < 1) return Status{Errc::invalid_argument, "budget", budget, 1};
-    if (std::int64_t(slots.size()) < std::int64_t(groups()) * budget)
-      return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), std::int64_t(groups()) * budget};
-    const std::int64_t h = match(prompt, s.key);
-    const auto n = std::int32_t(std::min<std::int64_t>(budget, len - h));
+    if (opt.reserve < 1) return Status{Errc::invalid_argument, "reserve", opt.reserve, 1};
+    const auto stride = std::int32_t(std::min<std::int64_t>(len, opt.reserve));
+    if (std::int64_t(slots.size()) < std::int64_t(groups()) * stride)
+      return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), std::int64_t(groups()) * stride};
+    if (free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", cfg_.max_sequences, cfg_.max_sequences};
+    const std::int64_t h = match(prompt, opt.key);
+    const auto n = std::int32_t(std::min<std::int64_t>(stride, len - h));
     std::int64_t need = 0;
     for (std::int32_t g = 0; g < groups(); ++g) {
       const GroupRule& r = rows_[std::size_t(g)].rule();
@@ -109,6 +119,8 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
       need += r.blocks_for(h + n) - h / r.block_size;
     }
     if (need > pool_.num_free()) return Status{Errc::out_of_blocks, "n_blocks", need, pool_.num_free()};
+    const SeqId id = *add_sequence(opt.key);
+    Seq& s = seqs_[id.index];
     for (std::int32_t g = 0; g < groups(); ++g) {  // retain every group's hits, then allocate
       const GroupRule& r = rows_[std::size_t(g)].rule();
       if (!r.caches()) continue;
@@ -120,42 +132,24 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
       }
       rows_[std::size_t(g)].adopt(id.index, std::int32_t(first), scratch_);
       published(g, id.index) = std::int32_t(h / r.block_size);
-      chain(g, id.index) = h > 0 ? hits_.chain(g, s.key) : chain_root(s.key);
+      if (h > 0) chain(g, id.index) = hits_.chain(g, s.key);
     }
-    s.computed = h;
-    s.reserved = h;
-    s.tokens_from = h;
-    grow(id.index, n, slots, budget);
+    s.computed = s.reserved = s.tokens_from = h;
+    grow(id.index, n, slots, stride);
     if (cfg_.prefix_caching) s.tokens.assign(prompt.begin() + h, prompt.begin() + h + n);
-    return HybridAdmit{std::int32_t(h), n};
+    return HybridAdmitResult{id, std::int32_t(h), n};
   }
 
-  /// n more tokens for sequence id, all or nothing across groups: what left
-  /// each window (on computed tokens) is freed first and counts as room.
-  /// slots: [groups][n]. With prefix caching, `tokens` are the n tokens' ids.
-  Result<std::int32_t> reserve(SeqId id, std::int32_t n, std::span<std::int32_t> slots, std::span<const std::int32_t> tokens = {}) {
-    if (auto st = validate(id); !st) return st;
-    Seq& s = seqs_[id.index];
-    if (n < 0 || n > cfg_.max_tokens - s.reserved) return Status{Errc::invalid_argument, "n", n, cfg_.max_tokens - s.reserved};
-    if (std::int64_t(slots.size()) < std::int64_t(groups()) * n)
-      return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), std::int64_t(groups()) * n};
-    if (cfg_.prefix_caching && std::int64_t(tokens.size()) != n)
-      return Status{Errc::invalid_argument, "tokens (ids of the n tokens, prefix caching on)", std::int64_t(tokens.size()), n};
-    std::int64_t need = 0, freeable = 0;
-    for (const GroupRows& rows : rows_) {
-      const GroupRule& r = rows.rule();
-      if (!r.caches()) {
-        need += s.reserved == 0 ? r.blocks_for(r.span) : 0;
-        continue;
-      }
-      freeable += rows.freeable_below(pool_, id.index, std::int32_t(r.skipped_blocks(s.computed)));
-      need += r.blocks_for(s.reserved + n) - std::int64_t(rows.row(id.index).size());
-    }
-    if (need > pool_.num_free() + freeable) return Status{Errc::out_of_blocks, "n_blocks", need, pool_.num_free() + freeable};
-    for (GroupRows& rows : rows_) rows.free_below(pool_, id.index, std::int32_t(rows.rule().skipped_blocks(s.computed)));
-    grow(id.index, n, slots, n);
-    if (cfg_.prefix_caching) s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
-    return n;
+  /// The next tokens of sequence id (their ids: what computed() publishes),
+  /// all or nothing across groups: what left each window (on computed tokens)
+  /// is freed first and counts as room. slots: [groups][tokens.size()].
+  Result<std::int32_t> reserve(SeqId id, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots) {
+    return reserve_impl(id, std::int32_t(std::min<std::size_t>(tokens.size(), INT32_MAX)), tokens, slots);
+  }
+  /// n more tokens without their ids: only without prefix caching (nothing to publish).
+  Result<std::int32_t> reserve(SeqId id, std::int32_t n, std::span<std::int32_t> slots) {
+    if (cfg_.prefix_caching) return Status{Errc::invalid_argument, "n (prefix caching is on: pass the token ids)", n, 0};
+    return reserve_impl(id, n, {}, slots);
   }
 
   /// The forward pass wrote K/V for tokens [0, tokens): full blocks of every
@@ -263,6 +257,29 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
       return Status{Errc::unknown_sequence, "seq", id.index, std::int64_t(seqs_.size())};
     return {};
   }
+  Result<std::int32_t> reserve_impl(SeqId id, std::int32_t n, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots) {
+    if (auto st = validate(id); !st) return st;
+    Seq& s = seqs_[id.index];
+    if (n < 0 || n > cfg_.max_tokens - s.reserved) return Status{Errc::invalid_argument, "n", n, cfg_.max_tokens - s.reserved};
+    if (std::int64_t(slots.size()) < std::int64_t(groups()) * n)
+      return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), std::int64_t(groups()) * n};
+    std::int64_t need = 0, freeable = 0;
+    for (const GroupRows& rows : rows_) {
+      const GroupRule& r = rows.rule();
+      if (!r.caches()) {
+        need += s.reserved == 0 ? r.blocks_for(r.span) : 0;
+        continue;
+      }
+      freeable += rows.freeable_below(pool_, id.index, std::int32_t(r.skipped_blocks(s.computed)));
+      need += r.blocks_for(s.reserved + n) - std::int64_t(rows.row(id.index).size());
+    }
+    if (need > pool_.num_free() + freeable) return Status{Errc::out_of_blocks, "n_blocks", need, pool_.num_free() + freeable};
+    for (GroupRows& rows : rows_) rows.free_below(pool_, id.index, std::int32_t(rows.rule().skipped_blocks(s.computed)));
+    grow(id.index, n, slots, n);
+    if (cfg_.prefix_caching) s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+    return n;
+  }
+
   // idx_ = the rows of seqs, after checking g and every handle.
   Status rows_of(std::int32_t g, std::span<const SeqId> seqs) const {
     if (g < 0 || g >= groups()) return Status{Errc::invalid_argument, "group", g, groups() - 1};
@@ -285,16 +302,19 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
     Seq& s = seqs_[i];
     for (std::int32_t g = 0; g < groups(); ++g) {
       GroupRows& rows = rows_[std::size_t(g)];
-      const GroupRule& r = rows.rule();
+      const GroupRule r = rows.rule();
       const std::int64_t want = r.caches() ? r.blocks_for(s.reserved + n) : r.blocks_for(r.span);
-      scratch_.resize(std::size_t(std::max<std::int64_t>(0, want - std::int64_t(rows.row(i).size()))));
-      (void)pool_.allocate(scratch_);  // counted before any change: cannot fail
-      for (const BlockId b : scratch_) owner_[std::size_t(b)] = std::int8_t(g);
-      rows.append(i, scratch_);
+      if (const auto have = std::int64_t(rows.row(i).size()); want > have) {
+        scratch_.resize(std::size_t(want - have));
+        (void)pool_.allocate(scratch_);  // counted before any change: cannot fail
+        for (const BlockId b : scratch_) owner_[std::size_t(b)] = std::int8_t(g);
+        rows.append(i, scratch_);
+      }
       std::int32_t* out = slots.data() + std::size_t(g) * std::size_t(stride);
+      const BlockId* row = rows.row(i).data();
       for (std::int32_t t = 0; t < stride; ++t) {
         const std::int64_t p = s.reserved + t;
-        out[t] = r.caches() && t < n ? rows.row(i)[std::size_t(p / r.block_size)] * r.block_size + std::int32_t(p % r.block_size) : -1;
+        out[t] = r.caches() && t < n ? row[r.div(p)] * r.block_size + r.mod(p) : -1;
       }
     }
     s.reserved += n;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kvcache/block_math.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/groups/layer_groups.hpp"
 
@@ -21,6 +22,7 @@ struct GroupRule {
   AttentionKind kind = AttentionKind::full;  ///< The group's kind.
   std::int32_t block_size = 1;  ///< Tokens per page in this group.
   std::int32_t span = 0;  ///< The window W, the chunk C, or the encoder length (cross); 0 for full and MLA.
+  std::int32_t shift = -1;  ///< log2(block_size) when a power of two (a shift, not a division, per token).
 
   /// Group g's rule.
   static GroupRule of(const LayerGroups& lg, std::int32_t g) noexcept {
@@ -29,7 +31,7 @@ struct GroupRule {
                               : s.kind == AttentionKind::chunked_local ? s.chunk
                               : s.kind == AttentionKind::cross         ? s.encoder_len
                                                                        : 0;
-    return {s.kind, lg.block_size(g), span};
+    return {s.kind, lg.block_size(g), span, BlockMath::of(lg.block_size(g)).shift};
   }
 
   /// Its blocks go into the prefix index (every kind but cross-attention, whose K/V is the request's own encoder output).
@@ -43,8 +45,14 @@ struct GroupRule {
     return kind == AttentionKind::sliding_window || kind == AttentionKind::chunked_local;
   }
 
+  /// Block index of position p (p >= 0).
+  constexpr std::int64_t div(std::int64_t p) const noexcept { return shift >= 0 ? p >> shift : p / block_size; }
+  /// Position p's offset in its block.
+  constexpr std::int32_t mod(std::int64_t p) const noexcept {
+    return static_cast<std::int32_t>(shift >= 0 ? p & (block_size - 1) : p % block_size);
+  }
   /// Blocks holding `tokens` tokens.
-  constexpr std::int64_t blocks_for(std::int64_t tokens) const noexcept { return (tokens + block_size - 1) / block_size; }
+  constexpr std::int64_t blocks_for(std::int64_t tokens) const noexcept { return div(tokens + block_size - 1); }
 
   /// The first position a query at position p reads.
   constexpr std::int64_t first_read(std::int64_t p) const noexcept {
@@ -57,10 +65,10 @@ struct GroupRule {
   /// Blocks wholly before what the next query reads, `processed` tokens in:
   /// a row may free its blocks below this index.
   constexpr std::int64_t skipped_blocks(std::int64_t processed) const noexcept {
-    return frees() ? first_read(processed) / block_size : 0;
+    return frees() ? div(first_read(processed)) : 0;
   }
   /// The blocks [first, last) a prefix hit of h tokens (a multiple of block_size) needs cached.
-  constexpr std::int64_t hit_first_block(std::int64_t h) const noexcept { return first_read(h) / block_size; }
+  constexpr std::int64_t hit_first_block(std::int64_t h) const noexcept { return div(first_read(h)); }
 
   /// The most blocks a row holds over a request of `length` tokens, with at
   /// most `in_flight` tokens reserved beyond those processed (the prefill
