@@ -50,6 +50,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
   friend class HybridAccounting<HybridCache<Hasher>>;
 
  public:
+  /// An empty cache; ConfigError names a bad field of cfg.
   explicit HybridCache(const HybridConfig& cfg, Hasher hasher = {})
       : cfg_(checked(cfg)),
         pool_(cfg.num_blocks),

@@ -37,6 +37,7 @@ template <BlockHasher Hasher = FastBlockHasher>
 class GroupHits {
  public:
   GroupHits() = default;
+  /// Room for prompts of up to max_tokens in every group of lg.
   GroupHits(const LayerGroups& lg, std::int32_t max_tokens, Hasher hasher = {})
       : hasher_(hasher), align_(lg.hit_alignment()), groups_(std::size_t(lg.num_groups())) {
     for (std::int32_t g = 0; g < lg.num_groups(); ++g) {

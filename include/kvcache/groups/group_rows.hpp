@@ -20,6 +20,7 @@ KVCACHE_BEGIN_NAMESPACE
 class GroupRows {
  public:
   GroupRows() = default;
+  /// Empty rows for max_sequences sequences of up to max_blocks blocks; ConfigError past the bookkeeping limit.
   GroupRows(const GroupRule& rule, std::int32_t max_sequences, std::int32_t max_blocks)
       : rule_(rule),
         max_blocks_(max_blocks),
