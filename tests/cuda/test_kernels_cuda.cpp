@@ -13,6 +13,7 @@
 #include "../gate_testing.hpp"
 #include "../kernel_testing.hpp"
 #include <kvcache/eviction/compaction_plan.hpp>
+#include <kvcache/kernels/group_view.hpp>
 
 #include "launchers.hpp"
 
@@ -450,5 +451,64 @@ TEST_CASE("cuda ring admission == host ring admission, state and pool bit for bi
     pool.require_same();
     REQUIRE(dgl.download<std::int32_t>() == gl);
     REQUIRE(dbits.download<std::uint8_t>() == bits);
+  }
+}
+
+TEST_CASE("cuda scatter, gather, block copy and compaction on hybrid group views (K-only MLA, asymmetric K/V) == host") {
+  auto rng = fresh_rng();
+  // Group 0: 2 layers, 4 heads, K 64 / V 32, f16. Group 1: MLA, 3 layers, a 576-value latent, bf16.
+  const std::vector<std::int32_t> l0{0, 1}, l1{2, 3, 4};
+  const LayerGroupSpec specs[] = {
+      {.kind = AttentionKind::full, .layers = l0, .num_kv_heads = 4, .head_dim = 64, .v_head_dim = 32, .dtype = DType::f16},
+      {.kind = AttentionKind::mla, .layers = l1, .num_kv_heads = 1, .head_dim = 576, .dtype = DType::bf16}};
+  const auto lg = *LayerGroups::make({.groups = specs, .block_size = 16, .max_padding_permille = 999});
+  constexpr std::int64_t pages = 12;
+  auto host = random_elems(rng, DType::f16, pages * lg.page_bytes() / 2);
+  Dev dev(host);
+  struct Case {
+    std::int32_t g;
+    GroupPlanes planes;
+    std::int32_t dim;
+  };
+  for (const Case c : {Case{0, GroupPlanes::k, 64}, Case{0, GroupPlanes::v, 32}, Case{1, GroupPlanes::k, 576}}) {
+    const PoolView hv = *make_group_view(lg, c.g, host.data(), pages, c.planes);
+    const PoolView dv = *make_group_view(lg, c.g, dev.p, pages, c.planes);
+    const std::int32_t B = hv.block_size, H = hv.num_kv_heads, L = hv.num_layers;
+    // Group 0 owns pages 1 .. 5, group 1 pages 6 .. 11: 20 tokens at shuffled slots of its pages.
+    const std::int32_t first = c.g == 0 ? 1 : 6, owned = c.g == 0 ? 5 : 6;
+    auto order = shuffled(rng, std::int64_t{owned} * B);
+    std::vector<std::int32_t> slots;
+    for (std::int32_t t = 0; t < 20; ++t) slots.push_back(first * B + order[std::size_t(t)]);
+    const auto src = random_elems(rng, DType::f32, std::int64_t{L} * 20 * H * c.dim);
+    Dev dsrc(src), dslots(slots);
+    const std::int64_t tok = std::int64_t{H} * c.dim * 4;
+    ScatterParams sp{.cache = hv, .src = {src.data(), nullptr, DType::f32, tok * 20, tok, std::int64_t{c.dim} * 4},
+                     .addr = {slots.data()}, .num_tokens = 20, .num_layers = L};
+    REQUIRE(scatter_host(sp).ok());
+    sp.cache = dv, sp.src.k = dsrc.p, sp.addr.slots = dslots.as<std::int32_t>();
+    CUDA_OK(kvgpu::scatter(sp));
+    REQUIRE(dev.download<std::byte>() == host);
+    // Gather the owned pages of the last layer.
+    std::vector<std::int32_t> indptr{0, owned}, indices(static_cast<std::size_t>(owned)), out_indptr{0, owned * B};
+    std::iota(indices.begin(), indices.end(), first);
+    std::vector<std::byte> out(std::size_t(owned * B * H * c.dim) * 4);  // bytes: the pool's random bits may be NaN
+    Dev dindptr(indptr), dindices(indices), dout_indptr(out_indptr), dout(out);
+    GatherParams gp{.cache = hv, .layer = L - 1, .indptr = indptr.data(), .indices = indices.data(), .out_indptr = out_indptr.data(),
+                    .num_seqs = 1, .num_rows = owned * B, .k_out = out.data(), .out_dtype = DType::f32, .token_stride = tok,
+                    .head_stride = std::int64_t{c.dim} * 4};
+    REQUIRE(gather_host(gp).ok());
+    gp.cache = dv, gp.indptr = dindptr.as<std::int32_t>(), gp.indices = dindices.as<std::int32_t>();
+    gp.out_indptr = dout_indptr.as<std::int32_t>(), gp.k_out = dout.p;
+    CUDA_OK(kvgpu::gather(gp));
+    REQUIRE(dout.download<std::byte>() == out);
+    // Copy a page, then move slots.
+    const std::vector<BlockCopy> pairs{{first, first + 1}};
+    const std::vector<SlotMove> moves{{.src = slots[0], .dst = slots[1]}, {.src = slots[2], .dst = slots[3]}};
+    Dev dpairs(pairs), dmoves(moves);
+    REQUIRE(block_copy_host({hv, hv, pairs.data(), 1}).ok());
+    CUDA_OK(kvgpu::block_copy({dv, dv, dpairs.as<BlockCopy>(), 1}));
+    REQUIRE(compaction_host({.cache = hv, .moves = moves.data(), .num_moves = 2, .num_layers = L}).ok());
+    CUDA_OK(kvgpu::compaction({.cache = dv, .moves = dmoves.as<SlotMove>(), .num_moves = 2, .num_layers = L}));
+    REQUIRE(dev.download<std::byte>() == host);
   }
 }

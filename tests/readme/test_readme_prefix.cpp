@@ -5,7 +5,6 @@
 #include <kvcache/kvcache.hpp>
 
 #include <cstdint>
-#include <numeric>
 #include <span>
 #include <vector>
 
@@ -123,34 +122,3 @@ TEST_CASE_METHOD(RouterEvents, "README router events: stored blocks with their t
   REQUIRE(st.hashes == 2);
 }
 
-namespace {
-struct Hybrid {
-  std::vector<int32_t> prompt = text(5000, 1);
-};
-}  // namespace
-
-TEST_CASE_METHOD(Hybrid, "docs hybrid: a Gemma-3-shaped and a DeepSeek-shaped cache, one request through the first") {
-#include "snippets/hybrid.inc"
-  CHECK(groups.num_layers() == 62);
-  CHECK(groups.block_size(0) == 80);
-  CHECK(groups.block_size(1) == 16);
-  CHECK(groups.layer_slot(11) == kv::LayerSlot{0, 1});
-  CHECK(a.cached_tokens == 0);
-  CHECK(a.reserved == 2048);
-  CHECK(*cache.tokens(a.seq) == 2049);
-  // The next query is at 2048: it reads 1025 on, so window blocks 0 .. 63 were freed to the null id.
-  CHECK(table[63] == kv::BlockPool::null_block);
-  CHECK(table[64] != kv::BlockPool::null_block);
-  CHECK(*cache.blocks_held(a.seq, 1) == 129 - 64);
-  CHECK(*cache.blocks_held(a.seq, 0) == 26);  // ceil(2049 / 80)
-  CHECK(cache.max_concurrency(32768) == 4);
-  CHECK(cache.check_invariants().ok());
-  // A second request with the same prompt finds the computed prefix in both groups.
-  std::vector<int32_t> more(std::size_t(cache.groups()) * 2048);
-  auto b = cache.admit(prompt, more, {.reserve = 2048}).value();
-  CHECK(b.cached_tokens == 2000);  // 2048 computed: 25 full pages of 80; the window blocks 61 on are cached
-  CHECK(mla.v_head_dim(0) == 0);
-  CHECK(mla.page_bytes() == 64 * 61 * 576 * 2);
-  CHECK(latent.can_admit(12288, 4096));
-  CHECK(latent.check_invariants().ok());
-}

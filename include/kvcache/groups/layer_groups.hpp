@@ -90,7 +90,7 @@ class LayerGroups {
       const std::int64_t per_layer = std::int64_t{g.num_kv_heads} * (g.head_dim + v_dim(g)) * dtype_bytes(g.dtype);
       if (__builtin_mul_overflow(per_layer, std::int64_t(g.layers.size()), &bytes))
         return Status{Errc::geometry_overflow, "layers (token bytes past int64)", std::int64_t(g.layers.size()), 0};
-      lg.groups_.push_back({g, bytes, 0, 0});
+      lg.groups_.push_back({g, bytes, 0, 0, std::int32_t(g.layers.size())});
       layers += std::int32_t(g.layers.size());
     }
     std::int64_t widest = 0;
@@ -135,6 +135,8 @@ class LayerGroups {
   const LayerGroupSpec& spec(std::int32_t g) const noexcept { return groups_[std::size_t(g)].spec; }
   /// Tokens per page in group g.
   std::int32_t block_size(std::int32_t g) const noexcept { return groups_[std::size_t(g)].block_size; }
+  /// Layers in group g.
+  std::int32_t layers_in(std::int32_t g) const noexcept { return groups_[std::size_t(g)].layers; }
   /// Bytes of one token in group g, all its layers.
   std::int64_t token_bytes(std::int32_t g) const noexcept { return groups_[std::size_t(g)].token_bytes; }
   /// Bytes of each of group g's pages left unused.
@@ -161,7 +163,7 @@ class LayerGroups {
   struct Group {
     LayerGroupSpec spec;
     std::int64_t token_bytes = 0, padding = 0;
-    std::int32_t block_size = 0;
+    std::int32_t block_size = 0, layers = 0;
   };
   static std::int32_t v_dim(const LayerGroupSpec& g) noexcept {
     if (g.kind == AttentionKind::mla) return 0;

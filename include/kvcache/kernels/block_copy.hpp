@@ -40,8 +40,9 @@ inline Status check_block_copy_shape(const BlockCopyParams& p) noexcept {
   if (!p.src.base || !p.dst.base) return Status{Errc::invalid_argument, "pool.base", 0, 1};
   if (p.num_pairs < 0) return Status{Errc::invalid_argument, "num_pairs", p.num_pairs, 0};
   if (p.num_pairs > 0 && !p.pairs) return Status{Errc::invalid_argument, "pairs", 0, 1};
+  if (auto st = check_planes(p.src, "src.kv_planes"); !st) return st;
   if (p.src.dtype != p.dst.dtype || p.src.num_layers != p.dst.num_layers ||
-      plane_elems(p.src) != plane_elems(p.dst) || p.src.head_dim != p.dst.head_dim)
+      plane_elems(p.src) != plane_elems(p.dst) || p.src.head_dim != p.dst.head_dim || p.src.kv_planes != p.dst.kv_planes)
     return Status{Errc::invalid_argument, "dst.geometry", 0, 0};
   if (auto st = check_dtype(p.src.dtype, "src.dtype"); !st) return st;
   if (auto st = check_dtype(p.dst.dtype, "dst.dtype"); !st) return st;
@@ -62,7 +63,7 @@ inline Status block_copy_host(const BlockCopyParams& p) noexcept {
 #endif
   for (std::int32_t i = 0; i < p.num_pairs; ++i)
     for (std::int32_t l = 0; l < p.src.num_layers; ++l)
-      for (std::int32_t kv = 0; kv < 2; ++kv) copy_plane(p, i, l, kv, 0, 1);
+      for (std::int32_t kv = 0; kv < p.src.kv_planes; ++kv) copy_plane(p, i, l, kv, 0, 1);
   return {};
 }
 

@@ -24,6 +24,10 @@ struct PoolView {
   std::int32_t head_dim = 0;  ///< Elements per head.
   std::int32_t block_size = 0;  ///< Tokens per block.
   DType dtype = DType::f16;  ///< Element type.
+  /// Planes per (block, layer): 2 (K and V), or 1 (one plane: MLA's latent, or
+  /// one side of K and V with different head dims). A 1-plane view reads and
+  /// writes only the K side of a kernel's source or output.
+  std::int32_t kv_planes = 2;
 
   /// Address of one (block, layer, K|V, token, head) row of head_dim elements.
   KVCACHE_HOST_DEVICE std::byte* row(std::int64_t block, std::int32_t layer, std::int32_t kv, std::int32_t token,
@@ -39,7 +43,13 @@ inline Result<PoolView> make_pool_view(const Geometry& g, void* base, std::int64
   auto s = g.strides(num_blocks);
   if (!s) return s.status();
   const auto& sp = g.spec();
-  return PoolView{base, *s, num_blocks, sp.num_layers, sp.num_kv_heads, sp.head_dim, sp.block_size, sp.dtype};
+  return PoolView{base, *s, num_blocks, sp.num_layers, sp.num_kv_heads, sp.head_dim, sp.block_size, sp.dtype, 2};
+}
+
+/// A view's kv_planes is 1 or 2: invalid_argument naming `what` otherwise.
+inline Status check_planes(const PoolView& v, const char* what) noexcept {
+  if (v.kv_planes != 1 && v.kv_planes != 2) return Status{Errc::invalid_argument, what, v.kv_planes, 2};
+  return {};
 }
 
 /// A dtype field holds one of DType's enumerators (a cast integer may hold

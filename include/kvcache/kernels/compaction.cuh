@@ -27,7 +27,7 @@ inline cudaError_t compaction_cuda(const CompactionParams& p, cudaStream_t strea
   if (p.num_moves == 0) return cudaSuccess;
   const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.cache.dtype, 1.0f, p.cache.head_dim);
   return cuda_detail::launch_kv_rows(cuda_detail::CompactionRow{p}, std::int64_t{p.num_moves} * p.num_layers,
-                                     static_cast<std::int32_t>(heads_of(p)), lanes, stream);
+                                     static_cast<std::int32_t>(heads_of(p)), lanes, stream, p.cache.kv_planes);
 }
 
 KVCACHE_END_NAMESPACE

@@ -53,6 +53,7 @@ inline Status check_compaction_shape(const CompactionParams& p) noexcept {
   if (p.num_heads < 0 || p.first_head < 0 || heads < 1 || p.first_head + heads > p.cache.num_kv_heads)
     return Status{Errc::invalid_argument, "first_head+num_heads", p.first_head + heads, p.cache.num_kv_heads};
   if (p.num_moves < 0 || (p.num_moves > 0 && !p.moves)) return Status{Errc::invalid_argument, "moves", p.num_moves, 0};
+  if (auto st = check_planes(p.cache, "cache.kv_planes"); !st) return st;
   if (auto st = check_dtype(p.cache.dtype, "cache.dtype"); !st) return st;
   return {};
 }
@@ -66,7 +67,7 @@ inline Status compaction_host(const CompactionParams& p) noexcept {
       return Status{Errc::invalid_argument, "moves", i, pool_slots};
   for (std::int32_t i = 0; i < p.num_moves; ++i)
     for (std::int32_t l = 0; l < p.num_layers; ++l)
-      for (std::int32_t kv = 0; kv < 2; ++kv)
+      for (std::int32_t kv = 0; kv < p.cache.kv_planes; ++kv)
         for (std::int32_t h = 0; h < heads_of(p); ++h) compaction_row(p, i, l, kv, h, 0, 1);
   return {};
 }

@@ -99,8 +99,9 @@ static __global__ void vec_copy_kernel(Ptrs ptrs, std::int64_t items, std::int32
 // loop; threads cover (K|V, head) rows x lanes. `row(item, kv, head, lane,
 // lanes)` is the kernel's shared body.
 template <class Row>
-static __global__ void kv_rows_kernel(Row row, std::int64_t items, std::int32_t heads, std::int32_t lanes) {
-  const std::int32_t rows = 2 * heads;
+static __global__ void kv_rows_kernel(Row row, std::int64_t items, std::int32_t heads, std::int32_t lanes,
+                                      std::int32_t planes) {
+  const std::int32_t rows = planes * heads;
   for (std::int64_t it = blockIdx.x; it < items; it += gridDim.x)
     for (std::int32_t i = static_cast<std::int32_t>(threadIdx.x); i < rows * lanes; i += static_cast<std::int32_t>(blockDim.x)) {
       const std::int32_t r = i / lanes;
@@ -110,8 +111,8 @@ static __global__ void kv_rows_kernel(Row row, std::int64_t items, std::int32_t 
 
 template <class Row>
 inline cudaError_t launch_kv_rows(const Row& row, std::int64_t items, std::int32_t heads, std::int32_t lanes,
-                                  cudaStream_t stream) {
-  kv_rows_kernel<<<grid_for(items), threads_for(2 * heads, lanes), 0, stream>>>(row, items, heads, lanes);
+                                  cudaStream_t stream, std::int32_t planes = 2) {
+  kv_rows_kernel<<<grid_for(items), threads_for(planes * heads, lanes), 0, stream>>>(row, items, heads, lanes, planes);
   return cudaGetLastError();
 }
 

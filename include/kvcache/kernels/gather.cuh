@@ -29,7 +29,8 @@ inline bool gather_vectorizable(const GatherParams& p, std::int32_t rows, std::i
   const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);
   const Strides& c = p.cache.strides;
   return raw_move(p.out_dtype, p.cache.dtype, p.k_scale) && raw_move(p.out_dtype, p.cache.dtype, p.v_scale) &&
-         aligned16(head_bytes) && aligned16(p.cache.base) && aligned16(p.k_out) && aligned16(p.v_out) &&
+         aligned16(head_bytes) && aligned16(p.cache.base) && aligned16(p.k_out) &&
+         (p.cache.kv_planes == 1 || aligned16(p.v_out)) &&
          aligned16(c.block | c.layer | c.kv | c.token | c.head) && aligned16(p.token_stride | p.head_stride) &&
          rows * vecs <= 1024;
 }
@@ -39,13 +40,14 @@ inline bool gather_vectorizable(const GatherParams& p, std::int32_t rows, std::i
 inline cudaError_t gather_cuda(const GatherParams& p, cudaStream_t stream) {
   if (auto st = check_gather_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_rows == 0 || p.num_seqs == 0) return cudaSuccess;
-  const std::int32_t rows = 2 * p.cache.num_kv_heads;
+  const std::int32_t rows = p.cache.kv_planes * p.cache.num_kv_heads;
   const auto vecs = static_cast<std::int32_t>(std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype) / 16);
   if (cuda_detail::gather_vectorizable(p, rows, vecs)) {
     return cuda_detail::launch_vec_copy(cuda_detail::GatherPtrs{p}, p.num_rows, rows, vecs, stream);
   }
   const std::int32_t lanes = cuda_detail::lanes_for(p.out_dtype, p.cache.dtype, p.k_scale, p.cache.head_dim);
-  return cuda_detail::launch_kv_rows(cuda_detail::GatherRow{p}, p.num_rows, p.cache.num_kv_heads, lanes, stream);
+  return cuda_detail::launch_kv_rows(cuda_detail::GatherRow{p}, p.num_rows, p.cache.num_kv_heads, lanes, stream,
+                                     p.cache.kv_planes);
 }
 
 KVCACHE_END_NAMESPACE

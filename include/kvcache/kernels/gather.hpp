@@ -69,7 +69,8 @@ inline Status check_gather_shape(const GatherParams& p) noexcept {
   if (!p.cache.base) return Status{Errc::invalid_argument, "cache.base", 0, 1};
   if (p.layer < 0 || p.layer >= p.cache.num_layers) return Status{Errc::invalid_argument, "layer", p.layer, p.cache.num_layers};
   if (p.num_seqs < 0) return Status{Errc::invalid_argument, "num_seqs", p.num_seqs, 0};
-  if (p.num_rows > 0 && (!p.k_out || !p.v_out || !p.indptr || !p.indices || !p.out_indptr))
+  if (auto st = check_planes(p.cache, "cache.kv_planes"); !st) return st;
+  if (p.num_rows > 0 && (!p.k_out || (p.cache.kv_planes == 2 && !p.v_out) || !p.indptr || !p.indices || !p.out_indptr))
     return Status{Errc::invalid_argument, "pointers", 0, 1};
   if (!(p.k_scale > 0.0f) || !(p.v_scale > 0.0f)) return Status{Errc::invalid_argument, "k_scale/v_scale", 0, 0};
   if (auto st = check_dtype(p.cache.dtype, "cache.dtype"); !st) return st;
@@ -102,7 +103,7 @@ inline Status gather_host(const GatherParams& p) noexcept {
 #endif
   for (std::int32_t s = 0; s < p.num_seqs; ++s)
     for (std::int64_t r = p.out_indptr[s]; r < p.out_indptr[s + 1]; ++r)
-      for (std::int32_t kv = 0; kv < 2; ++kv) {
+      for (std::int32_t kv = 0; kv < p.cache.kv_planes; ++kv) {
         if (runs) {
           const std::int64_t pos = r - p.out_indptr[s];
           host_copy(static_cast<std::byte*>(kv == 0 ? p.k_out : p.v_out) + r * p.token_stride,

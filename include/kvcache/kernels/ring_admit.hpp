@@ -114,6 +114,7 @@ KVCACHE_HOST_DEVICE inline void ring_admit_head(const RingAdmitParams& p, std::i
 inline Status check_ring_admit_shape(const RingAdmitParams& p) noexcept {
   if (p.cache.num_layers != 1 || p.cache.num_kv_heads != 1)
     return Status{Errc::invalid_argument, "cache (one layer and one kv-head per block)", p.cache.num_kv_heads, 1};
+  if (p.cache.kv_planes != 2) return Status{Errc::invalid_argument, "cache.kv_planes (K and V)", p.cache.kv_planes, 2};
   if (p.num_tokens < 0) return Status{Errc::invalid_argument, "num_tokens", p.num_tokens, 0};
   if (p.num_heads < 1) return Status{Errc::invalid_argument, "num_heads", p.num_heads, 1};
   if (p.window < p.cache.block_size || p.window % p.cache.block_size != 0)

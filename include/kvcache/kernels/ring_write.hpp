@@ -64,7 +64,7 @@ inline Status ring_write_host(const RingWriteParams& p) noexcept {
   }
   for (std::int64_t t = 0; t < p.num_tokens; ++t)
     for (std::int32_t l = 0; l < p.num_layers; ++l)
-      for (std::int32_t kv = 0; kv < 2; ++kv)
+      for (std::int32_t kv = 0; kv < p.cache.kv_planes; ++kv)
         for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h) ring_write_row(p, l, t, kv, h, 0, 1);
   return {};
 }

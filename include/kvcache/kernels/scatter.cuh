@@ -34,7 +34,8 @@ inline bool scatter_vectorizable(const ScatterParams& p, std::int32_t rows, std:
   const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);
   const Strides& c = p.cache.strides;
   return raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale) && raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.v_scale) &&
-         aligned16(head_bytes) && aligned16(p.cache.base) && aligned16(p.src.k) && aligned16(p.src.v) &&
+         aligned16(head_bytes) && aligned16(p.cache.base) && aligned16(p.src.k) &&
+         (p.cache.kv_planes == 1 || aligned16(p.src.v)) &&
          aligned16(c.block | c.layer | c.kv | c.token | c.head) &&
          aligned16(p.src.layer_stride | p.src.token_stride | p.src.head_stride) && rows * vecs <= 1024;
 }
@@ -46,13 +47,14 @@ inline cudaError_t scatter_cuda(const ScatterParams& p, cudaStream_t stream) {
   if (auto st = check_scatter_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_tokens == 0) return cudaSuccess;
   const std::int64_t items = std::int64_t{p.num_layers} * p.num_tokens;
-  const std::int32_t rows = 2 * p.cache.num_kv_heads;
+  const std::int32_t rows = p.cache.kv_planes * p.cache.num_kv_heads;
   const auto vecs = static_cast<std::int32_t>(std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype) / 16);
   if (cuda_detail::scatter_vectorizable(p, rows, vecs)) {
     return cuda_detail::launch_vec_copy(cuda_detail::ScatterPtrs{p}, items, rows, vecs, stream);
   }
   const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale, p.cache.head_dim);
-  return cuda_detail::launch_kv_rows(cuda_detail::ScatterRow{p}, items, p.cache.num_kv_heads, lanes, stream);
+  return cuda_detail::launch_kv_rows(cuda_detail::ScatterRow{p}, items, p.cache.num_kv_heads, lanes, stream,
+                                     p.cache.kv_planes);
 }
 
 KVCACHE_END_NAMESPACE

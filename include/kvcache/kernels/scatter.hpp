@@ -96,7 +96,9 @@ KVCACHE_HOST_DEVICE inline void scatter_row(const ScatterParams& p, std::int32_t
 inline Status check_scatter_shape(const ScatterParams& p) noexcept {
   if (!p.cache.base) return Status{Errc::invalid_argument, "cache.base", 0, 1};
   if (p.num_tokens < 0) return Status{Errc::invalid_argument, "num_tokens", p.num_tokens, 0};
-  if (p.num_tokens > 0 && (!p.src.k || !p.src.v)) return Status{Errc::invalid_argument, "src.k/src.v", 0, 1};
+  if (auto st = check_planes(p.cache, "cache.kv_planes"); !st) return st;
+  if (p.num_tokens > 0 && (!p.src.k || (p.cache.kv_planes == 2 && !p.src.v)))
+    return Status{Errc::invalid_argument, "src.k/src.v", 0, 1};
   if (!p.addr.slots && p.num_tokens > 0 && (!p.addr.seq || !p.addr.pos || !p.addr.indptr || !p.addr.indices))
     return Status{Errc::invalid_argument, "addr", 0, 1};
   if (!p.addr.slots && p.addr.num_seqs < 0) return Status{Errc::invalid_argument, "addr.num_seqs", p.addr.num_seqs, 0};
@@ -140,7 +142,7 @@ inline Status scatter_host(const ScatterParams& p) noexcept {
     const std::int64_t slot = p.addr.slot(t, p.cache.block_size);
     if (slot < 0) continue;
     for (std::int32_t l = 0; l < p.num_layers; ++l)
-      for (std::int32_t kv = 0; kv < 2; ++kv) {
+      for (std::int32_t kv = 0; kv < p.cache.kv_planes; ++kv) {
         if (runs) {
           host_copy(p.cache.row(slot / p.cache.block_size, p.first_layer + l, kv,
                                   static_cast<std::int32_t>(slot % p.cache.block_size), 0),

@@ -1,0 +1,103 @@
+// The hybrid-model page's snippets (docs/hybrid.md), each run in a fixture
+// that supplies the engine's names, then checked against what it promises.
+#include <catch2/catch.hpp>
+
+#include <kvcache/kernels/group_view.hpp>
+#include <kvcache/kernels/scatter.hpp>
+#include <kvcache/kvcache.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <vector>
+
+namespace kv = kvcache;
+using std::int32_t;
+using std::int64_t;
+
+namespace {
+std::vector<int32_t> text(std::size_t n, int32_t from) {
+  std::vector<int32_t> t(n);
+  for (std::size_t i = 0; i < n; ++i) t[i] = from + int32_t(i);
+  return t;
+}
+}  // namespace
+
+namespace {
+struct Hybrid {
+  std::vector<int32_t> prompt = text(5000, 1);
+};
+}  // namespace
+
+TEST_CASE_METHOD(Hybrid, "docs hybrid: a Gemma-3-shaped and a DeepSeek-shaped cache, one request through the first") {
+#include "snippets/hybrid.inc"
+  CHECK(groups.num_layers() == 62);
+  CHECK(groups.block_size(0) == 80);
+  CHECK(groups.block_size(1) == 16);
+  CHECK(groups.layer_slot(11) == kv::LayerSlot{0, 1});
+  CHECK(a.cached_tokens == 0);
+  CHECK(a.reserved == 2048);
+  CHECK(*cache.tokens(a.seq) == 2049);
+  // The next query is at 2048: it reads 1025 on, so window blocks 0 .. 63 were freed to the null id.
+  CHECK(table[63] == kv::BlockPool::null_block);
+  CHECK(table[64] != kv::BlockPool::null_block);
+  CHECK(*cache.blocks_held(a.seq, 1) == 129 - 64);
+  CHECK(*cache.blocks_held(a.seq, 0) == 26);  // ceil(2049 / 80)
+  CHECK(cache.max_concurrency(32768) == 4);
+  CHECK(cache.check_invariants().ok());
+  // A second request with the same prompt finds the computed prefix in both groups.
+  std::vector<int32_t> more(std::size_t(cache.groups()) * 2048);
+  auto b = cache.admit(prompt, more, {.reserve = 2048}).value();
+  CHECK(b.cached_tokens == 2000);  // 2048 computed: 25 full pages of 80; the window blocks 61 on are cached
+  CHECK(mla.v_head_dim(0) == 0);
+  CHECK(mla.page_bytes() == 64 * 61 * 576 * 2);
+  CHECK(latent.can_admit(12288, 4096));
+  CHECK(latent.check_invariants().ok());
+}
+
+namespace {
+// Group 0: 2 layers, 4 heads, K 64 / V 32; group 1: MLA, 3 layers, a 576-value latent; f32.
+struct GroupView {
+  std::vector<int32_t> l0{0, 1}, l1{2, 3, 4};
+  kv::LayerGroupSpec specs[2] = {
+      {.kind = kv::AttentionKind::full, .layers = l0, .num_kv_heads = 4, .head_dim = 64, .v_head_dim = 32, .dtype = kv::DType::f32},
+      {.kind = kv::AttentionKind::mla, .layers = l1, .num_kv_heads = 1, .head_dim = 576, .dtype = kv::DType::f32}};
+  kv::LayerGroups groups = kv::LayerGroups::make({.groups = specs, .block_size = 16, .max_padding_permille = 999}).value();
+  int64_t pages = 4;
+  std::vector<std::byte> pool = std::vector<std::byte>(std::size_t(pages * groups.page_bytes()));
+  void* base = pool.data();
+  int64_t n = 3;
+  std::vector<float> kbuf = seq(2 * 3 * 4 * 64, 1.0f), vbuf = seq(2 * 3 * 4 * 32, 100000.0f), cbuf = seq(3 * 3 * 576, 200000.0f);
+  const float* k = kbuf.data();
+  const float* v = vbuf.data();
+  const float* c_kv = cbuf.data();
+  int32_t s0[3] = {36, 37, 50}, s1[3] = {0, 1, 2};  // group 0 (36 tokens a page) in page 1, group 1 (16) in page 0
+  const int32_t* slots_g0 = s0;
+  const int32_t* slots_g1 = s1;
+  static std::vector<float> seq(std::size_t n, float from) {
+    std::vector<float> x(n);
+    std::iota(x.begin(), x.end(), from);
+    return x;
+  }
+  float at(std::int64_t off) const {
+    float f;
+    std::memcpy(&f, pool.data() + off, 4);
+    return f;
+  }
+};
+}  // namespace
+
+TEST_CASE_METHOD(GroupView, "docs group_view: asymmetric K/V one side at a time, and the MLA latent") {
+#include "snippets/group_view.inc"
+  REQUIRE(st.ok());
+  const int64_t B0 = groups.block_size(0), B1 = groups.block_size(1), P = groups.page_bytes();
+  REQUIRE(B0 == 36);  // the latent's 3 x 576 floats a token set the page: 16 of them
+  REQUIRE(B1 == 16);
+  const int64_t k_plane = B0 * 4 * 64 * 4, v_plane = B0 * 4 * 32 * 4;
+  // Token 2 (slot 50: page 1, row 14) of layer 1, head 3, element 5: K, then V after K's plane.
+  CHECK(at(1 * P + (k_plane + v_plane) + (14 * 4 + 3) * 64 * 4 + 5 * 4) == kbuf[std::size_t(((1 * 3 + 2) * 4 + 3) * 64 + 5)]);
+  CHECK(at(1 * P + (k_plane + v_plane) + k_plane + (14 * 4 + 3) * 32 * 4 + 5 * 4) == vbuf[std::size_t(((1 * 3 + 2) * 4 + 3) * 32 + 5)]);
+  // The latent of token 1 (slot 1: page 0, row 1), layer 2, element 500: no V plane after it.
+  CHECK(at(0 * P + 2 * (B1 * 576 * 4) + (1 * 576 + 500) * 4) == cbuf[std::size_t((2 * 3 + 1) * 576 + 500)]);
+}
