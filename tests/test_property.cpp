@@ -9,7 +9,7 @@
 
 #include "cache_property.hpp"
 #include "gate_cache_property.hpp"
-#include "hybrid_property.hpp"
+#include "hybrid_harness.hpp"
 #include "quest_testing.hpp"
 
 #include <algorithm>
@@ -93,7 +93,14 @@ TEST_CASE("random operations on a hybrid cache (full, window, chunked, cross ove
   std::printf("test_property (hybrid): KVCACHE_SEED=%llu ops=%llu\n", static_cast<unsigned long long>(seed),
               static_cast<unsigned long long>(ops));
   INFO("replay with KVCACHE_SEED=" << seed);
-  kvtest::HybridHarness h(seed);
+  std::mt19937_64 rng(seed);
+  const auto pick = [&rng](std::int32_t n) { return std::int32_t(rng() % std::uint64_t(n)); };
+  const auto need = [](bool ok, const char* what) {
+    INFO(what);
+    REQUIRE(ok);
+  };
+  using H = kvtest::HybridHarness<decltype(pick), decltype(need)>;
+  H h(pick, need, H::default_config());
   for (std::uint64_t i = 0; i < ops; ++i) h.step();
   std::printf("test_property (hybrid): %lld admitted, %lld hits (%lld tokens), %lld rejected\n", static_cast<long long>(h.admits),
               static_cast<long long>(h.hits), static_cast<long long>(h.hit_tokens), static_cast<long long>(h.failures));

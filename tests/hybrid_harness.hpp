@@ -1,0 +1,223 @@
+// A randomized harness for HybridCache, shared by the property test (a seeded
+// generator, Catch's REQUIRE) and the fuzzer (its bytes, abort): groups of
+// several kinds and block sizes over one small pool, with prompts drawn from
+// a few shared stems so prefix hits are common and cached blocks are
+// recycled. Every slot a reserve hands out is "written" with the hash of the
+// prefix ending at its position; after every operation the invariants hold,
+// every hit's blocks hold exactly the prompt's prefix, every live position of
+// every sequence reads back its own prefix, and a failed call leaves the
+// cache equal to a copy taken before it. pick(n) gives a value in [0, n);
+// need(ok, what) fails the run when ok is false.
+#pragma once
+
+#include <kvcache/cache/hybrid.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+namespace kvtest {
+
+template <class Pick, class Need>
+class HybridHarness {
+ public:
+  HybridHarness(Pick pick, Need need, const kvcache::HybridConfig& cfg)
+      : pick_(pick), need_(need), cache_(cfg), max_(cfg.max_tokens) {
+    for (auto& stem : stems_) {
+      stem.resize(std::size_t(max_));
+      for (auto& t : stem) t = pick_(1000);
+    }
+  }
+  // Four groups: full (4 tokens a page), a window of 6 (2), a chunk of 8 (2), cross-attention (4).
+  static kvcache::HybridConfig default_config() {
+    using kvcache::AttentionKind;
+    static const std::vector<std::int32_t> l0{0}, l1{1, 2}, l2{3}, l3{4};
+    static const kvcache::LayerGroupSpec g[] = {
+        {.kind = AttentionKind::full, .layers = l0, .num_kv_heads = 1, .head_dim = 8},
+        {.kind = AttentionKind::sliding_window, .layers = l1, .num_kv_heads = 1, .head_dim = 8, .window = 6},
+        {.kind = AttentionKind::chunked_local, .layers = l2, .num_kv_heads = 1, .head_dim = 16, .chunk = 8},
+        {.kind = AttentionKind::cross, .layers = l3, .num_kv_heads = 1, .head_dim = 8, .encoder_len = 5}};
+    return {.groups = *kvcache::LayerGroups::make({.groups = g, .block_size = 2}), .num_blocks = 48, .max_sequences = 5,
+            .max_tokens = 48};
+  }
+  std::int64_t ops = 0, failures = 0, hits = 0, hit_tokens = 0, admits = 0;
+
+  void step() {
+    ++ops;
+    const auto before = cache_;
+    bool failed = false;
+    switch (pick(10)) {
+      case 0: case 1: failed = admit(); break;
+      case 2: case 3: case 4: failed = reserve(); break;
+      case 5: case 6: compute(); break;
+      case 7: failed = truncate(); break;
+      case 8: free_one(); break;
+      default: failed = bad_call(); break;
+    }
+    if (failed) {
+      ++failures;
+      need(cache_ == before, "a failed call changed the cache");
+    }
+    need(cache_.check_invariants().ok(), "check_invariants");
+    for (auto& [index, s] : seqs_) read_back(s);
+  }
+
+ private:
+  struct Seq {
+    kvcache::SeqId id;
+    std::vector<std::int32_t> tokens;  // every token the sequence has (reserved) or will have (the prompt's rest)
+    std::vector<std::uint64_t> prefix;  // [p]: hash of tokens 0 .. p
+    std::int64_t reserved = 0, computed = 0;
+  };
+  std::int32_t pick(std::int32_t n) { return pick_(n); }
+  void need(bool ok, const char* what) { need_(ok, what); }
+  static std::uint64_t extend(std::uint64_t h, std::int32_t t) { return (h ^ std::uint64_t(t + 1)) * 0x100000001b3ULL + 7; }
+  void append(Seq& s, std::int32_t t) {
+    s.prefix.push_back(extend(s.prefix.empty() ? 0xcbf29ce484222325ULL : s.prefix.back(), t));
+  }
+  // Model the forward pass's write: each group's slot of each new position holds its prefix.
+  void write(const Seq& s, std::int64_t from, std::int32_t n, const std::vector<std::int32_t>& slots, std::int32_t stride) {
+    for (std::int32_t g = 0; g < cache_.groups(); ++g)
+      for (std::int32_t t = 0; t < n; ++t) {
+        const std::int32_t slot = slots[std::size_t(g * stride + t)];
+        if (cache_.layer_groups().spec(g).kind == kvcache::AttentionKind::cross) need(slot == -1, "a cross group's decoder slot");
+        else content_[key(g, slot)] = s.prefix[std::size_t(from + t)];
+      }
+  }
+  static std::int64_t key(std::int32_t g, std::int32_t slot) { return std::int64_t(g) << 32 | std::uint32_t(slot); }
+  // What a group's slot holds: the prefix hash written there, or 0 when none was.
+  std::uint64_t content(std::int32_t g, std::int32_t slot) const {
+    const auto it = content_.find(key(g, slot));
+    return it == content_.end() ? 0 : it->second;
+  }
+  void read_back(const Seq& s) {
+    for (std::int32_t g = 0; g < cache_.groups(); ++g) {
+      const auto rule = kvcache::GroupRule::of(cache_.layer_groups(), g);
+      if (!rule.caches()) continue;
+      const std::int64_t from = s.reserved - *cache_.tokens_held(s.id, g);
+      need(from <= rule.first_read(s.computed), "a block a query still reads was freed");
+      std::vector<std::int32_t> slots(std::size_t(s.reserved - from));
+      need(cache_.slot_mapping(g, s.id, from, s.reserved, slots).ok(), "slot_mapping of live positions");
+      for (std::int64_t p = from; p < s.reserved; ++p)
+        need(content(g, slots[std::size_t(p - from)]) == s.prefix[std::size_t(p)], "a live position reads another prefix");
+    }
+  }
+  Seq* any() {
+    if (seqs_.empty()) return nullptr;
+    auto it = seqs_.begin();
+    std::advance(it, pick(std::int32_t(seqs_.size())));
+    return &it->second;
+  }
+
+  bool admit() {
+    Seq s{};
+    const auto& stem = stems_[std::size_t(pick(3))];
+    const std::int32_t len = 1 + pick(max_ - max_ / 6);
+    s.tokens.assign(stem.begin(), stem.begin() + len);
+    for (std::int32_t i = pick(3) == 0 ? pick(len) : len; i < len; ++i) s.tokens[std::size_t(i)] = pick(1000);
+    for (const auto t : s.tokens) append(s, t);
+    const std::int32_t budget = 1 + pick(len);
+    std::vector<std::int32_t> slots(std::size_t(cache_.groups() * budget));
+    auto r = cache_.admit(s.tokens, slots, {.reserve = budget});
+    if (!r) {
+      need(r.status().code() == kvcache::Errc::out_of_blocks || r.status().code() == kvcache::Errc::capacity_exceeded,
+           "admit failed otherwise");
+      return true;
+    }
+    s.id = r->seq;
+    ++admits;
+    hits += r->cached_tokens > 0;
+    hit_tokens += r->cached_tokens;
+    // The hit's blocks hold this prompt's prefix, in every group, for every position a query still reads.
+    for (std::int32_t g = 0; g < cache_.groups() && r->cached_tokens > 0; ++g) {
+      const auto rule = kvcache::GroupRule::of(cache_.layer_groups(), g);
+      if (!rule.caches()) continue;
+      const std::int64_t from = rule.first_read(r->cached_tokens);
+      std::vector<std::int32_t> hit_slots(std::size_t(r->cached_tokens - from));
+      need(cache_.slot_mapping(g, s.id, from, r->cached_tokens, hit_slots).ok(), "slot_mapping of a hit");
+      for (std::int64_t p = from; p < r->cached_tokens; ++p)
+        need(content(g, hit_slots[std::size_t(p - from)]) == s.prefix[std::size_t(p)], "a hit serves another prefix");
+    }
+    s.reserved = r->cached_tokens + r->reserved;
+    s.computed = r->cached_tokens;
+    write(s, r->cached_tokens, r->reserved, slots, budget);
+    seqs_[s.id.index] = s;
+    return false;
+  }
+  bool reserve() {
+    Seq* s = any();
+    if (!s) return false;
+    std::int32_t n = pick(6);
+    if (s->reserved + n > max_) n = std::int32_t(max_ - s->reserved) + (pick(4) == 0);  // sometimes one too many
+    const bool too_long = s->reserved + n > max_;
+    std::vector<std::int32_t> toks;
+    for (std::int32_t i = 0; i < n; ++i) {
+      const auto p = std::size_t(s->reserved + i);
+      toks.push_back(p < s->tokens.size() ? s->tokens[p] : pick(1000));
+    }
+    std::vector<std::int32_t> slots(std::size_t(cache_.groups() * n));
+    auto r = cache_.reserve(s->id, toks, slots);
+    if (!r) {
+      need(r.status().code() == (too_long ? kvcache::Errc::invalid_argument : kvcache::Errc::out_of_blocks),
+           "reserve failed otherwise");
+      return true;
+    }
+    need(!too_long, "a reserve past max_tokens succeeded");
+    s->tokens.resize(std::size_t(s->reserved));
+    s->prefix.resize(std::size_t(s->reserved));
+    for (const auto t : toks) s->tokens.push_back(t), append(*s, t);
+    write(*s, s->reserved, n, slots, n);
+    s->reserved += n;
+    return false;
+  }
+  void compute() {
+    Seq* s = any();
+    if (!s) return;
+    s->computed += pick(std::int32_t(s->reserved - s->computed) + 1);
+    need(cache_.computed(s->id, s->computed).ok(), "computed");
+  }
+  bool truncate() {
+    Seq* s = any();
+    if (!s) return false;
+    const auto n = std::int32_t(pick(std::int32_t(s->reserved - s->computed) + 2));
+    if (!cache_.truncate(s->id, n).ok()) {
+      need(n > s->reserved - s->computed, "truncate of uncomputed tokens refused");
+      return true;
+    }
+    s->reserved -= n;
+    s->tokens.resize(std::size_t(s->reserved));
+    s->prefix.resize(std::size_t(s->reserved));
+    return false;
+  }
+  void free_one() {
+    Seq* s = any();
+    if (!s) return;
+    need(cache_.free(s->id).ok(), "free");
+    seqs_.erase(s->id.index);
+  }
+  bool bad_call() {
+    Seq* s = any();
+    const kvcache::SeqId stale = s ? kvcache::SeqId{s->id.index, s->id.generation + 1} : kvcache::SeqId{0, 99};
+    std::vector<std::int32_t> out(8);
+    const kvcache::SeqId one[] = {stale};
+    switch (pick(3)) {
+      case 0: need(cache_.free(stale).code() == kvcache::Errc::unknown_sequence, "free of a stale handle"); break;
+      case 1: need(cache_.export_block_table(0, one, out, 8).code() == kvcache::Errc::unknown_sequence, "export of a stale handle"); break;
+      default:
+        need(cache_.reserve(stale, std::span(out).first(1), out).status().code() == kvcache::Errc::unknown_sequence,
+             "reserve of a stale handle");
+    }
+    return true;
+  }
+
+  Pick pick_;
+  Need need_;
+  kvcache::HybridCache<> cache_;
+  std::int32_t max_;
+  std::vector<std::int32_t> stems_[3];
+  std::unordered_map<std::uint32_t, Seq> seqs_;
+  std::unordered_map<std::int64_t, std::uint64_t> content_;  // (group, slot) -> prefix hash written there
+};
+
+}  // namespace kvtest
