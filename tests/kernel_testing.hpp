@@ -21,9 +21,10 @@ inline std::int64_t ref_offset(const kv::GeometrySpec& g, std::int64_t num_block
                                     ? (std::int64_t{token} * g.num_kv_heads + head) * g.head_dim + d
                                     : (std::int64_t{head} * g.block_size + token) * g.head_dim + d;
   const std::int64_t plane = std::int64_t{g.block_size} * g.num_kv_heads * g.head_dim;
+  const std::int64_t planes = g.v_head_dim == 0 ? 1 : 2;  // MLA: K alone
   const std::int64_t plane_index = g.planes == kv::KvPlanes::interleaved
-                                       ? (block * g.num_layers + layer) * 2 + kv_plane
-                                       : (std::int64_t{layer} * 2 + kv_plane) * num_blocks + block;
+                                       ? (block * g.num_layers + layer) * planes + kv_plane
+                                       : (std::int64_t{layer} * planes + kv_plane) * num_blocks + block;
   return (plane_index * plane + in_plane) * e;
 }
 

@@ -245,9 +245,11 @@ struct QuestRig {
 // recompute none is, private pages are exact (without forks), and select()
 // matches the reference.
 template <class P>
-void quest_cache_property(std::mt19937_64& rng, P policy, bool forks, std::int32_t ops, kv::DType t = kv::DType::f32) {
-  kv::GeometrySpec spec;
-  spec.num_layers = 3, spec.num_kv_heads = 2, spec.head_dim = 8, spec.block_size = 4, spec.dtype = t;
+void quest_cache_property(std::mt19937_64& rng, P policy, bool forks, std::int32_t ops, kv::DType t = kv::DType::f32,
+                          bool latent = false) {
+  kv::GeometrySpec spec;  // latent: MLA's one head of K alone (v_head_dim 0), every query head reading it
+  spec.num_layers = 3, spec.num_kv_heads = latent ? 1 : 2, spec.head_dim = 8, spec.block_size = 4, spec.dtype = t;
+  spec.v_head_dim = latent ? 0 : -1;
   const std::int32_t pages = 2 + std::int32_t(rng() % 3);
   QuestRig<P> rig(rng, spec, 80, {.token_budget = pages * 4, .dense_layers = 1, .query_group = 2}, policy);
   std::vector<kv::SeqId> live;

@@ -60,6 +60,9 @@ struct GeometrySpec {
   DType dtype = DType::f16;  ///< Element type: f32, f16, bf16 or fp8_e4m3.
   Layout layout = Layout::NHD;  ///< NHD ([token][head][dim]) or HND ([head][token][dim]) within a block.
   KvPlanes planes = KvPlanes::interleaved;  ///< interleaved ([block][layer][K,V]) or separate ([layer][K,V][block]).
+  /// V's head dim: -1 = head_dim (K and V); 0 = no V, one plane per layer (MLA's latent: DeepSeek V2/V3 store
+  /// 512 + 64 values a token in one head). K and V of different dims are layer groups' (groups/layer_groups.hpp).
+  std::int32_t v_head_dim = -1;
 };
 
 /// A validated GeometrySpec with its byte sizes and strides.
@@ -80,6 +83,9 @@ class Geometry {
       return Status{Errc::invalid_argument, "layout", static_cast<std::int64_t>(s.layout), 1};
     if (s.planes != KvPlanes::interleaved && s.planes != KvPlanes::separate)
       return Status{Errc::invalid_argument, "planes", static_cast<std::int64_t>(s.planes), 1};
+    if (s.v_head_dim != -1 && s.v_head_dim != 0 && s.v_head_dim != s.head_dim)
+      return Status{Errc::invalid_argument, "v_head_dim (head_dim, or 0 for no V; other dims: layer groups)", s.v_head_dim,
+                    s.head_dim};
     Geometry g;
     g.spec_ = s;
     // One block's bytes, factor by factor: an overflow names the factor that
@@ -94,8 +100,9 @@ class Geometry {
       return too_big("num_kv_heads (block bytes past int64)", s.num_kv_heads, head);
     if (__builtin_mul_overflow(heads, std::int64_t{s.block_size}, &plane))
       return too_big("block_size (block bytes past int64)", s.block_size, heads);
-    if (__builtin_mul_overflow(plane, std::int64_t{2} * s.num_layers, &block))
-      return too_big("num_layers (block bytes past int64)", s.num_layers, 2 * plane);
+    const std::int64_t planes = s.v_head_dim == 0 ? 1 : 2;
+    if (__builtin_mul_overflow(plane, planes * s.num_layers, &block))
+      return too_big("num_layers (block bytes past int64)", s.num_layers, planes * plane);
     g.head_bytes_ = head;
     g.plane_bytes_ = plane;
     g.block_bytes_ = block;
@@ -112,6 +119,8 @@ class Geometry {
   constexpr std::int64_t plane_bytes() const noexcept { return plane_bytes_; }
   /// All layers, K and V, of one block.
   constexpr std::int64_t block_bytes() const noexcept { return block_bytes_; }
+  /// Planes per (block, layer): 2 (K and V), or 1 (v_head_dim 0: K alone).
+  constexpr std::int32_t kv_planes() const noexcept { return spec_.v_head_dim == 0 ? 1 : 2; }
 
   /// Bytes a pool of num_blocks blocks needs (null block included: it is block 0).
   Result<std::int64_t> pool_bytes(std::int64_t num_blocks) const noexcept {
@@ -132,12 +141,12 @@ class Geometry {
     s.head = nhd ? head_bytes_ : std::int64_t{spec_.block_size} * head_bytes_;
     if (spec_.planes == KvPlanes::interleaved) {
       s.kv = plane_bytes_;
-      s.layer = 2 * plane_bytes_;
+      s.layer = kv_planes() * plane_bytes_;
       s.block = block_bytes_;
     } else {
       s.block = plane_bytes_;
       s.kv = num_blocks * plane_bytes_;
-      s.layer = 2 * s.kv;
+      s.layer = kv_planes() * s.kv;
     }
     return s;
   }
@@ -146,7 +155,7 @@ class Geometry {
     return a.block_bytes_ == b.block_bytes_ && a.spec_.num_layers == b.spec_.num_layers &&
            a.spec_.num_kv_heads == b.spec_.num_kv_heads && a.spec_.head_dim == b.spec_.head_dim &&
            a.spec_.block_size == b.spec_.block_size && a.spec_.dtype == b.spec_.dtype &&
-           a.spec_.layout == b.spec_.layout && a.spec_.planes == b.spec_.planes;
+           a.spec_.layout == b.spec_.layout && a.spec_.planes == b.spec_.planes && a.kv_planes() == b.kv_planes();
   }
 
  private:

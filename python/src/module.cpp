@@ -34,13 +34,14 @@ void bind_geometry(nb::module_& m) {
       .def(
           "__init__",
           [](kv::Geometry* self, std::int32_t num_layers, std::int32_t num_kv_heads, std::int32_t head_dim,
-             std::int32_t block_size, kv::DType dtype, kv::Layout layout, kv::KvPlanes planes) {
+             std::int32_t block_size, kv::DType dtype, kv::Layout layout, kv::KvPlanes planes, std::int32_t v_head_dim) {
             new (self) kv::Geometry(kvpy::check(kv::Geometry::make({.num_layers = num_layers, .num_kv_heads = num_kv_heads,
                                                                    .head_dim = head_dim, .block_size = block_size,
-                                                                   .dtype = dtype, .layout = layout, .planes = planes})));
+                                                                   .dtype = dtype, .layout = layout, .planes = planes,
+                                                                   .v_head_dim = v_head_dim})));
           },
           "num_layers"_a, "num_kv_heads"_a, "head_dim"_a, "block_size"_a = 16, "dtype"_a = kv::DType::f16,
-          "layout"_a = kv::Layout::NHD, "planes"_a = kv::KvPlanes::interleaved)
+          "layout"_a = kv::Layout::NHD, "planes"_a = kv::KvPlanes::interleaved, "v_head_dim"_a = -1)
       .def_prop_ro("num_layers", [](const kv::Geometry& g) { return g.spec().num_layers; })
       .def_prop_ro("num_kv_heads", [](const kv::Geometry& g) { return g.spec().num_kv_heads; })
       .def_prop_ro("head_dim", [](const kv::Geometry& g) { return g.spec().head_dim; })
@@ -49,6 +50,7 @@ void bind_geometry(nb::module_& m) {
       .def_prop_ro("layout", [](const kv::Geometry& g) { return g.spec().layout; })
       .def_prop_ro("planes", [](const kv::Geometry& g) { return g.spec().planes; })
       .def_prop_ro("block_bytes", &kv::Geometry::block_bytes)
+      .def_prop_ro("kv_planes", &kv::Geometry::kv_planes)
       .def("pool_bytes", [](const kv::Geometry& g, std::int64_t num_blocks) { return kvpy::check(g.pool_bytes(num_blocks)); });
 }
 

@@ -22,6 +22,11 @@ def test_geometry_validates_and_sizes_the_pool():
         kv.Geometry(num_layers=0, num_kv_heads=1, head_dim=8)
     with pytest.raises(kv.InvalidArgument, match="num_blocks=0"):
         g.pool_bytes(0)
+    mla = kv.Geometry(num_layers=2, num_kv_heads=1, head_dim=8, block_size=4, dtype=kv.DType.f32, v_head_dim=0)
+    assert mla.kv_planes == 1 and g.kv_planes == 2
+    assert mla.block_bytes == 2 * 1 * 8 * 4 * 4  # K alone: MLA's latent
+    with pytest.raises(kv.InvalidArgument, match="v_head_dim"):
+        kv.Geometry(num_layers=1, num_kv_heads=1, head_dim=8, v_head_dim=4)
 
 
 def test_reserve_hands_out_slots_block_by_block():

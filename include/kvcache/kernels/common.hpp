@@ -43,7 +43,7 @@ inline Result<PoolView> make_pool_view(const Geometry& g, void* base, std::int64
   auto s = g.strides(num_blocks);
   if (!s) return s.status();
   const auto& sp = g.spec();
-  return PoolView{base, *s, num_blocks, sp.num_layers, sp.num_kv_heads, sp.head_dim, sp.block_size, sp.dtype, 2};
+  return PoolView{base, *s, num_blocks, sp.num_layers, sp.num_kv_heads, sp.head_dim, sp.block_size, sp.dtype, g.kv_planes()};
 }
 
 /// A view's kv_planes is 1 or 2: invalid_argument naming `what` otherwise.
