@@ -281,6 +281,20 @@ TEST_CASE("the window's admission bound sizes the pool and admits the longest re
     INFO("chunk " << chunk);
     HybridCache<> less(m.config(std::int32_t(blocks - 1), chunk));
     CHECK_FALSE(less.can_admit(64, 0));
+    // The ledger: a promise of the lifetime need leaves no room for a second request.
+    HybridCache<> two(m.config(std::int32_t(2 * blocks - 1), chunk));
+    std::vector<std::int32_t> first(2 * 8);
+    const auto r = two.admit(std::span(t).first(8), first).value();
+    REQUIRE(two.can_admit(64, 0));
+    REQUIRE(two.promise(r.seq, *two.blocks_needed(64, 0)).ok());
+    CHECK(two.promised_blocks() == *two.blocks_needed(64, 0) - *two.blocks_held(r.seq));
+    CHECK(two.can_admit(64, 0));  // two requests' worth of pages: the second still fits
+    const auto r2 = two.admit(std::span(t).first(8), first).value();
+    REQUIRE(two.promise(r2.seq, *two.blocks_needed(64, 0)).ok());
+    CHECK_FALSE(two.can_admit(1, 0));  // everything left is promised
+    CHECK(two.promise(r2.seq, -1) == Status{Errc::invalid_argument, "blocks", -1, 0});
+    REQUIRE(two.free(r.seq).ok());
+    CHECK(two.can_admit(64, 0));
   }
 }
 

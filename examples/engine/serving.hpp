@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "engine.hpp"
+#include "hybrid_backend.hpp"
 #include "policies.hpp"
 
 #ifndef ENGINE_MODEL_DIR
@@ -82,6 +83,14 @@ Served serve(const Model& m, Policy p, const EngineConfig& cfg, std::vector<Requ
     }
   }
   if (shown) fmt::print(stderr, "\r{:80}\r", "");
+  return {e.stats(), reqs, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+// The same workload on the hybrid engine: odd layers a sliding window of `window` tokens.
+inline Served serve_hybrid(const Model& m, const EngineConfig& cfg, std::vector<Request> reqs, std::int32_t window) {
+  HybridEngine e(m, cfg, window);
+  const auto t0 = std::chrono::steady_clock::now();
+  e.run(reqs);
   return {e.stats(), reqs, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
 

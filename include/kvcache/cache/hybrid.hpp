@@ -80,7 +80,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
     const std::uint32_t i = free_.back();
     free_.pop_back();
     Seq& s = seqs_[i];
-    s.live = true, s.reserved = s.computed = 0, s.key = key, s.tokens.clear(), s.tokens_from = 0;
+    s.live = true, s.reserved = s.computed = s.promised = 0, s.key = key, s.tokens.clear(), s.tokens_from = 0;
     for (std::int32_t g = 0; g < groups(); ++g) published(g, i) = 0, chain(g, i) = chain_root(key);
     return SeqId{i, s.generation};
   }
@@ -237,7 +237,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
     friend bool operator==(const Seq&, const Seq&) = default;
     std::uint32_t generation = 0;
     bool live = false;
-    std::int64_t reserved = 0, computed = 0;
+    std::int64_t reserved = 0, computed = 0, promised = 0;
     PrefixKey key{};
     std::vector<std::int32_t> tokens;  // ids from tokens_from to reserved: what a later publish hashes
     std::int64_t tokens_from = 0;

@@ -52,7 +52,7 @@ struct GroupUsage {
   std::int32_t cached = 0;  ///< Free blocks holding the group's published content.
 };
 
-/// The accounting calls of HybridCache (which derives from it and befriends it); they change nothing.
+/// The accounting calls of HybridCache (which derives from it and befriends it); they change nothing but promises.
 template <class Cache>
 class HybridAccounting {
  public:
@@ -95,10 +95,31 @@ class HybridAccounting {
     const std::int64_t chunk = self().cfg_.prefill_chunk;
     return hybrid_blocks_needed(self().cfg_.groups, len, chunk > 0 ? chunk : std::max<std::int64_t>(prompt_len, 1));
   }
-  /// A handle is free and blocks_needed fits the free pool.
+  /// A handle is free and blocks_needed fits the free pool less the blocks promised to running sequences.
   bool can_admit(std::int64_t prompt_len, std::int64_t max_new) const noexcept {
     auto need = blocks_needed(prompt_len, max_new);
-    return need.ok() && self().free_sequences() > 0 && *need <= self().pool_.num_free();
+    return need.ok() && self().free_sequences() > 0 && *need <= self().pool_.num_free() - promised_blocks();
+  }
+  /// The scheduler's ledger: s will hold up to `blocks` over its life (its
+  /// blocks_needed); until it does, promised_blocks() counts the difference,
+  /// so admitting by lifetime need never has to preempt. 0 withdraws it.
+  Status promise(SeqId s, std::int64_t blocks) noexcept {
+    if (auto st = self().validate(s); !st) return st;
+    if (blocks < 0) return Status{Errc::invalid_argument, "blocks", blocks, 0};
+    static_cast<Cache&>(*this).seqs_[s.index].promised = blocks;
+    return {};
+  }
+  /// Blocks promised to live sequences that they do not hold yet. O(sequences).
+  std::int64_t promised_blocks() const noexcept {
+    std::int64_t owed = 0;
+    for (std::uint32_t i = 0; i < self().seqs_.size(); ++i) {
+      const auto& s = self().seqs_[i];
+      if (!s.live || s.promised == 0) continue;
+      std::int64_t held = 0;
+      for (const auto& rows : self().rows_) held += rows.live(i);
+      owed += std::max<std::int64_t>(0, s.promised - held);
+    }
+    return owed;
   }
   /// Requests of max_len tokens the whole pool holds at once (vLLM's max concurrency).
   std::int64_t max_concurrency(std::int64_t max_len) const noexcept {

@@ -1,0 +1,182 @@
+// The example engine over a hybrid cache (scheduler.hpp runs it): the
+// model's even layers full attention, its odd layers a sliding window of
+// `window` tokens (Gemma's interleave, on a model trained with full
+// attention everywhere: where the window covers the context it generates
+// exactly what the full model does). Both groups draw pages from one pool;
+// the window group frees what its next query no longer reads. The forward
+// pass writes each layer through its group's view of the pool and reads it
+// back through the group's CSR, a window layer masking what is W or more
+// behind the query (HeldKv's window, nothing admitted past it).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <kvcache/cache/hybrid.hpp>
+#include <kvcache/kernels/gather.hpp>
+#include <kvcache/kernels/group_view.hpp>
+#include <kvcache/kernels/scatter.hpp>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine_types.hpp"
+#include "forward.hpp"
+#include "model.hpp"
+#include "scheduler.hpp"
+
+namespace engine {
+
+// One request's view for one forward call: the chunk's slots, [groups][n].
+class HybridKv {
+ public:
+  HybridKv(kvcache::HybridCache<>& cache, std::span<const kvcache::PoolView> views, kvcache::SeqId seq,
+           std::span<const std::int32_t> slots, std::int32_t window, std::vector<std::uint8_t>& none)
+      : cache_(cache), views_(views), seq_(seq), slots_(slots), window_(window), none_(none) {}
+
+  void write(std::int32_t l, const float* k, const float* v, std::int32_t n) {
+    const auto at = cache_.layer_groups().layer_slot(l);
+    const kvcache::PoolView& pool = views_[std::size_t(at.group)];
+    const std::int64_t hd = pool.head_dim, row = std::int64_t{pool.num_kv_heads} * hd;
+    const auto slots = slots_.subspan(std::size_t(at.group) * std::size_t(n), std::size_t(n));
+    kvcache::ScatterParams p{pool, {k, v, kvcache::DType::f32, 0, row * 4, hd * 4}, {slots.data()}, n, at.index, 1};
+    if (auto st = kvcache::scatter_host(p); !st) throw std::runtime_error("scatter: " + st.message());
+    gathered_ = -1;
+  }
+  HeldKv read(std::int32_t l, std::int32_t head) {
+    const auto at = cache_.layer_groups().layer_slot(l);
+    const kvcache::PoolView& pool = views_[std::size_t(at.group)];
+    if (gathered_ != l) gather(l, at, pool);
+    const std::int32_t row = pool.num_kv_heads * pool.head_dim;
+    HeldKv h{k_.data() + std::ptrdiff_t(head) * pool.head_dim, v_.data() + std::ptrdiff_t(head) * pool.head_dim, pos_.data(),
+             std::int32_t(pos_.size()), row};
+    if (at.group == 1) {  // the window: nothing is admitted past it
+      none_.assign(pos_.size(), 0);
+      h.admitted = none_.data();
+      h.window = window_;
+    }
+    return h;
+  }
+
+ private:
+  // The group's live blocks for this layer, every token up to the chunk's end, in position order.
+  void gather(std::int32_t l, kvcache::LayerSlot at, const kvcache::PoolView& pool) {
+    const kvcache::SeqId one[] = {seq_};
+    indices_.resize(std::size_t(*cache_.blocks_held(seq_, at.group)));
+    if (auto r = cache_.export_csr(at.group, one, indptr_, indices_, first_); !r)
+      throw std::runtime_error("export_csr: " + r.status().message());
+    const auto rows = std::int32_t(*cache_.tokens(seq_) - first_[0]), row = pool.num_kv_heads * pool.head_dim;
+    k_.resize(std::size_t(rows) * std::size_t(row));
+    v_.resize(k_.size());
+    pos_.resize(std::size_t(rows));
+    for (std::int32_t t = 0; t < rows; ++t) pos_[std::size_t(t)] = first_[0] + t;
+    const std::array<std::int32_t, 2> out_indptr{0, rows};
+    kvcache::GatherParams p{pool, at.index, indptr_.data(), indices_.data(), out_indptr.data(), 1, rows, k_.data(), v_.data(),
+                            kvcache::DType::f32, row * 4, pool.head_dim * 4};
+    if (auto st = kvcache::gather_host(p); !st) throw std::runtime_error("gather: " + st.message());
+    gathered_ = l;
+  }
+
+  kvcache::HybridCache<>& cache_;
+  std::span<const kvcache::PoolView> views_;
+  kvcache::SeqId seq_;
+  std::span<const std::int32_t> slots_;
+  std::int32_t window_;
+  std::vector<std::uint8_t>& none_;
+  std::int32_t gathered_ = -1;
+  std::array<std::int32_t, 2> indptr_{};
+  std::array<std::int32_t, 1> first_{};
+  std::vector<std::int32_t> indices_;
+  std::vector<float> k_, v_;
+  std::vector<std::int64_t> pos_;
+};
+
+// Pages hold block_size tokens of one group's layers (half the model's), so
+// the pool has the bytes of EngineConfig::max_kv_tokens tokens of every layer:
+// twice as many pages as the full-attention engine's blocks.
+class HybridBackend {
+ public:
+  using Cache = kvcache::HybridCache<>;
+  static constexpr bool traces = false;          // no eviction policy to feed
+  static constexpr bool decode_selects = false;  // no page selection
+
+  HybridBackend(const Model& m, const EngineConfig& cfg, std::int32_t window)
+      : window_(window),
+        groups_(layout(m, cfg, window, layers_)),
+        pages_(2 * (cfg.max_kv_tokens / cfg.block_size) + 1),
+        memory_(std::size_t(pages_) * std::size_t(groups_.page_bytes())),
+        cache_({.groups = groups_, .num_blocks = pages_, .max_sequences = cfg.max_batch, .max_tokens = m.config().context + 256,
+                .prefill_chunk = cfg.chunk, .prefix_caching = false}) {
+    if (cfg.optimistic) throw std::invalid_argument("optimistic: the hybrid backend admits by the lifetime bound");
+    if (cfg.layer_streams) throw std::invalid_argument("layer_streams: not with layer groups");
+    if (!cfg.evict_in_prefill) throw std::invalid_argument("evict_in_prefill: every chunk is marked computed (the window's bound)");
+    for (std::int32_t g = 0; g < 2; ++g) views_[std::size_t(g)] = *kvcache::make_group_view(groups_, g, memory_.data(), pages_);
+  }
+
+  const Cache& cache() const { return cache_; }
+  std::int32_t handles() const { return 1; }
+  kvcache::Result<std::int64_t> blocks_needed(std::int64_t tokens, std::int64_t new_tokens, std::int64_t) const {
+    return cache_.blocks_needed(tokens, new_tokens);  // the configured chunk: the bound the pool is sized with
+  }
+  // Free pages less what running requests were promised and do not hold yet (the cache's ledger).
+  std::int64_t room() const { return cache_.free_blocks() - cache_.promised_blocks(); }
+  std::int32_t free_handles() const { return cache_.free_sequences(); }
+  void open(Request& r) { r.seqs = {*cache_.add_sequence()}; }
+  void close(Request& r) {
+    for (const auto s : r.seqs) (void)cache_.free(s);
+    r.seqs.clear();
+  }
+  void promise(const Request& r, std::int64_t need) {
+    if (auto st = cache_.promise(r.seqs[0], need); !st) throw std::runtime_error(st.message());
+  }
+  kvcache::Status reserve(const Request& r, std::int32_t n, std::vector<std::int32_t>& slots) {
+    slots.resize(2 * std::size_t(n));
+    auto res = cache_.reserve(r.seqs[0], n, slots);
+    return res ? kvcache::Status{} : res.status();
+  }
+  HybridKv store(const Request& r, std::int64_t, std::span<const std::int32_t> slots, KeyCounts*) {
+    return {cache_, views_, r.seqs[0], slots, window_, none_};
+  }
+  // The chunk is computed: a later reserve may free what left the window.
+  void after_forward(Request& r, const AttentionTrace&) {
+    if (auto st = cache_.computed(r.seqs[0], *cache_.tokens(r.seqs[0])); !st) throw std::runtime_error(st.message());
+  }
+  // Tokens held per layer, the mean of the two groups' (each has half the layers).
+  std::int64_t held(const Request& r) const {
+    return (*cache_.tokens_held(r.seqs[0], 0) + *cache_.tokens_held(r.seqs[0], 1) + 1) / 2;
+  }
+
+ private:
+  static kvcache::LayerGroups layout(const Model& m, const EngineConfig& cfg, std::int32_t window,
+                                     std::array<std::vector<std::int32_t>, 2>& layers) {
+    const auto& c = m.config();
+    if (c.layers % 2 != 0) throw std::invalid_argument("hybrid: an even number of layers (full, window, ...)");
+    for (std::int32_t l = 0; l < c.layers; ++l) layers[std::size_t(l % 2)].push_back(l);
+    const kvcache::LayerGroupSpec g[] = {
+        {.kind = kvcache::AttentionKind::full, .layers = layers[0], .num_kv_heads = c.kv_heads, .head_dim = c.head_dim(),
+         .dtype = kvcache::DType::f32},
+        {.kind = kvcache::AttentionKind::sliding_window, .layers = layers[1], .num_kv_heads = c.kv_heads,
+         .head_dim = c.head_dim(), .window = window, .dtype = kvcache::DType::f32}};
+    auto lg = kvcache::LayerGroups::make({.groups = g, .block_size = cfg.block_size});
+    if (!lg) throw std::invalid_argument("hybrid layout: " + lg.status().message());
+    return *lg;
+  }
+
+  std::int32_t window_;
+  std::array<std::vector<std::int32_t>, 2> layers_;
+  kvcache::LayerGroups groups_;
+  std::int32_t pages_;
+  std::vector<std::byte> memory_;
+  Cache cache_;
+  std::array<kvcache::PoolView, 2> views_{};
+  std::vector<std::uint8_t> none_;  // a window layer's "admitted" flags: none
+};
+
+// The scheduler over the hybrid backend: Gemma-style interleaved layers on the shipped model.
+class HybridEngine : public Scheduler<HybridBackend> {
+ public:
+  HybridEngine(const Model& m, const EngineConfig& cfg, std::int32_t window) : Scheduler<HybridBackend>(m, cfg, window) {}
+  const HybridBackend::Cache& cache() const { return backend().cache(); }
+};
+
+}  // namespace engine
