@@ -37,8 +37,11 @@ from ._kvcache import (
     GateWriteInfo,
     Geometry,
     H2O,
+    HybridCache,
     KeepAll,
     KvPlanes,
+    LayerGroup,
+    LayerGroups,
     Layout,
     Quest,
     SinkWindow,
@@ -83,6 +86,15 @@ class PoolView(_kvcache.PoolView):
                 raise InvalidArgument(
                     f"invalid_argument: memory must be a CPU or CUDA tensor, not one on '{device}'") from None
             raise
+
+    @staticmethod
+    def of_group(groups, group, memory, num_blocks, planes="kv"):
+        """Group ``group``'s view of a hybrid pool (``groups.page_bytes`` x
+        ``num_blocks`` bytes of ``memory``) for the kernels. ``planes``:
+        ``"kv"`` (K and V of one head dim), ``"k"`` (MLA's latent, or K where V
+        differs), ``"v"``; a one-plane view reads and writes only a kernel's K
+        side (pass the V rows as ``k``)."""
+        return _kvcache._group_view(groups, group, memory, num_blocks, planes)
 __version__ = _kvcache.__version__
 
 _EVICTIONS = {KeepAll: "KeepAll", SlidingWindow: "SlidingWindow", SinkWindow: "SinkWindow",
@@ -151,7 +163,8 @@ def Cache(geometry, num_blocks, max_sequences=256, max_blocks_per_sequence=None,
 __all__ = [
     "AlreadyHashed", "AverageAttention", "BlockScores", "BlocksInUse", "BufferTooSmall", "Cache",
     "CapacityExceeded", "DType", "DuplicateSequence", "Error", "EvictionResult", "GateWriteInfo", "Geometry",
-    "GeometryOverflow", "H2O", "InvalidArgument", "InvariantViolated", "KeepAll", "KvPlanes", "Layout",
+    "GeometryOverflow", "H2O", "HybridCache", "InvalidArgument", "InvariantViolated", "KeepAll", "KvPlanes",
+    "LayerGroup", "LayerGroups", "Layout",
     "NotAllocated", "OutOfBlocks", "PoolView", "PrefixTooLong", "Quest", "SinkWindow", "SlidingWindow", "SnapKV", "Tova",
     "TruncateTooMany", "UnknownSequence", "block_copy", "compaction", "gather", "has_cuda", "make_rope_table", "rope",
     "scatter", "scores", "WriteGate", "WriteGateWeights", "page_bounds", "page_bounds_update", "page_select",

@@ -42,7 +42,10 @@ void register_kernels(nb::module_& m) {
           },
           "geometry"_a, "memory"_a, "num_blocks"_a)
       .def_prop_ro("num_blocks", [](const Pool& p) { return p.view.num_blocks; })
-      .def_prop_ro("geometry", [](const Pool& p) { return p.geometry; })
+      .def_prop_ro("geometry", [](const Pool& p) -> nb::object {  // None for a hybrid group's view
+        return p.geometry.block_bytes() ? nb::cast(p.geometry) : nb::none();
+      })
+      .def_prop_ro("kv_planes", [](const Pool& p) { return p.view.kv_planes; })
       .def_prop_ro("memory", [](const Pool& p) { return p.memory; })
       .def_prop_ro("is_cuda", [](const Pool& p) { return p.device.cuda(); });
 

@@ -13,6 +13,7 @@ namespace kvpy {
 void register_kernels(nanobind::module_& m);        // kernels.cpp
 void register_caches(nanobind::module_& m);         // caches.cpp
 void register_quest_caches(nanobind::module_& m);   // caches_quest.cpp
+void register_hybrid(nanobind::module_& m);         // caches_hybrid.cpp
 void register_gated_caches(nanobind::module_& m);   // caches_gated.cpp
 }
 
@@ -169,4 +170,5 @@ NB_MODULE(_kvcache, m) {
   kvpy::register_caches(m);
   kvpy::register_quest_caches(m);
   kvpy::register_gated_caches(m);
+  kvpy::register_hybrid(m);
 }

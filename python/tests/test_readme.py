@@ -12,7 +12,7 @@ BLOCKS = [block for page in PAGES
 
 
 def test_there_are_python_snippets():
-    assert [name for name, _ in BLOCKS] == ["python_quickstart", "python_composed"]
+    assert [name for name, _ in BLOCKS] == ["python_hybrid", "python_quickstart", "python_composed"]
 
 
 def test_quickstart_runs_and_prints_the_error():
@@ -28,3 +28,12 @@ def test_composed_runs_and_prints_a_head_row():
         exec(compile(dict(BLOCKS)["python_composed"], "docs/python.md:python_composed", "exec"), {})
     held, pages = out.getvalue().split(" ", 1)
     assert int(held) >= 32 and pages.strip() == "[3, 3]"  # the ring's 32 tokens and admitted ones; 2 ring pages + 1
+
+
+def test_hybrid_runs_and_prints_what_each_group_holds():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(dict(BLOCKS)["python_hybrid"], "docs/hybrid.md:python_hybrid", "exec"), {})
+    # 128 tokens in the full layers; the window's next query (at 64) reads 1 on: blocks 0 .. 7, 8 held;
+    # none freed yet (the first reserve after computed 64 frees below first_read(64) = 1, i.e. nothing whole)
+    assert out.getvalue() == "128 8 (8, 0)\n"

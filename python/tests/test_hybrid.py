@@ -1,0 +1,146 @@
+"""Hybrid models from Python: layer groups over one pool (kv.LayerGroups,
+kv.HybridCache), each kind's retention and prefix hits, the exports per
+group, typed errors that change nothing, and the kernels on a group's view
+of the pool (asymmetric K/V, MLA's latent) against the page layout."""
+import numpy as np
+import pytest
+
+import kvcache as kv
+
+
+def gemma3():
+    full = [l for l in range(62) if l % 6 == 5]
+    local = [l for l in range(62) if l % 6 != 5]
+    return kv.LayerGroups([kv.LayerGroup("full", full, num_kv_heads=16, head_dim=128),
+                           kv.LayerGroup("sliding_window", local, num_kv_heads=16, head_dim=128, window=1024)],
+                          block_size=16, block_multiple=16)
+
+
+def small(window=8):
+    return kv.LayerGroups([kv.LayerGroup("full", [0], num_kv_heads=2, head_dim=8),
+                           kv.LayerGroup("sliding_window", [1], num_kv_heads=2, head_dim=8, window=window)],
+                          block_size=4)
+
+
+def test_layer_groups_share_one_page_size():
+    g = gemma3()
+    assert (g.num_groups, g.num_layers) == (2, 62)
+    assert g.page_bytes == 52 * 16 * 2 * 16 * 128 * 2
+    assert (g.block_size(0), g.block_size(1)) == (80, 16)
+    assert g.padding(0) == g.page_bytes - 80 * g.token_bytes(0)
+    assert g.layer_slot(11) == (0, 1) and g.layer_slot(6) == (1, 5) and g.layer_slot(62) == (-1, -1)
+    assert g.hit_alignment == 80
+    # Gemma 3 at 32K tokens, decoding: about a fifth of the all-full KV.
+    dense = kv.LayerGroups([kv.LayerGroup("full", list(range(62)), num_kv_heads=16, head_dim=128)], block_size=16)
+    share = g.blocks_needed(32768, 1) * g.page_bytes / (dense.blocks_needed(32768, 1) * dense.page_bytes)
+    assert 0.18 < share < 0.21
+    with pytest.raises(kv.InvalidArgument, match=r"layers \(listed twice\)=0"):
+        kv.LayerGroups([kv.LayerGroup("full", [0]), kv.LayerGroup("full", [0, 1])])
+    with pytest.raises(kv.InvalidArgument, match="window=0"):
+        kv.LayerGroups([kv.LayerGroup("sliding_window", [0])])
+    with pytest.raises(kv.InvalidArgument, match="kind"):
+        kv.LayerGroup("linear", [0])
+
+
+def test_a_window_hit_needs_only_the_blocks_its_next_query_reads():
+    c = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64)
+    prompt = np.arange(100, 133, dtype=np.int32)
+    seq, cached, reserved, slots = c.admit(prompt)
+    assert (cached, reserved) == (0, 33) and slots.shape == (2, 33)
+    c.computed(seq, 33)
+    c.free(seq)
+    assert c.match(prompt) == 32
+    seq, cached, reserved, slots = c.admit(prompt)
+    assert (cached, reserved) == (32, 1)
+    assert c.blocks_held(seq, 1) == 3 and c.blocks_held(seq, 0) == 9  # the window: blocks 6, 7 and the new one
+    table = c.export_block_table(1, [seq], 9)
+    assert list(table[0, :6]) == [0] * 6 and all(table[0, 6:] > 0)
+    indptr, indices, first_pos, nnz = c.export_csr(1, [seq])
+    assert nnz == 3 and list(first_pos) == [24] and list(indices) == list(table[0, 6:])
+    assert list(c.slot_mapping(1, seq, 32, 33)) == [int(slots[1, 0])]
+    c.check_invariants()
+
+
+def test_the_window_frees_on_computed_tokens_only():
+    c = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64)
+    t = np.arange(40, dtype=np.int32)
+    seq, _, _, _ = c.admit(t[:16])
+    c.reserve(seq, t[16:24])  # the next chunk before the first is computed: nothing freed
+    assert c.blocks_held(seq, 1) == 6
+    c.computed(seq, 16)
+    c.reserve(seq, t[24:28])
+    assert c.blocks_held(seq, 1) == 5 and c.tokens_held(seq, 1) == 20
+    assert c.usage(1) == (5, 2) and c.usage(0) == (7, 0)  # blocks 0, 1 were published: free but cached
+
+
+def test_errors_name_the_value_and_change_nothing():
+    c = kv.HybridCache(small(), num_blocks=16, max_sequences=2, max_tokens=64)
+    t = np.arange(12, dtype=np.int32)
+    seq, _, _, _ = c.admit(t, reserve=8)
+    free = c.free_blocks
+    with pytest.raises(kv.InvalidArgument, match=r"n \(prefix caching is on: pass the token ids\)=4"):
+        c.reserve(seq, 4)
+    with pytest.raises(kv.TruncateTooMany, match="n=9"):
+        c.truncate(seq, 9)
+    with pytest.raises(kv.InvalidArgument, match="group=2"):
+        c.tokens_held(seq, 2)
+    with pytest.raises(kv.InvalidArgument, match=r"tokens \(computed\)=9"):
+        c.computed(seq, 9)
+    with pytest.raises(kv.OutOfBlocks):
+        c.admit(np.arange(1000, 1060, dtype=np.int32))
+    assert c.free_blocks == free and c.tokens(seq) == 8
+    c.free(seq)
+    with pytest.raises(kv.UnknownSequence):
+        c.tokens(seq)
+    with pytest.raises(kv.InvalidArgument, match="num_blocks=1"):
+        kv.HybridCache(small(), num_blocks=1, max_sequences=1, max_tokens=8)
+
+
+def test_the_admission_bound_sizes_the_pool_and_the_ledger_keeps_it():
+    g = small()
+    blocks = g.pool_blocks(2, 64, 8)
+    c = kv.HybridCache(g, num_blocks=blocks, max_sequences=2, max_tokens=64, prefill_chunk=8)
+    assert c.max_concurrency(64) == 2 and c.can_admit(64, 0)
+    seq, _, _, _ = c.admit(np.arange(8, dtype=np.int32))
+    c.promise(seq, c.blocks_needed(64, 0))
+    assert c.promised_blocks == c.blocks_needed(64, 0) - c.blocks_held(seq)
+    assert c.can_admit(64, 0)
+    seq2, _, _, _ = c.admit(np.arange(50, 58, dtype=np.int32))
+    c.promise(seq2, c.blocks_needed(64, 0))
+    assert not c.can_admit(1, 0)
+
+
+def test_kernels_on_group_views_asymmetric_kv_and_mla():
+    g = kv.LayerGroups([kv.LayerGroup("full", [0, 1], num_kv_heads=2, head_dim=8, v_head_dim=4, dtype=kv.DType.f32),
+                        kv.LayerGroup("mla", [2, 3, 4], num_kv_heads=1, head_dim=12, dtype=kv.DType.f32)],
+                       block_size=4, max_padding_permille=500)
+    pages = 6
+    memory = np.zeros(pages * g.page_bytes // 4, dtype=np.float32)
+    k_view = kv.PoolView.of_group(g, 0, memory, pages, "k")
+    v_view = kv.PoolView.of_group(g, 0, memory, pages, "v")
+    latent = kv.PoolView.of_group(g, 1, memory, pages, "k")
+    assert k_view.kv_planes == 1 and k_view.geometry is None
+    with pytest.raises(kv.InvalidArgument, match="K and V differ"):
+        kv.PoolView.of_group(g, 0, memory, pages)
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((2, 3, 2, 8), dtype=np.float32)  # [layers, tokens, heads, dim]
+    v = rng.standard_normal((2, 3, 2, 4), dtype=np.float32)
+    c = rng.standard_normal((3, 3, 1, 12), dtype=np.float32)
+    slots0 = np.array([4, 5, 7], dtype=np.int32)  # group 0: page 1
+    slots1 = np.array([10, 11, 12], dtype=np.int32)  # group 1: pages 2, 3 (block size 5)
+    kv.scatter(k_view, k, k, slots0)
+    kv.scatter(v_view, v, v, slots0)
+    kv.scatter(latent, c, c, slots1)
+    # The page layout by hand: [layers][K plane][V plane], NHD, f32.
+    page = g.page_bytes // 4
+    kp, vp = 4 * 2 * 8, 4 * 2 * 4  # group 0's planes (block size 4)
+    for layer in range(2):
+        base = 1 * page + layer * (kp + vp)
+        for t, slot in enumerate(slots0):
+            row = slot % 4
+            assert np.array_equal(memory[base + row * 16: base + row * 16 + 16].reshape(2, 8), k[layer, t])
+            assert np.array_equal(memory[base + kp + row * 8: base + kp + row * 8 + 8].reshape(2, 4), v[layer, t])
+    for layer in range(3):
+        for t, slot in enumerate(slots1):
+            at = (slot // 5) * page + layer * 5 * 12 + (slot % 5) * 12
+            assert np.array_equal(memory[at: at + 12], c[layer, t, 0])
