@@ -5,7 +5,9 @@
 // engine (examples/python/) is tested against this output.
 //
 //   kvcache_serve [--policy NAME] [--budget TOKENS] [--requests N] [--prompt TOKENS] [--new TOKENS]
-//                 [--pool TOKENS] [--chunk TOKENS] [--batch N] [--block TOKENS] [--optimistic] [--json FILE]
+//                 [--pool TOKENS] [--chunk TOKENS] [--batch N] [--block TOKENS] [--optimistic]
+//                 [--window TOKENS] [--json FILE]
+// --window: the hybrid engine (keep_all; odd layers a sliding window of that many tokens, one pool).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -44,10 +46,11 @@ int main(int argc, char** argv) try {
   std::map<std::string, std::int32_t> num{{"--budget", 256}, {"--requests", 4}, {"--prompt", 512}, {"--new", 128},
                                           {"--pool", 8192},  {"--chunk", 64},   {"--batch", 8},    {"--block", 16}};
   bool optimistic = false;
+  std::int32_t window = 0;
   const auto usage = [&] {
     fmt::print(stderr,
                "usage: {} [--policy NAME] [--budget N] [--requests N] [--prompt N] [--new N] [--pool TOKENS] "
-               "[--chunk N] [--batch N] [--block N] [--optimistic] [--json FILE]\n",
+               "[--chunk N] [--batch N] [--block N] [--optimistic] [--window N] [--json FILE]\n",
                argv[0]);
     return 2;
   };
@@ -63,6 +66,14 @@ int main(int argc, char** argv) try {
       policy = v;
     } else if (a == "--json") {
       json = v;
+    } else if (a == "--window") {
+      std::size_t used = 0;
+      try {
+        window = std::stoi(v, &used);
+      } catch (const std::exception&) {
+      }
+      if (used == 0 || used != v.size() || window <= 0)
+        return fmt::print(stderr, "--window needs a positive token count, got '{}'\n", v), 2;
     } else if (auto it = num.find(a); it != num.end()) {
       std::size_t used = 0;
       std::int32_t x = 0;
@@ -90,15 +101,23 @@ int main(int argc, char** argv) try {
                                   .keep_logits = true};
   const auto reqs = engine::workload(engine::heldout(), num["--requests"], num["--prompt"], num["--new"]);
   std::string text;
-  engine::with(policy, num["--budget"], model.config(), cfg0, [&](auto p, const engine::EngineConfig& cfg) {
-    const auto served = engine::serve(model, p, cfg, reqs);
-    fmt::print(
-        "{} at {}: {} steps, {} tokens generated, {} preemptions, {} re-prefilled, high-water {} tokens ({:.0f} "
-        "tokens/s)\n",
-        policy, num["--budget"], served.stats.steps, served.stats.tokens_generated, served.stats.preemptions,
-        served.stats.reprefilled, served.stats.kv_high_water, served.tokens_per_second());
+  if (window > 0) {  // the hybrid engine: keep-all over layer groups
+    if (policy != "keep_all") return fmt::print(stderr, "--window: the hybrid engine runs keep_all\n"), 2;
+    const auto served = engine::serve_hybrid(model, cfg0, reqs, window);
+    fmt::print("hybrid, window {}: {} steps, {} tokens generated, high-water {} tokens ({:.0f} tokens/s)\n", window,
+               served.stats.steps, served.stats.tokens_generated, served.stats.kv_high_water, served.tokens_per_second());
     text = to_json(served, policy, num["--budget"]);
-  });
+  } else {
+    engine::with(policy, num["--budget"], model.config(), cfg0, [&](auto p, const engine::EngineConfig& cfg) {
+      const auto served = engine::serve(model, p, cfg, reqs);
+      fmt::print(
+          "{} at {}: {} steps, {} tokens generated, {} preemptions, {} re-prefilled, high-water {} tokens ({:.0f} "
+          "tokens/s)\n",
+          policy, num["--budget"], served.stats.steps, served.stats.tokens_generated, served.stats.preemptions,
+          served.stats.reprefilled, served.stats.kv_high_water, served.tokens_per_second());
+      text = to_json(served, policy, num["--budget"]);
+    });
+  }
   if (!json.empty()) {
     std::FILE* f = std::fopen(json.c_str(), "w");
     if (!f || std::fputs(text.c_str(), f) < 0 || std::fclose(f) != 0)

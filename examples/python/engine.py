@@ -39,6 +39,7 @@ class EngineConfig:
     grouping: str = "heads"    # token policies' groups: all, heads, layers or layer_heads
     observe_window: int = 0    # SnapKV: the prompt's last queries that score it
     layer_streams: bool = False  # one stream per (request, layer): block policies choose per layer
+    window: int = 0            # > 0: a hybrid cache, odd layers a sliding window of this many tokens (keep_all)
 
 
 @dataclasses.dataclass
@@ -157,6 +158,35 @@ class PagedKv:
         return keys, values, self.pos[groups]
 
 
+class HybridKv:
+    """One request's view of a hybrid pool (hybrid_backend.hpp's HybridKv): each
+    layer is written through its group's view at the group's slots and read
+    back through the group's CSR over its live blocks; odd layers mask keys W
+    or more behind the query."""
+
+    def __init__(self, eng, r, slots):
+        self.e, self.seq, self.slots = eng, r.seqs[0], slots
+
+    def window(self, layer):
+        return self.e.cfg.window if self.e.groups.layer_slot(layer)[0] == 1 else 0
+
+    def write(self, layer, k, v):
+        g, index = self.e.groups.layer_slot(layer)
+        kv.scatter(self.e.views[g], k, v, self.slots[g], first_layer=index)
+
+    def read(self, layer):
+        e = self.e
+        g, index = e.groups.layer_slot(layer)
+        seqs = np.array([self.seq], dtype=np.uint64)
+        indptr, indices, first_pos, _ = e.cache.export_csr(g, seqs)
+        rows = e.cache.tokens(self.seq) - int(first_pos[0])
+        k = torch.empty(rows, e.heads, e.head_dim)
+        v = torch.empty_like(k)
+        kv.gather(e.views[g], index, indptr, indices, np.array([0, rows], dtype=np.int32), k, v)
+        pos = torch.arange(int(first_pos[0]), int(first_pos[0]) + rows).expand(e.heads, rows)
+        return k.transpose(0, 1), v.transpose(0, 1), pos
+
+
 class Engine:
     def __init__(self, model, cfg, policy):
         c = model.c
@@ -167,6 +197,11 @@ class Engine:
         if self.token_policy and cfg.layer_streams:
             raise ValueError("layer_streams: token policies choose per layer through their groups")
         self.streams = c["layers"] if cfg.layer_streams else 1
+        self.stats = Stats()
+        self.hybrid = cfg.window > 0
+        if self.hybrid:
+            self._init_hybrid(policy)
+            return
         self.geometry = kv.Geometry(num_layers=1 if cfg.layer_streams else c["layers"], num_kv_heads=self.heads,
                                     head_dim=self.head_dim, block_size=cfg.block_size, dtype=kv.DType.f32)
         self.blocks = (cfg.max_kv_tokens // cfg.block_size + 1) * self.streams
@@ -181,17 +216,37 @@ class Engine:
         self.layout = {"all": (0, 0), "heads": (0, 1), "layers": (1, 0), "layer_heads": (H, 1)}[self.grouping]
         self.positions = torch.full((self.groups, self.blocks * cfg.block_size), -1, dtype=torch.long)
         self.indptr, self.last = np.zeros(2, dtype=np.int32), np.zeros(1, dtype=np.int32)
-        self.stats = Stats()
         self.last_query = isinstance(policy, kv.Tova)
+
+    def _init_hybrid(self, policy):
+        """Layers in two groups of one pool: even ones full attention, odd ones the window (hybrid_backend.hpp)."""
+        c, cfg = self.c, self.cfg
+        if not isinstance(policy, kv.KeepAll) or cfg.optimistic or cfg.layer_streams or not cfg.evict_in_prefill:
+            raise ValueError("window: keep_all, admitted by its lifetime, every chunk marked computed")
+        f32 = kv.DType.f32
+        self.groups = kv.LayerGroups(
+            [kv.LayerGroup("full", list(range(0, c["layers"], 2)), num_kv_heads=self.heads, head_dim=self.head_dim, dtype=f32),
+             kv.LayerGroup("sliding_window", list(range(1, c["layers"], 2)), num_kv_heads=self.heads,
+                           head_dim=self.head_dim, window=cfg.window, dtype=f32)], block_size=cfg.block_size)
+        self.blocks = 2 * (cfg.max_kv_tokens // cfg.block_size) + 1  # the bytes of max_kv_tokens tokens of every layer
+        self.memory = torch.zeros(self.blocks * self.groups.page_bytes, dtype=torch.uint8)
+        self.views = [kv.PoolView.of_group(self.groups, g, self.memory, self.blocks) for g in range(2)]
+        self.cache = kv.HybridCache(self.groups, num_blocks=self.blocks, max_sequences=cfg.max_batch,
+                                    max_tokens=c["context"] + 256, prefill_chunk=cfg.chunk, prefix_caching=False)
+        self.token_policy = self.observes = self.last_query = False
 
     def group_of(self, layer, head):
         return layer * self.layout[0] + head * self.layout[1]
 
     # Bookkeeping.
-    def held(self, r):  # one stream per layer: their mean, rounded up
+    def held(self, r):  # one stream per layer: their mean, rounded up (a hybrid: its two groups')
+        if self.hybrid:
+            return (self.cache.tokens_held(r.seqs[0], 0) + self.cache.tokens_held(r.seqs[0], 1) + 1) // 2
         return (sum(self.cache.tokens_held(s) for s in r.seqs) + self.streams - 1) // self.streams
 
     def blocks_needed(self, tokens, new_tokens, chunk):
+        if self.hybrid:  # the configured chunk: the bound the pool is sized with
+            return self.cache.blocks_needed(tokens, new_tokens)
         return self.cache.blocks_needed(tokens, new_tokens, chunk) * self.streams
 
     def _tokens_of(self, r):
@@ -207,6 +262,8 @@ class Engine:
 
     def _reserve(self, r, n):
         """n slots in each of r's streams, [streams, n]; all or nothing (raises kv.OutOfBlocks)."""
+        if self.hybrid:
+            return self.cache.reserve(r.seqs[0], n)  # [groups, n]
         if len(r.seqs) == 1:
             slots, _, copy = self.cache.reserve(r.seqs[0], n)
             copies = copy[0] >= 0
@@ -256,7 +313,7 @@ class Engine:
                 break
             self._add_streams(r)
             for s in r.seqs:  # each stream's share of the need
-                c.promise(s, min(need // self.streams, self.max_blocks_per_stream))
+                c.promise(s, need if self.hybrid else min(need // self.streams, self.max_blocks_per_stream))
             r.running, r.fed = True, 0
 
     def _advance(self, r, reqs):
@@ -270,8 +327,8 @@ class Engine:
                 if not self._preempt_lowest(reqs, r):
                     return  # r itself was preempted
         seq = r.prompt + r.output
-        trace = Trace(ragged=self.streams > 1)
-        store = PagedKv(self, r, slots, r.fed)
+        trace = None if self.hybrid else Trace(ragged=self.streams > 1)  # a hybrid feeds no policy
+        store = HybridKv(self, r, slots) if self.hybrid else PagedKv(self, r, slots, r.fed)
         logits = self.fwd.run(store, seq[r.fed:r.fed + n], r.fed, True, trace, self.cfg.observe_window)
         r.fed += n
         r.peak_kv = max(r.peak_kv, self.held(r))
@@ -303,6 +360,9 @@ class Engine:
     # Eviction.
     def _feed_and_evict(self, r, trace):
         c, cache = self.c, self.cache
+        if self.hybrid:  # the chunk is computed: a later reserve may free what left the window
+            cache.computed(r.seqs[0], cache.tokens(r.seqs[0]))
+            return
         if self.streams > 1:  # one stream per layer, scored by that layer's attention
             for layer, seq in enumerate(r.seqs):
                 cache.observe(seq, trace.layer_sums[layer].contiguous(), "attention_sums")

@@ -3,7 +3,7 @@ K/V in a kvcache pool.
 
 The modules and the weight loader are train.py's own (the model is defined
 once); this file runs them one chunk of one request at a time against a K/V
-store (engine.PagedKv), the way examples/engine/forward.hpp does in C++:
+store (engine.PagedKv or engine.HybridKv), the way examples/engine/forward.hpp does in C++:
 the chunk's K/V are scattered into the pool, each layer reads back what the
 request holds, and attention masks by token position, not by row order, so
 it stays right after a token policy compacts the rows.
@@ -72,7 +72,8 @@ class Forward:
             v = blk.wv(h).view(n, c["kv_heads"], hd)
             store.write(layer, k.contiguous(), v.contiguous())
             keys, values, key_pos = store.read(layer)  # [kv_heads, held, hd] x2, [kv_heads, held]
-            a = self._attention(q, keys, values, key_pos, pos, layer, trace, observed)
+            window = store.window(layer) if hasattr(store, "window") else 0  # a hybrid's window layers
+            a = self._attention(q, keys, values, key_pos, pos, layer, trace, observed, window)
             x = x + blk.wo(a.reshape(n, -1))
             h = blk.mlp_norm(x)
             x = x + blk.w_down(torch.nn.functional.silu(blk.w_gate(h)) * blk.w_up(h))
@@ -80,13 +81,15 @@ class Forward:
             x = x[-1:]
         return self.m.out(self.m.norm(x))
 
-    def _attention(self, q, keys, values, key_pos, pos, layer, trace, observed):
+    def _attention(self, q, keys, values, key_pos, pos, layer, trace, observed, window=0):
         c, rep = self.c, self.rep
         n, H = q.shape[0], c["kv_heads"]
         held = keys.shape[1]
         qg = q.view(n, H, rep, self.hd).permute(1, 2, 0, 3)  # [kv_heads, rep, n, hd]: q-head j reads kv-head j // rep
         s = (qg @ keys.transpose(1, 2)[:, None]) * self.scale  # [kv_heads, rep, n, held]
         future = key_pos[:, None, None, :] > pos[None, None, :, None]  # causal by position
+        if window > 0:  # a sliding-window layer: keys W or more behind the query are not read
+            future = future | (pos[None, None, :, None] - key_pos[:, None, None, :] >= window)
         p = torch.softmax(s.masked_fill(future, float("-inf")), dim=-1)
         out = p @ values[:, None]  # [kv_heads, rep, n, hd]
         if trace is not None:

@@ -53,6 +53,7 @@ def main():
                           ("chunk", 64), ("batch", 8), ("block", 16)):
         ap.add_argument(f"--{flag}", type=int, default=default)
     ap.add_argument("--optimistic", action="store_true")
+    ap.add_argument("--window", type=int, default=0, help="the hybrid engine: odd layers a window of this many tokens")
     ap.add_argument("--json", type=pathlib.Path)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = ap.parse_args()
@@ -62,8 +63,10 @@ def main():
         ap.error(f"--prompt {a.prompt}: prompts are cut 32 shorter in turn")
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.window < 0 or (a.window and a.policy != "keep_all"):
+        ap.error("--window: a positive token count, with the keep_all policy")
     cfg = eng.EngineConfig(max_kv_tokens=a.pool, block_size=a.block, chunk=a.chunk, max_batch=a.batch,
-                           optimistic=a.optimistic)
+                           optimistic=a.optimistic, window=a.window)
     t0 = time.perf_counter()
     e, reqs = serve(mdl.load(), a.policy, a.budget, cfg, workload(heldout(), a.requests, a.prompt, a.new))
     s = e.stats

@@ -138,3 +138,39 @@ def test_unknown_policy_and_oversized_request(model):
     reqs = [eng.Request(id=0, prompt=serve.heldout()[:60], max_new=16)]
     with pytest.raises(RuntimeError, match="request 0 does not fit the pool on its own"):
         e.run(reqs)
+
+
+# Hybrid layers (odd layers a sliding window, one HybridCache pool), admitted by
+# lifetime need: a short window, and one that covers the context (the
+# all-full engine's tokens).
+HYBRID = dict(requests=4, prompt=160, new=32, pool=448, chunk=32)
+
+
+@pytest.mark.parametrize("window", [48, 2048])
+def test_the_hybrid_engine_matches_kvcache_serve(model, tmp_path, window):
+    out = tmp_path / f"hybrid_{window}.json"
+    args = [serve_binary(), "--window", str(window), "--json", str(out)]
+    for k, v in HYBRID.items():
+        args += [f"--{k}", str(v)]
+    subprocess.run(args, check=True, capture_output=True)
+    want = json.loads(out.read_text())
+    cfg = eng.EngineConfig(max_kv_tokens=HYBRID["pool"], chunk=HYBRID["chunk"], window=window)
+    reqs = serve.workload(serve.heldout(), HYBRID["requests"], HYBRID["prompt"], HYBRID["new"])
+    e = eng.Engine(model, cfg, kv.KeepAll())
+    while not all(r.done for r in reqs):
+        e.step(reqs)
+        e.cache.check_invariants()
+    got = serve.to_json(e, "keep_all", 256, reqs)
+    assert got["stats"] == want["stats"]
+    for g, w in zip(got["requests"], want["requests"]):
+        assert g["output"] == w["output"] and g["peak_kv"] == w["peak_kv"]
+        assert np.max(np.abs(np.array(g["logits"]) - np.array(w["logits"]))) < LOGIT_TOLERANCE
+    if window == 48:  # the window layers held less than the whole request (its mean over the layers)
+        assert max(r.peak_kv for r in reqs) < HYBRID["prompt"] + HYBRID["new"]
+    if window == 2048:  # covering the context: the all-full engine's tokens
+        full_cfg = eng.EngineConfig(max_kv_tokens=HYBRID["pool"], chunk=HYBRID["chunk"])
+        full = serve.workload(serve.heldout(), HYBRID["requests"], HYBRID["prompt"], HYBRID["new"])
+        eng.Engine(model, full_cfg, kv.KeepAll()).run(full)
+        assert [r.output for r in full] == [r.output for r in reqs]
+    with pytest.raises(ValueError, match="window"):
+        eng.Engine(model, eng.EngineConfig(window=window, optimistic=True), kv.KeepAll())
