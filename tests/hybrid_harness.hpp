@@ -103,6 +103,18 @@ class HybridHarness {
         need(content(g, slots[std::size_t(p - from)]) == s.prefix[std::size_t(p)], "a live position reads another prefix");
     }
   }
+  // What a scheduler is told (each group's lifetime bound for this length, with
+  // the tokens now reserved past those computed in flight) bounds what the rows hold.
+  void within_bound(const Seq& s) {
+    std::int64_t sum = 0;
+    for (std::int32_t g = 0; g < cache_.groups(); ++g) {
+      const auto rule = kvcache::GroupRule::of(cache_.layer_groups(), g);
+      const std::int64_t held = *cache_.blocks_held(s.id, g);
+      need(held <= rule.max_blocks(s.reserved, s.reserved - s.computed), "a group holds more than its bound");
+      sum += held;
+    }
+    need(sum == *cache_.blocks_held(s.id), "blocks_held is not the groups' sum");
+  }
   Seq* any() {
     if (seqs_.empty()) return nullptr;
     auto it = seqs_.begin();
@@ -142,6 +154,7 @@ class HybridHarness {
     s.reserved = r->cached_tokens + r->reserved;
     s.computed = r->cached_tokens;
     write(s, r->cached_tokens, r->reserved, slots, budget);
+    within_bound(s);
     seqs_[s.id.index] = s;
     return false;
   }
@@ -169,6 +182,7 @@ class HybridHarness {
     for (const auto t : toks) s->tokens.push_back(t), append(*s, t);
     write(*s, s->reserved, n, slots, n);
     s->reserved += n;
+    within_bound(*s);
     return false;
   }
   void compute() {
