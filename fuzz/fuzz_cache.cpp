@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "gate_run.hpp"
+#include "input.hpp"
 
 namespace kv = kvcache;
 
@@ -47,10 +48,7 @@ constexpr std::int32_t B = 4, G = 2, kBlocks = 32, kSeqs = 4, kPerSeq = 16;
 }
 
 // Reads the fuzzer's bytes as a stream of small integers (0 past the end).
-struct Input {
-  const std::uint8_t* p;
-  std::size_t n;
-  std::uint32_t byte() { return n ? (--n, *p++) : 0u; }
+struct Input : fuzz_input::Bytes {
   std::int32_t upto(std::int32_t m) { return std::int32_t(byte() % std::uint32_t(m + 1)); }
   std::int64_t wide() {  // extreme values for accounting
     switch (byte() % 4) {
@@ -410,7 +408,7 @@ void run(Policy p, Input& in) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  Input in{data, size};
+  Input in{{data, size}};
   switch (in.byte() % 10) {
     case 0: run(kv::KeepAll{}, in); break;
     case 1: run(kv::SlidingWindow(1 + in.upto(12)), in); break;

@@ -10,21 +10,20 @@
 #include <cstdlib>
 #include <vector>
 
+#include "input.hpp"
+
 #include "hybrid_harness.hpp"
 
 namespace kv = kvcache;
 
 namespace {
-struct Input {
-  const std::uint8_t* p;
-  std::size_t n;
-  std::uint32_t byte() { return n ? (--n, *p++) : 0u; }
+struct Input : fuzz_input::Bytes {
   std::int32_t pick(std::int32_t m) { return std::int32_t(byte() % std::uint32_t(m)); }
 };
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  Input in{data, size};
+  Input in{{data, size}};
   const std::int32_t groups = 1 + in.pick(4);
   std::vector<std::vector<std::int32_t>> layers(static_cast<std::size_t>(groups));
   std::vector<kv::LayerGroupSpec> specs(static_cast<std::size_t>(groups));

@@ -16,13 +16,12 @@
 #include <cstdlib>
 #include <vector>
 
+#include "input.hpp"
+
 namespace kv = kvcache;
 
 namespace {
-struct Input {
-  const std::uint8_t* p;
-  std::size_t n;
-  std::uint32_t byte() { return n ? (--n, *p++) : 0u; }
+struct Input : fuzz_input::Bytes {
   // Mostly small values, sometimes extreme: int32 edges and negatives.
   std::int32_t value(std::int32_t small) {
     switch (byte() % 8) {
@@ -46,7 +45,7 @@ struct Input {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  Input in{data, size};
+  Input in{{data, size}};
   const kv::GeometrySpec spec{.num_layers = 1 + std::int32_t(in.byte() % 2), .num_kv_heads = 1 + std::int32_t(in.byte() % 2),
                               .head_dim = 2, .block_size = 1 + std::int32_t(in.byte() % 4), .dtype = kv::DType::f32,
                               .layout = kv::Layout(in.byte() % 2), .planes = kv::KvPlanes(in.byte() % 2)};
