@@ -160,6 +160,8 @@ TEST_CASE("prefix hits: full, window and chunked-local rules, and cross-attentio
     const SeqId a = prefill(c, p).seq;
     REQUIRE(c.free(a).ok());
     CHECK(c.match(p) == 32);  // every block up to the last token
+    const auto longer = tokens(200, 1);  // past max_tokens (64): looked up as its first 64, no further
+    CHECK(c.match(longer) == 32);
     const auto b = prefill(c, p);
     CHECK(b.cached_tokens == 32);
     CHECK(*c.blocks_held(b.seq, 1) == 3);  // blocks 6, 7 (positions 25 .. 31) and the new one; 0 .. 5 null

@@ -86,9 +86,11 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
   }
 
   /// The prefix of `prompt` every group can serve now (a multiple of
-  /// hit_alignment(), below the prompt's length); changes nothing but the scratch it looks up with.
+  /// hit_alignment(), below the prompt's length; a prompt past max_tokens is
+  /// looked up as its first max_tokens); changes nothing but the scratch it looks up with.
   std::int64_t match(std::span<const std::int32_t> prompt, const PrefixKey& key = {}) {
-    return cfg_.prefix_caching ? hits_.find(pool_, prompt, key, owner_of()) : 0;
+    if (!cfg_.prefix_caching) return 0;
+    return hits_.find(pool_, prompt.first(std::min<std::size_t>(prompt.size(), std::size_t(cfg_.max_tokens))), key, owner_of());
   }
 
   /// Atomic admission: a new sequence with the longest prefix of `prompt`
