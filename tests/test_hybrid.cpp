@@ -216,6 +216,17 @@ TEST_CASE("prefix hits: full, window and chunked-local rules, and cross-attentio
     CHECK(prefill(c, p).cached_tokens == 12);
     CHECK(c.usage(1).cached == 0);  // never published
     CHECK(c.usage(1).held == 3);
+    // Rolled back to no decoder tokens, a sequence keeps its encoder's blocks: reserving again needs the decoder's only.
+    HybridCache<> tight({.groups = c.layer_groups(), .num_blocks = 1 + 1 + 3, .max_sequences = 1, .max_tokens = 32});
+    const auto four = tokens(4, 5);
+    std::vector<std::int32_t> s4(2 * 4);
+    const SeqId x = tight.admit(four, s4)->seq;  // the full group's block and the encoder's 3: the whole pool
+    REQUIRE(tight.free_blocks() == 0);
+    REQUIRE(tight.truncate(x, 4).ok());
+    CHECK(tight.free_blocks() == 1);
+    CHECK(tight.reserve(x, four, s4).ok());
+    CHECK(*tight.blocks_held(x, 1) == 3);
+    CHECK(tight.check_invariants().ok());
   }
 }
 

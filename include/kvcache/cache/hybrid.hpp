@@ -59,8 +59,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
         seqs_(std::size_t(cfg.max_sequences)) {
     for (std::int32_t g = 0; g < groups(); ++g) {
       const GroupRule r = GroupRule::of(cfg.groups, g);
-      rows_.emplace_back(r, cfg.max_sequences, std::int32_t(r.kind == AttentionKind::cross ? r.blocks_for(r.span)
-                                                                                            : r.blocks_for(cfg.max_tokens)));
+      rows_.emplace_back(r, cfg.max_sequences, std::int32_t(r.row_blocks(cfg.max_tokens)));
     }
     for (std::int32_t i = cfg.max_sequences - 1; i >= 0; --i) free_.push_back(std::uint32_t(i));
     chain_.resize(std::size_t(groups()) * seqs_.size());
@@ -114,12 +113,9 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
     std::int64_t need = 0;
     for (std::int32_t g = 0; g < groups(); ++g) {
       const GroupRule& r = rows_[std::size_t(g)].rule();
-      if (!r.caches()) {
-        need += r.blocks_for(r.span);
-        continue;
-      }
-      for (std::int64_t j = r.hit_first_block(h); j < h / r.block_size; ++j) need += pool_.ref_count(hits_.block(g, j)) == 0;
-      need += r.blocks_for(h + n) - h / r.block_size;
+      const std::int64_t hit_blocks = r.caches() ? h / r.block_size : 0;  // a cross row starts empty
+      for (std::int64_t j = r.hit_first_block(h); j < hit_blocks; ++j) need += pool_.ref_count(hits_.block(g, j)) == 0;
+      need += r.row_blocks(h + n) - hit_blocks;
     }
     if (need > pool_.num_free()) return Status{Errc::out_of_blocks, "n_blocks", need, pool_.num_free()};
     const SeqId id = *add_sequence(opt.key);
@@ -269,12 +265,8 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
     std::int64_t need = 0, freeable = 0;
     for (const GroupRows& rows : rows_) {
       const GroupRule& r = rows.rule();
-      if (!r.caches()) {
-        need += s.reserved == 0 ? r.blocks_for(r.span) : 0;
-        continue;
-      }
       freeable += rows.freeable_below(pool_, id.index, std::int32_t(r.skipped_blocks(s.computed)));
-      need += r.blocks_for(s.reserved + n) - std::int64_t(rows.row(id.index).size());
+      need += r.row_blocks(s.reserved + n) - std::int64_t(rows.row(id.index).size());
     }
     if (need > pool_.num_free() + freeable) return Status{Errc::out_of_blocks, "n_blocks", need, pool_.num_free() + freeable};
     for (GroupRows& rows : rows_) rows.free_below(pool_, id.index, std::int32_t(rows.rule().skipped_blocks(s.computed)));
@@ -306,7 +298,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
     for (std::int32_t g = 0; g < groups(); ++g) {
       GroupRows& rows = rows_[std::size_t(g)];
       const GroupRule r = rows.rule();
-      const std::int64_t want = r.caches() ? r.blocks_for(s.reserved + n) : r.blocks_for(r.span);
+      const std::int64_t want = r.row_blocks(s.reserved + n);
       if (const auto have = std::int64_t(rows.row(i).size()); want > have) {
         scratch_.resize(std::size_t(want - have));
         (void)pool_.allocate(scratch_);  // counted before any change: cannot fail

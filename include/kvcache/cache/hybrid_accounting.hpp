@@ -82,9 +82,7 @@ class HybridAccounting {
   /// Blocks s holds over every group.
   Result<std::int32_t> blocks_held(SeqId s) const noexcept {
     if (auto st = self().validate(s); !st) return st;
-    std::int32_t n = 0;
-    for (const auto& rows : self().rows_) n += rows.live(s.index);
-    return n;
+    return held_blocks(s.index);
   }
   /// Blocks a request of prompt_len then max_new tokens holds at most, summed
   /// over the groups, reserving at most the configured prefill chunk ahead of what is computed.
@@ -115,9 +113,7 @@ class HybridAccounting {
     for (std::uint32_t i = 0; i < self().seqs_.size(); ++i) {
       const auto& s = self().seqs_[i];
       if (!s.live || s.promised == 0) continue;
-      std::int64_t held = 0;
-      for (const auto& rows : self().rows_) held += rows.live(i);
-      owed += std::max<std::int64_t>(0, s.promised - held);
+      owed += std::max<std::int64_t>(0, s.promised - held_blocks(i));
     }
     return owed;
   }
@@ -190,6 +186,11 @@ class HybridAccounting {
 
  private:
   const Cache& self() const noexcept { return static_cast<const Cache&>(*this); }
+  std::int32_t held_blocks(std::uint32_t i) const noexcept {  // every group's live blocks of row i
+    std::int32_t n = 0;
+    for (const auto& rows : self().rows_) n += rows.live(i);
+    return n;
+  }
   Status check(SeqId s, std::int32_t g) const noexcept {
     if (auto st = self().validate(s); !st) return st;
     if (g < 0 || g >= self().groups()) return Status{Errc::invalid_argument, "group", g, self().groups() - 1};

@@ -53,6 +53,9 @@ struct GroupRule {
   }
   /// Blocks holding `tokens` tokens.
   constexpr std::int64_t blocks_for(std::int64_t tokens) const noexcept { return div(tokens + block_size - 1); }
+  /// Block indices a row reaches once its sequence has `tokens` tokens: theirs,
+  /// or (cross-attention) the encoder's, whatever the decoder holds.
+  constexpr std::int64_t row_blocks(std::int64_t tokens) const noexcept { return blocks_for(caches() ? tokens : span); }
 
   /// The first position a query at position p reads.
   constexpr std::int64_t first_read(std::int64_t p) const noexcept {
