@@ -1,10 +1,11 @@
 // Hybrid caches (layer groups over one pool). One decode step of 256
-// sequences: each reserves its next token (its id given, prefix caching on),
-// is marked computed (a full block is published), and every group's CSR is
-// exported; for 1 group (full attention), 2 (full + a 256-token window) and 6
-// (full + 5 windows, Gemma's pattern as groups). References in the same run:
-// the token-paged Cache<> doing the same work (one reserve per sequence,
-// publishing on reserve, one CSR export), and memcpy of the bytes written.
+// sequences: each advances (what it reserved is computed, a full block is
+// published; its next token is reserved, its id given, prefix caching on),
+// and every group's CSR is exported; for 1 group (full attention), 2 (full +
+// a 256-token window) and 6 (full + 5 windows, Gemma's pattern as groups).
+// References in the same run: the token-paged Cache<> that one full group
+// compiles to (LayerGroups::as_geometry) doing the same work (one reserve per
+// sequence, publishing on reserve, one CSR export), and memcpy of the bytes written.
 // BM_gemma3_kv_share prints the memory table of docs/hybrid.md: Gemma 3 27B's
 // KV as the library accounts it (hybrid_blocks_needed x page bytes) over the
 // same model with every layer full attention, at 8K, 32K and 128K tokens.
@@ -58,9 +59,7 @@ void BM_hybrid_decode_step_256(benchmark::State& state) {
   for (auto _ : state) {
     for (std::int32_t k = 0; k < kSeqs; ++k) {
       const std::int32_t id[] = {step * 7 + k};
-      auto r = cache.reserve(seqs[std::size_t(k)], id, one);
-      benchmark::DoNotOptimize(r);
-      (void)cache.computed(seqs[std::size_t(k)], *cache.tokens(seqs[std::size_t(k)]));
+      benchmark::DoNotOptimize(cache.advance(seqs[std::size_t(k)], id, one));
     }
     for (std::int32_t g = 0; g < G; ++g) benchmark::DoNotOptimize(cache.export_csr(g, seqs, indptr, indices, first));
     benchmark::ClobberMemory();
@@ -71,11 +70,13 @@ void BM_hybrid_decode_step_256(benchmark::State& state) {
   state.counters["out_bytes"] = double(step_out_bytes(G));
 }
 
-// The same step on the token-paged cache: 256 reserve() calls with the token
-// ids (publishing full blocks), one CSR export.
+// The same step on the token-paged cache that one full group compiles to
+// (LayerGroups::as_geometry): 256 reserve() calls with the token ids
+// (publishing full blocks), one CSR export.
 void BM_cache_decode_step_256(benchmark::State& state) {
   constexpr std::int32_t per_seq = kMaxTokens / 16 + 1;
-  kv::Cache<> cache({.geometry = *kv::Geometry::make({.num_layers = 4, .num_kv_heads = 8, .head_dim = 128, .block_size = 16}),
+  std::vector<std::vector<std::int32_t>> layers;
+  kv::Cache<> cache({.geometry = *layout(1, layers).as_geometry(),
                      .num_blocks = kSeqs * per_seq + 1, .max_sequences = kSeqs, .max_blocks_per_sequence = per_seq,
                      .publish_on_reserve = true});
   std::vector<kv::SeqId> seqs;

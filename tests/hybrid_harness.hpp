@@ -170,13 +170,16 @@ class HybridHarness {
       toks.push_back(p < s->tokens.size() ? s->tokens[p] : pick(1000));
     }
     std::vector<std::int32_t> slots(std::size_t(cache_.groups() * n));
-    auto r = cache_.reserve(s->id, toks, slots);
+    const bool advance = pick(3) == 0;  // the one-call decode step: every reserved token computed first
+    auto r = advance ? cache_.advance(s->id, toks, slots) : cache_.reserve(s->id, toks, slots);
     if (!r) {
       need(r.status().code() == (too_long ? kvcache::Errc::invalid_argument : kvcache::Errc::out_of_blocks),
            "reserve failed otherwise");
       return true;
     }
     need(!too_long, "a reserve past max_tokens succeeded");
+    if (advance) s->computed = s->reserved;
+    need(*cache_.computed_tokens(s->id) == s->computed, "computed tokens after a reserve");
     s->tokens.resize(std::size_t(s->reserved));
     s->prefix.resize(std::size_t(s->reserved));
     for (const auto t : toks) s->tokens.push_back(t), append(*s, t);

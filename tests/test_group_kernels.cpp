@@ -14,6 +14,7 @@
 #include <kvcache/kernels/scatter.hpp>
 
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 using namespace kvcache;
@@ -94,6 +95,39 @@ TEST_CASE("group views: pages of equal bytes, each group's layout") {
   CHECK(make_group_view(p.lg, 2, nullptr, kPages).status() == Status{Errc::invalid_argument, "base", 0, 1});
   CHECK(make_group_view(p.lg, 2, p.mem.data(), 0).status() == Status{Errc::invalid_argument, "num_blocks", 0, 1});
   CHECK(make_group_view(p.lg, 1, p.mem.data(), kPages, GroupPlanes::k)->kv_planes == 1);
+}
+
+TEST_CASE("one full or MLA group is a Geometry: Cache<>'s pool view is the group's view, byte for byte") {
+  const std::vector<std::int32_t> layers{0, 1, 2};
+  for (const auto kind : {AttentionKind::full, AttentionKind::mla}) {
+    const bool mla = kind == AttentionKind::mla;
+    const LayerGroupSpec one[] = {{.kind = kind, .layers = layers, .num_kv_heads = mla ? 1 : 4, .head_dim = 24, .dtype = DType::bf16}};
+    const auto lg = *LayerGroups::make({.groups = one, .block_size = 8});
+    const auto geo = lg.as_geometry();
+    REQUIRE(geo.ok());
+    CHECK(geo->block_bytes() == lg.page_bytes());
+    CHECK(geo->kv_planes() == (mla ? 1 : 2));
+    std::vector<std::byte> mem(std::size_t(lg.page_bytes() * 4));
+    const PoolView a = *make_pool_view(*geo, mem.data(), 4);
+    const PoolView b = *make_group_view(lg, 0, mem.data(), 4, mla ? GroupPlanes::k : GroupPlanes::kv);
+    CHECK(a.base == b.base);
+    CHECK(a.strides.block == b.strides.block);
+    CHECK(a.strides.layer == b.strides.layer);
+    CHECK(a.strides.token == b.strides.token);
+    CHECK(a.strides.head == b.strides.head);
+    CHECK((mla || a.strides.kv == b.strides.kv));  // one plane: no V to step to
+    CHECK(std::tie(a.num_layers, a.num_kv_heads, a.head_dim, a.block_size, a.kv_planes) ==
+          std::tie(b.num_layers, b.num_kv_heads, b.head_dim, b.block_size, b.kv_planes));
+  }
+  Pool p;  // three groups, one with K and V of different dims
+  CHECK(p.lg.as_geometry().status() == Status{Errc::invalid_argument, "groups (only one runs on Cache<>)", 3, 1});
+  const std::vector<std::int32_t> l0{0};
+  const LayerGroupSpec window[] = {{.kind = AttentionKind::sliding_window, .layers = l0, .num_kv_heads = 1, .head_dim = 8, .window = 4}};
+  CHECK(LayerGroups::make({.groups = window})->as_geometry().status() ==
+        Status{Errc::invalid_argument, "kind (only full and MLA run on Cache<>)", 1, 0});
+  const LayerGroupSpec asym[] = {{.kind = AttentionKind::full, .layers = l0, .num_kv_heads = 1, .head_dim = 8, .v_head_dim = 4}};
+  CHECK(LayerGroups::make({.groups = asym})->as_geometry().status() ==
+        Status{Errc::invalid_argument, "v_head_dim (K and V differ)", 4, 8});
 }
 
 TEST_CASE("scatter, gather, block copy and compaction on asymmetric K/V, MLA and K = V groups of one pool") {

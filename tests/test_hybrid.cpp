@@ -152,6 +152,33 @@ TEST_CASE("a sliding-window group frees what left the window, on computed tokens
   CHECK(c.check_invariants().ok());
 }
 
+TEST_CASE("advance is computed up to what is reserved, then reserve, and when the reserve fails neither happens") {
+  Small m(8);  // full + a window of 8, blocks of 4
+  HybridCache<> a(m.config(12)), b(m.config(12));
+  std::vector<std::int32_t> sa(64), sb(64);
+  const auto t = tokens(40);
+  const SeqId s = a.admit(std::span(t).first(10), sa)->seq;
+  REQUIRE(b.admit(std::span(t).first(10), sb)->seq == s);
+  for (std::int32_t p = 10; p < 24; ++p) {  // decode: b in two calls, a in one
+    REQUIRE(b.computed(s, p).ok());
+    REQUIRE(b.reserve(s, std::span(t).subspan(std::size_t(p), 1), sb).ok());
+    REQUIRE(*a.advance(s, std::span(t).subspan(std::size_t(p), 1), sa) == 1);
+    REQUIRE(a == b);  // same tables, published blocks, freed window blocks
+    REQUIRE(std::equal(sa.begin(), sa.begin() + 2, sb.begin()));
+    REQUIRE(*a.computed_tokens(s) == p);
+  }
+  CHECK(*a.blocks_held(s, 1) == 2);  // 24 reserved, 23 computed: the next query reads 16 .. 23, blocks 4 and 5
+  CHECK(*a.blocks_held(s, 0) == 6);
+  // 11 usable blocks, 8 held: 12 more tokens need 3 in each group, and only 3
+  // are free (the window frees nothing more at 24 computed): refused, and nothing was marked computed.
+  const auto before = a;
+  CHECK(a.advance(s, std::span(t).subspan(24, 12), sa).status() == Status{Errc::out_of_blocks, "n_blocks", 6, 3});
+  CHECK(a == before);
+  CHECK(*a.computed_tokens(s) == 23);
+  CHECK(a.advance(s, 4, sa).status() == Status{Errc::invalid_argument, "n (prefix caching is on: pass the token ids)", 4, 0});
+  CHECK(a.check_invariants().ok());
+}
+
 TEST_CASE("prefix hits: full, window and chunked-local rules, and cross-attention never cached") {
   SECTION("a window hit needs only the blocks the next query reads") {
     Small m(8);

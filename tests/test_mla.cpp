@@ -40,6 +40,12 @@ TEST_CASE("an MLA geometry: one plane per layer, half the bytes, views that say 
   CHECK(Geometry::make(mla_spec)->strides(8)->layer == 8 * mla.plane_bytes());
   std::vector<std::byte> memory(std::size_t(*mla.pool_bytes(2)));
   CHECK(make_pool_view(mla, memory.data(), 2)->kv_planes == 1);
+  // DeepSeek V3 described as layer groups (one MLA group) compiles to this geometry: Cache<> and its policies run it.
+  std::vector<std::int32_t> layers(61);
+  for (std::int32_t l = 0; l < 61; ++l) layers[std::size_t(l)] = l;
+  const LayerGroupSpec deepseek[] = {
+      {.kind = AttentionKind::mla, .layers = layers, .num_kv_heads = 1, .head_dim = 576, .dtype = DType::bf16}};
+  CHECK(*LayerGroups::make({.groups = deepseek, .block_size = 64})->as_geometry() == mla);
   GeometrySpec bad = kv_spec;
   bad.v_head_dim = 512;
   CHECK(Geometry::make(bad).status() ==

@@ -39,6 +39,23 @@ const char* kind_name(kv::AttentionKind k) {
   return names[std::size_t(k)];
 }
 using Hybrid = kv::HybridCache<>;
+
+// reserve() and advance(): n (a count, without prefix caching) or the ids; the slots [groups][n].
+nb::object reserve(Hybrid& self, std::uint64_t s, nb::handle n_or_ids, bool advance) {
+  const bool count = PyLong_Check(n_or_ids.ptr());
+  Array<std::int32_t> ids;
+  std::int64_t n = 0;
+  if (count) n = nb::cast<std::int64_t>(n_or_ids);
+  else in_arg(ids, n_or_ids, "ids"), n = std::int64_t(ids.size());
+  require(n >= 0 && n <= INT32_MAX, "n", n, INT32_MAX);
+  auto slots = new_array<std::int32_t, 2>(std::size_t(self.groups()), std::size_t(n));
+  Array<std::int32_t> o;
+  nb::object obj = out_arg(o, nb::cast(slots), std::size_t(self.groups()) * std::size_t(n), "slots", n ? std::size_t(n) : 1);
+  const kv::SeqId id = unpack(s);
+  if (count) check(advance ? self.advance(id, std::int32_t(n), o.span()) : self.reserve(id, std::int32_t(n), o.span()));
+  else check(advance ? self.advance(id, cspan(ids), o.span()) : self.reserve(id, cspan(ids), o.span()));
+  return obj;
+}
 }  // namespace
 
 void register_hybrid(nb::module_& m) {
@@ -83,6 +100,7 @@ void register_hybrid(nb::module_& m) {
       .def("padding", [](const Groups& g, std::int32_t i) { return g.groups.padding(i); })
       .def("token_bytes", [](const Groups& g, std::int32_t i) { return g.groups.token_bytes(i); })
       .def("kind", [](const Groups& g, std::int32_t i) { return kind_name(g.groups.spec(i).kind); })
+      .def("as_geometry", [](const Groups& g) { return check(g.groups.as_geometry()); })
       .def("layer_slot",
            [](const Groups& g, std::int32_t l) {
              const auto s = g.groups.layer_slot(l);
@@ -138,21 +156,10 @@ void register_hybrid(nb::module_& m) {
           },
           nb::arg("prompt"), nb::arg("reserve") = INT32_MAX, nb::arg("salt") = 0, nb::arg("extra") = 0)
       .def(
-          "reserve",
-          [](Hybrid& self, std::uint64_t s, nb::handle n_or_ids) {
-            const bool count = PyLong_Check(n_or_ids.ptr());
-            Array<std::int32_t> ids;
-            std::int64_t n = 0;
-            if (count) n = nb::cast<std::int64_t>(n_or_ids);
-            else in_arg(ids, n_or_ids, "ids"), n = std::int64_t(ids.size());
-            require(n >= 0 && n <= INT32_MAX, "n", n, INT32_MAX);
-            auto slots = new_array<std::int32_t, 2>(std::size_t(self.groups()), std::size_t(n));
-            Array<std::int32_t> o;
-            nb::object obj = out_arg(o, nb::cast(slots), std::size_t(self.groups()) * std::size_t(n), "slots", n ? std::size_t(n) : 1);
-            if (count) check(self.reserve(unpack(s), std::int32_t(n), o.span()));
-            else check(self.reserve(unpack(s), cspan(ids), o.span()));
-            return obj;
-          },
+          "reserve", [](Hybrid& self, std::uint64_t s, nb::handle n_or_ids) { return reserve(self, s, n_or_ids, false); },
+          nb::arg("seq"), nb::arg("n"))
+      .def(
+          "advance", [](Hybrid& self, std::uint64_t s, nb::handle n_or_ids) { return reserve(self, s, n_or_ids, true); },
           nb::arg("seq"), nb::arg("n"))
       .def("computed", [](Hybrid& self, std::uint64_t s, std::int64_t tokens) { check(self.computed(unpack(s), tokens)); },
            nb::arg("seq"), nb::arg("tokens"))

@@ -73,6 +73,28 @@ def test_the_window_frees_on_computed_tokens_only():
     assert c.usage(1) == (5, 2) and c.usage(0) == (7, 0)  # blocks 0, 1 were published: free but cached
 
 
+def test_advance_is_computed_then_reserve_in_one_call():
+    a = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64)
+    b = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64)
+    t = np.arange(40, dtype=np.int32)
+    sa, _, _, _ = a.admit(t[:10])
+    sb, _, _, _ = b.admit(t[:10])
+    for p in range(10, 30):
+        b.computed(sb, p)
+        assert (a.advance(sa, t[p:p + 1]) == b.reserve(sb, t[p:p + 1])).all()
+        assert a.computed_tokens(sa) == p and a.blocks_held(sa, 1) == b.blocks_held(sb, 1)
+    assert a.usage(0) == b.usage(0) and a.usage(1) == b.usage(1)
+    a.check_invariants()
+
+
+def test_one_full_group_is_a_geometry_for_cache():
+    g = kv.LayerGroups([kv.LayerGroup("full", [0, 1, 2, 3], num_kv_heads=2, head_dim=16)], block_size=8)
+    geo = g.as_geometry()
+    assert geo.block_bytes == g.page_bytes and geo.num_layers == 4 and geo.kv_planes == 2
+    with pytest.raises(kv.InvalidArgument, match=r"groups \(only one runs on Cache<>\)=2"):
+        small().as_geometry()
+
+
 def test_errors_name_the_value_and_change_nothing():
     c = kv.HybridCache(small(), num_blocks=16, max_sequences=2, max_tokens=64)
     t = np.arange(12, dtype=np.int32)

@@ -38,22 +38,38 @@ TEST_CASE_METHOD(Hybrid, "docs hybrid: a Gemma-3-shaped and a DeepSeek-shaped ca
   CHECK(groups.layer_slot(11) == kv::LayerSlot{0, 1});
   CHECK(a.cached_tokens == 0);
   CHECK(a.reserved == 2048);
-  CHECK(*cache.tokens(a.seq) == 2049);
-  // The next query is at 2048: it reads 1025 on, so window blocks 0 .. 63 were freed to the null id.
+  CHECK(*cache.tokens(a.seq) == 2050);
+  CHECK(*cache.computed_tokens(a.seq) == 2049);
+  // The next query is at 2049: it reads 1026 on, so window blocks 0 .. 63 were freed to the null id.
   CHECK(table[63] == kv::BlockPool::null_block);
   CHECK(table[64] != kv::BlockPool::null_block);
   CHECK(*cache.blocks_held(a.seq, 1) == 129 - 64);
-  CHECK(*cache.blocks_held(a.seq, 0) == 26);  // ceil(2049 / 80)
+  CHECK(*cache.blocks_held(a.seq, 0) == 26);  // ceil(2050 / 80)
   CHECK(cache.max_concurrency(32768) == 4);
   CHECK(cache.check_invariants().ok());
   // A second request with the same prompt finds the computed prefix in both groups.
   std::vector<int32_t> more(std::size_t(cache.groups()) * 2048);
   auto b = cache.admit(prompt, more, {.reserve = 2048}).value();
-  CHECK(b.cached_tokens == 2000);  // 2048 computed: 25 full pages of 80; the window blocks 61 on are cached
+  CHECK(b.cached_tokens == 2000);  // 2049 computed: 25 full pages of 80; the window blocks 61 on are cached
   CHECK(mla.v_head_dim(0) == 0);
   CHECK(mla.page_bytes() == 64 * 61 * 576 * 2);
   CHECK(latent.can_admit(12288, 4096));
   CHECK(latent.check_invariants().ok());
+}
+
+TEST_CASE("docs unitary: one full group compiles to Cache<> over the same pages") {
+#include "snippets/unitary.inc"
+  CHECK(dense.geometry().block_bytes() == one.page_bytes());
+  std::vector<std::byte> pool(std::size_t(one.page_bytes() * 2));
+  const kv::PoolView a = kv::make_pool_view(dense.geometry(), pool.data(), 2).value();
+  const kv::PoolView b = kv::make_group_view(one, 0, pool.data(), 2).value();
+  CHECK(a.strides.block == b.strides.block);
+  CHECK(a.strides.layer == b.strides.layer);
+  CHECK(a.strides.kv == b.strides.kv);
+  CHECK(a.strides.token == b.strides.token);
+  CHECK(a.num_layers == 32);
+  std::vector<int32_t> slots(20);
+  CHECK(dense.admit(text(20, 7), slots).ok());
 }
 
 namespace {

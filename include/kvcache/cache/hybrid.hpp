@@ -7,7 +7,8 @@
 // A sequence's life: admit (a new sequence: a prefix hit, retained, plus the
 // first chunk), reserve (each later chunk or decoded token), computed (the forward pass
 // wrote K/V up to here: full blocks are published, and later reserves may
-// free what left a window), free. Window and chunk groups free on processed
+// free what left a window), free. advance = computed up to what is reserved,
+// then reserve: the decode step in one call. Window and chunk groups free on processed
 // tokens only, never on tokens reserved and not yet computed.
 #pragma once
 
@@ -143,12 +144,23 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
   /// all or nothing across groups: what left each window (on computed tokens)
   /// is freed first and counts as room. slots: [groups][tokens.size()].
   Result<std::int32_t> reserve(SeqId id, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots) {
-    return reserve_impl(id, std::int32_t(std::min<std::size_t>(tokens.size(), INT32_MAX)), tokens, slots);
+    return reserve_impl(id, std::int32_t(std::min<std::size_t>(tokens.size(), INT32_MAX)), tokens, slots, false);
   }
   /// n more tokens without their ids: only without prefix caching (nothing to publish).
   Result<std::int32_t> reserve(SeqId id, std::int32_t n, std::span<std::int32_t> slots) {
     if (cfg_.prefix_caching) return Status{Errc::invalid_argument, "n (prefix caching is on: pass the token ids)", n, 0};
-    return reserve_impl(id, n, {}, slots);
+    return reserve_impl(id, n, {}, slots, false);
+  }
+  /// The decode step in one call: every token reserved so far was computed
+  /// (computed(id, tokens(id))), then `tokens` are reserved as by reserve().
+  /// All or nothing: when the reserve cannot be made, nothing is marked computed either.
+  Result<std::int32_t> advance(SeqId id, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots) {
+    return reserve_impl(id, std::int32_t(std::min<std::size_t>(tokens.size(), INT32_MAX)), tokens, slots, true);
+  }
+  /// advance() of n tokens without their ids: only without prefix caching.
+  Result<std::int32_t> advance(SeqId id, std::int32_t n, std::span<std::int32_t> slots) {
+    if (cfg_.prefix_caching) return Status{Errc::invalid_argument, "n (prefix caching is on: pass the token ids)", n, 0};
+    return reserve_impl(id, n, {}, slots, true);
   }
 
   /// The forward pass wrote K/V for tokens [0, tokens): full blocks of every
@@ -157,27 +169,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
     if (auto st = validate(id); !st) return st;
     Seq& s = seqs_[id.index];
     if (tokens < s.computed || tokens > s.reserved) return Status{Errc::invalid_argument, "tokens (computed)", tokens, s.reserved};
-    s.computed = tokens;
-    if (!cfg_.prefix_caching) return {};
-    std::int64_t keep = s.computed;  // the first token a later publish still hashes
-    for (std::int32_t g = 0; g < groups(); ++g) {
-      const GroupRows& rows = rows_[std::size_t(g)];
-      const GroupRule& r = rows.rule();
-      if (!r.caches()) continue;
-      for (std::int32_t& j = published(g, id.index); std::int64_t(j + 1) * r.block_size <= s.computed; ++j) {
-        const auto from = std::size_t(std::int64_t(j) * r.block_size - s.tokens_from);
-        const BlockHash parent = chain(g, id.index);
-        chain(g, id.index) = hits_.hash(parent, std::span(s.tokens).subspan(from, std::size_t(r.block_size)), s.key.extra);
-        const BlockId b = rows.row(id.index)[std::size_t(j)];
-        const std::int32_t up = r.chained() && j > 0 ? rows.row(id.index)[std::size_t(j - 1)] : PrefixIndex::kChainRoot;
-        if (auto p = pool_.publish(b, group_key(chain(g, id.index), g), group_key(parent, g), StoredBlock{.parent_block = up}); !p)
-          return p.status();
-      }
-      keep = std::min(keep, std::int64_t(published(g, id.index)) * r.block_size);
-    }
-    s.tokens.erase(s.tokens.begin(), s.tokens.begin() + (keep - s.tokens_from));
-    s.tokens_from = keep;
-    return {};
+    return mark_computed(id.index, tokens);
   }
 
   /// Rolls back the last n reserved tokens (not computed: a rejected draft, a cancelled chunk).
@@ -256,21 +248,60 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
       return Status{Errc::unknown_sequence, "seq", id.index, std::int64_t(seqs_.size())};
     return {};
   }
-  Result<std::int32_t> reserve_impl(SeqId id, std::int32_t n, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots) {
+  // After the checks: tokens [0, tokens) are computed; publishes the full blocks of every caching group.
+  Status mark_computed(std::uint32_t i, std::int64_t tokens) {
+    Seq& s = seqs_[i];
+    s.computed = tokens;
+    if (!cfg_.prefix_caching) return {};
+    std::int64_t keep = s.computed;  // the first token a later publish still hashes
+    for (std::int32_t g = 0; g < groups(); ++g) {
+      const GroupRows& rows = rows_[std::size_t(g)];
+      const GroupRule& r = rows.rule();
+      if (!r.caches()) continue;
+      for (std::int32_t& j = published(g, i); std::int64_t(j + 1) * r.block_size <= s.computed; ++j) {
+        const auto from = std::size_t(std::int64_t(j) * r.block_size - s.tokens_from);
+        const BlockHash parent = chain(g, i);
+        chain(g, i) = hits_.hash(parent, std::span(s.tokens).subspan(from, std::size_t(r.block_size)), s.key.extra);
+        const BlockId b = rows.row(i)[std::size_t(j)];
+        const std::int32_t up = r.chained() && j > 0 ? rows.row(i)[std::size_t(j - 1)] : PrefixIndex::kChainRoot;
+        if (auto p = pool_.publish(b, group_key(chain(g, i), g), group_key(parent, g), StoredBlock{.parent_block = up}); !p)
+          return p.status();
+      }
+      keep = std::min(keep, std::int64_t(published(g, i)) * r.block_size);
+    }
+    s.tokens.erase(s.tokens.begin(), s.tokens.begin() + (keep - s.tokens_from));
+    s.tokens_from = keep;
+    return {};
+  }
+  // reserve() and advance() (which first counts every reserved token as computed).
+  // Freeing and the room it makes are counted on the computed tokens after
+  // the call, so a failed advance marks nothing: publishing frees no block.
+  Result<std::int32_t> reserve_impl(SeqId id, std::int32_t n, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots,
+                                    bool advance) {
     if (auto st = validate(id); !st) return st;
     Seq& s = seqs_[id.index];
     if (n < 0 || n > cfg_.max_tokens - s.reserved) return Status{Errc::invalid_argument, "n", n, cfg_.max_tokens - s.reserved};
     if (std::int64_t(slots.size()) < std::int64_t(groups()) * n)
       return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), std::int64_t(groups()) * n};
-    std::int64_t need = 0, freeable = 0;
-    for (const GroupRows& rows : rows_) {
-      const GroupRule& r = rows.rule();
-      freeable += rows.freeable_below(pool_, id.index, std::int32_t(r.skipped_blocks(s.computed)));
-      need += r.row_blocks(s.reserved + n) - std::int64_t(rows.row(id.index).size());
+    const std::int64_t done = advance ? s.reserved : s.computed;
+    const bool in_place = fits_in_place(id.index, n, done);  // the common decode step: no group frees or allocates
+    if (!in_place) {
+      std::int64_t need = 0, freeable = 0;
+      for (const GroupRows& rows : rows_) {
+        const GroupRule& r = rows.rule();
+        freeable += rows.freeable_below(pool_, id.index, std::int32_t(r.skipped_blocks(done)));
+        need += r.row_blocks(s.reserved + n) - std::int64_t(rows.row(id.index).size());
+      }
+      if (need > pool_.num_free() + freeable) return Status{Errc::out_of_blocks, "n_blocks", need, pool_.num_free() + freeable};
     }
-    if (need > pool_.num_free() + freeable) return Status{Errc::out_of_blocks, "n_blocks", need, pool_.num_free() + freeable};
-    for (GroupRows& rows : rows_) rows.free_below(pool_, id.index, std::int32_t(rows.rule().skipped_blocks(s.computed)));
-    grow(id.index, n, slots, n);
+    if (advance && done > s.computed)
+      if (auto st = mark_computed(id.index, done); !st) return st;
+    if (in_place) {
+      write_slots(id.index, n, slots, n);
+    } else {
+      for (GroupRows& rows : rows_) rows.free_below(pool_, id.index, std::int32_t(rows.rule().skipped_blocks(done)));
+      grow(id.index, n, slots, n);
+    }
     if (cfg_.prefix_caching) s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
     return n;
   }
@@ -291,26 +322,47 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
   std::int32_t& published(std::int32_t g, std::uint32_t i) noexcept { return published_[std::size_t(g) * seqs_.size() + i]; }
   std::int32_t published(std::int32_t g, std::uint32_t i) const noexcept { return published_[std::size_t(g) * seqs_.size() + i]; }
   BlockHash& chain(std::int32_t g, std::uint32_t i) noexcept { return chain_[std::size_t(g) * seqs_.size() + i]; }
+  // n more tokens of row i land in blocks every group already holds, and no
+  // group has a block to free: reserve() has nothing to count or change but the slots.
+  bool fits_in_place(std::uint32_t i, std::int32_t n, std::int64_t computed) const noexcept {
+    const Seq& s = seqs_[i];
+    for (const GroupRows& rows : rows_) {
+      const GroupRule& r = rows.rule();
+      if (r.row_blocks(s.reserved + n) > std::int64_t(rows.row(i).size())) return false;
+      if (r.frees() && r.skipped_blocks(computed) > rows.first_live(i)) return false;
+    }
+    return true;
+  }
   // After the checks: n more tokens in every group (a cross group takes its
   // encoder's blocks on the first call), their slots at slots[g * stride].
   void grow(std::uint32_t i, std::int32_t n, std::span<std::int32_t> slots, std::int32_t stride) {
     Seq& s = seqs_[i];
     for (std::int32_t g = 0; g < groups(); ++g) {
       GroupRows& rows = rows_[std::size_t(g)];
-      const GroupRule r = rows.rule();
-      const std::int64_t want = r.row_blocks(s.reserved + n);
+      const std::int64_t want = rows.rule().row_blocks(s.reserved + n);
       if (const auto have = std::int64_t(rows.row(i).size()); want > have) {
         scratch_.resize(std::size_t(want - have));
         (void)pool_.allocate(scratch_);  // counted before any change: cannot fail
         for (const BlockId b : scratch_) owner_[std::size_t(b)] = std::int8_t(g);
         rows.append(i, scratch_);
       }
+    }
+    write_slots(i, n, slots, stride);
+  }
+  // The slots of row i's next n tokens (-1 up to stride, and in cross groups); reserved += n.
+  void write_slots(std::uint32_t i, std::int32_t n, std::span<std::int32_t> slots, std::int32_t stride) noexcept {
+    Seq& s = seqs_[i];
+    for (std::int32_t g = 0; g < groups(); ++g) {
+      const GroupRows& rows = rows_[std::size_t(g)];
+      const GroupRule& r = rows.rule();
       std::int32_t* out = slots.data() + std::size_t(g) * std::size_t(stride);
       const BlockId* row = rows.row(i).data();
-      for (std::int32_t t = 0; t < stride; ++t) {
+      const std::int32_t m = r.caches() ? n : 0;
+      for (std::int32_t t = 0; t < m; ++t) {
         const std::int64_t p = s.reserved + t;
-        out[t] = r.caches() && t < n ? row[r.div(p)] * r.block_size + r.mod(p) : -1;
+        out[t] = row[r.div(p)] * r.block_size + r.mod(p);
       }
+      std::fill(out + m, out + stride, -1);
     }
     s.reserved += n;
   }

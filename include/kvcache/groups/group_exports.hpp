@@ -53,7 +53,8 @@ inline Result<std::int32_t> export_group_csr(const GroupRows& g, std::span<const
   for (std::size_t k = 0; k < rows_at.size(); ++k) {
     const auto row = g.row(rows_at[k]);
     const std::int32_t first = g.first_live(rows_at[k]);
-    for (std::size_t j = std::size_t(first); j < row.size(); ++j) indices[std::size_t(at++)] = row[j];
+    std::copy(row.begin() + first, row.end(), indices.begin() + at);
+    at += std::int32_t(row.size()) - first;
     indptr[k + 1] = at;
     first_pos[k] = first * g.rule().block_size;
   }

@@ -147,6 +147,21 @@ class LayerGroups {
   LayerSlot layer_slot(std::int32_t l) const noexcept {
     return l >= 0 && l < num_layers() ? map_[std::size_t(l)] : LayerSlot{};
   }
+  /// A one-group layout of full or MLA attention as a Geometry: the token-paged
+  /// Cache<> runs it with the same pages (interleaved NHD), and none of
+  /// HybridCache's per-group work (vLLM runs one group on its unitary coordinator
+  /// too). Errors name the value: more than one group; a window, chunk or
+  /// encoder (their retention is HybridCache's); K and V of different head dims.
+  Result<Geometry> as_geometry() const noexcept {
+    if (num_groups() != 1) return Status{Errc::invalid_argument, "groups (only one runs on Cache<>)", num_groups(), 1};
+    const LayerGroupSpec& s = spec(0);
+    if (s.kind != AttentionKind::full && s.kind != AttentionKind::mla)
+      return Status{Errc::invalid_argument, "kind (only full and MLA run on Cache<>)", std::int64_t(s.kind), 0};
+    const std::int32_t dv = v_head_dim(0);
+    if (dv != 0 && dv != s.head_dim) return Status{Errc::invalid_argument, "v_head_dim (K and V differ)", dv, s.head_dim};
+    return Geometry::make({.num_layers = layers_in(0), .num_kv_heads = s.num_kv_heads, .head_dim = s.head_dim,
+                           .block_size = block_size(0), .dtype = s.dtype, .v_head_dim = dv == 0 ? 0 : -1});
+  }
   /// Prefix hits are a multiple of this many tokens: the caching groups' block sizes' least common multiple.
   std::int32_t hit_alignment() const noexcept { return hit_align_; }
 
