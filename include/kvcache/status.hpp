@@ -29,6 +29,7 @@ enum class Errc : std::uint8_t {
   duplicate_sequence,  // the same sequence twice in one batch
   blocks_in_use,       // an operation that needs every block free
   invariant_violated,  // check() found corrupted state (a bug, never bad input)
+  unknown_job,         // a transfer job never planned, already completed, or from before a reset
 };
 
 /// The code's name, as in messages.
@@ -48,6 +49,7 @@ constexpr const char* to_string(Errc e) noexcept {
     case Errc::duplicate_sequence: return "duplicate_sequence";
     case Errc::blocks_in_use: return "blocks_in_use";
     case Errc::invariant_violated: return "invariant_violated";
+    case Errc::unknown_job: return "unknown_job";
   }
   return "unknown_errc";
 }

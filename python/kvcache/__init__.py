@@ -27,6 +27,7 @@ from ._errors import (
     OutOfBlocks,
     PrefixTooLong,
     TruncateTooMany,
+    UnknownJob,
     UnknownSequence,
 )
 from ._kvcache import (
@@ -166,7 +167,7 @@ __all__ = [
     "GeometryOverflow", "H2O", "HybridCache", "InvalidArgument", "InvariantViolated", "KeepAll", "KvPlanes",
     "LayerGroup", "LayerGroups", "Layout",
     "NotAllocated", "OutOfBlocks", "PoolView", "PrefixTooLong", "Quest", "SinkWindow", "SlidingWindow", "SnapKV", "Tova",
-    "TruncateTooMany", "UnknownSequence", "block_copy", "compaction", "gather", "has_cuda", "make_rope_table", "rope",
+    "TruncateTooMany", "UnknownJob", "UnknownSequence", "block_copy", "compaction", "gather", "has_cuda", "make_rope_table", "rope",
     "scatter", "scores", "WriteGate", "WriteGateWeights", "page_bounds", "page_bounds_update", "page_select",
     "page_select_scratch_bytes", "ring_admit", "ring_write", "write_gate",
 ]

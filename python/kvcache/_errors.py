@@ -90,6 +90,12 @@ class InvariantViolated(Error, RuntimeError):
     code = "invariant_violated"
 
 
+class UnknownJob(Error, LookupError):
+    """A transfer job never planned, already completed, or from before a reset."""
+
+    code = "unknown_job"
+
+
 # In kvcache::Errc order (index = the code's value; 0 is ok).
 BY_CODE = [
     Error,
@@ -106,4 +112,5 @@ BY_CODE = [
     DuplicateSequence,
     BlocksInUse,
     InvariantViolated,
+    UnknownJob,
 ]

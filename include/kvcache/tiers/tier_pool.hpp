@@ -1,0 +1,124 @@
+// One lower tier of KV memory (pinned host memory, a file): a pool of the
+// caller's blocks named by the same content hashes as the device prefix
+// cache, with its own cached-free LRU (the core's BlockPool, which already
+// keeps recycled content least recently freed first).
+//
+// A block has one of four states. Free: in the LRU, with or without a hash
+// (a hash means it still serves lookups until a store recycles it). Filling:
+// allocated for a store in flight, its hash not yet published, so a lookup
+// cannot see it (a failed store never becomes visible). Ready: published and
+// free to evict. Pinned: read by a job in flight, out of the LRU, so no store
+// can recycle it. Blocks are published unchained: evicting one never takes
+// the blocks after it with it (the device tier may still hold the ones before).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kvcache/block_hash.hpp"
+#include "kvcache/block_pool.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/events.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+/// Blocks of one lower tier; ids are the caller's slots 0 .. capacity()-1.
+class TierPool {
+ public:
+  /// `num_blocks` blocks of `medium` (cpu: pinned host memory; disk: a file);
+  /// event_capacity > 0 keeps stored/removed events naming the medium.
+  /// ConfigError when num_blocks < 1.
+  TierPool(Medium medium, std::int32_t num_blocks, std::int32_t event_capacity = 0)
+      : pool_(checked(num_blocks) + 1, event_capacity, 0, medium), medium_(medium) {}
+
+  Medium medium() const noexcept { return medium_; }  ///< The tier's medium.
+  std::int32_t capacity() const noexcept { return pool_.capacity() - 1; }  ///< Blocks (slots) in the tier.
+  /// Blocks a store can take now: plain free ones, then ready ones least recently used first.
+  std::int32_t num_free() const noexcept { return pool_.num_free(); }
+  /// Free blocks still holding a hash: what lookups find and stores recycle.
+  std::int32_t num_ready() const noexcept { return pool_.num_cached(); }
+  /// Blocks of stores in flight (allocated, not visible).
+  std::int32_t num_filling() const noexcept { return std::int32_t(filling_.size()); }
+  /// Distinct ready or pinned blocks with a hash.
+  std::int32_t num_published() const noexcept { return pool_.num_published(); }
+  /// Holders of slot s: 0 free or ready, 1 filling, the readers when pinned (a filling block has no reader).
+  std::int32_t holders(std::int32_t s) const noexcept { return pool_.ref_count(s + 1); }
+
+  /// The slot holding `h`, ready or pinned; -1 when absent or still being filled. No side effects.
+  std::int32_t find(const BlockHash& h) const noexcept {
+    const BlockId b = pool_.lookup(h);
+    return b < 0 ? -1 : b - 1;
+  }
+  /// True while a store of `h` is in flight.
+  bool filling(const BlockHash& h) const noexcept { return filling_.contains(h); }
+  /// Slot s's hash (meaningful when find() returned s).
+  const BlockHash& hash(std::int32_t s) const noexcept { return pool_.hash(s + 1); }
+
+  /// Moves up to out.size() pending events into out (block = the slot + 1: the pool's id), oldest first.
+  std::int32_t drain_events(std::span<BlockEvent> out) noexcept { return pool_.drain_events(out); }
+
+  /// Conservation (free + filling + pinned = capacity), no free block filling
+  /// or pinned, every filling block unpublished, and the pool's own invariants.
+  Status check() const {
+    if (auto st = pool_.check(); !st) return st;
+    std::int32_t pinned = 0;
+    for (BlockId b = 1; b < pool_.capacity(); ++b) pinned += pool_.ref_count(b) > 0 && pool_.has_hash(b);
+    for (const auto& [k, b] : filling_)
+      if (pool_.ref_count(b) != 1 || pool_.has_hash(b)) return Status{Errc::invariant_violated, "filling", b - 1, pool_.ref_count(b)};
+    if (pool_.num_free() + num_filling() + pinned != capacity())
+      return Status{Errc::invariant_violated, "tier conservation", pool_.num_free() + num_filling() + pinned, capacity()};
+    return {};
+  }
+  friend bool operator==(const TierPool& a, const TierPool& b) {
+    return a.pool_ == b.pool_ && a.filling_ == b.filling_ && a.medium_ == b.medium_;
+  }
+
+  // The coordinator's steps (tiers.hpp), each after its own checks: a store
+  // takes a block for h (recycling the least recently used ready block) and
+  // publishes or abandons it; a read pins a ready block and unpins it.
+
+  /// A block for a store of h (the caller checked num_free() and that h is neither found nor filling).
+  std::int32_t begin_store(const BlockHash& h) noexcept {
+    const BlockId b = *pool_.allocate_one();
+    filling_.emplace(h, b);
+    return b - 1;
+  }
+  /// The store of h into slot s completed: h becomes visible, the block ready.
+  void commit_store(std::int32_t s, const BlockHash& h, const BlockHash& parent) noexcept {
+    filling_.erase(h);
+    (void)pool_.publish(s + 1, h, parent, StoredBlock{.parent_block = PrefixIndex::kChainRoot});
+    (void)pool_.release(s + 1);
+  }
+  /// The store of h into slot s failed or was abandoned: the block goes back free, never visible.
+  void abort_store(std::int32_t s, const BlockHash& h) noexcept {
+    filling_.erase(h);
+    (void)pool_.release(s + 1);
+  }
+  /// A reader holds slot s (ready or already pinned): no store recycles it.
+  void pin(std::int32_t s) noexcept { (void)pool_.retain(s + 1); }
+  /// A reader is done with slot s.
+  void unpin(std::int32_t s) noexcept { (void)pool_.release(s + 1); }
+  /// Marks slots used, the last first, so a chain's head is the most recent and evicted last.
+  void touch(std::span<const std::int32_t> slots) noexcept {
+    for (auto it = slots.rbegin(); it != slots.rend(); ++it)
+      if (pool_.ref_count(*it + 1) == 0) (void)pool_.retain(*it + 1), (void)pool_.release(*it + 1);
+  }
+
+ private:
+  static std::int32_t checked(std::int32_t n) {
+    if (n < 1 || n == INT32_MAX) throw ConfigError("kvcache::TierPool", Status{Errc::invalid_argument, "num_blocks", n, 1});
+    return n;
+  }
+  struct HashOf {
+    std::size_t operator()(const BlockHash& h) const noexcept { return std::size_t(h.lo ^ (h.hi * 0x9e3779b97f4a7c15ULL)); }
+  };
+
+  BlockPool pool_;
+  std::unordered_map<BlockHash, BlockId, HashOf> filling_;  // stores in flight, by hash
+  Medium medium_;
+};
+
+KVCACHE_END_NAMESPACE

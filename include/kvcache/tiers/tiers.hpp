@@ -1,0 +1,330 @@
+// Memory tiers under the device pool: a host tier and a disk tier
+// (TierPool each), lookups across them, and transfer jobs the engine runs.
+//
+// The library plans, the engine copies: a plan is a list of block moves
+// (source id, target id) the engine executes with block_copy,
+// cudaMemcpyAsync or its own file I/O, on its own streams or threads, and
+// then reports with complete(), exactly once per job. Until then the
+// job holds what it touches: the blocks it reads are pinned (no store
+// recycles them) and the blocks it fills are invisible to lookups. A failure
+// never publishes a hash. A disk block reaches the device only through host
+// memory, where the engine verifies it (disk_layout.hpp) before it is used.
+//
+// Device blocks are the engine's: a store from the device reads blocks the
+// engine keeps alive until complete(), and a load into the device writes
+// blocks it reserved; it publishes (computed()) only the leading blocks
+// complete() reports landed, and recomputes the rest.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kvcache/block_hash.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/events.hpp"
+#include "kvcache/status.hpp"
+#include "kvcache/tiers/tier_pool.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+/// Where a block lives: device memory (the cache's pool), pinned host memory, a disk file.
+enum class Tier : std::uint8_t { device, host, disk };
+
+/// The tiers' sizes. A tier of 0 blocks is absent.
+struct TiersConfig {
+  std::int32_t host_blocks = 0;  ///< Blocks of pinned host memory the engine allocated.
+  std::int32_t disk_blocks = 0;  ///< Blocks of the disk file.
+  std::int32_t block_size = 16;  ///< Tokens per block (a lookup leaves the last prompt token to compute).
+  std::int32_t max_jobs = 1024;  ///< Jobs in flight at most.
+  std::int32_t event_capacity = 0;  ///< Events kept per tier (0: none).
+};
+
+/// How far a prompt's chain of block hashes is cached, by the fastest tier holding each block.
+struct TierHits {
+  std::int32_t device = 0;  ///< Leading blocks in the device cache (the caller's count).
+  std::int32_t host = 0;  ///< Blocks after them served from host memory.
+  std::int32_t disk = 0;  ///< Blocks after them served only from disk.
+  std::int32_t blocks() const noexcept { return device + host + disk; }  ///< The whole hit.
+  friend constexpr bool operator==(const TierHits&, const TierHits&) = default;
+};
+
+/// One block to copy: its id in the source tier and in the target tier (a
+/// device block id, or a host or disk slot), and which block of the plan's chain it is.
+struct BlockMove {
+  std::int32_t src = -1;  ///< Source block.
+  std::int32_t dst = -1;  ///< Target block.
+  std::int32_t index = -1;  ///< Its place in the chain the plan was given.
+  friend constexpr bool operator==(const BlockMove&, const BlockMove&) = default;
+};
+
+/// A planned transfer. `moves` stays valid until the job is completed or the tiers are reset.
+struct TierJob {
+  std::uint64_t id = 0;  ///< What complete() takes.
+  Tier from = Tier::device;  ///< Source tier.
+  Tier to = Tier::host;  ///< Target tier.
+  std::span<const BlockMove> moves{};  ///< In chain order (a store leaves out the blocks it skips).
+  std::int32_t skipped = 0;  ///< Blocks left out: the target holds them or is already receiving them.
+};
+
+/// A host tier and a disk tier under the device pool, with the jobs in flight between them.
+class Tiers {
+ public:
+  /// ConfigError names a bad field of cfg.
+  explicit Tiers(const TiersConfig& cfg)
+      : cfg_(checked(cfg)),
+        host_(make_tier(Medium::cpu, cfg.host_blocks, cfg.event_capacity)),
+        disk_(make_tier(Medium::disk, cfg.disk_blocks, cfg.event_capacity)) {}
+
+  const TiersConfig& config() const noexcept { return cfg_; }  ///< The configuration.
+  bool has(Tier t) const noexcept { return t == Tier::device || tier(t) != nullptr; }  ///< Whether tier t exists.
+  /// The host tier's blocks (host memory must exist: has(Tier::host)).
+  const TierPool& host() const noexcept { return *host_; }
+  /// The disk tier's blocks (has(Tier::disk)).
+  const TierPool& disk() const noexcept { return *disk_; }
+  std::int32_t jobs_in_flight() const noexcept { return std::int32_t(jobs_.size()); }  ///< Jobs planned, not completed.
+  std::uint32_t epoch() const noexcept { return epoch_; }  ///< Resets so far.
+
+  /// How far `chain` (the hashes of a prompt's full blocks, in order) is
+  /// cached: `device_blocks` leading blocks the device cache holds (its
+  /// match), then each next block from host memory when it is there, else
+  /// from disk, until neither has it. Blocks being stored are not found. At
+  /// most (prompt_tokens - 1) / block_size blocks: the last prompt token is
+  /// always computed. where[i] is block i's tier. No side effects.
+  Result<TierHits> lookup(std::span<const BlockHash> chain, std::int32_t device_blocks, std::int64_t prompt_tokens,
+                          std::span<Tier> where) const noexcept {
+    if (prompt_tokens < 1) return Status{Errc::invalid_argument, "prompt_tokens", prompt_tokens, 1};
+    const std::int64_t cap = std::min<std::int64_t>(std::int64_t(chain.size()), (prompt_tokens - 1) / cfg_.block_size);
+    if (device_blocks < 0 || device_blocks > cap) return Status{Errc::invalid_argument, "device_blocks", device_blocks, cap};
+    TierHits h{.device = device_blocks};
+    std::int64_t i = device_blocks;
+    for (; i < cap; ++i) {
+      if (host_ && host_->find(chain[std::size_t(i)]) >= 0) ++h.host;
+      else if (disk_ && disk_->find(chain[std::size_t(i)]) >= 0) ++h.disk;
+      else break;
+    }
+    if (std::int64_t(where.size()) < i) return Status{Errc::buffer_too_small, "where", std::int64_t(where.size()), i};
+    for (std::int64_t j = 0; j < i; ++j)
+      where[std::size_t(j)] = j < device_blocks ? Tier::device
+                              : host_ && host_->find(chain[std::size_t(j)]) >= 0 ? Tier::host
+                                                                                   : Tier::disk;
+    return h;
+  }
+
+  /// Offload: copy blocks `first ..` of a chain into tier `to` (host from the
+  /// device, disk from host). src[i] holds chain[i] in tier `from`: device
+  /// block ids the engine keeps until complete(), or host slots, which the
+  /// job pins (a host slot that no longer holds its hash ends the plan
+  /// there). Blocks the target holds or is receiving are skipped (kept
+  /// recent there); the others get target blocks, least recently used ready
+  /// blocks recycled first, never one this plan skips. All or nothing:
+  /// out_of_blocks when they do not fit. `parent`: the hash before chain[0], for events.
+  Result<TierJob> plan_store(Tier from, Tier to, std::span<const BlockHash> chain, std::span<const std::int32_t> src,
+                             const BlockHash& parent = {}) {
+    if (!(from == Tier::device && to == Tier::host) && !(from == Tier::host && to == Tier::disk))
+      return Status{Errc::invalid_argument, "route (stores go device to host, host to disk)", std::int64_t(from) * 3 + std::int64_t(to), 0};
+    if (!has(to)) return Status{Errc::invalid_argument, "to (no such tier)", std::int64_t(to), 0};
+    if (src.size() != chain.size()) return Status{Errc::invalid_argument, "src (one per chain block)", std::int64_t(src.size()), std::int64_t(chain.size())};
+    if (auto st = room_for_job(); !st) return st;
+    std::size_t n = chain.size();
+    if (from == Tier::host)  // sources must still hold their hashes
+      for (std::size_t i = 0; i < n; ++i)
+        if (src[i] < 0 || src[i] >= host_->capacity() || host_->find(chain[i]) != src[i]) n = i;
+    return plan_into(*tier(to), from, to, chain.first(n), src.first(n), parent);
+  }
+
+  /// Onboard: copy the cached blocks of `chain` from tier `from` into tier
+  /// `to` (host to the device, disk to host; disk reaches the device through
+  /// host memory). Each source is found by its hash now: the plan ends at the
+  /// first block no longer there (a hit evicted since lookup()), so it may be
+  /// shorter than chain, or empty. Sources are pinned until complete(). Into
+  /// the device, dst[i] is the device block the engine reserved for chain[i];
+  /// into host, target slots are taken as for a store (blocks host memory
+  /// holds or is receiving are skipped: two requests load a block once).
+  Result<TierJob> plan_load(Tier from, Tier to, std::span<const BlockHash> chain, std::span<const std::int32_t> dst = {},
+                            const BlockHash& parent = {}) {
+    if (!(from == Tier::host && to == Tier::device) && !(from == Tier::disk && to == Tier::host))
+      return Status{Errc::invalid_argument, "route (loads go host to device, disk to host)", std::int64_t(from) * 3 + std::int64_t(to), 0};
+    if (!has(from)) return Status{Errc::invalid_argument, "from (no such tier)", std::int64_t(from), 0};
+    if (to == Tier::device && dst.size() != chain.size())
+      return Status{Errc::invalid_argument, "dst (one device block per chain block)", std::int64_t(dst.size()), std::int64_t(chain.size())};
+    if (auto st = room_for_job(); !st) return st;
+    TierPool& src_tier = *tier(from);
+    scratch_.clear();
+    for (const BlockHash& h : chain) {
+      const std::int32_t s = src_tier.find(h);
+      if (s < 0) break;
+      scratch_.push_back(s);
+    }
+    const std::span<const BlockHash> found = chain.first(scratch_.size());
+    if (to == Tier::host) {
+      const std::vector<std::int32_t> src(scratch_.begin(), scratch_.end());
+      return plan_into(*host_, from, to, found, src, parent);
+    }
+    Job& j = new_job(from, to);
+    for (std::size_t i = 0; i < found.size(); ++i) {
+      src_tier.pin(scratch_[i]);
+      j.moves.push_back({scratch_[i], dst[i], std::int32_t(i)});
+      j.hashes.push_back(found[i]);
+      j.parents.push_back(i == 0 ? parent : found[i - 1]);
+    }
+    return view(j);
+  }
+
+  /// The engine ran job `id`: every move but those at the indices in `failed`
+  /// landed. Exactly once per job: unknown_job for an id never planned,
+  /// already completed, or planned before a reset (harmless then). Blocks
+  /// stored into a tier are published (visible to lookups) unless they
+  /// failed; failed ones go back free, never visible. Sources are unpinned.
+  /// Returns the leading moves that landed: into the device, the engine
+  /// publishes those blocks and recomputes from the first failure on.
+  Result<std::int32_t> complete(std::uint64_t id, std::span<const std::int32_t> failed = {}) {
+    const auto it = jobs_.find(id);
+    if (it == jobs_.end() || std::uint32_t(id >> 32) != epoch_) return Status{Errc::unknown_job, "job", std::int64_t(id & 0xffffffffu), epoch_};
+    Job& j = it->second;
+    const auto n = std::int32_t(j.moves.size());
+    std::int32_t lead = n;
+    for (const std::int32_t f : failed) {
+      if (f < 0 || f >= n) return Status{Errc::invalid_argument, "failed (a move index)", f, n - 1};
+      lead = std::min(lead, f);
+    }
+    if (TierPool* t = tier(j.to)) {
+      std::vector<char> bad(std::size_t(n), 0);
+      for (const std::int32_t f : failed) bad[std::size_t(f)] = 1;
+      for (std::int32_t i = n - 1; i >= 0; --i) {  // the chain's head ends most recent in the LRU
+        const BlockMove& m = j.moves[std::size_t(i)];
+        if (bad[std::size_t(i)]) t->abort_store(m.dst, j.hashes[std::size_t(i)]);
+        else t->commit_store(m.dst, j.hashes[std::size_t(i)], j.parents[std::size_t(i)]);
+      }
+    }
+    release_sources(j);
+    jobs_.erase(it);
+    return lead;
+  }
+
+  /// Abandons every job in flight (the engine stopped or discarded their
+  /// copies): blocks being filled go back free and unseen, pins are dropped,
+  /// and their later completions are unknown_job.
+  void reset() noexcept {
+    for (auto& [id, j] : jobs_) {
+      if (TierPool* t = tier(j.to))
+        for (std::size_t i = 0; i < j.moves.size(); ++i) t->abort_store(j.moves[i].dst, j.hashes[i]);
+      release_sources(j);
+    }
+    jobs_.clear();
+    ++epoch_;
+  }
+
+  /// Every tier's invariants, and every pin and fill accounted for by exactly one job.
+  Status check_invariants() const {
+    for (const Tier t : {Tier::host, Tier::disk}) {
+      const TierPool* p = tier(t);
+      if (!p) continue;
+      if (auto st = p->check(); !st) return st;
+      std::vector<std::int32_t> holds(std::size_t(p->capacity()), 0);
+      std::int32_t fills = 0;
+      for (const auto& [id, j] : jobs_)
+        for (const BlockMove& m : j.moves) {
+          if (j.from == t) ++holds[std::size_t(m.src)];
+          if (j.to == t) ++holds[std::size_t(m.dst)], ++fills;
+        }
+      for (std::int32_t s = 0; s < p->capacity(); ++s)
+        if (holds[std::size_t(s)] != p->holders(s)) return Status{Errc::invariant_violated, "tier holders", s, p->holders(s)};
+      if (fills != p->num_filling()) return Status{Errc::invariant_violated, "tier fills", fills, p->num_filling()};
+    }
+    return {};
+  }
+
+  /// Equal state: tiers, jobs, epoch (what error paths are tested against).
+  friend bool operator==(const Tiers& a, const Tiers& b) {
+    const auto same = [](const std::optional<TierPool>& x, const std::optional<TierPool>& y) { return x.has_value() == y.has_value() && (!x || *x == *y); };
+    return same(a.host_, b.host_) && same(a.disk_, b.disk_) && a.jobs_ == b.jobs_ && a.epoch_ == b.epoch_ && a.next_ == b.next_;
+  }
+
+ private:
+  struct Job {
+    std::uint64_t id = 0;
+    Tier from = Tier::device, to = Tier::host;
+    std::vector<BlockMove> moves;
+    std::vector<BlockHash> hashes, parents;  // of each move's block
+    std::int32_t skipped = 0;
+    friend bool operator==(const Job&, const Job&) = default;
+  };
+  static const TiersConfig& checked(const TiersConfig& c) {
+    const auto fail = [](const char* what, std::int64_t v, std::int64_t lim) {
+      throw ConfigError("kvcache::Tiers", Status{Errc::invalid_argument, what, v, lim});
+    };
+    if (c.host_blocks < 0) fail("host_blocks", c.host_blocks, 0);
+    if (c.disk_blocks < 0) fail("disk_blocks", c.disk_blocks, 0);
+    if (c.block_size < 1) fail("block_size", c.block_size, 1);
+    if (c.max_jobs < 1) fail("max_jobs", c.max_jobs, 1);
+    return c;
+  }
+  static std::optional<TierPool> make_tier(Medium m, std::int32_t n, std::int32_t events) {
+    return n > 0 ? std::optional<TierPool>(std::in_place, m, n, events) : std::nullopt;
+  }
+  TierPool* tier(Tier t) noexcept { return t == Tier::host && host_ ? &*host_ : t == Tier::disk && disk_ ? &*disk_ : nullptr; }
+  const TierPool* tier(Tier t) const noexcept {
+    return t == Tier::host && host_ ? &*host_ : t == Tier::disk && disk_ ? &*disk_ : nullptr;
+  }
+  Status room_for_job() const noexcept {
+    if (std::int64_t(jobs_.size()) >= cfg_.max_jobs) return Status{Errc::capacity_exceeded, "max_jobs", cfg_.max_jobs, cfg_.max_jobs};
+    return {};
+  }
+  Job& new_job(Tier from, Tier to) {
+    const std::uint64_t id = (std::uint64_t(epoch_) << 32) | ++next_;
+    Job& j = jobs_[id];
+    j.id = id, j.from = from, j.to = to;
+    return j;
+  }
+  static TierJob view(const Job& j) noexcept { return TierJob{j.id, j.from, j.to, j.moves, j.skipped}; }
+
+  // A store or a disk-to-host load into tier t: skip what t holds or is
+  // receiving, pin the sources (host or disk), all-or-nothing on t's room.
+  Result<TierJob> plan_into(TierPool& t, Tier from, Tier to, std::span<const BlockHash> chain,
+                            std::span<const std::int32_t> src, const BlockHash& parent) {
+    // The blocks t already holds are pinned while the rest are allocated, so
+    // the allocation cannot recycle a block this plan counts on.
+    held_.clear();
+    std::int32_t need = 0;  // a hash twice in the chain counts twice here and is stored once below
+    for (const BlockHash& h : chain) {
+      if (const std::int32_t s = t.find(h); s >= 0) held_.push_back(s);
+      else need += !t.filling(h);
+    }
+    scratch_.assign(held_.begin(), held_.end());
+    std::sort(scratch_.begin(), scratch_.end());
+    std::int32_t room = t.num_free();  // less the ready blocks about to be pinned
+    for (std::size_t i = 0; i < scratch_.size(); ++i)
+      room -= (i == 0 || scratch_[i] != scratch_[i - 1]) && t.holders(scratch_[i]) == 0;
+    if (need > room) return Status{Errc::out_of_blocks, "n_blocks", need, room};
+    for (const std::int32_t s : held_) t.pin(s);
+    Job& j = new_job(from, to);
+    TierPool* s_tier = tier(from);
+    for (std::size_t i = 0; i < chain.size(); ++i) {
+      const BlockHash& h = chain[i];
+      if (t.find(h) >= 0 || t.filling(h)) continue;
+      if (s_tier) s_tier->pin(src[i]);
+      j.moves.push_back({src[i], t.begin_store(h), std::int32_t(i)});
+      j.hashes.push_back(h);
+      j.parents.push_back(i == 0 ? parent : chain[i - 1]);
+    }
+    j.skipped = std::int32_t(chain.size() - j.moves.size());
+    for (auto it = held_.rbegin(); it != held_.rend(); ++it) t.unpin(*it);  // the chain's head ends most recent
+    return view(j);
+  }
+  void release_sources(const Job& j) noexcept {
+    if (TierPool* s = tier(j.from))
+      for (auto it = j.moves.rbegin(); it != j.moves.rend(); ++it) s->unpin(it->src);  // the head ends most recent
+  }
+
+  TiersConfig cfg_;
+  std::optional<TierPool> host_, disk_;
+  std::unordered_map<std::uint64_t, Job> jobs_;
+  std::uint32_t epoch_ = 0, next_ = 0;
+  std::vector<std::int32_t> scratch_, held_;
+};
+
+KVCACHE_END_NAMESPACE

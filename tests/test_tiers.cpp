@@ -1,0 +1,324 @@
+// Memory tiers: the scenarios of issue #32 (pending blocks invisible, stores
+// that do not fit, pins under pressure, the chain's head kept recent, partial
+// device hits, hits evicted between lookup and plan, one load for two
+// requests, failures, resets, a full disk tier), every error naming its value
+// with nothing changed, and a randomized run in which every hash a tier
+// serves points at a block that holds exactly what was stored under it.
+#include <catch2/catch.hpp>
+
+#include <kvcache/tiers/tiers.hpp>
+
+#include <algorithm>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace kvcache;
+
+namespace {
+
+std::vector<BlockHash> chain(std::uint64_t seed, std::int32_t n) {
+  std::vector<BlockHash> c;
+  for (std::int32_t i = 0; i < n; ++i) c.push_back({seed * 1000003u + std::uint64_t(i) + 1, seed});
+  return c;
+}
+std::vector<std::int32_t> ids(std::int32_t from, std::int32_t n) {
+  std::vector<std::int32_t> v;
+  for (std::int32_t i = 0; i < n; ++i) v.push_back(from + i);
+  return v;
+}
+// Stores a chain from the device into host memory and completes it.
+void offload(Tiers& t, const std::vector<BlockHash>& c) {
+  auto j = t.plan_store(Tier::device, Tier::host, c, ids(100, std::int32_t(c.size())));
+  REQUIRE(j.ok());
+  REQUIRE(t.complete(j->id).ok());
+}
+
+}  // namespace
+
+TEST_CASE("tiers: a block being stored is invisible until its store completes, and a failed one never shows") {
+  Tiers t({.host_blocks = 8, .block_size = 4});
+  const auto c = chain(1, 3);
+  std::vector<Tier> where(8);
+  auto j = t.plan_store(Tier::device, Tier::host, c, ids(10, 3));
+  REQUIRE(j.ok());
+  CHECK(j->moves.size() == 3);
+  CHECK(j->moves[1] == BlockMove{11, j->moves[1].dst, 1});
+  CHECK(t.host().num_filling() == 3);
+  CHECK(t.lookup(c, 0, 100, where)->host == 0);  // filling: not found
+  CHECK(t.check_invariants().ok());
+  // A second store of the same chain while the first runs moves nothing.
+  auto again = t.plan_store(Tier::device, Tier::host, c, ids(20, 3));
+  CHECK(again->moves.empty());
+  CHECK(again->skipped == 3);
+  const std::vector<BlockMove> moves(j->moves.begin(), j->moves.end());  // the span lives until complete()
+  const std::int32_t failed[] = {1};
+  CHECK(*t.complete(j->id, failed) == 1);  // the leading move landed
+  CHECK(t.host().find(c[0]) == moves[0].dst);
+  CHECK(t.host().find(c[1]) == -1);  // failed: never visible
+  CHECK(t.host().find(c[2]) == moves[2].dst);  // stored unchained: visible though block 1 failed
+  CHECK(t.lookup(c, 0, 100, where)->host == 1);  // a lookup walks the chain: block 1 is missing
+  CHECK(t.complete(again->id).ok());
+  CHECK(t.complete(j->id).status().code() == Errc::unknown_job);  // exactly once
+  CHECK(t.check_invariants().ok());
+}
+
+TEST_CASE("tiers: lookup walks device, then host, then disk, leaves the last token, and has no side effects") {
+  Tiers t({.host_blocks = 8, .disk_blocks = 8, .block_size = 4});
+  const auto c = chain(2, 6);
+  offload(t, c);
+  auto d = t.plan_store(Tier::host, Tier::disk, std::span(c).subspan(3), std::vector<std::int32_t>{t.host().find(c[3]), t.host().find(c[4]), t.host().find(c[5])});
+  REQUIRE(d.ok());
+  REQUIRE(t.complete(d->id).ok());
+  // Block 4 leaves host memory (a recycle): the host copy of 0..3 and 5 stay, block 4 is on disk.
+  Tiers before = t;
+  std::vector<Tier> where(6);
+  const auto h = t.lookup(c, 2, 25, where);  // 25 tokens: at most 6 blocks of 4
+  REQUIRE(h.ok());
+  CHECK(*h == TierHits{.device = 2, .host = 4, .disk = 0});
+  CHECK(where[1] == Tier::device);
+  CHECK(where[2] == Tier::host);
+  CHECK(t == before);  // no side effects
+  CHECK(t.lookup(c, 2, 24, where)->blocks() == 5);  // 24 tokens: the last one is computed, so 5 blocks at most
+  CHECK(t.lookup(c, 7, 100, where).status() == Status{Errc::invalid_argument, "device_blocks", 7, 6});
+  CHECK(t.lookup(c, 0, 0, where).status() == Status{Errc::invalid_argument, "prompt_tokens", 0, 1});
+  CHECK(t.lookup(c, 0, 100, std::span(where).first(3)).status() == Status{Errc::buffer_too_small, "where", 3, 6});
+}
+
+TEST_CASE("tiers: a block missing from host memory is served from disk, and a partial device hit loads only the rest") {
+  Tiers t({.host_blocks = 4, .disk_blocks = 8, .block_size = 4});
+  const auto c = chain(3, 4);
+  offload(t, c);
+  std::vector<std::int32_t> slots;
+  for (const auto& h : c) slots.push_back(t.host().find(h));
+  REQUIRE(t.complete(t.plan_store(Tier::host, Tier::disk, c, slots)->id).ok());
+  offload(t, chain(4, 2));  // recycles chain 3's two least recent blocks: its tail (stores leave the head most recent)
+  std::vector<Tier> where(4);
+  const auto h = *t.lookup(c, 1, 100, where);  // the device holds block 0
+  CHECK(h == TierHits{.device = 1, .host = 1, .disk = 2});
+  CHECK(where[1] == Tier::host);
+  CHECK(where[2] == Tier::disk);
+  CHECK(where[3] == Tier::disk);
+  // The engine first loads the host run into the device (pinning it), then
+  // stages the disk run through host memory, which then cannot recycle it.
+  auto dev = t.plan_load(Tier::host, Tier::device, std::span(c).subspan(1, 1), ids(50, 1));
+  REQUIRE(dev.ok());
+  CHECK(dev->moves[0] == BlockMove{slots[1], 50, 0});
+  auto up = t.plan_load(Tier::disk, Tier::host, std::span(c).subspan(2));
+  REQUIRE(up.ok());
+  CHECK(up->moves.size() == 2);
+  CHECK(t.host().find(c[1]) == slots[1]);  // pinned: not recycled
+  CHECK(t.check_invariants().ok());
+  REQUIRE(t.complete(up->id).ok());
+  auto rest = t.plan_load(Tier::host, Tier::device, std::span(c).subspan(2), ids(51, 2));
+  REQUIRE(rest.ok());
+  CHECK(rest->moves.size() == 2);
+  CHECK(*t.complete(dev->id) == 1);
+  CHECK(*t.complete(rest->id) == 2);
+  CHECK(*t.lookup(c, 0, 100, where) == TierHits{.device = 0, .host = 3, .disk = 1});  // staging recycled block 0 (the device has it)
+  CHECK(t.check_invariants().ok());
+}
+
+TEST_CASE("tiers: a hit evicted between lookup and plan shortens the plan, and pinned blocks survive pressure") {
+  Tiers t({.host_blocks = 4, .block_size = 4});
+  const auto a = chain(5, 4);
+  offload(t, a);
+  std::vector<Tier> where(4);
+  CHECK(t.lookup(a, 0, 100, where)->host == 4);
+  offload(t, chain(6, 2));  // recycles a's two least recent blocks: 2 and 3
+  auto j = t.plan_load(Tier::host, Tier::device, a, ids(0, 4));
+  REQUIRE(j.ok());
+  CHECK(j->moves.size() == 2);  // shortened cleanly to what is still there
+  CHECK(t.host().holders(j->moves[0].src) == 1);
+  // Every host block is pinned or holds chain 6; storing 3 more cannot take the pinned ones.
+  const auto c = chain(7, 3);
+  const Tiers before = t;
+  CHECK(t.plan_store(Tier::device, Tier::host, c, ids(0, 3)).status() == Status{Errc::out_of_blocks, "n_blocks", 3, 2});
+  CHECK(t == before);
+  auto two = t.plan_store(Tier::device, Tier::host, std::span(c).first(2), ids(0, 2));
+  REQUIRE(two.ok());  // takes chain 6's blocks
+  CHECK(t.host().find(a[0]) == j->moves[0].src);
+  CHECK(t.host().find(chain(6, 2)[0]) == -1);
+  CHECK(t.check_invariants().ok());
+  REQUIRE(t.complete(j->id).ok());
+  REQUIRE(t.complete(two->id).ok());
+  CHECK(t.check_invariants().ok());
+}
+
+TEST_CASE("tiers: two requests loading the same disk blocks in one step move them once") {
+  Tiers t({.host_blocks = 8, .disk_blocks = 8, .block_size = 4});
+  const auto c = chain(8, 3);
+  offload(t, c);
+  std::vector<std::int32_t> slots;
+  for (const auto& h : c) slots.push_back(t.host().find(h));
+  REQUIRE(t.complete(t.plan_store(Tier::host, Tier::disk, c, slots)->id).ok());
+  Tiers fresh({.host_blocks = 8, .disk_blocks = 8, .block_size = 4});
+  // Only the disk copy remains when host memory starts over: a reset does not forget content, so model it by filling host.
+  offload(t, chain(9, 8));
+  std::vector<Tier> where(3);
+  REQUIRE(t.lookup(c, 0, 100, where)->disk == 3);
+  auto first = t.plan_load(Tier::disk, Tier::host, c);
+  auto second = t.plan_load(Tier::disk, Tier::host, c);
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  CHECK(first->moves.size() == 3);
+  CHECK(second->moves.empty());
+  CHECK(second->skipped == 3);
+  CHECK(t.complete(second->id).ok());
+  CHECK(t.lookup(c, 0, 100, where)->host == 0);  // still in flight
+  CHECK(t.complete(first->id).ok());
+  CHECK(t.lookup(c, 0, 100, where)->host == 3);
+  CHECK(t.check_invariants().ok());
+}
+
+TEST_CASE("tiers: failure at block k of an onboard, a disk tier full, and a reset with jobs in flight") {
+  Tiers t({.host_blocks = 6, .disk_blocks = 3, .block_size = 4});
+  const auto c = chain(10, 5);
+  offload(t, c);
+  auto dev = t.plan_load(Tier::host, Tier::device, c, ids(30, 5));
+  const std::int32_t failed[] = {3, 4};
+  CHECK(*t.complete(dev->id, failed) == 3);  // the engine publishes device blocks 0 .. 2 and recomputes from 3
+  std::vector<std::int32_t> slots;
+  for (const auto& h : c) slots.push_back(t.host().find(h));
+  const Tiers before = t;
+  CHECK(t.plan_store(Tier::host, Tier::disk, c, slots).status() == Status{Errc::out_of_blocks, "n_blocks", 5, 3});
+  CHECK(t == before);
+  auto disk = t.plan_store(Tier::host, Tier::disk, std::span(c).first(3), std::span(slots).first(3));
+  REQUIRE(disk.ok());
+  auto load = t.plan_load(Tier::host, Tier::device, c, ids(30, 5));
+  REQUIRE(load.ok());
+  CHECK(t.host().holders(slots[0]) == 2);  // pinned by both jobs
+  t.reset();
+  CHECK(t.jobs_in_flight() == 0);
+  CHECK(t.host().holders(slots[0]) == 0);
+  CHECK(t.disk().num_filling() == 0);
+  CHECK(t.disk().find(c[0]) == -1);  // the abandoned store never shows
+  CHECK(t.complete(disk->id).status().code() == Errc::unknown_job);  // harmless
+  CHECK(t.complete(load->id).status().code() == Errc::unknown_job);
+  CHECK(t.host().find(c[0]) == slots[0]);  // content stays
+  CHECK(t.check_invariants().ok());
+}
+
+TEST_CASE("tiers: bad input is refused, naming the value, and changes nothing") {
+  Tiers t({.host_blocks = 4, .disk_blocks = 4, .block_size = 4, .max_jobs = 1});
+  const auto c = chain(11, 2);
+  offload(t, c);
+  const Tiers before = t;
+  CHECK(t.plan_store(Tier::device, Tier::disk, c, ids(0, 2)).status().what() ==
+        std::string("route (stores go device to host, host to disk)"));
+  CHECK(t.plan_load(Tier::disk, Tier::device, c, ids(0, 2)).status().what() ==
+        std::string("route (loads go host to device, disk to host)"));
+  CHECK(t.plan_store(Tier::device, Tier::host, c, ids(0, 1)).status() ==
+        Status{Errc::invalid_argument, "src (one per chain block)", 1, 2});
+  CHECK(t.plan_load(Tier::host, Tier::device, c, ids(0, 3)).status() ==
+        Status{Errc::invalid_argument, "dst (one device block per chain block)", 3, 2});
+  CHECK(t.complete(12345).status().code() == Errc::unknown_job);
+  CHECK(t == before);
+  auto j = t.plan_load(Tier::host, Tier::device, c, ids(0, 2));
+  REQUIRE(j.ok());
+  const Tiers one = t;
+  CHECK(t.plan_load(Tier::host, Tier::device, c, ids(0, 2)).status() == Status{Errc::capacity_exceeded, "max_jobs", 1, 1});
+  const std::int32_t bad[] = {2};
+  CHECK(t.complete(j->id, bad).status() == Status{Errc::invalid_argument, "failed (a move index)", 2, 1});
+  CHECK(t == one);
+  Tiers no_disk({.host_blocks = 2});
+  CHECK(no_disk.plan_load(Tier::disk, Tier::host, c).status() == Status{Errc::invalid_argument, "from (no such tier)", 2, 0});
+  CHECK_THROWS_AS(Tiers({.block_size = 0}), ConfigError);
+  CHECK_THROWS_AS(Tiers({.host_blocks = -1}), ConfigError);
+}
+
+// Random plans, completions (some moves failing), resets and lookups over
+// two tiers, the copies modelled: a store's target slots hold garbage from
+// the plan on (the engine writes them), a landed move gets its source's
+// content, a failed one stays garbage. After every call the invariants hold,
+// a failed call changed nothing, every block a load reads holds its hash,
+// and every hash a tier finds sits in a slot holding exactly it.
+TEST_CASE("tiers property: every hash a tier serves points at a block holding exactly it") {
+  std::mt19937_64 rng(Catch::rngSeed() ^ 0x5eedULL);
+  const auto pick = [&](std::int64_t n) { return std::int32_t(rng() % std::uint64_t(n)); };
+  const BlockHash garbage{0xbad, 0xbad};
+  std::int64_t landed = 0, refused = 0;
+  for (int run = 0; run < 30; ++run) {
+    Tiers t({.host_blocks = 3 + pick(8), .disk_blocks = pick(3) ? 3 + pick(10) : 0, .block_size = 4, .max_jobs = 6});
+    std::vector<BlockHash> host(std::size_t(t.host().capacity()), garbage);
+    std::vector<BlockHash> disk(t.has(Tier::disk) ? std::size_t(t.disk().capacity()) : 0, garbage);
+    const auto content = [&](Tier x) -> std::vector<BlockHash>& { return x == Tier::host ? host : disk; };
+    struct Planned {  // a job's moves copied: its span ends with complete() or reset()
+      TierJob job;
+      std::vector<BlockMove> moves;
+      std::vector<BlockHash> chain;
+    };
+    std::vector<Planned> jobs;
+    for (int op = 0; op < 300; ++op) {
+      const Tiers before = t;
+      const auto c = chain(std::uint64_t(pick(6)), 1 + pick(5));
+      std::optional<Result<TierJob>> r;
+      switch (pick(7)) {
+        case 0: case 1: r = t.plan_store(Tier::device, Tier::host, c, ids(0, std::int32_t(c.size()))); break;
+        case 2: {
+          std::vector<std::int32_t> src;
+          for (const auto& h : c) src.push_back(t.host().find(h));
+          r = t.plan_store(Tier::host, Tier::disk, c, src);
+          break;
+        }
+        case 3: r = t.plan_load(Tier::host, Tier::device, c, ids(0, std::int32_t(c.size()))); break;
+        case 4: r = t.plan_load(Tier::disk, Tier::host, c); break;
+        case 5: {
+          std::vector<Tier> where(c.size());
+          REQUIRE(t.lookup(c, 0, 1000, where).ok());
+          REQUIRE(t == before);
+          break;
+        }
+        default:
+          if (jobs.empty()) break;
+          if (pick(10) == 0) {
+            t.reset();
+            for (const Planned& p : jobs)  // abandoned copies may have written anything
+              if (p.job.to != Tier::device)
+                for (const BlockMove& m : p.moves) content(p.job.to)[std::size_t(m.dst)] = garbage;
+            jobs.clear();
+            break;
+          }
+          const std::size_t k = std::size_t(pick(std::int64_t(jobs.size())));
+          const Planned p = jobs[k];
+          jobs.erase(jobs.begin() + std::ptrdiff_t(k));
+          std::vector<std::int32_t> failed;
+          for (std::size_t m = 0; m < p.moves.size(); ++m)
+            if (pick(4) == 0) failed.push_back(std::int32_t(m));
+          for (std::size_t m = 0; m < p.moves.size(); ++m) {  // the engine's copies
+            const BlockMove& mv = p.moves[m];
+            const BlockHash want = p.chain[std::size_t(mv.index)];
+            const BlockHash src = p.job.from == Tier::device ? want : content(p.job.from)[std::size_t(mv.src)];
+            REQUIRE(src == want);  // a pinned source still holds what the plan read
+            const bool bad = std::find(failed.begin(), failed.end(), std::int32_t(m)) != failed.end();
+            if (p.job.to != Tier::device) content(p.job.to)[std::size_t(mv.dst)] = bad ? garbage : src;
+            landed += !bad;
+          }
+          const auto lead = t.complete(p.job.id, failed);
+          REQUIRE(lead.ok());
+          REQUIRE(*lead == (failed.empty() ? std::int32_t(p.moves.size()) : failed.front()));
+          break;
+      }
+      if (r) {
+        if (r->ok()) {
+          jobs.push_back({**r, {(*r)->moves.begin(), (*r)->moves.end()}, c});
+          if ((*r)->to != Tier::device)
+            for (const BlockMove& m : (*r)->moves) content((*r)->to)[std::size_t(m.dst)] = garbage;
+        } else {
+          ++refused;
+          REQUIRE(t == before);
+        }
+      }
+      REQUIRE(t.check_invariants().ok());
+      for (const Tier x : {Tier::host, Tier::disk}) {
+        if (!t.has(x)) continue;
+        const TierPool& pool = x == Tier::host ? t.host() : t.disk();
+        for (std::int32_t s = 0; s < pool.capacity(); ++s)
+          if (pool.find(pool.hash(s)) == s) REQUIRE(content(x)[std::size_t(s)] == pool.hash(s));
+      }
+    }
+  }
+  CHECK(landed > 300);
+  CHECK(refused > 10);
+}
