@@ -179,6 +179,9 @@ TEST_CASE("tiers: failure at block k of an onboard, a disk tier full, and a rese
   auto dev = t.plan_load(Tier::host, Tier::device, c, ids(30, 5));
   const std::int32_t failed[] = {3, 4};
   CHECK(*t.complete(dev->id, failed) == 3);  // the engine publishes device blocks 0 .. 2 and recomputes from 3
+  CHECK(t.host().find(c[3]) == -1);  // a block that failed to load is not offered again
+  CHECK(t.host().find(c[2]) >= 0);
+  offload(t, c);  // the recomputed blocks are stored again
   std::vector<std::int32_t> slots;
   for (const auto& h : c) slots.push_back(t.host().find(h));
   const Tiers before = t;

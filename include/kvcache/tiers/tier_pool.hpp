@@ -76,6 +76,27 @@ class TierPool {
     return a.pool_ == b.pool_ && a.filling_ == b.filling_ && a.medium_ == b.medium_;
   }
 
+  /// Rebuilds an unused tier from what survived a restart: slots[i] holds
+  /// hashes[i] (a disk file's intact trailers), ready to be found; the other
+  /// slots are free. blocks_in_use unless the tier was never used;
+  /// invalid_argument naming a slot outside it or listed twice. Changes nothing on error.
+  Status restore(std::span<const std::int32_t> slots, std::span<const BlockHash> hashes) {
+    if (slots.size() != hashes.size()) return Status{Errc::invalid_argument, "hashes (one per slot)", std::int64_t(hashes.size()), std::int64_t(slots.size())};
+    if (pool_.num_free() != capacity() || pool_.num_published() != 0 || pool_.counters() != PoolCounters{})
+      return Status{Errc::blocks_in_use, "tier (restore needs an unused one)", capacity() - pool_.num_free(), 0};
+    std::vector<char> seen(std::size_t(capacity()), 0);
+    for (const std::int32_t s : slots) {
+      if (s < 0 || s >= capacity()) return Status{Errc::invalid_argument, "slots", s, capacity() - 1};
+      if (seen[std::size_t(s)]++) return Status{Errc::invalid_argument, "slots (listed twice)", s, 0};
+    }
+    std::vector<BlockId> all(static_cast<std::size_t>(capacity()));
+    (void)pool_.allocate(all);  // every block: ids 1 .. capacity
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      (void)pool_.publish(slots[i] + 1, hashes[i], {}, StoredBlock{.parent_block = PrefixIndex::kChainRoot});
+    for (BlockId b = 1; b <= capacity(); ++b) (void)pool_.release(b);
+    return {};
+  }
+
   // The coordinator's steps (tiers.hpp), each after its own checks: a store
   // takes a block for h (recycling the least recently used ready block) and
   // publishes or abandons it; a read pins a ready block and unpins it.
@@ -101,6 +122,8 @@ class TierPool {
   void pin(std::int32_t s) noexcept { (void)pool_.retain(s + 1); }
   /// A reader is done with slot s.
   void unpin(std::int32_t s) noexcept { (void)pool_.release(s + 1); }
+  /// A reader could not read slot s intact: its hash is dropped (the caller then unpins it).
+  void forget(std::int32_t s) noexcept { (void)pool_.unpublish(s + 1); }
   /// Marks slots used, the last first, so a chain's head is the most recent and evicted last.
   void touch(std::span<const std::int32_t> slots) noexcept {
     for (auto it = slots.rbegin(); it != slots.rend(); ++it)

@@ -178,7 +178,10 @@ class Tiers {
   /// landed. Exactly once per job: unknown_job for an id never planned,
   /// already completed, or planned before a reset (harmless then). Blocks
   /// stored into a tier are published (visible to lookups) unless they
-  /// failed; failed ones go back free, never visible. Sources are unpinned.
+  /// failed; failed ones go back free, never visible. Sources are unpinned;
+  /// a load's failed sources are dropped from their tier as well (a block
+  /// that could not be read back intact is not offered again: a lost entry
+  /// costs a recompute, a wrong one would serve wrong KV).
   /// Returns the leading moves that landed: into the device, the engine
   /// publishes those blocks and recomputes from the first failure on.
   Result<std::int32_t> complete(std::uint64_t id, std::span<const std::int32_t> failed = {}) {
@@ -200,9 +203,19 @@ class Tiers {
         else t->commit_store(m.dst, j.hashes[std::size_t(i)], j.parents[std::size_t(i)]);
       }
     }
+    if (TierPool* s = tier(j.from); s && (j.to == Tier::device || j.from == Tier::disk))
+      for (const std::int32_t f : failed) s->forget(j.moves[std::size_t(f)].src);
     release_sources(j);
     jobs_.erase(it);
     return lead;
+  }
+
+  /// A restarted engine's disk tier: slots[i] holds hashes[i], read from the
+  /// file's intact trailers (DiskLayout::sealed_hash). Only before the disk
+  /// tier is used (TierPool::restore's errors); changes nothing on error.
+  Status restore_disk(std::span<const std::int32_t> slots, std::span<const BlockHash> hashes) {
+    if (!disk_) return Status{Errc::invalid_argument, "disk_blocks (no disk tier)", 0, 1};
+    return disk_->restore(slots, hashes);
   }
 
   /// Abandons every job in flight (the engine stopped or discarded their

@@ -1,0 +1,262 @@
+// The bytes of the tiers: blocks round-trip device -> host -> device and
+// device -> host -> disk -> device byte for byte on the host backend (every
+// layout: NHD and HND, interleaved and separate planes, MLA's one plane;
+// host memory always holds whole blocks contiguously), through a real file
+// of sealed slots. The disk file's checks: a flipped byte, a torn trailer, a
+// block in the wrong slot or from another layout is a miss, and a restarted
+// engine finds its disk blocks again from their trailers.
+#include <catch2/catch.hpp>
+
+#include <kvcache/kernels/block_copy.hpp>
+#include <kvcache/tiers/disk_layout.hpp>
+#include <kvcache/tiers/tiers.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace kvcache;
+
+namespace {
+
+struct TempFile {
+  std::string path;
+  int fd = -1;
+  TempFile() {
+    char name[] = "/tmp/kvcache_disk_tier_XXXXXX";
+    fd = mkstemp(name);
+    path = name;
+  }
+  ~TempFile() {
+    if (fd >= 0) close(fd);
+    std::remove(path.c_str());
+  }
+};
+
+std::vector<BlockHash> chain(std::uint64_t seed, std::int32_t n) {
+  std::vector<BlockHash> c;
+  for (std::int32_t i = 0; i < n; ++i) c.push_back({seed * 7919u + std::uint64_t(i) + 1, ~seed});
+  return c;
+}
+
+// The engine's side of a disk job: each move's block gathered into a sealed
+// slot image and written (host -> disk), or read and verified, then
+// scattered into the host pool (disk -> host). Returns the moves that failed.
+std::vector<std::int32_t> run_disk_job(const TierJob& j, const std::vector<BlockHash>& c, const DiskLayout& d, int fd,
+                                       const Geometry& hg, std::vector<std::byte>& host) {
+  std::vector<std::int32_t> failed;
+  std::vector<std::byte> image(std::size_t(d.slot_bytes()));
+  const std::int64_t n = std::int64_t(host.size()) / hg.block_bytes();
+  for (std::size_t m = 0; m < j.moves.size(); ++m) {
+    const BlockMove& mv = j.moves[m];
+    const BlockHash& h = c[std::size_t(mv.index)];
+    if (j.to == Tier::disk) {
+      std::int64_t at = 0;
+      REQUIRE(for_each_block_piece(hg, n, mv.src, [&](std::int64_t off, std::int64_t bytes) {
+                std::memcpy(image.data() + at, host.data() + off, std::size_t(bytes));
+                at += bytes;
+              }).ok());
+      REQUIRE(d.seal(image, mv.dst, h).ok());
+      REQUIRE(pwrite(fd, image.data(), image.size(), off_t(d.offset(mv.dst))) == ssize_t(image.size()));
+    } else {
+      REQUIRE(pread(fd, image.data(), image.size(), off_t(d.offset(mv.src))) == ssize_t(image.size()));
+      if (!d.verify(image, mv.src, h).ok()) {
+        failed.push_back(std::int32_t(m));
+        continue;
+      }
+      std::int64_t at = 0;
+      REQUIRE(for_each_block_piece(hg, n, mv.dst, [&](std::int64_t off, std::int64_t bytes) {
+                std::memcpy(host.data() + off, image.data() + at, std::size_t(bytes));
+                at += bytes;
+              }).ok());
+    }
+  }
+  return failed;
+}
+
+void copy_blocks(const PoolView& src, const PoolView& dst, const TierJob& j) {
+  std::vector<BlockCopy> pairs;
+  for (const BlockMove& m : j.moves) pairs.push_back({m.src, m.dst});
+  REQUIRE(block_copy_host({src, dst, pairs.data(), std::int32_t(pairs.size())}).ok());
+}
+
+}  // namespace
+
+TEST_CASE("tiers move blocks byte for byte: device -> host -> device and device -> host -> disk -> device, every layout") {
+  std::mt19937_64 rng(Catch::rngSeed() ^ 77);
+  const Layout layouts[] = {Layout::NHD, Layout::HND};
+  const KvPlanes planes[] = {KvPlanes::interleaved, KvPlanes::separate};
+  const DType types[] = {DType::f16, DType::f32, DType::bf16, DType::fp8_e4m3};
+  for (int v = 0; v < 16; ++v) {
+    const bool mla = v % 5 == 4;
+    GeometrySpec spec{.num_layers = 3, .num_kv_heads = mla ? 1 : 2, .head_dim = mla ? 24 : 8, .block_size = 4,
+                      .dtype = types[v % 4], .layout = layouts[v % 2], .planes = planes[(v / 2) % 2], .v_head_dim = mla ? 0 : -1};
+    CAPTURE(v, mla);
+    const Geometry dg = *Geometry::make(spec);
+    GeometrySpec host_spec = spec;
+    host_spec.planes = KvPlanes::interleaved;  // host memory: whole blocks, every layer contiguous
+    const Geometry hg = *Geometry::make(host_spec);
+    constexpr std::int32_t kDevice = 12, kHost = 6, kDisk = 8;
+    std::vector<std::byte> device(std::size_t(*dg.pool_bytes(kDevice))), host(std::size_t(*hg.pool_bytes(kHost)));
+    for (auto& b : device) b = std::byte(rng());
+    const std::vector<std::byte> original = device;
+    const PoolView dv = *make_pool_view(dg, device.data(), kDevice), hv = *make_pool_view(hg, host.data(), kHost);
+    Tiers t({.host_blocks = kHost, .disk_blocks = kDisk, .block_size = 4});
+    const DiskLayout d = *DiskLayout::make(hg.block_bytes(), kDisk, layout_digest(host_spec));
+    TempFile file;
+    REQUIRE(ftruncate(file.fd, off_t(d.file_bytes())) == 0);
+
+    // Device blocks 1..4 hold a 4-block chain: offload them to host, then to disk.
+    const auto c = chain(std::uint64_t(v), 4);
+    const std::vector<std::int32_t> src{1, 2, 3, 4};
+    auto down = t.plan_store(Tier::device, Tier::host, c, src);
+    REQUIRE(down.ok());
+    copy_blocks(dv, hv, *down);
+    REQUIRE(t.complete(down->id).ok());
+    std::vector<std::int32_t> slots;
+    for (const auto& h : c) slots.push_back(t.host().find(h));
+    auto to_disk = t.plan_store(Tier::host, Tier::disk, c, slots);
+    REQUIRE(to_disk.ok());
+    REQUIRE(run_disk_job(*to_disk, c, d, file.fd, hg, host).empty());
+    REQUIRE(t.complete(to_disk->id).ok());
+
+    // Host -> device into other device blocks (5..8): the same bytes.
+    auto up = t.plan_load(Tier::host, Tier::device, c, std::vector<std::int32_t>{5, 6, 7, 8});
+    REQUIRE(up.ok());
+    copy_blocks(hv, dv, *up);
+    REQUIRE(*t.complete(up->id) == 4);
+    for (std::int32_t i = 0; i < 4; ++i)
+      REQUIRE(for_each_block_piece(dg, kDevice, 1 + i, [&](std::int64_t off, std::int64_t bytes) {
+                const std::int64_t to = off + (*dg.strides(kDevice)).block * 4;  // block 5 + i
+                CHECK(std::memcmp(device.data() + to, original.data() + off, std::size_t(bytes)) == 0);
+              }).ok());
+
+    // Host memory forgets them (other chains fill it); then disk -> host -> device into blocks 8 .. 11.
+    for (std::uint64_t s = 100; s < 103; ++s) {
+      const auto other = chain(s + std::uint64_t(v) * 10, 2);
+      auto j = t.plan_store(Tier::device, Tier::host, other, std::vector<std::int32_t>{9, 10});
+      REQUIRE(j.ok());
+      copy_blocks(dv, hv, *j);
+      REQUIRE(t.complete(j->id).ok());
+    }
+    std::vector<Tier> where(4);
+    REQUIRE(t.lookup(c, 0, 100, where)->disk == 4);
+    auto stage = t.plan_load(Tier::disk, Tier::host, c);
+    REQUIRE(stage.ok());
+    REQUIRE(stage->moves.size() == 4);
+    REQUIRE(run_disk_job(*stage, c, d, file.fd, hg, host).empty());
+    REQUIRE(t.complete(stage->id).ok());
+    std::fill(device.begin(), device.end(), std::byte{0});
+    auto back = t.plan_load(Tier::host, Tier::device, c, std::vector<std::int32_t>{8, 9, 10, 11});
+    REQUIRE(back.ok());
+    copy_blocks(hv, dv, *back);
+    REQUIRE(*t.complete(back->id) == 4);
+    for (std::int32_t i = 0; i < 4; ++i) {
+      std::vector<std::byte> a, b;
+      REQUIRE(for_each_block_piece(dg, kDevice, 1 + i, [&](std::int64_t off, std::int64_t bytes) {
+                a.insert(a.end(), original.begin() + off, original.begin() + off + bytes);
+              }).ok());
+      REQUIRE(for_each_block_piece(dg, kDevice, 8 + i, [&](std::int64_t off, std::int64_t bytes) {
+                b.insert(b.end(), device.begin() + off, device.begin() + off + bytes);
+              }).ok());
+      CHECK(a == b);
+    }
+    CHECK(t.check_invariants().ok());
+  }
+}
+
+TEST_CASE("a disk slot with a flipped byte, a torn trailer, another slot's block or another layout is a miss") {
+  const GeometrySpec spec{.num_layers = 2, .num_kv_heads = 2, .head_dim = 16, .block_size = 8};
+  const Geometry g = *Geometry::make(spec);
+  const DiskLayout d = *DiskLayout::make(g.block_bytes(), 4, layout_digest(spec));
+  CHECK(d.slot_bytes() % 4096 == 0);
+  CHECK(d.slot_bytes() >= g.block_bytes() + DiskLayout::trailer_bytes);
+  std::vector<std::byte> image(std::size_t(d.slot_bytes()));
+  for (std::size_t i = 0; i < image.size(); ++i) image[i] = std::byte(i * 31 + 7);
+  const BlockHash h{42, 43};
+  REQUIRE(d.seal(image, 2, h).ok());
+  CHECK(d.verify(image, 2, h).ok());
+  CHECK(*d.sealed_hash(image, 2) == h);
+  for (const std::size_t at : {std::size_t(0), std::size_t(g.block_bytes() / 2), std::size_t(g.block_bytes() - 1)}) {
+    auto bad = image;
+    bad[at] ^= std::byte{0x10};
+    CHECK(d.verify(bad, 2, h).what() == std::string("checksum"));
+  }
+  auto torn = image;
+  torn[image.size() - 3] ^= std::byte{1};
+  CHECK(d.verify(torn, 2, h).what() == std::string("trailer"));
+  CHECK(d.verify(image, 1, h).what() == std::string("slot"));
+  CHECK(d.verify(image, 2, BlockHash{42, 44}).what() == std::string("hash"));
+  GeometrySpec other = spec;
+  other.layout = Layout::HND;
+  const DiskLayout e = *DiskLayout::make(g.block_bytes(), 4, layout_digest(other));
+  CHECK(e.verify(image, 2, h).what() == std::string("digest"));
+  std::vector<std::byte> zeros(image.size());
+  CHECK(d.sealed_hash(zeros, 0).status().what() == std::string("trailer"));  // never written
+  CHECK(d.verify(std::span(image).first(100), 2, h) == Status{Errc::buffer_too_small, "image", 100, d.slot_bytes()});
+  CHECK(d.seal(image, 4, h) == Status{Errc::invalid_argument, "slot", 4, 3});
+  CHECK(DiskLayout::make(0, 4, 1).status() == Status{Errc::invalid_argument, "block_bytes", 0, 1});
+  CHECK(DiskLayout::make(64, 4, 1, 1000).status().what() == std::string("align (a power of two, 64 or more)"));
+  CHECK(DiskLayout::make(64, 4, 1, 512)->slot_bytes() == 512);
+}
+
+TEST_CASE("a flipped byte on disk fails the load at that block, and a restarted engine finds its disk blocks again") {
+  const GeometrySpec spec{.num_layers = 1, .num_kv_heads = 2, .head_dim = 8, .block_size = 4, .dtype = DType::f32};
+  const Geometry g = *Geometry::make(spec);
+  constexpr std::int32_t kHost = 8, kDisk = 6;
+  std::vector<std::byte> host(std::size_t(*g.pool_bytes(kHost)));
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = std::byte(i * 13 + 1);
+  const DiskLayout d = *DiskLayout::make(g.block_bytes(), kDisk, layout_digest(spec));
+  TempFile file;
+  REQUIRE(ftruncate(file.fd, off_t(d.file_bytes())) == 0);
+  const auto c = chain(9, 4);
+  std::vector<std::int32_t> disk_slots;
+  {
+    Tiers t({.host_blocks = kHost, .disk_blocks = kDisk, .block_size = 4});
+    auto in = t.plan_store(Tier::device, Tier::host, c, std::vector<std::int32_t>{1, 2, 3, 4});
+    REQUIRE(t.complete(in->id).ok());  // (the host bytes are already there)
+    std::vector<std::int32_t> slots;
+    for (const auto& h : c) slots.push_back(t.host().find(h));
+    auto j = t.plan_store(Tier::host, Tier::disk, c, slots);
+    REQUIRE(run_disk_job(*j, c, d, file.fd, g, host).empty());
+    for (const BlockMove& m : j->moves) disk_slots.push_back(m.dst);
+    REQUIRE(t.complete(j->id).ok());
+  }
+  // Block 2's slot gets a flipped byte on disk.
+  std::byte b{};
+  REQUIRE(pread(file.fd, &b, 1, off_t(d.offset(disk_slots[2]) + 5)) == 1);
+  b ^= std::byte{0x40};
+  REQUIRE(pwrite(file.fd, &b, 1, off_t(d.offset(disk_slots[2]) + 5)) == 1);
+
+  // A new engine: scan the file's trailers, restore the disk tier.
+  Tiers t({.host_blocks = kHost, .disk_blocks = kDisk, .block_size = 4});
+  std::vector<std::int32_t> found_slots;
+  std::vector<BlockHash> found;
+  std::vector<std::byte> image(std::size_t(d.slot_bytes()));
+  for (std::int32_t s = 0; s < kDisk; ++s) {
+    REQUIRE(pread(file.fd, image.data(), image.size(), off_t(d.offset(s))) == ssize_t(image.size()));
+    if (auto h = d.sealed_hash(image, s)) found_slots.push_back(s), found.push_back(*h);
+  }
+  CHECK(found.size() == 4);
+  REQUIRE(t.restore_disk(found_slots, found).ok());
+  CHECK(t.restore_disk(found_slots, found).code() == Errc::blocks_in_use);
+  std::vector<Tier> where(4);
+  CHECK(t.lookup(c, 0, 100, where)->disk == 4);
+  auto up = t.plan_load(Tier::disk, Tier::host, c);
+  REQUIRE(up.ok());
+  const auto failed = run_disk_job(*up, c, d, file.fd, g, host);
+  CHECK(failed == std::vector<std::int32_t>{2});  // verified in host memory: a miss, never wrong KV
+  CHECK(*t.complete(up->id, failed) == 2);
+  CHECK(t.lookup(c, 0, 100, where)->host == 2);
+  CHECK(t.host().find(c[2]) == -1);
+  CHECK(t.check_invariants().ok());
+  Tiers fresh({.host_blocks = 2, .disk_blocks = 2});
+  const std::int32_t twice[] = {1, 1};
+  const BlockHash two[] = {{1, 1}, {2, 2}};
+  CHECK(fresh.restore_disk(twice, two) == Status{Errc::invalid_argument, "slots (listed twice)", 1, 0});
+  CHECK(Tiers({.host_blocks = 2}).restore_disk(twice, two).what() == std::string("disk_blocks (no disk tier)"));
+}
