@@ -107,6 +107,31 @@ TEST_CASE("free-but-cached: recycled last, least recently freed first, and a hit
   CHECK(ev[2] == BlockEvent{.kind = EventKind::removed, .block = b[1], .hash = h(11)});
 }
 
+TEST_CASE("next_recycled names the cached blocks the next allocations take, in order, and changes nothing") {
+  BlockPool p(8);
+  std::array<BlockId, 7> b{};
+  REQUIRE(p.allocate(b).ok());
+  for (std::uint64_t i = 0; i < 4; ++i) REQUIRE(*p.publish(b[i], h(20 + i), h(0)));
+  REQUIRE(p.release(b[2]).ok());  // cached, least recently freed
+  REQUIRE(p.release(b[5]).ok());  // plain: taken first, loses nothing
+  REQUIRE(p.release(b[0]).ok());  // cached
+  REQUIRE(p.release(b[3]).ok());  // cached, most recent
+  const BlockPool before = p;
+  std::array<BlockId, 8> out{};
+  CHECK(p.next_recycled(1, out) == 0);  // the plain block
+  CHECK(p.next_recycled(3, out) == 2);
+  CHECK(out[0] == b[2]);
+  CHECK(out[1] == b[0]);
+  CHECK(p.next_recycled(100, out) == 3);
+  CHECK(p.next_recycled(100, std::span(out).first(1)) == 1);
+  CHECK(p == before);
+  std::array<BlockId, 3> taken{};
+  REQUIRE(p.allocate(taken).ok());  // what it said: b[5], then b[2] and b[0] recycled
+  CHECK(taken == std::array<BlockId, 3>{b[5], b[2], b[0]});
+  CHECK(p.lookup(h(22)) == -1);
+  CHECK(p.lookup(h(23)) == b[3]);
+}
+
 TEST_CASE("publish is write-once, and a copy of a cached hash serves hits once the first copy goes") {
   BlockPool p(6, 8);
   const BlockId a = *p.allocate_one(), b = *p.allocate_one();

@@ -111,6 +111,19 @@ class BlockPool {
     return take_front();
   }
 
+  /// The cached blocks the next `allocations` allocations would recycle, in
+  /// that order (plain free blocks go first and lose nothing), written to out
+  /// (at most out.size()); returns how many. A write-back tier offloads them
+  /// one step ahead, so no allocation waits on a copy. Recycling a block also
+  /// drops the cached blocks chained from it. Changes nothing.
+  std::int32_t next_recycled(std::int32_t allocations, std::span<BlockId> out) const noexcept {
+    std::int32_t n = 0;
+    BlockId b = next_[ix(sentinel_)];
+    for (std::int32_t k = 0; k < allocations && b != sentinel_ && std::size_t(n) < out.size(); ++k, b = next_[ix(b)])
+      if (has_hash(b)) out[std::size_t(n++)] = b;
+    return n;
+  }
+
   /// Adds a holder. Valid on a used block, or on a free-but-cached one (a
   /// prefix hit takes it back from the queue).
   Status retain(BlockId b) noexcept {

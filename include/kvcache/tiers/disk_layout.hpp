@@ -69,13 +69,14 @@ Status for_each_block_piece(const Geometry& g, std::int64_t num_blocks, std::int
 /// The trailer at the end of every slot.
 struct DiskTrailer {
   std::uint64_t magic = 0;  ///< kMagic once sealed.
-  std::uint64_t hash_lo = 0, hash_hi = 0;  ///< The block's hash.
+  std::uint64_t hash_lo = 0;  ///< The block's hash, low 64 bits.
+  std::uint64_t hash_hi = 0;  ///< The block's hash, high 64 bits.
   std::uint64_t digest = 0;  ///< layout_digest of the writer.
   std::uint64_t slot = 0;  ///< The slot it was written for.
   std::uint64_t bytes = 0;  ///< Payload bytes.
   std::uint64_t checksum = 0;  ///< checksum64 of the payload.
   std::uint64_t self = 0;  ///< checksum64 of the fields above.
-  static constexpr std::uint64_t kMagic = 0x31304b4c42564b4bULL;  // "KKVBLK01"
+  static constexpr std::uint64_t kMagic = 0x31304b4c42564b4bULL;  ///< "KKVBLK01" in little-endian bytes.
 };
 static_assert(sizeof(DiskTrailer) == 64);
 
