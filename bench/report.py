@@ -31,12 +31,19 @@ def medians(path):
 
 def main():
     context, rows = medians(sys.argv[1])
+    # Reference rows, and how they are named: memcpy on the host; on a GPU a
+    # device-to-device copy, and one pinned host <-> device copy for transfers.
+    kinds = {"BM_memcpy/": "memcpy", "BM_d2d_copy/": "D2D copy", "BM_h2d_copy/": "H2D copy", "BM_d2h_copy/": "D2H copy"}
     ref_prefix = next((p for p in ("BM_memcpy/", "BM_d2d_copy/") if any(n.startswith(p) for n in rows)), "BM_memcpy/")
-    ref_name = "memcpy" if ref_prefix == "BM_memcpy/" else "D2D copy"
+    ref_name = kinds[ref_prefix]
     # References are matched by ref_id when the suite sets one, else by bytes.
     key = lambda r: int(r["ref_id"]) if "ref_id" in r else int(r.get("out_bytes", -1))
     memcpy = {key(r): r for name, r in rows.items() if name.startswith(ref_prefix)}
     big = max(memcpy, key=lambda k: memcpy[k]["out_bytes"]) if memcpy else None
+    named = {key(r): kinds[p] for name, r in rows.items() for p in kinds if name.startswith(p)}
+    for name, r in rows.items():
+        if any(name.startswith(p) for p in kinds if p != ref_prefix):
+            memcpy.setdefault(key(r), r)
     if context.get("gpu"):
         print(f"GPU: {context['gpu']}.")
     print(f"Machine: {context.get('num_cpus')} CPUs at {context.get('mhz_per_cpu')} MHz, "
@@ -49,19 +56,20 @@ def main():
     print("| benchmark | median | reference (same run) | ratio |")
     print("| --- | ---: | --- | ---: |")
     for name, r in rows.items():
-        if name.startswith(ref_prefix):
+        if any(name.startswith(p) for p in kinds):
             continue
         ref, ratio = "—", "—"
         out = int(r.get("out_bytes", 0))
         if key(r) in memcpy:
             m = memcpy[key(r)]
+            what = named.get(key(r), ref_name)
             if r.get("bandwidth"):  # a copy kernel: compare bandwidths
-                ref = f"{ref_name} {out:,} B: {m['bytes_per_second'] / 1e9:.1f} GB/s"
+                ref = f"{what} {out:,} B: {m['bytes_per_second'] / 1e9:.1f} GB/s"
                 ratio = f"{r['bytes_per_second'] / m['bytes_per_second']:.2f}"
                 name = f"{name} ({r['bytes_per_second'] / 1e9:.1f} GB/s)"
             else:
-                ref = f"{ref_name} {out:,} B: {fmt_time(m['ns'])}"
-                ratio = f"{r['ns'] / m['ns']:.1f}× {ref_name}"
+                ref = f"{what} {out:,} B: {fmt_time(m['ns'])}"
+                ratio = f"{r['ns'] / m['ns']:.1f}× {what}"
         if r.get("label"):
             name = f"{name} [{r['label']}]"
         print(f"| {name.removeprefix('BM_')} | {fmt_time(r['ns'])} | {ref} | {ratio} |")
