@@ -8,6 +8,8 @@
 
 #include <kvcache/tiers/tiers.hpp>
 
+#include "tiers_harness.hpp"
+
 #include <algorithm>
 #include <optional>
 #include <random>
@@ -231,96 +233,21 @@ TEST_CASE("tiers: bad input is refused, naming the value, and changes nothing") 
   CHECK_THROWS_AS(Tiers({.host_blocks = -1}), ConfigError);
 }
 
-// Random plans, completions (some moves failing), resets and lookups over
-// two tiers, the copies modelled: a store's target slots hold garbage from
-// the plan on (the engine writes them), a landed move gets its source's
-// content, a failed one stays garbage. After every call the invariants hold,
-// a failed call changed nothing, every block a load reads holds its hash,
-// and every hash a tier finds sits in a slot holding exactly it.
+// Random plans, lookups, completions with failed moves and resets over two
+// tiers, every copy modelled (tests/tiers_harness.hpp, shared with fuzz_tiers).
 TEST_CASE("tiers property: every hash a tier serves points at a block holding exactly it") {
   std::mt19937_64 rng(Catch::rngSeed() ^ 0x5eedULL);
-  const auto pick = [&](std::int64_t n) { return std::int32_t(rng() % std::uint64_t(n)); };
-  const BlockHash garbage{0xbad, 0xbad};
+  const auto pick = [&](std::int32_t n) { return std::int32_t(rng() % std::uint64_t(n)); };
+  const auto need = [](bool ok, const char* what) {
+    INFO(what);
+    REQUIRE(ok);
+  };
   std::int64_t landed = 0, refused = 0;
   for (int run = 0; run < 30; ++run) {
-    Tiers t({.host_blocks = 3 + pick(8), .disk_blocks = pick(3) ? 3 + pick(10) : 0, .block_size = 4, .max_jobs = 6});
-    std::vector<BlockHash> host(std::size_t(t.host().capacity()), garbage);
-    std::vector<BlockHash> disk(t.has(Tier::disk) ? std::size_t(t.disk().capacity()) : 0, garbage);
-    const auto content = [&](Tier x) -> std::vector<BlockHash>& { return x == Tier::host ? host : disk; };
-    struct Planned {  // a job's moves copied: its span ends with complete() or reset()
-      TierJob job;
-      std::vector<BlockMove> moves;
-      std::vector<BlockHash> chain;
-    };
-    std::vector<Planned> jobs;
-    for (int op = 0; op < 300; ++op) {
-      const Tiers before = t;
-      const auto c = chain(std::uint64_t(pick(6)), 1 + pick(5));
-      std::optional<Result<TierJob>> r;
-      switch (pick(7)) {
-        case 0: case 1: r = t.plan_store(Tier::device, Tier::host, c, ids(0, std::int32_t(c.size()))); break;
-        case 2: {
-          std::vector<std::int32_t> src;
-          for (const auto& h : c) src.push_back(t.host().find(h));
-          r = t.plan_store(Tier::host, Tier::disk, c, src);
-          break;
-        }
-        case 3: r = t.plan_load(Tier::host, Tier::device, c, ids(0, std::int32_t(c.size()))); break;
-        case 4: r = t.plan_load(Tier::disk, Tier::host, c); break;
-        case 5: {
-          std::vector<Tier> where(c.size());
-          REQUIRE(t.lookup(c, 0, 1000, where).ok());
-          REQUIRE(t == before);
-          break;
-        }
-        default:
-          if (jobs.empty()) break;
-          if (pick(10) == 0) {
-            t.reset();
-            for (const Planned& p : jobs)  // abandoned copies may have written anything
-              if (p.job.to != Tier::device)
-                for (const BlockMove& m : p.moves) content(p.job.to)[std::size_t(m.dst)] = garbage;
-            jobs.clear();
-            break;
-          }
-          const std::size_t k = std::size_t(pick(std::int64_t(jobs.size())));
-          const Planned p = jobs[k];
-          jobs.erase(jobs.begin() + std::ptrdiff_t(k));
-          std::vector<std::int32_t> failed;
-          for (std::size_t m = 0; m < p.moves.size(); ++m)
-            if (pick(4) == 0) failed.push_back(std::int32_t(m));
-          for (std::size_t m = 0; m < p.moves.size(); ++m) {  // the engine's copies
-            const BlockMove& mv = p.moves[m];
-            const BlockHash want = p.chain[std::size_t(mv.index)];
-            const BlockHash src = p.job.from == Tier::device ? want : content(p.job.from)[std::size_t(mv.src)];
-            REQUIRE(src == want);  // a pinned source still holds what the plan read
-            const bool bad = std::find(failed.begin(), failed.end(), std::int32_t(m)) != failed.end();
-            if (p.job.to != Tier::device) content(p.job.to)[std::size_t(mv.dst)] = bad ? garbage : src;
-            landed += !bad;
-          }
-          const auto lead = t.complete(p.job.id, failed);
-          REQUIRE(lead.ok());
-          REQUIRE(*lead == (failed.empty() ? std::int32_t(p.moves.size()) : failed.front()));
-          break;
-      }
-      if (r) {
-        if (r->ok()) {
-          jobs.push_back({**r, {(*r)->moves.begin(), (*r)->moves.end()}, c});
-          if ((*r)->to != Tier::device)
-            for (const BlockMove& m : (*r)->moves) content((*r)->to)[std::size_t(m.dst)] = garbage;
-        } else {
-          ++refused;
-          REQUIRE(t == before);
-        }
-      }
-      REQUIRE(t.check_invariants().ok());
-      for (const Tier x : {Tier::host, Tier::disk}) {
-        if (!t.has(x)) continue;
-        const TierPool& pool = x == Tier::host ? t.host() : t.disk();
-        for (std::int32_t s = 0; s < pool.capacity(); ++s)
-          if (pool.find(pool.hash(s)) == s) REQUIRE(content(x)[std::size_t(s)] == pool.hash(s));
-      }
-    }
+    const TiersConfig cfg{.host_blocks = 3 + pick(8), .disk_blocks = pick(3) ? 3 + pick(10) : 0, .block_size = 4, .max_jobs = 6};
+    kvtest::TiersHarness<decltype(pick), decltype(need)> h(pick, need, cfg);
+    for (int op = 0; op < 300; ++op) h.step();
+    landed += h.landed, refused += h.refused;
   }
   CHECK(landed > 300);
   CHECK(refused > 10);
