@@ -205,6 +205,27 @@ TEST_CASE("tiers: failure at block k of an onboard, a disk tier full, and a rese
   CHECK(t.check_invariants().ok());
 }
 
+TEST_CASE("tiers: events name each tier's medium, for stored and recycled blocks") {
+  Tiers t({.host_blocks = 2, .disk_blocks = 2, .block_size = 4, .event_capacity = 16});
+  const auto c = chain(12, 2);
+  offload(t, c);
+  std::vector<std::int32_t> slots{t.host().find(c[0]), t.host().find(c[1])};
+  REQUIRE(t.complete(t.plan_store(Tier::host, Tier::disk, c, slots)->id).ok());
+  offload(t, chain(13, 1));  // recycles one of chain 12's host blocks
+  std::vector<BlockEvent> ev(16);
+  const std::int32_t n = t.drain_events(Tier::host, ev);
+  REQUIRE(n == 4);  // stored c1, c0 (tail first), removed c1, stored chain 13's block
+  CHECK(ev[0].kind == EventKind::stored);
+  CHECK(ev[0].hash == c[1]);
+  CHECK(ev[0].parent == c[0]);
+  CHECK(ev[0].medium == Medium::cpu);
+  CHECK(ev[2] == BlockEvent{.kind = EventKind::removed, .block = ev[0].block, .hash = c[1], .medium = Medium::cpu});
+  CHECK(t.drain_events(Tier::disk, ev) == 2);
+  CHECK(ev[0].medium == Medium::disk);
+  CHECK(t.drain_events(Tier::host, ev) == 0);
+  CHECK(Tiers({.host_blocks = 1}).drain_events(Tier::disk, ev) == 0);
+}
+
 TEST_CASE("tiers: bad input is refused, naming the value, and changes nothing") {
   Tiers t({.host_blocks = 4, .disk_blocks = 4, .block_size = 4, .max_jobs = 1});
   const auto c = chain(11, 2);

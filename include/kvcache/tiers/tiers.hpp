@@ -210,6 +210,15 @@ class Tiers {
     return lead;
   }
 
+  /// Moves up to out.size() of tier t's pending block events into out, oldest
+  /// first (stored when a store completes, removed when a block is recycled
+  /// or dropped; each names the tier's medium: cpu or disk, and `block` is
+  /// the slot + 1); returns how many. 0 for a tier without events or absent.
+  std::int32_t drain_events(Tier t, std::span<BlockEvent> out) noexcept {
+    TierPool* p = tier(t);
+    return p ? p->drain_events(out) : 0;
+  }
+
   /// A restarted engine's disk tier: slots[i] holds hashes[i], read from the
   /// file's intact trailers (DiskLayout::sealed_hash). Only before the disk
   /// tier is used (TierPool::restore's errors); changes nothing on error.
