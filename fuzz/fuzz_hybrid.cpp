@@ -6,8 +6,6 @@
 // nothing, every hit and every live position reading back its own prefix).
 #include <kvcache/cache/hybrid.hpp>
 
-#include <cstdio>
-#include <cstdlib>
 #include <vector>
 
 #include "input.hpp"
@@ -16,14 +14,8 @@
 
 namespace kv = kvcache;
 
-namespace {
-struct Input : fuzz_input::Bytes {
-  std::int32_t pick(std::int32_t m) { return std::int32_t(byte() % std::uint32_t(m)); }
-};
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  Input in{{data, size}};
+  fuzz_input::Bytes in{data, size};
   const std::int32_t groups = 1 + in.pick(4);
   std::vector<std::vector<std::int32_t>> layers(static_cast<std::size_t>(groups));
   std::vector<kv::LayerGroupSpec> specs(static_cast<std::size_t>(groups));
@@ -43,11 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const kv::HybridConfig cfg{.groups = *lg, .num_blocks = 2 + in.pick(96), .max_sequences = 1 + in.pick(6),
                              .max_tokens = max_tokens, .prefill_chunk = in.pick(9), .prefix_caching = in.pick(8) != 0};
   const auto pick = [&in](std::int32_t n) { return in.pick(n); };
-  const auto need = [](bool ok, const char* what) {
-    if (ok) return;
-    std::fprintf(stderr, "fuzz_hybrid: %s\n", what);
-    std::abort();
-  };
+  const auto need = fuzz_input::need_for("fuzz_hybrid");
   kvtest::HybridHarness<decltype(pick), decltype(need)> h(pick, need, cfg);
   for (int ops = 0; ops < 400 && in.n > 0; ++ops) h.step();
   return 0;

@@ -5,8 +5,6 @@
 // tier serves sitting in a block that holds exactly it).
 #include <kvcache/tiers/tiers.hpp>
 
-#include <cstdio>
-#include <cstdlib>
 
 #include "input.hpp"
 
@@ -14,22 +12,12 @@
 
 namespace kv = kvcache;
 
-namespace {
-struct Input : fuzz_input::Bytes {
-  std::int32_t pick(std::int32_t m) { return std::int32_t(byte() % std::uint32_t(m)); }
-};
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  Input in{{data, size}};
+  fuzz_input::Bytes in{data, size};
   const kv::TiersConfig cfg{.host_blocks = 1 + in.pick(16), .disk_blocks = in.pick(20), .block_size = 1 + in.pick(8),
                             .max_jobs = 1 + in.pick(8)};
   const auto pick = [&in](std::int32_t n) { return in.pick(n); };
-  const auto need = [](bool ok, const char* what) {
-    if (ok) return;
-    std::fprintf(stderr, "fuzz_tiers: %s\n", what);
-    std::abort();
-  };
+  const auto need = fuzz_input::need_for("fuzz_tiers");
   kvtest::TiersHarness<decltype(pick), decltype(need)> h(pick, need, cfg);
   for (int ops = 0; ops < 400 && in.n > 0; ++ops) h.step();
   return 0;
