@@ -79,6 +79,7 @@ struct Run {
   std::vector<float> mem = std::vector<float>(std::size_t(kBlocks * 2 * B * G), -1.0f);
   kv::PoolView pool = *kv::make_pool_view(*kv::Geometry::make(spec), mem.data(), kBlocks);
   std::vector<kv::SeqId> live;
+  std::vector<std::uint64_t> holds;  // transfers' holds not yet released
 
   Run(Policy p, Input& in)
       : cache({.geometry = *kv::Geometry::make(spec), .num_blocks = kBlocks, .max_sequences = kSeqs,
@@ -310,7 +311,29 @@ struct Run {
         break;
       }
       case 6: st = cache.truncate(s, in.upto(6) - 1); break;
-      case 7:
+      case 7:  // free, sometimes holding the blocks for a transfer first; holds of any ids; releases
+        if (const std::uint32_t how = in.byte() % 4; how == 0 && !holds.empty()) {
+          st = cache.release_hold(holds.back());
+          holds.pop_back();
+          break;
+        } else if (how == 1) {
+          std::vector<kv::BlockId> b(std::size_t(in.upto(3)));
+          for (auto& x : b) x = in.upto(cache.pool().capacity()) - 1;
+          if (in.byte() % 8) {
+            auto r = cache.hold(b);
+            if (r) holds.push_back(*r);
+            st = r.status();
+          } else {  // any id: one never given (or released) is unknown_job and changes nothing
+            const std::uint64_t id = in.byte();
+            st = cache.release_hold(id);
+            if (st) std::erase(holds, id);
+          }
+          break;
+        } else if (how == 2 && cache.table().blocks(s)) {
+          auto r = cache.hold(*cache.table().blocks(s));
+          if (!r) fail("hold of a live sequence's blocks", r.status().message());
+          holds.push_back(*r);
+        }
         st = cache.free(s);
         if (st) std::erase(live, s);
         break;

@@ -6,7 +6,9 @@
 // every operation every live sequence must read back exactly its model tokens
 // through its page table; the prefix cache must be prefix-closed, every used
 // block with a hash reachable, and (publishing on reserve) every full block
-// whose ids were given published. Failed calls must leave the cache
+// whose ids were given published. A freed sequence's blocks are sometimes
+// held first (a transfer still copying them): until the hold is released
+// they keep exactly what they held. Failed calls must leave the cache
 // bit-for-bit as it was.
 #pragma once
 
@@ -18,6 +20,7 @@
 #include <cstdint>
 #include <random>
 #include <set>
+#include <span>
 #include <tuple>
 #include <vector>
 
@@ -306,8 +309,22 @@ class Harness {
 
   void op_free() {
     op_ = "free";
+    if (!holds_.empty() && rand_int(3) == 0) {  // a transfer completed: its hold ends
+      const auto i = std::size_t(rand_int(std::int32_t(holds_.size())));
+      expect_ok(cache_.release_hold(holds_[i].id));
+      holds_.erase(holds_.begin() + std::ptrdiff_t(i));
+      return;
+    }
     if (live_.empty()) return;
     const auto i = std::size_t(rand_int(std::int32_t(live_.size())));
+    if (rand_int(2) == 0) {  // a transfer still reads the blocks: hold them, then free
+      const auto blocks = *cache_.table().blocks(live_[i].id);
+      auto h = cache_.hold(blocks);
+      expect_ok(h.status());
+      Hold held{*h, {blocks.begin(), blocks.end()}, {}};
+      for (const BlockId b : blocks) held.content.insert(held.content.end(), mem_.begin() + std::ptrdiff_t(b) * B, mem_.begin() + std::ptrdiff_t(b + 1) * B);
+      holds_.push_back(std::move(held));
+    }
     expect_ok(cache_.free(live_[i].id));
     dead_.push_back(live_[i].id);
     live_.erase(live_.begin() + std::ptrdiff_t(i));
@@ -335,6 +352,8 @@ class Harness {
         dead_.push_back(live_.back().id);
         live_.pop_back();
       }
+    if (rand_int(2) == 0)
+      for (; !holds_.empty(); holds_.pop_back()) expect_ok(cache_.release_hold(holds_.back().id));
     before_ = cache_;
     const bool busy = cache_.pool().num_used() > 0;
     auto st = cache_.reset_prefix_cache();
@@ -345,7 +364,7 @@ class Harness {
   void op_invalid() {
     op_ = "invalid";
     std::vector<std::int32_t> slots(4);
-    if (!dead_.empty()) {
+    if (!dead_.empty() && rand_int(2) == 0) {
       const SeqId d = dead_[std::size_t(rand_int(std::int32_t(dead_.size())))];
       switch (rand_int(5)) {
         case 0: return expect_failure(cache_.reserve(d, 1, slots).status(), Errc::unknown_sequence);
@@ -355,7 +374,19 @@ class Harness {
         default: return expect_failure(cache_.publish(d, {}).status(), Errc::unknown_sequence);
       }
     }
-    expect_failure(cache_.reserve(SeqId{kSeqs + 3, 0}, 1, slots).status(), Errc::unknown_sequence);
+    const BlockId bad[] = {BlockPool::null_block, kBlocks};
+    switch (rand_int(4)) {
+      case 0: return expect_failure(cache_.release_hold(1u << 30), Errc::unknown_job);
+      case 1: return expect_failure(cache_.hold(std::span(bad).subspan(std::size_t(rand_int(2)), 1)).status(), Errc::invalid_argument);
+      case 2:
+        for (BlockId b = 1; b < kBlocks; ++b)  // a plain free block has nothing to keep
+          if (cache_.pool().ref_count(b) == 0 && !cache_.pool().is_cached(b)) {
+            const BlockId one[] = {b};
+            return expect_failure(cache_.hold(one).status(), Errc::not_allocated);
+          }
+        [[fallthrough]];
+      default: expect_failure(cache_.reserve(SeqId{kSeqs + 3, 0}, 1, slots).status(), Errc::unknown_sequence);
+    }
   }
 
   // --- the checks after every operation ---------------------------------------
@@ -366,6 +397,11 @@ class Harness {
       REQUIRE(st.ok());
     }
     REQUIRE(cache_.table().num_streams() == std::int32_t(live_.size()));
+    REQUIRE(cache_.holds().size() == std::int32_t(holds_.size()));
+    for (const Hold& h : holds_)  // a held block is never written: no reserve hands it out
+      for (std::size_t k = 0; k < h.blocks.size(); ++k)
+        REQUIRE(std::equal(h.content.begin() + std::ptrdiff_t(k) * B, h.content.begin() + std::ptrdiff_t(k + 1) * B,
+                           mem_.begin() + std::ptrdiff_t(h.blocks[k]) * B));
     for (const Seq& s : live_) {
       const auto blocks = *cache_.table().blocks(s.id);
       REQUIRE(*cache_.tokens_held(s.id) == std::int64_t(s.tokens.size()));
@@ -416,6 +452,12 @@ class Harness {
   std::vector<std::int32_t> mem_;
   std::vector<Seq> live_;
   std::vector<SeqId> dead_;
+  struct Hold {
+    std::uint64_t id;
+    std::vector<BlockId> blocks;
+    std::vector<std::int32_t> content;  // what the blocks held when the hold began
+  };
+  std::vector<Hold> holds_;
   std::vector<std::int32_t> templates_[3];
   std::set<Hash3> published_;
 };

@@ -6,7 +6,9 @@
 // prefix ending at its position; after every operation the invariants hold,
 // every hit's blocks hold exactly the prompt's prefix, every live position of
 // every sequence reads back its own prefix, and a failed call leaves the
-// cache equal to a copy taken before it. pick(n) gives a value in [0, n);
+// cache equal to a copy taken before it. A freed sequence's blocks are
+// sometimes held (a transfer still copying them): until the hold is released
+// no reserve hands out a slot in them. pick(n) gives a value in [0, n);
 // need(ok, what) fails the run when ok is false.
 #pragma once
 
@@ -14,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -52,7 +55,7 @@ class HybridHarness {
       case 2: case 3: case 4: failed = reserve(); break;
       case 5: case 6: compute(); break;
       case 7: failed = truncate(); break;
-      case 8: free_one(); break;
+      case 8: pick(3) == 0 ? release_one() : free_one(); break;
       default: failed = bad_call(); break;
     }
     if (failed) {
@@ -82,7 +85,11 @@ class HybridHarness {
       for (std::int32_t t = 0; t < n; ++t) {
         const std::int32_t slot = slots[std::size_t(g * stride + t)];
         if (cache_.layer_groups().spec(g).kind == kvcache::AttentionKind::cross) need(slot == -1, "a cross group's decoder slot");
-        else content_[key(g, slot)] = s.prefix[std::size_t(from + t)];
+        else {
+          const std::int32_t page = slot / kvcache::GroupRule::of(cache_.layer_groups(), g).block_size;
+          need(!held_.contains(page), "a reserve handed out a slot in a held block");
+          content_[key(g, slot)] = s.prefix[std::size_t(from + t)];
+        }
       }
   }
   static std::int64_t key(std::int32_t g, std::int32_t slot) { return std::int64_t(g) << 32 | std::uint32_t(slot); }
@@ -210,15 +217,41 @@ class HybridHarness {
   void free_one() {
     Seq* s = any();
     if (!s) return;
+    if (pick(2) == 0) {  // a transfer still reads its blocks: hold them, then free
+      std::vector<kvcache::BlockId> blocks;
+      const kvcache::SeqId one[] = {s->id};
+      for (std::int32_t g = 0; g < cache_.groups(); ++g) {
+        std::vector<std::int32_t> row(static_cast<std::size_t>(max_));
+        need(cache_.export_block_table(g, one, row, max_).ok(), "export of a live row");
+        for (const std::int32_t b : row)
+          if (b != kvcache::BlockPool::null_block) blocks.push_back(b);
+      }
+      auto h = cache_.hold(blocks);
+      need(h.ok(), "hold of a live sequence's blocks");
+      for (const auto b : blocks) ++held_[b];
+      holds_.push_back(*h);
+    }
     need(cache_.free(s->id).ok(), "free");
     seqs_.erase(s->id.index);
+  }
+  void release_one() {
+    if (holds_.empty()) return;
+    const auto at = holds_.begin() + pick(std::int32_t(holds_.size()));
+    for (const auto b : cache_.holds().blocks_of(*at))
+      if (--held_[b] == 0) held_.erase(b);
+    need(cache_.release_hold(*at).ok(), "release_hold");
+    holds_.erase(at);
   }
   bool bad_call() {
     Seq* s = any();
     const kvcache::SeqId stale = s ? kvcache::SeqId{s->id.index, s->id.generation + 1} : kvcache::SeqId{0, 99};
     std::vector<std::int32_t> out(8);
     const kvcache::SeqId one[] = {stale};
-    switch (pick(3)) {
+    const std::uint64_t gone = 1000000;  // never given
+    const kvcache::BlockId bad_blocks[] = {0, cache_.pool().capacity()};
+    switch (pick(5)) {
+      case 3: need(cache_.release_hold(gone).code() == kvcache::Errc::unknown_job, "release of an unknown hold"); break;
+      case 4: need(cache_.hold(std::span(bad_blocks).subspan(std::size_t(pick(2)), 1)).status().code() == kvcache::Errc::invalid_argument, "hold of an invalid block"); break;
       case 0: need(cache_.free(stale).code() == kvcache::Errc::unknown_sequence, "free of a stale handle"); break;
       case 1: need(cache_.export_block_table(0, one, out, 8).code() == kvcache::Errc::unknown_sequence, "export of a stale handle"); break;
       default:
@@ -235,6 +268,8 @@ class HybridHarness {
   std::vector<std::int32_t> stems_[3];
   std::unordered_map<std::uint32_t, Seq> seqs_;
   std::unordered_map<std::int64_t, std::uint64_t> content_;  // (group, slot) -> prefix hash written there
+  std::vector<std::uint64_t> holds_;  // holds not yet released
+  std::unordered_map<kvcache::BlockId, std::int32_t> held_;  // block -> holds on it
 };
 
 }  // namespace kvtest

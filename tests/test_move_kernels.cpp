@@ -69,6 +69,50 @@ TEST_CASE("block copy moves whole blocks, within a pool and between pools") {
   }
 }
 
+TEST_CASE("block copy of a layer range copies those layers only, and a range per layer adds up to the whole copy") {
+  auto rng = fresh_rng();
+  for (int trial = 0; trial < 20; ++trial) {
+    GeometrySpec g = random_spec(rng);
+    g.num_layers = 2 + int(rng() % 3);
+    Pool src(g, 4), whole(g, 4), layered(g, 4);
+    src.bytes = random_elems(rng, DType::fp8_e4m3, std::int64_t(src.bytes.size()));
+    src.view.base = src.bytes.data();
+    poison(whole.bytes);
+    layered.bytes = whole.bytes;
+    const std::vector<BlockCopy> pairs{{0, 2}, {3, 1}};
+    REQUIRE(block_copy_host({src.view, whole.view, pairs.data(), 2}).ok());
+    const int first = int(rng() % std::uint64_t(g.num_layers));
+    REQUIRE(block_copy_host({src.view, layered.view, pairs.data(), 2, first, 1}).ok());
+    for (const auto& c : pairs)
+      for (int t = 0; t < g.block_size; ++t) {
+        const std::int64_t a = std::int64_t{c.src} * g.block_size + t, b = std::int64_t{c.dst} * g.block_size + t;
+        REQUIRE(same_token(src, a, layered, b, first, 1));  // the layer arrived
+        if (first > 0) REQUIRE(!same_token(src, a, layered, b, 0, first));  // the earlier ones did not (poisoned)
+      }
+    for (int l = 0; l < g.num_layers; ++l)
+      if (l != first) REQUIRE(block_copy_host({src.view, layered.view, pairs.data(), 2, l, 1}).ok());
+    CHECK(layered.bytes == whole.bytes);
+  }
+}
+
+TEST_CASE("block copy rejects a layer range outside the pool, naming it, and writes nothing") {
+  GeometrySpec g{.num_layers = 3, .num_kv_heads = 1, .head_dim = 8, .block_size = 4};
+  Pool a(g, 4), b(g, 4);
+  poison(b.bytes);
+  const auto before = b.bytes;
+  const std::vector<BlockCopy> pairs{{0, 1}};
+  auto st = block_copy_host({a.view, b.view, pairs.data(), 1, 3, 0});
+  CHECK(std::string(st.what()) == "first_layer");
+  CHECK(st.value() == 3);
+  CHECK(std::string(block_copy_host({a.view, b.view, pairs.data(), 1, -1, 0}).what()) == "first_layer");
+  st = block_copy_host({a.view, b.view, pairs.data(), 1, 1, 3});
+  CHECK(std::string(st.what()) == "layers");
+  CHECK(st.value() == 3);
+  CHECK(st.limit() == 2);
+  CHECK(std::string(block_copy_host({a.view, b.view, pairs.data(), 1, 0, -2}).what()) == "layers");
+  CHECK(b.bytes == before);
+}
+
 TEST_CASE("block copy rejects pairs outside the pool and mismatched pools") {
   GeometrySpec g{.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 4};
   Pool a(g, 4), b(g, 2);

@@ -3,6 +3,7 @@
 // is the sequence's salt, so tenants with different salts never share blocks.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <span>
@@ -171,5 +172,23 @@ class SipHasher128 {
 
 static_assert(BlockHasher<FastBlockHasher>);
 static_assert(BlockHasher<SipHasher128>);
+
+/// The hashes of the full blocks of `tokens` (block_size tokens each, at most
+/// out.size()), chained from chain_root(key) with each block's extras folded
+/// in: the names the prefix cache publishes those blocks under, and the chain
+/// a lower tier looks a prompt up by. Returns how many were written.
+template <BlockHasher H>
+std::int32_t hash_chain(const H& hasher, std::span<const std::int32_t> tokens, std::int32_t block_size, const PrefixKey& key,
+                        std::span<BlockHash> out, std::span<const ExtraKey> extras = {}) noexcept {
+  if (block_size < 1) return 0;
+  const std::int64_t n = std::min<std::int64_t>(std::int64_t(tokens.size()) / block_size, std::int64_t(out.size()));
+  BlockHash parent = chain_root(key);
+  for (std::int64_t b = 0; b < n; ++b) {
+    const std::int64_t lo = b * block_size;
+    parent = hasher(parent, tokens.subspan(std::size_t(lo), std::size_t(block_size)), block_extra(key.extra, extras, lo, lo + block_size));
+    out[std::size_t(b)] = parent;
+  }
+  return std::int32_t(n);
+}
 
 KVCACHE_END_NAMESPACE

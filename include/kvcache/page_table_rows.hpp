@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kvcache/block_hash.hpp"
+#include "kvcache/block_holds.hpp"
 #include "kvcache/block_math.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
@@ -203,10 +204,12 @@ class PageTableRows {
     return child;
   }
 
-  /// Every block held by exactly its holders, rows consistent with lengths,
-  /// handles conserved. Assumes the table is the pool's only client.
-  Status check(const BlockPool& pool) const {
+  /// Every block held by exactly its holders (the rows and `holds`), rows
+  /// consistent with lengths, handles conserved. Assumes the table and the
+  /// holds are the pool's only clients.
+  Status check(const BlockPool& pool, const BlockHolds& holds = {}) const {
     std::vector<std::int32_t> refs(static_cast<std::size_t>(pool.capacity()), 0);
+    holds.add_refs(refs);  // the pool's holders are the rows' and the transfers' holds
     std::int32_t alive = 0;
     for (std::uint32_t i = 0; i < std::uint32_t(max_streams_); ++i) {
       if (!st_[i].alive) {

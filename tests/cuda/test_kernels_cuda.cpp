@@ -163,6 +163,14 @@ TEST_CASE("cuda block copy == host, and the device <-> pinned host swap") {
     REQUIRE(block_copy_host({pool.host.view, pool.host.view, pairs.data(), 4}).ok());
     CUDA_OK(kvgpu::block_copy({pool.dview, pool.dview, dpairs.as<BlockCopy>(), 4}));
     pool.require_same();
+    // Layer by layer (an onboard that lets attention of layer i start early): one range a launch.
+    std::vector<BlockCopy> late{{ids[5], ids[6]}};
+    Dev dlate(late);
+    for (std::int32_t l = 0; l < g.num_layers; ++l) {
+      REQUIRE(block_copy_host({pool.host.view, pool.host.view, late.data(), 1, l, 1}).ok());
+      CUDA_OK(kvgpu::block_copy({pool.dview, pool.dview, dlate.as<BlockCopy>(), 1, l, 1}));
+    }
+    pool.require_same();
 
     // Swap out to pinned, mapped host memory and back in, one launch each way.
     void* pinned = nullptr;

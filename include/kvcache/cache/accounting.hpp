@@ -108,7 +108,7 @@ class RowAccounting {
   /// state. O(pool + table).
   Status check_invariants() const {
     if (auto st = self().pool_.check(); !st) return st;
-    if (auto st = self().table_.check(self().pool_); !st) return st;
+    if (auto st = self().table_.check(self().pool_, self().holds_); !st) return st;
     return self().eviction_.check(self().table_);
   }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 
+#include "kvcache/block_holds.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/events.hpp"
@@ -69,6 +70,19 @@ class CacheCore {
     return pool_.drain_events(out, token_ids);
   }
 
+  /// Keeps `blocks` (device block ids: in use, or free but cached) allocated
+  /// until release_hold(): what a transfer job that reads or writes them
+  /// needs when their sequence is freed before the copy completes (an offload
+  /// of a finished request, an onboard of an aborted one). All or nothing;
+  /// an invalid or free block is an error naming it. Returns the hold's id.
+  Result<std::uint64_t> hold(std::span<const BlockId> blocks) { return holds_.hold(pool_, blocks); }
+  /// The copy is done: hold `id`'s blocks lose this holder (a block no row
+  /// holds becomes free, cached when it has a hash). unknown_job for an id
+  /// never given or already released; nothing changes then.
+  Status release_hold(std::uint64_t id) noexcept { return holds_.release(pool_, id); }
+  /// The holds not yet released.
+  const BlockHolds& holds() const noexcept { return holds_; }
+
  protected:
   /// The pool of cfg.num_blocks blocks and a table of `streams` rows; throws ConfigError.
   CacheCore(const CacheConfig& cfg, std::int32_t streams)
@@ -76,11 +90,12 @@ class CacheCore {
         table_(pool_, streams, cfg.max_blocks_per_sequence, cfg.geometry.block_size()) {}
 
   /// The pools and the tables are equal (a mode's operator== adds its participants).
-  bool same_core(const CacheCore& o) const { return pool_ == o.pool_ && table_ == o.table_; }
+  bool same_core(const CacheCore& o) const { return pool_ == o.pool_ && table_ == o.table_ && holds_ == o.holds_; }
 
   Geometry geometry_;  ///< The geometry the cache was built with.
   Pool pool_;          ///< The block pool.
   Table table_;        ///< The page table (rows per sequence, or head rows).
+  BlockHolds holds_;   ///< Blocks transfers keep after their rows let go.
 
  private:
   static const Geometry& usable(const Geometry& g) {

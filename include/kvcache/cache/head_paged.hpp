@@ -242,7 +242,7 @@ class HeadPagedCache : public CacheCore<BlockPool, PageTable> {
   /// lengths); invariant_violated always means a library bug.
   Status check_invariants() const {
     if (auto st = pool_.check(); !st) return st;
-    if (auto st = table_.check(pool_); !st) return st;
+    if (auto st = table_.check(pool_, holds_); !st) return st;
     return admission_.check(table_);
   }
 

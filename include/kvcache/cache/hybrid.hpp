@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kvcache/block_hash.hpp"
+#include "kvcache/block_holds.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/cache/hybrid_accounting.hpp"
 #include "kvcache/config.hpp"
@@ -195,6 +196,15 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
     return {};
   }
 
+  /// Keeps `blocks` (in use, or free but cached) allocated until
+  /// release_hold(), for a transfer that outlives their sequence (as
+  /// Cache<>::hold: block_holds.hpp). All or nothing; returns the hold's id.
+  Result<std::uint64_t> hold(std::span<const BlockId> blocks) { return holds_.hold(pool_, blocks); }
+  /// Ends hold `id` (unknown_job for an id never given or already released).
+  Status release_hold(std::uint64_t id) noexcept { return holds_.release(pool_, id); }
+  /// The holds not yet released.
+  const BlockHolds& holds() const noexcept { return holds_; }
+
   /// Group g's dense block table of `seqs` (export_group_table: null ids where blocks were skipped).
   Status export_block_table(std::int32_t g, std::span<const SeqId> seqs, std::span<std::int32_t> out,
                             std::int32_t row_stride) const {
@@ -219,7 +229,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
   /// Equal state (the hit finder's scratch aside): what error paths are tested against.
   friend bool operator==(const HybridCache& a, const HybridCache& b) {
     return a.pool_ == b.pool_ && a.rows_ == b.rows_ && a.owner_ == b.owner_ && a.seqs_ == b.seqs_ && a.free_ == b.free_ &&
-           a.chain_ == b.chain_ && a.published_ == b.published_;
+           a.chain_ == b.chain_ && a.published_ == b.published_ && a.holds_ == b.holds_;
   }
 
  private:
@@ -369,6 +379,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
 
   HybridConfig cfg_;
   BlockPool pool_;
+  BlockHolds holds_;  // blocks transfers keep after their rows let go
   GroupHits<Hasher> hits_;
   std::vector<GroupRows> rows_;
   std::vector<std::int8_t> owner_;  // [block]: the group that last allocated it

@@ -149,6 +149,7 @@ class HybridAccounting {
     if (auto st = pool.check(); !st) return st;
     std::vector<std::int32_t> refs(std::size_t(pool.capacity()), 0);
     std::vector<std::int32_t> group(std::size_t(pool.capacity()), -1);
+    self().holds_.add_refs(refs);  // transfers hold blocks beside the rows
     for (std::uint32_t i = 0; i < self().seqs_.size(); ++i) {
       const auto& s = self().seqs_[i];
       if (!s.live) continue;

@@ -221,6 +221,13 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
     if (auto st = admission_.check_prefix(); !st) return st;
     return PrefixSharing::publish(table_, pool_, s, tokens, extras, hasher_, prefix_.store());
   }
+  /// The hashes of the full blocks of `tokens` (at most out.size()) under
+  /// `key`, as this cache names them when they are published (its hasher and
+  /// block size): the chain Tiers::lookup and the stores take. Returns how many.
+  std::int32_t hash_chain(std::span<const std::int32_t> tokens, const PrefixKey& key, std::span<BlockHash> out,
+                          std::span<const ExtraKey> extras = {}) const noexcept {
+    return kvcache::hash_chain(hasher_, tokens, this->block_size(), key, out, extras);
+  }
   /// Prefix-cache counters (queries, hit tokens, hashes stored, recycled, invalidated) and block states.
   PrefixStats prefix_stats() const noexcept { return prefix_.stats(pool_); }
   /// The prefix cache's state: publish-on-reserve ids, the lifetime ledger (read-only).

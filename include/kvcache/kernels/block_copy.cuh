@@ -11,11 +11,12 @@ KVCACHE_BEGIN_NAMESPACE
 
 static __global__ void block_copy_kernel(BlockCopyParams p) {
   const std::int32_t planes = p.src.kv_planes;
-  const std::int64_t items = std::int64_t{p.num_pairs} * p.src.num_layers * planes;
+  const std::int32_t layers = block_copy_layer_end(p) - p.first_layer;
+  const std::int64_t items = std::int64_t{p.num_pairs} * layers * planes;
   for (std::int64_t it = blockIdx.x; it < items; it += gridDim.x) {
     const auto kv = static_cast<std::int32_t>(it % planes);
-    const auto layer = static_cast<std::int32_t>((it / planes) % p.src.num_layers);
-    const auto pair = static_cast<std::int32_t>(it / (planes * std::int64_t{p.src.num_layers}));
+    const auto layer = p.first_layer + static_cast<std::int32_t>((it / planes) % layers);
+    const auto pair = static_cast<std::int32_t>(it / (planes * std::int64_t{layers}));
     copy_plane(p, pair, layer, kv, static_cast<std::int32_t>(threadIdx.x), static_cast<std::int32_t>(blockDim.x));
   }
 }
@@ -25,7 +26,8 @@ inline cudaError_t block_copy_cuda(const BlockCopyParams& p, cudaStream_t stream
   if (auto st = check_block_copy_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_pairs == 0) return cudaSuccess;
   const std::int32_t lanes = cuda_detail::lanes_for(p.dst.dtype, p.src.dtype, 1.0f, plane_elems(p.src), 256);
-  block_copy_kernel<<<cuda_detail::grid_for(std::int64_t{p.num_pairs} * p.src.num_layers * p.src.kv_planes),
+  const std::int64_t layers = block_copy_layer_end(p) - p.first_layer;
+  block_copy_kernel<<<cuda_detail::grid_for(std::int64_t{p.num_pairs} * layers * p.src.kv_planes),
                       cuda_detail::threads_for(1, lanes), 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -1,7 +1,10 @@
 // Block copy: (src, dst) block pairs copied in one launch, all layers, K and V
 // (copy-on-write, compaction moves). src and dst may be different pools of the
 // same geometry: with one of them in pinned (mapped) host memory this is the
-// batched swap between device and host, one launch for all blocks.
+// batched swap between device and host, one launch for all blocks. A layer
+// range copies only those layers: layer-by-layer onboarding launches one
+// range per layer and records an event after each, so attention of layer i
+// waits only for its own blocks.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +21,14 @@ struct BlockCopyParams {
   PoolView dst{};  ///< Pool written to (same geometry; may be src).
   const BlockCopy* pairs = nullptr;  ///< The pairs.
   std::int32_t num_pairs = 0;  ///< Pairs in `pairs`.
+  std::int32_t first_layer = 0;  ///< First layer copied.
+  std::int32_t layers = 0;  ///< Layers copied from first_layer (0: through the last).
 };
+
+/// The layers a block_copy copies: [first_layer, block_copy_layer_end(p)).
+KVCACHE_HOST_DEVICE inline std::int32_t block_copy_layer_end(const BlockCopyParams& p) noexcept {
+  return p.layers == 0 ? p.src.num_layers : p.first_layer + p.layers;
+}
 static_assert(std::is_trivially_copyable_v<BlockCopyParams>);
 
 /// Elements of one (block, layer, K|V) plane: it is contiguous in every layout.
@@ -44,6 +54,10 @@ inline Status check_block_copy_shape(const BlockCopyParams& p) noexcept {
   if (p.src.dtype != p.dst.dtype || p.src.num_layers != p.dst.num_layers ||
       plane_elems(p.src) != plane_elems(p.dst) || p.src.head_dim != p.dst.head_dim || p.src.kv_planes != p.dst.kv_planes)
     return Status{Errc::invalid_argument, "dst.geometry", 0, 0};
+  if (p.first_layer < 0 || p.first_layer >= p.src.num_layers)
+    return Status{Errc::invalid_argument, "first_layer", p.first_layer, p.src.num_layers - 1};
+  if (p.layers < 0 || p.layers > p.src.num_layers - p.first_layer)
+    return Status{Errc::invalid_argument, "layers", p.layers, p.src.num_layers - p.first_layer};
   if (auto st = check_dtype(p.src.dtype, "src.dtype"); !st) return st;
   if (auto st = check_dtype(p.dst.dtype, "dst.dtype"); !st) return st;
   return {};
@@ -62,7 +76,7 @@ inline Status block_copy_host(const BlockCopyParams& p) noexcept {
 #pragma omp parallel for schedule(static)
 #endif
   for (std::int32_t i = 0; i < p.num_pairs; ++i)
-    for (std::int32_t l = 0; l < p.src.num_layers; ++l)
+    for (std::int32_t l = p.first_layer; l < block_copy_layer_end(p); ++l)
       for (std::int32_t kv = 0; kv < p.src.kv_planes; ++kv) copy_plane(p, i, l, kv, 0, 1);
   return {};
 }

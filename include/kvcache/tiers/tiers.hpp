@@ -28,6 +28,7 @@
 #include "kvcache/events.hpp"
 #include "kvcache/status.hpp"
 #include "kvcache/tiers/tier_pool.hpp"
+#include "kvcache/tiers/write_policy.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -124,16 +125,16 @@ class Tiers {
   /// out_of_blocks when they do not fit. `parent`: the hash before chain[0], for events.
   Result<TierJob> plan_store(Tier from, Tier to, std::span<const BlockHash> chain, std::span<const std::int32_t> src,
                              const BlockHash& parent = {}) {
-    if (!(from == Tier::device && to == Tier::host) && !(from == Tier::host && to == Tier::disk))
-      return Status{Errc::invalid_argument, "route (stores go device to host, host to disk)", std::int64_t(from) * 3 + std::int64_t(to), 0};
-    if (!has(to)) return Status{Errc::invalid_argument, "to (no such tier)", std::int64_t(to), 0};
-    if (src.size() != chain.size()) return Status{Errc::invalid_argument, "src (one per chain block)", std::int64_t(src.size()), std::int64_t(chain.size())};
-    if (auto st = room_for_job(); !st) return st;
-    std::size_t n = chain.size();
-    if (from == Tier::host)  // sources must still hold their hashes
-      for (std::size_t i = 0; i < n; ++i)
-        if (src[i] < 0 || src[i] >= host_->capacity() || host_->find(chain[i]) != src[i]) n = i;
-    return plan_into(*tier(to), from, to, chain.first(n), src.first(n), parent);
+    return store(from, to, chain, src, parent, {});
+  }
+
+  /// plan_store() of blocks from any chains (a WritePolicy's choice):
+  /// blocks[i].block holds blocks[i].hash in tier `from`, and its parent
+  /// names the hash before it (for the target tier's events).
+  Result<TierJob> plan_store(Tier from, Tier to, std::span<const Offload> blocks) {
+    off_hash_.clear(), off_src_.clear(), off_parent_.clear();
+    for (const Offload& o : blocks) off_hash_.push_back(o.hash), off_src_.push_back(o.block), off_parent_.push_back(o.parent);
+    return store(from, to, off_hash_, off_src_, BlockHash{}, off_parent_);
   }
 
   /// Onboard: copy the cached blocks of `chain` from tier `from` into tier
@@ -162,7 +163,7 @@ class Tiers {
     const std::span<const BlockHash> found = chain.first(scratch_.size());
     if (to == Tier::host) {
       const std::vector<std::int32_t> src(scratch_.begin(), scratch_.end());
-      return plan_into(*host_, from, to, found, src, parent);
+      return plan_into(*host_, from, to, found, src, parent, {});
     }
     Job& j = new_job(from, to);
     for (std::size_t i = 0; i < found.size(); ++i) {
@@ -267,6 +268,20 @@ class Tiers {
   }
 
  private:
+  // plan_store(): each block's parent is parents[i], or (none given) the chain's previous hash.
+  Result<TierJob> store(Tier from, Tier to, std::span<const BlockHash> chain, std::span<const std::int32_t> src,
+                             const BlockHash& parent, std::span<const BlockHash> parents) {
+    if (!(from == Tier::device && to == Tier::host) && !(from == Tier::host && to == Tier::disk))
+      return Status{Errc::invalid_argument, "route (stores go device to host, host to disk)", std::int64_t(from) * 3 + std::int64_t(to), 0};
+    if (!has(to)) return Status{Errc::invalid_argument, "to (no such tier)", std::int64_t(to), 0};
+    if (src.size() != chain.size()) return Status{Errc::invalid_argument, "src (one per chain block)", std::int64_t(src.size()), std::int64_t(chain.size())};
+    if (auto st = room_for_job(); !st) return st;
+    std::size_t n = chain.size();
+    if (from == Tier::host)  // sources must still hold their hashes
+      for (std::size_t i = 0; i < n; ++i)
+        if (src[i] < 0 || src[i] >= host_->capacity() || host_->find(chain[i]) != src[i]) n = i;
+    return plan_into(*tier(to), from, to, chain.first(n), src.first(n), parent, parents.first(std::min(n, parents.size())));
+  }
   struct Job {
     std::uint64_t id = 0;
     Tier from = Tier::device, to = Tier::host;
@@ -306,8 +321,9 @@ class Tiers {
 
   // A store or a disk-to-host load into tier t: skip what t holds or is
   // receiving, pin the sources (host or disk), all-or-nothing on t's room.
+  // Each block's parent: parents[i], or (none given) the chain's previous hash.
   Result<TierJob> plan_into(TierPool& t, Tier from, Tier to, std::span<const BlockHash> chain,
-                            std::span<const std::int32_t> src, const BlockHash& parent) {
+                            std::span<const std::int32_t> src, const BlockHash& parent, std::span<const BlockHash> parents) {
     // The blocks t already holds are pinned while the rest are allocated, so
     // the allocation cannot recycle a block this plan counts on.
     held_.clear();
@@ -331,7 +347,7 @@ class Tiers {
       if (s_tier) s_tier->pin(src[i]);
       j.moves.push_back({src[i], t.begin_store(h), std::int32_t(i)});
       j.hashes.push_back(h);
-      j.parents.push_back(i == 0 ? parent : chain[i - 1]);
+      j.parents.push_back(!parents.empty() ? parents[i] : i == 0 ? parent : chain[i - 1]);
     }
     j.skipped = std::int32_t(chain.size() - j.moves.size());
     for (auto it = held_.rbegin(); it != held_.rend(); ++it) t.unpin(*it);  // the chain's head ends most recent
@@ -346,7 +362,8 @@ class Tiers {
   std::optional<TierPool> host_, disk_;
   std::unordered_map<std::uint64_t, Job> jobs_;
   std::uint32_t epoch_ = 0, next_ = 0;
-  std::vector<std::int32_t> scratch_, held_;
+  std::vector<std::int32_t> scratch_, held_, off_src_;
+  std::vector<BlockHash> off_hash_, off_parent_;
 };
 
 KVCACHE_END_NAMESPACE
