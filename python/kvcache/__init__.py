@@ -32,6 +32,7 @@ from ._errors import (
 )
 from ._kvcache import (
     AverageAttention,
+    BlockPool,
     BlockScores,
     DType,
     EvictionResult,
@@ -48,9 +49,12 @@ from ._kvcache import (
     SinkWindow,
     SlidingWindow,
     SnapKV,
+    TierJob,
+    Tiers,
     Tova,
     WriteGate,
     WriteGateWeights,
+    WritePolicy,
     block_copy,
     compaction,
     gather,
@@ -162,12 +166,12 @@ def Cache(geometry, num_blocks, max_sequences=256, max_blocks_per_sequence=None,
 
 
 __all__ = [
-    "AlreadyHashed", "AverageAttention", "BlockScores", "BlocksInUse", "BufferTooSmall", "Cache",
+    "AlreadyHashed", "AverageAttention", "BlockPool", "BlockScores", "BlocksInUse", "BufferTooSmall", "Cache",
     "CapacityExceeded", "DType", "DuplicateSequence", "Error", "EvictionResult", "GateWriteInfo", "Geometry",
     "GeometryOverflow", "H2O", "HybridCache", "InvalidArgument", "InvariantViolated", "KeepAll", "KvPlanes",
     "LayerGroup", "LayerGroups", "Layout",
-    "NotAllocated", "OutOfBlocks", "PoolView", "PrefixTooLong", "Quest", "SinkWindow", "SlidingWindow", "SnapKV", "Tova",
+    "NotAllocated", "OutOfBlocks", "PoolView", "PrefixTooLong", "Quest", "SinkWindow", "SlidingWindow", "SnapKV", "TierJob", "Tiers", "Tova",
     "TruncateTooMany", "UnknownJob", "UnknownSequence", "block_copy", "compaction", "gather", "has_cuda", "make_rope_table", "rope",
-    "scatter", "scores", "WriteGate", "WriteGateWeights", "page_bounds", "page_bounds_update", "page_select",
+    "scatter", "scores", "WriteGate", "WriteGateWeights", "WritePolicy", "page_bounds", "page_bounds_update", "page_select",
     "page_select_scratch_bytes", "ring_admit", "ring_write", "write_gate",
 ]

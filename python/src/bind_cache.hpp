@@ -240,6 +240,18 @@ void bind_cache(nb::module_& m, const char* name) {
         return d;
       })
       .def(
+          "hash_chain",
+          [](const C& self, nb::handle tokens, std::uint64_t salt, std::uint64_t extra) {
+            Array<std::int32_t> t;
+            in_arg(t, tokens, "tokens");
+            std::vector<kv::BlockHash> h(t.size() / std::size_t(self.block_size()));
+            h.resize(std::size_t(self.hash_chain(cspan(t), {salt, extra}, h)));
+            auto out = new_array<std::uint64_t, 2>(h.size(), 2);
+            std::memcpy(out.data(), h.data(), h.size() * sizeof(kv::BlockHash));
+            return out;
+          },
+          nb::arg("tokens"), nb::arg("salt") = 0, nb::arg("extra") = 0)
+      .def(
           "drain_events",
           [](C& self, std::int32_t max_events) {
             std::vector<kv::BlockEvent> ev(std::size_t(std::max(max_events, 0)));

@@ -222,6 +222,16 @@ void register_hybrid(nb::module_& m) {
              const auto u = self.usage(g);
              return std::make_pair(u.held, u.cached);
            })
+      .def_prop_ro("pool", [](const Hybrid& self) -> const kv::BlockPool& { return self.pool(); }, nb::rv_policy::reference_internal)
+      .def("hold",
+           [](Hybrid& self, nb::handle blocks) {
+             Array<std::int32_t> b;
+             in_arg(b, blocks, "blocks");
+             return check(self.hold(cspan(b)));
+           },
+           nb::arg("blocks"))
+      .def("release_hold", [](Hybrid& self, std::uint64_t id) { check(self.release_hold(id)); }, nb::arg("hold"))
+      .def_prop_ro("holds", [](const Hybrid& self) { return self.holds().size(); })
       .def("check_invariants", [](const Hybrid& self) { check(self.check_invariants()); });
 
   // A group's view of a hybrid pool for the kernels (kvcache.PoolView.of_group wraps it).

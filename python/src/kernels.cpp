@@ -87,15 +87,16 @@ void register_kernels(nb::module_& m) {
 
   def_kernel(
       m, "block_copy",
-      [](Pool& src, Pool& dst, Tensor pairs, nb::handle stream) {
+      [](Pool& src, Pool& dst, Tensor pairs, std::int32_t first_layer, std::int32_t layers, nb::handle stream) {
         if (src.device != dst.device) bad("dst", "on the device of src");
         const auto n = std::int64_t(pairs.size()) / 2;
         const auto* p = vec<const std::int32_t>(pairs, "pairs", 2 * n, src.device);
-        const kv::BlockCopyParams params{src.view, dst.view, reinterpret_cast<const kv::BlockCopy*>(p), std::int32_t(n)};
+        const kv::BlockCopyParams params{src.view, dst.view, reinterpret_cast<const kv::BlockCopy*>(p), std::int32_t(n),
+                                         first_layer, layers};
         launch("block_copy", src.device, stream, params, kv::block_copy_host, KVPY_CUDA(block_copy),
                kv::check_block_copy_shape);
       },
-      "src"_a, "dst"_a, "pairs"_a, "stream"_a = nb::none());
+      "src"_a, "dst"_a, "pairs"_a, "first_layer"_a = 0, "layers"_a = 0, "stream"_a = nb::none());
 
   def_kernel(
       m, "compaction",

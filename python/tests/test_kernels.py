@@ -65,6 +65,8 @@ def test_bad_calls_are_typed_errors_that_write_nothing():
         (lambda: kv.scatter(pv, k.astype(np.int32), k, np.array([4, 5], dtype=np.int32)), kv.InvalidArgument, "float32"),
         (lambda: kv.compaction(pv, np.array([[4, N * B]], dtype=np.int32)), kv.InvalidArgument, "moves=0"),
         (lambda: kv.block_copy(pv, pv, np.array([[1, N]], dtype=np.int32)), kv.InvalidArgument, "pairs.dst=0"),
+        (lambda: kv.block_copy(pv, pv, np.array([[1, 2]], dtype=np.int32), first_layer=L), kv.InvalidArgument, "first_layer=%d" % L),
+        (lambda: kv.block_copy(pv, pv, np.array([[1, 2]], dtype=np.int32), layers=L + 1), kv.InvalidArgument, "layers=%d" % (L + 1)),
     ]
     for call, error, match in cases:
         with pytest.raises(error, match=match):
@@ -115,6 +117,19 @@ def test_block_copy_copies_every_layer():
         a, _ = gather_all(pv, layer, [1], B)
         b, _ = gather_all(pv, layer, [7], B)
         np.testing.assert_array_equal(a, b)
+
+
+def test_block_copy_layer_by_layer():
+    g, mem, pv = pool()
+    for layer in range(L):
+        kv.scatter(pv, np.full((B, H, D), layer + 1, dtype=np.float32), np.full((B, H, D), -1, dtype=np.float32),
+                   np.arange(4, 8, dtype=np.int32), first_layer=layer)
+    for layer in range(L):  # an onboard that lets attention of each layer start once its blocks arrived
+        kv.block_copy(pv, pv, np.array([[1, 6]], dtype=np.int32), first_layer=layer, layers=1)
+        for seen in range(L):
+            a, _ = gather_all(pv, seen, [1], B)
+            b, _ = gather_all(pv, seen, [6], B)
+            assert np.array_equal(a, b) == (seen <= layer)
 
 
 def test_rope_rotates_keys_by_their_delta():

@@ -12,7 +12,7 @@ BLOCKS = [block for page in PAGES
 
 
 def test_there_are_python_snippets():
-    assert [name for name, _ in BLOCKS] == ["python_hybrid", "python_quickstart", "python_composed"]
+    assert [name for name, _ in BLOCKS] == ["python_hybrid", "python_quickstart", "python_composed", "python_tiers"]
 
 
 def test_quickstart_runs_and_prints_the_error():
@@ -37,3 +37,10 @@ def test_hybrid_runs_and_prints_what_each_group_holds():
     # 128 tokens in the full layers; the window's next query (at 64) reads 1 on: blocks 0 .. 7, 8 held;
     # none freed yet (the first reserve after computed 64 frees below first_read(64) = 1, i.e. nothing whole)
     assert out.getvalue() == "128 8 (8, 0)\n"
+
+
+def test_tiers_runs_and_prints_the_host_hits():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(dict(BLOCKS)["python_tiers"], "docs/tiers.md:python_tiers", "exec"), {})
+    assert out.getvalue() == "(0, 4, 0, ['host', 'host', 'host', 'host'])\n"

@@ -1,0 +1,267 @@
+// Memory tiers in Python: kv.Tiers (host and disk tiers, lookups, plans,
+// completions), kv.TierJob (a plan's moves, copied out: they outlive the
+// job), kv.WritePolicy (which device blocks to offload, and when) and
+// kv.BlockPool (a cache's pool, read only: what the write policy reads).
+// Tiers are named by strings ("device", "host", "disk"); block hashes are
+// uint64 arrays of [n, 2] (lo, hi), the layout of kv::BlockHash, read in place.
+#include <kvcache/tiers/tiers.hpp>
+#include <kvcache/tiers/write_policy.hpp>
+
+#include <string>
+#include <vector>
+
+#include "bind_common.hpp"
+
+namespace kvpy {
+
+namespace {
+static_assert(sizeof(kv::BlockHash) == 2 * sizeof(std::uint64_t));
+
+kv::Tier tier_of(const std::string& t) {
+  if (t == "device") return kv::Tier::device;
+  if (t == "host") return kv::Tier::host;
+  if (t == "disk") return kv::Tier::disk;
+  require(false, "tier (device, host or disk)", -1, 2);
+  return {};
+}
+const char* tier_name(kv::Tier t) {
+  static const char* names[] = {"device", "host", "disk"};
+  return names[std::size_t(t)];
+}
+// A chain of hashes: uint64 [n, 2] (or [2n]).
+std::span<const kv::BlockHash> hashes_of(const Array<std::uint64_t>& a, const char* name) {
+  require(a.size() % 2 == 0, name, std::int64_t(a.size()), 2);
+  return {reinterpret_cast<const kv::BlockHash*>(a.data()), a.size() / 2};
+}
+nb::object hash_array(std::span<const kv::BlockHash> h) {
+  auto out = new_array<std::uint64_t, 2>(h.size(), 2);
+  std::memcpy(out.data(), h.data(), h.size_bytes());
+  return nb::cast(out);
+}
+kv::BlockHash pair_hash(nb::handle h) {
+  const auto p = nb::cast<std::pair<std::uint64_t, std::uint64_t>>(h);
+  return {p.first, p.second};
+}
+
+// A plan, copied out of the tiers (TierJob::moves dies with the job).
+struct Job {
+  std::uint64_t id;
+  kv::Tier from, to;
+  nb::object moves;  // int32 [n, 3]: src, dst, index
+  std::int32_t skipped;
+};
+Job job_of(const kv::TierJob& j) {
+  auto m = new_array<std::int32_t, 2>(j.moves.size(), 3);
+  static_assert(sizeof(kv::BlockMove) == 3 * sizeof(std::int32_t));
+  std::memcpy(m.data(), j.moves.data(), j.moves.size_bytes());
+  return {j.id, j.from, j.to, nb::cast(m), j.skipped};
+}
+
+// Offloads as the policy returns them: (blocks int32 [n], hashes uint64 [n, 2], parents uint64 [n, 2]).
+nb::object offloads(std::span<const kv::Offload> o) {
+  auto blocks = new_array<std::int32_t>(o.size());
+  auto hashes = new_array<std::uint64_t, 2>(o.size(), 2), parents = new_array<std::uint64_t, 2>(o.size(), 2);
+  for (std::size_t i = 0; i < o.size(); ++i) {
+    blocks.data()[i] = o[i].block;
+    hashes.data()[2 * i] = o[i].hash.lo, hashes.data()[2 * i + 1] = o[i].hash.hi;
+    parents.data()[2 * i] = o[i].parent.lo, parents.data()[2 * i + 1] = o[i].parent.hi;
+  }
+  return nb::make_tuple(blocks, hashes, parents);
+}
+kv::WriteMode mode_of(const std::string& m) {
+  if (m == "write_through") return kv::WriteMode::write_through;
+  if (m == "write_through_reused") return kv::WriteMode::write_through_reused;
+  if (m == "write_back") return kv::WriteMode::write_back;
+  require(false, "mode (write_through, write_through_reused, write_back)", -1, 2);
+  return {};
+}
+}  // namespace
+
+void register_tiers(nb::module_& m) {
+  nb::class_<kv::BlockPool>(m, "BlockPool")
+      .def_prop_ro("capacity", &kv::BlockPool::capacity)
+      .def_prop_ro("num_free", &kv::BlockPool::num_free)
+      .def_prop_ro("num_cached", &kv::BlockPool::num_cached)
+      .def_prop_ro("num_used", &kv::BlockPool::num_used)
+      .def("ref_count",
+           [](const kv::BlockPool& p, std::int32_t b) {
+             require(b >= 0 && b < p.capacity(), "block", b, p.capacity() - 1);
+             return p.ref_count(b);
+           })
+      .def("hash",
+           [](const kv::BlockPool& p, std::int32_t b) -> nb::object {
+             require(b >= 0 && b < p.capacity(), "block", b, p.capacity() - 1);
+             if (!p.has_hash(b)) return nb::none();
+             return nb::cast(std::make_pair(p.hash(b).lo, p.hash(b).hi));
+           })
+      .def("next_recycled", [](const kv::BlockPool& p, std::int32_t allocations) {
+        require(allocations >= 0, "allocations", allocations, 0);
+        std::vector<kv::BlockId> out(std::size_t(std::min(allocations, p.capacity())));
+        out.resize(std::size_t(p.next_recycled(allocations, out)));
+        return out;
+      });
+
+  nb::class_<Job>(m, "TierJob")
+      .def_ro("id", &Job::id)
+      .def_prop_ro("from_tier", [](const Job& j) { return tier_name(j.from); })
+      .def_prop_ro("to_tier", [](const Job& j) { return tier_name(j.to); })
+      .def_ro("moves", &Job::moves)
+      .def_ro("skipped", &Job::skipped);
+
+  nb::class_<kv::Tiers>(m, "Tiers")
+      .def(
+          "__init__",
+          [](kv::Tiers* self, std::int32_t host_blocks, std::int32_t disk_blocks, std::int32_t block_size, std::int32_t max_jobs,
+             std::int32_t event_capacity) {
+            try {
+              new (self) kv::Tiers({.host_blocks = host_blocks, .disk_blocks = disk_blocks, .block_size = block_size,
+                                    .max_jobs = max_jobs, .event_capacity = event_capacity});
+            } catch (const kv::ConfigError& e) {
+              check(e.status());
+            }
+          },
+          nb::arg("host_blocks") = 0, nb::arg("disk_blocks") = 0, nb::arg("block_size") = 16, nb::arg("max_jobs") = 1024,
+          nb::arg("event_capacity") = 0)
+      .def("has", [](const kv::Tiers& t, const std::string& tier) { return t.has(tier_of(tier)); })
+      .def_prop_ro("jobs_in_flight", &kv::Tiers::jobs_in_flight)
+      .def_prop_ro("epoch", &kv::Tiers::epoch)
+      .def("counts",
+           [](const kv::Tiers& t, const std::string& tier) {
+             const kv::Tier w = tier_of(tier);
+             require(w != kv::Tier::device && t.has(w), "tier (host or disk, present)", std::int64_t(w), 2);
+             const kv::TierPool& p = w == kv::Tier::host ? t.host() : t.disk();
+             nb::dict d;
+             d["capacity"] = p.capacity(), d["free"] = p.num_free(), d["ready"] = p.num_ready();
+             d["filling"] = p.num_filling(), d["published"] = p.num_published();
+             return d;
+           })
+      .def(
+          "lookup",
+          [](const kv::Tiers& t, nb::handle chain, std::int32_t device_blocks, std::int64_t prompt_tokens) {
+            Array<std::uint64_t> c;
+            in_arg(c, chain, "chain");
+            const auto h = hashes_of(c, "chain");
+            std::vector<kv::Tier> where(h.size());
+            const auto hit = check(t.lookup(h, device_blocks, prompt_tokens, where));
+            std::vector<std::string> names;
+            for (std::int32_t i = 0; i < hit.blocks(); ++i) names.emplace_back(tier_name(where[std::size_t(i)]));
+            return std::make_tuple(hit.device, hit.host, hit.disk, names);
+          },
+          nb::arg("chain"), nb::arg("device_blocks"), nb::arg("prompt_tokens"))
+      .def(
+          "plan_store",
+          [](kv::Tiers& t, const std::string& from, const std::string& to, nb::handle chain, nb::handle src, nb::handle parents) {
+            Array<std::uint64_t> c, pa;
+            Array<std::int32_t> s;
+            in_arg(c, chain, "chain");
+            in_arg(s, src, "src");
+            const auto h = hashes_of(c, "chain");
+            if (parents.is_none()) return job_of(check(t.plan_store(tier_of(from), tier_of(to), h, cspan(s))));
+            in_arg(pa, parents, "parents");
+            const auto ps = hashes_of(pa, "parents");
+            require(ps.size() == h.size() && s.size() == h.size(), "parents (one per chain block)", std::int64_t(ps.size()),
+                    std::int64_t(h.size()));
+            std::vector<kv::Offload> o(h.size());
+            for (std::size_t i = 0; i < h.size(); ++i) o[i] = {s.data()[i], h[i], ps[i]};
+            return job_of(check(t.plan_store(tier_of(from), tier_of(to), o)));
+          },
+          nb::arg("from_tier"), nb::arg("to_tier"), nb::arg("chain"), nb::arg("src"), nb::arg("parents") = nb::none())
+      .def(
+          "plan_load",
+          [](kv::Tiers& t, const std::string& from, const std::string& to, nb::handle chain, nb::handle dst) {
+            Array<std::uint64_t> c;
+            Array<std::int32_t> d;
+            in_arg(c, chain, "chain");
+            if (!dst.is_none()) in_arg(d, dst, "dst");
+            return job_of(check(t.plan_load(tier_of(from), tier_of(to), hashes_of(c, "chain"), cspan(d))));
+          },
+          nb::arg("from_tier"), nb::arg("to_tier"), nb::arg("chain"), nb::arg("dst") = nb::none())
+      .def(
+          "complete",
+          [](kv::Tiers& t, std::uint64_t id, nb::handle failed) {
+            Array<std::int32_t> f;
+            if (!failed.is_none()) in_arg(f, failed, "failed");
+            return check(t.complete(id, cspan(f)));
+          },
+          nb::arg("job"), nb::arg("failed") = nb::none())
+      .def("reset", &kv::Tiers::reset)
+      .def(
+          "drain_events",
+          [](kv::Tiers& t, const std::string& tier, std::int32_t max_events) {
+            std::vector<kv::BlockEvent> ev(std::size_t(std::max(max_events, 0)));
+            const auto n = t.drain_events(tier_of(tier), ev);
+            nb::list out;
+            for (std::int32_t i = 0; i < n; ++i) {
+              const auto& e = ev[std::size_t(i)];
+              nb::dict d;
+              d["kind"] = e.kind == kv::EventKind::stored ? "stored" : e.kind == kv::EventKind::removed ? "removed" : "all_cleared";
+              d["slot"] = e.block - 1, d["hash"] = std::make_pair(e.hash.lo, e.hash.hi);
+              d["parent"] = std::make_pair(e.parent.lo, e.parent.hi);
+              d["medium"] = e.medium == kv::Medium::cpu ? "cpu" : e.medium == kv::Medium::disk ? "disk" : "gpu";
+              out.append(d);
+            }
+            return out;
+          },
+          nb::arg("tier"), nb::arg("max_events") = 1024)
+      .def(
+          "restore_disk",
+          [](kv::Tiers& t, nb::handle slots, nb::handle hashes) {
+            Array<std::int32_t> s;
+            Array<std::uint64_t> h;
+            in_arg(s, slots, "slots");
+            in_arg(h, hashes, "hashes");
+            check(t.restore_disk(cspan(s), hashes_of(h, "hashes")));
+          },
+          nb::arg("slots"), nb::arg("hashes"))
+      .def("check_invariants", [](const kv::Tiers& t) { check(t.check_invariants()); });
+
+  nb::class_<kv::WritePolicy>(m, "WritePolicy")
+      .def(
+          "__init__",
+          [](kv::WritePolicy* self, const std::string& mode, std::int32_t min_uses, std::int32_t counters) {
+            try {
+              new (self) kv::WritePolicy({.mode = mode_of(mode), .min_uses = min_uses, .counters = counters});
+            } catch (const kv::ConfigError& e) {
+              check(e.status());
+            }
+          },
+          nb::arg("mode") = "write_back", nb::arg("min_uses") = 2, nb::arg("counters") = 1 << 16)
+      .def(
+          "on_stored",
+          [](const kv::WritePolicy& p, const nb::list& events) {
+            std::vector<kv::BlockEvent> ev;
+            for (nb::handle e : events) {
+              const auto kind = nb::cast<std::string>(e["kind"]);
+              kv::BlockEvent b{.kind = kind == "stored" ? kv::EventKind::stored : kind == "removed" ? kv::EventKind::removed
+                                                                                                     : kv::EventKind::all_cleared};
+              if (b.kind == kv::EventKind::stored)
+                b.block = nb::cast<std::int32_t>(e["block"]), b.hash = pair_hash(e["hash"]), b.parent = pair_hash(e["parent"]);
+              ev.push_back(b);
+            }
+            std::vector<kv::Offload> out(ev.size());
+            out.resize(std::size_t(check(p.on_stored(ev, out))));
+            return offloads(out);
+          },
+          nb::arg("events"))
+      .def(
+          "on_use",
+          [](kv::WritePolicy& p, const kv::BlockPool& pool, nb::handle blocks) {
+            Array<std::int32_t> b;
+            in_arg(b, blocks, "blocks");
+            std::vector<kv::Offload> out(b.size());
+            out.resize(std::size_t(check(p.on_use(pool, cspan(b), out))));
+            return offloads(out);
+          },
+          nb::arg("pool"), nb::arg("blocks"))
+      .def(
+          "before_allocate",
+          [](kv::WritePolicy& p, const kv::BlockPool& pool, std::int32_t allocations) {
+            std::vector<kv::Offload> out(std::size_t(std::clamp(allocations, 0, pool.capacity())));
+            out.resize(std::size_t(p.before_allocate(pool, allocations, out)));
+            return offloads(out);
+          },
+          nb::arg("pool"), nb::arg("allocations"))
+      .def("uses", [](const kv::WritePolicy& p, nb::handle h) { return p.uses(pair_hash(h)); });
+}
+
+}  // namespace kvpy

@@ -1,0 +1,76 @@
+"""The PyTorch tiered engine (examples/python/tiered.py) against the C++ one
+(kvcache_multiturn): multi-turn conversations over a device pool too small
+for them, with a host tier. Every write policy generates recompute's tokens
+(the onboarded blocks hold what recompute writes), and both engines make the
+same choices: the same tokens, hits per tier, blocks offloaded and onboarded.
+
+kvcache_multiturn comes from the host build (scripts/python builds it and sets
+KVCACHE_MULTITURN); without one the comparison is skipped, never passed.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples" / "python"))
+import model as mdl  # noqa: E402
+import tiered  # noqa: E402
+
+WORKLOAD = dict(conversations=3, turns=3, first=64, user=16, new=8, device=14, host=64, chunk=64)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    torch.set_num_threads(2)
+    model = mdl.load()
+    w = WORKLOAD
+    out = {}
+    for name, with_host, write in tiered.MODES:
+        outputs, turns, st = tiered.serve_multiturn(model, w["conversations"], w["turns"], w["first"], w["user"], w["new"],
+                                                    device_blocks=w["device"], host_blocks=w["host"] if with_host else 0,
+                                                    chunk=w["chunk"], write=write)
+        out[name] = dict(outputs=outputs, turns=turns, stats=st)
+    return out
+
+
+def test_every_write_policy_serves_recomputes_tokens_from_host_memory(runs):
+    base = runs["recompute"]
+    assert base["stats"].host_hit_tokens == 0
+    for name in ("write_back", "write_through", "write_through_reused"):
+        r, st = runs[name], runs[name]["stats"]
+        assert r["outputs"] == base["outputs"], name
+        assert st.host_hit_tokens > 0 and st.host_hit_tokens == 16 * st.blocks_onboarded
+        assert st.device_hit_tokens + st.host_hit_tokens + st.computed_tokens == st.prompt_tokens
+        assert st.computed_tokens < base["stats"].computed_tokens
+        assert all(t["host_hit"] == 0 for t in r["turns"][:WORKLOAD["conversations"]])  # first turns find nothing
+
+
+def multiturn_binary():
+    given = os.environ.get("KVCACHE_MULTITURN")
+    if given:
+        assert pathlib.Path(given).is_file(), f"KVCACHE_MULTITURN={given} does not exist"
+        return given
+    built = ROOT / "build" / "host" / "examples" / "kvcache_multiturn"
+    if not built.is_file():
+        pytest.skip("no kvcache_multiturn: build the host preset (scripts/python does) or set KVCACHE_MULTITURN")
+    return str(built)
+
+
+def test_the_cpp_engine_makes_the_same_choices(runs, tmp_path):
+    out = tmp_path / "multiturn.json"
+    args = [multiturn_binary(), "--json", str(out)]
+    for k, v in WORKLOAD.items():
+        args += [f"--{k}", str(v)]
+    subprocess.run(args, check=True, capture_output=True)
+    cpp = json.loads(out.read_text())
+    assert set(cpp) == {name for name, _, _ in tiered.MODES}
+    for name, r in runs.items():
+        assert cpp[name]["outputs"] == r["outputs"], name
+        for key, value in cpp[name]["stats"].items():
+            assert getattr(r["stats"], key) == value, (name, key)

@@ -1,0 +1,149 @@
+"""Memory tiers from Python: kv.Tiers (lookups, store and load plans,
+completions and failures, resets), kv.WritePolicy over a cache's pool, the
+device-side holds a transfer keeps, the layer-by-layer block copy into a
+host tier and back, and typed errors that change nothing."""
+import numpy as np
+import pytest
+
+import kvcache as kv
+
+B = 4  # tokens per block
+
+
+def geometry():
+    return kv.Geometry(num_layers=2, num_kv_heads=2, head_dim=8, block_size=B, dtype=kv.DType.f32)
+
+
+def cache(blocks=9):
+    return kv.Cache(geometry(), num_blocks=blocks, max_sequences=4, event_capacity=64, publish_on_reserve=True)
+
+
+def test_a_turn_comes_back_from_host_memory():
+    c = cache()
+    tiers = kv.Tiers(host_blocks=16, block_size=B)
+    prompt = np.arange(1, 18, dtype=np.int32)  # 17 tokens: 4 full blocks
+    a = c.admit(prompt)
+    chain = c.hash_chain(prompt)
+    assert chain.shape == (4, 2) and chain.dtype == np.uint64
+    blocks = c.export_block_table([a.seq], 5)[0][:4]
+    assert [c.pool.hash(int(b)) for b in blocks] == [tuple(int(x) for x in h) for h in chain]
+
+    store = tiers.plan_store("device", "host", chain, blocks)
+    assert (store.from_tier, store.to_tier, store.skipped) == ("device", "host", 0)
+    assert store.moves.shape == (4, 3) and list(store.moves[:, 0]) == list(blocks) and list(store.moves[:, 2]) == [0, 1, 2, 3]
+    hold = c.hold(blocks)  # the request ends while the copy runs
+    c.free(a.seq)
+    assert c.holds == 1 and c.free_blocks == 4
+    c.check_invariants()
+    assert tiers.complete(store.id) == 4
+    c.release_hold(hold)
+    assert c.holds == 0 and c.free_blocks == 8
+    with pytest.raises(kv.UnknownJob, match="hold"):
+        c.release_hold(hold)
+    with pytest.raises(kv.UnknownJob):
+        tiers.complete(store.id)
+    assert tiers.counts("host")["published"] == 4
+
+    # The device recycles them; the next turn finds them in host memory.
+    filler = c.admit(np.arange(100, 132, dtype=np.int32))
+    assert filler.cached_tokens == 0
+    assert tiers.lookup(chain, 0, len(prompt)) == (0, 4, 0, ["host"] * 4)
+    c.free(filler.seq)
+    nxt = c.admit(prompt, reserve=len(prompt))
+    dst = c.export_block_table([nxt.seq], 5)[0][:4]
+    load = tiers.plan_load("host", "device", chain, dst)
+    assert list(load.moves[:, 1]) == list(dst)
+    assert tiers.complete(load.id, failed=[2]) == 2  # block 2 failed: recompute from there
+    assert tiers.lookup(chain, 0, len(prompt)) == (0, 2, 0, ["host"] * 2)  # a block that failed a read is dropped
+    tiers.check_invariants()
+
+
+def test_write_policies_choose_what_goes_to_host():
+    c = cache()
+    prompt = np.arange(1, 14, dtype=np.int32)
+    a = c.admit(prompt)
+    events = c.drain_events()
+    through = kv.WritePolicy("write_through")
+    blocks, hashes, parents = through.on_stored(events)
+    assert len(blocks) == 3 and hashes.shape == (3, 2)
+    assert tuple(int(x) for x in parents[1]) == tuple(int(x) for x in hashes[0])
+    tiers = kv.Tiers(host_blocks=8, block_size=B, event_capacity=8)
+    job = tiers.plan_store("device", "host", hashes, blocks, parents=parents)
+    assert tiers.complete(job.id) == 3
+    ev = tiers.drain_events("host")
+    assert [e["medium"] for e in ev] == ["cpu"] * 3 and ev[-1]["hash"] == tuple(int(x) for x in hashes[0])
+
+    reused = kv.WritePolicy("write_through_reused", min_uses=2)
+    hit = c.match_prefix(prompt)
+    assert len(reused.on_use(c.pool, hit)[0]) == 0
+    assert len(reused.on_use(c.pool, hit)[0]) == 3
+    assert reused.uses(tuple(int(x) for x in hashes[0])) == 2
+
+    back = kv.WritePolicy("write_back")
+    c.free(a.seq)
+    assert len(back.before_allocate(c.pool, 4)[0]) == 0  # 4 plain free blocks go first
+    recycled, _, _ = back.before_allocate(c.pool, 8)
+    assert list(recycled) == c.pool.next_recycled(8) and len(recycled) == 3  # the 3 full blocks, tail first
+    with pytest.raises(kv.InvalidArgument, match="mode"):
+        kv.WritePolicy("sometimes")
+    with pytest.raises(kv.InvalidArgument, match="counters"):
+        kv.WritePolicy("write_through_reused", counters=1000)
+
+
+def test_bad_calls_are_typed_errors_that_change_nothing():
+    c = cache()
+    tiers = kv.Tiers(host_blocks=2, block_size=B)
+    chain = np.array([[1, 0], [2, 0], [3, 0]], dtype=np.uint64)
+    with pytest.raises(kv.OutOfBlocks, match="n_blocks=3"):
+        tiers.plan_store("device", "host", chain, np.array([1, 2, 3], dtype=np.int32))
+    with pytest.raises(kv.InvalidArgument, match="route"):
+        tiers.plan_store("host", "device", chain, np.array([1, 2, 3], dtype=np.int32))
+    with pytest.raises(kv.InvalidArgument, match="src"):
+        tiers.plan_store("device", "host", chain, np.array([1], dtype=np.int32))
+    with pytest.raises(kv.InvalidArgument, match="tier"):
+        tiers.plan_load("tape", "host", chain)
+    with pytest.raises(kv.InvalidArgument, match="disk_blocks"):
+        kv.Tiers(disk_blocks=-1)
+    with pytest.raises(kv.InvalidArgument, match="device_blocks"):
+        tiers.lookup(chain, 4, 13)
+    assert tiers.jobs_in_flight == 0 and tiers.counts("host") == {"capacity": 2, "free": 2, "ready": 0, "filling": 0, "published": 0}
+    with pytest.raises(kv.InvalidArgument, match="block"):
+        c.hold(np.array([0], dtype=np.int32))
+    with pytest.raises(kv.NotAllocated, match="block"):
+        c.hold(np.array([3], dtype=np.int32))
+    assert c.holds == 0 and c.free_blocks == 8
+    job = tiers.plan_store("device", "host", chain[:2], np.array([1, 2], dtype=np.int32))
+    tiers.reset()  # the engine dropped its copies: nothing was stored
+    with pytest.raises(kv.UnknownJob):
+        tiers.complete(job.id)
+    assert tiers.counts("host")["free"] == 2 and tiers.epoch == 1
+    tiers.check_invariants()
+
+
+def test_a_hybrid_cache_holds_blocks_too():
+    groups = kv.LayerGroups([kv.LayerGroup("full", [0], num_kv_heads=2, head_dim=8),
+                             kv.LayerGroup("sliding_window", [1], num_kv_heads=2, head_dim=8, window=8)], block_size=4)
+    h = kv.HybridCache(groups, num_blocks=13, max_sequences=2, max_tokens=32)
+    seq, _, _, _ = h.admit(np.arange(1, 17, dtype=np.int32))
+    blocks = [int(b) for g in range(2) for b in h.export_block_table(g, [seq], 8)[0] if b != 0]
+    hold = h.hold(blocks)
+    h.free(seq)
+    assert h.holds == 1 and h.free_blocks == 12 - len(blocks)
+    h.check_invariants()
+    h.release_hold(hold)
+    assert h.free_blocks == 12 and h.pool.num_used == 0
+
+
+def test_layer_by_layer_copy_into_a_host_tier_and_back():
+    g = geometry()
+    dev_mem = np.random.default_rng(3).standard_normal(g.pool_bytes(8) // 4).astype(np.float32)
+    host_mem = np.zeros(g.pool_bytes(8) // 4, dtype=np.float32)
+    dev, host = kv.PoolView(g, dev_mem, 8), kv.PoolView(g, host_mem, 8)
+    kv.block_copy(dev, host, np.array([[3, 0], [5, 1]], dtype=np.int32))
+    back_mem = np.zeros_like(dev_mem)
+    back = kv.PoolView(g, back_mem, 8)
+    for layer in range(2):  # onboard layer by layer: attention of layer 0 could start after the first launch
+        kv.block_copy(host, back, np.array([[0, 6], [1, 7]], dtype=np.int32), first_layer=layer, layers=1)
+    block = g.pool_bytes(8) // 4 // 8
+    np.testing.assert_array_equal(back_mem[6 * block:7 * block], dev_mem[3 * block:4 * block])
+    np.testing.assert_array_equal(back_mem[7 * block:8 * block], dev_mem[5 * block:6 * block])
