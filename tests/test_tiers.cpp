@@ -85,7 +85,17 @@ TEST_CASE("tiers: lookup walks device, then host, then disk, leaves the last tok
   CHECK(t.lookup(c, 2, 24, where)->blocks() == 5);  // 24 tokens: the last one is computed, so 5 blocks at most
   CHECK(t.lookup(c, 7, 100, where).status() == Status{Errc::invalid_argument, "device_blocks", 7, 6});
   CHECK(t.lookup(c, 0, 0, where).status() == Status{Errc::invalid_argument, "prompt_tokens", 0, 1});
+  const std::vector<Tier> poisoned(6, Tier::disk);
+  where = poisoned;
   CHECK(t.lookup(c, 0, 100, std::span(where).first(3)).status() == Status{Errc::buffer_too_small, "where", 3, 6});
+  CHECK(where == poisoned);  // an error writes nothing
+  // A `where` shorter than the cap but as long as the hit is filled alike.
+  const auto partial = chain(3, 6);
+  offload(t, std::vector<BlockHash>(partial.begin(), partial.begin() + 3));
+  CHECK(*t.lookup(partial, 1, 100, std::span(where).first(3)) == TierHits{.device = 1, .host = 2, .disk = 0});
+  CHECK(where[0] == Tier::device);
+  CHECK(where[1] == Tier::host);
+  CHECK(where[2] == Tier::host);
 }
 
 TEST_CASE("tiers: a block missing from host memory is served from disk, and a partial device hit loads only the rest") {

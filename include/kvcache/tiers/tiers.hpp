@@ -101,17 +101,21 @@ class Tiers {
     const std::int64_t cap = std::min<std::int64_t>(std::int64_t(chain.size()), (prompt_tokens - 1) / cfg_.block_size);
     if (device_blocks < 0 || device_blocks > cap) return Status{Errc::invalid_argument, "device_blocks", device_blocks, cap};
     TierHits h{.device = device_blocks};
+    // `where` sized for the cap (the usual case) is filled in the one walk;
+    // a shorter one is checked against the hit first, so an error writes nothing.
+    const bool direct = std::int64_t(where.size()) >= cap;
     std::int64_t i = device_blocks;
     for (; i < cap; ++i) {
+      Tier t = Tier::host;
       if (host_ && host_->find(chain[std::size_t(i)]) >= 0) ++h.host;
-      else if (disk_ && disk_->find(chain[std::size_t(i)]) >= 0) ++h.disk;
+      else if (disk_ && disk_->find(chain[std::size_t(i)]) >= 0) ++h.disk, t = Tier::disk;
       else break;
+      if (direct) where[std::size_t(i)] = t;
     }
     if (std::int64_t(where.size()) < i) return Status{Errc::buffer_too_small, "where", std::int64_t(where.size()), i};
-    for (std::int64_t j = 0; j < i; ++j)
-      where[std::size_t(j)] = j < device_blocks ? Tier::device
-                              : host_ && host_->find(chain[std::size_t(j)]) >= 0 ? Tier::host
-                                                                                   : Tier::disk;
+    for (std::int64_t j = device_blocks; !direct && j < i; ++j)
+      where[std::size_t(j)] = host_ && host_->find(chain[std::size_t(j)]) >= 0 ? Tier::host : Tier::disk;
+    std::fill(where.begin(), where.begin() + device_blocks, Tier::device);
     return h;
   }
 
