@@ -87,7 +87,9 @@ TEST_CASE("write policy: write-through filtered by reuse offloads a block once m
   CHECK(*policy.on_use(cache.pool(), blocks, out) == 0);  // one hit: not yet
   CHECK(policy.uses(cache.pool().hash(blocks[0])) == 1);
   CHECK(policy.on_use(cache.pool(), blocks, std::span(out).first(1)).status().code() == Errc::buffer_too_small);
-  CHECK(policy.uses(cache.pool().hash(blocks[0])) == 1);  // the refused call counted nothing
+  const BlockId bad[] = {blocks[0], 0};
+  CHECK(policy.on_use(cache.pool(), bad, out).status() == Status{Errc::invalid_argument, "blocks", 0, 8});
+  CHECK(policy.uses(cache.pool().hash(blocks[0])) == 1);  // the refused calls counted nothing
   REQUIRE(*policy.on_use(cache.pool(), blocks, out) == 2);
   CHECK(out[0].block == blocks[0]);
   CHECK(out[1].parent == cache.pool().hash(blocks[0]));

@@ -81,14 +81,17 @@ class WritePolicy {
   /// prompt's full blocks once written: the prefix hit and the blocks it
   /// computed). Each hashed block's use count goes up; those used min_uses
   /// times go to out (again on later uses: plan_store skips the blocks host
-  /// memory holds). Other modes: none. buffer_too_small, changing nothing,
-  /// when out is shorter than blocks.
+  /// memory holds). Other modes: none. buffer_too_small when out is shorter
+  /// than blocks, invalid_argument naming a block outside the pool; nothing
+  /// is counted then.
   Result<std::int32_t> on_use(const BlockPool& pool, std::span<const BlockId> blocks, std::span<Offload> out) noexcept {
     if (cfg_.mode != WriteMode::write_through_reused) return 0;
     if (out.size() < blocks.size()) return Status{Errc::buffer_too_small, "out", std::int64_t(out.size()), std::int64_t(blocks.size())};
+    for (const BlockId b : blocks)
+      if (!pool.valid(b)) return Status{Errc::invalid_argument, "blocks", b, pool.capacity() - 1};
     std::int32_t n = 0;
     for (const BlockId b : blocks) {
-      if (!pool.valid(b) || !pool.has_hash(b)) continue;
+      if (!pool.has_hash(b)) continue;  // not published: nothing to name it by
       std::uint16_t& c = uses_[std::size_t(pool.hash(b).lo & std::uint64_t(cfg_.counters - 1))];
       if (c < UINT16_MAX) ++c;
       if (c >= cfg_.min_uses) out[std::size_t(n++)] = of(pool, b);
