@@ -14,12 +14,12 @@
 
 #include <cstdint>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 #include "kvcache/block_hash.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
+#include "kvcache/hash_index.hpp"
 #include "kvcache/events.hpp"
 #include "kvcache/status.hpp"
 
@@ -32,7 +32,7 @@ class TierPool {
   /// event_capacity > 0 keeps stored/removed events naming the medium.
   /// ConfigError when num_blocks < 1.
   TierPool(Medium medium, std::int32_t num_blocks, std::int32_t event_capacity = 0)
-      : pool_(checked(num_blocks) + 1, event_capacity, 0, medium), medium_(medium) {}
+      : pool_(checked(num_blocks) + 1, event_capacity, 0, medium), filling_(num_blocks), medium_(medium) {}
 
   Medium medium() const noexcept { return medium_; }  ///< The tier's medium.
   std::int32_t capacity() const noexcept { return pool_.capacity() - 1; }  ///< Blocks (slots) in the tier.
@@ -41,7 +41,7 @@ class TierPool {
   /// Free blocks still holding a hash: what lookups find and stores recycle.
   std::int32_t num_ready() const noexcept { return pool_.num_cached(); }
   /// Blocks of stores in flight (allocated, not visible).
-  std::int32_t num_filling() const noexcept { return std::int32_t(filling_.size()); }
+  std::int32_t num_filling() const noexcept { return filling_.size(); }
   /// Distinct ready or pinned blocks with a hash.
   std::int32_t num_published() const noexcept { return pool_.num_published(); }
   /// Holders of slot s: 0 free or ready, 1 filling, the readers when pinned (a filling block has no reader).
@@ -53,7 +53,7 @@ class TierPool {
     return b < 0 ? -1 : b - 1;
   }
   /// True while a store of `h` is in flight.
-  bool filling(const BlockHash& h) const noexcept { return filling_.contains(h); }
+  bool filling(const BlockHash& h) const noexcept { return filling_.find(h) >= 0; }
   /// Slot s's hash (meaningful when find() returned s).
   const BlockHash& hash(std::int32_t s) const noexcept { return pool_.hash(s + 1); }
 
@@ -65,9 +65,11 @@ class TierPool {
   /// is the coordinator's to check (Tiers::check_invariants: one hold per job).
   Status check() const {
     if (auto st = pool_.check(); !st) return st;
-    for (const auto& [h, b] : filling_)
-      if (pool_.ref_count(b) != 1 || pool_.has_hash(b)) return Status{Errc::invariant_violated, "filling", b - 1, pool_.ref_count(b)};
-    return {};
+    Status st{};
+    filling_.for_each([&](const IndexKey&, BlockId b) {
+      if (st && (pool_.ref_count(b) != 1 || pool_.has_hash(b))) st = Status{Errc::invariant_violated, "filling", b - 1, pool_.ref_count(b)};
+    });
+    return st;
   }
   friend bool operator==(const TierPool& a, const TierPool& b) {
     return a.pool_ == b.pool_ && a.filling_ == b.filling_ && a.medium_ == b.medium_;
@@ -101,7 +103,7 @@ class TierPool {
   /// A block for a store of h (the caller checked num_free() and that h is neither found nor filling).
   std::int32_t begin_store(const BlockHash& h) noexcept {
     const BlockId b = *pool_.allocate_one();
-    filling_.emplace(h, b);
+    (void)filling_.insert(h, b);
     return b - 1;
   }
   /// The store of h into slot s completed: h becomes visible, the block ready.
@@ -132,12 +134,8 @@ class TierPool {
     if (n < 1 || n == INT32_MAX) throw ConfigError("kvcache::TierPool", Status{Errc::invalid_argument, "num_blocks", n, 1});
     return n;
   }
-  struct HashOf {
-    std::size_t operator()(const BlockHash& h) const noexcept { return std::size_t(h.lo ^ (h.hi * 0x9e3779b97f4a7c15ULL)); }
-  };
-
   BlockPool pool_;
-  std::unordered_map<BlockHash, BlockId, HashOf> filling_;  // stores in flight, by hash
+  HashIndex filling_;  // stores in flight, by hash: sized once, no allocation per store
   Medium medium_;
 };
 
