@@ -9,30 +9,16 @@
 #include <kvcache/cache/hybrid.hpp>
 #include <kvcache/tiers/tiers.hpp>
 
-#include <numeric>
 #include <vector>
 
+#include "device_cache_testing.hpp"
+
 using namespace kvcache;
+using kvtest::add_published;
+using kvtest::prompt;
 
 namespace {
 
-CacheConfig config(std::int32_t blocks = 9) {
-  return {.geometry = *Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 4}),
-          .num_blocks = blocks, .max_sequences = 4, .max_blocks_per_sequence = 8};
-}
-std::vector<std::int32_t> prompt(std::int32_t n, std::int32_t base = 1) {
-  std::vector<std::int32_t> p(static_cast<std::size_t>(n));
-  std::iota(p.begin(), p.end(), base);
-  return p;
-}
-// A sequence of n tokens, reserved and published (its full blocks cached).
-SeqId add(Cache<>& c, const std::vector<std::int32_t>& toks) {
-  const SeqId s = *c.add_sequence();
-  std::vector<std::int32_t> slots(toks.size());
-  REQUIRE(c.reserve(s, std::int32_t(toks.size()), slots).ok());
-  REQUIRE(c.publish(s, toks).ok());
-  return s;
-}
 std::vector<BlockId> blocks_of(const Cache<>& c, SeqId s) {
   const auto b = *c.table().blocks(s);
   return {b.begin(), b.end()};
@@ -41,10 +27,10 @@ std::vector<BlockId> blocks_of(const Cache<>& c, SeqId s) {
 }  // namespace
 
 TEST_CASE("holds: a request finishing while its offload runs keeps its blocks until the job completes") {
-  Cache<> cache(config());
+  Cache<> cache(kvtest::device_config());
   Tiers tiers({.host_blocks = 8, .block_size = 4});
   const auto toks = prompt(16);
-  const SeqId s = add(cache, toks);
+  const SeqId s = add_published(cache, toks);
   const auto blocks = blocks_of(cache, s);  // 4 full blocks, published
   std::vector<BlockHash> chain;
   for (const BlockId b : blocks) chain.push_back(cache.pool().hash(b));
@@ -77,7 +63,7 @@ TEST_CASE("holds: a request finishing while its offload runs keeps its blocks un
 }
 
 TEST_CASE("holds: an onboard into an aborted request's blocks keeps them until it completes, then they come back empty") {
-  Cache<> cache(config());
+  Cache<> cache(kvtest::device_config());
   Tiers tiers({.host_blocks = 8, .block_size = 4});
   std::vector<BlockHash> chain{{11, 1}, {12, 1}, {13, 1}};
   auto store = tiers.plan_store(Tier::device, Tier::host, chain, std::vector<std::int32_t>{1, 2, 3});
@@ -105,7 +91,7 @@ TEST_CASE("holds: an onboard into an aborted request's blocks keeps them until i
 }
 
 TEST_CASE("holds: a held tail block is copied on write, so a live row never writes into a hold") {
-  Cache<> cache(config());
+  Cache<> cache(kvtest::device_config());
   const SeqId s = *cache.add_sequence();
   std::vector<std::int32_t> slots(6);
   REQUIRE(cache.reserve(s, 6, slots).ok());  // block 2 of 4 tokens holds 2
@@ -122,8 +108,8 @@ TEST_CASE("holds: a held tail block is copied on write, so a live row never writ
 }
 
 TEST_CASE("holds: bad blocks are refused, naming the block, and nothing changes") {
-  Cache<> cache(config());
-  const SeqId s = add(cache, prompt(8));
+  Cache<> cache(kvtest::device_config());
+  const SeqId s = add_published(cache, prompt(8));
   const auto blocks = blocks_of(cache, s);
   const Cache<> before = cache;
   const std::vector<BlockId> with_null{blocks[0], BlockPool::null_block};

@@ -9,38 +9,20 @@
 #include <kvcache/tiers/tiers.hpp>
 #include <kvcache/tiers/write_policy.hpp>
 
-#include <numeric>
 #include <string>
 #include <vector>
 
+#include "device_cache_testing.hpp"
+
 using namespace kvcache;
-
-namespace {
-
-CacheConfig config(std::int32_t blocks = 9) {
-  return {.geometry = *Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 4}),
-          .num_blocks = blocks, .max_sequences = 4, .max_blocks_per_sequence = 8, .event_capacity = 64};
-}
-std::vector<std::int32_t> prompt(std::int32_t n, std::int32_t base = 1) {
-  std::vector<std::int32_t> p(static_cast<std::size_t>(n));
-  std::iota(p.begin(), p.end(), base);
-  return p;
-}
-SeqId add(Cache<>& c, const std::vector<std::int32_t>& toks) {
-  const SeqId s = *c.add_sequence();
-  std::vector<std::int32_t> slots(toks.size());
-  REQUIRE(c.reserve(s, std::int32_t(toks.size()), slots).ok());
-  REQUIRE(c.publish(s, toks).ok());
-  return s;
-}
-
-}  // namespace
+using kvtest::add_published;
+using kvtest::prompt;
 
 TEST_CASE("write policy: write-through offloads every published block, naming the parents the device's events named") {
-  Cache<> cache(config());
+  Cache<> cache(kvtest::device_config(9, 64));
   Tiers tiers({.host_blocks = 16, .block_size = 4, .event_capacity = 16});
   WritePolicy policy({.mode = WriteMode::write_through});
-  const SeqId s = add(cache, prompt(12));
+  const SeqId s = add_published(cache, prompt(12));
   std::vector<BlockEvent> ev(16);
   ev.resize(std::size_t(cache.drain_events(ev)));
   REQUIRE(ev.size() == 3);
@@ -74,11 +56,11 @@ TEST_CASE("write policy: write-through offloads every published block, naming th
 }
 
 TEST_CASE("write policy: write-through filtered by reuse offloads a block once min_uses prompts used it") {
-  Cache<> cache(config());
+  Cache<> cache(kvtest::device_config(9, 64));
   Tiers tiers({.host_blocks = 16, .block_size = 4});
   WritePolicy policy({.mode = WriteMode::write_through_reused, .min_uses = 2});
   const auto toks = prompt(12);
-  (void)add(cache, toks);
+  (void)add_published(cache, toks);
   std::vector<BlockId> hit(8);
   const auto h = std::int32_t(cache.match_prefix(toks, {}, hit));  // 2: the last token is computed
   REQUIRE(h == 2);
@@ -107,11 +89,11 @@ TEST_CASE("write policy: write-through filtered by reuse offloads a block once m
 }
 
 TEST_CASE("write policy: write-back names the cached blocks the next allocations recycle, before they do") {
-  Cache<> cache(config());
+  Cache<> cache(kvtest::device_config(9, 64));
   Tiers tiers({.host_blocks = 16, .block_size = 4});
   WritePolicy policy({.mode = WriteMode::write_back});
   const auto toks = prompt(16);
-  const SeqId s = add(cache, toks);
+  const SeqId s = add_published(cache, toks);
   const auto blocks = std::vector<BlockId>(cache.table().blocks(s)->begin(), cache.table().blocks(s)->end());
   REQUIRE(cache.free(s).ok());  // 4 cached blocks in the LRU, after 4 plain free ones
   std::vector<Offload> out(8);
@@ -154,7 +136,7 @@ TEST_CASE("write policy: bad settings are refused, naming the field") {
 }
 
 TEST_CASE("hash_chain names a prompt's blocks as the device cache publishes them, the chain every tier looks up") {
-  Cache<> cache(config());
+  Cache<> cache(kvtest::device_config(9, 64));
   const auto toks = prompt(14);
   const PrefixKey key{.salt = 5, .extra = 9};
   const ExtraKey image[] = {{.begin = 5, .end = 7, .key = 77}};

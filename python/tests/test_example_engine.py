@@ -11,7 +11,6 @@ kvcache_serve comes from the host build (scripts/python builds it and sets
 KVCACHE_SERVE); without one the comparison is skipped, never passed.
 """
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -26,6 +25,7 @@ sys.path.insert(0, str(ROOT / "examples" / "python"))
 import engine as eng  # noqa: E402
 import model as mdl  # noqa: E402
 import serve  # noqa: E402
+from engine_binaries import binary  # noqa: E402
 
 import kvcache as kv  # noqa: E402
 
@@ -42,14 +42,7 @@ def model():
 
 
 def serve_binary():
-    given = os.environ.get("KVCACHE_SERVE")
-    if given:
-        assert pathlib.Path(given).is_file(), f"KVCACHE_SERVE={given} does not exist"
-        return given
-    built = ROOT / "build" / "host" / "examples" / "kvcache_serve"
-    if not built.is_file():
-        pytest.skip("no kvcache_serve: build the host preset (scripts/python does) or set KVCACHE_SERVE")
-    return str(built)
+    return binary("KVCACHE_SERVE", "kvcache_serve")
 
 
 def run_cpp(tmp_path, policy):

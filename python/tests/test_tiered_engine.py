@@ -8,7 +8,6 @@ kvcache_multiturn comes from the host build (scripts/python builds it and sets
 KVCACHE_MULTITURN); without one the comparison is skipped, never passed.
 """
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -21,6 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "python"))
 import model as mdl  # noqa: E402
 import tiered  # noqa: E402
+from engine_binaries import binary  # noqa: E402
 
 WORKLOAD = dict(conversations=3, turns=3, first=64, user=16, new=8, device=14, host=64, chunk=64)
 
@@ -51,20 +51,9 @@ def test_every_write_policy_serves_recomputes_tokens_from_host_memory(runs):
         assert all(t["host_hit"] == 0 for t in r["turns"][:WORKLOAD["conversations"]])  # first turns find nothing
 
 
-def multiturn_binary():
-    given = os.environ.get("KVCACHE_MULTITURN")
-    if given:
-        assert pathlib.Path(given).is_file(), f"KVCACHE_MULTITURN={given} does not exist"
-        return given
-    built = ROOT / "build" / "host" / "examples" / "kvcache_multiturn"
-    if not built.is_file():
-        pytest.skip("no kvcache_multiturn: build the host preset (scripts/python does) or set KVCACHE_MULTITURN")
-    return str(built)
-
-
 def test_the_cpp_engine_makes_the_same_choices(runs, tmp_path):
     out = tmp_path / "multiturn.json"
-    args = [multiturn_binary(), "--json", str(out)]
+    args = [binary("KVCACHE_MULTITURN", "kvcache_multiturn"), "--json", str(out)]
     for k, v in WORKLOAD.items():
         args += [f"--{k}", str(v)]
     subprocess.run(args, check=True, capture_output=True)
