@@ -37,11 +37,12 @@ static_assert(SelectionPolicy<SelectAll> && !SelectionPolicy<NotAPolicy>);
 static_assert(!Cache<>::provided_signals.covers(NeedsScores::required_signals));
 
 // Empty policies and the default hasher take no space in the cache: it is
-// the pool, the table and the prefix cache's state.
+// the pool, the table, the transfers' holds and the prefix cache's state.
 struct BareLayout {
   Geometry g;
   BlockPool p;
   PageTable t;
+  BlockHolds holds;
   PrefixState prefix;
 };
 static_assert(sizeof(Cache<>) == sizeof(BareLayout));
