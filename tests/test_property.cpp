@@ -104,8 +104,8 @@ TEST_CASE("random operations on a hybrid cache (full, window, chunked, cross ove
   for (std::uint64_t i = 0; i < ops; ++i) h.step();
   std::printf("test_property (hybrid): %lld admitted, %lld hits (%lld tokens), %lld rejected\n", static_cast<long long>(h.admits),
               static_cast<long long>(h.hits), static_cast<long long>(h.hit_tokens), static_cast<long long>(h.failures));
-  if (ops >= 10'000) {
-    CHECK(h.hits > 100);
+  if (ops >= 10'000) {  // coverage floors, in proportion: held blocks (a transfer's) make hits rarer
+    CHECK(h.hits > std::int64_t(ops / 250));
     CHECK(h.failures > 100);
   }
 }
