@@ -61,6 +61,22 @@ inline kv::ScoreKind score_kind(const std::string& kind) {
   return {};
 }
 
+// Every cache, HybridCache too: its pool, read only (a WritePolicy reads
+// it), and the holds transfers keep on its blocks.
+template <class C>
+void bind_holds(nb::class_<C>& c) {
+  c.def_prop_ro("pool", [](const C& self) -> const kv::BlockPool& { return self.pool(); }, nb::rv_policy::reference_internal)
+      .def("hold",
+           [](C& self, nb::handle blocks) {
+             Array<std::int32_t> b;
+             in_arg(b, blocks, "blocks");
+             return check(self.hold(cspan(b)));
+           },
+           nb::arg("blocks"))
+      .def("release_hold", [](C& self, std::uint64_t id) { check(self.release_hold(id)); }, nb::arg("hold"))
+      .def_prop_ro("holds", [](const C& self) { return self.holds().size(); });
+}
+
 template <class C>
 void bind_common(nb::class_<C>& c) {
   c.def_prop_ro("block_size", &C::block_size)
@@ -80,18 +96,8 @@ void bind_common(nb::class_<C>& c) {
       .def_prop_ro("free_blocks", &C::free_blocks)
       .def_prop_ro("free_sequences", &C::free_sequences)
       .def_prop_ro("max_tokens_after_eviction", &C::max_tokens_after_eviction)
-      // The pool, read only (a WritePolicy reads it), and the holds transfers keep on its blocks.
-      .def_prop_ro("pool", [](const C& self) -> const kv::BlockPool& { return self.pool(); }, nb::rv_policy::reference_internal)
-      .def("hold",
-           [](C& self, nb::handle blocks) {
-             Array<std::int32_t> b;
-             in_arg(b, blocks, "blocks");
-             return check(self.hold(cspan(b)));
-           },
-           nb::arg("blocks"))
-      .def("release_hold", [](C& self, std::uint64_t id) { check(self.release_hold(id)); }, nb::arg("hold"))
-      .def_prop_ro("holds", [](const C& self) { return self.holds().size(); })
       .def("check_invariants", [](const C& self) { check(self.check_invariants()); });
+  bind_holds(c);
 }
 
 }  // namespace kvpy

@@ -115,7 +115,8 @@ void register_hybrid(nb::module_& m) {
            },
            nb::arg("requests"), nb::arg("length"), nb::arg("prefill_chunk") = 0);
 
-  nb::class_<Hybrid>(m, "HybridCache")
+  nb::class_<Hybrid> hybrid(m, "HybridCache");
+  hybrid
       .def(
           "__init__",
           [](Hybrid* self, const Groups& g, std::int32_t num_blocks, std::int32_t max_sequences, std::int32_t max_tokens,
@@ -222,17 +223,8 @@ void register_hybrid(nb::module_& m) {
              const auto u = self.usage(g);
              return std::make_pair(u.held, u.cached);
            })
-      .def_prop_ro("pool", [](const Hybrid& self) -> const kv::BlockPool& { return self.pool(); }, nb::rv_policy::reference_internal)
-      .def("hold",
-           [](Hybrid& self, nb::handle blocks) {
-             Array<std::int32_t> b;
-             in_arg(b, blocks, "blocks");
-             return check(self.hold(cspan(b)));
-           },
-           nb::arg("blocks"))
-      .def("release_hold", [](Hybrid& self, std::uint64_t id) { check(self.release_hold(id)); }, nb::arg("hold"))
-      .def_prop_ro("holds", [](const Hybrid& self) { return self.holds().size(); })
       .def("check_invariants", [](const Hybrid& self) { check(self.check_invariants()); });
+  bind_holds(hybrid);
 
   // A group's view of a hybrid pool for the kernels (kvcache.PoolView.of_group wraps it).
   m.def(
