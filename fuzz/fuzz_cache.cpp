@@ -80,6 +80,13 @@ struct Run {
   kv::PoolView pool = *kv::make_pool_view(*kv::Geometry::make(spec), mem.data(), kBlocks);
   std::vector<kv::SeqId> live;
   std::vector<std::uint64_t> holds;  // transfers' holds not yet released
+  struct Import {
+    std::uint64_t id;
+    std::vector<std::int32_t> prompt;
+    std::int32_t cached;
+    std::vector<kv::BlockId> blocks;
+  };
+  std::vector<Import> imports;  // imports not yet committed or aborted
 
   Run(Policy p, Input& in)
       : cache({.geometry = *kv::Geometry::make(spec), .num_blocks = kBlocks, .max_sequences = kSeqs,
@@ -228,6 +235,39 @@ struct Run {
         const auto prompt = text(0, std::size_t(in.upto(40)));
         const auto ex = extras(in);
         const kv::PrefixKey key{.salt = in.byte() % 2, .extra = in.byte() % 2};
+        if (const std::uint32_t how = in.byte() % 4; how >= 2) {  // a peer's prompt: import, commit or abort one
+          if (how == 3 && !imports.empty()) {
+            const std::size_t i = in.byte() % imports.size();
+            const Import im = imports[i];
+            if (in.byte() % 3 == 0) {
+              auto r = cache.abort_import(in.byte() % 8 == 0 ? im.id + 99 : im.id);
+              st = r.status();
+              if (r) {
+                if (r->cached_tokens != im.cached) fail("abort: cached tokens", std::to_string(r->cached_tokens));
+                imports.erase(imports.begin() + std::ptrdiff_t(i));
+                live.push_back(r->seq);
+              }
+              break;
+            }
+            const bool wrong = in.byte() % 8 == 0;
+            auto r = cache.commit_import(im.id, wrong ? std::span(im.prompt).first(im.prompt.size() - 1) : std::span(im.prompt), ex);
+            st = r.status();
+            if (r) {
+              std::vector<std::int32_t> slots;  // the transfer wrote the received positions
+              for (std::int32_t p = im.cached; p < std::int32_t(im.prompt.size()); ++p)
+                slots.push_back(im.blocks[std::size_t((p - im.cached) / B)] * B + p % B);
+              write(slots, {}, im.cached);
+              imports.erase(imports.begin() + std::ptrdiff_t(i));
+              live.push_back(r->seq);
+            }
+            break;
+          }
+          std::vector<kv::BlockId> blocks(std::size_t(in.upto(12)));
+          auto r = cache.import(prompt, blocks, {.key = key, .extras = ex, .max_new = in.byte() % 2 ? -1 : in.wide()});
+          st = r.status();
+          if (r) imports.push_back({r->id, prompt, r->cached_tokens, blocks});
+          break;
+        }
         if (in.byte() % 2) {
           auto r = cache.add_sequence(prompt, key, ex);
           if (r) live.push_back(r->seq);

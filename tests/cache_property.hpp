@@ -8,8 +8,11 @@
 // block with a hash reachable, and (publishing on reserve) every full block
 // whose ids were given published. A freed sequence's blocks are sometimes
 // held first (a transfer still copying them): until the hold is released
-// they keep exactly what they held. Failed calls must leave the cache
-// bit-for-bit as it was.
+// they keep exactly what they held. Prompts are also imported (a peer
+// computes them): pending rows are never handed out, their received blocks
+// stay unpublished and unshared, and each import commits (the "transfer"
+// wrote them) or aborts (the rest is recomputed). Failed calls must leave
+// the cache bit-for-bit as it was.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -67,7 +70,8 @@ class Harness {
     before_ = cache_;
     const auto pick = rng_() % 100;
     if (pick < 8) op_add();
-    else if (pick < 12) op_admit();
+    else if (pick < 10) op_admit();
+    else if (pick < 12) op_import();
     else if (pick < 40) op_reserve();
     else if (pick < 52) op_batch();
     else if (pick < 60) op_truncate();
@@ -79,7 +83,7 @@ class Harness {
     verify();
   }
 
-  std::int64_t prefix_hits = 0, cows = 0, failures = 0, successes = 0, admits = 0;
+  std::int64_t prefix_hits = 0, cows = 0, failures = 0, successes = 0, admits = 0, commits = 0, aborts = 0;
 
  private:
   // --- helpers ---------------------------------------------------------------
@@ -143,7 +147,7 @@ class Harness {
   void op_add() {
     op_ = "add";
     const PrefixKey key{.salt = std::uint64_t(rand_int(2)), .extra = 0};
-    const bool full = std::int32_t(live_.size()) == kSeqs;
+    const bool full = std::int32_t(live_.size() + imports_.size()) == kSeqs;
     if (rand_int(2) == 0) {
       auto r = cache_.add_sequence(key);
       if (full) return expect_failure(r.status(), Errc::capacity_exceeded);
@@ -184,7 +188,7 @@ class Harness {
     const bool can = cache_.can_admit(prompt, opt);
     const std::int32_t free_before = cache_.free_blocks();
     auto r = cache_.admit(prompt, slots, opt);
-    if (std::int32_t(live_.size()) == kSeqs) return expect_failure(r.status(), Errc::capacity_exceeded);
+    if (std::int32_t(live_.size() + imports_.size()) == kSeqs) return expect_failure(r.status(), Errc::capacity_exceeded);
     if (std::int32_t(slots.size()) < reserve) return expect_failure(r.status(), Errc::buffer_too_small);
     if (fresh > free_before - free_hits) return expect_failure(r.status(), Errc::out_of_blocks);
     if (opt.max_new >= 0 && life - (m - free_hits) > available) return expect_failure(r.status(), Errc::out_of_blocks);
@@ -200,6 +204,51 @@ class Harness {
     s.pending.assign(prompt.begin() + cached + reserve, prompt.end());
     write(s, std::span(slots).first(std::size_t(reserve)), toks, true);
     live_.push_back(std::move(s));
+  }
+
+  // A peer computed a prompt: import it, or settle an import in flight.
+  void op_import() {
+    op_ = "import";
+    if (!imports_.empty() && rand_int(2) == 0) return settle(std::size_t(rand_int(std::int32_t(imports_.size()))));
+    auto prompt = random_prompt();
+    const PrefixKey key{.salt = std::uint64_t(rand_int(2)), .extra = 0};
+    std::vector<BlockId> hit(kPerSeq);
+    const std::int32_t m = cache_.match_prefix(prompt, key, hit);
+    std::int32_t free_hits = 0;
+    for (std::int32_t b = 0; b < m; ++b) free_hits += cache_.pool().ref_count(hit[std::size_t(b)]) == 0 ? 1 : 0;
+    const std::int32_t fresh = (std::int32_t(prompt.size()) + B - 1) / B - m;
+    std::vector<BlockId> blocks(std::size_t(rand_int(20) == 0 ? std::max(fresh - 1, 0) : fresh));
+    const std::int32_t free_before = cache_.free_blocks();
+    auto r = cache_.import(prompt, blocks, {.key = key});
+    if (std::int32_t(live_.size() + imports_.size()) == kSeqs) return expect_failure(r.status(), Errc::capacity_exceeded);
+    if (fresh > free_before - free_hits) return expect_failure(r.status(), Errc::out_of_blocks);
+    if (std::int32_t(blocks.size()) < fresh) return expect_failure(r.status(), Errc::buffer_too_small);
+    expect_ok(r.status());
+    REQUIRE(r->cached_tokens == m * B);
+    REQUIRE(r->num_blocks == fresh);
+    imports_.push_back({r->id, std::move(prompt), key, r->cached_tokens, std::move(blocks)});
+  }
+  // The transfer of import i landed (its bytes are written, then commit) or failed (abort).
+  void settle(std::size_t i) {
+    Import im = std::move(imports_[i]);
+    imports_.erase(imports_.begin() + std::ptrdiff_t(i));
+    if (rand_int(3) != 0) {
+      for (std::size_t p = std::size_t(im.cached); p < im.prompt.size(); ++p)
+        mem_[std::size_t(im.blocks[(p - std::size_t(im.cached)) / B]) * B + p % B] = im.prompt[p];
+      auto r = cache_.commit_import(im.id, im.prompt);
+      expect_ok(r.status());
+      ++commits;
+      live_.push_back(Seq{r->seq, im.prompt, {}, im.key, im.prompt.size()});
+      return;
+    }
+    auto r = cache_.abort_import(im.id);
+    expect_ok(r.status());
+    ++aborts;
+    REQUIRE(r->cached_tokens == im.cached);
+    REQUIRE(r->recompute == std::int32_t(im.prompt.size()) - im.cached);
+    const auto c = std::size_t(im.cached);
+    live_.push_back(Seq{r->seq, {im.prompt.begin(), im.prompt.begin() + std::ptrdiff_t(c)},
+                        {im.prompt.begin() + std::ptrdiff_t(c), im.prompt.end()}, im.key, c});
   }
 
   void op_reserve() {
@@ -300,7 +349,7 @@ class Harness {
     Seq* s = random_live();
     if (!s) return;
     auto r = cache_.fork(s->id);
-    if (std::int32_t(live_.size()) == kSeqs) return expect_failure(r.status(), Errc::capacity_exceeded);
+    if (std::int32_t(live_.size() + imports_.size()) == kSeqs) return expect_failure(r.status(), Errc::capacity_exceeded);
     expect_ok(r.status());
     Seq child = *s;
     child.id = *r;
@@ -347,7 +396,11 @@ class Harness {
   void op_reset() {
     op_ = "reset";
     if (rand_int(4) == 0)  // sometimes empty the cache first, so the reset can succeed
-      while (!live_.empty()) {
+      while (!live_.empty() || !imports_.empty()) {
+        if (!imports_.empty()) {
+          settle(imports_.size() - 1);
+          continue;
+        }
         expect_ok(cache_.free(live_.back().id));
         dead_.push_back(live_.back().id);
         live_.pop_back();
@@ -376,7 +429,9 @@ class Harness {
     }
     const BlockId bad[] = {BlockPool::null_block, kBlocks};
     switch (rand_int(4)) {
-      case 0: return expect_failure(cache_.release_hold(1u << 30), Errc::unknown_job);
+      case 0:
+        if (rand_int(2) == 0) return expect_failure(cache_.commit_import(1u << 30, {}).status(), Errc::unknown_job);
+        return expect_failure(cache_.release_hold(1u << 30), Errc::unknown_job);
       case 1: return expect_failure(cache_.hold(std::span(bad).subspan(std::size_t(rand_int(2)), 1)).status(), Errc::invalid_argument);
       case 2:
         for (BlockId b = 1; b < kBlocks; ++b)  // a plain free block has nothing to keep
@@ -396,7 +451,13 @@ class Harness {
       INFO(st.message());
       REQUIRE(st.ok());
     }
-    REQUIRE(cache_.table().num_streams() == std::int32_t(live_.size()));
+    REQUIRE(cache_.table().num_streams() == std::int32_t(live_.size() + imports_.size()));
+    REQUIRE(cache_.imports().size() == std::int32_t(imports_.size()));
+    for (const Import& im : imports_)  // pending: unpublished, held by the import alone
+      for (std::int32_t k = 0; k < (std::int32_t(im.prompt.size()) + B - 1) / B - im.cached / B; ++k) {
+        REQUIRE(cache_.pool().ref_count(im.blocks[std::size_t(k)]) == 1);
+        REQUIRE_FALSE(cache_.pool().has_hash(im.blocks[std::size_t(k)]));
+      }
     REQUIRE(cache_.holds().size() == std::int32_t(holds_.size()));
     for (const Hold& h : holds_)  // a held block is never written: no reserve hands it out
       for (std::size_t k = 0; k < h.blocks.size(); ++k)
@@ -458,6 +519,14 @@ class Harness {
     std::vector<std::int32_t> content;  // what the blocks held when the hold began
   };
   std::vector<Hold> holds_;
+  struct Import {
+    std::uint64_t id;
+    std::vector<std::int32_t> prompt;
+    PrefixKey key;
+    std::int32_t cached;
+    std::vector<BlockId> blocks;  // received, from the first uncached block
+  };
+  std::vector<Import> imports_;
   std::vector<std::int32_t> templates_[3];
   std::set<Hash3> published_;
 };

@@ -1,6 +1,6 @@
 // What the tests of device-side holds and write policies share: a small
 // device cache (blocks of 4 tokens), prompts of consecutive token ids, and a
-// sequence reserved and published whole (its full blocks cached).
+// sequence reserved and published whole (its full blocks cached), a row's blocks.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -20,6 +20,10 @@ inline std::vector<std::int32_t> prompt(std::int32_t n, std::int32_t base = 1) {
   std::vector<std::int32_t> p(static_cast<std::size_t>(n));
   std::iota(p.begin(), p.end(), base);
   return p;
+}
+inline std::vector<kvcache::BlockId> blocks_of(const kvcache::Cache<>& c, kvcache::SeqId s) {
+  const auto b = *c.table().blocks(s);
+  return {b.begin(), b.end()};
 }
 inline kvcache::SeqId add_published(kvcache::Cache<>& c, const std::vector<std::int32_t>& toks) {
   const kvcache::SeqId s = *c.add_sequence();

@@ -15,16 +15,8 @@
 
 using namespace kvcache;
 using kvtest::add_published;
+using kvtest::blocks_of;
 using kvtest::prompt;
-
-namespace {
-
-std::vector<BlockId> blocks_of(const Cache<>& c, SeqId s) {
-  const auto b = *c.table().blocks(s);
-  return {b.begin(), b.end()};
-}
-
-}  // namespace
 
 TEST_CASE("holds: a request finishing while its offload runs keeps its blocks until the job completes") {
   Cache<> cache(kvtest::device_config());

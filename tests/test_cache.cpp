@@ -44,6 +44,7 @@ struct BareLayout {
   PageTable t;
   BlockHolds holds;
   PrefixState prefix;
+  PendingImports imports;
 };
 static_assert(sizeof(Cache<>) == sizeof(BareLayout));
 

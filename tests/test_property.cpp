@@ -39,15 +39,19 @@ void run_property(std::uint64_t seed, std::uint64_t ops) {
   INFO("replay with KVCACHE_SEED=" << seed << " (block size " << B << ")");
   kvtest::Harness<B, Auto> h(seed);
   for (std::uint64_t i = 0; i < ops; ++i) h.step();
-  std::printf("test_property: %lld ok, %lld rejected, %lld prefix hits, %lld copy-on-write, %lld admitted\n",
+  std::printf("test_property: %lld ok, %lld rejected, %lld prefix hits, %lld copy-on-write, %lld admitted, %lld imports "
+              "committed, %lld aborted\n",
               static_cast<long long>(h.successes), static_cast<long long>(h.failures),
-              static_cast<long long>(h.prefix_hits), static_cast<long long>(h.cows), static_cast<long long>(h.admits));
+              static_cast<long long>(h.prefix_hits), static_cast<long long>(h.cows), static_cast<long long>(h.admits),
+              static_cast<long long>(h.commits), static_cast<long long>(h.aborts));
   // The run must have exercised the interesting paths, not only trivial ones.
   if (ops >= 100'000) {
     CHECK(h.prefix_hits > 100);
     CHECK(h.cows > 100);
     CHECK(h.failures > 1000);
-    CHECK(h.admits > 1000);
+    CHECK(std::uint64_t(h.admits) > ops / 200);
+    CHECK(std::uint64_t(h.commits) > ops / 1000);
+    CHECK(std::uint64_t(h.aborts) > ops / 4000);
   }
 }
 

@@ -9,6 +9,8 @@
 //                  a row the caller owns: head-paged admission keeps its rows)
 //   extend_tail    n more tokens in a tail block the caller alone writes
 //                  (reserve() without the pool: admission's decode step)
+//   append_fresh   n more tokens in new blocks after a whole-block row, with
+//                  no slots (import(): a peer writes them)
 // Eviction never lowers `appended` (tokens ever appended): bounds use it.
 #pragma once
 
@@ -143,6 +145,28 @@ struct PageTableEdits {
     st.tokens += n;
     st.appended += n;
     return t.row(s.index)[st.nblocks - 1] * t.block_size_ + off;
+  }
+
+  /// n more tokens of s in fresh blocks (their ids in out[0..k), k returned),
+  /// all or nothing: s must end on a block boundary (a prefix hit or empty),
+  /// with room for n more tokens (capacity_exceeded), out room for the
+  /// blocks (buffer_too_small) and the pool that many free (out_of_blocks).
+  static Result<std::int32_t> append_fresh(PageTable& t, BlockPool& pool, SeqId s, std::int32_t n, std::span<BlockId> out) noexcept {
+    if (auto st = t.validate(s); !st) return st;
+    PageTable::Stream& st = t.st_[s.index];
+    if (n < 0) return Status{Errc::invalid_argument, "n_tokens", n, 0};
+    if (st.front != 0 || t.mod_b(st.tokens) != 0) return Status{Errc::invalid_argument, "tokens (not whole blocks)", st.tokens, 0};
+    if (n > t.max_tokens_ - st.tokens) return Status{Errc::capacity_exceeded, "n_tokens", n, t.max_tokens_ - st.tokens};
+    const std::int32_t k = t.blocks_for(std::int64_t{st.tokens} + n) - st.nblocks;
+    if (out.size() < std::size_t(k)) return Status{Errc::buffer_too_small, "blocks", std::int64_t(out.size()), k};
+    if (k > pool.num_free()) return Status{Errc::out_of_blocks, "n_blocks", k, pool.num_free()};
+    const std::span<BlockId> fresh{t.row(s.index) + st.nblocks, std::size_t(k)};
+    (void)pool.allocate(fresh);  // checked: enough are free
+    std::copy(fresh.begin(), fresh.end(), out.begin());
+    st.nblocks += k;
+    st.tokens += n;
+    st.appended += n;
+    return k;
   }
 
   /// The empty live row `into` takes every block of `from` (one more holder

@@ -30,6 +30,7 @@ enum class Errc : std::uint8_t {
   blocks_in_use,       // an operation that needs every block free
   invariant_violated,  // check() found corrupted state (a bug, never bad input)
   unknown_job,         // a transfer job never planned, already completed, or from before a reset
+  layout_mismatch,     // a remote KV layout that cannot be copied into this one (the field that differs)
 };
 
 /// The code's name, as in messages.
@@ -50,6 +51,7 @@ constexpr const char* to_string(Errc e) noexcept {
     case Errc::blocks_in_use: return "blocks_in_use";
     case Errc::invariant_violated: return "invariant_violated";
     case Errc::unknown_job: return "unknown_job";
+    case Errc::layout_mismatch: return "layout_mismatch";
   }
   return "unknown_errc";
 }

@@ -96,6 +96,12 @@ class UnknownJob(Error, LookupError):
     code = "unknown_job"
 
 
+class LayoutMismatch(Error, ValueError):
+    """A remote KV layout (a peer's handshake) that cannot be copied into this one: names the field."""
+
+    code = "layout_mismatch"
+
+
 # In kvcache::Errc order (index = the code's value; 0 is ok).
 BY_CODE = [
     Error,
@@ -113,4 +119,5 @@ BY_CODE = [
     BlocksInUse,
     InvariantViolated,
     UnknownJob,
+    LayoutMismatch,
 ]

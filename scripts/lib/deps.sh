@@ -13,5 +13,5 @@ kvcache_ensure_packages() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# What every build needs; benchmarks and reports add theirs.
-KVCACHE_BUILD_PACKAGES=(cmake make g++ catch2 libfmt-dev)
+# What every build needs (libzmq: the KV-event publisher example); benchmarks and reports add theirs.
+KVCACHE_BUILD_PACKAGES=(cmake make g++ catch2 libfmt-dev pkg-config libzmq3-dev)

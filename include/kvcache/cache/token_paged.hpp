@@ -19,12 +19,14 @@
 #include "kvcache/config.hpp"
 #include "kvcache/eviction/plan.hpp"
 #include "kvcache/eviction/row_eviction.hpp"
+#include "kvcache/page_table_edits.hpp"
 #include "kvcache/page_table_export.hpp"
 #include "kvcache/policy.hpp"
 #include "kvcache/prefix_cache.hpp"
 #include "kvcache/prefix_sharing.hpp"
 #include "kvcache/selection/row_selection.hpp"
 #include "kvcache/status.hpp"
+#include "kvcache/transfer/pending_imports.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -58,7 +60,8 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
         selection_(selection),
         eviction_(eviction),
         hasher_(hasher),
-        prefix_(cfg.num_blocks, cfg.geometry.block_size(), cfg.max_sequences, cfg.max_blocks_per_sequence, cfg.publish_on_reserve) {
+        prefix_(cfg.num_blocks, cfg.geometry.block_size(), cfg.max_sequences, cfg.max_blocks_per_sequence, cfg.publish_on_reserve),
+        imports_(cfg.max_sequences) {
     const GeometrySpec& g = cfg.geometry.spec();
     admission_.bind(cfg.max_sequences, cfg.publish_on_reserve);
     eviction_.bind({cfg.max_sequences, cfg.max_blocks_per_sequence * g.block_size, g.block_size});
@@ -120,6 +123,49 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
     if (st) notify(hooks::freed, s);
     return st;
   }
+
+  // --- imports: a peer computed the prompt (transfer/pending_imports.hpp) ---
+  /// A sequence for `prompt` whose KV a peer computed: the cached prefix is
+  /// shared as admit() shares it, and fresh blocks for the rest go to
+  /// blocks[0 .. num_blocks), pending until commit_import() or abort_import().
+  /// All or nothing, with admit()'s errors (blocks: buffer_too_small).
+  Result<ImportPlan> import(std::span<const std::int32_t> prompt, std::span<BlockId> blocks, const ImportOptions& opt = {}) noexcept {
+    auto plan = admit_plan(prompt, {.key = opt.key, .extras = opt.extras, .max_new = opt.max_new}, -1);
+    if (!plan) return plan.status();
+    if (std::int64_t(blocks.size()) < plan->fresh) return Status{Errc::buffer_too_small, "blocks", std::int64_t(blocks.size()), plan->fresh};
+    const SeqId s = PrefixSharing::adopt(table_, pool_, opt.key, prefix_.hits(plan->hit.blocks));
+    const std::int32_t cached = plan->hit.blocks * this->block_size(), n = std::int32_t(prompt.size()) - cached;
+    prefix_.adopted(s, std::int64_t(prompt.size()), cached);
+    if (opt.max_new >= 0) prefix_.promise(s.index, plan->lifetime);
+    (void)PageTableEdits::append_fresh(table_, pool_, s, n, blocks);  // the plan checked room and blocks
+    return ImportPlan{imports_.add(s, std::int32_t(prompt.size()), cached), cached, plan->hit.blocks, plan->fresh};
+  }
+  /// The transfer of import `id` landed: its blocks are published from
+  /// `prompt` (the same tokens) and the sequence is handed out. unknown_job
+  /// for an id not in flight; invalid_argument for a prompt of another length.
+  Result<ImportCommit> commit_import(std::uint64_t id, std::span<const std::int32_t> prompt,
+                                     std::span<const ExtraKey> extras = {}) noexcept {
+    auto e = imports_.find(id);
+    if (!e) return e.status();
+    if (std::int64_t(prompt.size()) != e->tokens) return Status{Errc::invalid_argument, "prompt.size", std::int64_t(prompt.size()), e->tokens};
+    auto published = publish(e->seq, prompt, extras);
+    if (!published) return published.status();
+    imports_.remove(id);
+    notify(hooks::reserved, e->seq, e->tokens - e->cached, BlockCopy{});  // selection: the received pages' bounds are stale
+    return ImportCommit{e->seq, *published};
+  }
+  /// The transfer of import `id` failed or timed out: its received blocks go
+  /// back unpublished, and the sequence is handed out with the cached prefix
+  /// only. unknown_job for an id not in flight.
+  Result<ImportAbort> abort_import(std::uint64_t id) noexcept {
+    auto e = imports_.find(id);
+    if (!e) return e.status();
+    (void)table_.truncate(pool_, e->seq, e->tokens - e->cached);  // no participant saw those tokens
+    imports_.remove(id);
+    return ImportAbort{e->seq, e->cached, e->tokens - e->cached};
+  }
+  /// The imports in flight.
+  const PendingImports& imports() const noexcept { return imports_; }
 
   // --- writes --------------------------------------------------------------
   /// Room for n more tokens of s, all or nothing: slots[0..n) get their slots, and a copy-on-write
@@ -287,7 +333,8 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
   }
 
   friend bool operator==(const TokenPagedCache& a, const TokenPagedCache& b) {
-    return a.admission_ == b.admission_ && a.eviction_ == b.eviction_ && a.selection_ == b.selection_ && a.same_core(b) && a.prefix_ == b.prefix_;
+    return a.admission_ == b.admission_ && a.eviction_ == b.eviction_ && a.selection_ == b.selection_ && a.same_core(b) && a.prefix_ == b.prefix_ &&
+           a.imports_ == b.imports_;
   }
 
  private:
@@ -312,6 +359,7 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
   [[no_unique_address]] RowEviction<Eviction> eviction_;
   [[no_unique_address]] Hasher hasher_;
   PrefixState prefix_;
+  PendingImports imports_;
 };
 
 KVCACHE_END_NAMESPACE

@@ -1,0 +1,103 @@
+// The sender's side of a disaggregated prefill: a finished prompt's blocks
+// stay pinned until every consumer (each decode rank that reads them) says it
+// has read them, or a deadline passes (a consumer that died or never came).
+// A transfer hold is a cache hold (block_holds.hpp), so the blocks are
+// neither recycled nor rewritten while held, and the sequence itself can be
+// freed at once. The library keeps no clock and no thread: the engine passes
+// each notification to consumed() and its clock to expire().
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <map>
+#include <span>
+
+#include "kvcache/config.hpp"
+#include "kvcache/sequence_id.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+/// Holds on finished prefills' blocks, each until its consumers have read or its deadline.
+class TransferHolds {
+ public:
+  static constexpr std::int32_t max_consumers = 64;  ///< Readers per hold (tensor-parallel decode ranks).
+
+  /// One hold in flight.
+  struct Entry {
+    std::int32_t consumers = 0;  ///< Readers expected.
+    std::uint64_t read = 0;  ///< Bit i: consumer i has read.
+    std::int64_t deadline = 0;  ///< The engine's clock value past which the hold expires.
+  };
+
+  /// Holds `blocks` of `cache` (any cache with hold / release_hold) for
+  /// `consumers` readers (1 .. max_consumers) until `deadline` (the engine's
+  /// clock, any unit). Returns the hold's id (the cache's), which a consumer's
+  /// notification names. Errors name the value and change nothing.
+  template <class Cache>
+  Result<std::uint64_t> hold(Cache& cache, std::span<const std::int32_t> blocks, std::int32_t consumers, std::int64_t deadline) {
+    if (consumers < 1 || consumers > max_consumers) return Status{Errc::invalid_argument, "consumers", consumers, max_consumers};
+    auto id = cache.hold(blocks);
+    if (!id) return id.status();
+    holds_[*id] = Entry{consumers, 0, deadline};
+    return *id;
+  }
+  /// hold() of sequence s's blocks (a token-paged cache's row).
+  template <class Cache>
+  Result<std::uint64_t> hold(Cache& cache, SeqId s, std::int32_t consumers, std::int64_t deadline) {
+    auto blocks = cache.table().blocks(s);
+    if (!blocks) return blocks.status();
+    return hold(cache, *blocks, consumers, deadline);
+  }
+
+  /// Consumer `consumer` (0 .. consumers - 1) has read hold `id`: true when
+  /// it was the last, and the hold is released. unknown_job for an id not
+  /// held (released, expired, never given); invalid_argument for a consumer
+  /// out of range or one that already read.
+  template <class Cache>
+  Result<bool> consumed(Cache& cache, std::uint64_t id, std::int32_t consumer) noexcept {
+    const auto it = holds_.find(id);
+    if (it == holds_.end()) return Status{Errc::unknown_job, "transfer hold", std::int64_t(id & INT64_MAX), 0};
+    Entry& e = it->second;
+    if (consumer < 0 || consumer >= e.consumers) return Status{Errc::invalid_argument, "consumer", consumer, e.consumers - 1};
+    const std::uint64_t bit = std::uint64_t{1} << consumer;
+    if (e.read & bit) return Status{Errc::invalid_argument, "consumer (already read)", consumer, e.consumers - 1};
+    e.read |= bit;
+    if (std::popcount(e.read) < e.consumers) return false;
+    (void)cache.release_hold(id);
+    holds_.erase(it);
+    return true;
+  }
+
+  /// Releases every hold whose deadline is at or before `now`; their ids go
+  /// to out (as many as fit). Returns how many expired.
+  template <class Cache>
+  std::int32_t expire(Cache& cache, std::int64_t now, std::span<std::uint64_t> out = {}) noexcept {
+    std::int32_t n = 0;
+    for (auto it = holds_.begin(); it != holds_.end();) {
+      if (it->second.deadline > now) {
+        ++it;
+        continue;
+      }
+      (void)cache.release_hold(it->first);
+      if (std::size_t(n) < out.size()) out[std::size_t(n)] = it->first;
+      ++n;
+      it = holds_.erase(it);
+    }
+    return n;
+  }
+
+  /// Holds in flight.
+  std::int32_t size() const noexcept { return std::int32_t(holds_.size()); }
+  /// Hold `id`'s state, or unknown_job.
+  Result<Entry> find(std::uint64_t id) const noexcept {
+    const auto it = holds_.find(id);
+    if (it == holds_.end()) return Status{Errc::unknown_job, "transfer hold", std::int64_t(id & INT64_MAX), 0};
+    return it->second;
+  }
+
+ private:
+  std::map<std::uint64_t, Entry> holds_;
+};
+
+KVCACHE_END_NAMESPACE
