@@ -273,6 +273,49 @@ void bind_cache(nb::module_& m, const char* name) {
             return out;
           },
           nb::arg("max_events") = 1024)
+      .def(
+          "drain_kv_events",  // the drained events as vLLM's msgpack KVEventBatch (bytes), None when there were none
+          [](C& self, double ts, std::int32_t dp_rank, std::int32_t group, std::int32_t max_events) -> nb::object {
+            std::vector<kv::BlockEvent> ev(std::size_t(std::max(max_events, 0)));
+            std::vector<std::int32_t> ids(ev.size() * std::size_t(self.block_size()));
+            const auto n = std::size_t(check(self.drain_events(ev, ids)));
+            if (n == 0) return nb::none();
+            std::vector<std::uint8_t> out;
+            check(kv::encode_kv_events(std::span(ev).first(n), std::span(ids).first(n * std::size_t(self.block_size())),
+                                       self.block_size(), {ts, dp_rank, group}, out));
+            return nb::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+          },
+          nb::arg("ts"), nb::arg("dp_rank") = 0, nb::arg("group") = -1, nb::arg("max_events") = 1024)
+      // Imports: a prompt a peer prefilled (transfer/pending_imports.hpp).
+      .def(
+          "import_prompt",  // (id, cached_tokens, skip, blocks int32 [num_blocks]): blocks to receive, pending
+          [](C& self, nb::handle prompt, std::uint64_t salt, std::uint64_t extra, std::int64_t max_new) {
+            Array<std::int32_t> p;
+            in_arg(p, prompt, "prompt");
+            std::vector<kv::BlockId> blocks(p.size() / std::size_t(self.block_size()) + 1);
+            const auto r = check(self.import(cspan(p), blocks, {.key = {salt, extra}, .max_new = max_new}));
+            auto b = new_array<std::int32_t>(std::size_t(r.num_blocks));
+            std::copy_n(blocks.begin(), r.num_blocks, b.data());
+            return nb::make_tuple(r.id, r.cached_tokens, r.skip, b);
+          },
+          nb::arg("prompt"), nb::arg("salt") = 0, nb::arg("extra") = 0, nb::arg("max_new") = -1)
+      .def(
+          "commit_import",  // (seq, published)
+          [](C& self, std::uint64_t id, nb::handle prompt) {
+            Array<std::int32_t> p;
+            in_arg(p, prompt, "prompt");
+            const auto r = check(self.commit_import(id, cspan(p)));
+            return std::make_pair(pack(r.seq), r.published);
+          },
+          nb::arg("id"), nb::arg("prompt"))
+      .def(
+          "abort_import",  // (seq, cached_tokens, recompute)
+          [](C& self, std::uint64_t id) {
+            const auto r = check(self.abort_import(id));
+            return std::make_tuple(pack(r.seq), r.cached_tokens, r.recompute);
+          },
+          nb::arg("id"))
+      .def_prop_ro("imports", [](const C& self) { return self.imports().size(); })
       // Exports.
       .def(
           "export_block_table",

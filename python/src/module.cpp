@@ -16,6 +16,7 @@ void register_quest_caches(nanobind::module_& m);   // caches_quest.cpp
 void register_hybrid(nanobind::module_& m);         // caches_hybrid.cpp
 void register_gated_caches(nanobind::module_& m);   // caches_gated.cpp
 void register_tiers(nanobind::module_& m);          // tiers.cpp
+void register_transfer(nanobind::module_& m);       // transfer.cpp
 }
 
 namespace nb = nanobind;
@@ -173,4 +174,5 @@ NB_MODULE(_kvcache, m) {
   kvpy::register_gated_caches(m);
   kvpy::register_hybrid(m);
   kvpy::register_tiers(m);
+  kvpy::register_transfer(m);
 }

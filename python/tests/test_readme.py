@@ -12,7 +12,8 @@ BLOCKS = [block for page in PAGES
 
 
 def test_there_are_python_snippets():
-    assert [name for name, _ in BLOCKS] == ["python_hybrid", "python_quickstart", "python_composed", "python_tiers"]
+    assert [name for name, _ in BLOCKS] == ["python_hybrid", "python_quickstart", "python_composed", "python_scale_out",
+                                            "python_tiers"]
 
 
 def test_quickstart_runs_and_prints_the_error():
@@ -44,3 +45,10 @@ def test_tiers_runs_and_prints_the_host_hits():
     with contextlib.redirect_stdout(out):
         exec(compile(dict(BLOCKS)["python_tiers"], "docs/tiers.md:python_tiers", "exec"), {})
     assert out.getvalue() == "(0, 4, 0, ['host', 'host', 'host', 'host'])\n"
+
+
+def test_scale_out_runs_and_prints_the_imported_sequence():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(dict(BLOCKS)["python_scale_out"], "docs/scale-out.md:python_scale_out", "exec"), {})
+    assert out.getvalue() == "14 3 3\n"
