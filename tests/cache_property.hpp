@@ -7,8 +7,10 @@
 // through its page table; the prefix cache must be prefix-closed, every used
 // block with a hash reachable, and (publishing on reserve) every full block
 // whose ids were given published. A freed sequence's blocks are sometimes
-// held first (a transfer still copying them): until the hold is released
-// they keep exactly what they held. Prompts are also imported (a peer
+// held first (a transfer still copying them, or a finished prefill waiting
+// for its readers through TransferHolds, released by the last reader's
+// notification or at its deadline): until the hold ends they keep exactly
+// what they held. Prompts are also imported (a peer
 // computes them): pending rows are never handed out, their received blocks
 // stay unpublished and unshared, and each import commits (the "transfer"
 // wrote them) or aborts (the rest is recomputed). Failed calls must leave
@@ -18,8 +20,10 @@
 #include <catch2/catch.hpp>
 
 #include <kvcache/cache.hpp>
+#include <kvcache/transfer/transfer_holds.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <random>
 #include <set>
@@ -67,6 +71,7 @@ class Harness {
   }
 
   void step() {
+    ++clock_;
     before_ = cache_;
     const auto pick = rng_() % 100;
     if (pick < 8) op_add();
@@ -360,23 +365,54 @@ class Harness {
     op_ = "free";
     if (!holds_.empty() && rand_int(3) == 0) {  // a transfer completed: its hold ends
       const auto i = std::size_t(rand_int(std::int32_t(holds_.size())));
-      expect_ok(cache_.release_hold(holds_[i].id));
-      holds_.erase(holds_.begin() + std::ptrdiff_t(i));
-      return;
+      if (holds_[i].consumers == 0) {
+        expect_ok(cache_.release_hold(holds_[i].id));
+        holds_.erase(holds_.begin() + std::ptrdiff_t(i));
+        return;
+      }
+      return notify(i);
     }
+    if (rand_int(8) == 0) return expire();
     if (live_.empty()) return;
     const auto i = std::size_t(rand_int(std::int32_t(live_.size())));
     if (rand_int(2) == 0) {  // a transfer still reads the blocks: hold them, then free
       const auto blocks = *cache_.table().blocks(live_[i].id);
-      auto h = cache_.hold(blocks);
+      const std::int32_t consumers = rand_int(2) == 0 ? 0 : 1 + rand_int(3);  // 0: a plain hold, else a prefill's readers
+      const std::int64_t deadline = clock_ + rand_int(200);
+      auto h = consumers == 0 ? cache_.hold(blocks) : transfer_.hold(cache_, live_[i].id, consumers, deadline);
       expect_ok(h.status());
-      Hold held{*h, {blocks.begin(), blocks.end()}, {}};
+      Hold held{*h, {blocks.begin(), blocks.end()}, {}, consumers, 0, deadline};
       for (const BlockId b : blocks) held.content.insert(held.content.end(), mem_.begin() + std::ptrdiff_t(b) * B, mem_.begin() + std::ptrdiff_t(b + 1) * B);
       holds_.push_back(std::move(held));
     }
     expect_ok(cache_.free(live_[i].id));
     dead_.push_back(live_[i].id);
     live_.erase(live_.begin() + std::ptrdiff_t(i));
+  }
+
+  // A reader of transfer hold i notifies: a new one (the last releases it), or one that already read (refused).
+  void notify(std::size_t i) {
+    Hold& h = holds_[i];
+    const std::int32_t c = rand_int(h.consumers);
+    if (h.read & (1u << c)) return expect_failure(transfer_.consumed(cache_, h.id, c).status(), Errc::invalid_argument);
+    const auto r = transfer_.consumed(cache_, h.id, c);
+    expect_ok(r.status());
+    h.read |= 1u << c;
+    const bool last = std::popcount(h.read) == h.consumers;
+    REQUIRE(*r == last);
+    if (last) holds_.erase(holds_.begin() + std::ptrdiff_t(i));
+  }
+  // The engine's clock reaches now: transfer holds due by then end.
+  void expire(std::int64_t now = -1) {
+    now = now < 0 ? clock_ : now;
+    std::vector<std::uint64_t> gone(holds_.size());
+    const std::int32_t n = transfer_.expire(cache_, now, gone);
+    std::vector<std::uint64_t> due;
+    for (const Hold& h : holds_)
+      if (h.consumers > 0 && h.deadline <= now) due.push_back(h.id);
+    REQUIRE(std::vector<std::uint64_t>(gone.begin(), gone.begin() + n) == due);  // ids ascend in both
+    std::erase_if(holds_, [&](const Hold& h) { return h.consumers > 0 && h.deadline <= now; });
+    REQUIRE(transfer_.size() == std::int32_t(std::count_if(holds_.begin(), holds_.end(), [](const Hold& h) { return h.consumers > 0; })));
   }
 
   void op_publish() {
@@ -405,8 +441,10 @@ class Harness {
         dead_.push_back(live_.back().id);
         live_.pop_back();
       }
-    if (rand_int(2) == 0)
+    if (rand_int(2) == 0) {
+      expire(INT64_MAX);  // every reader is done or late
       for (; !holds_.empty(); holds_.pop_back()) expect_ok(cache_.release_hold(holds_.back().id));
+    }
     before_ = cache_;
     const bool busy = cache_.pool().num_used() > 0;
     auto st = cache_.reset_prefix_cache();
@@ -517,8 +555,13 @@ class Harness {
     std::uint64_t id;
     std::vector<BlockId> blocks;
     std::vector<std::int32_t> content;  // what the blocks held when the hold began
+    std::int32_t consumers = 0;  // 0: a plain cache hold; else a transfer hold's readers
+    std::uint32_t read = 0;  // the readers that have notified
+    std::int64_t deadline = 0;
   };
   std::vector<Hold> holds_;
+  TransferHolds transfer_;
+  std::int64_t clock_ = 0;
   struct Import {
     std::uint64_t id;
     std::vector<std::int32_t> prompt;

@@ -181,8 +181,22 @@ TEST_CASE("import: errors name the value and change nothing") {
   const auto imp = decode.cache.import(toks, blocks);
   REQUIRE(imp.ok());
   const Cache<> pending = decode.cache;
-  CHECK(decode.cache.commit_import(imp->id, prompt(13)).status().what() == std::string("prompt.size"));
+  // The pending row's handle is not handed out; guessed, every call refuses it.
+  Cache<> probe = before;
+  const SeqId guessed = *probe.add_sequence();  // the handle the import took
+  std::vector<std::int32_t> slots(4), table(8);
+  CHECK(std::string(decode.cache.reserve(guessed, 1, slots).status().what()) == "seq (an import in flight)");
+  CHECK(decode.cache.fork(guessed).status().code() == Errc::unknown_sequence);
+  CHECK(decode.cache.export_block_table(std::span(&guessed, 1), table, 8).code() == Errc::unknown_sequence);
+  CHECK(decode.cache.free(guessed).code() == Errc::unknown_sequence);
+  CHECK(decode.cache.truncate(guessed, 1).code() == Errc::unknown_sequence);
   CHECK(decode.cache == pending);
+  const auto h = decode.cache.hold(std::span(blocks).first(1));  // its blocks are in use: a hold is legal and harmless
+  REQUIRE(h.ok());
+  CHECK(decode.cache.release_hold(*h).ok());
+  const Cache<> held_once = decode.cache;  // the holds' id counter moved on
+  CHECK(decode.cache.commit_import(imp->id, prompt(13)).status().what() == std::string("prompt.size"));
+  CHECK(decode.cache == held_once);
   REQUIRE(decode.cache.commit_import(imp->id, toks).ok());
   CHECK(decode.cache.commit_import(imp->id, toks).status().code() == Errc::unknown_job);  // exactly once
   CHECK(decode.cache.abort_import(imp->id).status().code() == Errc::unknown_job);

@@ -189,7 +189,7 @@ inline std::size_t PageTable::batch_pass(const BlockPool& pool, std::span<const 
     if (s.index >= nstreams) [[unlikely]]
       break;
     Stream& st = streams[s.index];
-    if (!st.alive || st.gen != s.generation || (st.stamp & ~1u) == epoch) [[unlikely]]
+    if (st.alive != 1 || st.gen != s.generation || (st.stamp & ~1u) == epoch) [[unlikely]]
       break;
     const std::int32_t t = st.front + st.tokens, off = Pow2 ? t & (bs - 1) : t % bs;
     if (off != 0) {

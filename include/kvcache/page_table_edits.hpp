@@ -11,6 +11,7 @@
 //                  (reserve() without the pool: admission's decode step)
 //   append_fresh   n more tokens in new blocks after a whole-block row, with
 //                  no slots (import(): a peer writes them)
+//   seal / unseal  a row no call may read or edit (an import in flight), and back
 // Eviction never lowers `appended` (tokens ever appended): bounds use it.
 #pragma once
 
@@ -168,6 +169,13 @@ struct PageTableEdits {
     st.appended += n;
     return k;
   }
+
+  /// Seals live row s: every call that names it fails (unknown_sequence), so
+  /// nothing reads, writes, exports or evicts it until unseal(). It still
+  /// holds its blocks and its handle.
+  static void seal(PageTable& t, SeqId s) noexcept { t.st_[s.index].alive = 2; }
+  /// Unseals sealed row s (its caller checked sealed(s)).
+  static void unseal(PageTable& t, SeqId s) noexcept { t.st_[s.index].alive = 1; }
 
   /// The empty live row `into` takes every block of `from` (one more holder
   /// each), as fork() does for a row it adds. invalid_argument when `into`

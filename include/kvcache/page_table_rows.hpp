@@ -73,17 +73,30 @@ class PageTableRows {
   /// Blocks that `tokens` tokens fill.
   std::int32_t blocks_for(std::int64_t tokens) const noexcept { return math().blocks_for(tokens); }
 
-  /// True when s names a live row of this generation.
+  /// True when s names a live row of this generation (not sealed).
   bool live(SeqId s) const noexcept {
-    return s.index < static_cast<std::uint32_t>(max_streams_) && st_[s.index].alive && st_[s.index].gen == s.generation;
+    return s.index < static_cast<std::uint32_t>(max_streams_) && st_[s.index].alive == 1 && st_[s.index].gen == s.generation;
+  }
+  /// True when s names a sealed row: an import in flight, whose handle is not handed out yet.
+  bool sealed(SeqId s) const noexcept {
+    return s.index < static_cast<std::uint32_t>(max_streams_) && st_[s.index].alive == 2 && st_[s.index].gen == s.generation;
   }
 
-  /// ok, or unknown_sequence naming the stale index or generation.
+  /// Rows sealed (imports in flight). O(rows).
+  std::int32_t num_sealed() const noexcept {
+    std::int32_t n = 0;
+    for (const Stream& st : st_) n += st.alive == 2;
+    return n;
+  }
+
+  /// ok, or unknown_sequence naming the stale index or generation, or a
+  /// sealed row (an import in flight: no call reads or edits it).
   Status validate(SeqId s) const noexcept {
     if (s.index >= static_cast<std::uint32_t>(max_streams_))
       return Status{Errc::unknown_sequence, "seq.index", s.index, max_streams_};
     if (!st_[s.index].alive || st_[s.index].gen != s.generation)
       return Status{Errc::unknown_sequence, "seq.generation", s.generation, st_[s.index].gen};
+    if (st_[s.index].alive != 1) return Status{Errc::unknown_sequence, "seq (an import in flight)", s.index, 0};
     return {};
   }
 
@@ -363,7 +376,7 @@ class PageTableRows {
     std::uint32_t gen = 0;      // handle generation
     std::int64_t appended = 0;  // tokens ever appended (eviction bounds)
     PrefixKey key{};
-    std::uint8_t alive = 0;
+    std::uint8_t alive = 0;     // 0 free, 1 live, 2 sealed (an import in flight)
     std::int32_t front = 0;     // dead slots before the first live token (< block_size)
     std::uint32_t stamp = 0;    // reserve_batch duplicate detection (scratch, not state)
     friend bool operator==(const Stream& a, const Stream& b) {

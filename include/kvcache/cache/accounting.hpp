@@ -109,7 +109,7 @@ class RowAccounting {
   Status check_invariants() const {
     if (auto st = self().pool_.check(); !st) return st;
     if (auto st = self().table_.check(self().pool_, self().holds_); !st) return st;
-    if (auto st = self().imports_.check(self().table_, self().pool_); !st) return st;
+    if (auto st = self().imports_.check(self().table_, self().pool_, self().holds_); !st) return st;
     return self().eviction_.check(self().table_);
   }
 

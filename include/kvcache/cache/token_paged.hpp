@@ -138,6 +138,7 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
     prefix_.adopted(s, std::int64_t(prompt.size()), cached);
     if (opt.max_new >= 0) prefix_.promise(s.index, plan->lifetime);
     (void)PageTableEdits::append_fresh(table_, pool_, s, n, blocks);  // the plan checked room and blocks
+    PageTableEdits::seal(table_, s);  // no call names the row until commit or abort, a guessed handle neither
     return ImportPlan{imports_.add(s, std::int32_t(prompt.size()), cached), cached, plan->hit.blocks, plan->fresh};
   }
   /// The transfer of import `id` landed: its blocks are published from
@@ -148,11 +149,12 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
     auto e = imports_.find(id);
     if (!e) return e.status();
     if (std::int64_t(prompt.size()) != e->tokens) return Status{Errc::invalid_argument, "prompt.size", std::int64_t(prompt.size()), e->tokens};
-    auto published = publish(e->seq, prompt, extras);
-    if (!published) return published.status();
+    if (auto st = PrefixSharing::check_extras(extras); !st) return st;
+    PageTableEdits::unseal(table_, e->seq);
+    auto published = publish(e->seq, prompt, extras);  // checked: it cannot fail now
     imports_.remove(id);
     notify(hooks::reserved, e->seq, e->tokens - e->cached, BlockCopy{});  // selection: the received pages' bounds are stale
-    return ImportCommit{e->seq, *published};
+    return ImportCommit{e->seq, published.value_or(0)};
   }
   /// The transfer of import `id` failed or timed out: its received blocks go
   /// back unpublished, and the sequence is handed out with the cached prefix
@@ -160,6 +162,7 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
   Result<ImportAbort> abort_import(std::uint64_t id) noexcept {
     auto e = imports_.find(id);
     if (!e) return e.status();
+    PageTableEdits::unseal(table_, e->seq);
     (void)table_.truncate(pool_, e->seq, e->tokens - e->cached);  // no participant saw those tokens
     imports_.remove(id);
     return ImportAbort{e->seq, e->cached, e->tokens - e->cached};

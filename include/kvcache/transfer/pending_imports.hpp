@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvcache/block_hash.hpp"
+#include "kvcache/block_holds.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/page_table.hpp"
@@ -89,16 +90,20 @@ class PendingImports {
     return std::any_of(entries_.begin(), entries_.end(), [s](const Entry& e) { return e.seq == s; });
   }
 
-  /// Each import's row is live, holds its prompt's tokens, and its received
-  /// blocks are unpublished and held by it alone; invariant_violated otherwise.
-  Status check(const PageTable& t, const BlockPool& pool) const {
+  /// Each import's row is sealed, holds its prompt's tokens, and its received
+  /// blocks are unpublished and in no other row (a transfer's hold may keep
+  /// them too); no other row is sealed; invariant_violated otherwise.
+  Status check(const PageTable& t, const BlockPool& pool, const BlockHolds& holds) const {
+    if (t.num_sealed() != size()) return Status{Errc::invariant_violated, "import (sealed rows)", t.num_sealed(), size()};
+    std::vector<std::int32_t> held(entries_.empty() ? 0 : std::size_t(pool.capacity()));
+    holds.add_refs(held);
     for (const Entry& e : entries_) {
-      if (!t.live(e.seq)) return Status{Errc::invariant_violated, "import (row not live)", std::int64_t(e.id), 0};
+      if (!t.sealed(e.seq)) return Status{Errc::invariant_violated, "import (row not sealed)", std::int64_t(e.id), 0};
       if (t.tokens_unchecked(e.seq) != e.tokens)
         return Status{Errc::invariant_violated, "import (row length)", t.tokens_unchecked(e.seq), e.tokens};
       const auto blocks = t.blocks_unchecked(e.seq);
       for (std::size_t b = std::size_t(e.cached / t.block_size()); b < blocks.size(); ++b)
-        if (pool.has_hash(blocks[b]) || pool.ref_count(blocks[b]) != 1)
+        if (pool.has_hash(blocks[b]) || pool.ref_count(blocks[b]) != 1 + held[std::size_t(blocks[b])])
           return Status{Errc::invariant_violated, "import (a received block published or shared)", blocks[b], 0};
     }
     return {};
