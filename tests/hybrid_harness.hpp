@@ -221,8 +221,10 @@ class HybridHarness {
       std::vector<kvcache::BlockId> blocks;
       const kvcache::SeqId one[] = {s->id};
       for (std::int32_t g = 0; g < cache_.groups(); ++g) {
-        std::vector<std::int32_t> row(static_cast<std::size_t>(max_));
-        need(cache_.export_block_table(g, one, row, max_).ok(), "export of a live row");
+        // A row may hold more entries than max_tokens (a group of small blocks, a window's edge): the rule's bound.
+        const auto stride = std::int32_t(kvcache::GroupRule::of(cache_.layer_groups(), g).row_blocks(max_));
+        std::vector<std::int32_t> row(static_cast<std::size_t>(stride));
+        need(cache_.export_block_table(g, one, row, stride).ok(), "export of a live row");
         for (const std::int32_t b : row)
           if (b != kvcache::BlockPool::null_block) blocks.push_back(b);
       }
