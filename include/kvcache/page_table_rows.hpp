@@ -82,13 +82,6 @@ class PageTableRows {
     return s.index < static_cast<std::uint32_t>(max_streams_) && st_[s.index].alive == 2 && st_[s.index].gen == s.generation;
   }
 
-  /// Rows sealed (imports in flight). O(rows).
-  std::int32_t num_sealed() const noexcept {
-    std::int32_t n = 0;
-    for (const Stream& st : st_) n += st.alive == 2;
-    return n;
-  }
-
   /// ok, or unknown_sequence naming the stale index or generation, or a
   /// sealed row (an import in flight: no call reads or edits it).
   Status validate(SeqId s) const noexcept {

@@ -94,7 +94,9 @@ class PendingImports {
   /// blocks are unpublished and in no other row (a transfer's hold may keep
   /// them too); no other row is sealed; invariant_violated otherwise.
   Status check(const PageTable& t, const BlockPool& pool, const BlockHolds& holds) const {
-    if (t.num_sealed() != size()) return Status{Errc::invariant_violated, "import (sealed rows)", t.num_sealed(), size()};
+    std::int32_t sealed = 0;
+    t.for_each_stream([&](SeqId s) { sealed += t.sealed(s); });
+    if (sealed != size()) return Status{Errc::invariant_violated, "import (sealed rows)", sealed, size()};
     std::vector<std::int32_t> held(entries_.empty() ? 0 : std::size_t(pool.capacity()));
     holds.add_refs(held);
     for (const Entry& e : entries_) {
