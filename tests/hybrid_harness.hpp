@@ -8,8 +8,10 @@
 // every sequence reads back its own prefix, and a failed call leaves the
 // cache equal to a copy taken before it. A freed sequence's blocks are
 // sometimes held (a transfer still copying them): until the hold is released
-// no reserve hands out a slot in them. pick(n) gives a value in [0, n);
-// need(ok, what) fails the run when ok is false.
+// no reserve hands out a slot in them. Imports (a peer's prefill) are
+// committed or aborted later; their blocks are "written" only at commit,
+// so a pending block that any lookup or row exposed would read back wrong.
+// pick(n) gives a value in [0, n); need(ok, what) fails the run when ok is false.
 #pragma once
 
 #include <kvcache/cache/hybrid.hpp>
@@ -44,18 +46,19 @@ class HybridHarness {
     return {.groups = *kvcache::LayerGroups::make({.groups = g, .block_size = 2}), .num_blocks = 48, .max_sequences = 5,
             .max_tokens = 48};
   }
-  std::int64_t ops = 0, failures = 0, hits = 0, hit_tokens = 0, admits = 0;
+  std::int64_t ops = 0, failures = 0, hits = 0, hit_tokens = 0, admits = 0, imports = 0, commits = 0, aborts = 0;
 
   void step() {
     ++ops;
     const auto before = cache_;
     bool failed = false;
-    switch (pick(10)) {
+    switch (pick(11)) {
       case 0: case 1: failed = admit(); break;
       case 2: case 3: case 4: failed = reserve(); break;
       case 5: case 6: compute(); break;
       case 7: failed = truncate(); break;
       case 8: pick(3) == 0 ? release_one() : free_one(); break;
+      case 9: failed = pending_.empty() || pick(2) == 0 ? import() : (settle(), false); break;
       default: failed = bad_call(); break;
     }
     if (failed) {
@@ -122,6 +125,16 @@ class HybridHarness {
     }
     need(sum == *cache_.blocks_held(s.id), "blocks_held is not the groups' sum");
   }
+  // A prompt from the stems, its tail sometimes changed.
+  Seq draw() {
+    Seq s{};
+    const auto& stem = stems_[std::size_t(pick(3))];
+    const std::int32_t len = 1 + pick(max_ - max_ / 6);
+    s.tokens.assign(stem.begin(), stem.begin() + len);
+    for (std::int32_t i = pick(3) == 0 ? pick(len) : len; i < len; ++i) s.tokens[std::size_t(i)] = pick(1000);
+    for (const auto t : s.tokens) append(s, t);
+    return s;
+  }
   Seq* any() {
     if (seqs_.empty()) return nullptr;
     auto it = seqs_.begin();
@@ -130,12 +143,8 @@ class HybridHarness {
   }
 
   bool admit() {
-    Seq s{};
-    const auto& stem = stems_[std::size_t(pick(3))];
-    const std::int32_t len = 1 + pick(max_ - max_ / 6);
-    s.tokens.assign(stem.begin(), stem.begin() + len);
-    for (std::int32_t i = pick(3) == 0 ? pick(len) : len; i < len; ++i) s.tokens[std::size_t(i)] = pick(1000);
-    for (const auto t : s.tokens) append(s, t);
+    Seq s = draw();
+    const auto len = std::int32_t(s.tokens.size());
     const std::int32_t budget = 1 + pick(len);
     std::vector<std::int32_t> slots(std::size_t(cache_.groups() * budget));
     auto r = cache_.admit(s.tokens, slots, {.reserve = budget});
@@ -236,6 +245,62 @@ class HybridHarness {
     need(cache_.free(s->id).ok(), "free");
     seqs_.erase(s->id.index);
   }
+  // A peer's prefill arrives: the import's blocks stay pending (unwritten) until settle().
+  bool import() {
+    Pending p{0, draw(), 0};
+    const auto len = std::int32_t(p.s.tokens.size());
+    auto r = cache_.import(p.s.tokens, {.max_new = pick(2) == 0 ? -1 : pick(max_ - len + 1)});
+    if (!r) {
+      need(r.status().code() == kvcache::Errc::out_of_blocks || r.status().code() == kvcache::Errc::capacity_exceeded,
+           "import failed otherwise");
+      return true;
+    }
+    ++imports;
+    p.id = r->id;
+    p.cached = r->cached_tokens;
+    std::int32_t blocks = 0;
+    for (std::int32_t g = 0; g < cache_.groups(); ++g) {
+      const auto gb = cache_.import_blocks(p.id, g);
+      need(gb.ok(), "import_blocks");
+      for (const auto b : gb->local) need(b != kvcache::BlockPool::null_block && !held_.contains(b), "an import block null or held");
+      blocks += std::int32_t(gb->local.size());
+    }
+    need(blocks == r->num_blocks, "import_blocks lists num_blocks");
+    pending_.push_back(std::move(p));
+    return false;
+  }
+  // A pending import's transfer lands (its blocks written, then commit) or fails (abort).
+  void settle() {
+    const auto at = pending_.begin() + pick(std::int32_t(pending_.size()));
+    Pending p = std::move(*at);
+    pending_.erase(at);
+    const auto len = std::int64_t(p.s.tokens.size());
+    if (pick(3) == 0) {
+      auto a = cache_.abort_import(p.id);
+      need(a.ok() && a->cached_tokens == p.cached && a->recompute == len - p.cached, "abort_import");
+      p.s.id = a->seq;
+      p.s.reserved = p.s.computed = p.cached;
+      ++aborts;
+    } else {
+      for (std::int32_t g = 0; g < cache_.groups(); ++g) {
+        const auto rule = kvcache::GroupRule::of(cache_.layer_groups(), g);
+        const auto gb = cache_.import_blocks(p.id, g);
+        need(gb.ok(), "import_blocks");
+        for (std::size_t i = 0; i < gb->local.size() && rule.caches(); ++i)
+          for (std::int32_t o = 0; o < rule.block_size; ++o)
+            if (const std::int64_t pos = (gb->skip + std::int64_t(i)) * rule.block_size + o; pos < len)
+              content_[key(g, gb->local[i] * rule.block_size + o)] = p.s.prefix[std::size_t(pos)];
+      }
+      auto c = cache_.commit_import(p.id);
+      need(c.ok(), "commit_import");
+      p.s.id = c->seq;
+      p.s.reserved = p.s.computed = len;
+      ++commits;
+    }
+    need(*cache_.tokens(p.s.id) == p.s.reserved && *cache_.computed_tokens(p.s.id) == p.s.computed, "a settled import's tokens");
+    within_bound(p.s);
+    seqs_[p.s.id.index] = std::move(p.s);
+  }
   void release_one() {
     if (holds_.empty()) return;
     const auto at = holds_.begin() + pick(std::int32_t(holds_.size()));
@@ -251,7 +316,9 @@ class HybridHarness {
     const kvcache::SeqId one[] = {stale};
     const std::uint64_t gone = 1000000;  // never given
     const kvcache::BlockId bad_blocks[] = {0, cache_.pool().capacity()};
-    switch (pick(5)) {
+    switch (pick(6)) {
+      case 5: need(cache_.commit_import(gone).status().code() == kvcache::Errc::unknown_job &&
+                   cache_.abort_import(gone).status().code() == kvcache::Errc::unknown_job, "settling an unknown import"); break;
       case 3: need(cache_.release_hold(gone).code() == kvcache::Errc::unknown_job, "release of an unknown hold"); break;
       case 4: need(cache_.hold(std::span(bad_blocks).subspan(std::size_t(pick(2)), 1)).status().code() == kvcache::Errc::invalid_argument, "hold of an invalid block"); break;
       case 0: need(cache_.free(stale).code() == kvcache::Errc::unknown_sequence, "free of a stale handle"); break;
@@ -272,6 +339,12 @@ class HybridHarness {
   std::unordered_map<std::int64_t, std::uint64_t> content_;  // (group, slot) -> prefix hash written there
   std::vector<std::uint64_t> holds_;  // holds not yet released
   std::unordered_map<kvcache::BlockId, std::int32_t> held_;  // block -> holds on it
+  struct Pending {
+    std::uint64_t id;
+    Seq s;  // its id unknown until settled
+    std::int64_t cached;
+  };
+  std::vector<Pending> pending_;  // imports in flight
 };
 
 }  // namespace kvtest

@@ -43,9 +43,9 @@ struct Node {
 void transfer(const Node& from, const std::vector<BlockId>& remote, Node& to, const ImportPlan& imp, std::span<const BlockId> local) {
   const TransferPlanner planner(to.describe(), from.describe());
   REQUIRE(planner.status().ok());
-  const GroupBlocks gb{0, remote, local.first(std::size_t(imp.num_blocks))};
+  const GroupBlocks gb{0, remote, local.first(std::size_t(imp.num_blocks)), imp.skip};
   std::vector<TransferDesc> plan;
-  REQUIRE(planner.plan(std::span(&gb, 1), {.skip = imp.skip}, plan).ok());
+  REQUIRE(planner.plan(std::span(&gb, 1), {}, plan).ok());
   for (const TransferDesc& d : plan)
     std::memcpy(reinterpret_cast<void*>(d.local), reinterpret_cast<const void*>(d.remote), std::size_t(d.bytes));
 }

@@ -106,10 +106,14 @@ TEST_CASE("random operations on a hybrid cache (full, window, chunked, cross ove
   using H = kvtest::HybridHarness<decltype(pick), decltype(need)>;
   H h(pick, need, H::default_config());
   for (std::uint64_t i = 0; i < ops; ++i) h.step();
-  std::printf("test_property (hybrid): %lld admitted, %lld hits (%lld tokens), %lld rejected\n", static_cast<long long>(h.admits),
-              static_cast<long long>(h.hits), static_cast<long long>(h.hit_tokens), static_cast<long long>(h.failures));
-  if (ops >= 10'000) {  // coverage floors, in proportion: held blocks (a transfer's) make hits rarer
-    CHECK(h.hits > std::int64_t(ops / 250));
+  std::printf("test_property (hybrid): %lld admitted, %lld hits (%lld tokens), %lld rejected; %lld imports, %lld committed, %lld aborted\n",
+              static_cast<long long>(h.admits), static_cast<long long>(h.hits), static_cast<long long>(h.hit_tokens),
+              static_cast<long long>(h.failures), static_cast<long long>(h.imports), static_cast<long long>(h.commits),
+              static_cast<long long>(h.aborts));
+  if (ops >= 10'000) {  // coverage floors, in proportion: held blocks (a transfer's) and pending imports make hits rarer
+    CHECK(h.hits > std::int64_t(ops / 400));
     CHECK(h.failures > 100);
+    CHECK(h.commits > std::int64_t(ops / 200));
+    CHECK(h.aborts > std::int64_t(ops / 500));
   }
 }

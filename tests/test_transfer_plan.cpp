@@ -248,9 +248,9 @@ TEST_CASE("plan: the suffix after a local prefix hit, and only the window of a s
   // A 22-token sequence: 6 blocks per group. The decode side holds the first 2 full-attention blocks.
   const std::vector<std::int32_t> rfull{1, 2, 3, 4, 5, 6}, lfull{10, 11, 12, 13};
   const std::vector<std::int32_t> rwin{7, 8, 9, 10, 11, 12}, lwin{0, 0, 20, 21, 22, 23};  // nulls: out of window
-  const GroupBlocks full{0, rfull, lfull};
+  const GroupBlocks full{0, rfull, lfull, 2};
   std::vector<TransferDesc> plan;
-  REQUIRE(planner.plan(std::span(&full, 1), {.skip = 2}, plan).ok());
+  REQUIRE(planner.plan(std::span(&full, 1), {}, plan).ok());
   // Remote blocks 3..6 into local 10..13: a group's layers fill its pages, and both runs are consecutive.
   REQUIRE(plan.size() == 1);
   CHECK(plan[0].bytes == 4 * lg.page_bytes());
@@ -275,17 +275,18 @@ TEST_CASE("plan: bad block lists are errors naming the value, and leave the outp
   const GroupBlocks short_local{0, rb, lb};
   CHECK(planner.plan(std::span(&short_local, 1), {}, plan).status().what() == std::string("local.size (remote.size - skip)"));
   CHECK(plan.empty());
-  CHECK(planner.plan(std::span(&short_local, 1), {.skip = 1}, plan).ok());
-  CHECK(planner.plan(std::span(&short_local, 1), {.skip = 4}, plan).status().what() == std::string("skip"));
-  CHECK(planner.plan(std::span(&short_local, 1), {.skip = -1}, plan).status().what() == std::string("skip"));
+  const GroupBlocks skip1{0, rb, lb, 1}, skip4{0, rb, lb, 4}, skip_neg{0, rb, lb, -1};
+  CHECK(planner.plan(std::span(&skip1, 1), {}, plan).ok());
+  CHECK(planner.plan(std::span(&skip4, 1), {}, plan).status().what() == std::string("skip"));
+  CHECK(planner.plan(std::span(&skip_neg, 1), {}, plan).status().what() == std::string("skip"));
   const std::vector<std::int32_t> far{1, 8}, zero{0, 1};
   const GroupBlocks bad_remote{0, far, lb}, null_local{0, std::span(rb).first(2), zero};
   CHECK(planner.plan(std::span(&bad_remote, 1), {}, plan).status().what() == std::string("remote block"));
   CHECK(planner.plan(std::span(&null_local, 1), {}, plan).status().what() == std::string("local block"));
-  const GroupBlocks bad_group{1, rb, lb};
-  CHECK(planner.plan(std::span(&bad_group, 1), {.skip = 1}, plan).status().what() == std::string("group"));
+  const GroupBlocks bad_group{1, rb, lb, 1};
+  CHECK(planner.plan(std::span(&bad_group, 1), {}, plan).status().what() == std::string("group"));
   const HostPool other({.num_layers = 3, .num_kv_heads = 4, .head_dim = 8, .block_size = 8}, 8, 3);
   const TransferPlanner mismatched(local.describe(), other.describe());
   CHECK(mismatched.status().code() == Errc::layout_mismatch);
-  CHECK(mismatched.plan(std::span(&short_local, 1), {.skip = 1}, plan).status().code() == Errc::layout_mismatch);
+  CHECK(mismatched.plan(std::span(&skip1, 1), {}, plan).status().code() == Errc::layout_mismatch);
 }

@@ -1,4 +1,5 @@
-// Everything host-side in one include.
+// Everything host-side in one include (not the NIXL adapter,
+// transfer/nixl_link.hpp: it needs NIXL's own headers and library).
 #pragma once
 
 #include "kvcache/admission/admit_all.hpp"

@@ -31,6 +31,7 @@ enum class Errc : std::uint8_t {
   invariant_violated,  // check() found corrupted state (a bug, never bad input)
   unknown_job,         // a transfer job never planned, already completed, or from before a reset
   layout_mismatch,     // a remote KV layout that cannot be copied into this one (the field that differs)
+  transfer_failed,     // a transport (NIXL) refused or failed a call: the call, and its status as the value
 };
 
 /// The code's name, as in messages.
@@ -52,6 +53,7 @@ constexpr const char* to_string(Errc e) noexcept {
     case Errc::invariant_violated: return "invariant_violated";
     case Errc::unknown_job: return "unknown_job";
     case Errc::layout_mismatch: return "layout_mismatch";
+    case Errc::transfer_failed: return "transfer_failed";
   }
   return "unknown_errc";
 }

@@ -102,6 +102,12 @@ class LayoutMismatch(Error, ValueError):
     code = "layout_mismatch"
 
 
+class TransferFailed(Error, RuntimeError):
+    """A transport (NIXL) refused or failed a call: names the call, its status as the value."""
+
+    code = "transfer_failed"
+
+
 # In kvcache::Errc order (index = the code's value; 0 is ok).
 BY_CODE = [
     Error,
@@ -120,4 +126,5 @@ BY_CODE = [
     InvariantViolated,
     UnknownJob,
     LayoutMismatch,
+    TransferFailed,
 ]

@@ -61,6 +61,12 @@ inline kv::ScoreKind score_kind(const std::string& kind) {
   return {};
 }
 
+// kv.LayerGroups: the validated layout (bound in caches_hybrid.cpp; the
+// transfer module's handshakes read it too, so the type lives here).
+struct Groups {
+  kv::LayerGroups groups;
+};
+
 // Every cache, HybridCache too: its pool, read only (a WritePolicy reads
 // it), and the holds transfers keep on its blocks.
 template <class C>

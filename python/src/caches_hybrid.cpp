@@ -21,10 +21,6 @@ struct LayerGroup {
   std::vector<std::int32_t> layers;
 };
 
-struct Groups {
-  kv::LayerGroups groups;
-};
-
 kv::AttentionKind kind_of(const std::string& k) {
   if (k == "full") return kv::AttentionKind::full;
   if (k == "sliding_window") return kv::AttentionKind::sliding_window;
@@ -223,7 +219,51 @@ void register_hybrid(nb::module_& m) {
              const auto u = self.usage(g);
              return std::make_pair(u.held, u.cached);
            })
-      .def("check_invariants", [](const Hybrid& self) { check(self.check_invariants()); });
+      .def("check_invariants", [](const Hybrid& self) { check(self.check_invariants()); })
+      // Imports: a prompt a peer prefilled (cache/hybrid_imports.hpp).
+      .def(
+          "import_prompt",  // (id, cached_tokens, num_blocks): every group's blocks pending (import_blocks lists them)
+          [](Hybrid& self, nb::handle prompt, std::uint64_t salt, std::uint64_t extra, std::int64_t max_new) {
+            Array<std::int32_t> p;
+            in_arg(p, prompt, "prompt");
+            const auto r = check(self.import(cspan(p), {.key = {salt, extra}, .max_new = max_new}));
+            return std::make_tuple(r.id, r.cached_tokens, r.num_blocks);
+          },
+          nb::arg("prompt"), nb::arg("salt") = 0, nb::arg("extra") = 0, nb::arg("max_new") = -1)
+      .def(
+          "import_blocks",  // (skip, blocks int32): blocks[i] receives the peer's block skip + i of this group
+          [](const Hybrid& self, std::uint64_t id, std::int32_t g) {
+            const auto gb = check(self.import_blocks(id, g));
+            auto b = new_array<std::int32_t>(gb.local.size());
+            std::copy(gb.local.begin(), gb.local.end(), b.data());
+            return nb::make_tuple(gb.skip, b);
+          },
+          nb::arg("id"), nb::arg("group"))
+      .def(
+          "commit_import",  // (seq, published)
+          [](Hybrid& self, std::uint64_t id) {
+            const auto r = check(self.commit_import(id));
+            return std::make_pair(pack(r.seq), r.published);
+          },
+          nb::arg("id"))
+      .def(
+          "abort_import",  // (seq, cached_tokens, recompute)
+          [](Hybrid& self, std::uint64_t id) {
+            const auto r = check(self.abort_import(id));
+            return std::make_tuple(pack(r.seq), r.cached_tokens, r.recompute);
+          },
+          nb::arg("id"))
+      .def_prop_ro("imports", [](const Hybrid& self) { return self.imports().size(); })
+      .def(
+          "live_blocks",  // int32: every group's live blocks of seq (what a sender holds)
+          [](const Hybrid& self, std::uint64_t s) {
+            std::vector<kv::BlockId> v;
+            check(self.live_blocks(unpack(s), v));
+            auto b = new_array<std::int32_t>(v.size());
+            std::copy(v.begin(), v.end(), b.data());
+            return b;
+          },
+          nb::arg("seq"));
   bind_holds(hybrid);
 
   // A group's view of a hybrid pool for the kernels (kvcache.PoolView.of_group wraps it).

@@ -65,10 +65,10 @@ struct PyHolder {
 struct Lists {
   Array<std::int32_t> remote, local;
 };
-kv::GroupBlocks group_blocks(Lists& l, nb::handle remote, nb::handle local, std::int32_t group) {
+kv::GroupBlocks group_blocks(Lists& l, nb::handle remote, nb::handle local, std::int32_t group, std::int32_t skip) {
   in_arg(l.remote, remote, "remote_blocks");
   in_arg(l.local, local, "local_blocks");
-  return {group, cspan(l.remote), cspan(l.local)};
+  return {group, cspan(l.remote), cspan(l.local), skip};
 }
 
 }  // namespace
@@ -80,7 +80,7 @@ void register_transfer(nb::module_& m) {
           [](nb::handle layout, std::int64_t num_blocks, std::uint64_t base, std::string engine_id, std::int32_t tp_rank,
              std::int32_t tp_size, std::int32_t device, std::string memory, std::string hash_algorithm, std::uint64_t hash_seed) {
             const kv::LayoutIdentity id{std::move(engine_id), tp_rank, tp_size, device, memory_of(memory), std::move(hash_algorithm), hash_seed};
-            if (nb::isinstance<kv::LayerGroups>(layout)) return check(kv::describe_layout(nb::cast<const kv::LayerGroups&>(layout), num_blocks, base, id));
+            if (nb::isinstance<Groups>(layout)) return check(kv::describe_layout(nb::cast<const Groups&>(layout).groups, num_blocks, base, id));
             return check(kv::describe_layout(nb::cast<const kv::Geometry&>(layout), num_blocks, base, id));
           },
           nb::arg("layout"), nb::arg("num_blocks"), nb::arg("base"), nb::arg("engine_id") = "", nb::arg("tp_rank") = 0,
@@ -145,9 +145,9 @@ void register_transfer(nb::module_& m) {
           [](const kv::TransferPlanner& p, nb::handle remote, nb::handle local, std::int32_t group, std::int32_t skip,
              std::int64_t num_tokens, bool window_only, bool coalesce) {
             Lists l;
-            const kv::GroupBlocks gb = group_blocks(l, remote, local, group);
+            const kv::GroupBlocks gb = group_blocks(l, remote, local, group, skip);
             std::vector<kv::TransferDesc> out;
-            check(p.plan(std::span(&gb, 1), {skip, num_tokens, window_only, coalesce}, out));
+            check(p.plan(std::span(&gb, 1), {num_tokens, window_only, coalesce}, out));
             auto a = new_array<std::uint64_t, 2>(out.size(), 3);
             static_assert(sizeof(kv::TransferDesc) == 3 * sizeof(std::uint64_t));
             std::memcpy(a.data(), out.data(), out.size() * sizeof(kv::TransferDesc));
@@ -160,9 +160,9 @@ void register_transfer(nb::module_& m) {
           [](const kv::TransferPlanner& p, nb::handle remote, nb::handle local, std::int32_t group, std::int32_t skip,
              std::int64_t num_tokens, bool window_only) {
             Lists l;
-            const kv::GroupBlocks gb = group_blocks(l, remote, local, group);
+            const kv::GroupBlocks gb = group_blocks(l, remote, local, group, skip);
             std::vector<std::int64_t> li, ri;
-            check(p.plan_ids(std::span(&gb, 1), {skip, num_tokens, window_only, false}, li, ri));
+            check(p.plan_ids(std::span(&gb, 1), {num_tokens, window_only, false}, li, ri));
             auto a = new_array<std::int64_t>(li.size()), b = new_array<std::int64_t>(ri.size());
             std::copy(li.begin(), li.end(), a.data());
             std::copy(ri.begin(), ri.end(), b.data());

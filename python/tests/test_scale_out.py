@@ -126,6 +126,55 @@ def test_import_commit_and_abort():
     decode.cache.check_invariants()
 
 
+def test_hybrid_import_reads_what_each_groups_next_query_reads():
+    lg = kv.LayerGroups([kv.LayerGroup("full", [0], num_kv_heads=2, head_dim=8),
+                         kv.LayerGroup("sliding_window", [1], num_kv_heads=2, head_dim=4, window=12),
+                         kv.LayerGroup("chunked_local", [2], num_kv_heads=2, head_dim=4, chunk=16)], block_size=4)
+    assert [lg.block_size(g) for g in range(3)] == [4, 8, 8]
+    blocks, page = 48, lg.page_bytes
+    nodes = []
+    for fill in (5, None):
+        cache = kv.HybridCache(lg, num_blocks=blocks, max_sequences=4, max_tokens=64)
+        mem = np.zeros(page * blocks, dtype=np.uint8) if fill is None else \
+            np.random.default_rng(fill).integers(0, 256, page * blocks, dtype=np.uint8)
+        nodes.append((cache, mem, kv.LayoutHandshake.describe(lg, blocks, mem.ctypes.data, engine_id="h")))
+    (pc, pmem, ph), (dc, dmem, dh) = nodes
+    prompt = np.arange(1, 46, dtype=np.int32)
+    seq = pc.admit(prompt)[0]
+    pc.computed(seq, 45)
+    rows = [pc.export_block_table(g, [seq], 16)[0][:-(-45 // lg.block_size(g))] for g in range(3)]
+    holds = kv.TransferHolds()
+    hold = holds.hold(pc, pc.live_blocks(seq), consumers=1, deadline=10)
+    pc.free(seq)  # the hold keeps every group's blocks until the reader is done
+
+    imp, cached, n = dc.import_prompt(prompt)
+    assert (cached, n, dc.imports) == (0, 12 + 2 + 2, 1)
+    with pytest.raises(kv.InvalidArgument, match="group"):
+        dc.import_blocks(imp, 3)
+    planner = kv.TransferPlanner(dh, ph)
+    received = []
+    for g in range(3):
+        skip, local = dc.import_blocks(imp, g)
+        assert skip == (0, 4, 4)[g]  # a query at 45 reads 34 .. 44 (window 12), 32 .. 44 (chunk 16)
+        assert skip + len(local) == len(rows[g])
+        run(planner.plan(rows[g], local, group=g, skip=skip))
+        received += [(int(r), int(l)) for r, l in zip(rows[g][skip:], local)]
+    seq2, published = dc.commit_import(imp)
+    assert published == 11 + 1 + 1 and dc.imports == 0 and dc.computed_tokens(seq2) == 45
+    for r, l in received:
+        assert (pmem[r * page:(r + 1) * page] == dmem[l * page:(l + 1) * page]).all()
+    dc.check_invariants()
+    assert holds.consumed(pc, hold, 0) is True
+    assert pc.free_blocks == blocks - 1
+
+    # The transfer of a second copy fails: everything received goes back.
+    imp, cached, n = dc.import_prompt(prompt)
+    free = dc.free_blocks
+    seq3, cached, recompute = dc.abort_import(imp)
+    assert (cached, recompute) == (0, 45) and dc.free_blocks == free + n
+    dc.check_invariants()
+
+
 def test_transfer_holds_wait_for_readers_or_the_deadline():
     p = Pool(geometry())
     holds = kv.TransferHolds()

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <kvcache/cache.hpp>
+#include <kvcache/cache/hybrid.hpp>
 #include <kvcache/transfer/handshake_wire.hpp>
 #include <kvcache/transfer/transfer_holds.hpp>
 #include <kvcache/transfer/transfer_plan.hpp>
@@ -109,6 +110,76 @@ TEST_CASE_METHOD(DecodePage, "docs scale-out: a peer with another block size is 
     CHECK(std::string(e.what()) == "layout_mismatch: block_size=32 (limit 16)");
   }
   CHECK(cache.imports().size() == 0);
+}
+
+namespace {
+// A hybrid model (full and a window of 12) on both nodes; the prefill node computed a 45-token prompt.
+struct HybridPage {
+  std::vector<std::int32_t> l0{0}, l1{1};
+  kv::LayerGroupSpec specs[2] = {{.kind = kv::AttentionKind::full, .layers = l0, .num_kv_heads = 2, .head_dim = 8},
+                                 {.kind = kv::AttentionKind::sliding_window, .layers = l1, .num_kv_heads = 2, .head_dim = 8, .window = 12}};
+  kv::LayerGroups lg = *kv::LayerGroups::make({.groups = specs, .block_size = 4});
+  kv::HybridCache<> hybrid{{.groups = lg, .num_blocks = 40, .max_sequences = 2, .max_tokens = 64}};
+  kv::HybridCache<> peer{{.groups = lg, .num_blocks = 40, .max_sequences = 2, .max_tokens = 64}};
+  std::vector<std::uint8_t> pool = std::vector<std::uint8_t>(std::size_t(lg.page_bytes() * 40)),
+                            peer_pool = std::vector<std::uint8_t>(std::size_t(lg.page_bytes() * 40));
+  std::vector<std::int32_t> prompt = make_prompt(45);
+  kv::TransferPlanner planner{*kv::describe_layout(lg, 40, reinterpret_cast<std::uint64_t>(pool.data()), {}),
+                              *kv::describe_layout(lg, 40, reinterpret_cast<std::uint64_t>(peer_pool.data()), {})};
+  kv::SeqId peer_seq{}, decoded{}, recomputed{};
+  std::vector<std::int32_t> rows[2];
+  bool transfer_works = true;
+  std::int64_t recompute_tokens = -1;
+  HybridPage() {
+    std::vector<std::int32_t> slots(2 * 45);
+    peer_seq = peer.admit(prompt, slots)->seq;
+    REQUIRE(peer.computed(peer_seq, 45).ok());
+    for (std::size_t i = 0; i < peer_pool.size(); ++i) peer_pool[i] = std::uint8_t(i % 251);
+    const kv::SeqId one[] = {peer_seq};
+    for (std::int32_t g = 0; g < 2; ++g) {
+      rows[g].resize(12);
+      REQUIRE(peer.export_block_table(g, one, rows[g], 12).ok());
+      rows[g].resize(std::size_t(kv::GroupRule::of(lg, g).row_blocks(45)));
+    }
+  }
+  std::span<const std::int32_t> peer_row(std::int32_t g) const { return rows[g]; }
+  bool nixl_read(std::span<const kv::TransferDesc> plan) {
+    if (!transfer_works) return false;
+    for (const auto& d : plan) std::memcpy(reinterpret_cast<void*>(d.local), reinterpret_cast<const void*>(d.remote), std::size_t(d.bytes));
+    return true;
+  }
+  void decode_from(kv::SeqId s) { decoded = s; }
+  void recompute(kv::SeqId s, std::span<const std::int32_t> rest) {
+    recomputed = s;
+    recompute_tokens = std::int64_t(rest.size());
+  }
+};
+}  // namespace
+
+TEST_CASE_METHOD(HybridPage, "docs scale-out: a hybrid decode node receives each group's blocks and commits") {
+#include "snippets/disagg_hybrid.inc"
+  CHECK(*hybrid.computed_tokens(decoded) == 45);
+  CHECK(*hybrid.blocks_held(decoded, 0) == 12);
+  CHECK(*hybrid.blocks_held(decoded, 1) == 4);  // a query at 45 reads 34 .. 45: blocks 8 .. 11
+  const kv::SeqId one[] = {decoded};
+  std::vector<std::int32_t> mine(12);
+  for (std::int32_t g = 0; g < 2; ++g) {
+    REQUIRE(hybrid.export_block_table(g, one, mine, 12).ok());
+    for (std::size_t j = 0; j < rows[g].size(); ++j)
+      if (mine[j] != kv::BlockPool::null_block)
+        CHECK(std::memcmp(pool.data() + std::size_t(mine[j] * lg.page_bytes()), peer_pool.data() + std::size_t(rows[g][j] * lg.page_bytes()),
+                          std::size_t(lg.page_bytes())) == 0);
+  }
+  CHECK(hybrid.check_invariants().ok());
+}
+
+TEST_CASE_METHOD(HybridPage, "docs scale-out: a hybrid import that fails is recomputed") {
+  transfer_works = false;
+#include "snippets/disagg_hybrid.inc"
+  CHECK(recompute_tokens == 45);
+  CHECK(hybrid.free_blocks() == 39);  // no local hit: the sequence holds nothing
+  CHECK(hybrid.imports().size() == 0);
+  CHECK(hybrid.check_invariants().ok());
 }
 
 namespace {

@@ -21,6 +21,7 @@
 #include "kvcache/block_holds.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/cache/hybrid_accounting.hpp"
+#include "kvcache/cache/hybrid_imports.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/groups/group_exports.hpp"
 #include "kvcache/groups/group_hits.hpp"
@@ -48,13 +49,14 @@ struct HybridAdmitResult {
 
 /// Layer groups over one pool: all-or-nothing reserves across groups, per-group tables, hits and accounting.
 template <BlockHasher Hasher = FastBlockHasher>
-class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
+class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridImports<HybridCache<Hasher>> {
   friend class HybridAccounting<HybridCache<Hasher>>;
+  friend class HybridImports<HybridCache<Hasher>>;
 
  public:
   /// An empty cache; ConfigError names a bad field of cfg.
   explicit HybridCache(const HybridConfig& cfg, Hasher hasher = {})
-      : cfg_(checked(cfg)),
+      : cfg_(checked_hybrid_config(cfg)),
         pool_(cfg.num_blocks),
         hits_(cfg.groups, cfg.max_tokens, hasher),
         owner_(std::size_t(cfg.num_blocks), -1),
@@ -66,6 +68,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
     for (std::int32_t i = cfg.max_sequences - 1; i >= 0; --i) free_.push_back(std::uint32_t(i));
     chain_.resize(std::size_t(groups()) * seqs_.size());
     published_.resize(chain_.size());
+    this->imports_ = PendingImports(cfg.max_sequences);
   }
 
   const LayerGroups& layer_groups() const noexcept { return cfg_.groups; }  ///< The groups.
@@ -81,7 +84,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
     const std::uint32_t i = free_.back();
     free_.pop_back();
     Seq& s = seqs_[i];
-    s.live = true, s.reserved = s.computed = s.promised = 0, s.key = key, s.tokens.clear(), s.tokens_from = 0;
+    s.live = true, s.sealed = false, s.reserved = s.computed = s.promised = 0, s.key = key, s.tokens.clear(), s.tokens_from = 0;
     for (std::int32_t g = 0; g < groups(); ++g) published(g, i) = 0, chain(g, i) = chain_root(key);
     return SeqId{i, s.generation};
   }
@@ -229,33 +232,23 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
   /// Equal state (the hit finder's scratch aside): what error paths are tested against.
   friend bool operator==(const HybridCache& a, const HybridCache& b) {
     return a.pool_ == b.pool_ && a.rows_ == b.rows_ && a.owner_ == b.owner_ && a.seqs_ == b.seqs_ && a.free_ == b.free_ &&
-           a.chain_ == b.chain_ && a.published_ == b.published_ && a.holds_ == b.holds_;
+           a.chain_ == b.chain_ && a.published_ == b.published_ && a.holds_ == b.holds_ && a.imports_ == b.imports_;
   }
 
  private:
   struct Seq {
     friend bool operator==(const Seq&, const Seq&) = default;
     std::uint32_t generation = 0;
-    bool live = false;
+    bool live = false, sealed = false;  // sealed: an import's row (hybrid_imports.hpp), named by no call
     std::int64_t reserved = 0, computed = 0, promised = 0;
     PrefixKey key{};
     std::vector<std::int32_t> tokens;  // ids from tokens_from to reserved: what a later publish hashes
     std::int64_t tokens_from = 0;
   };
-  static const HybridConfig& checked(const HybridConfig& c) {
-    const auto fail = [](const char* what, std::int64_t v, std::int64_t lim) {
-      throw ConfigError("kvcache::HybridCache", Status{Errc::invalid_argument, what, v, lim});
-    };
-    if (c.groups.num_groups() < 1) fail("groups (LayerGroups::make builds them)", 0, 1);
-    if (c.num_blocks < 2) fail("num_blocks", c.num_blocks, 2);
-    if (c.max_sequences < 1) fail("max_sequences", c.max_sequences, 1);
-    if (c.max_tokens < 1) fail("max_tokens", c.max_tokens, 1);
-    if (c.prefill_chunk < 0) fail("prefill_chunk", c.prefill_chunk, 0);
-    return c;
-  }
   Status validate(SeqId id) const noexcept {
     if (id.index >= seqs_.size() || !seqs_[id.index].live || seqs_[id.index].generation != id.generation)
       return Status{Errc::unknown_sequence, "seq", id.index, std::int64_t(seqs_.size())};
+    if (seqs_[id.index].sealed) return Status{Errc::unknown_sequence, "seq (an import in flight)", id.index, std::int64_t(seqs_.size())};
     return {};
   }
   // After the checks: tokens [0, tokens) are computed; publishes the full blocks of every caching group.
@@ -273,6 +266,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>> {
         const BlockHash parent = chain(g, i);
         chain(g, i) = hits_.hash(parent, std::span(s.tokens).subspan(from, std::size_t(r.block_size)), s.key.extra);
         const BlockId b = rows.row(i)[std::size_t(j)];
+        if (b == BlockPool::null_block) continue;  // an import's window block never received: chained, not published
         const std::int32_t up = r.chained() && j > 0 ? rows.row(i)[std::size_t(j - 1)] : PrefixIndex::kChainRoot;
         if (auto p = pool_.publish(b, group_key(chain(g, i), g), group_key(parent, g), StoredBlock{.parent_block = up}); !p)
           return p.status();

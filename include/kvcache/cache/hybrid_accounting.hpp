@@ -33,6 +33,19 @@ struct HybridConfig {
   bool prefix_caching = true;  ///< Publish full computed blocks and serve hits.
 };
 
+/// cfg, or ConfigError naming its first bad field.
+inline const HybridConfig& checked_hybrid_config(const HybridConfig& c) {
+  const auto fail = [](const char* what, std::int64_t v, std::int64_t lim) {
+    throw ConfigError("kvcache::HybridCache", Status{Errc::invalid_argument, what, v, lim});
+  };
+  if (c.groups.num_groups() < 1) fail("groups (LayerGroups::make builds them)", 0, 1);
+  if (c.num_blocks < 2) fail("num_blocks", c.num_blocks, 2);
+  if (c.max_sequences < 1) fail("max_sequences", c.max_sequences, 1);
+  if (c.max_tokens < 1) fail("max_tokens", c.max_tokens, 1);
+  if (c.prefill_chunk < 0) fail("prefill_chunk", c.prefill_chunk, 0);
+  return c;
+}
+
 /// Blocks one request of `length` tokens holds at most over every group of lg,
 /// with at most `in_flight` tokens reserved beyond those computed.
 inline std::int64_t hybrid_blocks_needed(const LayerGroups& lg, std::int64_t length, std::int64_t in_flight) noexcept {
@@ -178,6 +191,7 @@ class HybridAccounting {
         }
       }
     }
+    if (auto st = self().check_imports(); !st) return st;
     for (BlockId b = 1; b < pool.capacity(); ++b) {
       if (refs[std::size_t(b)] != pool.ref_count(b)) return Status{Errc::invariant_violated, "ref_count", b, refs[std::size_t(b)]};
       if (pool.has_hash(b) && self().owner_[std::size_t(b)] < 0) return Status{Errc::invariant_violated, "hash_owner", b, -1};

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <vector>
 
 #include "kvcache/config.hpp"
 #include "kvcache/sequence_id.hpp"
@@ -42,12 +43,19 @@ class TransferHolds {
     holds_[*id] = Entry{consumers, 0, deadline};
     return *id;
   }
-  /// hold() of sequence s's blocks (a token-paged cache's row).
+  /// hold() of sequence s's blocks: a token-paged cache's row, or every
+  /// group's live blocks of a hybrid cache (its live_blocks()).
   template <class Cache>
   Result<std::uint64_t> hold(Cache& cache, SeqId s, std::int32_t consumers, std::int64_t deadline) {
-    auto blocks = cache.table().blocks(s);
-    if (!blocks) return blocks.status();
-    return hold(cache, *blocks, consumers, deadline);
+    if constexpr (requires { cache.table(); }) {
+      auto blocks = cache.table().blocks(s);
+      if (!blocks) return blocks.status();
+      return hold(cache, *blocks, consumers, deadline);
+    } else {
+      std::vector<std::int32_t> blocks;
+      if (auto st = cache.live_blocks(s, blocks); !st) return st;
+      return hold(cache, blocks, consumers, deadline);
+    }
   }
 
   /// Consumer `consumer` (0 .. consumers - 1) has read hold `id`: true when

@@ -41,12 +41,13 @@ struct GroupBlocks {
   std::span<const std::int32_t> remote{};
   /// This rank's blocks for remote[skip ..]: local[i] receives remote[skip + i].
   std::span<const std::int32_t> local{};
+  /// Leading remote blocks not read: this rank's prefix cache holds them
+  /// (import()'s cached blocks). Per group, since groups' block sizes differ.
+  std::int32_t skip = 0;
 };
 
 /// What a plan reads.
 struct TransferOptions {
-  /// Leading remote blocks not read: this rank's prefix cache holds them (import()'s cached blocks).
-  std::int32_t skip = 0;
   /// The sequence's tokens, for `window_only`.
   std::int64_t num_tokens = 0;
   /// A sliding-window group reads only the blocks its next query (at position num_tokens) reads,
@@ -115,6 +116,10 @@ class TransferPlanner {
 
   /// Whether the two layouts can exchange blocks (check_compatible and the regions).
   const Status& status() const noexcept { return status_; }
+  /// This rank's handshake (a copy).
+  const LayoutHandshake& local() const noexcept { return local_; }
+  /// The peer's handshake (a copy).
+  const LayoutHandshake& remote() const noexcept { return remote_; }
   /// Plane regions per side (descriptor ids count in them: region × num_blocks + block).
   std::int32_t num_plane_regions() const noexcept { return std::int32_t(lp_.size()); }
 
@@ -174,19 +179,19 @@ class TransferPlanner {
   template <class F>
   Status walk(std::span<const GroupBlocks> blocks, const TransferOptions& opt, F&& f) const {
     if (!status_) return status_;
-    if (opt.skip < 0) return Status{Errc::invalid_argument, "skip", opt.skip, 0};
     if (opt.num_tokens < 0) return Status{Errc::invalid_argument, "num_tokens", opt.num_tokens, 0};
     for (const GroupBlocks& gb : blocks) {  // check everything before the first descriptor
       const std::int64_t groups = std::int64_t(local_.groups.size());
       if (gb.group < 0 || gb.group >= groups) return Status{Errc::invalid_argument, "group", gb.group, groups - 1};
-      if (std::int64_t(gb.remote.size()) < opt.skip) return Status{Errc::invalid_argument, "skip", opt.skip, std::int64_t(gb.remote.size())};
-      if (gb.local.size() != gb.remote.size() - std::size_t(opt.skip))
+      if (gb.skip < 0 || std::int64_t(gb.remote.size()) < gb.skip)
+        return Status{Errc::invalid_argument, "skip", gb.skip, std::int64_t(gb.remote.size())};
+      if (gb.local.size() != gb.remote.size() - std::size_t(gb.skip))
         return Status{Errc::invalid_argument, "local.size (remote.size - skip)", std::int64_t(gb.local.size()),
-                      std::int64_t(gb.remote.size()) - opt.skip};
+                      std::int64_t(gb.remote.size()) - gb.skip};
       const std::int32_t first = first_read(gb, opt);
       for (std::size_t i = std::size_t(first); i < gb.local.size(); ++i) {
         if (gb.local[i] < 1 || gb.local[i] >= local_.num_blocks) return Status{Errc::invalid_argument, "local block", gb.local[i], local_.num_blocks - 1};
-        const std::int32_t rb = gb.remote[i + std::size_t(opt.skip)];
+        const std::int32_t rb = gb.remote[i + std::size_t(gb.skip)];
         if (rb < 1 || rb >= remote_.num_blocks) return Status{Errc::invalid_argument, "remote block", rb, remote_.num_blocks - 1};
       }
     }
@@ -198,7 +203,7 @@ class TransferPlanner {
       const bool plane_major = lo < hi && lp_[lo].stride == lp_[lo].bytes;
       const auto piece = [&](std::size_t p, std::size_t i) {
         const auto [off, len] = slice(p);
-        f(lp_[p], rp_[p], gb.local[i], gb.remote[i + std::size_t(opt.skip)], p, off, len);
+        f(lp_[p], rp_[p], gb.local[i], gb.remote[i + std::size_t(gb.skip)], p, off, len);
       };
       if (plane_major) {
         for (std::size_t p = lo; p < hi; ++p)
@@ -218,7 +223,7 @@ class TransferPlanner {
     std::int64_t first_pos = 0;  // the first position the query at num_tokens reads
     if (g.kind == AttentionKind::sliding_window) first_pos = std::max<std::int64_t>(0, opt.num_tokens - g.window + 1);
     else if (g.kind == AttentionKind::chunked_local) first_pos = opt.num_tokens - opt.num_tokens % g.chunk;
-    const std::int64_t block = first_pos / g.block_size - opt.skip;
+    const std::int64_t block = first_pos / g.block_size - gb.skip;
     return std::int32_t(std::clamp<std::int64_t>(block, 0, std::int64_t(gb.local.size())));
   }
 
