@@ -123,8 +123,9 @@ class HybridImports {
   }
 
   /// The transfer of import `id` landed: the sequence (its tokens all
-  /// computed) is handed out, and its full blocks are published with the
-  /// prompt's hashes (window blocks it never received are skipped in the chain). unknown_job for an id not in flight.
+  /// computed) is handed out, and its received full blocks are published
+  /// under the prompt's chain hashes (window blocks it never received are not
+  /// published, though their tokens stay in the chain). unknown_job for an id not in flight.
   Result<ImportCommit> commit_import(std::uint64_t id) {
     Cache& c = self();
     auto e = imports_.find(id);
