@@ -44,24 +44,12 @@ std::vector<std::int32_t> make_prompt(std::int32_t n) {
   return p;
 }
 
-// The decode node, with the prefill node beside it in the same process.
-struct DecodePage : Node {
-  Node prefill;
-  std::vector<std::int32_t> prompt = make_prompt(40);
-  std::vector<std::uint8_t> peer_bytes;
-  std::vector<kv::BlockId> remote_blocks;
+// The decode engine's names the snippets call: a "NIXL read" that memcpys a
+// plan (or fails), and what it decodes or recomputes.
+struct DecodeEngine {
   bool transfer_works = true;
   kv::SeqId decoded{}, recomputed{};
-  std::int64_t recompute_tokens = 0;
-  DecodePage() : Node(16) {
-    const kv::SeqId s = *prefill.cache.add_sequence();
-    std::vector<std::int32_t> slots(prompt.size());
-    REQUIRE(prefill.cache.reserve(s, prompt, slots).ok());
-    for (std::size_t i = 0; i < prefill.pool.size(); ++i) prefill.pool[i] = std::uint8_t(i % 251);  // the prefill's KV
-    const auto row = *prefill.cache.table().blocks(s);
-    remote_blocks.assign(row.begin(), row.end());
-    kv::to_msgpack(*kv::describe_layout(prefill.cache.geometry(), 32, prefill.pool_address, {.engine_id = "prefill-0"}), peer_bytes);
-  }
+  std::int64_t recompute_tokens = -1;
   bool nixl_read(std::span<const kv::TransferDesc> plan) {
     if (!transfer_works) return false;
     for (const auto& d : plan) std::memcpy(reinterpret_cast<void*>(d.local), reinterpret_cast<const void*>(d.remote), std::size_t(d.bytes));
@@ -71,6 +59,23 @@ struct DecodePage : Node {
   void recompute(kv::SeqId s, std::span<const std::int32_t> rest) {
     recomputed = s;
     recompute_tokens = std::int64_t(rest.size());
+  }
+};
+
+// The decode node, with the prefill node beside it in the same process.
+struct DecodePage : Node, DecodeEngine {
+  Node prefill;
+  std::vector<std::int32_t> prompt = make_prompt(40);
+  std::vector<std::uint8_t> peer_bytes;
+  std::vector<kv::BlockId> remote_blocks;
+  DecodePage() : Node(16) {
+    const kv::SeqId s = *prefill.cache.add_sequence();
+    std::vector<std::int32_t> slots(prompt.size());
+    REQUIRE(prefill.cache.reserve(s, prompt, slots).ok());
+    for (std::size_t i = 0; i < prefill.pool.size(); ++i) prefill.pool[i] = std::uint8_t(i % 251);  // the prefill's KV
+    const auto row = *prefill.cache.table().blocks(s);
+    remote_blocks.assign(row.begin(), row.end());
+    kv::to_msgpack(*kv::describe_layout(prefill.cache.geometry(), 32, prefill.pool_address, {.engine_id = "prefill-0"}), peer_bytes);
   }
 };
 
@@ -114,7 +119,7 @@ TEST_CASE_METHOD(DecodePage, "docs scale-out: a peer with another block size is 
 
 namespace {
 // A hybrid model (full and a window of 12) on both nodes; the prefill node computed a 45-token prompt.
-struct HybridPage {
+struct HybridPage : DecodeEngine {
   std::vector<std::int32_t> l0{0}, l1{1};
   kv::LayerGroupSpec specs[2] = {{.kind = kv::AttentionKind::full, .layers = l0, .num_kv_heads = 2, .head_dim = 8},
                                  {.kind = kv::AttentionKind::sliding_window, .layers = l1, .num_kv_heads = 2, .head_dim = 8, .window = 12}};
@@ -126,10 +131,8 @@ struct HybridPage {
   std::vector<std::int32_t> prompt = make_prompt(45);
   kv::TransferPlanner planner{*kv::describe_layout(lg, 40, reinterpret_cast<std::uint64_t>(pool.data()), {}),
                               *kv::describe_layout(lg, 40, reinterpret_cast<std::uint64_t>(peer_pool.data()), {})};
-  kv::SeqId peer_seq{}, decoded{}, recomputed{};
+  kv::SeqId peer_seq{};
   std::vector<std::int32_t> rows[2];
-  bool transfer_works = true;
-  std::int64_t recompute_tokens = -1;
   HybridPage() {
     std::vector<std::int32_t> slots(2 * 45);
     peer_seq = peer.admit(prompt, slots)->seq;
@@ -143,16 +146,6 @@ struct HybridPage {
     }
   }
   std::span<const std::int32_t> peer_row(std::int32_t g) const { return rows[g]; }
-  bool nixl_read(std::span<const kv::TransferDesc> plan) {
-    if (!transfer_works) return false;
-    for (const auto& d : plan) std::memcpy(reinterpret_cast<void*>(d.local), reinterpret_cast<const void*>(d.remote), std::size_t(d.bytes));
-    return true;
-  }
-  void decode_from(kv::SeqId s) { decoded = s; }
-  void recompute(kv::SeqId s, std::span<const std::int32_t> rest) {
-    recomputed = s;
-    recompute_tokens = std::int64_t(rest.size());
-  }
 };
 }  // namespace
 
