@@ -63,14 +63,17 @@ inline std::vector<std::byte> random_elems(std::mt19937_64& rng, kv::DType t, st
 
 inline kv::GeometrySpec random_spec(std::mt19937_64& rng) {
   const int block_sizes[] = {1, 16, 32};
-  const kv::DType dtypes[] = {kv::DType::f32, kv::DType::f16, kv::DType::bf16, kv::DType::fp8_e4m3};
+  // int8 and e5m2 pools take a per-tensor scale (the call's k_scale / v_scale).
+  const kv::DType dtypes[] = {kv::DType::f32, kv::DType::f16, kv::DType::bf16, kv::DType::fp8_e4m3, kv::DType::fp8_e5m2,
+                              kv::DType::int8};
   const int dims[] = {8, 16, 64, 128};
   kv::GeometrySpec s;
   s.num_layers = 1 + static_cast<int>(rng() % 3);
   s.num_kv_heads = 1 + static_cast<int>(rng() % 4);
   s.head_dim = dims[rng() % 4];
   s.block_size = block_sizes[rng() % 3];
-  s.dtype = dtypes[rng() % 4];
+  s.dtype = dtypes[rng() % 6];
+  if (s.dtype == kv::DType::int8) s.format = {{.scales = kv::Scales::tensor}, {.scales = kv::Scales::tensor}};
   s.layout = rng() % 2 ? kv::Layout::NHD : kv::Layout::HND;
   s.planes = rng() % 2 ? kv::KvPlanes::interleaved : kv::KvPlanes::separate;
   return s;

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <kvcache/kernels/common.hpp>
+#include <kvcache/kernels/quant.hpp>
 
 #include <cmath>
 #include <cstring>
@@ -157,4 +158,63 @@ TEST_CASE("fp8 e4m3 conversion: every code decodes per the format and encodes to
     INFO("x = " << x);
     REQUIRE(cvt::f32_to_e4m3(x) == nearest_code(x, 0x7f, decode, 0x80u));
   }
+}
+
+TEST_CASE("fp8 e5m2 conversion: every code decodes per the format and encodes to the nearest code") {
+  auto decode = [](std::uint32_t c) {
+    const int e = int((c >> 2) & 31u), m = int(c & 3u);
+    if (e == 31) return m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+    return e == 0 ? std::ldexp(double(m), -16) : std::ldexp(1.0 + m / 4.0, e - 15);
+  };
+  for (std::uint32_t c = 0; c < 256; ++c) {
+    const double want = decode(c & 0x7fu) * ((c & 0x80u) ? -1.0 : 1.0);
+    const float got = cvt::e5m2_to_f32(static_cast<std::uint8_t>(c));
+    if (std::isnan(want)) REQUIRE(std::isnan(got));
+    else REQUIRE(double(got) == want);
+    if (std::isfinite(want)) REQUIRE(cvt::f32_to_e5m2(got) == c);
+  }
+  CHECK(cvt::f32_to_e5m2(57344.0f) == 0x7b);
+  CHECK(cvt::f32_to_e5m2(1e9f) == 0x7b);  // saturates: a KV code never becomes inf
+  CHECK(cvt::f32_to_e5m2(-1e9f) == 0xfb);
+  CHECK(cvt::f32_to_e5m2(1.125f) == 0x3c);  // tie between 1.0 and 1.25 -> even
+  CHECK(cvt::f32_to_e5m2(std::numeric_limits<float>::quiet_NaN()) == 0x7f);
+  for (float x : probe_floats(20000)) {
+    if (std::fabs(x) > 57344.0f) continue;
+    INFO("x = " << x);
+    REQUIRE(cvt::f32_to_e5m2(x) == nearest_code(x, 0x7b + 1, decode, 0x80u));
+  }
+}
+
+TEST_CASE("fp4 e2m1 conversion: every code decodes per the format and encodes to the nearest code") {
+  auto decode = [](std::uint32_t c) {
+    const int e = int((c >> 1) & 3u), m = int(c & 1u);
+    return e == 0 ? m * 0.5 : std::ldexp(1.0 + m / 2.0, e - 1);
+  };
+  for (std::uint32_t c = 0; c < 16; ++c) {
+    const double want = decode(c & 7u) * ((c & 8u) ? -1.0 : 1.0);
+    REQUIRE(double(quant::e2m1_to_f32(c)) == want);
+    if (c != 8) REQUIRE(quant::f32_to_e2m1(float(want)) == c);  // code 8 (-0) encodes as +0: below
+  }
+  CHECK(quant::f32_to_e2m1(-0.0f) == 0u);
+  CHECK(quant::f32_to_e2m1(100.0f) == 7u);  // saturates at 6
+  CHECK(quant::f32_to_e2m1(-100.0f) == 15u);
+  CHECK(quant::f32_to_e2m1(std::numeric_limits<float>::quiet_NaN()) == 0u);
+  for (float x : probe_floats(20000)) {
+    if (std::fabs(x) > 6.0f || x == 0.0f) continue;
+    INFO("x = " << x);
+    REQUIRE(quant::f32_to_e2m1(x) == nearest_code(x, 8, decode, 8u));
+  }
+}
+
+TEST_CASE("int8 elements round half away from zero and saturate at +-127") {
+  std::int8_t b[1];
+  const std::pair<float, int> cases[] = {{0.5f, 1}, {-0.5f, -1}, {1.49f, 1}, {126.6f, 127}, {1000.0f, 127},
+                                         {-1000.0f, -127}, {-127.5f, -127}, {2.5f, 3}};
+  for (auto [x, want] : cases) {
+    store_elem(DType::int8, b, 0, x);
+    CHECK(int(b[0]) == want);
+    CHECK(load_elem(DType::int8, b, 0) == float(want));
+  }
+  store_elem(DType::int8, b, 0, std::numeric_limits<float>::quiet_NaN());
+  CHECK(int(b[0]) == 0);
 }

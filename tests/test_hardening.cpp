@@ -343,7 +343,7 @@ TEST_CASE("every enum field of every kernel's parameters is checked: a value out
   kvtest::Pool pool(spec, 4);
   kvtest::poison(pool.bytes);
   const auto before = pool.bytes;
-  const auto bogus_dtype = static_cast<DType>(7);
+  const auto bogus_dtype = static_cast<DType>(kLastDType + 1);
   std::vector<float> k(4, 1.0f), v(4, 2.0f), out(16), bounds(4 * 2 * 4), cs(4), sn(4), attn(4), sc(4);
   std::vector<std::int32_t> slots{1}, indptr{0, 1}, indices{1}, out_indptr{0, 1}, one{1}, zero{0}, len{1}, rows(8, 1);
   std::vector<std::uint8_t> bits(B);

@@ -46,6 +46,7 @@ TEST_CASE("rope rotates exactly the listed blocks' keys, NeoX and GPT-J pairing"
     for (int trial = 0; trial < 10; ++trial) {
       GeometrySpec g = random_spec(rng);
       g.dtype = DType::f32;  // exact comparison against a double reference
+      g.format = {};
       const std::int32_t max_delta = 64, half = g.head_dim / 2;
       std::vector<float> cs((max_delta + 1) * half), sn(cs.size());
       REQUIRE(make_rope_table(10000.0, g.head_dim, max_delta, cs, sn).ok());

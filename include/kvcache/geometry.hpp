@@ -3,15 +3,14 @@
 // memory; this only says how much it needs and where things are.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kvcache/config.hpp"
+#include "kvcache/kv_format.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
-
-/// Element type of the pool: fp32, fp16, bf16 or fp8 e4m3.
-enum class DType : std::uint8_t { f32, f16, bf16, fp8_e4m3 };
 
 /// Token/head order inside one (block, layer, K|V) plane.
 ///   NHD: [block_size][kv_heads][head_dim]   (vLLM flash, FlashInfer kNHD)
@@ -24,17 +23,6 @@ enum class Layout : std::uint8_t { NHD, HND };
 ///   separate:    [layers][2][num_blocks][plane]  per-layer K and V tensors, as
 ///                vLLM's [2, num_blocks, ...] per-layer caches
 enum class KvPlanes : std::uint8_t { interleaved, separate };
-
-/// Bytes per element of d.
-KVCACHE_HOST_DEVICE constexpr std::int64_t dtype_bytes(DType d) noexcept {
-  switch (d) {
-    case DType::f32: return 4;
-    case DType::f16: return 2;
-    case DType::bf16: return 2;
-    case DType::fp8_e4m3: return 1;
-  }
-  return 0;
-}
 
 /// Byte strides of one concrete pool. Trivially copyable: kernels take it by value.
 struct Strides {
@@ -57,12 +45,15 @@ struct GeometrySpec {
   std::int32_t num_kv_heads = 1;  ///< Key/value heads (GQA groups).
   std::int32_t head_dim = 128;  ///< Elements per head.
   std::int32_t block_size = 16;  ///< Tokens per block.
-  DType dtype = DType::f16;  ///< Element type: f32, f16, bf16 or fp8_e4m3.
+  DType dtype = DType::f16;  ///< Element type of K and V: a float type, or a code (kv_format.hpp) with format's scales.
   Layout layout = Layout::NHD;  ///< NHD ([token][head][dim]) or HND ([head][token][dim]) within a block.
   KvPlanes planes = KvPlanes::interleaved;  ///< interleaved ([block][layer][K,V]) or separate ([layer][K,V][block]).
   /// V's head dim: -1 = head_dim (K and V); 0 = no V, one plane per layer (MLA's latent: DeepSeek V2/V3 store
   /// 512 + 64 values a token in one head). K and V of different dims are layer groups' (groups/layer_groups.hpp).
   std::int32_t v_head_dim = -1;
+  /// How K and V are scaled (kv_format.hpp). Group scales live in each plane
+  /// after its codes, so a block's bytes are its codes and its scales.
+  KvFormat format{};
 };
 
 /// A validated GeometrySpec with its byte sizes and strides.
@@ -77,8 +68,7 @@ class Geometry {
     if (s.num_kv_heads < 1) return Status{Errc::invalid_argument, "num_kv_heads", s.num_kv_heads, 1};
     if (s.head_dim < 1) return Status{Errc::invalid_argument, "head_dim", s.head_dim, 1};
     if (s.block_size < 1) return Status{Errc::invalid_argument, "block_size", s.block_size, 1};
-    const std::int64_t elem = dtype_bytes(s.dtype);
-    if (elem == 0) return Status{Errc::invalid_argument, "dtype", static_cast<std::int64_t>(s.dtype), 3};
+    if (dtype_bits(s.dtype) == 0) return Status{Errc::invalid_argument, "dtype", static_cast<std::int64_t>(s.dtype), kLastDType};
     if (s.layout != Layout::NHD && s.layout != Layout::HND)
       return Status{Errc::invalid_argument, "layout", static_cast<std::int64_t>(s.layout), 1};
     if (s.planes != KvPlanes::interleaved && s.planes != KvPlanes::separate)
@@ -86,20 +76,39 @@ class Geometry {
     if (s.v_head_dim != -1 && s.v_head_dim != 0 && s.v_head_dim != s.head_dim)
       return Status{Errc::invalid_argument, "v_head_dim (head_dim, or 0 for no V; other dims: layer groups)", s.v_head_dim,
                     s.head_dim};
+    if (dtype_bits(s.dtype) == 4 && s.head_dim % 2 != 0)
+      return Status{Errc::invalid_argument, "head_dim (odd: a 4-bit dtype packs two values a byte)", s.head_dim, 2};
+    if (auto st = check_side_format(s.format.k, s.dtype, s.head_dim, true); !st) return st;
+    if (s.v_head_dim == 0 && s.format.v != SideFormat{})
+      return Status{Errc::invalid_argument, "format.v.scales (the pool has no V plane)", static_cast<std::int64_t>(s.format.v.scales), 0};
+    if (auto st = check_side_format(s.format.v, s.dtype, s.head_dim, false); s.v_head_dim != 0 && !st) return st;
     Geometry g;
     g.spec_ = s;
     // One block's bytes, factor by factor: an overflow names the factor that
     // took the product past int64 and the largest value it could have had.
-    std::int64_t head = 0, heads = 0, plane = 0, block = 0;
+    const std::int64_t head = kvcache::row_bytes(s.dtype, s.head_dim);  // int32 x 32 bits: no overflow
+    std::int64_t heads = 0, codes = 0, plane = 0, block = 0;
     const auto too_big = [](const char* what, std::int64_t v, std::int64_t so_far) {
       return Status{Errc::geometry_overflow, what, v, INT64_MAX / so_far};
     };
-    if (__builtin_mul_overflow(std::int64_t{s.head_dim}, elem, &head))
-      return too_big("head_dim (block bytes past int64)", s.head_dim, elem);
     if (__builtin_mul_overflow(head, std::int64_t{s.num_kv_heads}, &heads))
       return too_big("num_kv_heads (block bytes past int64)", s.num_kv_heads, head);
-    if (__builtin_mul_overflow(heads, std::int64_t{s.block_size}, &plane))
+    if (__builtin_mul_overflow(heads, std::int64_t{s.block_size}, &codes))
       return too_big("block_size (block bytes past int64)", s.block_size, heads);
+    // Group entries follow the codes, from a 16-byte boundary (vector loads of
+    // the codes never cover a scale). K's and V's planes have one size, the
+    // larger: both sides' codes are the same size, their groups may differ.
+    plane = codes;
+    std::int64_t rows = 0;
+    const std::int64_t scale_bytes = std::max(g.group_bytes_per_row(0), g.group_bytes_per_row(1));
+    if (scale_bytes > 0) {
+      g.scales_offset_ = (codes + 15) / 16 * 16;
+      if (g.scales_offset_ < codes || __builtin_mul_overflow(std::int64_t{s.num_kv_heads}, std::int64_t{s.block_size}, &rows) ||
+          __builtin_mul_overflow(rows, scale_bytes, &plane) || __builtin_add_overflow(plane, g.scales_offset_, &plane))
+        return too_big("block_size (block bytes past int64)", s.block_size, heads);
+    } else {
+      g.scales_offset_ = codes;
+    }
     const std::int64_t planes = s.v_head_dim == 0 ? 1 : 2;
     if (__builtin_mul_overflow(plane, planes * s.num_layers, &block))
       return too_big("num_layers (block bytes past int64)", s.num_layers, planes * plane);
@@ -113,10 +122,30 @@ class Geometry {
   constexpr const GeometrySpec& spec() const noexcept { return spec_; }
   /// Tokens per block.
   constexpr std::int32_t block_size() const noexcept { return spec_.block_size; }
-  /// Bytes per element of the dtype.
+  /// Bytes per element of the dtype (0 for the packed 4-bit types: see row_bytes()).
   constexpr std::int64_t element_bytes() const noexcept { return dtype_bytes(spec_.dtype); }
-  /// One (block, layer, K|V) plane: block_size x kv_heads x head_dim elements.
+  /// Bytes of one (token, head) row's codes: head_dim elements.
+  constexpr std::int64_t row_bytes() const noexcept { return head_bytes_; }
+  /// One (block, layer, K|V) plane: block_size x kv_heads rows of codes, then
+  /// (group scales) each row's group entries, from scales_offset().
   constexpr std::int64_t plane_bytes() const noexcept { return plane_bytes_; }
+  /// Bytes from a plane's start to its first group entry (the codes' bytes,
+  /// rounded up to 16 when there are group scales).
+  constexpr std::int64_t scales_offset() const noexcept { return scales_offset_; }
+  /// The format of side kv (0 = K, 1 = V).
+  constexpr const SideFormat& side(std::int32_t kv) const noexcept { return kv == 0 ? spec_.format.k : spec_.format.v; }
+  /// Group entries (scale, and minimum if any) of one row of side kv, in bytes; 0 without group scales.
+  constexpr std::int64_t group_bytes_per_row(std::int32_t kv) const noexcept {
+    const SideFormat& f = side(kv);
+    return f.scales == Scales::group ? spec_.head_dim / f.group * group_entry_bytes(spec_.dtype, f) : 0;
+  }
+  /// Byte offset, from its plane's start, of the group entries of (token, head)
+  /// on side kv: rows in the codes' order (NHD: token-major; HND: head-major).
+  constexpr std::int64_t group_entries_offset(std::int32_t kv, std::int32_t token, std::int32_t head) const noexcept {
+    const std::int64_t row = spec_.layout == Layout::NHD ? std::int64_t{token} * spec_.num_kv_heads + head
+                                                         : std::int64_t{head} * spec_.block_size + token;
+    return scales_offset_ + row * group_bytes_per_row(kv);
+  }
   /// All layers, K and V, of one block.
   constexpr std::int64_t block_bytes() const noexcept { return block_bytes_; }
   /// Planes per (block, layer): 2 (K and V), or 1 (v_head_dim 0: K alone).
@@ -155,13 +184,15 @@ class Geometry {
     return a.block_bytes_ == b.block_bytes_ && a.spec_.num_layers == b.spec_.num_layers &&
            a.spec_.num_kv_heads == b.spec_.num_kv_heads && a.spec_.head_dim == b.spec_.head_dim &&
            a.spec_.block_size == b.spec_.block_size && a.spec_.dtype == b.spec_.dtype &&
-           a.spec_.layout == b.spec_.layout && a.spec_.planes == b.spec_.planes && a.kv_planes() == b.kv_planes();
+           a.spec_.layout == b.spec_.layout && a.spec_.planes == b.spec_.planes && a.kv_planes() == b.kv_planes() &&
+           a.spec_.format == b.spec_.format;
   }
 
  private:
   GeometrySpec spec_{};
   std::int64_t head_bytes_ = 0;
   std::int64_t plane_bytes_ = 0;
+  std::int64_t scales_offset_ = 0;
   std::int64_t block_bytes_ = 0;
 };
 

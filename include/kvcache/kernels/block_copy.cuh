@@ -25,7 +25,7 @@ static __global__ void block_copy_kernel(BlockCopyParams p) {
 inline cudaError_t block_copy_cuda(const BlockCopyParams& p, cudaStream_t stream) {
   if (auto st = check_block_copy_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_pairs == 0) return cudaSuccess;
-  const std::int32_t lanes = cuda_detail::lanes_for(p.dst.dtype, p.src.dtype, 1.0f, plane_elems(p.src), 256);
+  const std::int32_t lanes = cuda_detail::lanes_for(DType::int8, DType::int8, 1.0f, plane_run_bytes(p.src), 256);
   const std::int64_t layers = block_copy_layer_end(p) - p.first_layer;
   block_copy_kernel<<<cuda_detail::grid_for(std::int64_t{p.num_pairs} * layers * p.src.kv_planes),
                       cuda_detail::threads_for(1, lanes), 0, stream>>>(p);

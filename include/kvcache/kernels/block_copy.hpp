@@ -36,13 +36,19 @@ KVCACHE_HOST_DEVICE inline std::int32_t plane_elems(const PoolView& v) noexcept 
   return v.block_size * v.num_kv_heads * v.head_dim;
 }
 
-/// Copies one (pair, layer, K|V) plane; lanes split the bytes (shared by both backends).
+/// Bytes of one plane: codes and, for group scales, their entries. Copied as
+/// one run, so a block's scales move with its codes.
+KVCACHE_HOST_DEVICE inline std::int32_t plane_run_bytes(const PoolView& v) noexcept {
+  return static_cast<std::int32_t>(v.plane_bytes > 0 ? v.plane_bytes : row_bytes(v.dtype, plane_elems(v)));
+}
+
+/// Copies one (pair, layer, K|V) plane as raw bytes; lanes split them (shared by both backends).
 KVCACHE_HOST_DEVICE inline void copy_plane(const BlockCopyParams& p, std::int32_t pair, std::int32_t layer,
                                            std::int32_t kv, std::int32_t lane, std::int32_t nlanes) noexcept {
   const BlockCopy c = p.pairs[pair];
   if (c.src < 0 || c.src >= p.src.num_blocks || c.dst < 0 || c.dst >= p.dst.num_blocks) return;
-  move_row(p.dst.row(c.dst, layer, kv, 0, 0), p.dst.dtype, p.src.row(c.src, layer, kv, 0, 0), p.src.dtype,
-           plane_elems(p.src), 1.0f, lane, nlanes);
+  move_row(p.dst.row(c.dst, layer, kv, 0, 0), DType::int8, p.src.row(c.src, layer, kv, 0, 0), DType::int8,
+           plane_run_bytes(p.src), 1.0f, lane, nlanes);
 }
 
 /// Checks the parameters' shape (pool, pair count, pointers).
@@ -52,14 +58,15 @@ inline Status check_block_copy_shape(const BlockCopyParams& p) noexcept {
   if (p.num_pairs > 0 && !p.pairs) return Status{Errc::invalid_argument, "pairs", 0, 1};
   if (auto st = check_planes(p.src, "src.kv_planes"); !st) return st;
   if (p.src.dtype != p.dst.dtype || p.src.num_layers != p.dst.num_layers ||
-      plane_elems(p.src) != plane_elems(p.dst) || p.src.head_dim != p.dst.head_dim || p.src.kv_planes != p.dst.kv_planes)
+      plane_elems(p.src) != plane_elems(p.dst) || p.src.head_dim != p.dst.head_dim || p.src.kv_planes != p.dst.kv_planes ||
+      plane_run_bytes(p.src) != plane_run_bytes(p.dst) || !(p.src.format == p.dst.format))
     return Status{Errc::invalid_argument, "dst.geometry", 0, 0};
   if (p.first_layer < 0 || p.first_layer >= p.src.num_layers)
     return Status{Errc::invalid_argument, "first_layer", p.first_layer, p.src.num_layers - 1};
   if (p.layers < 0 || p.layers > p.src.num_layers - p.first_layer)
     return Status{Errc::invalid_argument, "layers", p.layers, p.src.num_layers - p.first_layer};
-  if (auto st = check_dtype(p.src.dtype, "src.dtype"); !st) return st;
-  if (auto st = check_dtype(p.dst.dtype, "dst.dtype"); !st) return st;
+  if (dtype_bits(p.src.dtype) == 0)
+    return Status{Errc::invalid_argument, "src.dtype", static_cast<std::int64_t>(p.src.dtype), kLastDType};
   return {};
 }
 

@@ -28,6 +28,10 @@ struct PoolView {
   /// one side of K and V with different head dims). A 1-plane view reads and
   /// writes only the K side of a kernel's source or output.
   std::int32_t kv_planes = 2;
+  /// K's and V's scaling (kv_format.hpp); group entries sit scales_offset bytes into each plane.
+  KvFormat format{};
+  std::int64_t scales_offset = 0;  ///< Bytes from a plane's start to its group entries.
+  std::int64_t plane_bytes = 0;  ///< Bytes of one (block, layer, K|V) plane: codes, then group entries.
 
   /// Address of one (block, layer, K|V, token, head) row of head_dim elements.
   KVCACHE_HOST_DEVICE std::byte* row(std::int64_t block, std::int32_t layer, std::int32_t kv, std::int32_t token,
@@ -43,7 +47,8 @@ inline Result<PoolView> make_pool_view(const Geometry& g, void* base, std::int64
   auto s = g.strides(num_blocks);
   if (!s) return s.status();
   const auto& sp = g.spec();
-  return PoolView{base, *s, num_blocks, sp.num_layers, sp.num_kv_heads, sp.head_dim, sp.block_size, sp.dtype, g.kv_planes()};
+  return PoolView{base, *s, num_blocks, sp.num_layers, sp.num_kv_heads, sp.head_dim, sp.block_size, sp.dtype, g.kv_planes(),
+                  sp.format, g.scales_offset(), g.plane_bytes()};
 }
 
 /// A view's kv_planes is 1 or 2: invalid_argument naming `what` otherwise.
@@ -52,10 +57,21 @@ inline Status check_planes(const PoolView& v, const char* what) noexcept {
   return {};
 }
 
-/// A dtype field holds one of DType's enumerators (a cast integer may hold
-/// none, and would move no bytes): invalid_argument naming the field.
+/// A dtype field holds a type the element-wise kernels move: one of DType's
+/// whole-byte enumerators, up to int8 (a cast integer may hold none, and the
+/// 4-bit codes share bytes): invalid_argument naming the field otherwise.
 inline Status check_dtype(DType d, const char* what) noexcept {
-  if (dtype_bytes(d) == 0) return Status{Errc::invalid_argument, what, static_cast<std::int64_t>(d), 3};
+  if (dtype_bits(d) < 8) return Status{Errc::invalid_argument, what, static_cast<std::int64_t>(d), 5};
+  return {};
+}
+
+/// A pool view's dtype passes check_dtype and its values are element-wise:
+/// no group scales. (Group-scaled pools are read and written a row at a
+/// time, kernels/quant.hpp; block_copy moves them whole.)
+inline Status check_pool_dtype(const PoolView& v, const char* what) noexcept {
+  if (auto st = check_dtype(v.dtype, what); !st) return st;
+  if (v.format.k.scales == Scales::group || v.format.v.scales == Scales::group)
+    return Status{Errc::invalid_argument, "format (group scales: this kernel moves unscaled elements)", 3, 2};
   return {};
 }
 
@@ -138,6 +154,37 @@ KVCACHE_HOST_DEVICE inline std::uint8_t f32_to_e4m3(float f) noexcept {
   const std::uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u;
   return static_cast<std::uint8_t>(sign | (e < 110 ? 0u : rne_shift(mant, 141u - e)));
 }
+
+KVCACHE_HOST_DEVICE inline float e5m2_to_f32(std::uint8_t q) noexcept {
+  return f16_to_f32(static_cast<std::uint16_t>(std::uint16_t{q} << 8));  // e5m2 is f16's top byte
+}
+KVCACHE_HOST_DEVICE inline std::uint8_t f32_to_e5m2(float f) noexcept {
+  const std::uint32_t u = bits(f), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<std::uint8_t>(sign | 0x7fu);
+  if (a >= 0x47600000u) return static_cast<std::uint8_t>(sign | 0x7bu);  // >= 57344: saturate (no inf)
+  // Round the f16 encoding's low byte away, to nearest even; f16 itself is
+  // rounded first, so take the float's mantissa directly to avoid double rounding.
+  if (a >= 0x38800000u) {  // normal: >= 2^-14
+    std::uint32_t m = a - 0x38000000u;
+    m += 0xfffffu + ((m >> 21) & 1u);
+    return static_cast<std::uint8_t>(sign | (m >> 21));
+  }
+  const std::uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u;  // subnormal: man * 2^-16
+  return static_cast<std::uint8_t>(sign | (e < 94 ? 0u : rne_shift(mant, 134u - e)));
+}
+/// Round half away from zero (the same on host and device: floor is exact).
+KVCACHE_HOST_DEVICE inline float round_away(float v) noexcept {
+  const float a = v < 0.0f ? -v : v;
+  const float r = static_cast<float>(static_cast<std::int32_t>(a + 0.5f));
+  return v < 0.0f ? -r : r;
+}
+/// v rounded and clamped to [lo, hi] (NaN gives 0).
+KVCACHE_HOST_DEVICE inline std::int32_t to_int(float v, std::int32_t lo, std::int32_t hi) noexcept {
+  if (!(v == v)) return 0;
+  if (v <= static_cast<float>(lo)) return lo;
+  if (v >= static_cast<float>(hi)) return hi;
+  return static_cast<std::int32_t>(round_away(v));
+}
 }  // namespace cvt
 
 /// Element i of p, converted from t to float.
@@ -147,6 +194,10 @@ KVCACHE_HOST_DEVICE inline float load_elem(DType t, const void* p, std::int64_t 
     case DType::f16: return cvt::f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
     case DType::bf16: return cvt::bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
     case DType::fp8_e4m3: return cvt::e4m3_to_f32(static_cast<const std::uint8_t*>(p)[i]);
+    case DType::fp8_e5m2: return cvt::e5m2_to_f32(static_cast<const std::uint8_t*>(p)[i]);
+    case DType::int8: return static_cast<float>(static_cast<const std::int8_t*>(p)[i]);
+    case DType::int4:
+    case DType::fp4_e2m1: break;  // packed: kernels/quant.hpp reads them by row
   }
   return 0.0f;
 }
@@ -166,15 +217,23 @@ KVCACHE_HOST_DEVICE inline void load_row(DType t, const void* p, float* out, std
     case DType::fp8_e4m3:
       for (std::int32_t i = 0; i < n; ++i) out[i] = cvt::e4m3_to_f32(static_cast<const std::uint8_t*>(p)[i]);
       return;
+    default:
+      for (std::int32_t i = 0; i < n; ++i) out[i] = load_elem(t, p, i);
+      return;
   }
 }
-/// Stores v as element i of p in type t (round to nearest even; fp8 saturates).
+/// Stores v as element i of p in type t (round to nearest even; fp8 saturates;
+/// int8 rounds half away from zero and saturates at +-127).
 KVCACHE_HOST_DEVICE inline void store_elem(DType t, void* p, std::int64_t i, float v) noexcept {
   switch (t) {
     case DType::f32: static_cast<float*>(p)[i] = v; return;
     case DType::f16: static_cast<std::uint16_t*>(p)[i] = cvt::f32_to_f16(v); return;
     case DType::bf16: static_cast<std::uint16_t*>(p)[i] = cvt::f32_to_bf16(v); return;
     case DType::fp8_e4m3: static_cast<std::uint8_t*>(p)[i] = cvt::f32_to_e4m3(v); return;
+    case DType::fp8_e5m2: static_cast<std::uint8_t*>(p)[i] = cvt::f32_to_e5m2(v); return;
+    case DType::int8: static_cast<std::int8_t*>(p)[i] = static_cast<std::int8_t>(cvt::to_int(v, -127, 127)); return;
+    case DType::int4:
+    case DType::fp4_e2m1: return;  // packed: kernels/quant.hpp writes them by row
   }
 }
 

@@ -54,7 +54,7 @@ inline Status check_compaction_shape(const CompactionParams& p) noexcept {
     return Status{Errc::invalid_argument, "first_head+num_heads", p.first_head + heads, p.cache.num_kv_heads};
   if (p.num_moves < 0 || (p.num_moves > 0 && !p.moves)) return Status{Errc::invalid_argument, "moves", p.num_moves, 0};
   if (auto st = check_planes(p.cache, "cache.kv_planes"); !st) return st;
-  if (auto st = check_dtype(p.cache.dtype, "cache.dtype"); !st) return st;
+  if (auto st = check_pool_dtype(p.cache, "cache.dtype"); !st) return st;
   return {};
 }
 

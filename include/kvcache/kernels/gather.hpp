@@ -73,7 +73,7 @@ inline Status check_gather_shape(const GatherParams& p) noexcept {
   if (p.num_rows > 0 && (!p.k_out || (p.cache.kv_planes == 2 && !p.v_out) || !p.indptr || !p.indices || !p.out_indptr))
     return Status{Errc::invalid_argument, "pointers", 0, 1};
   if (!(p.k_scale > 0.0f) || !(p.v_scale > 0.0f)) return Status{Errc::invalid_argument, "k_scale/v_scale", 0, 0};
-  if (auto st = check_dtype(p.cache.dtype, "cache.dtype"); !st) return st;
+  if (auto st = check_pool_dtype(p.cache, "cache.dtype"); !st) return st;
   if (auto st = check_dtype(p.out_dtype, "out_dtype"); !st) return st;
   return {};
 }

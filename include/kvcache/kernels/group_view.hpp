@@ -49,6 +49,8 @@ inline Result<PoolView> make_group_view(const LayerGroups& lg, std::int32_t g, v
   view.block_size = B;
   view.dtype = s.dtype;
   view.kv_planes = planes == GroupPlanes::kv ? 2 : 1;
+  view.plane_bytes = v ? v_plane : k_plane;
+  view.scales_offset = view.plane_bytes;
   return view;
 }
 

@@ -63,7 +63,7 @@ inline Status check_page_bounds_shape(const PageBoundsParams& p) noexcept {
   if (!p.cache.base || (p.num_pages > 0 && (!p.pages || !p.fill || !p.bounds)))
     return Status{Errc::invalid_argument, "pointers", 0, 1};
   if (p.layer < 0 || p.layer >= p.cache.num_layers) return Status{Errc::invalid_argument, "layer", p.layer, p.cache.num_layers};
-  if (auto st = check_dtype(p.cache.dtype, "cache.dtype"); !st) return st;
+  if (auto st = check_pool_dtype(p.cache, "cache.dtype"); !st) return st;
   return {};
 }
 
@@ -90,7 +90,7 @@ inline Status check_page_bounds_update_shape(const PageBoundsUpdateParams& p) no
   if (p.num_tokens < 0) return Status{Errc::invalid_argument, "num_tokens", p.num_tokens, 0};
   if (!p.cache.base || (p.num_tokens > 0 && (!p.slots || !p.bounds))) return Status{Errc::invalid_argument, "pointers", 0, 1};
   if (p.layer < 0 || p.layer >= p.cache.num_layers) return Status{Errc::invalid_argument, "layer", p.layer, p.cache.num_layers};
-  if (auto st = check_dtype(p.cache.dtype, "cache.dtype"); !st) return st;
+  if (auto st = check_pool_dtype(p.cache, "cache.dtype"); !st) return st;
   return {};
 }
 

@@ -127,7 +127,7 @@ inline Status check_ring_admit_shape(const RingAdmitParams& p) noexcept {
   if (p.num_tokens > 0 &&  // nothing is read or written for no tokens
       (!p.gates || !p.ring_start || !p.ring_len || !p.global_len || !p.bits || !p.rows || !p.src.k || !p.src.v))
     return Status{Errc::invalid_argument, "null pointer", 0, 1};
-  if (auto st = check_dtype(p.cache.dtype, "cache.dtype"); !st) return st;
+  if (auto st = check_pool_dtype(p.cache, "cache.dtype"); !st) return st;
   if (auto st = check_dtype(p.src.dtype, "src.dtype"); !st) return st;
   return {};
 }

@@ -87,7 +87,7 @@ inline Status check_rope_shape(const RopeParams& p) noexcept {
   if (r < 2 || r % 2 || r > p.cache.head_dim) return Status{Errc::invalid_argument, "rotary_dim", r, p.cache.head_dim};
   if (p.num_entries > 0 && (!p.blocks || !p.deltas || !p.cos || !p.sin)) return Status{Errc::invalid_argument, "pointers", 0, 1};
   if (p.max_delta < 0) return Status{Errc::invalid_argument, "max_delta", p.max_delta, 0};
-  if (auto st = check_dtype(p.cache.dtype, "cache.dtype"); !st) return st;
+  if (auto st = check_pool_dtype(p.cache, "cache.dtype"); !st) return st;
   if (p.style != RopeStyle::neox && p.style != RopeStyle::gptj)
     return Status{Errc::invalid_argument, "style", static_cast<std::int64_t>(p.style), 1};
   return {};

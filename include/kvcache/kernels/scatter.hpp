@@ -107,7 +107,7 @@ inline Status check_scatter_shape(const ScatterParams& p) noexcept {
                   p.cache.num_layers};
   if (!(p.k_scale > 0.0f) || !(p.v_scale > 0.0f))
     return Status{Errc::invalid_argument, "k_scale/v_scale", 0, 0};
-  if (auto st = check_dtype(p.cache.dtype, "cache.dtype"); !st) return st;
+  if (auto st = check_pool_dtype(p.cache, "cache.dtype"); !st) return st;
   return check_dtype(p.src.dtype, "src.dtype");
 }
 

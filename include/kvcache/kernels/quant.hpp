@@ -1,0 +1,167 @@
+// Group quantization: one group of G values of a (token, head) row to codes
+// and an entry (its scale, and minimum if any), and back. Host and CUDA run
+// this same code, so a pool written on either reads the same bits.
+//
+// The scale is rounded to its stored type (f16, or e4m3 for fp4) before the
+// codes are computed, and the codes are computed from that stored scale: the
+// reader multiplies by exactly what the writer divided by. A value the
+// rounded scale cannot reach saturates (at most 2^-11 of the group's range
+// for an f16 scale).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common.hpp"
+#include "kvcache/kv_format.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+namespace quant {
+
+/// Largest code magnitude: what the group's largest value maps to.
+KVCACHE_HOST_DEVICE constexpr float code_max(DType code, bool minimum) noexcept {
+  switch (code) {
+    case DType::fp8_e4m3: return 448.0f;
+    case DType::fp8_e5m2: return 57344.0f;
+    case DType::int8: return minimum ? 255.0f : 127.0f;
+    case DType::int4: return minimum ? 15.0f : 7.0f;
+    case DType::fp4_e2m1: return 6.0f;
+    default: return 1.0f;
+  }
+}
+
+/// fp4 e2m1 (sign, 2 exponent bits, 1 mantissa bit) to float.
+KVCACHE_HOST_DEVICE inline float e2m1_to_f32(std::uint32_t q) noexcept {
+  const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float m = mag[q & 7u];
+  return (q & 8u) ? -m : m;
+}
+/// Float to the nearest e2m1 code (ties to the even code), saturating at 6; NaN gives +0.
+KVCACHE_HOST_DEVICE inline std::uint32_t f32_to_e2m1(float v) noexcept {
+  if (!(v == v)) return 0;
+  const std::uint32_t sign = v < 0.0f ? 8u : 0u;
+  const float a = v < 0.0f ? -v : v;
+  // Midpoints between consecutive magnitudes; at a midpoint the even code
+  // (mantissa bit 0) wins: 0.25->0, 0.75->1.0, 1.25->1.0, 1.75->2.0, 2.5->2, 3.5->4, 5->4.
+  std::uint32_t m;
+  if (a <= 0.25f) m = 0;
+  else if (a < 0.75f) m = 1;
+  else if (a <= 1.25f) m = 2;
+  else if (a < 1.75f) m = 3;
+  else if (a <= 2.5f) m = 4;
+  else if (a < 3.5f) m = 5;
+  else if (a <= 5.0f) m = 6;
+  else m = 7;
+  return sign | m;
+}
+
+/// Code i of a row of `code` at p, as a float (before scaling). Signed
+/// integers for symmetric groups, unsigned with a minimum.
+KVCACHE_HOST_DEVICE inline float load_code(DType code, bool minimum, const void* p, std::int32_t i) noexcept {
+  const auto* b = static_cast<const std::uint8_t*>(p);
+  switch (code) {
+    case DType::int8: return minimum ? static_cast<float>(b[i]) : static_cast<float>(static_cast<std::int8_t>(b[i]));
+    case DType::int4: {
+      const std::uint32_t n = (i & 1) ? (b[i >> 1] >> 4) : (b[i >> 1] & 15u);
+      return minimum ? static_cast<float>(n) : static_cast<float>(static_cast<std::int32_t>(n ^ 8u) - 8);
+    }
+    case DType::fp4_e2m1: return e2m1_to_f32((i & 1) ? (b[i >> 1] >> 4) : (b[i >> 1] & 15u));
+    default: return load_elem(code, p, i);
+  }
+}
+
+/// The code of v (already divided by the scale) as its bits: a byte, or a
+/// nibble in the low 4 bits.
+KVCACHE_HOST_DEVICE inline std::uint32_t encode(DType code, bool minimum, float v) noexcept {
+  switch (code) {
+    case DType::fp8_e4m3: return cvt::f32_to_e4m3(v);
+    case DType::fp8_e5m2: return cvt::f32_to_e5m2(v);
+    case DType::int8:
+      return minimum ? static_cast<std::uint32_t>(cvt::to_int(v, 0, 255))
+                     : static_cast<std::uint32_t>(cvt::to_int(v, -127, 127)) & 0xffu;
+    case DType::int4:
+      return minimum ? static_cast<std::uint32_t>(cvt::to_int(v, 0, 15)) : static_cast<std::uint32_t>(cvt::to_int(v, -7, 7)) & 15u;
+    case DType::fp4_e2m1: return f32_to_e2m1(v);
+    default: return 0;
+  }
+}
+
+/// A group's scale and minimum, as stored and as the codes use them.
+struct GroupScale {
+  float scale = 0.0f;  ///< Stored scale (0: every code is 0, the group was all zeros, or below the scale type).
+  float minimum = 0.0f;  ///< Stored minimum (minimum formats; else 0).
+};
+
+/// Reads a group's entry (scale, then minimum if any, in group_scale_dtype(code)).
+KVCACHE_HOST_DEVICE inline GroupScale load_entry(DType code, bool minimum, const void* entry) noexcept {
+  const DType t = group_scale_dtype(code);
+  return GroupScale{load_elem(t, entry, 0), minimum ? load_elem(t, entry, 1) : 0.0f};
+}
+
+/// Quantizes x[0, n) (n even, a whole group) into codes (n elements of
+/// `code`, from a byte boundary) and entry; returns what was stored.
+KVCACHE_HOST_DEVICE inline GroupScale quantize_group(const float* x, std::int32_t n, DType code, bool minimum, void* codes,
+                                                     void* entry) noexcept {
+  const DType t = group_scale_dtype(code);
+  const float type_max = t == DType::f16 ? 65504.0f : 448.0f;
+  float lo = x[0], hi = x[0], amax = 0.0f;
+  for (std::int32_t i = 0; i < n; ++i) {
+    const float v = x[i], a = v < 0.0f ? -v : v;
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
+    amax = a > amax ? a : amax;
+  }
+  float want = (minimum ? hi - lo : amax) / code_max(code, minimum);
+  want = want > type_max ? type_max : want;  // a scale past its type saturates, never inf
+  store_elem(t, entry, 0, want);
+  GroupScale g{load_elem(t, entry, 0), 0.0f};
+  if (minimum) {
+    store_elem(t, entry, 1, lo);
+    g.minimum = load_elem(t, entry, 1);
+  }
+  const float inv = g.scale > 0.0f ? 1.0f / g.scale : 0.0f;
+  auto* b = static_cast<std::uint8_t*>(codes);
+  if (dtype_bits(code) == 4) {
+    for (std::int32_t i = 0; i < n; i += 2)
+      b[i >> 1] = static_cast<std::uint8_t>(encode(code, minimum, (x[i] - g.minimum) * inv) |
+                                            (encode(code, minimum, (x[i + 1] - g.minimum) * inv) << 4));
+  } else {
+    for (std::int32_t i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>(encode(code, minimum, (x[i] - g.minimum) * inv));
+  }
+  return g;
+}
+
+/// Dequantizes n codes of a group with its entry into out[0, n).
+KVCACHE_HOST_DEVICE inline void dequantize_group(const void* codes, const void* entry, std::int32_t n, DType code,
+                                                 bool minimum, float* out) noexcept {
+  const GroupScale g = load_entry(code, minimum, entry);
+  // Explicit fma with a minimum (host and device round alike); a plain product without.
+  if (minimum) {
+    for (std::int32_t i = 0; i < n; ++i) out[i] = fmaf(load_code(code, true, codes, i), g.scale, g.minimum);
+  } else {
+    for (std::int32_t i = 0; i < n; ++i) out[i] = load_code(code, false, codes, i) * g.scale;
+  }
+}
+
+/// Quantizes a row of head_dim values group by group: codes at `codes`
+/// (row_bytes(code, head_dim)), entries at `entries` (head_dim / group of them).
+KVCACHE_HOST_DEVICE inline void quantize_row(const float* x, std::int32_t head_dim, DType code, const SideFormat& f,
+                                             void* codes, void* entries) noexcept {
+  const std::int64_t eb = group_entry_bytes(code, f);
+  for (std::int32_t g = 0; g * f.group < head_dim; ++g)
+    quantize_group(x + g * f.group, f.group, code, f.minimum,
+                   static_cast<std::byte*>(codes) + row_bytes(code, std::int64_t{g} * f.group),
+                   static_cast<std::byte*>(entries) + g * eb);
+}
+
+/// Dequantizes a row written by quantize_row into out[0, head_dim).
+KVCACHE_HOST_DEVICE inline void dequantize_row(const void* codes, const void* entries, std::int32_t head_dim, DType code,
+                                               const SideFormat& f, float* out) noexcept {
+  const std::int64_t eb = group_entry_bytes(code, f);
+  for (std::int32_t g = 0; g * f.group < head_dim; ++g)
+    dequantize_group(static_cast<const std::byte*>(codes) + row_bytes(code, std::int64_t{g} * f.group),
+                     static_cast<const std::byte*>(entries) + g * eb, f.group, code, f.minimum, out + g * f.group);
+}
+
+}  // namespace quant
+KVCACHE_END_NAMESPACE

@@ -1,0 +1,128 @@
+// What one stored K or V value is: its element type (a float type, or a
+// code of 8 or 4 bits) and how it is scaled (not at all, by a scale the
+// engine holds per layer or per (layer, head), or by a scale stored beside
+// every group of G values). Geometry sizes a pool from this; the kernels
+// quantize on write and dequantize on read from it.
+#pragma once
+
+#include <cstdint>
+
+#include "kvcache/config.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+/// Element type of a pool, a kernel's input or its output. The first four
+/// are float types; the rest are codes that need a scale to mean anything
+/// (fp8 e4m3 may be used either way, as vLLM does).
+///   fp8_e5m2:  OCP E5M2 (max 57344), saturating.
+///   int8:      signed, symmetric [-127, 127]; unsigned [0, 255] with a minimum.
+///   int4:      two per byte, element 2i in the low nibble; [-7, 7], or [0, 15] with a minimum.
+///   fp4_e2m1:  two per byte as int4; values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives (NVFP4's element).
+enum class DType : std::uint8_t { f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4, fp4_e2m1 };
+
+/// The last DType: errors name it as the limit of a dtype field.
+inline constexpr std::int64_t kLastDType = 7;
+
+/// Bits per element of d; 0 for a value outside the enum.
+KVCACHE_HOST_DEVICE constexpr std::int32_t dtype_bits(DType d) noexcept {
+  switch (d) {
+    case DType::f32: return 32;
+    case DType::f16: return 16;
+    case DType::bf16: return 16;
+    case DType::fp8_e4m3: return 8;
+    case DType::fp8_e5m2: return 8;
+    case DType::int8: return 8;
+    case DType::int4: return 4;
+    case DType::fp4_e2m1: return 4;
+  }
+  return 0;
+}
+
+/// Bytes per element of d: 0 for the packed 4-bit types (two share a byte)
+/// and for a value outside the enum. Row sizes come from row_bytes().
+KVCACHE_HOST_DEVICE constexpr std::int64_t dtype_bytes(DType d) noexcept {
+  const std::int32_t b = dtype_bits(d);
+  return b >= 8 ? b / 8 : 0;
+}
+
+/// Bytes of n consecutive elements of d (n even for the 4-bit types).
+KVCACHE_HOST_DEVICE constexpr std::int64_t row_bytes(DType d, std::int64_t n) noexcept { return n * dtype_bits(d) / 8; }
+
+/// True for the types that only mean something with a scale: int8, int4, fp4.
+KVCACHE_HOST_DEVICE constexpr bool is_integer_code(DType d) noexcept { return d == DType::int8 || d == DType::int4; }
+
+/// How one side (K or V) of a pool is scaled.
+///   none:   stored as is (a float type), or with the call's per-tensor scale as today.
+///   tensor: one scale per layer, held by the engine (vLLM's k_scale / v_scale).
+///   head:   one scale per (layer, kv head), held by the engine (per-head fp8 checkpoints).
+///   group:  one scale per G consecutive values of a (token, head) row, stored
+///           in the pool beside the codes, so moving a block moves its scales.
+enum class Scales : std::uint8_t { none, tensor, head, group };
+
+/// One side's scaling.
+struct SideFormat {
+  Scales scales = Scales::none;  ///< The scheme.
+  std::int32_t group = 0;  ///< group: values per scale, 16, 32, 64 or 128, dividing head_dim; else 0.
+  /// group, integer codes only: a minimum stored beside each scale (unsigned
+  /// codes, x = minimum + q * scale: llama.cpp's q4_1, KIVI); else a symmetric code.
+  bool minimum = false;
+
+  friend constexpr bool operator==(const SideFormat&, const SideFormat&) = default;
+};
+
+/// K's and V's scaling; a pool's element type is GeometrySpec::dtype, the same for both.
+struct KvFormat {
+  SideFormat k{};  ///< Keys.
+  SideFormat v{};  ///< Values (ignored fields must be default when the pool has no V plane).
+
+  friend constexpr bool operator==(const KvFormat&, const KvFormat&) = default;
+};
+
+/// Type of a stored group scale: e4m3 for fp4 (as NVFP4), f16 otherwise (as llama.cpp's q8_0 / q4_0).
+KVCACHE_HOST_DEVICE constexpr DType group_scale_dtype(DType code) noexcept {
+  return code == DType::fp4_e2m1 ? DType::fp8_e4m3 : DType::f16;
+}
+
+/// Bytes one group's entry takes in the pool: its scale, and its minimum if any; 0 without group scales.
+KVCACHE_HOST_DEVICE constexpr std::int64_t group_entry_bytes(DType code, const SideFormat& f) noexcept {
+  if (f.scales != Scales::group) return 0;
+  return dtype_bytes(group_scale_dtype(code)) * (f.minimum ? 2 : 1);
+}
+
+/// Checks one side (K when is_k) against the pool's element type and head
+/// dim: invalid_argument naming the field and why.
+inline Status check_side_format(const SideFormat& f, DType dtype, std::int32_t head_dim, bool is_k) noexcept {
+  const auto name = [is_k](const char* k, const char* v) { return is_k ? k : v; };
+  const auto s = static_cast<std::int64_t>(f.scales);
+  if (s > 3) return Status{Errc::invalid_argument, name("format.k.scales", "format.v.scales"), s, 3};
+  const bool float_type = dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
+  if (float_type && f.scales != Scales::none)
+    return Status{Errc::invalid_argument, name("format.k.scales (a float dtype is stored unscaled)",
+                                               "format.v.scales (a float dtype is stored unscaled)"), s, 0};
+  if (dtype == DType::fp4_e2m1 && (f.scales != Scales::group || f.group != 16))
+    return Status{Errc::invalid_argument, name("format.k.group (fp4 takes groups of 16)", "format.v.group (fp4 takes groups of 16)"),
+                  f.scales == Scales::group ? f.group : 0, 16};
+  if (is_integer_code(dtype) && f.scales == Scales::none)
+    return Status{Errc::invalid_argument, name("format.k.scales (an integer code needs scales)",
+                                               "format.v.scales (an integer code needs scales)"), s, 1};
+  if (f.scales != Scales::group) {
+    if (f.group != 0) return Status{Errc::invalid_argument, name("format.k.group (only with group scales)",
+                                                                 "format.v.group (only with group scales)"), f.group, 0};
+    if (f.minimum) return Status{Errc::invalid_argument, name("format.k.minimum (only with group scales)",
+                                                              "format.v.minimum (only with group scales)"), 1, 0};
+    return {};
+  }
+  if (f.group != 16 && f.group != 32 && f.group != 64 && f.group != 128)
+    return Status{Errc::invalid_argument, name("format.k.group (16, 32, 64 or 128)", "format.v.group (16, 32, 64 or 128)"),
+                  f.group, 128};
+  if (head_dim % f.group != 0)
+    return Status{Errc::invalid_argument, name("format.k.group (must divide head_dim)", "format.v.group (must divide head_dim)"),
+                  f.group, head_dim};
+  if (f.minimum && !is_integer_code(dtype))
+    return Status{Errc::invalid_argument, name("format.k.minimum (integer codes only)", "format.v.minimum (integer codes only)"),
+                  1, 0};
+  return {};
+}
+
+KVCACHE_END_NAMESPACE
