@@ -2,6 +2,7 @@
 // ranges and moves. The host backend validates everything it can see before
 // writing, so a call either succeeds or returns an error with the pool and
 // the outputs untouched; ASan and UBSan catch any read or write outside them.
+// Quantized pools too: their group entries must stay inside each plane.
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/gather.hpp>
@@ -46,9 +47,19 @@ struct Input : fuzz_input::Bytes {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Input in{{data, size}};
-  const kv::GeometrySpec spec{.num_layers = 1 + std::int32_t(in.byte() % 2), .num_kv_heads = 1 + std::int32_t(in.byte() % 2),
-                              .head_dim = 2, .block_size = 1 + std::int32_t(in.byte() % 4), .dtype = kv::DType::f32,
-                              .layout = kv::Layout(in.byte() % 2), .planes = kv::KvPlanes(in.byte() % 2)};
+  kv::GeometrySpec spec{.num_layers = 1 + std::int32_t(in.byte() % 2), .num_kv_heads = 1 + std::int32_t(in.byte() % 2),
+                        .head_dim = 2, .block_size = 1 + std::int32_t(in.byte() % 4), .dtype = kv::DType::f32,
+                        .layout = kv::Layout(in.byte() % 2), .planes = kv::KvPlanes(in.byte() % 2)};
+  // One input in four (by its length, so the seed corpus keeps its meaning)
+  // runs a quantized pool: 16-value rows, one group each, codes of 8 or 4 bits.
+  if (size % 4 == 3) {
+    const kv::DType codes[] = {kv::DType::int8, kv::DType::int4, kv::DType::fp4_e2m1, kv::DType::fp8_e4m3};
+    const std::uint8_t b = in.byte();
+    spec.head_dim = 16;
+    spec.dtype = codes[b % 4];
+    const bool minimum = (b & 4) != 0 && (spec.dtype == kv::DType::int8 || spec.dtype == kv::DType::int4);
+    spec.format.k = spec.format.v = {.scales = kv::Scales::group, .group = 16, .minimum = minimum};
+  }
   const auto g = kv::Geometry::make(spec);
   const std::int64_t blocks = 4;
   std::vector<std::byte> mem(std::size_t(*g->pool_bytes(blocks)), std::byte{1});

@@ -14,17 +14,24 @@
 // computes them): pending rows are never handed out, their received blocks
 // stay unpublished and unshared, and each import commits (the "transfer"
 // wrote them) or aborts (the rest is recomputed). Failed calls must leave
-// the cache bit-for-bit as it was.
+// the cache bit-for-bit as it was. With a quantized mirror, every write,
+// copy-on-write and import also lands in a real int4 pool with group scales
+// (the scatter and block copy kernels), and every live position must read
+// back its token through its codes and entries.
 #pragma once
 
 #include <catch2/catch.hpp>
 
 #include <kvcache/cache.hpp>
+#include <kvcache/kernels/block_copy.hpp>
+#include <kvcache/kernels/scatter.hpp>
 #include <kvcache/transfer/transfer_holds.hpp>
 
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <optional>
+#include <cmath>
 #include <random>
 #include <set>
 #include <span>
@@ -48,6 +55,46 @@ struct Seq {
 
 using Hash3 = std::tuple<std::uint64_t, std::uint64_t>;
 
+// A real quantized pool beside the simulated memory: a token's bits are its
+// K row (0 or 1 per value) and their negation its V row, int4 in one group of
+// 16, K with a minimum and V symmetric. Reads round the dequantized values
+// back to bits; a block moved without its entries would read other tokens.
+class QuantMirror {
+ public:
+  explicit QuantMirror(std::int32_t block_size)
+      : g_(*Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 16, .block_size = block_size,
+                            .dtype = DType::int4,
+                            .format = {{.scales = Scales::group, .group = 16, .minimum = true},
+                                       {.scales = Scales::group, .group = 16}}})),
+        bytes_(std::size_t(*g_.pool_bytes(kBlocks))),
+        view_(*make_pool_view(g_, bytes_.data(), kBlocks)) {}
+  void write(std::int32_t slot, std::int32_t token) {
+    float k[16], v[16];
+    for (int d = 0; d < 16; ++d) k[d] = float((token >> d) & 1), v[d] = -k[d];
+    REQUIRE(scatter_host({view_, KvSource{k, v, DType::f32, 0, 64, 64}, TokenAddress{&slot}, 1}).ok());
+  }
+  void copy(const BlockCopy& c) { REQUIRE(block_copy_host({view_, view_, &c, 1}).ok()); }
+  // The token at slot, or -1 - d when value d of K and V disagree or is not a bit.
+  std::int32_t read(std::int32_t slot) const {
+    float k[16], v[16];
+    const std::int32_t b = slot / g_.block_size(), t = slot % g_.block_size();
+    load_quantized_row(view_, 0, view_.row(b, 0, 0, t, 0), row_entries(view_, b, 0, 0, t, 0), k, DType::f32, 1.0f, 0, 1);
+    load_quantized_row(view_, 1, view_.row(b, 0, 1, t, 0), row_entries(view_, b, 0, 1, t, 0), v, DType::f32, 1.0f, 0, 1);
+    std::int32_t token = 0;
+    for (int d = 0; d < 16; ++d) {
+      const auto bit = std::int32_t(std::lround(k[d]));
+      if ((bit != 0 && bit != 1) || bit != std::int32_t(std::lround(-v[d]))) return -1 - d;
+      token |= bit << d;
+    }
+    return token;
+  }
+
+ private:
+  Geometry g_;
+  std::vector<std::byte> bytes_;
+  PoolView view_;
+};
+
 // B: the block size. A power of two and not take different paths (masks, and
 // specialized batch passes). Auto: the cache publishes on reserve.
 template <std::int32_t B, bool Auto = false>
@@ -55,7 +102,7 @@ class Harness {
   static constexpr std::int32_t kMaxTokens = B * kPerSeq;
 
  public:
-  explicit Harness(std::uint64_t seed)
+  explicit Harness(std::uint64_t seed, bool quantized = false)
       : rng_(seed),
         cache_({.geometry = *Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = B}),
                 .num_blocks = kBlocks,
@@ -64,6 +111,7 @@ class Harness {
                 .event_capacity = 256,
                 .publish_on_reserve = Auto}),
         mem_(std::size_t(kBlocks) * B, -1) {
+    if (quantized) mirror_.emplace(B);
     for (auto& t : templates_) {
       t.resize(kMaxTokens);
       for (auto& x : t) x = std::int32_t(rng_() % 1000);
@@ -127,6 +175,7 @@ class Harness {
   void apply_copy(const BlockCopy& c) {
     ++cows;
     std::copy_n(mem_.begin() + std::ptrdiff_t(c.src) * B, B, mem_.begin() + std::ptrdiff_t(c.dst) * B);
+    if (mirror_) mirror_->copy(c);
   }
   std::vector<std::int32_t> take(Seq& s, std::int32_t n) {
     std::vector<std::int32_t> t(std::size_t(std::max(n, 0)));
@@ -138,6 +187,7 @@ class Harness {
     if (ids && s.known == s.tokens.size()) s.known += toks.size();
     for (std::size_t k = 0; k < slots.size(); ++k) {
       mem_[std::size_t(slots[k])] = toks[k];
+      if (mirror_) mirror_->write(slots[k], toks[k]);
       s.tokens.push_back(toks[k]);
     }
   }
@@ -239,7 +289,11 @@ class Harness {
     imports_.erase(imports_.begin() + std::ptrdiff_t(i));
     if (rand_int(3) != 0) {
       for (std::size_t p = std::size_t(im.cached); p < im.prompt.size(); ++p)
-        mem_[std::size_t(im.blocks[(p - std::size_t(im.cached)) / B]) * B + p % B] = im.prompt[p];
+      {
+        const std::size_t slot = std::size_t(im.blocks[(p - std::size_t(im.cached)) / B]) * B + p % B;
+        mem_[slot] = im.prompt[p];
+        if (mirror_) mirror_->write(std::int32_t(slot), im.prompt[p]);
+      }
       auto r = cache_.commit_import(im.id, im.prompt);
       expect_ok(r.status());
       ++commits;
@@ -510,6 +564,13 @@ class Harness {
           FAIL("after " << op_ << ": sequence " << s.id.index << " reads " << mem_[std::size_t(blocks[p / B]) * B + p % B]
                            << " at position " << p << ", model has " << s.tokens[p]);
         }
+      if (mirror_)  // the real pool agrees, through its codes and group entries
+        for (std::size_t p = 0; p < s.tokens.size(); ++p) {
+          const std::int32_t got = mirror_->read(blocks[p / B] * B + std::int32_t(p % B));
+          if (got != s.tokens[p])
+            FAIL("after " << op_ << ": sequence " << s.id.index << " reads " << got << " from the quantized pool at position "
+                          << p << ", model has " << s.tokens[p]);
+        }
     }
     // Prefix-closed: no block holds a hash whose parent hash is not cached.
     const PrefixIndex& index = cache_.pool().prefix_index();
@@ -549,6 +610,7 @@ class Harness {
   Cache<> cache_;
   Cache<> before_{cache_};
   std::vector<std::int32_t> mem_;
+  std::optional<QuantMirror> mirror_;
   std::vector<Seq> live_;
   std::vector<SeqId> dead_;
   struct Hold {

@@ -206,10 +206,13 @@ TEST_CASE("fp4 e2m1 conversion: every code decodes per the format and encodes to
   }
 }
 
-TEST_CASE("int8 elements round half away from zero and saturate at +-127") {
+TEST_CASE("int8 elements round to nearest even and saturate at +-127") {
   std::int8_t b[1];
-  const std::pair<float, int> cases[] = {{0.5f, 1}, {-0.5f, -1}, {1.49f, 1}, {126.6f, 127}, {1000.0f, 127},
-                                         {-1000.0f, -127}, {-127.5f, -127}, {2.5f, 3}};
+  const std::pair<float, int> cases[] = {{0.5f, 0},      {-0.5f, 0},      {1.5f, 2},         {-2.5f, -2},     {1.49f, 1},
+                                         {126.6f, 127},  {1000.0f, 127},  {-1000.0f, -127},  {-127.5f, -127}, {2.5f, 2},
+                                         {4.2e6f, 127},  {-4.2e6f, -127}, {-1e30f, -127},    {3e38f, 127},
+                                         {-std::numeric_limits<float>::infinity(), -127},
+                                         {std::numeric_limits<float>::infinity(), 127}};
   for (auto [x, want] : cases) {
     store_elem(DType::int8, b, 0, x);
     CHECK(int(b[0]) == want);
@@ -217,4 +220,18 @@ TEST_CASE("int8 elements round half away from zero and saturate at +-127") {
   }
   store_elem(DType::int8, b, 0, std::numeric_limits<float>::quiet_NaN());
   CHECK(int(b[0]) == 0);
+}
+
+TEST_CASE("int8 rounding is exact just below a half, and matches nearbyint everywhere in range") {
+  std::int8_t b[1];
+  store_elem(DType::int8, b, 0, 0.49999997f);
+  CHECK(int(b[0]) == 0);
+  store_elem(DType::int8, b, 0, -1.4999999f);
+  CHECK(int(b[0]) == -1);
+  for (float x : probe_floats(20000)) {
+    store_elem(DType::int8, b, 0, x);
+    const float want = std::fmax(-127.0f, std::fmin(127.0f, std::nearbyint(x)));  // default rounding: to nearest even
+    INFO("x = " << x);
+    REQUIRE(float(b[0]) == want);
+  }
 }

@@ -32,12 +32,12 @@ std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
 }  // namespace
 
 template <std::int32_t B, bool Auto = false>
-void run_property(std::uint64_t seed, std::uint64_t ops) {
+void run_property(std::uint64_t seed, std::uint64_t ops, bool quantized = false) {
   std::printf("test_property: block_size=%d KVCACHE_SEED=%llu KVCACHE_PROPERTY_OPS=%llu\n", B,
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(ops));
   std::fflush(stdout);
   INFO("replay with KVCACHE_SEED=" << seed << " (block size " << B << ")");
-  kvtest::Harness<B, Auto> h(seed);
+  kvtest::Harness<B, Auto> h(seed, quantized);
   for (std::uint64_t i = 0; i < ops; ++i) h.step();
   std::printf("test_property: %lld ok, %lld rejected, %lld prefix hits, %lld copy-on-write, %lld admitted, %lld imports "
               "committed, %lld aborted\n",
@@ -62,6 +62,14 @@ TEST_CASE("a million random operations keep every invariant and every token") {
   SECTION("block size 3") { run_property<3>(seed, ops); }
   SECTION("block size 4, publishing on reserve") { run_property<4, true>(seed, ops / 2); }
   SECTION("block size 3, publishing on reserve") { run_property<3, true>(seed, ops / 2); }
+}
+
+TEST_CASE("random operations keep every token in a quantized pool: writes, copy-on-write and imports move codes and scales") {
+  const std::uint64_t seed = env_u64("KVCACHE_SEED", std::random_device{}());
+  // A tenth of the operations: every check reads every live token back through its codes.
+  const std::uint64_t ops = env_u64("KVCACHE_PROPERTY_OPS", 1'000'000) / 10;
+  SECTION("block size 4") { run_property<4>(seed, ops, true); }
+  SECTION("block size 3, publishing on reserve") { run_property<3, true>(seed, ops / 2, true); }
 }
 
 TEST_CASE("random operations through a Write-Gated KV cache keep every head row and its K/V") {

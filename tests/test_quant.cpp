@@ -8,6 +8,8 @@
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/gather.hpp>
 #include <kvcache/kernels/quant.hpp>
+#include <kvcache/kernels/ring_write.hpp>
+#include <kvcache/kernels/rope.hpp>
 #include <kvcache/kernels/scatter.hpp>
 
 #include <algorithm>
@@ -272,18 +274,22 @@ TEST_CASE("element kernels refuse what they cannot read, and write nothing") {
     REQUIRE(g.ok());
     std::vector<std::byte> pool(std::size_t(*g->pool_bytes(2)), std::byte{0x5a});
     const auto before = pool;
-    std::vector<float> k(64, 1.0f), v(64, 2.0f);
-    const std::int32_t slot = 1;
-    ScatterParams p{};
-    p.cache = *make_pool_view(*g, pool.data(), 2);
-    p.src = KvSource{k.data(), v.data(), DType::f32, 0, 256, 256};
-    p.addr.slots = &slot;
-    p.num_tokens = 1;
-    const Status st = scatter_host(p);
+    const PoolView view = *make_pool_view(*g, pool.data(), 2);
+    const std::int32_t block = 1, delta = 1;
+    std::vector<float> cs(2 * 32, 1.0f), sn(2 * 32, 0.0f);
+    const Status st = rope_host(RopeParams{view, 0, 1, &block, &delta, 1, cs.data(), sn.data(), 1});
     CHECK(st.code() == Errc::invalid_argument);
     CHECK(std::string(st.what()) ==
           (d == DType::int4 ? "cache.dtype" : "format (group scales: this kernel moves unscaled elements)"));
     if (d == DType::int4) CHECK(st.message() == "invalid_argument: cache.dtype=6 (limit 5)");
+    std::vector<float> k(64, 1.0f), v(64, 2.0f);
+    const std::int32_t slot = 1;
+    RingWriteParams rw{};
+    rw.cache = view;
+    rw.src = KvSource{k.data(), v.data(), DType::f32, 0, 256, 256};
+    rw.ring_slots = &slot;
+    rw.num_tokens = 1;
+    CHECK(ring_write_host(rw).code() == Errc::invalid_argument);
     CHECK(pool == before);
   }
 }

@@ -523,3 +523,62 @@ TEST_CASE("cuda scatter, gather, block copy and compaction on hybrid group views
     REQUIRE(dev.download<std::byte>() == host);
   }
 }
+
+TEST_CASE("cuda quantized scatter, gather and compaction == host, bit for bit (group scales, 4-bit codes)") {
+  auto rng = fresh_rng();
+  for (int trial = 0; trial < 40; ++trial) {
+    const GeometrySpec g = random_quant_spec(rng);
+    const Geometry geo = *Geometry::make(g);
+    const std::int64_t blocks = 4, pool_slots = blocks * g.block_size;
+    std::vector<std::byte> host(static_cast<std::size_t>(*geo.pool_bytes(blocks)));
+    for (auto& b : host) b = std::byte(rng() & 0x3f);  // codes and finite entries
+    Dev dev(host);
+    const PoolView hv = *make_pool_view(geo, host.data(), blocks);
+    PoolView dv = hv;
+    dv.base = dev.p;
+    const std::int64_t tokens = std::min<std::int64_t>(pool_slots, 1 + std::int64_t(rng() % 30));
+    const std::int64_t head = g.head_dim * 2, per_token = 2 * g.num_kv_heads;
+    std::vector<std::byte> in = random_elems(rng, DType::bf16, g.num_layers * tokens * per_token * g.head_dim);
+    Dev din(in);
+    auto slots = shuffled(rng, pool_slots);
+    slots.resize(static_cast<std::size_t>(tokens));
+    for (auto& s : slots)
+      if (rng() % 6 == 0) s = -1;
+    Dev dslots(slots);
+    auto src = [&](const std::byte* base) {
+      return KvSource{base, base + g.num_kv_heads * head, DType::bf16, tokens * per_token * head, per_token * head, head};
+    };
+    REQUIRE(scatter_host({hv, src(in.data()), TokenAddress{slots.data()}, tokens, 0, g.num_layers, 0.5f, 1.5f}).ok());
+    CUDA_OK(kvgpu::scatter({dv, src(din.as<std::byte>()), TokenAddress{dslots.as<std::int32_t>()}, tokens, 0, g.num_layers,
+                            0.5f, 1.5f}));
+    REQUIRE(dev.download<std::byte>() == host);
+
+    // Every slot of one layer, as one sequence, into f16.
+    std::vector<std::int32_t> indptr{0, std::int32_t(blocks)}, indices(shuffled(rng, blocks)), out_indptr{0, std::int32_t(pool_slots)};
+    const std::int64_t row = g.num_kv_heads * g.head_dim * 2;
+    std::vector<std::byte> k(static_cast<std::size_t>(pool_slots * row), std::byte{0x5a}), v(k);
+    Dev dk(k), dvv(v), dindptr(indptr), dindices(indices), dout(out_indptr);
+    GatherParams hp{hv, int(rng() % g.num_layers), indptr.data(), indices.data(), out_indptr.data(), 1, pool_slots,
+                    k.data(), v.data(), DType::f16, row, g.head_dim * 2, 0.25f, 2.0f};
+    GatherParams dp = hp;
+    dp.cache = dv;
+    dp.indptr = dindptr.as<std::int32_t>();
+    dp.indices = dindices.as<std::int32_t>();
+    dp.out_indptr = dout.as<std::int32_t>();
+    dp.k_out = dk.p;
+    dp.v_out = dvv.p;
+    REQUIRE(gather_host(hp).ok());
+    CUDA_OK(kvgpu::gather(dp));
+    REQUIRE(dk.download<std::byte>() == k);
+    REQUIRE(dvv.download<std::byte>() == v);
+
+    auto ids = shuffled(rng, pool_slots);
+    std::vector<SlotMove> moves;
+    for (std::int64_t i = 0; i + 1 < pool_slots && i < 8; i += 2) moves.push_back({ids[std::size_t(i)], ids[std::size_t(i + 1)]});
+    Dev dmoves(moves);
+    const auto n = std::int32_t(moves.size());
+    REQUIRE(compaction_host({hv, moves.data(), n, 0, g.num_layers}).ok());
+    CUDA_OK(kvgpu::compaction({dv, dmoves.as<SlotMove>(), n, 0, g.num_layers}));
+    REQUIRE(dev.download<std::byte>() == host);
+  }
+}

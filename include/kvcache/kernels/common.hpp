@@ -99,13 +99,6 @@ KVCACHE_HOST_DEVICE inline float from_bits(std::uint32_t u) noexcept {
   std::memcpy(&f, &u, 4);
   return f;
 }
-// Round-to-nearest-even right shift of a mantissa.
-KVCACHE_HOST_DEVICE inline std::uint32_t rne_shift(std::uint32_t m, std::uint32_t shift) noexcept {
-  if (shift >= 32) return 0;
-  const std::uint32_t r = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-  return r + ((rem > half || (rem == half && (r & 1u))) ? 1u : 0u);
-}
-
 KVCACHE_HOST_DEVICE inline float bf16_to_f32(std::uint16_t h) noexcept { return from_bits(std::uint32_t{h} << 16); }
 KVCACHE_HOST_DEVICE inline std::uint16_t f32_to_bf16(float f) noexcept {
   std::uint32_t u = bits(f);
@@ -114,76 +107,72 @@ KVCACHE_HOST_DEVICE inline std::uint16_t f32_to_bf16(float f) noexcept {
   return static_cast<std::uint16_t>(u >> 16);
 }
 
+// c ? a : b with a mask instead of a branch (the host vectorizer gives up on
+// loops whose selects the compiler turned into jumps).
+KVCACHE_HOST_DEVICE inline std::uint32_t sel(bool c, std::uint32_t a, std::uint32_t b) noexcept {
+  return b ^ ((a ^ b) & (0u - static_cast<std::uint32_t>(c)));
+}
+
+// The conversions below compute every case and select one, without
+// branches, so host loops over them vectorize. Subnormal results come from
+// one float add: x + C, with C's ulp equal to the target's smallest step,
+// rounds x to nearest even in that step (C's mantissa then holds the code).
 KVCACHE_HOST_DEVICE inline float f16_to_f32(std::uint16_t h) noexcept {
-  const std::uint32_t sign = std::uint32_t{h & 0x8000u} << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  if (exp == 0) {
-    const float v = static_cast<float>(man) * 5.9604644775390625e-08f;  // man * 2^-24, exact
-    return from_bits(bits(v) | sign);
-  }
-  if (exp == 31) return from_bits(sign | 0x7f800000u | (man << 13));
-  return from_bits(sign | ((exp + 112u) << 23) | (man << 13));
+  const std::uint32_t sign = std::uint32_t{h & 0x8000u} << 16, em = h & 0x7fffu, exp = em >> 10;
+  const std::uint32_t normal = (em << 13) + (112u << 23), special = (em << 13) | 0x7f800000u;
+  const std::uint32_t sub = bits(static_cast<float>(em) * 5.9604644775390625e-08f);  // man * 2^-24, exact
+  return from_bits(sign | sel(exp == 0, sub, sel(exp == 31, special, normal)));
 }
 KVCACHE_HOST_DEVICE inline std::uint16_t f32_to_f16(float f) noexcept {
   const std::uint32_t u = bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);
-  if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
-  if (a >= 0x38800000u) {                                                    // normal half
-    std::uint32_t m = a - 0x38000000u;
-    m += 0xfffu + ((m >> 13) & 1u);
-    return static_cast<std::uint16_t>(sign | (m >> 13));
-  }
-  const std::uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u;  // subnormal half or zero
-  return static_cast<std::uint16_t>(sign | (e < 102 ? 0u : rne_shift(mant, 126u - e)));
+  std::uint32_t m = a - 0x38000000u;
+  m += 0xfffu + ((m >> 13) & 1u);
+  const std::uint32_t normal = m >> 13, sub = bits(from_bits(a) + 0.5f) - 0x3f000000u;  // steps of 2^-24
+  // NaN; >= 65520 rounds to inf; a normal half; a subnormal half or zero.
+  const std::uint32_t mag = sel(a > 0x7f800000u, 0x7e00u, sel(a >= 0x477ff000u, 0x7c00u, sel(a >= 0x38800000u, normal, sub)));
+  return static_cast<std::uint16_t>(sign | mag);
 }
 
 KVCACHE_HOST_DEVICE inline float e4m3_to_f32(std::uint8_t q) noexcept {
-  const std::uint32_t sign = std::uint32_t{q & 0x80u} << 24, exp = (q >> 3) & 0xfu, man = q & 0x7u;
-  if (exp == 15 && man == 7) return from_bits(0x7fc00000u | sign);
-  if (exp == 0) return from_bits(bits(static_cast<float>(man) * 0.001953125f) | sign);  // man * 2^-9
-  return from_bits(sign | ((exp + 120u) << 23) | (man << 20));
+  const std::uint32_t sign = std::uint32_t{q & 0x80u} << 24, em = q & 0x7fu;
+  const std::uint32_t normal = (em << 20) + (120u << 23);
+  const std::uint32_t sub = bits(static_cast<float>(em) * 0.001953125f);  // man * 2^-9
+  return from_bits(sign | sel(em == 0x7fu, 0x7fc00000u, sel((em >> 3) == 0, sub, normal)));
 }
 KVCACHE_HOST_DEVICE inline std::uint8_t f32_to_e4m3(float f) noexcept {
   const std::uint32_t u = bits(f), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<std::uint8_t>(sign | 0x7fu);
-  if (a >= 0x43e00000u) return static_cast<std::uint8_t>(sign | 0x7eu);  // >= 448: saturate
-  if (a >= 0x3c800000u) {                                                // normal: >= 2^-6
-    std::uint32_t m = a - 0x3c000000u;
-    m += 0x7ffffu + ((m >> 20) & 1u);
-    return static_cast<std::uint8_t>(sign | (m >> 20));
-  }
-  const std::uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u;
-  return static_cast<std::uint8_t>(sign | (e < 110 ? 0u : rne_shift(mant, 141u - e)));
+  std::uint32_t m = a - 0x3c000000u;
+  m += 0x7ffffu + ((m >> 20) & 1u);
+  const std::uint32_t normal = m >> 20, sub = bits(from_bits(a) + 16384.0f) - 0x46800000u;  // steps of 2^-9
+  // NaN; >= 448 saturates; normal from 2^-6; subnormal.
+  const std::uint32_t mag = sel(a > 0x7f800000u, 0x7fu, sel(a >= 0x43e00000u, 0x7eu, sel(a >= 0x3c800000u, normal, sub)));
+  return static_cast<std::uint8_t>(sign | mag);
 }
 
 KVCACHE_HOST_DEVICE inline float e5m2_to_f32(std::uint8_t q) noexcept {
   return f16_to_f32(static_cast<std::uint16_t>(std::uint16_t{q} << 8));  // e5m2 is f16's top byte
 }
 KVCACHE_HOST_DEVICE inline std::uint8_t f32_to_e5m2(float f) noexcept {
+  // From the float's own mantissa, not through f16 (that would round twice).
   const std::uint32_t u = bits(f), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<std::uint8_t>(sign | 0x7fu);
-  if (a >= 0x47600000u) return static_cast<std::uint8_t>(sign | 0x7bu);  // >= 57344: saturate (no inf)
-  // Round the f16 encoding's low byte away, to nearest even; f16 itself is
-  // rounded first, so take the float's mantissa directly to avoid double rounding.
-  if (a >= 0x38800000u) {  // normal: >= 2^-14
-    std::uint32_t m = a - 0x38000000u;
-    m += 0xfffffu + ((m >> 21) & 1u);
-    return static_cast<std::uint8_t>(sign | (m >> 21));
-  }
-  const std::uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u;  // subnormal: man * 2^-16
-  return static_cast<std::uint8_t>(sign | (e < 94 ? 0u : rne_shift(mant, 134u - e)));
+  std::uint32_t m = a - 0x38000000u;
+  m += 0xfffffu + ((m >> 21) & 1u);
+  const std::uint32_t normal = m >> 21, sub = bits(from_bits(a) + 128.0f) - 0x43000000u;  // steps of 2^-16
+  // NaN; >= 57344 saturates (no inf); normal from 2^-14; subnormal.
+  const std::uint32_t mag = sel(a > 0x7f800000u, 0x7fu, sel(a >= 0x47600000u, 0x7bu, sel(a >= 0x38800000u, normal, sub)));
+  return static_cast<std::uint8_t>(sign | mag);
 }
-/// Round half away from zero (the same on host and device: floor is exact).
-KVCACHE_HOST_DEVICE inline float round_away(float v) noexcept {
-  const float a = v < 0.0f ? -v : v;
-  const float r = static_cast<float>(static_cast<std::int32_t>(a + 0.5f));
-  return v < 0.0f ? -r : r;
-}
-/// v rounded and clamped to [lo, hi] (NaN gives 0).
+/// v rounded to nearest even and clamped to [lo, hi] (|lo|, |hi| < 2^22);
+/// NaN gives 0. Integer selects only: the host vectorizes it (float selects
+/// next to the add stop g++'s vectorizer); one float add, exact on both backends.
 KVCACHE_HOST_DEVICE inline std::int32_t to_int(float v, std::int32_t lo, std::int32_t hi) noexcept {
-  if (!(v == v)) return 0;
-  if (v <= static_cast<float>(lo)) return lo;
-  if (v >= static_cast<float>(hi)) return hi;
-  return static_cast<std::int32_t>(round_away(v));
+  const std::uint32_t u = bits(v), a = u & 0x7fffffffu;
+  // Adding 1.5 * 2^23 leaves v's nearest-even integer in the mantissa (for |v| < 2^22).
+  std::int32_t r = static_cast<std::int32_t>(bits(v + 12582912.0f) - 0x4b400000u);
+  r = r < lo ? lo : r;
+  r = r > hi ? hi : r;
+  const std::uint32_t big = sel(u >> 31 != 0, static_cast<std::uint32_t>(lo), static_cast<std::uint32_t>(hi));
+  return static_cast<std::int32_t>(sel(a > 0x7f800000u, 0u, sel(a >= 0x4a800000u, big, static_cast<std::uint32_t>(r))));
 }
 }  // namespace cvt
 
@@ -217,13 +206,15 @@ KVCACHE_HOST_DEVICE inline void load_row(DType t, const void* p, float* out, std
     case DType::fp8_e4m3:
       for (std::int32_t i = 0; i < n; ++i) out[i] = cvt::e4m3_to_f32(static_cast<const std::uint8_t*>(p)[i]);
       return;
+    case DType::int8:
+      for (std::int32_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<const std::int8_t*>(p)[i]);
+      return;
     default:
       for (std::int32_t i = 0; i < n; ++i) out[i] = load_elem(t, p, i);
       return;
   }
 }
-/// Stores v as element i of p in type t (round to nearest even; fp8 saturates;
-/// int8 rounds half away from zero and saturates at +-127).
+/// Stores v as element i of p in type t (round to nearest even; fp8 and int8 saturate, int8 at +-127).
 KVCACHE_HOST_DEVICE inline void store_elem(DType t, void* p, std::int64_t i, float v) noexcept {
   switch (t) {
     case DType::f32: static_cast<float*>(p)[i] = v; return;
@@ -234,6 +225,29 @@ KVCACHE_HOST_DEVICE inline void store_elem(DType t, void* p, std::int64_t i, flo
     case DType::int8: static_cast<std::int8_t*>(p)[i] = static_cast<std::int8_t>(cvt::to_int(v, -127, 127)); return;
     case DType::int4:
     case DType::fp4_e2m1: return;  // packed: kernels/quant.hpp writes them by row
+  }
+}
+
+/// Stores in[0, n) times mul as elements [0, n) of p in type t: store_elem
+/// with the type's switch outside the loop, so the loop can vectorize.
+KVCACHE_HOST_DEVICE inline void store_row(DType t, void* p, const float* in, float mul, std::int32_t n) noexcept {
+  switch (t) {
+    case DType::f32:
+      for (std::int32_t i = 0; i < n; ++i) static_cast<float*>(p)[i] = in[i] * mul;
+      return;
+    case DType::f16:
+      for (std::int32_t i = 0; i < n; ++i) static_cast<std::uint16_t*>(p)[i] = cvt::f32_to_f16(in[i] * mul);
+      return;
+    case DType::bf16:
+      for (std::int32_t i = 0; i < n; ++i) static_cast<std::uint16_t*>(p)[i] = cvt::f32_to_bf16(in[i] * mul);
+      return;
+    case DType::int8:
+      for (std::int32_t i = 0; i < n; ++i)
+        static_cast<std::int8_t*>(p)[i] = static_cast<std::int8_t>(cvt::to_int(in[i] * mul, -127, 127));
+      return;
+    default:
+      for (std::int32_t i = 0; i < n; ++i) store_elem(t, p, i, in[i] * mul);
+      return;
   }
 }
 
@@ -290,6 +304,15 @@ KVCACHE_HOST_DEVICE inline void move_row(void* dst, DType dt, const void* src, D
     for (std::int32_t i = lane; i < n; i += nlanes)
       for (std::int64_t b = 0; b < eb; ++b)
         static_cast<std::byte*>(dst)[i * eb + b] = static_cast<const std::byte*>(src)[i * eb + b];
+    return;
+  }
+  if (nlanes == 1) {  // one thread: a head row at a time through a float buffer, each type's switch once
+    float buf[256];
+    for (std::int32_t at = 0; at < n; at += 256) {
+      const std::int32_t m = n - at < 256 ? n - at : 256;
+      load_row(st, static_cast<const std::byte*>(src) + row_bytes(st, at), buf, m);
+      store_row(dt, static_cast<std::byte*>(dst) + row_bytes(dt, at), buf, mul, m);
+    }
     return;
   }
   for (std::int32_t i = lane; i < n; i += nlanes) store_elem(dt, dst, i, load_elem(st, src, i) * mul);

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "common.hpp"
+#include "quant_rows.hpp"
 #include "kvcache/slot_move.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
@@ -33,6 +34,11 @@ KVCACHE_HOST_DEVICE inline void compaction_row(const CompactionParams& p, std::i
   if (m.src < 0 || m.src >= pool_slots || m.dst < 0 || m.dst >= pool_slots) return;
   const std::int32_t l = p.first_layer + layer;
   head += p.first_head;
+  if (quantized_side(p.cache, kv)) {  // codes and group entries; a row is whole groups: never requantized
+    move_pool_row(p.cache, kv, m.dst / b, static_cast<std::int32_t>(m.dst % b), m.src / b,
+                  static_cast<std::int32_t>(m.src % b), l, head, lane, nlanes);
+    return;
+  }
   move_row(p.cache.row(m.dst / b, l, kv, static_cast<std::int32_t>(m.dst % b), head), p.cache.dtype,
            p.cache.row(m.src / b, l, kv, static_cast<std::int32_t>(m.src % b), head), p.cache.dtype,
            p.cache.head_dim, 1.0f, lane, nlanes);
@@ -54,7 +60,7 @@ inline Status check_compaction_shape(const CompactionParams& p) noexcept {
     return Status{Errc::invalid_argument, "first_head+num_heads", p.first_head + heads, p.cache.num_kv_heads};
   if (p.num_moves < 0 || (p.num_moves > 0 && !p.moves)) return Status{Errc::invalid_argument, "moves", p.num_moves, 0};
   if (auto st = check_planes(p.cache, "cache.kv_planes"); !st) return st;
-  if (auto st = check_pool_dtype(p.cache, "cache.dtype"); !st) return st;
+  if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
   return {};
 }
 

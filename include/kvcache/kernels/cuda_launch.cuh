@@ -15,7 +15,7 @@ namespace cuda_detail {
 // Lanes per row: the row's units (16-byte vectors when the bytes allow it,
 // else elements), at most max_lanes.
 inline std::int32_t lanes_for(DType dst, DType src, float mul, std::int32_t elems, std::int32_t max_lanes = 32) {
-  const std::int64_t bytes = std::int64_t{elems} * dtype_bytes(dst);
+  const std::int64_t bytes = row_bytes(dst, elems);
   const std::int64_t units = raw_move(dst, src, mul) ? (bytes % 16 == 0 ? bytes / 16 : bytes) : elems;
   return static_cast<std::int32_t>(units < 1 ? 1 : (units > max_lanes ? max_lanes : units));
 }

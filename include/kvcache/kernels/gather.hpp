@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "common.hpp"
+#include "quant_rows.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -49,7 +50,15 @@ KVCACHE_HOST_DEVICE inline void gather_row(const GatherParams& p, std::int32_t s
   std::byte* dst = nullptr;
   const std::byte* src = nullptr;
   if (!gather_ptrs(p, seq, row, kv, head, dst, src)) return;
-  move_row(dst, p.out_dtype, src, p.cache.dtype, p.cache.head_dim, kv == 0 ? p.k_scale : p.v_scale, lane, nlanes);
+  const float mul = kv == 0 ? p.k_scale : p.v_scale;
+  if (quantized_side(p.cache, kv)) {  // dequantized on read
+    const auto pos = static_cast<std::uint32_t>(row - p.out_indptr[seq]), b = static_cast<std::uint32_t>(p.cache.block_size);
+    const std::int32_t page = p.indices[p.indptr[seq] + std::int64_t{pos / b}];
+    load_quantized_row(p.cache, kv, src, row_entries(p.cache, page, p.layer, kv, static_cast<std::int32_t>(pos % b), head),
+                       dst, p.out_dtype, mul, lane, nlanes);
+    return;
+  }
+  move_row(dst, p.out_dtype, src, p.cache.dtype, p.cache.head_dim, mul, lane, nlanes);
 }
 
 /// Sequence owning output row r (binary search of out_indptr), for launchers
@@ -73,7 +82,7 @@ inline Status check_gather_shape(const GatherParams& p) noexcept {
   if (p.num_rows > 0 && (!p.k_out || (p.cache.kv_planes == 2 && !p.v_out) || !p.indptr || !p.indices || !p.out_indptr))
     return Status{Errc::invalid_argument, "pointers", 0, 1};
   if (!(p.k_scale > 0.0f) || !(p.v_scale > 0.0f)) return Status{Errc::invalid_argument, "k_scale/v_scale", 0, 0};
-  if (auto st = check_pool_dtype(p.cache, "cache.dtype"); !st) return st;
+  if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
   if (auto st = check_dtype(p.out_dtype, "out_dtype"); !st) return st;
   return {};
 }
@@ -95,7 +104,7 @@ inline Status gather_host(const GatherParams& p) noexcept {
   }
   // Heads contiguous in pool and output, no conversion: one copy per row run.
   const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);
-  const bool runs = p.cache.strides.head == head_bytes && p.head_stride == head_bytes &&
+  const bool runs = !quantized_pool(p.cache) && p.cache.strides.head == head_bytes && p.head_stride == head_bytes &&
                     raw_move(p.out_dtype, p.cache.dtype, p.k_scale) && raw_move(p.out_dtype, p.cache.dtype, p.v_scale);
   const std::int32_t b = p.cache.block_size;
 #if defined(_OPENMP)

@@ -104,12 +104,30 @@ KVCACHE_HOST_DEVICE inline GroupScale quantize_group(const float* x, std::int32_
                                                      void* entry) noexcept {
   const DType t = group_scale_dtype(code);
   const float type_max = t == DType::f16 ? 65504.0f : 448.0f;
-  float lo = x[0], hi = x[0], amax = 0.0f;
-  for (std::int32_t i = 0; i < n; ++i) {
-    const float v = x[i], a = v < 0.0f ? -v : v;
-    lo = v < lo ? v : lo;
-    hi = v > hi ? v : hi;
-    amax = a > amax ? a : amax;
+  // The range in the floats' bits, as integers: integer max and min vectorize
+  // (float ones do not without -ffast-math). |x| orders as its bits without
+  // the sign; x orders as its bits with the magnitude flipped when negative.
+  float lo = 0.0f, hi = 0.0f, amax = 0.0f;
+  if (minimum) {
+    const auto key = [](float v) {
+      const auto u = static_cast<std::int32_t>(cvt::bits(v));
+      return u ^ ((u >> 31) & 0x7fffffff);
+    };
+    std::int32_t kmin = key(x[0]), kmax = kmin;
+    for (std::int32_t i = 1; i < n; ++i) {
+      const std::int32_t k = key(x[i]);
+      kmin = k < kmin ? k : kmin;
+      kmax = k > kmax ? k : kmax;
+    }
+    lo = cvt::from_bits(static_cast<std::uint32_t>(kmin ^ ((kmin >> 31) & 0x7fffffff)));
+    hi = cvt::from_bits(static_cast<std::uint32_t>(kmax ^ ((kmax >> 31) & 0x7fffffff)));
+  } else {
+    std::uint32_t m = 0;
+    for (std::int32_t i = 0; i < n; ++i) {
+      const std::uint32_t a = cvt::bits(x[i]) & 0x7fffffffu;
+      m = a > m ? a : m;
+    }
+    amax = cvt::from_bits(m);
   }
   float want = (minimum ? hi - lo : amax) / code_max(code, minimum);
   want = want > type_max ? type_max : want;  // a scale past its type saturates, never inf
@@ -119,27 +137,56 @@ KVCACHE_HOST_DEVICE inline GroupScale quantize_group(const float* x, std::int32_
     store_elem(t, entry, 1, lo);
     g.minimum = load_elem(t, entry, 1);
   }
-  const float inv = g.scale > 0.0f ? 1.0f / g.scale : 0.0f;
+  const float inv = g.scale > 0.0f ? 1.0f / g.scale : 0.0f, m = g.minimum;
   auto* b = static_cast<std::uint8_t*>(codes);
-  if (dtype_bits(code) == 4) {
-    for (std::int32_t i = 0; i < n; i += 2)
-      b[i >> 1] = static_cast<std::uint8_t>(encode(code, minimum, (x[i] - g.minimum) * inv) |
-                                            (encode(code, minimum, (x[i + 1] - g.minimum) * inv) << 4));
-  } else {
-    for (std::int32_t i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>(encode(code, minimum, (x[i] - g.minimum) * inv));
+  // One loop per code, the switch outside it: the host compiler vectorizes them.
+  switch (code) {
+    case DType::int8:
+      if (minimum) {
+        for (std::int32_t i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>(cvt::to_int((x[i] - m) * inv, 0, 255));
+      } else {
+        for (std::int32_t i = 0; i < n; ++i)
+          b[i] = static_cast<std::uint8_t>(static_cast<std::uint32_t>(cvt::to_int(x[i] * inv, -127, 127)) & 0xffu);
+      }
+      return g;
+    case DType::int4:
+      for (std::int32_t i = 0; i < n; i += 2)
+        b[i >> 1] = static_cast<std::uint8_t>(encode(code, minimum, (x[i] - m) * inv) |
+                                              (encode(code, minimum, (x[i + 1] - m) * inv) << 4));
+      return g;
+    case DType::fp4_e2m1:
+      for (std::int32_t i = 0; i < n; i += 2)
+        b[i >> 1] = static_cast<std::uint8_t>(f32_to_e2m1(x[i] * inv) | (f32_to_e2m1(x[i + 1] * inv) << 4));
+      return g;
+    case DType::fp8_e4m3:
+      for (std::int32_t i = 0; i < n; ++i) b[i] = cvt::f32_to_e4m3(x[i] * inv);
+      return g;
+    default:
+      for (std::int32_t i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>(encode(code, minimum, (x[i] - m) * inv));
+      return g;
   }
-  return g;
 }
 
 /// Dequantizes n codes of a group with its entry into out[0, n).
 KVCACHE_HOST_DEVICE inline void dequantize_group(const void* codes, const void* entry, std::int32_t n, DType code,
                                                  bool minimum, float* out) noexcept {
   const GroupScale g = load_entry(code, minimum, entry);
+  const auto* b = static_cast<const std::uint8_t*>(codes);
   // Explicit fma with a minimum (host and device round alike); a plain product without.
   if (minimum) {
     for (std::int32_t i = 0; i < n; ++i) out[i] = fmaf(load_code(code, true, codes, i), g.scale, g.minimum);
-  } else {
-    for (std::int32_t i = 0; i < n; ++i) out[i] = load_code(code, false, codes, i) * g.scale;
+    return;
+  }
+  switch (code) {
+    case DType::int8:
+      for (std::int32_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<std::int8_t>(b[i])) * g.scale;
+      return;
+    case DType::fp8_e4m3:
+      for (std::int32_t i = 0; i < n; ++i) out[i] = cvt::e4m3_to_f32(b[i]) * g.scale;
+      return;
+    default:
+      for (std::int32_t i = 0; i < n; ++i) out[i] = load_code(code, false, codes, i) * g.scale;
+      return;
   }
 }
 

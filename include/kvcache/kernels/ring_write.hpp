@@ -49,6 +49,8 @@ KVCACHE_HOST_DEVICE inline void ring_write_row(const RingWriteParams& p, std::in
 /// What the host can see (shapes, layers, scales); shared by both launchers.
 inline Status check_ring_write_shape(const RingWriteParams& p) noexcept {
   if (p.num_tokens > 0 && !p.ring_slots) return Status{Errc::invalid_argument, "ring_slots", 0, 1};
+  // The ring's rows move element-wise (a group-scaled or 4-bit pool is not taken yet).
+  if (auto st = check_pool_dtype(p.cache, "cache.dtype"); !st) return st;
   return check_scatter_shape({p.cache, p.src, TokenAddress{p.ring_slots}, p.num_tokens, p.first_layer, p.num_layers,
                               p.k_scale, p.v_scale});
 }

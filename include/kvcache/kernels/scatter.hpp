@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "common.hpp"
+#include "quant_rows.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -88,8 +89,16 @@ KVCACHE_HOST_DEVICE inline void scatter_row(const ScatterParams& p, std::int32_t
   std::byte* dst = nullptr;
   const std::byte* src = nullptr;
   if (!scatter_ptrs(p, layer, token, kv, head, dst, src)) return;
-  move_row(dst, p.cache.dtype, src, p.src.dtype, p.cache.head_dim, 1.0f / (kv == 0 ? p.k_scale : p.v_scale), lane,
-           nlanes);
+  const float mul = 1.0f / (kv == 0 ? p.k_scale : p.v_scale);
+  if (quantized_side(p.cache, kv)) {  // quantized on write: codes and the row's group entries in one pass
+    const auto slot = static_cast<std::uint32_t>(p.addr.slot(token, p.cache.block_size)),
+               b = static_cast<std::uint32_t>(p.cache.block_size);
+    store_quantized_row(p.cache, kv, dst,
+                        row_entries(p.cache, slot / b, p.first_layer + layer, kv, static_cast<std::int32_t>(slot % b), head),
+                        src, p.src.dtype, mul, lane, nlanes);
+    return;
+  }
+  move_row(dst, p.cache.dtype, src, p.src.dtype, p.cache.head_dim, mul, lane, nlanes);
 }
 
 /// Checks what the host can see: shapes, layers, scales (not device arrays).
@@ -107,7 +116,7 @@ inline Status check_scatter_shape(const ScatterParams& p) noexcept {
                   p.cache.num_layers};
   if (!(p.k_scale > 0.0f) || !(p.v_scale > 0.0f))
     return Status{Errc::invalid_argument, "k_scale/v_scale", 0, 0};
-  if (auto st = check_pool_dtype(p.cache, "cache.dtype"); !st) return st;
+  if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
   return check_dtype(p.src.dtype, "src.dtype");
 }
 
@@ -132,7 +141,7 @@ inline Status scatter_host(const ScatterParams& p) noexcept {
   // When a token's heads are contiguous in both the source and the pool (NHD,
   // dense heads, no conversion), its K (or V) is one run: copy it at once.
   const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);
-  const bool runs = p.cache.strides.head == head_bytes && p.src.head_stride == head_bytes &&
+  const bool runs = !quantized_pool(p.cache) && p.cache.strides.head == head_bytes && p.src.head_stride == head_bytes &&
                     raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale) &&
                     raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.v_scale);
 #if defined(_OPENMP)

@@ -1,0 +1,108 @@
+// A quantized pool's rows: where a (block, layer, K|V, token, head) row's
+// group entries are, and the row moves the kernels share: write a row from
+// an input (quantizing), read it into an output (dequantizing), move it
+// within the pool (codes and entries, never requantized). One body for the
+// host and CUDA backends; lanes split a row by groups (group scales) or by
+// bytes (the 4-bit types with an engine-held scale).
+#pragma once
+
+#include <cstdint>
+
+#include "common.hpp"
+#include "quant.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+/// True when side kv of the view is not element-wise: group scales, or a 4-bit type.
+KVCACHE_HOST_DEVICE inline bool quantized_side(const PoolView& v, std::int32_t kv) noexcept {
+  return (kv == 0 ? v.format.k : v.format.v).scales == Scales::group || dtype_bits(v.dtype) == 4;
+}
+/// True when either side of the view is quantized_side.
+KVCACHE_HOST_DEVICE inline bool quantized_pool(const PoolView& v) noexcept {
+  return quantized_side(v, 0) || (v.kv_planes == 2 && quantized_side(v, 1));
+}
+
+/// Group entry bytes of one row of side kv (0 without group scales).
+KVCACHE_HOST_DEVICE inline std::int64_t row_entry_bytes(const PoolView& v, std::int32_t kv) noexcept {
+  const SideFormat& f = kv == 0 ? v.format.k : v.format.v;
+  return f.scales == Scales::group ? v.head_dim / f.group * group_entry_bytes(v.dtype, f) : 0;
+}
+
+/// The group entries of one row. A row's entries sit in its plane's entry
+/// region at the row's index in the codes' order, which is its codes' offset
+/// in the plane over the row's bytes (the layout need not be known).
+KVCACHE_HOST_DEVICE inline std::byte* row_entries(const PoolView& v, std::int64_t block, std::int32_t layer,
+                                                  std::int32_t kv, std::int32_t token, std::int32_t head) noexcept {
+  std::byte* plane = v.row(block, layer, kv, 0, 0);
+  const std::int64_t in_plane = std::int64_t{token} * v.strides.token + std::int64_t{head} * v.strides.head;
+  return plane + v.scales_offset + in_plane / row_bytes(v.dtype, v.head_dim) * row_entry_bytes(v, kv);
+}
+
+/// Writes one row of side kv: src (n = head_dim elements of st) times mul,
+/// quantized into codes `dst` and entries `entries`. Lane units are groups
+/// (group scales) or bytes (two 4-bit codes).
+KVCACHE_HOST_DEVICE inline void store_quantized_row(const PoolView& v, std::int32_t kv, std::byte* dst, std::byte* entries,
+                                                    const void* src, DType st, float mul, std::int32_t lane,
+                                                    std::int32_t nlanes) noexcept {
+  const SideFormat& f = kv == 0 ? v.format.k : v.format.v;
+  if (f.scales == Scales::group) {
+    float x[128];  // a group is at most 128 values
+    const std::int64_t eb = group_entry_bytes(v.dtype, f);
+    for (std::int32_t g = lane; g * f.group < v.head_dim; g += nlanes) {
+      load_row(st, static_cast<const std::byte*>(src) + row_bytes(st, std::int64_t{g} * f.group), x, f.group);
+      for (std::int32_t i = 0; i < f.group; ++i) x[i] *= mul;
+      quant::quantize_group(x, f.group, v.dtype, f.minimum, dst + row_bytes(v.dtype, std::int64_t{g} * f.group),
+                            entries + g * eb);
+    }
+    return;
+  }
+  // A 4-bit type with an engine-held scale: a byte holds elements 2i and 2i + 1.
+  auto* b = reinterpret_cast<std::uint8_t*>(dst);
+  for (std::int32_t i = lane; 2 * i < v.head_dim; i += nlanes)
+    b[i] = static_cast<std::uint8_t>(quant::encode(v.dtype, false, load_elem(st, src, 2 * i) * mul) |
+                                     (quant::encode(v.dtype, false, load_elem(st, src, 2 * i + 1) * mul) << 4));
+}
+
+/// Reads one row of side kv into out (head_dim elements of ot): dequantized, times mul.
+KVCACHE_HOST_DEVICE inline void load_quantized_row(const PoolView& v, std::int32_t kv, const std::byte* codes,
+                                                   const std::byte* entries, void* out, DType ot, float mul,
+                                                   std::int32_t lane, std::int32_t nlanes) noexcept {
+  const SideFormat& f = kv == 0 ? v.format.k : v.format.v;
+  if (f.scales == Scales::group) {
+    float x[128];
+    const std::int64_t eb = group_entry_bytes(v.dtype, f);
+    for (std::int32_t g = lane; g * f.group < v.head_dim; g += nlanes) {
+      quant::dequantize_group(codes + row_bytes(v.dtype, std::int64_t{g} * f.group), entries + g * eb, f.group, v.dtype,
+                              f.minimum, x);
+      store_row(ot, static_cast<std::byte*>(out) + row_bytes(ot, std::int64_t{g} * f.group), x, mul, f.group);
+    }
+    return;
+  }
+  for (std::int32_t i = lane; 2 * i < v.head_dim; i += nlanes) {
+    store_elem(ot, out, 2 * i, quant::load_code(v.dtype, false, codes, 2 * i) * mul);
+    store_elem(ot, out, 2 * i + 1, quant::load_code(v.dtype, false, codes, 2 * i + 1) * mul);
+  }
+}
+
+/// Moves one row of side kv within a pool as raw bytes: its codes and its
+/// entries (a row is whole groups, so nothing is requantized).
+KVCACHE_HOST_DEVICE inline void move_pool_row(const PoolView& v, std::int32_t kv, std::int64_t dst_block,
+                                              std::int32_t dst_token, std::int64_t src_block, std::int32_t src_token,
+                                              std::int32_t layer, std::int32_t head, std::int32_t lane,
+                                              std::int32_t nlanes) noexcept {
+  move_row(v.row(dst_block, layer, kv, dst_token, head), DType::int8, v.row(src_block, layer, kv, src_token, head),
+           DType::int8, static_cast<std::int32_t>(row_bytes(v.dtype, v.head_dim)), 1.0f, lane, nlanes);
+  if (const std::int64_t eb = row_entry_bytes(v, kv); eb > 0)
+    move_row(row_entries(v, dst_block, layer, kv, dst_token, head), DType::int8,
+             row_entries(v, src_block, layer, kv, src_token, head), DType::int8, static_cast<std::int32_t>(eb), 1.0f,
+             lane, nlanes);
+}
+
+/// A pool whose rows the row kernels (scatter, gather, compaction) can
+/// move: check_dtype's types, or a quantized format (kernels/quant_rows.hpp).
+inline Status check_pool_rows(const PoolView& v, const char* what) noexcept {
+  if (dtype_bits(v.dtype) == 0) return Status{Errc::invalid_argument, what, static_cast<std::int64_t>(v.dtype), kLastDType};
+  return {};
+}
+
+KVCACHE_END_NAMESPACE
