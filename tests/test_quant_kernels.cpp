@@ -112,7 +112,8 @@ TEST_CASE("quantized scatter, gather and compaction against the group codecs, ev
             const RowBytes want = reference_row(pool.g, kv, x.data());
             INFO("token " << t << " layer " << l << " kv " << kv << " head " << h);
             REQUIRE(std::memcmp(&pool.bytes[pool.codes_at(b, l, kv, off, h)], want.codes.data(), want.codes.size()) == 0);
-            REQUIRE(std::memcmp(&pool.bytes[pool.entries_at(b, l, kv, off, h)], want.entries.data(), want.entries.size()) == 0);
+            if (!want.entries.empty())  // engine-held scales: no entries (and memcmp takes no null pointer)
+              REQUIRE(std::memcmp(&pool.bytes[pool.entries_at(b, l, kv, off, h)], want.entries.data(), want.entries.size()) == 0);
             pool.mark(written, b, l, kv, off, h);
           }
     }
