@@ -54,7 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // runs a quantized pool: 16-value rows, one group each, codes of 8 or 4 bits.
   if (size % 4 == 3) {
     const kv::DType codes[] = {kv::DType::int8, kv::DType::int4, kv::DType::fp4_e2m1, kv::DType::fp8_e4m3};
-    const std::uint8_t b = in.byte();
+    const std::uint32_t b = in.byte();
     spec.head_dim = 16;
     spec.dtype = codes[b % 4];
     const bool minimum = (b & 4) != 0 && (spec.dtype == kv::DType::int8 || spec.dtype == kv::DType::int4);
