@@ -51,13 +51,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                         .head_dim = 2, .block_size = 1 + std::int32_t(in.byte() % 4), .dtype = kv::DType::f32,
                         .layout = kv::Layout(in.byte() % 2), .planes = kv::KvPlanes(in.byte() % 2)};
   // One input in four (by its length, so the seed corpus keeps its meaning)
-  // runs a quantized pool: 16-value rows, one group each, codes of 8 or 4 bits.
+  // runs a quantized pool: 16-value rows, one group each, codes of 8, 4 or 2 bits.
   if (size % 4 == 3) {
-    const kv::DType codes[] = {kv::DType::int8, kv::DType::int4, kv::DType::fp4_e2m1, kv::DType::fp8_e4m3};
+    const kv::DType codes[] = {kv::DType::int8, kv::DType::int4, kv::DType::fp4_e2m1, kv::DType::fp8_e4m3, kv::DType::int2};
     const std::uint32_t b = in.byte();
     spec.head_dim = 16;
-    spec.dtype = codes[b % 4];
-    const bool minimum = (b & 4) != 0 && (spec.dtype == kv::DType::int8 || spec.dtype == kv::DType::int4);
+    spec.dtype = codes[b % 5];
+    const bool minimum = (b & 8) != 0 && kv::is_integer_code(spec.dtype);
     spec.format.k = spec.format.v = {.scales = kv::Scales::group, .group = 16, .minimum = minimum};
   }
   const auto g = kv::Geometry::make(spec);

@@ -81,19 +81,20 @@ inline kv::GeometrySpec random_spec(std::mt19937_64& rng) {
 
 inline kv::SideFormat random_side(std::mt19937_64& rng, kv::DType d, std::int32_t head_dim) {
   if (d == kv::DType::fp4_e2m1) return {.scales = kv::Scales::group, .group = 16};
-  if (rng() % 4 == 0 && d != kv::DType::int4) return {.scales = kv::Scales::tensor};
-  if (rng() % 5 == 0) return {.scales = kv::Scales::head};
+  if (rng() % 4 == 0 && d != kv::DType::int4 && d != kv::DType::int2) return {.scales = kv::Scales::tensor};
+  if (rng() % 5 == 0 && d != kv::DType::int2) return {.scales = kv::Scales::head};
   std::vector<std::int32_t> groups;
   for (std::int32_t g : {16, 32, 64, 128})
     if (head_dim % g == 0) groups.push_back(g);
-  const bool integer = d == kv::DType::int8 || d == kv::DType::int4;
+  const bool integer = kv::is_integer_code(d);
   return {.scales = kv::Scales::group, .group = groups[rng() % groups.size()], .minimum = integer && rng() % 2 == 0};
 }
 
 // A quantized geometry: a code, and per side group scales (any G dividing
 // head_dim, a minimum for integer codes) or an engine-held scale.
 inline kv::GeometrySpec random_quant_spec(std::mt19937_64& rng) {
-  const kv::DType codes[] = {kv::DType::int8, kv::DType::int4, kv::DType::fp8_e4m3, kv::DType::fp8_e5m2, kv::DType::fp4_e2m1};
+  const kv::DType codes[] = {kv::DType::int8, kv::DType::int4, kv::DType::fp8_e4m3, kv::DType::fp8_e5m2, kv::DType::fp4_e2m1,
+                             kv::DType::int2};
   const std::int32_t dims[] = {32, 64, 128, 48};
   const std::int32_t blocks[] = {1, 4, 16};
   kv::GeometrySpec s;
@@ -101,7 +102,7 @@ inline kv::GeometrySpec random_quant_spec(std::mt19937_64& rng) {
   s.num_kv_heads = 1 + std::int32_t(rng() % 3);
   s.head_dim = dims[rng() % 4];
   s.block_size = blocks[rng() % 3];
-  s.dtype = codes[rng() % 5];
+  s.dtype = codes[rng() % 6];
   s.layout = rng() % 2 ? kv::Layout::NHD : kv::Layout::HND;
   s.planes = rng() % 2 ? kv::KvPlanes::interleaved : kv::KvPlanes::separate;
   s.format = {random_side(rng, s.dtype, s.head_dim), random_side(rng, s.dtype, s.head_dim)};

@@ -235,3 +235,27 @@ TEST_CASE("int8 rounding is exact just below a half, and matches nearbyint every
     REQUIRE(float(b[0]) == want);
   }
 }
+
+TEST_CASE("row conversions give each element's conversion, for every whole-byte type") {
+  // store_row / load_row keep a loop per type so the host vectorizes it;
+  // they must give exactly store_elem's / load_elem's bits.
+  std::mt19937 rng(11);
+  std::vector<float> in(515);
+  for (std::size_t i = 0; i < in.size(); ++i)
+    in[i] = i % 7 == 0 ? std::ldexp(float(rng() % 1000) - 500.0f, int(rng() % 40) - 30) : float(rng() % 100000) / 64.0f - 700.0f;
+  in[1] = std::numeric_limits<float>::infinity(), in[2] = -0.0f, in[3] = std::numeric_limits<float>::quiet_NaN();
+  for (const DType t : {DType::f32, DType::f16, DType::bf16, DType::fp8_e4m3, DType::fp8_e5m2, DType::int8}) {
+    INFO("dtype " << int(t));
+    const auto n = static_cast<std::int32_t>(in.size());
+    std::vector<std::uint8_t> row(in.size() * 4), elems(row.size());
+    store_row(t, row.data(), in.data(), 0.75f, n);
+    for (std::int32_t i = 0; i < n; ++i) store_elem(t, elems.data(), i, in[std::size_t(i)] * 0.75f);
+    REQUIRE(row == elems);
+    std::vector<float> back(in.size());
+    load_row(t, row.data(), back.data(), n);
+    for (std::int32_t i = 0; i < n; ++i) {
+      const float e = load_elem(t, row.data(), i);
+      REQUIRE(std::memcmp(&back[std::size_t(i)], &e, 4) == 0);
+    }
+  }
+}

@@ -1,15 +1,13 @@
 // Quantized KV: the format's validation and byte accounting (Geometry), the
 // group codecs' round trip against fp32 with per-format error bounds, and
 // the kernels' handling of quantized pools (block copy moves codes and
-// scales; element-wise kernels refuse what they cannot read).
+// scales; int8 and e5m2 with an engine-held scale through scatter and gather).
 #include <catch2/catch.hpp>
 
 #include <kvcache/geometry.hpp>
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/gather.hpp>
 #include <kvcache/kernels/quant.hpp>
-#include <kvcache/kernels/ring_write.hpp>
-#include <kvcache/kernels/rope.hpp>
 #include <kvcache/kernels/scatter.hpp>
 
 #include <algorithm>
@@ -38,7 +36,8 @@ struct Case {
   bool minimum;
 };
 const Case kCases[] = {{DType::int8, false}, {DType::int8, true},          {DType::int4, false}, {DType::int4, true},
-                       {DType::fp8_e4m3, false}, {DType::fp8_e5m2, false}, {DType::fp4_e2m1, false}};
+                       {DType::fp8_e4m3, false}, {DType::fp8_e5m2, false}, {DType::fp4_e2m1, false},
+                       {DType::int2, false},     {DType::int2, true}};
 
 // The most a value may move through its group's codes: half a step of the
 // code at the value's magnitude (a relative step for the float codes), plus
@@ -95,6 +94,7 @@ TEST_CASE("group codecs: every format and group size round-trips within its boun
       // Relative to each group's range: half a step of the code at most.
       const double step = c.code == DType::int8 ? 1.0 / (c.minimum ? 255 : 127)
                           : c.code == DType::int4 ? 1.0 / (c.minimum ? 15 : 7)
+                          : c.code == DType::int2 ? 1.0 / (c.minimum ? 3 : 1)
                           : c.code == DType::fp8_e4m3 ? 0x1p-3
                           : c.code == DType::fp8_e5m2 ? 0x1p-2
                                                       : 1.0 / 3;  // fp4: 4 -> 6 near the top
@@ -132,6 +132,21 @@ TEST_CASE("group codecs: codes are packed low nibble first, signed or offset by 
   CHECK(codes[0] == 0xF7);
   quant::dequantize_group(codes, e3, 16, DType::fp4_e2m1, false, y);
   for (int i = 0; i < 16; ++i) CHECK(y[i] == f[i]);
+  // int2: four a byte, element 4i + j in bits 2j; symmetric codes -1, 0, 1 (scale 2 here), or 0..3 above the minimum.
+  float t[16] = {2, -2, 0, 2, -2, -2, 0, 0, 2, 2, 2, 2, 0, -2, 0, 2};
+  const auto s2 = quant::quantize_group(t, 16, DType::int2, false, codes, entry);
+  CHECK(s2.scale == 2.0f);
+  CHECK(codes[0] == 0x4D);  // 1, -1, 0, 1 from the low bits: 01 00 11 01
+  CHECK(codes[1] == 0x0F);  // -1, -1, 0, 0
+  quant::dequantize_group(codes, entry, 16, DType::int2, false, y);
+  for (int i = 0; i < 16; ++i) CHECK(y[i] == t[i]);
+  float w[16];
+  for (int i = 0; i < 16; ++i) w[i] = 5.0f + float(i % 4);
+  const auto m2 = quant::quantize_group(w, 16, DType::int2, true, codes, e2);
+  CHECK((m2.minimum == 5.0f && m2.scale == 1.0f));
+  CHECK(codes[0] == 0xE4);  // 0, 1, 2, 3 from the low bits: 11 10 01 00
+  quant::dequantize_group(codes, e2, 16, DType::int2, true, y);
+  for (int i = 0; i < 16; ++i) CHECK(y[i] == w[i]);
 }
 
 TEST_CASE("geometry: a quantized block holds its codes and its group entries") {
@@ -208,7 +223,8 @@ TEST_CASE("geometry: each bad format is a typed error naming its field") {
       {DType::int8, {{.scales = static_cast<Scales>(9)}, g32}, 128, "format.k.scales", 9},
       {DType::int4, {{.scales = Scales::tensor}, {.scales = Scales::tensor}}, 7,
        "head_dim (odd: a 4-bit dtype packs two values a byte)", 7},
-      {static_cast<DType>(8), {}, 128, "dtype", 8},
+      {DType::int2, {{.scales = Scales::tensor}, g32}, 128, "format.k.scales (2-bit codes take group scales)", 1},
+      {static_cast<DType>(9), {}, 128, "dtype", 9},
   };
   for (const Bad& b : cases) {
     INFO(b.what);
@@ -266,34 +282,6 @@ TEST_CASE("block copy moves a quantized block's codes and scales together") {
     }
 }
 
-TEST_CASE("element kernels refuse what they cannot read, and write nothing") {
-  const SideFormat g32{.scales = Scales::group, .group = 32};
-  for (auto [d, f] : {std::pair{DType::int8, KvFormat{g32, g32}},
-                      std::pair{DType::int4, KvFormat{{.scales = Scales::tensor}, {.scales = Scales::tensor}}}}) {
-    auto g = Geometry::make({.head_dim = 64, .block_size = 4, .dtype = d, .format = f});
-    REQUIRE(g.ok());
-    std::vector<std::byte> pool(std::size_t(*g->pool_bytes(2)), std::byte{0x5a});
-    const auto before = pool;
-    const PoolView view = *make_pool_view(*g, pool.data(), 2);
-    const std::int32_t block = 1, delta = 1;
-    std::vector<float> cs(2 * 32, 1.0f), sn(2 * 32, 0.0f);
-    const Status st = rope_host(RopeParams{view, 0, 1, &block, &delta, 1, cs.data(), sn.data(), 1});
-    CHECK(st.code() == Errc::invalid_argument);
-    CHECK(std::string(st.what()) ==
-          (d == DType::int4 ? "cache.dtype" : "format (group scales: this kernel moves unscaled elements)"));
-    if (d == DType::int4) CHECK(st.message() == "invalid_argument: cache.dtype=6 (limit 5)");
-    std::vector<float> k(64, 1.0f), v(64, 2.0f);
-    const std::int32_t slot = 1;
-    RingWriteParams rw{};
-    rw.cache = view;
-    rw.src = KvSource{k.data(), v.data(), DType::f32, 0, 256, 256};
-    rw.ring_slots = &slot;
-    rw.num_tokens = 1;
-    CHECK(ring_write_host(rw).code() == Errc::invalid_argument);
-    CHECK(pool == before);
-  }
-}
-
 TEST_CASE("int8 and fp8 e5m2 with a per-tensor scale go through scatter and gather") {
   std::mt19937_64 rng(Catch::rngSeed() ^ 0x7e57u);
   for (DType d : {DType::int8, DType::fp8_e5m2}) {
@@ -341,4 +329,74 @@ TEST_CASE("int8 and fp8 e5m2 with a per-tensor scale go through scatter and gath
       REQUIRE(std::fabs(vo[i] - v[i]) <= vb + 1e-6);
     }
   }
+}
+
+TEST_CASE("engine-held scales per layer and per (layer, head) scale each row they name") {
+  // K: one scale per (layer, kv-head), as vLLM's and TensorRT-LLM's per-head
+  // fp8 scales; V: one per layer. Both times the call's k_scale / v_scale.
+  const int L = 2, H = 3, D = 16, B = 4;
+  for (DType d : {DType::int8, DType::fp8_e4m3}) {
+    auto g = Geometry::make({.num_layers = L, .num_kv_heads = H, .head_dim = D, .block_size = B, .dtype = d,
+                             .format = {{.scales = Scales::head}, {.scales = Scales::tensor}}});
+    REQUIRE(g.ok());
+    std::vector<std::byte> pool(std::size_t(*g->pool_bytes(2)));
+    const PoolView view = *make_pool_view(*g, pool.data(), 2);
+    std::vector<float> k(std::size_t(L * 2 * H * D)), v(k.size());  // [layer][token][head][dim]
+    std::mt19937_64 rng(Catch::rngSeed() ^ 0x4eadu);
+    for (std::size_t i = 0; i < k.size(); ++i) k[i] = realistic_row(rng, 1)[0] * float(1 + i / std::size_t(D) % H), v[i] = realistic_row(rng, 1)[0];
+    const float k_heads[L * H] = {0.05f, 0.1f, 0.2f, 0.07f, 0.15f, 0.3f}, v_layers[L] = {0.04f, 0.08f};
+    const std::int32_t slots[] = {5, 2};
+    ScatterParams p{view, KvSource{k.data(), v.data(), DType::f32, 2 * H * D * 4, H * D * 4, D * 4}, TokenAddress{slots}, 2, 0, L,
+                    2.0f, 0.5f, k_heads, v_layers};
+    REQUIRE(scatter_host(p).ok());
+    const Strides st = *g->strides(2);
+    for (int l = 0; l < L; ++l)
+      for (int t = 0; t < 2; ++t)
+        for (int h = 0; h < H; ++h)
+          for (int kv = 0; kv < 2; ++kv) {
+            const float scale = kv == 0 ? 2.0f * k_heads[l * H + h] : 0.5f * v_layers[l];
+            const float* x = (kv ? v : k).data() + ((l * 2 + t) * H + h) * D;
+            const std::byte* row = &pool[std::size_t(st.offset(slots[t] / B, l, kv, slots[t] % B, h))];
+            for (int i = 0; i < D; ++i) {
+              std::uint8_t want[4] = {};  // store_elem's widest element, though d takes one byte
+              store_elem(d, want, 0, x[i] * (1.0f / scale));
+              REQUIRE(std::to_integer<std::uint8_t>(row[i]) == want[0]);
+            }
+          }
+    // Gather with the same arrays reads each row back at its own scale.
+    std::vector<float> ko(std::size_t(2 * B * H * D)), vo(ko.size());
+    const std::int32_t indptr[] = {0, 2}, pages[] = {0, 1}, rows[] = {0, 2 * B};
+    GatherParams gp{view, 1, indptr, pages, rows, 1, 2 * B, ko.data(), vo.data(), DType::f32, H * D * 4, D * 4, 2.0f, 0.5f,
+                    k_heads, v_layers};
+    REQUIRE(gather_host(gp).ok());
+    for (int t = 0; t < 2; ++t)
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < D; ++i) {
+          const float x = k[std::size_t(((2 + t) * H + h) * D + i)], got = ko[std::size_t((slots[t] * H + h) * D + i)];
+          const float scale = 2.0f * k_heads[H + h];
+          const double bound = d == DType::int8 ? scale / 2 * 1.001 : std::max(std::fabs(x) * 0x1p-4, scale * 0x1p-10);
+          REQUIRE(std::fabs(got - x) <= bound + 1e-6);
+        }
+    // Bad arrays are typed errors, and nothing is written.
+    const auto before = pool;
+    const float bad[L * H] = {0.05f, 0.1f, 0.0f, 0.07f, 0.15f, 0.3f};
+    p.k_scales = bad;
+    CHECK(scatter_host(p).message() == "invalid_argument: k_scales_at=2 (limit 6)");
+    gp.k_scales = bad;
+    CHECK(gather_host(gp).message() == "invalid_argument: k_scales_at=2 (limit 6)");
+    CHECK(pool == before);
+  }
+  // An array for a side without engine-held scales names that side.
+  const SideFormat g32{.scales = Scales::group, .group = 32};
+  auto g = Geometry::make({.head_dim = 32, .block_size = 4, .dtype = DType::int8, .format = {g32, {.scales = Scales::tensor}}});
+  std::vector<std::byte> pool(std::size_t(*g->pool_bytes(1)));
+  std::vector<float> x(64, 1.0f);
+  const float one = 1.0f;
+  const std::int32_t slot = 0;
+  ScatterParams p{*make_pool_view(*g, pool.data(), 1), KvSource{x.data(), x.data() + 32, DType::f32, 0, 64 * 4, 32 * 4},
+                  TokenAddress{&slot}, 1};
+  p.k_scales = &one;
+  CHECK(scatter_host(p).message() == "invalid_argument: k_scales (format.k holds no engine-held scales)=3 (limit 2)");
+  p.k_scales = nullptr, p.v_scales = &one;
+  CHECK(scatter_host(p).ok());
 }

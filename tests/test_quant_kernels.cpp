@@ -17,55 +17,14 @@
 #include <random>
 #include <vector>
 
-#include "kernel_testing.hpp"
+#include "quant_testing.hpp"
 
 using namespace kvcache;
 using kvtest::random_quant_spec;
 
-namespace {
-
-// The bytes a row must hold: its codes, then its group entries (none for an engine-held scale).
-struct RowBytes {
-  std::vector<std::uint8_t> codes, entries;
-};
-RowBytes reference_row(const Geometry& g, std::int32_t kv, const float* x) {
-  const auto& s = g.spec();
-  const SideFormat& f = g.side(kv);
-  RowBytes r{std::vector<std::uint8_t>(std::size_t(g.row_bytes())), std::vector<std::uint8_t>(std::size_t(g.group_bytes_per_row(kv)))};
-  if (f.scales == Scales::group) {
-    quant::quantize_row(x, s.head_dim, s.dtype, f, r.codes.data(), r.entries.data());
-  } else if (dtype_bits(s.dtype) == 4) {
-    for (int i = 0; i < s.head_dim; i += 2)
-      r.codes[std::size_t(i / 2)] = std::uint8_t(quant::encode(s.dtype, false, x[i]) | (quant::encode(s.dtype, false, x[i + 1]) << 4));
-  } else {
-    for (int i = 0; i < s.head_dim; ++i) store_elem(s.dtype, r.codes.data(), i, x[i]);
-  }
-  return r;
-}
-
-struct QPool {
-  Geometry g;
-  std::int64_t blocks;
-  Strides st;
-  std::vector<std::byte> bytes;
-  PoolView view;
-  QPool(const GeometrySpec& s, std::int64_t n) : g(*Geometry::make(s)), blocks(n), st(*g.strides(n)) {
-    bytes.resize(std::size_t(*g.pool_bytes(n)));
-    kvtest::poison(bytes);
-    view = *make_pool_view(g, bytes.data(), n);
-  }
-  std::size_t codes_at(std::int64_t b, int l, int kv, int t, int h) const { return std::size_t(st.offset(b, l, kv, t, h)); }
-  std::size_t entries_at(std::int64_t b, int l, int kv, int t, int h) const {
-    return std::size_t(st.offset(b, l, kv, 0, 0) + g.group_entries_offset(kv, t, h));
-  }
-  // Marks a row's codes and entries in `mask`.
-  void mark(std::vector<char>& mask, std::int64_t b, int l, int kv, int t, int h) const {
-    std::fill_n(mask.begin() + std::ptrdiff_t(codes_at(b, l, kv, t, h)), g.row_bytes(), 1);
-    std::fill_n(mask.begin() + std::ptrdiff_t(entries_at(b, l, kv, t, h)), g.group_bytes_per_row(kv), 1);
-  }
-};
-
-}  // namespace
+using kvtest::QPool;
+using kvtest::reference_row;
+using kvtest::RowBytes;
 
 TEST_CASE("quantized scatter, gather and compaction against the group codecs, every format and layout") {
   std::mt19937_64 rng(Catch::rngSeed() ^ std::random_device{}());
@@ -133,13 +92,8 @@ TEST_CASE("quantized scatter, gather and compaction against the group codecs, ev
       const int off = int(slot % s.block_size);
       for (int kv = 0; kv < 2; ++kv)
         for (int h = 0; h < H; ++h) {
-          const SideFormat& f = pool.g.side(kv);
-          std::vector<float> want(static_cast<std::size_t>(D));
-          const auto* codes = &pool.bytes[pool.codes_at(b, L - 1, kv, off, h)];
-          if (f.scales == Scales::group)
-            quant::dequantize_row(codes, &pool.bytes[pool.entries_at(b, L - 1, kv, off, h)], D, s.dtype, f, want.data());
-          else
-            for (int d = 0; d < D; ++d) want[std::size_t(d)] = quant::load_code(s.dtype, false, codes, d);
+          const std::vector<float> want = kvtest::reference_values(pool.g, kv, &pool.bytes[pool.codes_at(b, L - 1, kv, off, h)],
+                                                                   &pool.bytes[pool.entries_at(b, L - 1, kv, off, h)]);
           const float* got = (kv ? vo : ko).data() + slot * H * D + h * D;
           for (int d = 0; d < D; ++d) REQUIRE(got[d] == want[std::size_t(d)] * (kv ? v_scale : k_scale));
         }

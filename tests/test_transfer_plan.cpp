@@ -142,6 +142,9 @@ TEST_CASE("handshake: a mismatch is layout_mismatch naming the field") {
   differs([](LayoutHandshake& r) { r.id.hash_algorithm = "siphash128"; }, "hash_algorithm");
   differs([](LayoutHandshake& r) { r.groups[0].num_kv_heads = 8; }, "num_kv_heads (over every rank)");
   differs([](LayoutHandshake& r) { r.groups.push_back(r.groups[0]); }, "groups");
+  differs([](LayoutHandshake& r) { r.groups[0].format.k.scales = Scales::tensor; }, "format.k.scales");
+  differs([](LayoutHandshake& r) { r.groups[0].format.v.group = 32; }, "format.v.group");
+  differs([](LayoutHandshake& r) { r.groups[0].format.v.minimum = true; }, "format.v.minimum");
   // A field changed after the hash was taken: the peer's hash does not match its fields.
   LayoutHandshake r = local;
   r.groups[0].block_size = 8;
@@ -289,4 +292,48 @@ TEST_CASE("plan: bad block lists are errors naming the value, and leave the outp
   const TransferPlanner mismatched(local.describe(), other.describe());
   CHECK(mismatched.status().code() == Errc::layout_mismatch);
   CHECK(mismatched.plan(std::span(&skip1, 1), {}, plan).status().code() == Errc::layout_mismatch);
+}
+
+TEST_CASE("handshake: a quantized pool's format travels, is checked on read, and must match") {
+  const SideFormat k32{.scales = Scales::group, .group = 32, .minimum = true}, v64{.scales = Scales::group, .group = 64};
+  const GeometrySpec q{.num_layers = 2, .num_kv_heads = 2, .head_dim = 64, .block_size = 4, .dtype = DType::int4, .format = {k32, v64}};
+  const HostPool a(q, 6, 1), b(q, 6, 2);
+  const LayoutHandshake ha = a.describe(), hb = b.describe();
+  CHECK(ha.groups[0].format == q.format);
+  CHECK(ha.regions[0].k_bytes == a.g.plane_bytes());  // codes and group entries move as one plane
+  CHECK(check_compatible(ha, hb).ok());
+  std::vector<std::uint8_t> bytes;
+  to_msgpack(ha, bytes);
+  const auto back = from_msgpack(bytes);
+  REQUIRE(back.ok());
+  CHECK(*back == ha);
+  CHECK(check_compatible(hb, *back).ok());
+
+  // The same codes with another scheme are another layout (value: the peer's, limit: ours).
+  GeometrySpec other = q;
+  other.format.k.group = 64;
+  const HostPool c(other, 6, 3);
+  CHECK(check_compatible(ha, c.describe()).message() == "layout_mismatch: format.k.group=64 (limit 32)");
+  other = q;
+  other.dtype = DType::int8;
+  CHECK(check_compatible(ha, HostPool(other, 6, 4).describe()).message() == "layout_mismatch: dtype=5 (limit 6)");
+
+  // A format no Geometry would take is refused on read, naming the field.
+  const auto read_with = [&](auto edit) {
+    LayoutHandshake h = ha;
+    edit(h.groups[0]);
+    std::vector<std::uint8_t> out;
+    to_msgpack(h, out);
+    return from_msgpack(out).status().message();
+  };
+  CHECK(read_with([](GroupLayout& g) { g.format.k.group = 48; }) == "invalid_argument: format.k.group (16, 32, 64 or 128)=48 (limit 128)");
+  CHECK(read_with([](GroupLayout& g) { g.format.v.scales = Scales::none; g.format.v.group = 0; }) ==
+        "invalid_argument: format.v.scales (an integer code needs scales)=0 (limit 1)");
+  CHECK(read_with([](GroupLayout& g) { g.format.k.scales = Scales(4); }) == "invalid_argument: format.k.scales=4 (limit 3)");
+  CHECK(read_with([](GroupLayout& g) { g.dtype = DType(9); }) == "invalid_argument: dtype=9 (limit 8)");
+  CHECK(read_with([](GroupLayout& g) { g.v_head_dim = 0; }) == "invalid_argument: format.v.scales (the group has no V plane)=3 (limit 0)");
+
+  // A version 1 peer (groups without a format) is another wire version.
+  bytes[16] = 1;  // the version follows the 14-field array header and the 15-byte tag
+  CHECK(from_msgpack(bytes).status().message() == "layout_mismatch: wire_version=1 (limit 2)");
 }

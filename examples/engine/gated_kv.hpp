@@ -28,6 +28,7 @@
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/page_bounds.hpp>
+#include <kvcache/kernels/quant_rows.hpp>
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/kernels/write_gate.hpp>
 #include <kvcache/kvcache.hpp>
@@ -245,6 +246,13 @@ class GatedKv {
       n += hb.pos[t] <= q && (hb.adm[t] || q - hb.pos[t] < gates_.window) && (hb.sel.empty() || hb.sel[t]) ? 1 : 0;
     return n;
   }
+  // Appends one pool row's K or V as floats: dequantized when the pool stores a quantized format.
+  void read_row(std::int32_t block, std::int32_t token, std::int32_t kv, std::vector<float>& out) const {
+    const std::size_t at = out.size();
+    out.resize(at + std::size_t(hd_));
+    kvcache::load_pool_span(pool_, kv, pool_.row(block, 0, kv, token, 0), kvcache::row_entries(pool_, block, 0, kv, token, 0),
+                            0, hd_, out.data() + at);
+  }
   // Each head's row of layer l as the cache holds it now, read through the head-folded CSR export.
   void snapshot(std::int32_t l) {
     const kvcache::SeqId one[] = {seq_};
@@ -261,10 +269,8 @@ class GatedKv {
       hb.k.clear(), hb.v.clear(), hb.pos.clear(), hb.adm.clear();
       for (std::size_t j = 0; j < positions.size(); ++j) {
         const std::int32_t b = indices_[std::size_t(indptr_[std::size_t(h)]) + j / std::size_t(B)];
-        const auto* kr = reinterpret_cast<const float*>(pool_.row(b, 0, 0, std::int32_t(j % std::size_t(B)), 0));
-        const auto* vr = reinterpret_cast<const float*>(pool_.row(b, 0, 1, std::int32_t(j % std::size_t(B)), 0));
-        hb.k.insert(hb.k.end(), kr, kr + hd_);
-        hb.v.insert(hb.v.end(), vr, vr + hd_);
+        read_row(b, std::int32_t(j % std::size_t(B)), 0, hb.k);
+        read_row(b, std::int32_t(j % std::size_t(B)), 1, hb.v);
         hb.pos.push_back(positions[j]);
         hb.adm.push_back(j >= std::size_t(W) || adm_at(l, h, positions[j]));  // global tokens were admitted
       }

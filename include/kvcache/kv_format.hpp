@@ -1,5 +1,5 @@
 // What one stored K or V value is: its element type (a float type, or a
-// code of 8 or 4 bits) and how it is scaled (not at all, by a scale the
+// code of 8, 4 or 2 bits) and how it is scaled (not at all, by a scale the
 // engine holds per layer or per (layer, head), or by a scale stored beside
 // every group of G values). Geometry sizes a pool from this; the kernels
 // quantize on write and dequantize on read from it.
@@ -19,10 +19,12 @@ KVCACHE_BEGIN_NAMESPACE
 ///   int8:      signed, symmetric [-127, 127]; unsigned [0, 255] with a minimum.
 ///   int4:      two per byte, element 2i in the low nibble; [-7, 7], or [0, 15] with a minimum.
 ///   fp4_e2m1:  two per byte as int4; values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives (NVFP4's element).
-enum class DType : std::uint8_t { f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4, fp4_e2m1 };
+///   int2:      four per byte, element 4i + j in bits 2j..2j+1; [-1, 1], or [0, 3] with a minimum
+///              (KIVI's 2-bit); group scales only.
+enum class DType : std::uint8_t { f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4, fp4_e2m1, int2 };
 
 /// The last DType: errors name it as the limit of a dtype field.
-inline constexpr std::int64_t kLastDType = 7;
+inline constexpr std::int64_t kLastDType = 8;
 
 /// Bits per element of d; 0 for a value outside the enum.
 KVCACHE_HOST_DEVICE constexpr std::int32_t dtype_bits(DType d) noexcept {
@@ -35,22 +37,25 @@ KVCACHE_HOST_DEVICE constexpr std::int32_t dtype_bits(DType d) noexcept {
     case DType::int8: return 8;
     case DType::int4: return 4;
     case DType::fp4_e2m1: return 4;
+    case DType::int2: return 2;
   }
   return 0;
 }
 
-/// Bytes per element of d: 0 for the packed 4-bit types (two share a byte)
+/// Bytes per element of d: 0 for the packed 4- and 2-bit types (they share bytes)
 /// and for a value outside the enum. Row sizes come from row_bytes().
 KVCACHE_HOST_DEVICE constexpr std::int64_t dtype_bytes(DType d) noexcept {
   const std::int32_t b = dtype_bits(d);
   return b >= 8 ? b / 8 : 0;
 }
 
-/// Bytes of n consecutive elements of d (n even for the 4-bit types).
+/// Bytes of n consecutive elements of d (n even for the 4-bit types, a multiple of 4 for int2).
 KVCACHE_HOST_DEVICE constexpr std::int64_t row_bytes(DType d, std::int64_t n) noexcept { return n * dtype_bits(d) / 8; }
 
-/// True for the types that only mean something with a scale: int8, int4, fp4.
-KVCACHE_HOST_DEVICE constexpr bool is_integer_code(DType d) noexcept { return d == DType::int8 || d == DType::int4; }
+/// True for the integer codes, which only mean something with a scale: int8, int4, int2.
+KVCACHE_HOST_DEVICE constexpr bool is_integer_code(DType d) noexcept {
+  return d == DType::int8 || d == DType::int4 || d == DType::int2;
+}
 
 /// How one side (K or V) of a pool is scaled.
 ///   none:   stored as is (a float type), or with the call's per-tensor scale as today.
@@ -103,6 +108,9 @@ inline Status check_side_format(const SideFormat& f, DType dtype, std::int32_t h
   if (dtype == DType::fp4_e2m1 && (f.scales != Scales::group || f.group != 16))
     return Status{Errc::invalid_argument, name("format.k.group (fp4 takes groups of 16)", "format.v.group (fp4 takes groups of 16)"),
                   f.scales == Scales::group ? f.group : 0, 16};
+  if (dtype == DType::int2 && f.scales != Scales::group)  // a 2-bit code's range is too coarse for one scale per layer or head
+    return Status{Errc::invalid_argument, name("format.k.scales (2-bit codes take group scales)", "format.v.scales (2-bit codes take group scales)"),
+                  s, 3};
   if (is_integer_code(dtype) && f.scales == Scales::none)
     return Status{Errc::invalid_argument, name("format.k.scales (an integer code needs scales)",
                                                "format.v.scales (an integer code needs scales)"), s, 1};

@@ -49,24 +49,33 @@ void register_kernels(nb::module_& m) {
       .def_prop_ro("memory", [](const Pool& p) { return p.memory; })
       .def_prop_ro("is_cuda", [](const Pool& p) { return p.device.cuda(); });
 
+  // Engine-held scales (k_scales / v_scales): float32 on the pool's device,
+  // one per layer (Scales::tensor) or per (layer, kv-head) (Scales::head); None: 1.
+  const auto held = [](nb::handle h, const Pool& pool, std::int32_t kv, const char* name) -> const float* {
+    if (h.is_none()) return nullptr;
+    const kv::SideFormat& f = kv == 0 ? pool.view.format.k : pool.view.format.v;
+    const std::int64_t n = std::int64_t{pool.view.num_layers} * (f.scales == kv::Scales::head ? pool.view.num_kv_heads : 1);
+    return vec<const float>(nb::cast<Tensor>(h), name, n, pool.device);
+  };
   def_kernel(
       m, "scatter",
-      [](Pool& pool, Tensor k, Tensor v, Tensor slots, std::int32_t first_layer, float k_scale, float v_scale,
-         nb::handle stream) {
+      [held](Pool& pool, Tensor k, Tensor v, Tensor slots, std::int32_t first_layer, float k_scale, float v_scale,
+             nb::handle k_scales, nb::handle v_scales, nb::handle stream) {
         const Rows rk = rows_of(k, "k", pool), rv = rows_of(v, "v", pool);
         same_rows(rk, rv);
         const auto* s = vec<const std::int32_t>(slots, "slots", rk.tokens, pool.device);
         kv::ScatterParams p{pool.view, {k.data(), v.data(), rk.dtype, rk.layer_stride, rk.token_stride, rk.head_stride},
-                            kv::TokenAddress{s}, rk.tokens, first_layer, std::int32_t(rk.layers), k_scale, v_scale};
+                            kv::TokenAddress{s}, rk.tokens, first_layer, std::int32_t(rk.layers), k_scale, v_scale,
+                            held(k_scales, pool, 0, "k_scales"), held(v_scales, pool, 1, "v_scales")};
         launch("scatter", pool.device, stream, p, kv::scatter_host, KVPY_CUDA(scatter), kv::check_scatter_shape);
       },
       "pool"_a, "k"_a, "v"_a, "slots"_a, "first_layer"_a = 0, "k_scale"_a = 1.0f, "v_scale"_a = 1.0f,
-      "stream"_a = nb::none());
+      "k_scales"_a = nb::none(), "v_scales"_a = nb::none(), "stream"_a = nb::none());
 
   def_kernel(
       m, "gather",
-      [](Pool& pool, std::int32_t layer, Tensor indptr, Tensor indices, Tensor out_indptr, Tensor k_out, Tensor v_out,
-         float k_scale, float v_scale, nb::handle stream) {
+      [held](Pool& pool, std::int32_t layer, Tensor indptr, Tensor indices, Tensor out_indptr, Tensor k_out, Tensor v_out,
+             float k_scale, float v_scale, nb::handle k_scales, nb::handle v_scales, nb::handle stream) {
         const Device d = pool.device;
         const Rows rk = rows_of(k_out, "k_out", pool), rv = rows_of(v_out, "v_out", pool);
         if (rk.dtype != rv.dtype || rk.tokens != rv.tokens || rk.token_stride != rv.token_stride ||
@@ -77,13 +86,14 @@ void register_kernels(nb::module_& m) {
         kv::GatherParams p{pool.view, layer, vec<const std::int32_t>(indptr, "indptr", n + 1, d),
                            vec<const std::int32_t>(indices, "indices", 0, d),
                            vec<const std::int32_t>(out_indptr, "out_indptr", n + 1, d), std::int32_t(n), rk.tokens,
-                           k_out.data(), v_out.data(), rk.dtype, rk.token_stride, rk.head_stride, k_scale, v_scale};
+                           k_out.data(), v_out.data(), rk.dtype, rk.token_stride, rk.head_stride, k_scale, v_scale,
+                           held(k_scales, pool, 0, "k_scales"), held(v_scales, pool, 1, "v_scales")};
         // The rows fit the outputs (host memory only: a device's offsets are the caller's to keep).
         if (!d.cuda()) require(n == 0 || p.out_indptr[n] <= rk.tokens, "out_indptr[-1]", n ? p.out_indptr[n] : 0, rk.tokens);
         launch("gather", d, stream, p, kv::gather_host, KVPY_CUDA(gather), kv::check_gather_shape);
       },
       "pool"_a, "layer"_a, "indptr"_a, "indices"_a, "out_indptr"_a, "k_out"_a, "v_out"_a, "k_scale"_a = 1.0f,
-      "v_scale"_a = 1.0f, "stream"_a = nb::none());
+      "v_scale"_a = 1.0f, "k_scales"_a = nb::none(), "v_scales"_a = nb::none(), "stream"_a = nb::none());
 
   def_kernel(
       m, "block_copy",

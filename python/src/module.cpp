@@ -30,21 +30,55 @@ void bind_geometry(nb::module_& m) {
       .value("f32", kv::DType::f32)
       .value("f16", kv::DType::f16)
       .value("bf16", kv::DType::bf16)
-      .value("fp8_e4m3", kv::DType::fp8_e4m3);
+      .value("fp8_e4m3", kv::DType::fp8_e4m3)
+      .value("fp8_e5m2", kv::DType::fp8_e5m2)
+      .value("int8", kv::DType::int8)
+      .value("int4", kv::DType::int4)
+      .value("fp4_e2m1", kv::DType::fp4_e2m1)
+      .value("int2", kv::DType::int2);
+  nb::enum_<kv::Scales>(m, "Scales")
+      .value("none", kv::Scales::none)
+      .value("tensor", kv::Scales::tensor)
+      .value("head", kv::Scales::head)
+      .value("group", kv::Scales::group);
+  nb::class_<kv::SideFormat>(m, "SideFormat")
+      .def(nb::init<>())
+      .def("__init__",
+           [](kv::SideFormat* self, kv::Scales scales, std::int32_t group, bool minimum) {
+             new (self) kv::SideFormat{scales, group, minimum};
+           },
+           "scales"_a, "group"_a = 0, "minimum"_a = false)
+      .def_rw("scales", &kv::SideFormat::scales)
+      .def_rw("group", &kv::SideFormat::group)
+      .def_rw("minimum", &kv::SideFormat::minimum)
+      .def("__eq__", [](const kv::SideFormat& a, const kv::SideFormat& b) { return a == b; })
+      .def("__repr__", [](const kv::SideFormat& f) {
+        static const char* names[] = {"none", "tensor", "head", "group"};
+        return std::string("SideFormat(Scales.") + names[static_cast<int>(f.scales) & 3] + ", " + std::to_string(f.group) +
+               (f.minimum ? ", minimum=True)" : ")");
+      });
+  nb::class_<kv::KvFormat>(m, "KvFormat")
+      .def("__init__", [](kv::KvFormat* self, const kv::SideFormat& k, const kv::SideFormat& v) { new (self) kv::KvFormat{k, v}; },
+           "k"_a = kv::SideFormat{}, "v"_a = kv::SideFormat{})
+      .def_rw("k", &kv::KvFormat::k)
+      .def_rw("v", &kv::KvFormat::v)
+      .def("__eq__", [](const kv::KvFormat& a, const kv::KvFormat& b) { return a == b; });
   nb::enum_<kv::Layout>(m, "Layout").value("NHD", kv::Layout::NHD).value("HND", kv::Layout::HND);
   nb::enum_<kv::KvPlanes>(m, "KvPlanes").value("interleaved", kv::KvPlanes::interleaved).value("separate", kv::KvPlanes::separate);
   nb::class_<kv::Geometry>(m, "Geometry")
       .def(
           "__init__",
           [](kv::Geometry* self, std::int32_t num_layers, std::int32_t num_kv_heads, std::int32_t head_dim,
-             std::int32_t block_size, kv::DType dtype, kv::Layout layout, kv::KvPlanes planes, std::int32_t v_head_dim) {
+             std::int32_t block_size, kv::DType dtype, kv::Layout layout, kv::KvPlanes planes, std::int32_t v_head_dim,
+             const kv::KvFormat& format) {
             new (self) kv::Geometry(kvpy::check(kv::Geometry::make({.num_layers = num_layers, .num_kv_heads = num_kv_heads,
                                                                    .head_dim = head_dim, .block_size = block_size,
                                                                    .dtype = dtype, .layout = layout, .planes = planes,
-                                                                   .v_head_dim = v_head_dim})));
+                                                                   .v_head_dim = v_head_dim, .format = format})));
           },
           "num_layers"_a, "num_kv_heads"_a, "head_dim"_a, "block_size"_a = 16, "dtype"_a = kv::DType::f16,
-          "layout"_a = kv::Layout::NHD, "planes"_a = kv::KvPlanes::interleaved, "v_head_dim"_a = -1)
+          "layout"_a = kv::Layout::NHD, "planes"_a = kv::KvPlanes::interleaved, "v_head_dim"_a = -1,
+          "format"_a = kv::KvFormat{})
       .def_prop_ro("num_layers", [](const kv::Geometry& g) { return g.spec().num_layers; })
       .def_prop_ro("num_kv_heads", [](const kv::Geometry& g) { return g.spec().num_kv_heads; })
       .def_prop_ro("head_dim", [](const kv::Geometry& g) { return g.spec().head_dim; })
@@ -52,6 +86,9 @@ void bind_geometry(nb::module_& m) {
       .def_prop_ro("dtype", [](const kv::Geometry& g) { return g.spec().dtype; })
       .def_prop_ro("layout", [](const kv::Geometry& g) { return g.spec().layout; })
       .def_prop_ro("planes", [](const kv::Geometry& g) { return g.spec().planes; })
+      .def_prop_ro("format", [](const kv::Geometry& g) { return g.spec().format; })
+      .def_prop_ro("row_bytes", &kv::Geometry::row_bytes)
+      .def_prop_ro("plane_bytes", &kv::Geometry::plane_bytes)
       .def_prop_ro("block_bytes", &kv::Geometry::block_bytes)
       .def_prop_ro("kv_planes", &kv::Geometry::kv_planes)
       .def("pool_bytes", [](const kv::Geometry& g, std::int64_t num_blocks) { return kvpy::check(g.pool_bytes(num_blocks)); });

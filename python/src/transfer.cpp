@@ -123,6 +123,7 @@ void register_transfer(nb::module_& m) {
                        d["kind"] = kind_name(g.kind), d["layers"] = g.layers, d["block_size"] = g.block_size;
                        d["num_kv_heads"] = g.num_kv_heads, d["head_dim"] = g.head_dim, d["v_head_dim"] = g.v_head_dim;
                        d["dtype"] = g.dtype, d["layout"] = g.layout, d["window"] = g.window, d["chunk"] = g.chunk;
+                       d["format"] = g.format;
                        out.append(d);
                      }
                      return out;

@@ -52,6 +52,58 @@ def test_scatter_reads_a_strided_slice_of_fused_qkv_and_converts_to_f16():
     np.testing.assert_array_equal(gv, v.astype(np.float16).astype(np.float32))
 
 
+@pytest.mark.parametrize("dtype,minimum,steps", [(kv.DType.int8, False, 127), (kv.DType.int4, True, 15),
+                                                 (kv.DType.int2, True, 3)])
+def test_a_quantized_pool_is_written_quantized_and_read_back_dequantized(dtype, minimum, steps):
+    d, group = 64, 32
+    side = kv.SideFormat(kv.Scales.group, group, minimum=minimum)
+    g = kv.Geometry(num_layers=1, num_kv_heads=H, head_dim=d, block_size=B, dtype=dtype, format=kv.KvFormat(side, side))
+    assert g.format == kv.KvFormat(side, side) and g.row_bytes == d * {kv.DType.int8: 8, kv.DType.int4: 4, kv.DType.int2: 2}[dtype] // 8
+    mem = np.zeros(g.pool_bytes(N), dtype=np.uint8)
+    pv = kv.PoolView(g, mem, N)
+    rng = np.random.default_rng(5)
+    k = rng.standard_normal((6, H, d), dtype=np.float32)
+    k[..., 3] *= 20  # an outlier channel
+    v = rng.standard_normal((6, H, d), dtype=np.float32)
+    kv.scatter(pv, k, v, np.array([8, 9, 10, 11, 20, 21], dtype=np.int32))
+    gk = np.zeros((6, H, d), dtype=np.float32)
+    gv = np.zeros_like(gk)
+    kv.gather(pv, 0, np.array([0, 2], dtype=np.int32), np.array([2, 5], dtype=np.int32),
+              np.array([0, 6], dtype=np.int32), gk, gv)
+    for want, got in ((k, gk), (v, gv)):
+        groups = want.reshape(6, H, d // group, group)
+        span = groups.max(-1) - groups.min(-1) if minimum else np.abs(groups).max(-1)
+        step = span / steps  # one code step per group
+        err = np.abs(got - want).reshape(groups.shape).max(-1)
+        # Half a step, plus what rounding the scale and minimum to f16 moves the top code (under 0.07 of a step).
+        assert (err <= step * 0.6).all() and (err > 0).any()
+    with pytest.raises(kv.InvalidArgument, match=r"format.k.scales \(an integer code needs scales\)"):
+        kv.Geometry(num_layers=1, num_kv_heads=H, head_dim=d, dtype=kv.DType.int8)
+
+
+def test_engine_held_scales_per_layer_and_head():
+    head, tensor = kv.SideFormat(kv.Scales.head), kv.SideFormat(kv.Scales.tensor)
+    g = kv.Geometry(num_layers=L, num_kv_heads=H, head_dim=D, block_size=B, dtype=kv.DType.int8,
+                    format=kv.KvFormat(head, tensor))
+    pv = kv.PoolView(g, np.zeros(g.pool_bytes(N), dtype=np.uint8), N)
+    rng = np.random.default_rng(3)
+    k = rng.standard_normal((L, 4, H, D), dtype=np.float32) * np.array([1, 8], dtype=np.float32)[None, None, :, None]
+    v = rng.standard_normal((L, 4, H, D), dtype=np.float32)
+    k_scales = (np.abs(k).max(axis=(1, 3)) / 127).astype(np.float32)  # [layers, heads]: each head's own range
+    v_scales = (np.abs(v).max(axis=(1, 2, 3)) / 127).astype(np.float32)  # [layers]
+    kv.scatter(pv, k, v, np.array([4, 5, 6, 7], dtype=np.int32), k_scales=k_scales, v_scales=v_scales)
+    gk, gv = np.zeros((4, H, D), dtype=np.float32), np.zeros((4, H, D), dtype=np.float32)
+    kv.gather(pv, 1, np.array([0, 1], dtype=np.int32), np.array([1], dtype=np.int32), np.array([0, 4], dtype=np.int32),
+              gk, gv, k_scales=k_scales, v_scales=v_scales)
+    assert (np.abs(gk - k[1]) <= k_scales[1][None, :, None] * 0.5001).all()
+    assert (np.abs(gv - v[1]) <= v_scales[1] * 0.5001).all()
+    with pytest.raises(kv.InvalidArgument, match="k_scales_at=1"):
+        kv.scatter(pv, k, v, np.array([4, 5, 6, 7], dtype=np.int32), k_scales=np.array([1, 0, 1, 1], dtype=np.float32))
+    plain = pool()[2]
+    with pytest.raises(kv.InvalidArgument, match=r"k_scales \(format.k holds no engine-held scales\)"):
+        kv.scatter(plain, k, v, np.array([4, 5, 6, 7], dtype=np.int32), k_scales=k_scales.reshape(-1))
+
+
 def test_bad_calls_are_typed_errors_that_write_nothing():
     g, mem, pv = pool()
     k = np.ones((2, H, D), dtype=np.float32)

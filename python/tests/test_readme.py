@@ -12,8 +12,8 @@ BLOCKS = [block for page in PAGES
 
 
 def test_there_are_python_snippets():
-    assert [name for name, _ in BLOCKS] == ["python_hybrid", "python_quickstart", "python_composed", "python_scale_out",
-                                            "python_tiers"]
+    assert [name for name, _ in BLOCKS] == ["python_hybrid", "python_quickstart", "python_composed", "python_quant",
+                                            "python_scale_out", "python_tiers"]
 
 
 def test_quickstart_runs_and_prints_the_error():
@@ -52,3 +52,10 @@ def test_scale_out_runs_and_prints_the_imported_sequence():
     with contextlib.redirect_stdout(out):
         exec(compile(dict(BLOCKS)["python_scale_out"], "docs/scale-out.md:python_scale_out", "exec"), {})
     assert out.getvalue() == "14 3 3\n"
+
+
+def test_quant_runs_and_prints_the_bytes_per_token():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(dict(BLOCKS)["python_quant"], "docs/quantization.md:python_quant", "exec"), {})
+    assert out.getvalue() == "272 True\n"  # 2 planes x 2 heads x (64 codes + 2 groups x 2 bytes)

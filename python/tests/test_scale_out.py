@@ -51,9 +51,10 @@ def test_handshake_on_the_wire_and_mismatches_named():
     h = p.handshake("prefill-0", tp_rank=0, tp_size=1, hash_seed=7)
     data = h.to_msgpack()
     fields = msgpack.unpackb(data)
-    assert len(fields) == 14 and fields[0] == "kvcache.layout" and fields[1] == 1 and fields[2] == "prefill-0"
+    assert len(fields) == 14 and fields[0] == "kvcache.layout" and fields[1] == 2 and fields[2] == "prefill-0"
     assert fields[8] == 7 and fields[9] == 16  # hash seed, blocks
-    assert fields[10] == [[0, 2, B, 2, 8, 8, 1, 0, 0, 0]]  # full, 2 layers, block 4, 2 heads, dims 8/8, f16, NHD
+    # full, 2 layers, block 4, 2 heads, dims 8/8, f16, NHD, no window or chunk; K and V unscaled
+    assert fields[10] == [[0, 2, B, 2, 8, 8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]]
     assert fields[11] == [[p.mem.ctypes.data, p.mem.nbytes, 0, 0]]
     assert len(fields[12]) == 2 and fields[13] == h.compat_hash
     back = kv.LayoutHandshake.from_msgpack(data)
@@ -68,6 +69,28 @@ def test_handshake_on_the_wire_and_mismatches_named():
         kv.TransferPlanner(h, other.handshake(hash_seed=7))
     with pytest.raises(kv.LayoutMismatch, match=r"hash_seed=0 \(limit 7\)"):
         kv.check_compatible(h, p.handshake())
+
+
+def test_a_quantized_pools_format_travels_and_must_match():
+    def quantized(group):
+        return kv.Geometry(num_layers=2, num_kv_heads=2, head_dim=32, block_size=B, dtype=kv.DType.int4,
+                           format=kv.KvFormat(kv.SideFormat(kv.Scales.group, group, minimum=True),
+                                              kv.SideFormat(kv.Scales.group, 32)))
+    a, b = Pool(quantized(32)), Pool(quantized(16))
+    h = a.handshake(hash_seed=7)
+    fields = msgpack.unpackb(h.to_msgpack())
+    assert fields[10][0][6] == 6 and fields[10][0][10:] == [3, 32, 1, 3, 32, 0]  # int4; K group 32 + min, V group 32
+    assert h.groups[0]["format"] == kv.KvFormat(kv.SideFormat(kv.Scales.group, 32, True), kv.SideFormat(kv.Scales.group, 32))
+    assert kv.LayoutHandshake.from_msgpack(h.to_msgpack()) == h
+    with pytest.raises(kv.LayoutMismatch, match=r"layout_mismatch: format.k.group=16 \(limit 32\)"):
+        kv.check_compatible(h, b.handshake(hash_seed=7))
+    # A plan moves whole planes: a block arrives with its codes and its group scales.
+    remote = Pool(quantized(32), fill=3)
+    plan = kv.TransferPlanner(h, remote.handshake(hash_seed=7)).plan(np.array([2, 5], dtype=np.int32),
+                                                                      np.array([9, 1], dtype=np.int32))
+    assert int(plan[:, 2].sum()) == 2 * a.block_bytes
+    run(plan)
+    assert (a.block(9) == remote.block(2)).all() and (a.block(1) == remote.block(5)).all()
 
 
 def test_plans_move_the_bytes_between_two_pools():

@@ -1,12 +1,14 @@
 // The example engine's forward pass: matches the training framework's logits
 // on a fixed prompt (stored, so no PyTorch here), and gives the same logits
 // and greedy tokens whether K/V live in kvcache's paged pool or in a plain
-// contiguous buffer; preemption changes nothing; every policy runs inside
+// contiguous buffer (and, from a quantized pool, the same logits as a buffer
+// of the dequantized values); preemption changes nothing; every policy runs inside
 // the engine within its bound. The sparse compositions (Write-Gated KV,
 // Quest) are in test_engine_sparse.cpp.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
+#include <kvcache/kernels/quant.hpp>
 #include <string>
 #include <vector>
 
@@ -88,6 +90,74 @@ TEST_CASE("keep-all through the paged cache gives exactly the contiguous buffer'
   }
   CHECK(tokens_paged == tokens_plain);
   CHECK(cache.check_invariants().ok());
+}
+
+// A plain buffer that holds what a quantized pool gives back: each row
+// quantized and dequantized with the group codecs before it is stored.
+class RoundTripKv {
+ public:
+  RoundTripKv(const engine::ModelConfig& c, std::int32_t capacity, kv::DType code, kv::SideFormat f)
+      : plain_(c, capacity), heads_(c.kv_heads), hd_(c.head_dim()), code_(code), f_(f) {}
+  void write(std::int32_t l, const float* k, const float* v, std::int32_t n) {
+    std::vector<float> kq(k, k + std::ptrdiff_t(n) * heads_ * hd_), vq(v, v + std::ptrdiff_t(n) * heads_ * hd_);
+    std::vector<std::uint8_t> codes(static_cast<std::size_t>(hd_)), entries(static_cast<std::size_t>(hd_) * 4);
+    for (auto* rows : {&kq, &vq})
+      for (std::size_t at = 0; at < rows->size(); at += std::size_t(hd_)) {
+        kv::quant::quantize_row(rows->data() + at, hd_, code_, f_, codes.data(), entries.data());
+        kv::quant::dequantize_row(codes.data(), entries.data(), hd_, code_, f_, rows->data() + at);
+      }
+    plain_.write(l, kq.data(), vq.data(), n);
+  }
+  engine::HeldKv read(std::int32_t l, std::int32_t g) const { return plain_.read(l, g); }
+
+ private:
+  engine::ContiguousKv plain_;
+  std::int32_t heads_, hd_;
+  kv::DType code_;
+  kv::SideFormat f_;
+};
+
+TEST_CASE("a quantized pool serves exactly what a buffer of the dequantized values serves") {
+  // EngineConfig::kv_dtype / kv_format's path: scatter quantizes, gather
+  // dequantizes. The logits match, bit for bit, those of a plain buffer fed
+  // the same rows through the group codecs, and differ from f32's.
+  const engine::Model model(kDir + "/kjv-tiny.bin");
+  const auto& c = model.config();
+  constexpr std::int32_t B = 16, kPrompt = 70, kNew = 24, kBlocks = 16;
+  for (const auto& [code, f] : {std::pair{kv::DType::int4, kv::SideFormat{kv::Scales::group, 32, true}},
+                                std::pair{kv::DType::int2, kv::SideFormat{kv::Scales::group, 16, true}}}) {
+    const auto g = *kv::Geometry::make({.num_layers = c.layers, .num_kv_heads = c.kv_heads, .head_dim = c.head_dim(),
+                                        .block_size = B, .dtype = code, .format = {f, f}});
+    std::vector<std::byte> memory(std::size_t(*g.pool_bytes(kBlocks)));
+    const auto pool = *kv::make_pool_view(g, memory.data(), kBlocks);
+    kv::Cache<> cache({.geometry = g, .num_blocks = kBlocks, .max_sequences = 1, .max_blocks_per_sequence = 8});
+    const auto seq = *cache.add_sequence();
+    std::vector<std::int64_t> positions(std::size_t(kBlocks * B), -1);
+    engine::Forward paged_fwd(model), plain_fwd(model), exact_fwd(model);
+    RoundTripKv plain(c, kPrompt + kNew, code, f);
+    engine::ContiguousKv exact(c, kPrompt + kNew);
+    auto tokens = heldout(kPrompt);
+    std::vector<std::int32_t> slots(kPrompt);
+    std::vector<float> lp, lc, le;
+    REQUIRE(cache.reserve(seq, kPrompt, slots).ok());
+    engine::PagedKv<kv::Cache<>> prefill(cache, pool, seq, slots, 0, positions);
+    paged_fwd.run(prefill, tokens, 0, lp, true);
+    plain_fwd.run(plain, tokens, 0, lc, true);
+    exact_fwd.run(exact, tokens, 0, le, true);
+    bool differs = false;
+    for (std::int32_t step = 0; step < kNew; ++step) {
+      REQUIRE(lp == lc);
+      differs = differs || lp != le;
+      tokens.push_back(argmax(lp.data(), c.vocab));
+      const std::int64_t pos = kPrompt + step;
+      REQUIRE(cache.reserve(seq, 1, slots).ok());
+      engine::PagedKv<kv::Cache<>> store(cache, pool, seq, std::span<const std::int32_t>(slots).first(1), pos, positions);
+      paged_fwd.run(store, std::span(tokens).last(1), pos, lp, true);
+      plain_fwd.run(plain, std::span(tokens).last(1), pos, lc, true);
+      exact_fwd.run(exact, std::span(tokens).last(1), pos, le, true);
+    }
+    CHECK(differs);  // the codes are not the f32 values: quantization reached the attention
+  }
 }
 
 TEST_CASE("preemption and re-prefill do not change what the scheduler generates") {

@@ -190,7 +190,7 @@ class LayerGroups {
     if (g.num_kv_heads < 1) return Status{Errc::invalid_argument, "num_kv_heads", g.num_kv_heads, 1};
     if (g.head_dim < 1) return Status{Errc::invalid_argument, "head_dim", g.head_dim, 1};
     if (g.v_head_dim < -1) return Status{Errc::invalid_argument, "v_head_dim", g.v_head_dim, -1};
-    if (dtype_bytes(g.dtype) == 0)  // 4-bit codes need group scales: a layer group has no KV format yet
+    if (dtype_bytes(g.dtype) == 0)  // packed codes need group scales: a layer group has no KV format yet
       return Status{Errc::invalid_argument, "dtype (layer groups store whole-byte types)", std::int64_t(g.dtype), 5};
     if (g.kind == AttentionKind::mla && (g.v_head_dim > 0 || g.num_kv_heads != 1))
       return Status{Errc::invalid_argument, "v_head_dim (MLA stores no V, one latent head)", g.v_head_dim, 0};

@@ -65,13 +65,34 @@ inline Status check_dtype(DType d, const char* what) noexcept {
   return {};
 }
 
-/// A pool view's dtype passes check_dtype and its values are element-wise:
-/// no group scales. (Group-scaled pools are read and written a row at a
-/// time, kernels/quant.hpp; block_copy moves them whole.)
-inline Status check_pool_dtype(const PoolView& v, const char* what) noexcept {
-  if (auto st = check_dtype(v.dtype, what); !st) return st;
-  if (v.format.k.scales == Scales::group || v.format.v.scales == Scales::group)
-    return Status{Errc::invalid_argument, "format (group scales: this kernel moves unscaled elements)", 3, 2};
+/// The engine-held scale of (layer, head) on side kv (0 = K, 1 = V):
+/// scales[layer] when the side's format is Scales::tensor, scales[layer *
+/// num_kv_heads + head] for Scales::head; 1 without an array. Kernels
+/// multiply it with their call's k_scale / v_scale.
+KVCACHE_HOST_DEVICE inline float held_scale(const PoolView& v, std::int32_t kv, const float* scales, std::int32_t layer,
+                                            std::int32_t head) noexcept {
+  if (!scales) return 1.0f;
+  return (kv == 0 ? v.format.k : v.format.v).scales == Scales::head ? scales[std::int64_t{layer} * v.num_kv_heads + head]
+                                                                     : scales[layer];
+}
+
+/// Engine-held scale arrays (k_scales, v_scales) are given only for a side
+/// whose format holds them (tensor: one per layer; head: one per (layer,
+/// kv-head)). When read_values (host memory), every value must be positive
+/// and finite: the error names the first that is not.
+inline Status check_held_scales(const PoolView& v, const float* k_scales, const float* v_scales, bool read_values) noexcept {
+  for (std::int32_t kv = 0; kv < 2; ++kv) {
+    const float* s = kv == 0 ? k_scales : v_scales;
+    if (!s) continue;
+    const Scales scheme = (kv == 0 ? v.format.k : v.format.v).scales;
+    if (scheme != Scales::tensor && scheme != Scales::head)
+      return Status{Errc::invalid_argument, kv == 0 ? "k_scales (format.k holds no engine-held scales)" : "v_scales (format.v holds no engine-held scales)",
+                    static_cast<std::int64_t>(scheme), 2};
+    if (!read_values) continue;
+    const std::int64_t n = std::int64_t{v.num_layers} * (scheme == Scales::head ? v.num_kv_heads : 1);
+    for (std::int64_t i = 0; i < n; ++i)
+      if (!(s[i] > 0.0f) || !(s[i] < 3.4e38f)) return Status{Errc::invalid_argument, kv == 0 ? "k_scales_at" : "v_scales_at", i, n};
+  }
   return {};
 }
 
@@ -186,7 +207,8 @@ KVCACHE_HOST_DEVICE inline float load_elem(DType t, const void* p, std::int64_t 
     case DType::fp8_e5m2: return cvt::e5m2_to_f32(static_cast<const std::uint8_t*>(p)[i]);
     case DType::int8: return static_cast<float>(static_cast<const std::int8_t*>(p)[i]);
     case DType::int4:
-    case DType::fp4_e2m1: break;  // packed: kernels/quant.hpp reads them by row
+    case DType::fp4_e2m1:
+    case DType::int2: break;  // packed: kernels/quant.hpp reads them by row
   }
   return 0.0f;
 }
@@ -206,6 +228,9 @@ KVCACHE_HOST_DEVICE inline void load_row(DType t, const void* p, float* out, std
     case DType::fp8_e4m3:
       for (std::int32_t i = 0; i < n; ++i) out[i] = cvt::e4m3_to_f32(static_cast<const std::uint8_t*>(p)[i]);
       return;
+    case DType::fp8_e5m2:
+      for (std::int32_t i = 0; i < n; ++i) out[i] = cvt::e5m2_to_f32(static_cast<const std::uint8_t*>(p)[i]);
+      return;
     case DType::int8:
       for (std::int32_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<const std::int8_t*>(p)[i]);
       return;
@@ -224,7 +249,8 @@ KVCACHE_HOST_DEVICE inline void store_elem(DType t, void* p, std::int64_t i, flo
     case DType::fp8_e5m2: static_cast<std::uint8_t*>(p)[i] = cvt::f32_to_e5m2(v); return;
     case DType::int8: static_cast<std::int8_t*>(p)[i] = static_cast<std::int8_t>(cvt::to_int(v, -127, 127)); return;
     case DType::int4:
-    case DType::fp4_e2m1: return;  // packed: kernels/quant.hpp writes them by row
+    case DType::fp4_e2m1:
+    case DType::int2: return;  // packed: kernels/quant.hpp writes them by row
   }
 }
 
@@ -240,6 +266,12 @@ KVCACHE_HOST_DEVICE inline void store_row(DType t, void* p, const float* in, flo
       return;
     case DType::bf16:
       for (std::int32_t i = 0; i < n; ++i) static_cast<std::uint16_t*>(p)[i] = cvt::f32_to_bf16(in[i] * mul);
+      return;
+    case DType::fp8_e4m3:
+      for (std::int32_t i = 0; i < n; ++i) static_cast<std::uint8_t*>(p)[i] = cvt::f32_to_e4m3(in[i] * mul);
+      return;
+    case DType::fp8_e5m2:
+      for (std::int32_t i = 0; i < n; ++i) static_cast<std::uint8_t*>(p)[i] = cvt::f32_to_e5m2(in[i] * mul);
       return;
     case DType::int8:
       for (std::int32_t i = 0; i < n; ++i)

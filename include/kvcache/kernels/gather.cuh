@@ -28,7 +28,7 @@ struct GatherPtrs {
 inline bool gather_vectorizable(const GatherParams& p, std::int32_t rows, std::int32_t vecs) {
   const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);
   const Strides& c = p.cache.strides;
-  return !quantized_pool(p.cache) && raw_move(p.out_dtype, p.cache.dtype, p.k_scale) && raw_move(p.out_dtype, p.cache.dtype, p.v_scale) &&
+  return !quantized_pool(p.cache) && !p.k_scales && !p.v_scales && raw_move(p.out_dtype, p.cache.dtype, p.k_scale) && raw_move(p.out_dtype, p.cache.dtype, p.v_scale) &&
          aligned16(head_bytes) && aligned16(p.cache.base) && aligned16(p.k_out) &&
          (p.cache.kv_planes == 1 || aligned16(p.v_out)) &&
          aligned16(c.block | c.layer | c.kv | c.token | c.head) && aligned16(p.token_stride | p.head_stride) &&

@@ -26,6 +26,10 @@ struct GatherParams {
   std::int64_t head_stride = 0;  ///< output strides in bytes
   float k_scale = 1.0f;  ///< K output = cache x k_scale.
   float v_scale = 1.0f;  ///< output = cache * scale (fp8 dequant)
+  /// Engine-held scales of format.k (tensor: [cache layers]; head: [cache
+  /// layers][kv_heads]), times k_scale; null: none. Memory the backend reads.
+  const float* k_scales = nullptr;
+  const float* v_scales = nullptr;  ///< The same for format.v.
 };
 static_assert(std::is_trivially_copyable_v<GatherParams>);
 
@@ -50,7 +54,8 @@ KVCACHE_HOST_DEVICE inline void gather_row(const GatherParams& p, std::int32_t s
   std::byte* dst = nullptr;
   const std::byte* src = nullptr;
   if (!gather_ptrs(p, seq, row, kv, head, dst, src)) return;
-  const float mul = kv == 0 ? p.k_scale : p.v_scale;
+  const float mul =
+      (kv == 0 ? p.k_scale : p.v_scale) * held_scale(p.cache, kv, kv == 0 ? p.k_scales : p.v_scales, p.layer, head);
   if (quantized_side(p.cache, kv)) {  // dequantized on read
     const auto pos = static_cast<std::uint32_t>(row - p.out_indptr[seq]), b = static_cast<std::uint32_t>(p.cache.block_size);
     const std::int32_t page = p.indices[p.indptr[seq] + std::int64_t{pos / b}];
@@ -84,12 +89,13 @@ inline Status check_gather_shape(const GatherParams& p) noexcept {
   if (!(p.k_scale > 0.0f) || !(p.v_scale > 0.0f)) return Status{Errc::invalid_argument, "k_scale/v_scale", 0, 0};
   if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
   if (auto st = check_dtype(p.out_dtype, "out_dtype"); !st) return st;
-  return {};
+  return check_held_scales(p.cache, p.k_scales, p.v_scales, false);
 }
 
 /// Host backend: validates the page table and row counts, then copies.
 inline Status gather_host(const GatherParams& p) noexcept {
   if (auto st = check_gather_shape(p); !st) return st;
+  if (auto st = check_held_scales(p.cache, p.k_scales, p.v_scales, true); !st) return st;
   if (p.num_seqs > 0 && (p.out_indptr[0] != 0 || p.out_indptr[p.num_seqs] != p.num_rows))
     return Status{Errc::invalid_argument, "out_indptr", p.num_seqs > 0 ? p.out_indptr[p.num_seqs] : 0, p.num_rows};
   if (auto st = check_csr(p.indptr, p.num_seqs); !st) return st;
@@ -104,7 +110,8 @@ inline Status gather_host(const GatherParams& p) noexcept {
   }
   // Heads contiguous in pool and output, no conversion: one copy per row run.
   const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);
-  const bool runs = !quantized_pool(p.cache) && p.cache.strides.head == head_bytes && p.head_stride == head_bytes &&
+  const bool runs = !quantized_pool(p.cache) && !p.k_scales && !p.v_scales && p.cache.strides.head == head_bytes &&
+                    p.head_stride == head_bytes &&
                     raw_move(p.out_dtype, p.cache.dtype, p.k_scale) && raw_move(p.out_dtype, p.cache.dtype, p.v_scale);
   const std::int32_t b = p.cache.block_size;
 #if defined(_OPENMP)

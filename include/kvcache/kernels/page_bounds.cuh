@@ -61,7 +61,7 @@ static __global__ void page_bounds_fold_kernel(PageBoundsUpdateParams p) {
     const std::int32_t page = slot / B, off = slot % B;
     for (std::int32_t i = static_cast<std::int32_t>(threadIdx.x); i < H * D; i += static_cast<std::int32_t>(blockDim.x)) {
       const std::int32_t h = i / D, d = i % D;
-      const float v = bounds_math::canonical(load_elem(p.cache.dtype, p.cache.row(page, p.layer, 0, off, h), d));
+      const float v = bounds_math::canonical(page_key_elem(p.cache, page, p.layer, off, h, d));
       float* out = p.bounds + (std::int64_t{page} * H + h) * 2 * D;
       atomic_max_total(out + d, v);
       atomic_min_total(out + D + d, v);

@@ -8,6 +8,9 @@
 //                       incrementally (after an appending scatter: a token at
 //                       a page's first slot starts the page afresh; or after a
 //                       rewrite without that, leaving a looser, still upper, bound)
+// Quantized keys (group scales, 4-bit codes) enter dequantized, as
+// load_pool_elem reads them; an engine-held scale is not applied (the bounds
+// are in the stored units, as the element-wise dtypes' are).
 // Max and min are exact, so the order tokens are folded in does not matter:
 // a CUDA launch folding them in any order gives the host's floats.
 #pragma once
@@ -18,6 +21,7 @@
 #include <type_traits>
 
 #include "common.hpp"
+#include "quant_rows.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -40,6 +44,15 @@ namespace bounds_math {
 KVCACHE_HOST_DEVICE inline float canonical(float x) noexcept { return x + 0.0f; }
 }  // namespace bounds_math
 
+/// Element d of a key row as the bounds see it (load_pool_elem: dequantized
+/// for a quantized pool).
+KVCACHE_HOST_DEVICE inline float page_key_elem(const PoolView& v, std::int32_t page, std::int32_t layer, std::int32_t token,
+                                               std::int32_t head, std::int32_t d) noexcept {
+  const std::byte* codes = v.row(page, layer, 0, token, head);
+  if (!quantized_side(v, 0)) return load_elem(v.dtype, codes, d);
+  return load_pool_elem(v, 0, codes, row_entries(v, page, layer, 0, token, head), d);
+}
+
 /// Max and min of one (page, head, dim) over the page's tokens (shared by both backends).
 KVCACHE_HOST_DEVICE inline void page_bounds_elem(const PageBoundsParams& p, std::int32_t entry, std::int32_t head,
                                                  std::int32_t d) noexcept {
@@ -48,7 +61,7 @@ KVCACHE_HOST_DEVICE inline void page_bounds_elem(const PageBoundsParams& p, std:
   const std::int32_t n = p.fill[entry] < p.cache.block_size ? p.fill[entry] : p.cache.block_size;
   float mx = -FLT_MAX, mn = FLT_MAX;
   for (std::int32_t t = 0; t < n; ++t) {
-    const float v = bounds_math::canonical(load_elem(p.cache.dtype, p.cache.row(page, p.layer, 0, t, head), d));
+    const float v = bounds_math::canonical(page_key_elem(p.cache, page, p.layer, t, head, d));
     mx = v > mx ? v : mx;
     mn = v < mn ? v : mn;
   }
@@ -63,7 +76,7 @@ inline Status check_page_bounds_shape(const PageBoundsParams& p) noexcept {
   if (!p.cache.base || (p.num_pages > 0 && (!p.pages || !p.fill || !p.bounds)))
     return Status{Errc::invalid_argument, "pointers", 0, 1};
   if (p.layer < 0 || p.layer >= p.cache.num_layers) return Status{Errc::invalid_argument, "layer", p.layer, p.cache.num_layers};
-  if (auto st = check_pool_dtype(p.cache, "cache.dtype"); !st) return st;
+  if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
   return {};
 }
 
@@ -90,7 +103,7 @@ inline Status check_page_bounds_update_shape(const PageBoundsUpdateParams& p) no
   if (p.num_tokens < 0) return Status{Errc::invalid_argument, "num_tokens", p.num_tokens, 0};
   if (!p.cache.base || (p.num_tokens > 0 && (!p.slots || !p.bounds))) return Status{Errc::invalid_argument, "pointers", 0, 1};
   if (p.layer < 0 || p.layer >= p.cache.num_layers) return Status{Errc::invalid_argument, "layer", p.layer, p.cache.num_layers};
-  if (auto st = check_pool_dtype(p.cache, "cache.dtype"); !st) return st;
+  if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
   return {};
 }
 
@@ -118,9 +131,10 @@ inline Status page_bounds_update_host(const PageBoundsUpdateParams& p) noexcept 
     for (std::int32_t h = 0; h < H; ++h) {
       float* out = p.bounds + (std::int64_t{page} * H + h) * 2 * D;
       const std::byte* k = p.cache.row(page, p.layer, 0, off, h);
-      for (std::int32_t d0 = 0; d0 < D; d0 += 1024) {
+      const std::byte* entries = quantized_side(p.cache, 0) ? row_entries(p.cache, page, p.layer, 0, off, h) : nullptr;
+      for (std::int32_t d0 = 0; d0 < D; d0 += 1024) {  // 1024 is whole groups of every size
         const std::int32_t n = D - d0 < 1024 ? D - d0 : 1024;
-        load_row(p.cache.dtype, k + std::int64_t{d0} * dtype_bytes(p.cache.dtype), key, n);
+        load_pool_span(p.cache, 0, k, entries, d0, n, key);
         float* hi = out + d0;
         float* lo = out + D + d0;
         for (std::int32_t d = 0; d < n; ++d) {  // vectorizes: plain max and min

@@ -26,6 +26,7 @@ KVCACHE_HOST_DEVICE constexpr float code_max(DType code, bool minimum) noexcept 
     case DType::int8: return minimum ? 255.0f : 127.0f;
     case DType::int4: return minimum ? 15.0f : 7.0f;
     case DType::fp4_e2m1: return 6.0f;
+    case DType::int2: return minimum ? 3.0f : 1.0f;
     default: return 1.0f;
   }
 }
@@ -66,6 +67,10 @@ KVCACHE_HOST_DEVICE inline float load_code(DType code, bool minimum, const void*
       return minimum ? static_cast<float>(n) : static_cast<float>(static_cast<std::int32_t>(n ^ 8u) - 8);
     }
     case DType::fp4_e2m1: return e2m1_to_f32((i & 1) ? (b[i >> 1] >> 4) : (b[i >> 1] & 15u));
+    case DType::int2: {
+      const std::uint32_t n = (std::uint32_t{b[i >> 2]} >> (2 * (i & 3))) & 3u;
+      return minimum ? static_cast<float>(n) : static_cast<float>(static_cast<std::int32_t>(n ^ 2u) - 2);
+    }
     default: return load_elem(code, p, i);
   }
 }
@@ -82,6 +87,8 @@ KVCACHE_HOST_DEVICE inline std::uint32_t encode(DType code, bool minimum, float 
     case DType::int4:
       return minimum ? static_cast<std::uint32_t>(cvt::to_int(v, 0, 15)) : static_cast<std::uint32_t>(cvt::to_int(v, -7, 7)) & 15u;
     case DType::fp4_e2m1: return f32_to_e2m1(v);
+    case DType::int2:
+      return minimum ? static_cast<std::uint32_t>(cvt::to_int(v, 0, 3)) : static_cast<std::uint32_t>(cvt::to_int(v, -1, 1)) & 3u;
     default: return 0;
   }
 }
@@ -98,7 +105,7 @@ KVCACHE_HOST_DEVICE inline GroupScale load_entry(DType code, bool minimum, const
   return GroupScale{load_elem(t, entry, 0), minimum ? load_elem(t, entry, 1) : 0.0f};
 }
 
-/// Quantizes x[0, n) (n even, a whole group) into codes (n elements of
+/// Quantizes x[0, n) (a whole group: 16 to 128 values) into codes (n elements of
 /// `code`, from a byte boundary) and entry; returns what was stored.
 KVCACHE_HOST_DEVICE inline GroupScale quantize_group(const float* x, std::int32_t n, DType code, bool minimum, void* codes,
                                                      void* entry) noexcept {
@@ -153,6 +160,12 @@ KVCACHE_HOST_DEVICE inline GroupScale quantize_group(const float* x, std::int32_
       for (std::int32_t i = 0; i < n; i += 2)
         b[i >> 1] = static_cast<std::uint8_t>(encode(code, minimum, (x[i] - m) * inv) |
                                               (encode(code, minimum, (x[i + 1] - m) * inv) << 4));
+      return g;
+    case DType::int2:
+      for (std::int32_t i = 0; i < n; i += 4)
+        b[i >> 2] = static_cast<std::uint8_t>(encode(code, minimum, (x[i] - m) * inv) | (encode(code, minimum, (x[i + 1] - m) * inv) << 2) |
+                                              (encode(code, minimum, (x[i + 2] - m) * inv) << 4) |
+                                              (encode(code, minimum, (x[i + 3] - m) * inv) << 6));
       return g;
     case DType::fp4_e2m1:
       for (std::int32_t i = 0; i < n; i += 2)

@@ -13,9 +13,14 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// Side kv's format (0 = K, 1 = V).
+KVCACHE_HOST_DEVICE inline const SideFormat& side_format(const PoolView& v, std::int32_t kv) noexcept {
+  return kv == 0 ? v.format.k : v.format.v;
+}
+
 /// True when side kv of the view is not element-wise: group scales, or a 4-bit type.
 KVCACHE_HOST_DEVICE inline bool quantized_side(const PoolView& v, std::int32_t kv) noexcept {
-  return (kv == 0 ? v.format.k : v.format.v).scales == Scales::group || dtype_bits(v.dtype) == 4;
+  return side_format(v, kv).scales == Scales::group || dtype_bits(v.dtype) == 4;
 }
 /// True when either side of the view is quantized_side.
 KVCACHE_HOST_DEVICE inline bool quantized_pool(const PoolView& v) noexcept {
@@ -24,7 +29,7 @@ KVCACHE_HOST_DEVICE inline bool quantized_pool(const PoolView& v) noexcept {
 
 /// Group entry bytes of one row of side kv (0 without group scales).
 KVCACHE_HOST_DEVICE inline std::int64_t row_entry_bytes(const PoolView& v, std::int32_t kv) noexcept {
-  const SideFormat& f = kv == 0 ? v.format.k : v.format.v;
+  const SideFormat& f = side_format(v, kv);
   return f.scales == Scales::group ? v.head_dim / f.group * group_entry_bytes(v.dtype, f) : 0;
 }
 
@@ -44,7 +49,7 @@ KVCACHE_HOST_DEVICE inline std::byte* row_entries(const PoolView& v, std::int64_
 KVCACHE_HOST_DEVICE inline void store_quantized_row(const PoolView& v, std::int32_t kv, std::byte* dst, std::byte* entries,
                                                     const void* src, DType st, float mul, std::int32_t lane,
                                                     std::int32_t nlanes) noexcept {
-  const SideFormat& f = kv == 0 ? v.format.k : v.format.v;
+  const SideFormat& f = side_format(v, kv);
   if (f.scales == Scales::group) {
     float x[128];  // a group is at most 128 values
     const std::int64_t eb = group_entry_bytes(v.dtype, f);
@@ -67,7 +72,7 @@ KVCACHE_HOST_DEVICE inline void store_quantized_row(const PoolView& v, std::int3
 KVCACHE_HOST_DEVICE inline void load_quantized_row(const PoolView& v, std::int32_t kv, const std::byte* codes,
                                                    const std::byte* entries, void* out, DType ot, float mul,
                                                    std::int32_t lane, std::int32_t nlanes) noexcept {
-  const SideFormat& f = kv == 0 ? v.format.k : v.format.v;
+  const SideFormat& f = side_format(v, kv);
   if (f.scales == Scales::group) {
     float x[128];
     const std::int64_t eb = group_entry_bytes(v.dtype, f);
@@ -81,6 +86,84 @@ KVCACHE_HOST_DEVICE inline void load_quantized_row(const PoolView& v, std::int32
   for (std::int32_t i = lane; 2 * i < v.head_dim; i += nlanes) {
     store_elem(ot, out, 2 * i, quant::load_code(v.dtype, false, codes, 2 * i) * mul);
     store_elem(ot, out, 2 * i + 1, quant::load_code(v.dtype, false, codes, 2 * i + 1) * mul);
+  }
+}
+
+/// Copies one row of side kv, codes and entries, from (src, src_entries) to
+/// (dst, dst_entries) in the same pool; lanes split it exactly as
+/// store_quantized_row does (groups, or bytes of two 4-bit codes), so a lane
+/// that copies a row out and then writes a new one into it reads its part
+/// before it overwrites it (ring writes).
+KVCACHE_HOST_DEVICE inline void copy_quantized_row(const PoolView& v, std::int32_t kv, std::byte* dst, std::byte* dst_entries,
+                                                   const std::byte* src, const std::byte* src_entries, std::int32_t lane,
+                                                   std::int32_t nlanes) noexcept {
+  const SideFormat& f = side_format(v, kv);
+  if (f.scales == Scales::group) {
+    const std::int64_t eb = group_entry_bytes(v.dtype, f), cb = row_bytes(v.dtype, f.group);
+    for (std::int32_t g = lane; g * f.group < v.head_dim; g += nlanes) {
+      for (std::int64_t i = 0; i < cb; ++i) dst[g * cb + i] = src[g * cb + i];
+      for (std::int64_t i = 0; i < eb; ++i) dst_entries[g * eb + i] = src_entries[g * eb + i];
+    }
+    return;
+  }
+  for (std::int32_t i = lane; 2 * i < v.head_dim; i += nlanes) dst[i] = src[i];
+}
+
+/// Element d of a row of side kv as the pool holds it: dequantized with its
+/// group's entry (group scales), the code's value (a 4-bit type with an
+/// engine-held scale), the element otherwise. An engine-held scale is not
+/// applied, as in every element-wise kernel. The same floats as
+/// load_quantized_row.
+KVCACHE_HOST_DEVICE inline float load_pool_elem(const PoolView& v, std::int32_t kv, const std::byte* codes,
+                                                const std::byte* entries, std::int32_t d) noexcept {
+  const SideFormat& f = side_format(v, kv);
+  if (f.scales != Scales::group) return dtype_bits(v.dtype) == 4 ? quant::load_code(v.dtype, false, codes, d) : load_elem(v.dtype, codes, d);
+  const quant::GroupScale g = quant::load_entry(v.dtype, f.minimum, entries + d / f.group * group_entry_bytes(v.dtype, f));
+  const float c = quant::load_code(v.dtype, f.minimum, codes, d);
+  return f.minimum ? fmaf(c, g.scale, g.minimum) : c * g.scale;
+}
+
+/// The element unit of side kv: a row splits into whole units only (a
+/// group, two 4-bit codes sharing a byte, or one element).
+KVCACHE_HOST_DEVICE inline std::int32_t pool_unit(const PoolView& v, std::int32_t kv) noexcept {
+  const SideFormat& f = side_format(v, kv);
+  return f.scales == Scales::group ? f.group : dtype_bits(v.dtype) == 4 ? 2 : 1;
+}
+
+/// Elements [d0, d0 + n) of a row of side kv into out, as load_pool_elem
+/// gives them; d0 and n are whole pool_units.
+KVCACHE_HOST_DEVICE inline void load_pool_span(const PoolView& v, std::int32_t kv, const std::byte* codes,
+                                               const std::byte* entries, std::int32_t d0, std::int32_t n, float* out) noexcept {
+  const SideFormat& f = side_format(v, kv);
+  if (f.scales == Scales::group) {
+    const std::int64_t eb = group_entry_bytes(v.dtype, f);
+    for (std::int32_t d = d0; d < d0 + n; d += f.group)
+      quant::dequantize_group(codes + row_bytes(v.dtype, d), entries + d / f.group * eb, f.group, v.dtype, f.minimum,
+                              out + (d - d0));
+  } else if (dtype_bits(v.dtype) == 4) {
+    for (std::int32_t i = 0; i < n; ++i) out[i] = quant::load_code(v.dtype, false, codes, d0 + i);
+  } else {
+    load_row(v.dtype, codes + row_bytes(v.dtype, d0), out, n);
+  }
+}
+
+/// Stores x[0, n) as elements [d0, d0 + n) of a row of side kv: each group
+/// requantized from its values (a new scale), 4-bit codes encoded, elements
+/// stored; d0 and n are whole pool_units.
+KVCACHE_HOST_DEVICE inline void store_pool_span(const PoolView& v, std::int32_t kv, std::byte* codes, std::byte* entries,
+                                                std::int32_t d0, std::int32_t n, const float* x) noexcept {
+  const SideFormat& f = side_format(v, kv);
+  if (f.scales == Scales::group) {
+    const std::int64_t eb = group_entry_bytes(v.dtype, f);
+    for (std::int32_t d = d0; d < d0 + n; d += f.group)
+      quant::quantize_group(x + (d - d0), f.group, v.dtype, f.minimum, codes + row_bytes(v.dtype, d), entries + d / f.group * eb);
+  } else if (dtype_bits(v.dtype) == 4) {
+    auto* b = reinterpret_cast<std::uint8_t*>(codes);
+    for (std::int32_t i = 0; i < n; i += 2)
+      b[(d0 + i) >> 1] = static_cast<std::uint8_t>(quant::encode(v.dtype, false, x[i]) |
+                                                   (quant::encode(v.dtype, false, x[i + 1]) << 4));
+  } else {
+    store_row(v.dtype, codes + row_bytes(v.dtype, d0), x, 1.0f, n);
   }
 }
 

@@ -9,8 +9,9 @@
 // reads and updates; the head rows were allotted by the host for the worst
 // case, so nothing is allocated here.
 //
-// One item per kv-head: its lanes split head_dim, and every lane takes the
-// same decisions from the same inputs. The bits are read before the call's
+// One item per kv-head: its lanes split head_dim (a quantized pool's rows:
+// by groups, or bytes of 4-bit codes, the same split in every move), and
+// every lane takes the same decisions from the same inputs. The bits are read before the call's
 // own tokens replace them and written once at the end, so lanes never race.
 #pragma once
 
@@ -18,6 +19,7 @@
 #include <type_traits>
 
 #include "common.hpp"
+#include "quant_rows.hpp"
 #include "scatter.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
@@ -56,12 +58,36 @@ KVCACHE_HOST_DEVICE inline std::byte* at(const RingAdmitParams& p, std::int64_t 
   const std::int64_t b = p.cache.block_size;
   return p.cache.row(s / b, 0, kv, static_cast<std::int32_t>(s % b), 0);
 }
+/// Slot s of side kv's group entries (quantized pools).
+KVCACHE_HOST_DEVICE inline std::byte* entries_at(const RingAdmitParams& p, std::int64_t s, std::int32_t kv) noexcept {
+  const std::int64_t b = p.cache.block_size;
+  return row_entries(p.cache, s / b, 0, kv, static_cast<std::int32_t>(s % b), 0);
+}
+/// Writes side kv of slot dst from pool slot `from` (>= 0) or source entry
+/// `entry` (from < 0): codes and entries copied, or quantized from the source.
+KVCACHE_HOST_DEVICE inline void put(const RingAdmitParams& p, std::int64_t dst, std::int32_t kv, std::int64_t from,
+                                    std::int64_t entry, bool by_elements, std::int32_t lane, std::int32_t nlanes) noexcept {
+  if (quantized_side(p.cache, kv)) {
+    if (from >= 0)
+      copy_quantized_row(p.cache, kv, at(p, dst, kv), entries_at(p, dst, kv), at(p, from, kv), entries_at(p, from, kv),
+                         lane, nlanes);
+    else
+      store_quantized_row(p.cache, kv, at(p, dst, kv), entries_at(p, dst, kv), p.src.row(kv, 0, entry, 0), p.src.dtype,
+                          1.0f, lane, nlanes);
+  } else if (from >= 0) {
+    move_row(at(p, dst, kv), p.cache.dtype, at(p, from, kv), p.cache.dtype, p.cache.head_dim, 1.0f, lane, nlanes,
+             by_elements);
+  } else {
+    move_row(at(p, dst, kv), p.cache.dtype, p.src.row(kv, 0, entry, 0), p.src.dtype, p.cache.head_dim, 1.0f, lane, nlanes,
+             by_elements);
+  }
+}
 }  // namespace ring_admit_detail
 
 /// One kv-head's write, lanes [lane, nlanes) of its head_dim. Lane 0 also updates the state.
 KVCACHE_HOST_DEVICE inline void ring_admit_head(const RingAdmitParams& p, std::int32_t h, std::int32_t lane,
                                                 std::int32_t nlanes) noexcept {
-  using ring_admit_detail::at;
+  using ring_admit_detail::put;
   using ring_admit_detail::slot;
   const std::int32_t W = p.window, H = p.num_heads, n = p.num_tokens;
   std::int32_t start = p.ring_start[h], len = p.ring_len[h], gl = p.global_len[h], old_left = p.ring_len[h];
@@ -81,19 +107,11 @@ KVCACHE_HOST_DEVICE inline void ring_admit_head(const RingAdmitParams& p, std::i
       if (admitted && gl < p.global_limit) {
         const std::int64_t dst = slot(p, h, W + gl);
         ++gl;
-        for (std::int32_t kv = 0; kv < 2; ++kv) {
-          if (old)
-            move_row(at(p, dst, kv), p.cache.dtype, at(p, slot(p, h, r), kv), p.cache.dtype, p.cache.head_dim, 1.0f,
-                     lane, nlanes, by_elements);
-          else  // a token of this call that leaves the ring within it: from the source
-            move_row(at(p, dst, kv), p.cache.dtype, p.src.row(kv, 0, std::int64_t{t - W} * H + h, 0), p.src.dtype,
-                     p.cache.head_dim, 1.0f, lane, nlanes, by_elements);
-        }
+        for (std::int32_t kv = 0; kv < 2; ++kv)  // a token of this call that leaves the ring within it: from the source
+          put(p, dst, kv, old ? slot(p, h, r) : -1, std::int64_t{t - W} * H + h, by_elements, lane, nlanes);
       }
     }
-    for (std::int32_t kv = 0; kv < 2; ++kv)
-      move_row(at(p, slot(p, h, r), kv), p.cache.dtype, p.src.row(kv, 0, std::int64_t{t} * H + h, 0), p.src.dtype,
-               p.cache.head_dim, 1.0f, lane, nlanes, by_elements);
+    for (std::int32_t kv = 0; kv < 2; ++kv) put(p, slot(p, h, r), kv, -1, std::int64_t{t} * H + h, by_elements, lane, nlanes);
   }
 #if defined(__CUDA_ARCH__)
   __syncwarp();  // every lane has read the old bits (a head is one warp)
@@ -127,7 +145,7 @@ inline Status check_ring_admit_shape(const RingAdmitParams& p) noexcept {
   if (p.num_tokens > 0 &&  // nothing is read or written for no tokens
       (!p.gates || !p.ring_start || !p.ring_len || !p.global_len || !p.bits || !p.rows || !p.src.k || !p.src.v))
     return Status{Errc::invalid_argument, "null pointer", 0, 1};
-  if (auto st = check_pool_dtype(p.cache, "cache.dtype"); !st) return st;
+  if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
   if (auto st = check_dtype(p.src.dtype, "src.dtype"); !st) return st;
   return {};
 }

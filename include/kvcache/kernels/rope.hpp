@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "common.hpp"
+#include "quant_rows.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -58,6 +59,71 @@ KVCACHE_HOST_DEVICE inline std::int32_t rope_dims(const RopeParams& p) noexcept 
   return p.rotary_dim > 0 ? p.rotary_dim : p.cache.head_dim;
 }
 
+namespace rope_detail {
+/// Values a quantized rotation holds at once: two groups of 128, or a whole
+/// rotated range that does not split into groups.
+inline constexpr std::int32_t kQuantSpan = 256;
+
+/// How a quantized key row's rotation splits into independent pieces: piece
+/// i reads and rewrites elements [first, first + n) and, when second > 0,
+/// [second, second + n) too (NeoX's partner half). Each piece is whole
+/// pool_units, so requantizing one never touches another's groups. n == 0:
+/// the rotated groups do not split and exceed kQuantSpan.
+struct Pieces {
+  std::int32_t count = 0, n = 0, stride = 0, partner = 0;
+};
+KVCACHE_HOST_DEVICE inline Pieces quantized_pieces(const RopeParams& p) noexcept {
+  const std::int32_t u = pool_unit(p.cache, 0), r = rope_dims(p), half = r / 2;
+  if (p.style == RopeStyle::gptj)  // pairs (2i, 2i + 1) never straddle a unit (units are even)
+    return u >= 2 ? Pieces{(r + u - 1) / u, u, u, 0} : Pieces{};
+  if (half % u == 0) return Pieces{half / u, u, u, half};  // unit g pairs with unit g + half / u
+  const std::int32_t end = (r + u - 1) / u * u;  // the units the rotated dims touch, read and rewritten as one
+  return end <= kQuantSpan ? Pieces{1, end, end, 0} : Pieces{};
+}
+
+/// Rotates x[ix] with x[iy] by (c, s), the same floats as the element path.
+KVCACHE_HOST_DEVICE inline void turn(float* x, std::int32_t ix, std::int32_t iy, float c, float s) noexcept {
+  const float a = x[ix], b = x[iy];
+  x[ix] = fmaf(a, c, -(b * s));
+  x[iy] = fmaf(b, c, a * s);
+}
+}  // namespace rope_detail
+
+/// One quantized key row (group scales or 4-bit codes): each piece is
+/// dequantized, rotated in fp32 and requantized (new group scales); lanes
+/// split the pieces. Groups past the rotated dims keep their codes.
+KVCACHE_HOST_DEVICE inline void rope_quantized_row(const RopeParams& p, std::byte* codes, std::byte* entries,
+                                                   std::int32_t ad, bool negative, std::int32_t lane,
+                                                   std::int32_t nlanes) noexcept {
+  const rope_detail::Pieces pc = rope_detail::quantized_pieces(p);
+  const std::int32_t half = rope_dims(p) / 2;
+  float x[rope_detail::kQuantSpan];
+  for (std::int32_t i = lane; i < pc.count; i += nlanes) {
+    const std::int32_t d0 = i * pc.stride, d1 = d0 + pc.partner;  // element d0 + j is x[j]; d1 + j is x[pc.n + j]
+    load_pool_span(p.cache, 0, codes, entries, d0, pc.n, x);
+    if (pc.partner > 0) load_pool_span(p.cache, 0, codes, entries, d1, pc.n, x + pc.n);
+    for (std::int32_t j = 0; j < pc.n; ++j) {
+      // The pair this element leads, if any, and where its partner sits in x.
+      const std::int32_t d = d0 + j;
+      std::int32_t k, iy;
+      if (p.style == RopeStyle::gptj) {
+        if (d % 2 || d / 2 >= half) continue;
+        k = d / 2, iy = j + 1;
+      } else if (pc.partner > 0) {
+        k = d, iy = pc.n + j;
+      } else {
+        if (d >= half) break;
+        k = d, iy = j + half;
+      }
+      const float c = p.cos[std::int64_t{ad} * half + k];
+      const float s = negative ? -p.sin[std::int64_t{ad} * half + k] : p.sin[std::int64_t{ad} * half + k];
+      rope_detail::turn(x, j, iy, c, s);
+    }
+    store_pool_span(p.cache, 0, codes, entries, d0, pc.n, x);
+    if (pc.partner > 0) store_pool_span(p.cache, 0, codes, entries, d1, pc.n, x + pc.n);
+  }
+}
+
 /// One (entry, layer, token, head) key row; lanes split the rotation pairs.
 KVCACHE_HOST_DEVICE inline void rope_row(const RopeParams& p, std::int32_t entry, std::int32_t layer,
                                          std::int32_t token, std::int32_t head, std::int32_t lane,
@@ -66,6 +132,9 @@ KVCACHE_HOST_DEVICE inline void rope_row(const RopeParams& p, std::int32_t entry
   const std::int32_t ad = delta < 0 ? -delta : delta;
   if (block < 0 || block >= p.cache.num_blocks || ad > p.max_delta || delta == 0) return;
   std::byte* row = p.cache.row(block, p.first_layer + layer, 0, token, head);
+  if (quantized_side(p.cache, 0))
+    return rope_quantized_row(p, row, row_entries(p.cache, block, p.first_layer + layer, 0, token, head), ad, delta < 0,
+                              lane, nlanes);
   const std::int32_t half = rope_dims(p) / 2;
   for (std::int32_t i = lane; i < half; i += nlanes) {
     const float c = p.cos[std::int64_t{ad} * half + i];
@@ -87,7 +156,10 @@ inline Status check_rope_shape(const RopeParams& p) noexcept {
   if (r < 2 || r % 2 || r > p.cache.head_dim) return Status{Errc::invalid_argument, "rotary_dim", r, p.cache.head_dim};
   if (p.num_entries > 0 && (!p.blocks || !p.deltas || !p.cos || !p.sin)) return Status{Errc::invalid_argument, "pointers", 0, 1};
   if (p.max_delta < 0) return Status{Errc::invalid_argument, "max_delta", p.max_delta, 0};
-  if (auto st = check_pool_dtype(p.cache, "cache.dtype"); !st) return st;
+  if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
+  if (quantized_side(p.cache, 0) && rope_detail::quantized_pieces(p).n == 0)
+    return Status{Errc::invalid_argument, "rotary_dim (quantized NeoX keys whose half splits a group: at most 256)", r,
+                  rope_detail::kQuantSpan};
   if (p.style != RopeStyle::neox && p.style != RopeStyle::gptj)
     return Status{Errc::invalid_argument, "style", static_cast<std::int64_t>(p.style), 1};
   return {};

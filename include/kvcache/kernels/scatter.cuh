@@ -33,7 +33,7 @@ struct ScatterPtrs {
 inline bool scatter_vectorizable(const ScatterParams& p, std::int32_t rows, std::int32_t vecs) {
   const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);
   const Strides& c = p.cache.strides;
-  return !quantized_pool(p.cache) && raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale) && raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.v_scale) &&
+  return !quantized_pool(p.cache) && !p.k_scales && !p.v_scales && raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale) && raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.v_scale) &&
          aligned16(head_bytes) && aligned16(p.cache.base) && aligned16(p.src.k) &&
          (p.cache.kv_planes == 1 || aligned16(p.src.v)) &&
          aligned16(c.block | c.layer | c.kv | c.token | c.head) &&

@@ -64,6 +64,10 @@ struct ScatterParams {
   std::int32_t num_layers = 1;  ///< source layer l lands in cache layer first_layer + l
   float k_scale = 1.0f;  ///< Quantization scale of K (cache = input / scale).
   float v_scale = 1.0f;  ///< dequant scales: cache = input / scale (fp8)
+  /// Engine-held scales of format.k (tensor: [cache layers]; head: [cache
+  /// layers][kv_heads]), times k_scale; null: none. Memory the backend reads.
+  const float* k_scales = nullptr;
+  const float* v_scales = nullptr;  ///< The same for format.v.
 };
 static_assert(std::is_trivially_copyable_v<ScatterParams>);
 
@@ -89,7 +93,8 @@ KVCACHE_HOST_DEVICE inline void scatter_row(const ScatterParams& p, std::int32_t
   std::byte* dst = nullptr;
   const std::byte* src = nullptr;
   if (!scatter_ptrs(p, layer, token, kv, head, dst, src)) return;
-  const float mul = 1.0f / (kv == 0 ? p.k_scale : p.v_scale);
+  const float mul = 1.0f / ((kv == 0 ? p.k_scale : p.v_scale) *
+                            held_scale(p.cache, kv, kv == 0 ? p.k_scales : p.v_scales, p.first_layer + layer, head));
   if (quantized_side(p.cache, kv)) {  // quantized on write: codes and the row's group entries in one pass
     const auto slot = static_cast<std::uint32_t>(p.addr.slot(token, p.cache.block_size)),
                b = static_cast<std::uint32_t>(p.cache.block_size);
@@ -101,7 +106,8 @@ KVCACHE_HOST_DEVICE inline void scatter_row(const ScatterParams& p, std::int32_t
   move_row(dst, p.cache.dtype, src, p.src.dtype, p.cache.head_dim, mul, lane, nlanes);
 }
 
-/// Checks what the host can see: shapes, layers, scales (not device arrays).
+/// Checks what the host can see: shapes, layers, scales (not device arrays;
+/// the host backend also checks the engine-held scales' values).
 inline Status check_scatter_shape(const ScatterParams& p) noexcept {
   if (!p.cache.base) return Status{Errc::invalid_argument, "cache.base", 0, 1};
   if (p.num_tokens < 0) return Status{Errc::invalid_argument, "num_tokens", p.num_tokens, 0};
@@ -117,6 +123,7 @@ inline Status check_scatter_shape(const ScatterParams& p) noexcept {
   if (!(p.k_scale > 0.0f) || !(p.v_scale > 0.0f))
     return Status{Errc::invalid_argument, "k_scale/v_scale", 0, 0};
   if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
+  if (auto st = check_held_scales(p.cache, p.k_scales, p.v_scales, false); !st) return st;
   return check_dtype(p.src.dtype, "src.dtype");
 }
 
@@ -124,6 +131,7 @@ inline Status check_scatter_shape(const ScatterParams& p) noexcept {
 /// error naming the slot and the pool's slots), then writes. Nothing is written on error.
 inline Status scatter_host(const ScatterParams& p) noexcept {
   if (auto st = check_scatter_shape(p); !st) return st;
+  if (auto st = check_held_scales(p.cache, p.k_scales, p.v_scales, true); !st) return st;
   const std::int64_t pool_slots = p.cache.num_blocks * p.cache.block_size;
   if (!p.addr.slots && p.num_tokens > 0) {  // CSR mode: the table, then each token's sequence and page
     if (auto st = check_csr(p.addr.indptr, p.addr.num_seqs); !st) return st;
@@ -141,7 +149,8 @@ inline Status scatter_host(const ScatterParams& p) noexcept {
   // When a token's heads are contiguous in both the source and the pool (NHD,
   // dense heads, no conversion), its K (or V) is one run: copy it at once.
   const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);
-  const bool runs = !quantized_pool(p.cache) && p.cache.strides.head == head_bytes && p.src.head_stride == head_bytes &&
+  const bool runs = !quantized_pool(p.cache) && !p.k_scales && !p.v_scales && p.cache.strides.head == head_bytes &&
+                    p.src.head_stride == head_bytes &&
                     raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale) &&
                     raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.v_scale);
 #if defined(_OPENMP)

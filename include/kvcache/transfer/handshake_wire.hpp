@@ -2,7 +2,8 @@
 // version, so a peer in any language (Python's msgpack, msgspec) reads it.
 //   ["kvcache.layout", version, engine_id, tp_rank, tp_size, device, memory kind,
 //    hash_algorithm, hash_seed, num_blocks,
-//    [[kind, layers, block_size, kv_heads, head_dim, v_head_dim, dtype, layout, window, chunk], ...],
+//    [[kind, layers, block_size, kv_heads, head_dim, v_head_dim, dtype, layout, window, chunk,
+//      k_scales, k_group, k_minimum, v_scales, v_group, v_minimum], ...],
 //    [[addr, bytes, device, kind], ...],
 //    [[base, block_stride, k_bytes, v_bytes, group, layer, memory], ...],
 //    compat_hash]
@@ -34,11 +35,12 @@ inline void to_msgpack(const LayoutHandshake& h, std::vector<std::uint8_t>& out)
   w.sint(h.num_blocks);
   w.array(std::uint32_t(h.groups.size()));
   for (const GroupLayout& g : h.groups) {
-    w.array(10);
+    w.array(16);
     for (const std::int64_t v : {std::int64_t(g.kind), std::int64_t{g.layers}, std::int64_t{g.block_size},
                                  std::int64_t{g.num_kv_heads}, std::int64_t{g.head_dim}, std::int64_t{g.v_head_dim},
                                  std::int64_t(g.dtype), std::int64_t(g.layout), std::int64_t{g.window}, std::int64_t{g.chunk}})
       w.sint(v);
+    for (const SideFormat& f : {g.format.k, g.format.v}) w.sint(std::int64_t(f.scales)), w.sint(f.group), w.sint(f.minimum);
   }
   w.array(std::uint32_t(h.memory.size()));
   for (const MemoryRegion& m : h.memory) w.array(4), w.uint(m.addr), w.sint(m.bytes), w.sint(m.device), w.uint(std::uint64_t(m.kind));
@@ -113,13 +115,24 @@ inline Result<LayoutHandshake> from_msgpack(std::span<const std::uint8_t> bytes)
   h.groups.resize(n);
   for (GroupLayout& g : h.groups) {
     std::uint32_t f = 0;
-    if (auto st = read_array(r, "group (fields)", 10, f); !st) return st;
+    if (auto st = read_array(r, "group (fields)", 16, f); !st) return st;
     for (const Status st : {read_field(r, "kind", 0, 4, g.kind), read_field(r, "layers", 1, I32, g.layers),
                             read_field(r, "block_size", 1, I32, g.block_size), read_field(r, "num_kv_heads", 1, I32, g.num_kv_heads),
                             read_field(r, "head_dim", 1, I32, g.head_dim), read_field(r, "v_head_dim", 0, I32, g.v_head_dim),
-                            read_field(r, "dtype", 0, 3, g.dtype), read_field(r, "layout", 0, 1, g.layout),
-                            read_field(r, "window", 0, I32, g.window), read_field(r, "chunk", 0, I32, g.chunk)})
+                            read_field(r, "dtype", 0, kLastDType, g.dtype), read_field(r, "layout", 0, 1, g.layout),
+                            read_field(r, "window", 0, I32, g.window), read_field(r, "chunk", 0, I32, g.chunk),
+                            read_field(r, "format.k.scales", 0, 3, g.format.k.scales),
+                            read_field(r, "format.k.group", 0, 128, g.format.k.group),
+                            read_field(r, "format.k.minimum", 0, 1, g.format.k.minimum),
+                            read_field(r, "format.v.scales", 0, 3, g.format.v.scales),
+                            read_field(r, "format.v.group", 0, 128, g.format.v.group),
+                            read_field(r, "format.v.minimum", 0, 1, g.format.v.minimum)})
       if (!st) return st;
+    // The format is one Geometry would take: codes a peer can read back.
+    if (auto st = check_side_format(g.format.k, g.dtype, g.head_dim, true); !st) return st;
+    if (g.v_head_dim == 0 && g.format.v != SideFormat{})
+      return Status{Errc::invalid_argument, "format.v.scales (the group has no V plane)", std::int64_t(g.format.v.scales), 0};
+    if (auto st = check_side_format(g.format.v, g.dtype, g.v_head_dim, false); g.v_head_dim != 0 && !st) return st;
   }
   if (auto st = read_array(r, "memory", -1, n, 1024); !st) return st;
   h.memory.resize(n);

@@ -38,6 +38,10 @@ struct GroupLayout {
   std::int32_t head_dim = 128;  ///< K elements per head.
   std::int32_t v_head_dim = 128;  ///< V elements per head (0: no V, MLA).
   DType dtype = DType::f16;  ///< Element type.
+  /// K's and V's scaling (kv_format.hpp): a quantized block's codes are read
+  /// only with the scheme they were written with. Engine-held scales (tensor,
+  /// head) are the engines' own to agree on; only the scheme travels.
+  KvFormat format{};
   Layout layout = Layout::NHD;  ///< Token/head order inside a plane.
   std::int32_t window = 0;  ///< sliding_window: its W.
   std::int32_t chunk = 0;  ///< chunked_local: its C.
@@ -78,7 +82,7 @@ struct LayoutIdentity {
 
 /// A rank's layout, as sent to a peer.
 struct LayoutHandshake {
-  static constexpr std::int32_t wire_version = 1;  ///< The msgpack form's version.
+  static constexpr std::int32_t wire_version = 2;  ///< The msgpack form's version (2: groups carry their KV format).
 
   LayoutIdentity id{};  ///< Engine id, ranks, hash algorithm and seed.
   std::vector<GroupLayout> groups{};  ///< Every layer group (a plain cache: one).
@@ -106,8 +110,8 @@ constexpr std::uint64_t mix64(std::uint64_t h, std::uint64_t v) noexcept {
 
 /// A digest of everything two ranks must share to exchange blocks: each
 /// group's kind, layers, block size, heads over all ranks (num_kv_heads ×
-/// tp_size; MLA's one latent head is replicated), head dims, dtype, layout,
-/// window and chunk; the hash algorithm and seed; the wire version.
+/// tp_size; MLA's one latent head is replicated), head dims, dtype, KV
+/// format, layout, window and chunk; the hash algorithm and seed; the wire version.
 /// Addresses, ranks and the engine id may differ.
 inline std::uint64_t compat_hash(const LayoutHandshake& h) noexcept {
   std::uint64_t x = detail::mix64(0x6b76636163686531ULL, std::uint64_t(LayoutHandshake::wire_version));
@@ -120,6 +124,9 @@ inline std::uint64_t compat_hash(const LayoutHandshake& h) noexcept {
                                  std::int64_t{g.head_dim}, std::int64_t{g.v_head_dim}, std::int64_t(g.dtype),
                                  std::int64_t(g.layout), std::int64_t{g.window}, std::int64_t{g.chunk}})
       x = detail::mix64(x, std::uint64_t(v));
+    for (const SideFormat& f : {g.format.k, g.format.v})
+      for (const std::int64_t v : {std::int64_t(f.scales), std::int64_t{f.group}, std::int64_t{f.minimum}})
+        x = detail::mix64(x, std::uint64_t(v));
   }
   return x;
 }
@@ -148,7 +155,8 @@ inline Result<LayoutHandshake> describe_layout(const Geometry& g, std::int64_t n
   h.num_blocks = num_blocks;
   h.groups.push_back({.kind = g.kv_planes() == 1 ? AttentionKind::mla : AttentionKind::full, .layers = s.num_layers,
                       .block_size = s.block_size, .num_kv_heads = s.num_kv_heads, .head_dim = s.head_dim,
-                      .v_head_dim = g.kv_planes() == 1 ? 0 : s.head_dim, .dtype = s.dtype, .layout = s.layout});
+                      .v_head_dim = g.kv_planes() == 1 ? 0 : s.head_dim, .dtype = s.dtype, .format = s.format,
+                      .layout = s.layout});
   h.memory.push_back({base, *g.pool_bytes(num_blocks), id.device, id.memory});
   const std::int64_t plane = g.plane_bytes();
   for (std::int32_t l = 0; l < s.num_layers; ++l) {
@@ -192,6 +200,19 @@ inline Result<LayoutHandshake> describe_layout(const LayerGroups& lg, std::int64
   return h;
 }
 
+namespace detail {
+// layout_mismatch naming the first field of a side's format that differs (value: the peer's, limit: ours).
+inline Status compare_format(const SideFormat& b, const SideFormat& a, bool is_k) noexcept {
+  constexpr Errc E = Errc::layout_mismatch;
+  if (b.scales != a.scales)
+    return Status{E, is_k ? "format.k.scales" : "format.v.scales", std::int64_t(b.scales), std::int64_t(a.scales)};
+  if (b.group != a.group) return Status{E, is_k ? "format.k.group" : "format.v.group", b.group, a.group};
+  if (b.minimum != a.minimum)
+    return Status{E, is_k ? "format.k.minimum" : "format.v.minimum", std::int64_t{b.minimum}, std::int64_t{a.minimum}};
+  return {};
+}
+}  // namespace detail
+
 /// Whether a peer's blocks can be copied into this rank's, byte for byte:
 /// layout_mismatch naming the first field that differs (value: the peer's,
 /// limit: ours). Kv-heads may differ only by tensor parallelism: this rank
@@ -214,6 +235,8 @@ inline Status check_compatible(const LayoutHandshake& local, const LayoutHandsha
     if (b.head_dim != a.head_dim) return S{E, "head_dim", b.head_dim, a.head_dim};
     if (b.v_head_dim != a.v_head_dim) return S{E, "v_head_dim", b.v_head_dim, a.v_head_dim};
     if (b.dtype != a.dtype) return S{E, "dtype", std::int64_t(b.dtype), std::int64_t(a.dtype)};
+    if (auto st = detail::compare_format(b.format.k, a.format.k, true); !st) return st;
+    if (auto st = detail::compare_format(b.format.v, a.format.v, false); !st) return st;
     if (b.layout != a.layout) return S{E, "layout", std::int64_t(b.layout), std::int64_t(a.layout)};
     if (b.window != a.window) return S{E, "window", b.window, a.window};
     if (b.chunk != a.chunk) return S{E, "chunk", b.chunk, a.chunk};

@@ -1,0 +1,101 @@
+// kvcache_eval --quant: the fidelity of quantized KV. Each KV format the
+// pool can store runs the full cache, the eviction policy that ranks first
+// at half the context (H2O at 512) and Write-Gated KV (λ = 0.01), on the
+// same work set; agreement is against the f32 full cache. Peak KV is given
+// in tokens and in bytes (the format's bytes per token, from Geometry).
+#pragma once
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "eval_runs.hpp"
+
+namespace evalrun {
+
+struct QuantFormat {
+  const char* name;
+  kvcache::DType dtype;
+  kvcache::KvFormat format;
+};
+
+inline std::vector<QuantFormat> quant_formats() {
+  using kvcache::DType, kvcache::Scales;
+  const kvcache::SideFormat tensor{.scales = Scales::tensor}, g16{.scales = Scales::group, .group = 16},
+      g32{.scales = Scales::group, .group = 32}, g32m{.scales = Scales::group, .group = 32, .minimum = true},
+      g16m{.scales = Scales::group, .group = 16, .minimum = true};
+  return {{"f32", DType::f32, {}},
+          {"f16", DType::f16, {}},
+          {"fp8 e4m3, tensor scale 1", DType::fp8_e4m3, {tensor, tensor}},
+          {"int8, group 32", DType::int8, {g32, g32}},
+          {"int4, group 32 + minimum", DType::int4, {g32m, g32m}},
+          {"fp4 e2m1, group 16", DType::fp4_e2m1, {g16, g16}},
+          {"int2, group 32 + minimum", DType::int2, {g32m, g32m}},
+          {"int2, group 16 + minimum", DType::int2, {g16m, g16m}}};
+}
+
+// Prints the table; gate_file is Write-Gated KV's λ = 0.01 gate set (skipped when empty).
+inline void quant_study(const engine::Model& model, const engine::EngineConfig& cfg0, const Workset& w,
+                        const std::vector<engine::Request>& full_outputs, const std::string& gate_file, std::int32_t threads) {
+  const auto& c = model.config();
+  const auto formats = quant_formats();
+  struct Job {
+    std::size_t format;
+    int variant;  // 0: full cache, 1: h2o at half the context, 2: Write-Gated KV
+  };
+  std::vector<Job> jobs;
+  for (std::size_t f = 0; f < formats.size(); ++f)
+    for (int v = 0; v < (gate_file.empty() ? 2 : 3); ++v) jobs.push_back({f, v});
+  std::vector<engine::GateSet> gates;
+  if (!gate_file.empty()) gates.emplace_back(gate_file);
+  std::vector<Row> rows(jobs.size());
+  std::atomic<std::size_t> next{0};
+  std::mutex progress;
+  auto worker = [&] {
+    for (std::size_t j; (j = next++) < jobs.size();) {
+      const QuantFormat& f = formats[jobs[j].format];
+      engine::EngineConfig cfg = cfg0;
+      cfg.kv_dtype = f.dtype, cfg.kv_format = f.format;
+      if (jobs[j].variant == 0) {
+        rows[j] = evaluate(model, kvcache::KeepAll{}, cfg, w, full_outputs);
+        rows[j].policy = "full cache";
+      } else if (jobs[j].variant == 1) {
+        engine::with("h2o", c.context / 2, c, cfg, [&](auto policy, const engine::EngineConfig& adjusted) {
+          rows[j] = evaluate(model, policy, adjusted, w, full_outputs);
+        });
+        rows[j].policy = fmt::format("h2o {}", c.context / 2);
+      } else {
+        GatedFigures fig;
+        rows[j] = evaluate_gated(model, gates[0], w, full_outputs, fig, {}, kvcache::KeepAll{}, f.dtype, f.format);
+        rows[j].policy = fmt::format("wg_kv λ={:g}", gates[0].lambda);
+      }
+      const std::lock_guard<std::mutex> lock(progress);
+      fmt::print(stderr, "  {} / {}: {:.0f} s\n", f.name, rows[j].policy, rows[j].seconds);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (std::int32_t t = 0; t < std::min<std::int32_t>(threads, std::int32_t(jobs.size())); ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+
+  fmt::print(
+      "| KV format | bytes per token | policy | passkey | recall | repeated passage loss (nats/byte) | agreement "
+      "| tokens before divergence | perplexity | peak KV (tokens) | peak KV (KiB) |\n"
+      "| --- | ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    const QuantFormat& f = formats[jobs[j].format];
+    const auto g = kvcache::Geometry::make({.num_layers = c.layers, .num_kv_heads = c.kv_heads, .head_dim = c.head_dim(),
+                                            .block_size = 16, .dtype = f.dtype, .format = f.format});
+    const std::int64_t per_token = g->block_bytes() / 16;
+    const Row& r = rows[j];
+    fmt::print("| {} | {} | {} | {} | {} | {:.3f} ± {:.3f} | {:.3f} | {:.1f} | {:.3f} | {} | {:.1f} |\n", f.name, per_token,
+               r.policy, pct(r.passkey), pct(r.recall), r.repeat_loss.value, r.repeat_loss.hi - r.repeat_loss.value,
+               r.agreement.value, r.divergence, r.perplexity, r.peak_kv, double(r.peak_kv * per_token) / 1024.0);
+  }
+}
+
+}  // namespace evalrun
