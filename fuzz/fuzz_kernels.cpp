@@ -137,7 +137,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       break;
     }
     case 6: {  // Quest metadata: fold written slots (any values) into the bounds
-      std::vector<float> bounds(std::size_t(blocks * spec.num_kv_heads * 2 * 2), 0.5f);
+      std::vector<float> bounds(std::size_t(blocks * spec.num_kv_heads * 2 * spec.head_dim), 0.5f);
       const auto bounds_before = bounds;
       auto slots = in.ints(std::size_t(tokens), slots_in_pool);
       kv::PageBoundsUpdateParams p{pool, in.value(2), slots.data(), tokens, bounds.data()};
@@ -148,9 +148,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     default: {  // rope on listed blocks with a table from make_rope_table
       const std::int32_t max_delta = std::int32_t(in.byte() % 4);
-      std::vector<float> cs(std::size_t(max_delta + 1), 1.0f), sn(std::size_t(max_delta + 1), 0.0f);
+      // A table for every dim (a quantized pool's rows are 16 wide); a failed make leaves it 1 / 0.
+      std::vector<float> cs(std::size_t((max_delta + 1) * spec.head_dim / 2), 1.0f), sn(cs.size(), 0.0f);
       const double theta = in.byte() % 4 == 0 ? -1.0 : 10000.0;
-      (void)kv::make_rope_table(theta, 2, max_delta, cs, sn);
+      (void)kv::make_rope_table(theta, spec.head_dim, max_delta, cs, sn);
       auto blocks_list = in.ints(std::size_t(tokens), 4), deltas = in.ints(std::size_t(tokens), 4);
       kv::RopeParams p{pool, in.value(2), in.value(2), blocks_list.data(), deltas.data(), tokens, cs.data(), sn.data(), max_delta};
       st = kv::rope_host(p);
