@@ -11,8 +11,9 @@
 //
 // One item per kv-head: its lanes split head_dim (a quantized pool's rows:
 // by groups, or bytes of 4-bit codes, the same split in every move), and
-// every lane takes the same decisions from the same inputs. The bits are read before the call's
-// own tokens replace them and written once at the end, so lanes never race.
+// every lane takes the same decisions from the same inputs. The bits are
+// read before the call's own tokens replace them and written once at the
+// end, so lanes never race.
 #pragma once
 
 #include <cstdint>

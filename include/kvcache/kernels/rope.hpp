@@ -64,11 +64,12 @@ namespace rope_detail {
 /// rotated range that does not split into groups.
 inline constexpr std::int32_t kQuantSpan = 256;
 
-/// How a quantized key row's rotation splits into independent pieces: piece
-/// i reads and rewrites elements [first, first + n) and, when second > 0,
-/// [second, second + n) too (NeoX's partner half). Each piece is whole
-/// pool_units, so requantizing one never touches another's groups. n == 0:
-/// the rotated groups do not split and exceed kQuantSpan.
+/// How a quantized key row's rotation splits into `count` independent
+/// pieces: piece i reads and rewrites elements [i * stride, i * stride + n)
+/// and, when partner > 0, the same span `partner` elements on (NeoX's other
+/// half). Each piece is whole pool_units, so requantizing one never touches
+/// another's groups. n == 0: the rotated groups do not split and exceed
+/// kQuantSpan.
 struct Pieces {
   std::int32_t count = 0, n = 0, stride = 0, partner = 0;
 };
