@@ -41,6 +41,11 @@ struct PoolView {
 };
 static_assert(std::is_trivially_copyable_v<PoolView>);
 
+/// Side kv's format (0 = K, 1 = V).
+KVCACHE_HOST_DEVICE inline const SideFormat& side_format(const PoolView& v, std::int32_t kv) noexcept {
+  return kv == 0 ? v.format.k : v.format.v;
+}
+
 /// A view of `num_blocks` blocks of geometry g at base; invalid_argument for a null base, geometry_overflow past int64.
 inline Result<PoolView> make_pool_view(const Geometry& g, void* base, std::int64_t num_blocks) noexcept {
   if (base == nullptr) return Status{Errc::invalid_argument, "base", 0, 1};
@@ -72,8 +77,7 @@ inline Status check_dtype(DType d, const char* what) noexcept {
 KVCACHE_HOST_DEVICE inline float held_scale(const PoolView& v, std::int32_t kv, const float* scales, std::int32_t layer,
                                             std::int32_t head) noexcept {
   if (!scales) return 1.0f;
-  return (kv == 0 ? v.format.k : v.format.v).scales == Scales::head ? scales[std::int64_t{layer} * v.num_kv_heads + head]
-                                                                     : scales[layer];
+  return side_format(v, kv).scales == Scales::head ? scales[std::int64_t{layer} * v.num_kv_heads + head] : scales[layer];
 }
 
 /// Engine-held scale arrays (k_scales, v_scales) are given only for a side
@@ -84,7 +88,7 @@ inline Status check_held_scales(const PoolView& v, const float* k_scales, const 
   for (std::int32_t kv = 0; kv < 2; ++kv) {
     const float* s = kv == 0 ? k_scales : v_scales;
     if (!s) continue;
-    const Scales scheme = (kv == 0 ? v.format.k : v.format.v).scales;
+    const Scales scheme = side_format(v, kv).scales;
     if (scheme != Scales::tensor && scheme != Scales::head)
       return Status{Errc::invalid_argument, kv == 0 ? "k_scales (format.k holds no engine-held scales)" : "v_scales (format.v holds no engine-held scales)",
                     static_cast<std::int64_t>(scheme), 2};

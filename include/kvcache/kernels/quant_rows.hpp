@@ -13,11 +13,6 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-/// Side kv's format (0 = K, 1 = V).
-KVCACHE_HOST_DEVICE inline const SideFormat& side_format(const PoolView& v, std::int32_t kv) noexcept {
-  return kv == 0 ? v.format.k : v.format.v;
-}
-
 /// True when side kv of the view is not element-wise: group scales, or a 4-bit type.
 KVCACHE_HOST_DEVICE inline bool quantized_side(const PoolView& v, std::int32_t kv) noexcept {
   return side_format(v, kv).scales == Scales::group || dtype_bits(v.dtype) == 4;
