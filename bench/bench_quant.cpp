@@ -33,6 +33,7 @@ const Format kFormats[] = {
     {"fp8_e4m3_g32", kv::DType::fp8_e4m3, {.scales = kv::Scales::group, .group = 32}},
     {"int4_g32_min", kv::DType::int4, {.scales = kv::Scales::group, .group = 32, .minimum = true}},
     {"fp4_g16", kv::DType::fp4_e2m1, {.scales = kv::Scales::group, .group = 16}},
+    {"int2_g32_min", kv::DType::int2, {.scales = kv::Scales::group, .group = 32, .minimum = true}},
 };
 
 // The call's per-tensor scale: 1 for fp16 (a raw copy), else one that maps

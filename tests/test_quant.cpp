@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -384,7 +385,17 @@ TEST_CASE("engine-held scales per layer and per (layer, head) scale each row the
     CHECK(scatter_host(p).message() == "invalid_argument: k_scales_at=2 (limit 6)");
     gp.k_scales = bad;
     CHECK(gather_host(gp).message() == "invalid_argument: k_scales_at=2 (limit 6)");
+    // Not finite (inf, NaN) is refused too; FLT_MAX is finite and taken as a scale.
+    const float inf[L * H] = {0.05f, 0.1f, 0.2f, 0.07f, std::numeric_limits<float>::infinity(), 0.3f};
+    p.k_scales = inf;
+    CHECK(scatter_host(p).message() == "invalid_argument: k_scales_at=4 (limit 6)");
+    const float nan[L * H] = {std::numeric_limits<float>::quiet_NaN(), 0.1f, 0.2f, 0.07f, 0.15f, 0.3f};
+    gp.k_scales = nan;
+    CHECK(gather_host(gp).message() == "invalid_argument: k_scales_at=0 (limit 6)");
     CHECK(pool == before);
+    const float huge[L * H] = {std::numeric_limits<float>::max(), 0.1f, 0.2f, 0.07f, 0.15f, 0.3f};
+    gp.k_scales = huge;
+    CHECK(gather_host(gp).ok());
   }
   // An array for a side without engine-held scales names that side.
   const SideFormat g32{.scales = Scales::group, .group = 32};

@@ -195,6 +195,15 @@ TEST_CASE("a disk slot with a flipped byte, a torn trailer, another slot's block
   other.layout = Layout::HND;
   const DiskLayout e = *DiskLayout::make(g.block_bytes(), 4, layout_digest(other));
   CHECK(e.verify(image, 2, h).what() == std::string("digest"));
+  // Two int8 formats in groups of 16, with and without a minimum: the digest tells them apart (codes read
+  // with the other's entries would be wrong values of the right size).
+  GeometrySpec with_min = spec, without_min = spec;
+  with_min.dtype = without_min.dtype = DType::int8;
+  with_min.format = {{.scales = Scales::group, .group = 16, .minimum = true}, {.scales = Scales::group, .group = 16, .minimum = true}};
+  without_min.format = {{.scales = Scales::group, .group = 16}, {.scales = Scales::group, .group = 16}};
+  auto quantized = image;
+  REQUIRE(DiskLayout::make(g.block_bytes(), 4, layout_digest(with_min))->seal(quantized, 2, h).ok());
+  CHECK(DiskLayout::make(g.block_bytes(), 4, layout_digest(without_min))->verify(quantized, 2, h).what() == std::string("digest"));
   std::vector<std::byte> zeros(image.size());
   CHECK(d.sealed_hash(zeros, 0).status().what() == std::string("trailer"));  // never written
   CHECK(d.verify(std::span(image).first(100), 2, h) == Status{Errc::buffer_too_small, "image", 100, d.slot_bytes()});

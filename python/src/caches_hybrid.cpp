@@ -52,6 +52,12 @@ nb::object reserve(Hybrid& self, std::uint64_t s, nb::handle n_or_ids, bool adva
   else check(advance ? self.advance(id, cspan(ids), o.span()) : self.reserve(id, cspan(ids), o.span()));
   return obj;
 }
+
+// A group index from Python: outside the groups is invalid_argument naming it (not an out-of-range read).
+std::int32_t group_at(const Groups& g, std::int32_t i) {
+  require(i >= 0 && i < g.groups.num_groups(), "group", i, g.groups.num_groups() - 1);
+  return i;
+}
 }  // namespace
 
 void register_hybrid(nb::module_& m) {
@@ -59,18 +65,20 @@ void register_hybrid(nb::module_& m) {
       .def(
           "__init__",
           [](LayerGroup* self, const std::string& kind, nb::handle layers, std::int32_t num_kv_heads, std::int32_t head_dim,
-             std::int32_t v_head_dim, std::int32_t window, std::int32_t chunk, std::int32_t encoder_len, kv::DType dtype) {
+             std::int32_t v_head_dim, std::int32_t window, std::int32_t chunk, std::int32_t encoder_len, kv::DType dtype,
+             const kv::KvFormat& format) {
             Array<std::int32_t> l;
             in_arg(l, layers, "layers");
             new (self) LayerGroup{{.kind = kind_of(kind), .num_kv_heads = num_kv_heads, .head_dim = head_dim,
                                    .v_head_dim = v_head_dim, .window = window, .chunk = chunk, .encoder_len = encoder_len,
-                                   .dtype = dtype},
+                                   .dtype = dtype, .format = format},
                                   std::vector<std::int32_t>(l.data(), l.data() + l.size())};
           },
           nb::arg("kind"), nb::arg("layers"), nb::arg("num_kv_heads") = 1, nb::arg("head_dim") = 128,
           nb::arg("v_head_dim") = -1, nb::arg("window") = 0, nb::arg("chunk") = 0, nb::arg("encoder_len") = 0,
-          nb::arg("dtype") = kv::DType::f16)
+          nb::arg("dtype") = kv::DType::f16, nb::arg("format") = kv::KvFormat{})
       .def_prop_ro("kind", [](const LayerGroup& g) { return kind_name(g.spec.kind); })
+      .def_prop_ro("format", [](const LayerGroup& g) { return g.spec.format; })
       .def_prop_ro("layers", [](const LayerGroup& g) { return g.layers; });
 
   nb::class_<Groups>(m, "LayerGroups")
@@ -92,10 +100,15 @@ void register_hybrid(nb::module_& m) {
       .def_prop_ro("num_layers", [](const Groups& g) { return g.groups.num_layers(); })
       .def_prop_ro("page_bytes", [](const Groups& g) { return g.groups.page_bytes(); })
       .def_prop_ro("hit_alignment", [](const Groups& g) { return g.groups.hit_alignment(); })
-      .def("block_size", [](const Groups& g, std::int32_t i) { return g.groups.block_size(i); })
-      .def("padding", [](const Groups& g, std::int32_t i) { return g.groups.padding(i); })
-      .def("token_bytes", [](const Groups& g, std::int32_t i) { return g.groups.token_bytes(i); })
-      .def("kind", [](const Groups& g, std::int32_t i) { return kind_name(g.groups.spec(i).kind); })
+      .def("block_size", [](const Groups& g, std::int32_t i) { return g.groups.block_size(group_at(g, i)); })
+      .def("padding", [](const Groups& g, std::int32_t i) { return g.groups.padding(group_at(g, i)); })
+      .def("token_bytes", [](const Groups& g, std::int32_t i) { return g.groups.token_bytes(group_at(g, i)); })
+      .def("plane_bytes",
+           [](const Groups& g, std::int32_t i) {
+             const kv::GroupPlaneBytes p = g.groups.planes(group_at(g, i));
+             return std::make_pair(p.k, p.v);
+           })
+      .def("kind", [](const Groups& g, std::int32_t i) { return kind_name(g.groups.spec(group_at(g, i)).kind); })
       .def("as_geometry", [](const Groups& g) { return check(g.groups.as_geometry()); })
       .def("layer_slot",
            [](const Groups& g, std::int32_t l) {

@@ -166,3 +166,44 @@ def test_kernels_on_group_views_asymmetric_kv_and_mla():
         for t, slot in enumerate(slots1):
             at = (slot // 5) * page + layer * 5 * 12 + (slot % 5) * 12
             assert np.array_equal(memory[at: at + 12], c[layer, t, 0])
+
+
+def test_quantized_layer_groups_take_a_format_and_round_trip_through_their_views():
+    g32 = kv.SideFormat(kv.Scales.group, 32, False)
+    g16m = kv.SideFormat(kv.Scales.group, 16, True)
+    g = kv.LayerGroups([kv.LayerGroup("full", [0, 1], num_kv_heads=2, head_dim=64, dtype=kv.DType.int8,
+                                      format=kv.KvFormat(g32, g32)),
+                        kv.LayerGroup("sliding_window", [2], num_kv_heads=2, head_dim=64, window=32, dtype=kv.DType.int4,
+                                      format=kv.KvFormat(g16m, g16m))],
+                       block_size=16, max_padding_permille=600)
+    assert g.token_bytes(0) == 2 * 2 * 2 * (64 + 4)          # layers x K,V x heads x (codes + 2 f16 scales)
+    assert g.token_bytes(1) == 2 * 2 * (32 + 16)             # 4 groups x (scale + minimum)
+    # Planes: codes, then the entries from a 16-byte boundary.
+    assert g.plane_bytes(0) == (16 * 2 * 64 + 16 * 2 * 4,) * 2
+    assert g.page_bytes == 2 * 2 * g.plane_bytes(0)[0]
+    with pytest.raises(kv.InvalidArgument, match=r"group=2"):
+        g.plane_bytes(2)
+    pages = 4
+    memory = np.zeros(pages * g.page_bytes, dtype=np.uint8)
+    rng = np.random.default_rng(1)
+    for grp, step in ((0, 127.0), (1, 15.0)):
+        view = kv.PoolView.of_group(g, grp, memory, pages)
+        layers = 2 if grp == 0 else 1
+        k = rng.standard_normal((layers, 3, 2, 64), dtype=np.float32)
+        slots = np.array([g.block_size(grp) + 1, 2 * g.block_size(grp), 2 * g.block_size(grp) + 3], dtype=np.int32)
+        kv.scatter(view, k, k, slots)
+        # Layer 0 read back through gather: one sequence over pages 1 and 2.
+        b = g.block_size(grp)
+        out_k = np.zeros((2 * b, 2, 64), dtype=np.float32)
+        out_v = np.zeros_like(out_k)
+        kv.gather(view, 0, np.array([0, 2], dtype=np.int32), np.array([1, 2], dtype=np.int32),
+                  np.array([0, 2 * b], dtype=np.int32), out_k, out_v)
+        for t, r in enumerate([1, b, b + 3]):  # the slots' rows in the sequence
+            x = k[0, t].reshape(-1, 32 if grp == 0 else 16)
+            width = (np.abs(x).max(axis=1) if grp == 0 else x.max(axis=1) - x.min(axis=1)) / step
+            assert np.all(np.abs(out_k[r].reshape(x.shape) - x).max(axis=1) <= 0.51 * width + 1e-6)
+            assert np.array_equal(out_k[r], out_v[r])  # the same rows went to V
+    with pytest.raises(kv.InvalidArgument, match=r"format.k.scales \(an integer code needs scales\)"):
+        kv.LayerGroups([kv.LayerGroup("full", [0], head_dim=64, dtype=kv.DType.int8)])
+    with pytest.raises(kv.InvalidArgument, match=r"format.v.scales \(the group stores no V\)"):
+        kv.LayerGroups([kv.LayerGroup("mla", [0], head_dim=64, dtype=kv.DType.int8, format=kv.KvFormat(g32, g32))])

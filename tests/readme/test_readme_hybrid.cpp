@@ -6,6 +6,8 @@
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/kvcache.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -116,4 +118,47 @@ TEST_CASE_METHOD(GroupView, "docs group_view: asymmetric K/V one side at a time,
   CHECK(at(1 * P + (k_plane + v_plane) + k_plane + (14 * 4 + 3) * 32 * 4 + 5 * 4) == vbuf[std::size_t(((1 * 3 + 2) * 4 + 3) * 32 + 5)]);
   // The latent of token 1 (slot 1: page 0, row 1), layer 2, element 500: no V plane after it.
   CHECK(at(0 * P + 2 * (B1 * 576 * 4) + (1 * 576 + 500) * 4) == cbuf[std::size_t((2 * 3 + 1) * 576 + 500)]);
+}
+
+namespace {
+// One token of both full layers: 4 heads x 64, an outlier channel per head.
+struct GroupFormat {
+  int64_t pages = 3;
+  int32_t slot = 16 + 5;  // page 1, row 5
+  std::vector<float> kbuf = values(0.0f), vbuf = values(1.0f);
+  const float* k = kbuf.data();
+  const float* v = vbuf.data();
+  static std::vector<float> values(float phase) {
+    std::vector<float> x(2 * 4 * 64);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i) * 0.7f + phase) * (i % 64 == 9 ? 12.0f : 1.0f);
+    return x;
+  }
+};
+}  // namespace
+
+TEST_CASE_METHOD(GroupFormat, "docs group_format: an int8 full group and an fp8 window group, one token written") {
+#include "snippets/group_format.inc"
+  REQUIRE(st.ok());
+  // The full group's planes: 16 x 4 rows of 64 codes (4,096 B, aligned), then 64 rows of 2 x 2 B.
+  CHECK(planes.k == 4096 + 64 * 4);
+  CHECK(planes.v == planes.k);
+  CHECK(planes.k_scales_offset == 4096);
+  CHECK(groups.page_bytes() == 2 * 2 * planes.k);
+  CHECK(groups.block_size(0) == 16);
+  CHECK(groups.block_size(1) == 16 * (64 + 4) / 64);  // fp8 with held scales: no entries, so more tokens a page
+  // Layer 1, V, head 2 of the token: its 64 codes and 2 scales where the rule puts them, within half a step of the input.
+  const int64_t plane = 1 * groups.page_bytes() + 1 * (planes.k + planes.v) + planes.k, row = 5 * 4 + 2;
+  const float* x = vbuf.data() + (1 * 4 + 2) * 64;
+  for (int grp = 0; grp < 2; ++grp) {
+    std::uint16_t h;
+    std::memcpy(&h, pool.data() + plane + planes.v_scales_offset + row * 4 + grp * 2, 2);
+    const float scale = kv::cvt::f16_to_f32(h);
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[grp * 32 + i]));
+    CHECK(std::fabs(scale - amax / 127.0f) <= amax / 127.0f * 1e-3f);
+    for (int i = 0; i < 32; ++i) {
+      const auto code = static_cast<std::int8_t>(pool[std::size_t(plane + row * 64 + grp * 32 + i)]);
+      CHECK(std::fabs(float(code) * scale - x[grp * 32 + i]) <= 0.51f * scale);
+    }
+  }
 }

@@ -42,6 +42,21 @@ struct LayerGroupSpec {
   std::int32_t chunk = 0;  ///< chunked_local: C >= 1.
   std::int32_t encoder_len = 0;  ///< cross: encoder tokens >= 1.
   DType dtype = DType::f16;  ///< Element type.
+  /// K's and V's scaling (kv_format.hpp), as a Geometry's: group entries
+  /// follow each plane's codes (GroupPlaneBytes). MLA: V's stays none.
+  KvFormat format{};
+};
+
+/// One layer's planes in a page of its group: K's and V's bytes, and where
+/// each plane's group entries start. Codes come first, [block_size][kv-heads]
+/// rows; with group scales the entries follow from a 16-byte boundary, a
+/// row's worth each of the larger of K's and V's (so a group whose K and V
+/// share a head dim lays a page out as Geometry lays a block).
+struct GroupPlaneBytes {
+  std::int64_t k = 0;  ///< Bytes of the K plane.
+  std::int64_t v = 0;  ///< Bytes of the V plane (0: MLA).
+  std::int64_t k_scales_offset = 0;  ///< From the K plane's start to its group entries (its codes' bytes without group scales).
+  std::int64_t v_scales_offset = 0;  ///< The same in the V plane.
 };
 
 /// The groups and the page they share.
@@ -86,22 +101,28 @@ class LayerGroups {
     std::int32_t layers = 0;
     for (const auto& g : s.groups) {
       if (auto st = check_group(g); !st) return st;
-      std::int64_t bytes = 0;  // one token, every layer of the group
-      const std::int64_t per_layer = std::int64_t{g.num_kv_heads} * (g.head_dim + v_dim(g)) * dtype_bytes(g.dtype);
+      std::int64_t bytes = 0;  // one token, every layer of the group (codes and entries)
+      const std::int64_t per_layer = std::int64_t{g.num_kv_heads} * (side_row_bytes(g, 0) + side_row_bytes(g, 1));
       if (__builtin_mul_overflow(per_layer, std::int64_t(g.layers.size()), &bytes))
         return Status{Errc::geometry_overflow, "layers (token bytes past int64)", std::int64_t(g.layers.size()), 0};
       lg.groups_.push_back({g, bytes, 0, 0, std::int32_t(g.layers.size())});
       layers += std::int32_t(g.layers.size());
     }
-    std::int64_t widest = 0;
-    for (const auto& g : lg.groups_) widest = std::max(widest, g.token_bytes);
-    if (__builtin_mul_overflow(widest, std::int64_t{s.block_size}, &lg.page_bytes_))
-      return Status{Errc::geometry_overflow, "block_size (page bytes past int64)", s.block_size, INT64_MAX / widest};
+    // The page: the largest group's bytes at block_size tokens (the same as
+    // the widest token times block_size unless group entries round up).
+    for (const auto& g : lg.groups_) {
+      const std::int64_t bytes = group_bytes(g.spec, s.block_size);
+      if (bytes < 0) return Status{Errc::geometry_overflow, "block_size (page bytes past int64)", s.block_size, 0};
+      lg.page_bytes_ = std::max(lg.page_bytes_, bytes);
+    }
     for (auto& g : lg.groups_) {
-      const std::int64_t fits = lg.page_bytes_ / g.token_bytes / s.block_multiple * s.block_multiple;
+      // As many tokens as fit, in whole block_multiples: at most the page
+      // over the token's bytes, fewer where the entries' alignment does not fit.
+      std::int64_t fits = lg.page_bytes_ / g.token_bytes / s.block_multiple * s.block_multiple;
       if (fits > INT32_MAX) return Status{Errc::geometry_overflow, "block_size (a group's tokens per page)", fits, INT32_MAX};
+      while (group_bytes(g.spec, fits) > lg.page_bytes_) fits -= s.block_multiple;  // >= block_size: the page fits it
       g.block_size = std::int32_t(fits);
-      g.padding = lg.page_bytes_ - fits * g.token_bytes;
+      g.padding = lg.page_bytes_ - group_bytes(g.spec, fits);
       const std::int64_t permille = g.padding * 1000 / lg.page_bytes_;
       if (permille > s.max_padding_permille) return Status{Errc::invalid_argument, "padding_permille", permille, s.max_padding_permille};
     }
@@ -141,6 +162,10 @@ class LayerGroups {
   std::int64_t token_bytes(std::int32_t g) const noexcept { return groups_[std::size_t(g)].token_bytes; }
   /// Bytes of each of group g's pages left unused.
   std::int64_t padding(std::int32_t g) const noexcept { return groups_[std::size_t(g)].padding; }
+  /// One layer's planes in a page of group g.
+  GroupPlaneBytes planes(std::int32_t g) const noexcept {
+    return planes_of(groups_[std::size_t(g)].spec, groups_[std::size_t(g)].block_size);
+  }
   /// V elements per head of group g (0: none).
   std::int32_t v_head_dim(std::int32_t g) const noexcept { return v_dim(groups_[std::size_t(g)].spec); }
   /// Where layer l lives; {-1, -1} outside the model.
@@ -160,7 +185,8 @@ class LayerGroups {
     const std::int32_t dv = v_head_dim(0);
     if (dv != 0 && dv != s.head_dim) return Status{Errc::invalid_argument, "v_head_dim (K and V differ)", dv, s.head_dim};
     return Geometry::make({.num_layers = layers_in(0), .num_kv_heads = s.num_kv_heads, .head_dim = s.head_dim,
-                           .block_size = block_size(0), .dtype = s.dtype, .v_head_dim = dv == 0 ? 0 : -1});
+                           .block_size = block_size(0), .dtype = s.dtype, .v_head_dim = dv == 0 ? 0 : -1,
+                           .format = s.format});
   }
   /// Prefix hits are a multiple of this many tokens: the caching groups' block sizes' least common multiple.
   std::int32_t hit_alignment() const noexcept { return hit_align_; }
@@ -169,7 +195,7 @@ class LayerGroups {
     if (a.page_bytes_ != b.page_bytes_ || a.map_ != b.map_ || a.groups_.size() != b.groups_.size()) return false;
     for (std::size_t i = 0; i < a.groups_.size(); ++i)
       if (a.groups_[i].block_size != b.groups_[i].block_size || a.groups_[i].token_bytes != b.groups_[i].token_bytes ||
-          a.groups_[i].spec.kind != b.groups_[i].spec.kind)
+          a.groups_[i].spec.kind != b.groups_[i].spec.kind || a.groups_[i].spec.format != b.groups_[i].spec.format)
         return false;
     return true;
   }
@@ -184,14 +210,48 @@ class LayerGroups {
     if (g.kind == AttentionKind::mla) return 0;
     return g.v_head_dim < 0 ? g.head_dim : g.v_head_dim;
   }
+  // Group entry bytes of one row of side kv (0 without group scales).
+  static std::int64_t entry_bytes(const LayerGroupSpec& g, std::int32_t kv) noexcept {
+    const SideFormat& f = kv == 0 ? g.format.k : g.format.v;
+    const std::int32_t dim = kv == 0 ? g.head_dim : v_dim(g);
+    return f.scales == Scales::group && dim > 0 ? dim / f.group * group_entry_bytes(g.dtype, f) : 0;
+  }
+  // One row of side kv, codes and entries (0: no V).
+  static std::int64_t side_row_bytes(const LayerGroupSpec& g, std::int32_t kv) noexcept {
+    const std::int32_t dim = kv == 0 ? g.head_dim : v_dim(g);
+    return dim == 0 ? 0 : row_bytes(g.dtype, dim) + std::max(entry_bytes(g, 0), entry_bytes(g, 1));
+  }
+  // The plane rule (GroupPlaneBytes) at B tokens a page; sizes past int64 give -1.
+  static GroupPlaneBytes planes_of(const LayerGroupSpec& g, std::int64_t B) noexcept {
+    const std::int64_t rows_per_token = g.num_kv_heads, entries = std::max(entry_bytes(g, 0), entry_bytes(g, 1));
+    GroupPlaneBytes p;
+    for (std::int32_t kv = 0; kv < 2; ++kv) {
+      const std::int32_t dim = kv == 0 ? g.head_dim : v_dim(g);
+      std::int64_t rows = 0, codes = 0, plane = 0, ent = 0;
+      if (dim == 0) continue;
+      if (__builtin_mul_overflow(B, rows_per_token, &rows) || __builtin_mul_overflow(rows, row_bytes(g.dtype, dim), &codes) ||
+          __builtin_mul_overflow(rows, entries, &ent))
+        return {-1, -1, -1, -1};
+      const std::int64_t offset = entries > 0 ? (codes + 15) / 16 * 16 : codes;
+      if (offset < codes || __builtin_add_overflow(offset, ent, &plane)) return {-1, -1, -1, -1};
+      (kv == 0 ? p.k : p.v) = plane;
+      (kv == 0 ? p.k_scales_offset : p.v_scales_offset) = offset;
+    }
+    return p;
+  }
+  // Every layer's planes at B tokens a page; -1 past int64.
+  static std::int64_t group_bytes(const LayerGroupSpec& g, std::int64_t B) noexcept {
+    const GroupPlaneBytes p = planes_of(g, B);
+    std::int64_t bytes = 0;
+    if (p.k < 0 || __builtin_mul_overflow(p.k + p.v, std::int64_t(g.layers.size()), &bytes)) return -1;
+    return bytes;
+  }
   static Status check_group(const LayerGroupSpec& g) noexcept {
     if (g.kind > AttentionKind::cross) return Status{Errc::invalid_argument, "kind", std::int64_t(g.kind), 4};
     if (g.layers.empty()) return Status{Errc::invalid_argument, "layers (a group's count)", 0, 1};
     if (g.num_kv_heads < 1) return Status{Errc::invalid_argument, "num_kv_heads", g.num_kv_heads, 1};
     if (g.head_dim < 1) return Status{Errc::invalid_argument, "head_dim", g.head_dim, 1};
     if (g.v_head_dim < -1) return Status{Errc::invalid_argument, "v_head_dim", g.v_head_dim, -1};
-    if (dtype_bytes(g.dtype) == 0)  // packed codes need group scales: a layer group has no KV format yet
-      return Status{Errc::invalid_argument, "dtype (layer groups store whole-byte types)", std::int64_t(g.dtype), 5};
     if (g.kind == AttentionKind::mla && (g.v_head_dim > 0 || g.num_kv_heads != 1))
       return Status{Errc::invalid_argument, "v_head_dim (MLA stores no V, one latent head)", g.v_head_dim, 0};
     if (g.kind != AttentionKind::mla && g.v_head_dim == 0)
@@ -200,6 +260,15 @@ class LayerGroups {
     if (g.kind == AttentionKind::chunked_local && g.chunk < 1) return Status{Errc::invalid_argument, "chunk", g.chunk, 1};
     if (g.kind == AttentionKind::cross && g.encoder_len < 1)
       return Status{Errc::invalid_argument, "encoder_len", g.encoder_len, 1};
+    if (dtype_bits(g.dtype) == 0) return Status{Errc::invalid_argument, "dtype", std::int64_t(g.dtype), kLastDType};
+    if (dtype_bits(g.dtype) == 4 && (g.head_dim % 2 != 0 || v_dim(g) % 2 != 0))
+      return Status{Errc::invalid_argument, "head_dim (odd: a 4-bit dtype packs two values a byte)",
+                    g.head_dim % 2 != 0 ? g.head_dim : v_dim(g), 2};
+    if (auto st = check_side_format(g.format.k, g.dtype, g.head_dim, true); !st) return st;
+    if (v_dim(g) == 0 && g.format.v != SideFormat{})
+      return Status{Errc::invalid_argument, "format.v.scales (the group stores no V)", std::int64_t(g.format.v.scales), 0};
+    if (v_dim(g) > 0)
+      if (auto st = check_side_format(g.format.v, g.dtype, v_dim(g), false); !st) return st;
     return {};
   }
 

@@ -1,9 +1,11 @@
 // Shared by every kernel: the pool view kernels take by value, dtype
 // conversions, and the row mover. Everything here is KVCACHE_HOST_DEVICE and
 // compiles with g++ alone; the host backend and the CUDA kernels run the
-// same code, so their results are bit-identical (no intrinsics, explicit fma).
+// same code, so their results are bit-identical (no intrinsics, explicit fma;
+// host_simd.hpp runs move_row's conversions eight at a time, the same bits).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -11,6 +13,7 @@
 #include "kvcache/config.hpp"
 #include "kvcache/geometry.hpp"
 #include "kvcache/status.hpp"
+#include "host_simd.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -95,7 +98,7 @@ inline Status check_held_scales(const PoolView& v, const float* k_scales, const 
     if (!read_values) continue;
     const std::int64_t n = std::int64_t{v.num_layers} * (scheme == Scales::head ? v.num_kv_heads : 1);
     for (std::int64_t i = 0; i < n; ++i)
-      if (!(s[i] > 0.0f) || !(s[i] < 3.4e38f)) return Status{Errc::invalid_argument, kv == 0 ? "k_scales_at" : "v_scales_at", i, n};
+      if (!(s[i] > 0.0f) || !std::isfinite(s[i])) return Status{Errc::invalid_argument, kv == 0 ? "k_scales_at" : "v_scales_at", i, n};
   }
   return {};
 }
@@ -287,6 +290,29 @@ KVCACHE_HOST_DEVICE inline void store_row(DType t, void* p, const float* in, flo
   }
 }
 
+/// The first elements of store_row(dt, dst, load_row(st, src) times mul)
+/// by the host's AVX2 loops (host_simd.hpp), the same bits; returns how many
+/// (a multiple of 8; 0 on CUDA, without AVX2, or for packed types).
+KVCACHE_HOST_DEVICE inline std::int32_t fast_rows(void* dst, DType dt, const void* src, DType st, std::int32_t n,
+                                                  float mul) noexcept {
+#if KVCACHE_HOST_SIMD
+  return simd::move_rows(dst, dt, src, st, n, mul);
+#else
+  return 0;
+#endif
+}
+
+/// The largest of |x[0, k)|'s bits into m, for the first k elements the
+/// host's AVX2 loops take (a multiple of 8; 0 on CUDA or without AVX2); returns k.
+KVCACHE_HOST_DEVICE inline std::int32_t fast_abs_max_bits(const float* x, std::int32_t n, std::uint32_t& m) noexcept {
+#if KVCACHE_HOST_SIMD
+  return simd::abs_max_bits(x, n, m);
+#else
+  (void)x, (void)n, (void)m;
+  return 0;
+#endif
+}
+
 /// How a row moves: raw bytes (same dtype, no scaling) in 16-byte vectors when
 /// aligned, else element by element through float (dtype change or scale).
 struct alignas(16) Vec16 {
@@ -343,8 +369,9 @@ KVCACHE_HOST_DEVICE inline void move_row(void* dst, DType dt, const void* src, D
     return;
   }
   if (nlanes == 1) {  // one thread: a head row at a time through a float buffer, each type's switch once
+    const std::int32_t done = fast_rows(dst, dt, src, st, n, mul);
     float buf[256];
-    for (std::int32_t at = 0; at < n; at += 256) {
+    for (std::int32_t at = done; at < n; at += 256) {
       const std::int32_t m = n - at < 256 ? n - at : 256;
       load_row(st, static_cast<const std::byte*>(src) + row_bytes(st, at), buf, m);
       store_row(dt, static_cast<std::byte*>(dst) + row_bytes(dt, at), buf, mul, m);

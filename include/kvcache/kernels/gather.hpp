@@ -47,6 +47,26 @@ KVCACHE_HOST_DEVICE inline bool gather_ptrs(const GatherParams& p, std::int32_t 
   return true;
 }
 
+/// What a (K|V, head) row's codes are multiplied by: the call's scale times the engine-held one.
+KVCACHE_HOST_DEVICE inline float gather_mul(const GatherParams& p, std::int32_t kv, std::int32_t head) noexcept {
+  return (kv == 0 ? p.k_scale : p.v_scale) * held_scale(p.cache, kv, kv == 0 ? p.k_scales : p.v_scales, p.layer, head);
+}
+
+/// Reads one row whose addresses are known: pool row src, which is (page,
+/// offset) of side kv, kv-head head, into output row dst. Lanes split the
+/// row (shared by both backends).
+KVCACHE_HOST_DEVICE inline void gather_row_at(const GatherParams& p, std::int32_t kv, std::int32_t head, std::int64_t page,
+                                            std::int32_t offset, std::byte* dst, const std::byte* src, std::int32_t lane,
+                                            std::int32_t nlanes) noexcept {
+  const float mul = gather_mul(p, kv, head);
+  if (quantized_side(p.cache, kv)) {  // dequantized on read
+    load_quantized_row(p.cache, kv, src, row_entries(p.cache, page, p.layer, kv, offset, head), dst, p.out_dtype, mul, lane,
+                       nlanes);
+    return;
+  }
+  move_row(dst, p.out_dtype, src, p.cache.dtype, p.cache.head_dim, mul, lane, nlanes);
+}
+
 /// Gathers one (sequence, row, K|V, head) row; lanes split the row (shared by both backends).
 KVCACHE_HOST_DEVICE inline void gather_row(const GatherParams& p, std::int32_t seq, std::int64_t row,
                                            std::int32_t kv, std::int32_t head, std::int32_t lane,
@@ -54,16 +74,9 @@ KVCACHE_HOST_DEVICE inline void gather_row(const GatherParams& p, std::int32_t s
   std::byte* dst = nullptr;
   const std::byte* src = nullptr;
   if (!gather_ptrs(p, seq, row, kv, head, dst, src)) return;
-  const float mul =
-      (kv == 0 ? p.k_scale : p.v_scale) * held_scale(p.cache, kv, kv == 0 ? p.k_scales : p.v_scales, p.layer, head);
-  if (quantized_side(p.cache, kv)) {  // dequantized on read
-    const auto pos = static_cast<std::uint32_t>(row - p.out_indptr[seq]), b = static_cast<std::uint32_t>(p.cache.block_size);
-    const std::int32_t page = p.indices[p.indptr[seq] + std::int64_t{pos / b}];
-    load_quantized_row(p.cache, kv, src, row_entries(p.cache, page, p.layer, kv, static_cast<std::int32_t>(pos % b), head),
-                       dst, p.out_dtype, mul, lane, nlanes);
-    return;
-  }
-  move_row(dst, p.out_dtype, src, p.cache.dtype, p.cache.head_dim, mul, lane, nlanes);
+  const auto pos = static_cast<std::uint32_t>(row - p.out_indptr[seq]), b = static_cast<std::uint32_t>(p.cache.block_size);
+  gather_row_at(p, kv, head, p.indices[p.indptr[seq] + std::int64_t{pos / b}], static_cast<std::int32_t>(pos % b), dst, src,
+              lane, nlanes);
 }
 
 /// Sequence owning output row r (binary search of out_indptr), for launchers
@@ -108,11 +121,10 @@ inline Status gather_host(const GatherParams& p) noexcept {
       if (p.indices[i] < 0 || p.indices[i] >= p.cache.num_blocks)
         return Status{Errc::invalid_argument, "indices", i, p.cache.num_blocks};
   }
-  // Heads contiguous in pool and output, no conversion: one copy per row run.
-  const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);
-  const bool runs = !quantized_pool(p.cache) && !p.k_scales && !p.v_scales && p.cache.strides.head == head_bytes &&
-                    p.head_stride == head_bytes &&
-                    raw_move(p.out_dtype, p.cache.dtype, p.k_scale) && raw_move(p.out_dtype, p.cache.dtype, p.v_scale);
+  // A row's heads adjacent in the pool and the output with element-wise
+  // codes move as one run: a copy when nothing converts.
+  const bool run[2] = {heads_in_one_run(p.cache, 0, p.head_stride, p.out_dtype, p.k_scales),
+                       heads_in_one_run(p.cache, 1, p.head_stride, p.out_dtype, p.v_scales)};
   const std::int32_t b = p.cache.block_size;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(dynamic)
@@ -120,14 +132,17 @@ inline Status gather_host(const GatherParams& p) noexcept {
   for (std::int32_t s = 0; s < p.num_seqs; ++s)
     for (std::int64_t r = p.out_indptr[s]; r < p.out_indptr[s + 1]; ++r)
       for (std::int32_t kv = 0; kv < p.cache.kv_planes; ++kv) {
-        if (runs) {
-          const std::int64_t pos = r - p.out_indptr[s];
-          host_copy(static_cast<std::byte*>(kv == 0 ? p.k_out : p.v_out) + r * p.token_stride,
-                      p.cache.row(p.indices[p.indptr[s] + pos / b], p.layer, kv, static_cast<std::int32_t>(pos % b), 0),
-                      static_cast<std::size_t>(head_bytes * p.cache.num_kv_heads));
+        // The row's head 0; heads follow at the strides (no address math per row).
+        const std::int64_t pos = r - p.out_indptr[s], page = p.indices[p.indptr[s] + pos / b];
+        const auto offset = static_cast<std::int32_t>(pos % b);
+        auto* dst = static_cast<std::byte*>(kv == 0 ? p.k_out : p.v_out) + r * p.token_stride;
+        const std::byte* src = p.cache.row(page, p.layer, kv, offset, 0);
+        if (run[kv]) {
+          move_row(dst, p.out_dtype, src, p.cache.dtype, p.cache.num_kv_heads * p.cache.head_dim, gather_mul(p, kv, 0), 0, 1);
           continue;
         }
-        for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h) gather_row(p, s, r, kv, h, 0, 1);
+        for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h)
+          gather_row_at(p, kv, h, page, offset, dst + h * p.head_stride, src + h * p.cache.strides.head, 0, 1);
       }
   return {};
 }

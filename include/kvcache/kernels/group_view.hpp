@@ -1,7 +1,8 @@
 // The kernels' view of one layer group's pages in a hybrid pool
 // (groups/layer_groups.hpp): a page of group g is [its layers][K plane][V
 // plane], each plane [block_size(g)][kv-heads][head dim] (NHD), and every page
-// is page_bytes() long whichever group owns it. scatter, gather, block_copy
+// is page_bytes() long whichever group owns it; a quantized group's planes
+// end in their group entries (GroupPlaneBytes). scatter, gather, block_copy
 // and compaction take the view as they take a plain pool's.
 #pragma once
 
@@ -35,13 +36,13 @@ inline Result<PoolView> make_group_view(const LayerGroups& lg, std::int32_t g, v
   if (planes == GroupPlanes::kv && dv != dk)
     return Status{Errc::invalid_argument, "planes (K and V differ: view each alone)", dv, dk};
   if (planes == GroupPlanes::v && dv == 0) return Status{Errc::invalid_argument, "planes (MLA stores no V)", 0, 1};
-  const std::int64_t e = dtype_bytes(s.dtype), k_plane = std::int64_t{B} * H * dk * e, v_plane = std::int64_t{B} * H * dv * e;
+  const GroupPlaneBytes pb = lg.planes(g);
   const bool v = planes == GroupPlanes::v;
   const std::int32_t dim = v ? dv : dk;
+  const std::int64_t row = row_bytes(s.dtype, dim);
   PoolView view{};
-  view.base = static_cast<std::byte*>(base) + (v ? k_plane : 0);
-  view.strides = Strides{.block = lg.page_bytes(), .layer = k_plane + v_plane, .kv = k_plane,
-                         .token = std::int64_t{H} * dim * e, .head = std::int64_t{dim} * e};
+  view.base = static_cast<std::byte*>(base) + (v ? pb.k : 0);
+  view.strides = Strides{.block = lg.page_bytes(), .layer = pb.k + pb.v, .kv = pb.k, .token = H * row, .head = row};
   view.num_blocks = num_blocks;
   view.num_layers = lg.layers_in(g);
   view.num_kv_heads = H;
@@ -49,8 +50,10 @@ inline Result<PoolView> make_group_view(const LayerGroups& lg, std::int32_t g, v
   view.block_size = B;
   view.dtype = s.dtype;
   view.kv_planes = planes == GroupPlanes::kv ? 2 : 1;
-  view.plane_bytes = v ? v_plane : k_plane;
-  view.scales_offset = view.plane_bytes;
+  // A one-plane view's kernels read and write its K side: V's format goes there.
+  view.format = {v ? s.format.v : s.format.k, s.format.v};
+  view.plane_bytes = v ? pb.v : pb.k;
+  view.scales_offset = v ? pb.v_scales_offset : pb.k_scales_offset;
   return view;
 }
 

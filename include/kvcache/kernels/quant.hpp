@@ -99,10 +99,20 @@ struct GroupScale {
   float minimum = 0.0f;  ///< Stored minimum (minimum formats; else 0).
 };
 
+// Entry value i in the entry type (f16, or e4m3 for fp4): load_elem /
+// store_elem without their switch over every type (a call per group).
+KVCACHE_HOST_DEVICE inline float load_entry_value(DType code, const void* entry, std::int32_t i) noexcept {
+  return code == DType::fp4_e2m1 ? cvt::e4m3_to_f32(static_cast<const std::uint8_t*>(entry)[i])
+                                 : cvt::f16_to_f32(static_cast<const std::uint16_t*>(entry)[i]);
+}
+KVCACHE_HOST_DEVICE inline void store_entry_value(DType code, void* entry, std::int32_t i, float v) noexcept {
+  if (code == DType::fp4_e2m1) static_cast<std::uint8_t*>(entry)[i] = cvt::f32_to_e4m3(v);
+  else static_cast<std::uint16_t*>(entry)[i] = cvt::f32_to_f16(v);
+}
+
 /// Reads a group's entry (scale, then minimum if any, in group_scale_dtype(code)).
 KVCACHE_HOST_DEVICE inline GroupScale load_entry(DType code, bool minimum, const void* entry) noexcept {
-  const DType t = group_scale_dtype(code);
-  return GroupScale{load_elem(t, entry, 0), minimum ? load_elem(t, entry, 1) : 0.0f};
+  return GroupScale{load_entry_value(code, entry, 0), minimum ? load_entry_value(code, entry, 1) : 0.0f};
 }
 
 /// Quantizes x[0, n) (a whole group: 16 to 128 values) into codes (n elements of
@@ -130,7 +140,7 @@ KVCACHE_HOST_DEVICE inline GroupScale quantize_group(const float* x, std::int32_
     hi = cvt::from_bits(static_cast<std::uint32_t>(kmax ^ ((kmax >> 31) & 0x7fffffff)));
   } else {
     std::uint32_t m = 0;
-    for (std::int32_t i = 0; i < n; ++i) {
+    for (std::int32_t i = fast_abs_max_bits(x, n, m); i < n; ++i) {
       const std::uint32_t a = cvt::bits(x[i]) & 0x7fffffffu;
       m = a > m ? a : m;
     }
@@ -138,14 +148,16 @@ KVCACHE_HOST_DEVICE inline GroupScale quantize_group(const float* x, std::int32_
   }
   float want = (minimum ? hi - lo : amax) / code_max(code, minimum);
   want = want > type_max ? type_max : want;  // a scale past its type saturates, never inf
-  store_elem(t, entry, 0, want);
-  GroupScale g{load_elem(t, entry, 0), 0.0f};
+  store_entry_value(code, entry, 0, want);
+  GroupScale g{load_entry_value(code, entry, 0), 0.0f};
   if (minimum) {
-    store_elem(t, entry, 1, lo);
-    g.minimum = load_elem(t, entry, 1);
+    store_entry_value(code, entry, 1, lo);
+    g.minimum = load_entry_value(code, entry, 1);
   }
   const float inv = g.scale > 0.0f ? 1.0f / g.scale : 0.0f, m = g.minimum;
   auto* b = static_cast<std::uint8_t*>(codes);
+  // Whole-byte symmetric codes are store_elem of x * inv: the host's AVX2 loops when it has them.
+  if (!minimum && dtype_bits(code) == 8 && fast_rows(codes, code, x, DType::f32, n, inv) == n) return g;
   // One loop per code, the switch outside it: the host compiler vectorizes them.
   switch (code) {
     case DType::int8:
@@ -185,6 +197,8 @@ KVCACHE_HOST_DEVICE inline void dequantize_group(const void* codes, const void* 
                                                  bool minimum, float* out) noexcept {
   const GroupScale g = load_entry(code, minimum, entry);
   const auto* b = static_cast<const std::uint8_t*>(codes);
+  // Whole-byte symmetric codes are load_elem times the scale: the host's AVX2 loops when it has them.
+  if (!minimum && dtype_bits(code) == 8 && fast_rows(out, DType::f32, codes, code, n, g.scale) == n) return;
   // Explicit fma with a minimum (host and device round alike); a plain product without.
   if (minimum) {
     for (std::int32_t i = 0; i < n; ++i) out[i] = fmaf(load_code(code, true, codes, i), g.scale, g.minimum);

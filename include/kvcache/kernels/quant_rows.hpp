@@ -22,6 +22,17 @@ KVCACHE_HOST_DEVICE inline bool quantized_pool(const PoolView& v) noexcept {
   return quantized_side(v, 0) || (v.kv_planes == 2 && quantized_side(v, 1));
 }
 
+/// True when a token's rows of side kv can move as one run of num_kv_heads *
+/// head_dim elements (the host loops): element-wise codes, one multiplier
+/// for every head (no per-head engine-held scales), and heads adjacent both
+/// in the pool and in the caller's buffer (head stride other_head_stride,
+/// element type other).
+inline bool heads_in_one_run(const PoolView& v, std::int32_t kv, std::int64_t other_head_stride, DType other,
+                             const float* held) noexcept {
+  return !quantized_side(v, kv) && !(held && side_format(v, kv).scales == Scales::head) &&
+         v.strides.head == row_bytes(v.dtype, v.head_dim) && other_head_stride == row_bytes(other, v.head_dim);
+}
+
 /// Group entry bytes of one row of side kv (0 without group scales).
 KVCACHE_HOST_DEVICE inline std::int64_t row_entry_bytes(const PoolView& v, std::int32_t kv) noexcept {
   const SideFormat& f = side_format(v, kv);
@@ -49,8 +60,10 @@ KVCACHE_HOST_DEVICE inline void store_quantized_row(const PoolView& v, std::int3
     float x[128];  // a group is at most 128 values
     const std::int64_t eb = group_entry_bytes(v.dtype, f);
     for (std::int32_t g = lane; g * f.group < v.head_dim; g += nlanes) {
-      load_row(st, static_cast<const std::byte*>(src) + row_bytes(st, std::int64_t{g} * f.group), x, f.group);
-      for (std::int32_t i = 0; i < f.group; ++i) x[i] *= mul;
+      const std::byte* in = static_cast<const std::byte*>(src) + row_bytes(st, std::int64_t{g} * f.group);
+      const std::int32_t done = fast_rows(x, DType::f32, in, st, f.group, mul);
+      load_row(st, in + row_bytes(st, done), x + done, f.group - done);
+      for (std::int32_t i = done; i < f.group; ++i) x[i] *= mul;
       quant::quantize_group(x, f.group, v.dtype, f.minimum, dst + row_bytes(v.dtype, std::int64_t{g} * f.group),
                             entries + g * eb);
     }
@@ -74,7 +87,9 @@ KVCACHE_HOST_DEVICE inline void load_quantized_row(const PoolView& v, std::int32
     for (std::int32_t g = lane; g * f.group < v.head_dim; g += nlanes) {
       quant::dequantize_group(codes + row_bytes(v.dtype, std::int64_t{g} * f.group), entries + g * eb, f.group, v.dtype,
                               f.minimum, x);
-      store_row(ot, static_cast<std::byte*>(out) + row_bytes(ot, std::int64_t{g} * f.group), x, mul, f.group);
+      std::byte* o = static_cast<std::byte*>(out) + row_bytes(ot, std::int64_t{g} * f.group);
+      const std::int32_t done = fast_rows(o, ot, x, DType::f32, f.group, mul);
+      store_row(ot, o + row_bytes(ot, done), x + done, mul, f.group - done);
     }
     return;
   }

@@ -86,24 +86,40 @@ KVCACHE_HOST_DEVICE inline bool scatter_ptrs(const ScatterParams& p, std::int32_
   return true;
 }
 
+/// What a (layer, K|V, head) row's inputs are multiplied by: 1 / (the call's
+/// scale times the engine-held one).
+KVCACHE_HOST_DEVICE inline float scatter_mul(const ScatterParams& p, std::int32_t layer, std::int32_t kv,
+                                             std::int32_t head) noexcept {
+  return 1.0f / ((kv == 0 ? p.k_scale : p.v_scale) *
+                 held_scale(p.cache, kv, kv == 0 ? p.k_scales : p.v_scales, p.first_layer + layer, head));
+}
+
+/// Writes one row whose addresses are known: source row src into pool row
+/// dst, which is (block, offset) of cache layer first_layer + layer, side kv,
+/// kv-head head. Lanes split the row (shared by both backends).
+KVCACHE_HOST_DEVICE inline void scatter_row_at(const ScatterParams& p, std::int32_t layer, std::int32_t kv, std::int32_t head,
+                                             std::int64_t block, std::int32_t offset, std::byte* dst, const std::byte* src,
+                                             std::int32_t lane, std::int32_t nlanes) noexcept {
+  const float mul = scatter_mul(p, layer, kv, head);
+  if (quantized_side(p.cache, kv)) {  // quantized on write: codes and the row's group entries in one pass
+    store_quantized_row(p.cache, kv, dst, row_entries(p.cache, block, p.first_layer + layer, kv, offset, head), src,
+                        p.src.dtype, mul, lane, nlanes);
+    return;
+  }
+  move_row(dst, p.cache.dtype, src, p.src.dtype, p.cache.head_dim, mul, lane, nlanes);
+}
+
 /// Writes one (layer, token, K|V, head) row; lanes split the row (shared by both backends).
 KVCACHE_HOST_DEVICE inline void scatter_row(const ScatterParams& p, std::int32_t layer, std::int64_t token,
                                             std::int32_t kv, std::int32_t head, std::int32_t lane,
                                             std::int32_t nlanes) noexcept {
-  std::byte* dst = nullptr;
-  const std::byte* src = nullptr;
-  if (!scatter_ptrs(p, layer, token, kv, head, dst, src)) return;
-  const float mul = 1.0f / ((kv == 0 ? p.k_scale : p.v_scale) *
-                            held_scale(p.cache, kv, kv == 0 ? p.k_scales : p.v_scales, p.first_layer + layer, head));
-  if (quantized_side(p.cache, kv)) {  // quantized on write: codes and the row's group entries in one pass
-    const auto slot = static_cast<std::uint32_t>(p.addr.slot(token, p.cache.block_size)),
-               b = static_cast<std::uint32_t>(p.cache.block_size);
-    store_quantized_row(p.cache, kv, dst,
-                        row_entries(p.cache, slot / b, p.first_layer + layer, kv, static_cast<std::int32_t>(slot % b), head),
-                        src, p.src.dtype, mul, lane, nlanes);
-    return;
-  }
-  move_row(dst, p.cache.dtype, src, p.src.dtype, p.cache.head_dim, mul, lane, nlanes);
+  const std::int64_t slot = p.addr.slot(token, p.cache.block_size);
+  if (slot < 0 || slot >= p.cache.num_blocks * p.cache.block_size) return;
+  // Slots are int32 by contract: 32-bit division (64-bit is slow on GPUs).
+  const auto s32 = static_cast<std::uint32_t>(slot), b = static_cast<std::uint32_t>(p.cache.block_size);
+  const auto offset = static_cast<std::int32_t>(s32 % b);
+  scatter_row_at(p, layer, kv, head, s32 / b, offset, p.cache.row(s32 / b, p.first_layer + layer, kv, offset, head),
+               p.src.row(kv, layer, token, head), lane, nlanes);
 }
 
 /// Checks what the host can see: shapes, layers, scales (not device arrays;
@@ -146,28 +162,29 @@ inline Status scatter_host(const ScatterParams& p) noexcept {
   for (std::int64_t t = 0; t < p.num_tokens; ++t)
     if (const std::int64_t slot = p.addr.slot(t, p.cache.block_size); slot >= pool_slots)
       return Status{Errc::invalid_argument, "slot (past the pool)", slot, pool_slots};
-  // When a token's heads are contiguous in both the source and the pool (NHD,
-  // dense heads, no conversion), its K (or V) is one run: copy it at once.
-  const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);
-  const bool runs = !quantized_pool(p.cache) && !p.k_scales && !p.v_scales && p.cache.strides.head == head_bytes &&
-                    p.src.head_stride == head_bytes &&
-                    raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale) &&
-                    raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.v_scale);
+  // A token's heads adjacent in the source and the pool (NHD, dense heads)
+  // with element-wise codes move as one run: a copy when nothing converts.
+  const bool run[2] = {heads_in_one_run(p.cache, 0, p.src.head_stride, p.src.dtype, p.k_scales),
+                       heads_in_one_run(p.cache, 1, p.src.head_stride, p.src.dtype, p.v_scales)};
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
   for (std::int64_t t = 0; t < p.num_tokens; ++t) {
     const std::int64_t slot = p.addr.slot(t, p.cache.block_size);
     if (slot < 0) continue;
+    const std::int64_t block = slot / p.cache.block_size;
+    const auto offset = static_cast<std::int32_t>(slot % p.cache.block_size);
     for (std::int32_t l = 0; l < p.num_layers; ++l)
       for (std::int32_t kv = 0; kv < p.cache.kv_planes; ++kv) {
-        if (runs) {
-          host_copy(p.cache.row(slot / p.cache.block_size, p.first_layer + l, kv,
-                                  static_cast<std::int32_t>(slot % p.cache.block_size), 0),
-                      p.src.row(kv, l, t, 0), static_cast<std::size_t>(head_bytes * p.cache.num_kv_heads));
+        // The token's head 0; heads follow at the strides (no address math per row).
+        std::byte* dst = p.cache.row(block, p.first_layer + l, kv, offset, 0);
+        const std::byte* src = p.src.row(kv, l, t, 0);
+        if (run[kv]) {
+          move_row(dst, p.cache.dtype, src, p.src.dtype, p.cache.num_kv_heads * p.cache.head_dim, scatter_mul(p, l, kv, 0), 0, 1);
           continue;
         }
-        for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h) scatter_row(p, l, t, kv, h, 0, 1);
+        for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h)
+          scatter_row_at(p, l, kv, h, block, offset, dst + h * p.cache.strides.head, src + h * p.src.head_stride, 0, 1);
       }
   }
   return {};

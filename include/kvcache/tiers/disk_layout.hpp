@@ -40,11 +40,16 @@ inline std::uint64_t checksum64(std::span<const std::byte> bytes, std::uint64_t 
   return h;
 }
 
-/// A digest of what a block's bytes mean: every field of the geometry. Blocks
-/// written under another geometry fail verification.
+/// A digest of what a block's bytes mean: every field of the geometry, the
+/// KV format included (codes read with another group size or minimum are
+/// wrong values of the right size). Blocks written under another geometry
+/// fail verification.
 inline std::uint64_t layout_digest(const GeometrySpec& g) noexcept {
-  const std::int64_t f[] = {g.num_layers, g.num_kv_heads, g.head_dim,  g.block_size, std::int64_t(g.dtype),
-                            std::int64_t(g.layout), std::int64_t(g.planes), g.v_head_dim};
+  const SideFormat &k = g.format.k, &v = g.format.v;
+  const std::int64_t f[] = {g.num_layers,           g.num_kv_heads, g.head_dim,           g.block_size,
+                            std::int64_t(g.dtype),  std::int64_t(g.layout), std::int64_t(g.planes), g.v_head_dim,
+                            std::int64_t(k.scales), k.group,        std::int64_t{k.minimum}, std::int64_t(v.scales),
+                            v.group,                std::int64_t{v.minimum}};
   return checksum64(std::as_bytes(std::span(f)), 0x6b7663616368ULL);
 }
 

@@ -189,10 +189,10 @@ inline Result<LayoutHandshake> describe_layout(const LayerGroups& lg, std::int64
     const LayerGroupSpec& s = lg.spec(g);
     const std::int32_t dv = lg.v_head_dim(g), B = lg.block_size(g);
     h.groups.push_back({.kind = s.kind, .layers = lg.layers_in(g), .block_size = B, .num_kv_heads = s.num_kv_heads,
-                        .head_dim = s.head_dim, .v_head_dim = dv, .dtype = s.dtype, .layout = Layout::NHD,
-                        .window = s.window, .chunk = s.chunk});
-    const std::int64_t e = dtype_bytes(s.dtype), k = std::int64_t{B} * s.num_kv_heads * s.head_dim * e,
-                       v = std::int64_t{B} * s.num_kv_heads * dv * e;
+                        .head_dim = s.head_dim, .v_head_dim = dv, .dtype = s.dtype, .format = s.format,
+                        .layout = Layout::NHD, .window = s.window, .chunk = s.chunk});
+    const GroupPlaneBytes pb = lg.planes(g);
+    const std::int64_t k = pb.k, v = pb.v;
     for (std::int32_t l = 0; l < lg.layers_in(g); ++l)
       h.regions.push_back({base + std::uint64_t((k + v) * l), lg.page_bytes(), k, v, g, l, 0});
   }

@@ -1,0 +1,262 @@
+// The host backend's row conversions eight elements at a time (AVX2, and
+// F16C for fp16), chosen at run time. SSE2, the x86-64 baseline the host
+// build targets, lacks 32-bit integer min/max and 8-wide lanes, so the
+// branch-free conversions of common.hpp run there at about 1.5 ns an
+// element. These loops give the scalar code's bits for every input, NaNs
+// included: most are the same integer and float operations lane by lane;
+// where an instruction replaces a sequence (F16C's fp16 conversions, int8
+// through a float clamp and cvtps2dq), the comment next to it says why the
+// result is the same. test_host_simd checks every 8- and 16-bit input and
+// random floats against the scalar code. No fma: the target enables only
+// avx2 and f16c, so the compiler cannot fuse a multiply with the rounding
+// adds. CUDA translation units and other CPUs compile none of this
+// (move_rows returns 0 and the scalar loop does the row).
+#pragma once
+
+#include <cstdint>
+
+#include "kvcache/config.hpp"
+#include "kvcache/kv_format.hpp"
+
+#if !defined(__CUDACC__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVCACHE_HOST_SIMD 1
+#include <cpuid.h>
+#include <immintrin.h>
+#else
+#define KVCACHE_HOST_SIMD 0
+#endif
+
+KVCACHE_BEGIN_NAMESPACE
+namespace simd {
+
+#if KVCACHE_HOST_SIMD
+#define KVCACHE_AVX2 __attribute__((target("avx2,f16c")))
+
+/// True when this CPU runs the AVX2 + F16C loops. AVX2 from the compiler's
+/// cpuid reading (it checks the OS saves the 256-bit registers); F16C from
+/// cpuid leaf 1 (clang 14's builtin does not know it), read once: cpuid
+/// traps to the hypervisor on a VM. A constant of the machine, not state.
+inline bool available() noexcept {
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+  }();
+  return yes;
+}
+
+namespace avx2 {
+using I = __m256i;
+KVCACHE_AVX2 inline I k(std::uint32_t v) noexcept { return _mm256_set1_epi32(static_cast<int>(v)); }
+KVCACHE_AVX2 inline I bits(__m256 f) noexcept { return _mm256_castps_si256(f); }
+KVCACHE_AVX2 inline __m256 from_bits(I u) noexcept { return _mm256_castsi256_ps(u); }
+// c ? a : b, c all-ones or zero per lane.
+KVCACHE_AVX2 inline I sel(I c, I a, I b) noexcept { return _mm256_blendv_epi8(b, a, c); }
+// Unsigned a > b for values below 2^31 (every magnitude here): a signed compare.
+KVCACHE_AVX2 inline I gt(I a, std::uint32_t b) noexcept { return _mm256_cmpgt_epi32(a, k(b)); }
+KVCACHE_AVX2 inline I ge(I a, std::uint32_t b) noexcept { return gt(a, b - 1); }
+KVCACHE_AVX2 inline I eq(I a, std::uint32_t b) noexcept { return _mm256_cmpeq_epi32(a, k(b)); }
+
+// ---- loads: 8 elements to 8 floats (cvt::*_to_f32) ----
+KVCACHE_AVX2 inline I load_u8(const void* p) noexcept {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p)));
+}
+KVCACHE_AVX2 inline I load_u16(const void* p) noexcept {
+  return _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+}
+KVCACHE_AVX2 inline __m256 f16_to_f32(I h) noexcept {
+  const I sign = _mm256_slli_epi32(_mm256_and_si256(h, k(0x8000u)), 16), em = _mm256_and_si256(h, k(0x7fffu));
+  const I exp = _mm256_srli_epi32(em, 10), em13 = _mm256_slli_epi32(em, 13);
+  const I normal = _mm256_add_epi32(em13, k(112u << 23)), special = _mm256_or_si256(em13, k(0x7f800000u));
+  const I sub = bits(_mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(5.9604644775390625e-08f)));
+  return from_bits(_mm256_or_si256(sign, sel(_mm256_cmpeq_epi32(exp, k(0)), sub, sel(eq(exp, 31), special, normal))));
+}
+KVCACHE_AVX2 inline __m256 e4m3_to_f32(I q) noexcept {
+  const I sign = _mm256_slli_epi32(_mm256_and_si256(q, k(0x80u)), 24), em = _mm256_and_si256(q, k(0x7fu));
+  const I normal = _mm256_add_epi32(_mm256_slli_epi32(em, 20), k(120u << 23));
+  const I sub = bits(_mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(0.001953125f)));
+  const I is_sub = _mm256_cmpeq_epi32(_mm256_srli_epi32(em, 3), k(0));
+  return from_bits(_mm256_or_si256(sign, sel(eq(em, 0x7fu), k(0x7fc00000u), sel(is_sub, sub, normal))));
+}
+// F16C's conversion quiets a signalling NaN, the bit code keeps it as it is;
+// the multiply that follows quiets it in both, unless the compiler drops a
+// multiply by a constant 1 (it may: it assumes no signalling NaNs). Only an
+// f32 output keeps a NaN's bits, so it takes the bit code (Exact).
+template <DType T, bool Exact>
+KVCACHE_AVX2 inline __m256 load8(const std::byte* p) noexcept {
+  if constexpr (T == DType::f32) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  if constexpr (T == DType::f16 && !Exact) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  if constexpr (T == DType::f16 && Exact) return f16_to_f32(load_u16(p));
+  if constexpr (T == DType::bf16) return from_bits(_mm256_slli_epi32(load_u16(p), 16));
+  if constexpr (T == DType::fp8_e4m3) return e4m3_to_f32(load_u8(p));
+  if constexpr (T == DType::fp8_e5m2) return f16_to_f32(_mm256_slli_epi32(load_u8(p), 8));
+  if constexpr (T == DType::int8)
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// ---- stores: 8 floats to 8 elements (cvt::f32_to_*, cvt::to_int) ----
+KVCACHE_AVX2 inline void store_u8(std::byte* p, I v) noexcept {  // the low byte of each lane
+  const I lo = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const I s = _mm256_shuffle_epi8(v, lo);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p),
+                   _mm_unpacklo_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1)));
+}
+KVCACHE_AVX2 inline void store_u16(std::byte* p, I v) noexcept {  // lanes below 2^16
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+KVCACHE_AVX2 inline I f32_to_f16(__m256 f) noexcept {
+  const I u = bits(f), sign = _mm256_and_si256(_mm256_srli_epi32(u, 16), k(0x8000u)), a = _mm256_and_si256(u, k(0x7fffffffu));
+  I m = _mm256_sub_epi32(a, k(0x38000000u));
+  m = _mm256_add_epi32(m, _mm256_add_epi32(k(0xfffu), _mm256_and_si256(_mm256_srli_epi32(m, 13), k(1))));
+  const I normal = _mm256_srli_epi32(m, 13);
+  const I sub = _mm256_sub_epi32(bits(_mm256_add_ps(from_bits(a), _mm256_set1_ps(0.5f))), k(0x3f000000u));
+  const I mag = sel(gt(a, 0x7f800000u), k(0x7e00u), sel(ge(a, 0x477ff000u), k(0x7c00u), sel(ge(a, 0x38800000u), normal, sub)));
+  return _mm256_or_si256(sign, mag);
+}
+KVCACHE_AVX2 inline I f32_to_bf16(__m256 f) noexcept {
+  const I u = bits(f), nan = gt(_mm256_and_si256(u, k(0x7fffffffu)), 0x7f800000u);
+  const I r = _mm256_add_epi32(u, _mm256_add_epi32(k(0x7fffu), _mm256_and_si256(_mm256_srli_epi32(u, 16), k(1))));
+  return sel(nan, _mm256_or_si256(_mm256_srli_epi32(u, 16), k(0x40u)), _mm256_srli_epi32(r, 16));
+}
+// fp8 from the float's own mantissa: Bias moves the exponent, Shift drops
+// the mantissa bits the code has not, adding the float SubAdd rounds a
+// subnormal in one add (its bits then hold the code above SubAdd's); then
+// NaN, saturation, normal or subnormal (cvt::f32_to_e4m3 / f32_to_e5m2).
+template <std::uint32_t Bias, int Shift, std::uint32_t SubAdd, std::uint32_t Nan, std::uint32_t SatFrom, std::uint32_t Sat,
+          std::uint32_t NormalFrom>
+KVCACHE_AVX2 inline I f32_to_fp8(__m256 f) noexcept {
+  const I u = bits(f), sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), k(0x80u)), a = _mm256_and_si256(u, k(0x7fffffffu));
+  I m = _mm256_sub_epi32(a, k(Bias));
+  m = _mm256_add_epi32(m, _mm256_add_epi32(k((1u << (Shift - 1)) - 1), _mm256_and_si256(_mm256_srli_epi32(m, Shift), k(1))));
+  const I normal = _mm256_srli_epi32(m, Shift);
+  const I sub = _mm256_sub_epi32(bits(_mm256_add_ps(from_bits(a), from_bits(k(SubAdd)))), k(SubAdd));
+  return _mm256_or_si256(sign, sel(gt(a, 0x7f800000u), k(Nan), sel(ge(a, SatFrom), k(Sat), sel(ge(a, NormalFrom), normal, sub))));
+}
+// cvt::to_int(v, -127, 127), which rounds to nearest even and then clamps:
+// clamping first gives the same integer for every input (the bounds are
+// integers and rounding is monotonic), and cvtps2dq rounds to nearest even
+// (the default MXCSR mode). NaN gives 0: zeroed before min/max, which would
+// otherwise return their second operand.
+KVCACHE_AVX2 inline I to_int8(__m256 v) noexcept {
+  v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
+  v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+  return _mm256_cvtps_epi32(v);
+}
+// The codes of 8 floats in type T, one per 32-bit lane (T is not f32).
+template <DType T>
+KVCACHE_AVX2 inline I codes(__m256 v) noexcept {
+  if constexpr (T == DType::f16) return f32_to_f16(v);
+  if constexpr (T == DType::bf16) return f32_to_bf16(v);
+  if constexpr (T == DType::fp8_e4m3) return f32_to_fp8<0x3c000000u, 20, 0x46800000u, 0x7fu, 0x43e00000u, 0x7eu, 0x3c800000u>(v);
+  if constexpr (T == DType::fp8_e5m2) return f32_to_fp8<0x38000000u, 21, 0x43000000u, 0x7fu, 0x47600000u, 0x7bu, 0x38800000u>(v);
+  if constexpr (T == DType::int8) return to_int8(v);
+}
+// cvt::f32_to_f16 by F16C: both round to nearest even, overflow to inf and
+// round subnormals exactly; only a NaN's bits differ (F16C keeps payload
+// bits), so NaNs become the scalar code's sign | 0x7e00 first.
+KVCACHE_AVX2 inline __m128i f16_codes(__m256 v) noexcept {
+  const __m256 nan = _mm256_or_ps(_mm256_and_ps(v, _mm256_set1_ps(-0.0f)), from_bits(k(0x7fc00000u)));
+  return _mm256_cvtps_ph(_mm256_blendv_ps(v, nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)), _MM_FROUND_TO_NEAREST_INT);
+}
+template <DType T>
+KVCACHE_AVX2 inline void store8(std::byte* p, __m256 v) noexcept {
+  if constexpr (T == DType::f32) _mm256_storeu_ps(reinterpret_cast<float*>(p), v);
+  else if constexpr (T == DType::f16) _mm_storeu_si128(reinterpret_cast<__m128i*>(p), f16_codes(v));
+  else if constexpr (dtype_bits(T) == 16) store_u16(p, codes<T>(v));
+  else store_u8(p, codes<T>(v));
+}
+// 32 elements with whole 32-byte stores: a row of 8-byte stores to lines not
+// yet in cache fills the store buffer (decode writes every row cold).
+template <DType T>
+KVCACHE_AVX2 inline void store32(std::byte* p, const __m256 (&v)[4]) noexcept {
+  if constexpr (T == DType::f32) {
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(reinterpret_cast<float*>(p) + 8 * i, v[i]);
+  } else if constexpr (T == DType::f16) {
+    for (int i = 0; i < 2; ++i)
+      _mm256_storeu_si256(reinterpret_cast<I*>(p) + i, _mm256_set_m128i(f16_codes(v[2 * i + 1]), f16_codes(v[2 * i])));
+  } else if constexpr (dtype_bits(T) == 16) {  // lanes below 2^16: unsigned 32 -> 16 packing is exact
+    for (int i = 0; i < 2; ++i)
+      _mm256_storeu_si256(reinterpret_cast<I*>(p) + i, _mm256_permute4x64_epi64(_mm256_packus_epi32(codes<T>(v[2 * i]), codes<T>(v[2 * i + 1])), 0xd8));
+  } else {  // int8 in [-127, 127] packs signed, fp8 bytes in [0, 255] unsigned: exact either way
+    const I a = codes<T>(v[0]), b = codes<T>(v[1]), c = codes<T>(v[2]), d = codes<T>(v[3]);
+    const I x = T == DType::int8 ? _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d))
+                                 : _mm256_packus_epi16(_mm256_packus_epi32(a, b), _mm256_packus_epi32(c, d));
+    // The packs work within 128-bit halves: put the 4-byte runs back in order.
+    _mm256_storeu_si256(reinterpret_cast<I*>(p), _mm256_permutevar8x32_epi32(x, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+}
+
+template <DType S, DType D>
+KVCACHE_AVX2 inline void run(std::byte* dst, const std::byte* src, std::int32_t n8, float mul) noexcept {
+  const __m256 m = _mm256_set1_ps(mul);
+  std::int32_t i = 0;
+  for (; i + 32 <= n8; i += 32) {
+    __m256 v[4];
+    for (int j = 0; j < 4; ++j) v[j] = _mm256_mul_ps(load8<S, D == DType::f32>(src + row_bytes(S, i + 8 * j)), m);
+    store32<D>(dst + row_bytes(D, i), v);
+  }
+  for (; i < n8; i += 8) store8<D>(dst + row_bytes(D, i), _mm256_mul_ps(load8<S, D == DType::f32>(src + row_bytes(S, i)), m));
+}
+template <DType S>
+inline bool run_to(DType dt, std::byte* dst, const std::byte* src, std::int32_t n8, float mul) noexcept {
+  switch (dt) {
+    case DType::f32: run<S, DType::f32>(dst, src, n8, mul); return true;
+    case DType::f16: run<S, DType::f16>(dst, src, n8, mul); return true;
+    case DType::bf16: run<S, DType::bf16>(dst, src, n8, mul); return true;
+    case DType::fp8_e4m3: run<S, DType::fp8_e4m3>(dst, src, n8, mul); return true;
+    case DType::fp8_e5m2: run<S, DType::fp8_e5m2>(dst, src, n8, mul); return true;
+    case DType::int8: run<S, DType::int8>(dst, src, n8, mul); return true;
+    default: return false;
+  }
+}
+}  // namespace avx2
+
+/// dst[i] = convert(src[i] * mul) for the first n - n % 8 elements of a
+/// row, as move_row's scalar loop computes them; returns how many it did
+/// (0: the CPU has no AVX2, or a type is packed). The caller does the rest.
+inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, std::int32_t n, float mul) noexcept {
+  const std::int32_t n8 = n - n % 8;
+  if (n8 == 0 || !available()) return 0;
+  auto* d = static_cast<std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
+  bool done = false;
+  switch (st) {
+    case DType::f32: done = avx2::run_to<DType::f32>(dt, d, s, n8, mul); break;
+    case DType::f16: done = avx2::run_to<DType::f16>(dt, d, s, n8, mul); break;
+    case DType::bf16: done = avx2::run_to<DType::bf16>(dt, d, s, n8, mul); break;
+    case DType::fp8_e4m3: done = avx2::run_to<DType::fp8_e4m3>(dt, d, s, n8, mul); break;
+    case DType::fp8_e5m2: done = avx2::run_to<DType::fp8_e5m2>(dt, d, s, n8, mul); break;
+    case DType::int8: done = avx2::run_to<DType::int8>(dt, d, s, n8, mul); break;
+    default: break;
+  }
+  return done ? n8 : 0;
+}
+namespace avx2 {
+KVCACHE_AVX2 inline std::uint32_t abs_max_bits(const float* x, std::int32_t n8) noexcept {
+  I m = _mm256_setzero_si256();
+  for (std::int32_t i = 0; i < n8; i += 8)
+    m = _mm256_max_epi32(m, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const I*>(x + i)), k(0x7fffffffu)));
+  __m128i h = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(h));
+}
+}  // namespace avx2
+
+/// m = the largest of |x[i]|'s bits (below 2^31: signed max is exact) over
+/// the first n - n % 8 elements; returns how many it read (0 without AVX2).
+inline std::int32_t abs_max_bits(const float* x, std::int32_t n, std::uint32_t& m) noexcept {
+  const std::int32_t n8 = n - n % 8;
+  if (n8 == 0 || !available()) return 0;
+  m = avx2::abs_max_bits(x, n8);
+  return n8;
+}
+#undef KVCACHE_AVX2
+#else
+inline bool available() noexcept { return false; }
+inline std::int32_t move_rows(void*, DType, const void*, DType, std::int32_t, float) noexcept { return 0; }
+inline std::int32_t abs_max_bits(const float*, std::int32_t, std::uint32_t&) noexcept { return 0; }
+#endif
+
+}  // namespace simd
+KVCACHE_END_NAMESPACE
