@@ -11,66 +11,18 @@
 #include <cstring>
 #include <vector>
 
-#include "launchers.hpp"  // cuda/
+#include "cuda_timing.hpp"
 #include "kernel_shapes.hpp"
+#include "launchers.hpp"  // cuda/
 
 namespace kv = kvcache;
 using namespace kvbench;
 
 namespace {
 
-struct DevBuf {
-  void* p = nullptr;
-  explicit DevBuf(std::size_t n) {
-    if (cudaMalloc(&p, n) != cudaSuccess) p = nullptr;
-    else cudaMemset(p, 1, n);
-  }
-  template <class T>
-  explicit DevBuf(const std::vector<T>& v) : DevBuf(v.size() * sizeof(T)) {
-    if (p) cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  DevBuf(const DevBuf&) = delete;
-  ~DevBuf() { cudaFree(p); }
-  template <class T>
-  T* as() const { return static_cast<T*>(p); }
-};
-
-// Times `launch` with events, one measurement per iteration.
-template <class F>
-void run_timed(benchmark::State& state, F&& launch) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < 3; ++i) launch();  // warm up
-  for (auto _ : state) {
-    cudaEventRecord(a);
-    const cudaError_t err = launch();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    if (err != cudaSuccess) state.SkipWithError(cudaGetErrorString(err));
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    state.SetIterationTime(double(ms) / 1e3);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-}
-
-void finish(benchmark::State& state, std::int64_t payload, int ref_id) {
-  state.SetBytesProcessed(std::int64_t(state.iterations()) * payload);
-  state.counters["out_bytes"] = double(payload);
-  state.counters["ref_id"] = ref_id;
-  state.counters["bandwidth"] = 1;
-}
-
 std::int64_t copy_bytes(const Shape& s) { return s.blocks() * 16 * kRowBytes * 2; }
 
-void BM_d2d_copy(benchmark::State& state) {
-  const auto n = static_cast<std::size_t>(state.range(0));
-  DevBuf src(n), dst(n);
-  run_timed(state, [&] { return cudaMemcpyAsync(dst.p, src.p, n, cudaMemcpyDeviceToDevice); });
-  finish(state, std::int64_t(n), int(state.range(1)));
-}
+void BM_d2d_copy(benchmark::State& state) { device_copy(state, state.range(0), int(state.range(1))); }
 
 struct DevShape {
   Layout lay;
@@ -215,14 +167,7 @@ BENCHMARK(BM_tier_blocks)->ArgNames({"offload", "kernel"})->Args({0, 0})->Args({
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("bench_kernels_cuda: no CUDA device; nothing measured\n");
-    return 0;
-  }
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 0);
-  benchmark::AddCustomContext("gpu", prop.name);
+  if (!have_gpu("bench_kernels_cuda")) return 0;
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -8,46 +8,15 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
-#include "kernel_shapes.hpp"
 #include "memcpy_reference.hpp"
+#include "quant_formats.hpp"
 
 namespace kv = kvcache;
 using namespace kvbench;
 
 namespace {
-
-struct Format {
-  const char* name;
-  kv::DType dtype;
-  kv::SideFormat side;
-};
-const kv::SideFormat kTensor{.scales = kv::Scales::tensor};
-const Format kFormats[] = {
-    {"f16", kv::DType::f16, {}},
-    {"fp8_e4m3_tensor", kv::DType::fp8_e4m3, kTensor},
-    {"int8_tensor", kv::DType::int8, kTensor},
-    {"int8_g32", kv::DType::int8, {.scales = kv::Scales::group, .group = 32}},
-    {"fp8_e4m3_g32", kv::DType::fp8_e4m3, {.scales = kv::Scales::group, .group = 32}},
-    {"int4_g32_min", kv::DType::int4, {.scales = kv::Scales::group, .group = 32, .minimum = true}},
-    {"fp4_g16", kv::DType::fp4_e2m1, {.scales = kv::Scales::group, .group = 16}},
-    {"int2_g32_min", kv::DType::int2, {.scales = kv::Scales::group, .group = 32, .minimum = true}},
-};
-
-// The call's per-tensor scale: 1 for fp16 (a raw copy), else one that maps
-// the inputs' range (|x| <= 20) onto an int8 code's.
-float scale(const Format& f) { return f.dtype == kv::DType::f16 ? 1.0f : 20.0f / 127.0f; }
-
-kv::Geometry geometry(const Format& f) {
-  kv::GeometrySpec s = spec();
-  s.dtype = f.dtype;
-  s.format = {f.side, f.side};
-  return *kv::Geometry::make(s);
-}
-// Pool-side bytes of one token's K and V, all heads: codes and group entries.
-std::int64_t pool_bytes_per_token(const kv::Geometry& g) { return 2 * 8 * (g.row_bytes() + g.group_bytes_per_row(0)); }
 
 struct Bufs {
   Layout lay;
@@ -57,10 +26,7 @@ struct Bufs {
   Bufs(const Shape& s, const Format& f) : lay(layout(s)), g(geometry(f)) {
     pool.assign(std::size_t(*g.pool_bytes(lay.pool_blocks)), std::byte{1});
     view = *kv::make_pool_view(g, pool.data(), lay.pool_blocks);
-    // Keys with an outlier channel, as fp16: every group has a real range.
-    k.resize(std::size_t(s.tokens() * kRowBytes));
-    for (std::int64_t i = 0; i < s.tokens() * 8 * 128; ++i)
-      kv::store_elem(kv::DType::f16, k.data(), i, std::sin(float(i)) * (i % 128 == 3 ? 20.0f : 1.0f));
+    k = sample_keys(s.tokens());
     v = k;
     k_out = k;
     v_out = k;

@@ -1,6 +1,8 @@
 // libFuzzer target: a hybrid cache whose groups the input chooses (one to
 // four, of any kind, window, chunk and head size, so block sizes differ), its
-// pool and lengths, then random admits with prefix hits, reserves, computed
+// pool and lengths, a KV format per group (f16; int8 or fp8 with engine-held
+// scales; int8, int4, fp4 or int2 in groups with their entries in the page,
+// which changes each group's tokens a page), then random admits with prefix hits, reserves, computed
 // marks, rollbacks, frees and stale handles (tests/hybrid_harness.hpp: the
 // shadow of every slot's content, the invariants, failed calls changing
 // nothing, every hit and every live position reading back its own prefix).
@@ -28,6 +30,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     s.window = 1 + in.pick(12);
     s.chunk = 1 + in.pick(12);
     s.encoder_len = 1 + in.pick(9);
+    // Group formats take groups of 16 values: their heads are 4 times wider.
+    const kv::SideFormat tensor{.scales = kv::Scales::tensor}, head{.scales = kv::Scales::head},
+        g16{.scales = kv::Scales::group, .group = 16}, g16_min{.scales = kv::Scales::group, .group = 16, .minimum = true};
+    switch (in.pick(8)) {
+      case 2: s.dtype = kv::DType::int8, s.format = {tensor, tensor}; break;
+      case 3: s.dtype = kv::DType::fp8_e4m3, s.format = {head, head}; break;
+      case 4: s.dtype = kv::DType::int8, s.format = {g16, g16_min}, s.head_dim *= 4; break;
+      case 5: s.dtype = kv::DType::int4, s.format = {g16_min, g16}, s.head_dim *= 4; break;
+      case 6: s.dtype = kv::DType::fp4_e2m1, s.format = {g16, g16}, s.head_dim *= 4; break;
+      case 7: s.dtype = kv::DType::int2, s.format = {g16_min, g16_min}, s.head_dim *= 4; break;
+      default: break;  // f16, unscaled
+    }
+    if (s.kind == kv::AttentionKind::mla) s.format.v = {};  // MLA stores no V
   }
   auto lg = kv::LayerGroups::make({.groups = specs, .block_size = 1 + in.pick(4), .max_padding_permille = 999});
   if (!lg) return 0;  // e.g. every group cross-attention is fine; a bad spec is LayerGroups' own test

@@ -46,6 +46,27 @@ class HybridHarness {
     return {.groups = *kvcache::LayerGroups::make({.groups = g, .block_size = 2}), .num_blocks = 48, .max_sequences = 5,
             .max_tokens = 48};
   }
+  // The same four kinds, quantized: int8 in 16-groups (full), fp8 with
+  // engine-held per-head scales (window), int4 in 16-groups with a minimum
+  // (chunk), f16 (cross). Each group's entries change its tokens a page.
+  static kvcache::HybridConfig quantized_config() {
+    using kvcache::AttentionKind;
+    using kvcache::DType;
+    using kvcache::Scales;
+    static const std::vector<std::int32_t> l0{0}, l1{1, 2}, l2{3}, l3{4};
+    constexpr kvcache::SideFormat g16{.scales = Scales::group, .group = 16}, head{.scales = Scales::head},
+        g16_min{.scales = Scales::group, .group = 16, .minimum = true};
+    static const kvcache::LayerGroupSpec g[] = {
+        {.kind = AttentionKind::full, .layers = l0, .num_kv_heads = 2, .head_dim = 16, .dtype = DType::int8,
+         .format = {g16, g16}},
+        {.kind = AttentionKind::sliding_window, .layers = l1, .num_kv_heads = 1, .head_dim = 16, .window = 6,
+         .dtype = DType::fp8_e4m3, .format = {head, head}},
+        {.kind = AttentionKind::chunked_local, .layers = l2, .num_kv_heads = 1, .head_dim = 32, .chunk = 8,
+         .dtype = DType::int4, .format = {g16_min, g16}},
+        {.kind = AttentionKind::cross, .layers = l3, .num_kv_heads = 1, .head_dim = 8, .encoder_len = 5}};
+    return {.groups = *kvcache::LayerGroups::make({.groups = g, .block_size = 2, .max_padding_permille = 999}),
+            .num_blocks = 48, .max_sequences = 5, .max_tokens = 48};
+  }
   std::int64_t ops = 0, failures = 0, hits = 0, hit_tokens = 0, admits = 0, imports = 0, commits = 0, aborts = 0;
 
   void step() {

@@ -95,20 +95,14 @@ class Geometry {
       return too_big("num_kv_heads (block bytes past int64)", s.num_kv_heads, head);
     if (__builtin_mul_overflow(heads, std::int64_t{s.block_size}, &codes))
       return too_big("block_size (block bytes past int64)", s.block_size, heads);
-    // Group entries follow the codes, from a 16-byte boundary (vector loads of
-    // the codes never cover a scale). K's and V's planes have one size, the
-    // larger: both sides' codes are the same size, their groups may differ.
-    plane = codes;
-    std::int64_t rows = 0;
+    // K's and V's planes have one size, the larger: both sides' codes are the
+    // same size, their groups may differ.
     const std::int64_t scale_bytes = std::max(g.group_bytes_per_row(0), g.group_bytes_per_row(1));
-    if (scale_bytes > 0) {
-      g.scales_offset_ = (codes + 15) / 16 * 16;
-      if (g.scales_offset_ < codes || __builtin_mul_overflow(std::int64_t{s.num_kv_heads}, std::int64_t{s.block_size}, &rows) ||
-          __builtin_mul_overflow(rows, scale_bytes, &plane) || __builtin_add_overflow(plane, g.scales_offset_, &plane))
-        return too_big("block_size (block bytes past int64)", s.block_size, heads);
-    } else {
-      g.scales_offset_ = codes;
-    }
+    PlaneSplit split;
+    if (!plane_split(codes, std::int64_t{s.num_kv_heads} * s.block_size, scale_bytes, split))  // int32 x int32: no overflow
+      return too_big("block_size (block bytes past int64)", s.block_size, heads);
+    g.scales_offset_ = split.scales_offset;
+    plane = split.bytes;
     const std::int64_t planes = s.v_head_dim == 0 ? 1 : 2;
     if (__builtin_mul_overflow(plane, planes * s.num_layers, &block))
       return too_big("num_layers (block bytes past int64)", s.num_layers, planes * plane);

@@ -95,6 +95,30 @@ KVCACHE_HOST_DEVICE constexpr std::int64_t group_entry_bytes(DType code, const S
   return dtype_bytes(group_scale_dtype(code)) * (f.minimum ? 2 : 1);
 }
 
+/// Where one plane's group entries start and how many bytes the plane takes.
+struct PlaneSplit {
+  std::int64_t scales_offset = 0;  ///< From the plane's start to its entries (the codes' bytes without entries).
+  std::int64_t bytes = 0;  ///< Codes, padding, entries.
+};
+
+/// The plane rule, the one place it is written: `rows` rows of `codes` bytes
+/// of codes in all, then, with entries, each row's `entries_per_row` bytes
+/// from a 16-byte boundary (a vector load of the codes never covers a scale).
+/// False past int64.
+constexpr bool plane_split(std::int64_t codes, std::int64_t rows, std::int64_t entries_per_row, PlaneSplit& out) noexcept {
+  if (entries_per_row == 0) {
+    out = {codes, codes};
+    return true;
+  }
+  std::int64_t entries = 0, bytes = 0;
+  if (codes > INT64_MAX - 15) return false;
+  const std::int64_t offset = (codes + 15) / 16 * 16;
+  if (__builtin_mul_overflow(rows, entries_per_row, &entries) || __builtin_add_overflow(offset, entries, &bytes))
+    return false;
+  out = {offset, bytes};
+  return true;
+}
+
 /// Checks one side (K when is_k) against the pool's element type and head
 /// dim: invalid_argument naming the field and why.
 inline Status check_side_format(const SideFormat& f, DType dtype, std::int32_t head_dim, bool is_k) noexcept {

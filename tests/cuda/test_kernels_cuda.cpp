@@ -620,7 +620,8 @@ TEST_CASE("cuda quantized scatter, gather, compaction, rope, page bounds and rin
 
     // Ring write: quantized into ring slots, the replaced rows promoted with their entries.
     auto rids = shuffled(rng, pool_slots);
-    const std::int64_t rn = std::min<std::int64_t>(pool_slots / 2, 6);
+    // At most `tokens`: the source holds that many tokens' rows.
+    const std::int64_t rn = std::min<std::int64_t>({pool_slots / 2, 6, tokens});
     std::vector<std::int32_t> ring(rids.begin(), rids.begin() + rn), promote(rids.begin() + rn, rids.begin() + 2 * rn);
     promote[0] = -1;
     Dev dring(ring), dpromote(promote);

@@ -227,15 +227,14 @@ class LayerGroups {
     GroupPlaneBytes p;
     for (std::int32_t kv = 0; kv < 2; ++kv) {
       const std::int32_t dim = kv == 0 ? g.head_dim : v_dim(g);
-      std::int64_t rows = 0, codes = 0, plane = 0, ent = 0;
+      std::int64_t rows = 0, codes = 0;
+      PlaneSplit split;
       if (dim == 0) continue;
       if (__builtin_mul_overflow(B, rows_per_token, &rows) || __builtin_mul_overflow(rows, row_bytes(g.dtype, dim), &codes) ||
-          __builtin_mul_overflow(rows, entries, &ent))
+          !plane_split(codes, rows, entries, split))
         return {-1, -1, -1, -1};
-      const std::int64_t offset = entries > 0 ? (codes + 15) / 16 * 16 : codes;
-      if (offset < codes || __builtin_add_overflow(offset, ent, &plane)) return {-1, -1, -1, -1};
-      (kv == 0 ? p.k : p.v) = plane;
-      (kv == 0 ? p.k_scales_offset : p.v_scales_offset) = offset;
+      (kv == 0 ? p.k : p.v) = split.bytes;
+      (kv == 0 ? p.k_scales_offset : p.v_scales_offset) = split.scales_offset;
     }
     return p;
   }

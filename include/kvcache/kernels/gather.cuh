@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_launch.cuh"
+#include "quant_chunks.cuh"
 #include "gather.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
@@ -23,6 +24,18 @@ struct GatherPtrs {
   __device__ bool operator()(std::int64_t item, std::int32_t row, std::byte*& dst, const std::byte*& src) const {
     return gather_ptrs(p, gather_seq_of_row(p, item), item, row / p.cache.num_kv_heads, row % p.cache.num_kv_heads,
                        dst, src);
+  }
+};
+// Item = output row; lane = chunk.
+struct GatherChunks {
+  GatherParams p;
+  EntryRows rows;
+  __device__ void operator()(std::int64_t item, std::int32_t kv, std::int32_t head, std::int32_t chunk,
+                             std::int32_t) const {
+    std::int32_t page = 0, offset = 0;
+    if (!gather_page(p, gather_seq_of_row(p, item), item, page, offset)) return;
+    load_chunk(p.cache, kv, p.cache.row(page, p.layer, kv, offset, head), rows.at(p.cache, page, p.layer, kv, offset, head),
+               gather_dst(p, kv, item, head), p.out_dtype, gather_mul(p, kv, head), chunk);
   }
 };
 inline bool gather_vectorizable(const GatherParams& p, std::int32_t rows, std::int32_t vecs) {
@@ -44,6 +57,10 @@ inline cudaError_t gather_cuda(const GatherParams& p, cudaStream_t stream) {
   const auto vecs = static_cast<std::int32_t>(std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype) / 16);
   if (cuda_detail::gather_vectorizable(p, rows, vecs)) {
     return cuda_detail::launch_vec_copy(cuda_detail::GatherPtrs{p}, p.num_rows, rows, vecs, stream);
+  }
+  if (cuda_detail::chunked_rows(p.cache, p.out_dtype)) {
+    return cuda_detail::launch_kv_rows(cuda_detail::GatherChunks{p, cuda_detail::EntryRows::of(p.cache)}, p.num_rows, p.cache.num_kv_heads,
+                                       p.cache.head_dim / cuda_detail::kChunk, stream, p.cache.kv_planes);
   }
   const std::int32_t lanes = cuda_detail::lanes_for(p.out_dtype, p.cache.dtype, p.k_scale, p.cache.head_dim);
   return cuda_detail::launch_kv_rows(cuda_detail::GatherRow{p}, p.num_rows, p.cache.num_kv_heads, lanes, stream,

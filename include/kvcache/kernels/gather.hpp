@@ -33,17 +33,31 @@ struct GatherParams {
 };
 static_assert(std::is_trivially_copyable_v<GatherParams>);
 
-/// Source and destination of one (sequence, row, K|V, head); false when the row is outside the sequence's pages.
-KVCACHE_HOST_DEVICE inline bool gather_ptrs(const GatherParams& p, std::int32_t seq, std::int64_t row, std::int32_t kv,
-                                            std::int32_t head, std::byte*& dst, const std::byte*& src) noexcept {
+/// The (page, offset) output row `row` of sequence `seq` reads; false when
+/// the row is outside the sequence's pages.
+KVCACHE_HOST_DEVICE inline bool gather_page(const GatherParams& p, std::int32_t seq, std::int64_t row, std::int32_t& page,
+                                            std::int32_t& offset) noexcept {
   // Positions are int32 (a sequence's rows are int32-indexed): 32-bit division.
   const auto pos = static_cast<std::uint32_t>(row - p.out_indptr[seq]), b = static_cast<std::uint32_t>(p.cache.block_size);
   const std::int64_t page_slot = p.indptr[seq] + std::int64_t{pos / b};
   if (page_slot >= p.indptr[seq + 1]) return false;  // more rows than pages: nothing to read
-  const std::int32_t page = p.indices[page_slot];
-  if (page < 0 || page >= p.cache.num_blocks) return false;
-  dst = static_cast<std::byte*>(kv == 0 ? p.k_out : p.v_out) + row * p.token_stride + head * p.head_stride;
-  src = p.cache.row(page, p.layer, kv, static_cast<std::int32_t>(pos % b), head);
+  page = p.indices[page_slot];
+  offset = static_cast<std::int32_t>(pos % b);
+  return page >= 0 && page < p.cache.num_blocks;
+}
+
+/// Output row `row`'s head `head` on side kv.
+KVCACHE_HOST_DEVICE inline std::byte* gather_dst(const GatherParams& p, std::int32_t kv, std::int64_t row, std::int32_t head) noexcept {
+  return static_cast<std::byte*>(kv == 0 ? p.k_out : p.v_out) + row * p.token_stride + head * p.head_stride;
+}
+
+/// Source and destination of one (sequence, row, K|V, head); false when the row is outside the sequence's pages.
+KVCACHE_HOST_DEVICE inline bool gather_ptrs(const GatherParams& p, std::int32_t seq, std::int64_t row, std::int32_t kv,
+                                            std::int32_t head, std::byte*& dst, const std::byte*& src) noexcept {
+  std::int32_t page = 0, offset = 0;
+  if (!gather_page(p, seq, row, page, offset)) return false;
+  dst = gather_dst(p, kv, row, head);
+  src = p.cache.row(page, p.layer, kv, offset, head);
   return true;
 }
 
@@ -71,12 +85,10 @@ KVCACHE_HOST_DEVICE inline void gather_row_at(const GatherParams& p, std::int32_
 KVCACHE_HOST_DEVICE inline void gather_row(const GatherParams& p, std::int32_t seq, std::int64_t row,
                                            std::int32_t kv, std::int32_t head, std::int32_t lane,
                                            std::int32_t nlanes) noexcept {
-  std::byte* dst = nullptr;
-  const std::byte* src = nullptr;
-  if (!gather_ptrs(p, seq, row, kv, head, dst, src)) return;
-  const auto pos = static_cast<std::uint32_t>(row - p.out_indptr[seq]), b = static_cast<std::uint32_t>(p.cache.block_size);
-  gather_row_at(p, kv, head, p.indices[p.indptr[seq] + std::int64_t{pos / b}], static_cast<std::int32_t>(pos % b), dst, src,
-              lane, nlanes);
+  std::int32_t page = 0, offset = 0;
+  if (!gather_page(p, seq, row, page, offset)) return;
+  gather_row_at(p, kv, head, page, offset, gather_dst(p, kv, row, head), p.cache.row(page, p.layer, kv, offset, head), lane,
+                nlanes);
 }
 
 /// Sequence owning output row r (binary search of out_indptr), for launchers
@@ -135,7 +147,7 @@ inline Status gather_host(const GatherParams& p) noexcept {
         // The row's head 0; heads follow at the strides (no address math per row).
         const std::int64_t pos = r - p.out_indptr[s], page = p.indices[p.indptr[s] + pos / b];
         const auto offset = static_cast<std::int32_t>(pos % b);
-        auto* dst = static_cast<std::byte*>(kv == 0 ? p.k_out : p.v_out) + r * p.token_stride;
+        std::byte* dst = gather_dst(p, kv, r, 0);
         const std::byte* src = p.cache.row(page, p.layer, kv, offset, 0);
         if (run[kv]) {
           move_row(dst, p.out_dtype, src, p.cache.dtype, p.cache.num_kv_heads * p.cache.head_dim, gather_mul(p, kv, 0), 0, 1);

@@ -115,29 +115,58 @@ KVCACHE_HOST_DEVICE inline GroupScale load_entry(DType code, bool minimum, const
   return GroupScale{load_entry_value(code, entry, 0), minimum ? load_entry_value(code, entry, 1) : 0.0f};
 }
 
+/// x's bits as an integer that orders as x does (a negative x's magnitude
+/// bits flipped), and back: integer min and max of these are the floats'
+/// (and vectorize, where float ones do not without -ffast-math).
+KVCACHE_HOST_DEVICE inline std::int32_t order_key(float x) noexcept {
+  const auto u = static_cast<std::int32_t>(cvt::bits(x));
+  return u ^ ((u >> 31) & 0x7fffffff);
+}
+KVCACHE_HOST_DEVICE inline float from_order_key(std::int32_t k) noexcept {
+  return cvt::from_bits(static_cast<std::uint32_t>(k ^ ((k >> 31) & 0x7fffffff)));
+}
+/// The smallest and largest order_key of x[0, n), n >= 1.
+KVCACHE_HOST_DEVICE inline void key_range(const float* x, std::int32_t n, std::int32_t& kmin, std::int32_t& kmax) noexcept {
+  kmin = kmax = order_key(x[0]);
+  for (std::int32_t i = 1; i < n; ++i) {
+    const std::int32_t k = order_key(x[i]);
+    kmin = k < kmin ? k : kmin;
+    kmax = k > kmax ? k : kmax;
+  }
+}
+
+/// What a group whose values span [lo, hi] (minimum formats) or whose
+/// largest magnitude is amax stores: its scale and minimum rounded to the
+/// entry type, as the reader will see them (storing them again is exact).
+/// Every writer of a group, host or CUDA, one thread or many, calls this.
+KVCACHE_HOST_DEVICE inline GroupScale group_scale(DType code, bool minimum, float lo, float hi, float amax) noexcept {
+  const float type_max = group_scale_dtype(code) == DType::f16 ? 65504.0f : 448.0f;
+  float want = (minimum ? hi - lo : amax) / code_max(code, minimum);
+  want = want > type_max ? type_max : want;  // a scale past its type saturates, never inf
+  // Through the entry type and back: the value its bits hold.
+  std::uint16_t bits[2] = {0, 0};
+  store_entry_value(code, bits, 0, want);
+  GroupScale g{load_entry_value(code, bits, 0), 0.0f};
+  if (minimum) {
+    store_entry_value(code, bits, 1, lo);
+    g.minimum = load_entry_value(code, bits, 1);
+  }
+  return g;
+}
+
 /// Quantizes x[0, n) (a whole group: 16 to 128 values) into codes (n elements of
 /// `code`, from a byte boundary) and entry; returns what was stored.
 KVCACHE_HOST_DEVICE inline GroupScale quantize_group(const float* x, std::int32_t n, DType code, bool minimum, void* codes,
                                                      void* entry) noexcept {
-  const DType t = group_scale_dtype(code);
-  const float type_max = t == DType::f16 ? 65504.0f : 448.0f;
   // The range in the floats' bits, as integers: integer max and min vectorize
   // (float ones do not without -ffast-math). |x| orders as its bits without
   // the sign; x orders as its bits with the magnitude flipped when negative.
   float lo = 0.0f, hi = 0.0f, amax = 0.0f;
   if (minimum) {
-    const auto key = [](float v) {
-      const auto u = static_cast<std::int32_t>(cvt::bits(v));
-      return u ^ ((u >> 31) & 0x7fffffff);
-    };
-    std::int32_t kmin = key(x[0]), kmax = kmin;
-    for (std::int32_t i = 1; i < n; ++i) {
-      const std::int32_t k = key(x[i]);
-      kmin = k < kmin ? k : kmin;
-      kmax = k > kmax ? k : kmax;
-    }
-    lo = cvt::from_bits(static_cast<std::uint32_t>(kmin ^ ((kmin >> 31) & 0x7fffffff)));
-    hi = cvt::from_bits(static_cast<std::uint32_t>(kmax ^ ((kmax >> 31) & 0x7fffffff)));
+    std::int32_t kmin = 0, kmax = 0;
+    key_range(x, n, kmin, kmax);
+    lo = from_order_key(kmin);
+    hi = from_order_key(kmax);
   } else {
     std::uint32_t m = 0;
     for (std::int32_t i = fast_abs_max_bits(x, n, m); i < n; ++i) {
@@ -146,14 +175,9 @@ KVCACHE_HOST_DEVICE inline GroupScale quantize_group(const float* x, std::int32_
     }
     amax = cvt::from_bits(m);
   }
-  float want = (minimum ? hi - lo : amax) / code_max(code, minimum);
-  want = want > type_max ? type_max : want;  // a scale past its type saturates, never inf
-  store_entry_value(code, entry, 0, want);
-  GroupScale g{load_entry_value(code, entry, 0), 0.0f};
-  if (minimum) {
-    store_entry_value(code, entry, 1, lo);
-    g.minimum = load_entry_value(code, entry, 1);
-  }
+  const GroupScale g = group_scale(code, minimum, lo, hi, amax);
+  store_entry_value(code, entry, 0, g.scale);
+  if (minimum) store_entry_value(code, entry, 1, g.minimum);
   const float inv = g.scale > 0.0f ? 1.0f / g.scale : 0.0f, m = g.minimum;
   auto* b = static_cast<std::uint8_t*>(codes);
   // Whole-byte symmetric codes are store_elem of x * inv: the host's AVX2 loops when it has them.

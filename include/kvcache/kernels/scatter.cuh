@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_launch.cuh"
+#include "quant_chunks.cuh"
 #include "scatter.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
@@ -26,6 +27,25 @@ struct ScatterPtrs {
     const auto layer = one ? 0 : static_cast<std::int32_t>(item / p.num_tokens);
     const std::int64_t token = one ? item : item % p.num_tokens;
     return scatter_ptrs(p, layer, token, row / p.cache.num_kv_heads, row % p.cache.num_kv_heads, dst, src);
+  }
+};
+
+// Item = (layer, token); lane = chunk. A skipped token skips the whole item,
+// so a group's threads always shuffle together.
+struct ScatterChunks {
+  ScatterParams p;
+  EntryRows rows;
+  __device__ void operator()(std::int64_t item, std::int32_t kv, std::int32_t head, std::int32_t chunk,
+                             std::int32_t) const {
+    const bool one = p.num_layers == 1;  // no 64-bit division per thread
+    const auto layer = one ? 0 : static_cast<std::int32_t>(item / p.num_tokens);
+    const std::int64_t token = one ? item : item % p.num_tokens;
+    std::int64_t block = 0;
+    std::int32_t offset = 0;
+    if (!scatter_slot(p, token, block, offset)) return;
+    const std::int32_t cl = p.first_layer + layer;
+    store_chunk(p.cache, kv, p.cache.row(block, cl, kv, offset, head), rows.at(p.cache, block, cl, kv, offset, head),
+                p.src.row(kv, layer, token, head), p.src.dtype, scatter_mul(p, layer, kv, head), chunk);
   }
 };
 
@@ -51,6 +71,10 @@ inline cudaError_t scatter_cuda(const ScatterParams& p, cudaStream_t stream) {
   const auto vecs = static_cast<std::int32_t>(std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype) / 16);
   if (cuda_detail::scatter_vectorizable(p, rows, vecs)) {
     return cuda_detail::launch_vec_copy(cuda_detail::ScatterPtrs{p}, items, rows, vecs, stream);
+  }
+  if (cuda_detail::chunked_rows(p.cache, p.src.dtype)) {
+    return cuda_detail::launch_kv_rows(cuda_detail::ScatterChunks{p, cuda_detail::EntryRows::of(p.cache)}, items, p.cache.num_kv_heads,
+                                       p.cache.head_dim / cuda_detail::kChunk, stream, p.cache.kv_planes);
   }
   const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale, p.cache.head_dim);
   return cuda_detail::launch_kv_rows(cuda_detail::ScatterRow{p}, items, p.cache.num_kv_heads, lanes, stream,

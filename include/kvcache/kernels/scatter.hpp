@@ -71,17 +71,29 @@ struct ScatterParams {
 };
 static_assert(std::is_trivially_copyable_v<ScatterParams>);
 
-/// Where one (layer, token, K|V, head) row comes from and goes to; false when
-/// the token is skipped (negative slot, or outside the pool: the host launcher
-/// reports those as errors before writing anything).
-KVCACHE_HOST_DEVICE inline bool scatter_ptrs(const ScatterParams& p, std::int32_t layer, std::int64_t token,
-                                             std::int32_t kv, std::int32_t head, std::byte*& dst,
-                                             const std::byte*& src) noexcept {
+/// The (block, offset) token `token` lands in; false when it is skipped
+/// (negative slot, or outside the pool: the host launcher reports those as
+/// errors before writing anything).
+KVCACHE_HOST_DEVICE inline bool scatter_slot(const ScatterParams& p, std::int64_t token, std::int64_t& block,
+                                             std::int32_t& offset) noexcept {
   const std::int64_t slot = p.addr.slot(token, p.cache.block_size);
   if (slot < 0 || slot >= p.cache.num_blocks * p.cache.block_size) return false;
   // Slots are int32 by contract: 32-bit division (64-bit is slow on GPUs).
   const auto s32 = static_cast<std::uint32_t>(slot), b = static_cast<std::uint32_t>(p.cache.block_size);
-  dst = p.cache.row(s32 / b, p.first_layer + layer, kv, static_cast<std::int32_t>(s32 % b), head);
+  block = s32 / b;
+  offset = static_cast<std::int32_t>(s32 % b);
+  return true;
+}
+
+/// Where one (layer, token, K|V, head) row comes from and goes to; false when
+/// the token is skipped (scatter_slot).
+KVCACHE_HOST_DEVICE inline bool scatter_ptrs(const ScatterParams& p, std::int32_t layer, std::int64_t token,
+                                             std::int32_t kv, std::int32_t head, std::byte*& dst,
+                                             const std::byte*& src) noexcept {
+  std::int64_t block = 0;
+  std::int32_t offset = 0;
+  if (!scatter_slot(p, token, block, offset)) return false;
+  dst = p.cache.row(block, p.first_layer + layer, kv, offset, head);
   src = p.src.row(kv, layer, token, head);
   return true;
 }
@@ -113,13 +125,11 @@ KVCACHE_HOST_DEVICE inline void scatter_row_at(const ScatterParams& p, std::int3
 KVCACHE_HOST_DEVICE inline void scatter_row(const ScatterParams& p, std::int32_t layer, std::int64_t token,
                                             std::int32_t kv, std::int32_t head, std::int32_t lane,
                                             std::int32_t nlanes) noexcept {
-  const std::int64_t slot = p.addr.slot(token, p.cache.block_size);
-  if (slot < 0 || slot >= p.cache.num_blocks * p.cache.block_size) return;
-  // Slots are int32 by contract: 32-bit division (64-bit is slow on GPUs).
-  const auto s32 = static_cast<std::uint32_t>(slot), b = static_cast<std::uint32_t>(p.cache.block_size);
-  const auto offset = static_cast<std::int32_t>(s32 % b);
-  scatter_row_at(p, layer, kv, head, s32 / b, offset, p.cache.row(s32 / b, p.first_layer + layer, kv, offset, head),
-               p.src.row(kv, layer, token, head), lane, nlanes);
+  std::int64_t block = 0;
+  std::int32_t offset = 0;
+  if (!scatter_slot(p, token, block, offset)) return;
+  scatter_row_at(p, layer, kv, head, block, offset, p.cache.row(block, p.first_layer + layer, kv, offset, head),
+                 p.src.row(kv, layer, token, head), lane, nlanes);
 }
 
 /// Checks what the host can see: shapes, layers, scales (not device arrays;
@@ -170,10 +180,9 @@ inline Status scatter_host(const ScatterParams& p) noexcept {
 #pragma omp parallel for schedule(static)
 #endif
   for (std::int64_t t = 0; t < p.num_tokens; ++t) {
-    const std::int64_t slot = p.addr.slot(t, p.cache.block_size);
-    if (slot < 0) continue;
-    const std::int64_t block = slot / p.cache.block_size;
-    const auto offset = static_cast<std::int32_t>(slot % p.cache.block_size);
+    std::int64_t block = 0;
+    std::int32_t offset = 0;
+    if (!scatter_slot(p, t, block, offset)) continue;
     for (std::int32_t l = 0; l < p.num_layers; ++l)
       for (std::int32_t kv = 0; kv < p.cache.kv_planes; ++kv) {
         // The token's head 0; heads follow at the strides (no address math per row).
