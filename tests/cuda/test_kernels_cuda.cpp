@@ -3,15 +3,10 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
-#include <cuda_runtime_api.h>
-
-#include <algorithm>
-#include <memory>
 #include <cstdio>
-#include <numeric>
 
 #include "../gate_testing.hpp"
-#include "../kernel_testing.hpp"
+#include "cuda_testing.hpp"
 #include <kvcache/eviction/compaction_plan.hpp>
 #include <kvcache/kernels/group_view.hpp>
 
@@ -19,63 +14,6 @@
 
 using namespace kvcache;
 using namespace kvtest;
-
-namespace {
-
-#define CUDA_OK(expr)                                           \
-  do {                                                          \
-    const cudaError_t err_ = (expr);                            \
-    INFO(#expr << ": " << cudaGetErrorString(err_));            \
-    REQUIRE(err_ == cudaSuccess);                               \
-  } while (0)
-
-// A device copy of a host buffer; download() brings it back.
-struct Dev {
-  void* p = nullptr;
-  std::size_t n = 0;
-  template <class T>
-  explicit Dev(const std::vector<T>& host) : n(host.size() * sizeof(T)) {
-    REQUIRE(cudaMalloc(&p, n ? n : 1) == cudaSuccess);
-    if (n) REQUIRE(cudaMemcpy(p, host.data(), n, cudaMemcpyHostToDevice) == cudaSuccess);
-  }
-  Dev(const Dev&) = delete;
-  ~Dev() { cudaFree(p); }
-  template <class T>
-  T* as() const { return static_cast<T*>(p); }
-  template <class T>
-  std::vector<T> download() const {
-    std::vector<T> out(n / sizeof(T));
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    REQUIRE(cudaMemcpy(out.data(), p, n, cudaMemcpyDeviceToHost) == cudaSuccess);
-    return out;
-  }
-};
-
-std::mt19937_64 fresh_rng() { return std::mt19937_64(Catch::rngSeed() ^ std::random_device{}()); }
-
-// A host pool with random finite content of its dtype, and its device twin.
-struct Twin {
-  Pool host;
-  std::unique_ptr<Dev> dev;
-  PoolView dview;
-  Twin(std::mt19937_64& rng, const GeometrySpec& g, std::int64_t blocks) : host(g, blocks) {
-    host.bytes = random_elems(rng, g.dtype, std::int64_t(host.bytes.size()) / dtype_bytes(g.dtype));
-    host.view.base = host.bytes.data();
-    dev = std::make_unique<Dev>(host.bytes);
-    dview = host.view;
-    dview.base = dev->p;
-  }
-  void require_same() { REQUIRE(dev->download<std::byte>() == host.bytes); }
-};
-
-std::vector<std::int32_t> shuffled(std::mt19937_64& rng, std::int64_t n) {
-  std::vector<std::int32_t> v(static_cast<std::size_t>(n));
-  std::iota(v.begin(), v.end(), 0);
-  std::shuffle(v.begin(), v.end(), rng);
-  return v;
-}
-
-}  // namespace
 
 TEST_CASE("cuda scatter == host scatter (slot mapping and CSR, all layouts, dtypes, multi-layer)") {
   auto rng = fresh_rng();
@@ -520,114 +458,6 @@ TEST_CASE("cuda scatter, gather, block copy and compaction on hybrid group views
     CUDA_OK(kvgpu::block_copy({dv, dv, dpairs.as<BlockCopy>(), 1}));
     REQUIRE(compaction_host({.cache = hv, .moves = moves.data(), .num_moves = 2, .num_layers = L}).ok());
     CUDA_OK(kvgpu::compaction({.cache = dv, .moves = dmoves.as<SlotMove>(), .num_moves = 2, .num_layers = L}));
-    REQUIRE(dev.download<std::byte>() == host);
-  }
-}
-
-TEST_CASE("cuda quantized scatter, gather, compaction, rope, page bounds and ring write == host, bit for bit (group scales, 4-bit codes)") {
-  auto rng = fresh_rng();
-  for (int trial = 0; trial < 40; ++trial) {
-    const GeometrySpec g = random_quant_spec(rng);
-    const Geometry geo = *Geometry::make(g);
-    const std::int64_t blocks = 4, pool_slots = blocks * g.block_size;
-    std::vector<std::byte> host(static_cast<std::size_t>(*geo.pool_bytes(blocks)));
-    for (auto& b : host) b = std::byte(rng() & 0x3f);  // codes and finite entries
-    Dev dev(host);
-    const PoolView hv = *make_pool_view(geo, host.data(), blocks);
-    PoolView dv = hv;
-    dv.base = dev.p;
-    const std::int64_t tokens = std::min<std::int64_t>(pool_slots, 1 + std::int64_t(rng() % 30));
-    const std::int64_t head = g.head_dim * 2, per_token = 2 * g.num_kv_heads;
-    std::vector<std::byte> in = random_elems(rng, DType::bf16, g.num_layers * tokens * per_token * g.head_dim);
-    Dev din(in);
-    auto slots = shuffled(rng, pool_slots);
-    slots.resize(static_cast<std::size_t>(tokens));
-    for (auto& s : slots)
-      if (rng() % 6 == 0) s = -1;
-    Dev dslots(slots);
-    auto src = [&](const std::byte* base) {
-      return KvSource{base, base + g.num_kv_heads * head, DType::bf16, tokens * per_token * head, per_token * head, head};
-    };
-    // Engine-held scales per layer or per (layer, head) where the format holds them (device arrays on the device).
-    std::vector<float> held(static_cast<std::size_t>(g.num_layers * g.num_kv_heads));
-    for (std::size_t i = 0; i < held.size(); ++i) held[i] = 0.25f + 0.125f * float(i);
-    Dev dheld(held);
-    auto held_of = [&](const SideFormat& f, const float* at) {
-      return f.scales == Scales::tensor || f.scales == Scales::head ? at : nullptr;
-    };
-    const float *hk = held_of(g.format.k, held.data()), *hvs = held_of(g.format.v, held.data());
-    const float *dk_held = held_of(g.format.k, dheld.as<float>()), *dv_held = held_of(g.format.v, dheld.as<float>());
-    REQUIRE(scatter_host({hv, src(in.data()), TokenAddress{slots.data()}, tokens, 0, g.num_layers, 0.5f, 1.5f, hk, hvs}).ok());
-    CUDA_OK(kvgpu::scatter({dv, src(din.as<std::byte>()), TokenAddress{dslots.as<std::int32_t>()}, tokens, 0, g.num_layers,
-                            0.5f, 1.5f, dk_held, dv_held}));
-    REQUIRE(dev.download<std::byte>() == host);
-
-    // Every slot of one layer, as one sequence, into f16.
-    std::vector<std::int32_t> indptr{0, std::int32_t(blocks)}, indices(shuffled(rng, blocks)), out_indptr{0, std::int32_t(pool_slots)};
-    const std::int64_t row = g.num_kv_heads * g.head_dim * 2;
-    std::vector<std::byte> k(static_cast<std::size_t>(pool_slots * row), std::byte{0x5a}), v(k);
-    Dev dk(k), dvv(v), dindptr(indptr), dindices(indices), dout(out_indptr);
-    GatherParams hp{hv, int(rng() % g.num_layers), indptr.data(), indices.data(), out_indptr.data(), 1, pool_slots,
-                    k.data(), v.data(), DType::f16, row, g.head_dim * 2, 0.25f, 2.0f, hk, hvs};
-    GatherParams dp = hp;
-    dp.cache = dv;
-    dp.k_scales = dk_held;
-    dp.v_scales = dv_held;
-    dp.indptr = dindptr.as<std::int32_t>();
-    dp.indices = dindices.as<std::int32_t>();
-    dp.out_indptr = dout.as<std::int32_t>();
-    dp.k_out = dk.p;
-    dp.v_out = dvv.p;
-    REQUIRE(gather_host(hp).ok());
-    CUDA_OK(kvgpu::gather(dp));
-    REQUIRE(dk.download<std::byte>() == k);
-    REQUIRE(dvv.download<std::byte>() == v);
-
-    auto ids = shuffled(rng, pool_slots);
-    std::vector<SlotMove> moves;
-    for (std::int64_t i = 0; i + 1 < pool_slots && i < 8; i += 2) moves.push_back({ids[std::size_t(i)], ids[std::size_t(i + 1)]});
-    Dev dmoves(moves);
-    const auto n = std::int32_t(moves.size());
-    REQUIRE(compaction_host({hv, moves.data(), n, 0, g.num_layers}).ok());
-    CUDA_OK(kvgpu::compaction({dv, dmoves.as<SlotMove>(), n, 0, g.num_layers}));
-    REQUIRE(dev.download<std::byte>() == host);
-
-    // RoPE: dequantize, rotate, requantize (lanes split the row's pieces).
-    const std::int32_t max_delta = 8;
-    std::vector<float> cs(std::size_t((max_delta + 1) * g.head_dim / 2)), sn(cs.size());
-    REQUIRE(make_rope_table(10000.0, g.head_dim, max_delta, cs, sn).ok());
-    std::vector<std::int32_t> rblocks{0, 3}, deltas{5, -8};
-    Dev dcs(cs), dsn(sn), drblocks(rblocks), ddeltas(deltas);
-    const RopeStyle style = trial % 2 ? RopeStyle::neox : RopeStyle::gptj;
-    REQUIRE(rope_host({hv, 0, g.num_layers, rblocks.data(), deltas.data(), 2, cs.data(), sn.data(), max_delta, 0, style}).ok());
-    CUDA_OK(kvgpu::rope({dv, 0, g.num_layers, drblocks.as<std::int32_t>(), ddeltas.as<std::int32_t>(), 2, dcs.as<float>(),
-                         dsn.as<float>(), max_delta, 0, style}));
-    REQUIRE(dev.download<std::byte>() == host);
-
-    // Page bounds read the keys dequantized: recompute, and fold every slot of block 1.
-    std::vector<std::int32_t> pages{3, 1}, fill{g.block_size, 1};
-    std::vector<float> bounds(std::size_t(blocks * g.num_kv_heads * 2 * g.head_dim), 9.0f);
-    Dev dpages(pages), dfill(fill), dbounds(bounds);
-    REQUIRE(page_bounds_host({hv, 0, pages.data(), fill.data(), 2, bounds.data()}).ok());
-    CUDA_OK(kvgpu::page_bounds({dv, 0, dpages.as<std::int32_t>(), dfill.as<std::int32_t>(), 2, dbounds.as<float>()}));
-    REQUIRE(dbounds.download<float>() == bounds);
-    std::vector<std::int32_t> fold(shuffled(rng, g.block_size));
-    for (auto& x : fold) x += g.block_size;
-    Dev dfold(fold), dfolded(bounds);
-    REQUIRE(page_bounds_update_host({hv, 0, fold.data(), g.block_size, bounds.data()}).ok());
-    CUDA_OK(kvgpu::page_bounds_update({dv, 0, dfold.as<std::int32_t>(), g.block_size, dfolded.as<float>()}));
-    REQUIRE(dfolded.download<float>() == bounds);
-
-    // Ring write: quantized into ring slots, the replaced rows promoted with their entries.
-    auto rids = shuffled(rng, pool_slots);
-    // At most `tokens`: the source holds that many tokens' rows.
-    const std::int64_t rn = std::min<std::int64_t>({pool_slots / 2, 6, tokens});
-    std::vector<std::int32_t> ring(rids.begin(), rids.begin() + rn), promote(rids.begin() + rn, rids.begin() + 2 * rn);
-    promote[0] = -1;
-    Dev dring(ring), dpromote(promote);
-    REQUIRE(ring_write_host({hv, src(in.data()), rn, 0, g.num_layers, ring.data(), promote.data(), 0.5f, 1.5f}).ok());
-    CUDA_OK(kvgpu::ring_write({dv, src(din.as<std::byte>()), rn, 0, g.num_layers, dring.as<std::int32_t>(),
-                               dpromote.as<std::int32_t>(), 0.5f, 1.5f}));
     REQUIRE(dev.download<std::byte>() == host);
   }
 }

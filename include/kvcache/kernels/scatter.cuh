@@ -31,23 +31,59 @@ struct ScatterPtrs {
 };
 
 // Item = (layer, token); lane = chunk. A skipped token skips the whole item,
-// so a group's threads always shuffle together.
+// so a group's threads always shuffle together. Th: the thread's source
+// chunk, code row and entry row at layer 0, token 0 (block 0), and its
+// multiplier at layer 0; an item adds its layer, token and slot.
+template <bool Aligned>
 struct ScatterChunks {
   ScatterParams p;
   EntryRows rows;
-  __device__ void operator()(std::int64_t item, std::int32_t kv, std::int32_t head, std::int32_t chunk,
-                             std::int32_t) const {
-    const bool one = p.num_layers == 1;  // no 64-bit division per thread
+  struct Th {
+    const std::byte* src;
+    std::byte* codes;
+    std::byte* entries;  // null without group scales
+    std::int64_t entry_token;  // entry bytes a token apart
+    float mul;
+    std::int32_t kv, head, chunk;
+  };
+  __device__ Th thread(std::int32_t kv, std::int32_t head, std::int32_t chunk) const {
+    return {p.src.row(kv, 0, 0, head) + row_bytes(p.src.dtype, std::int64_t{chunk} * kChunk),
+            p.cache.row(0, p.first_layer, kv, 0, head),
+            rows.at(p.cache, 0, p.first_layer, kv, 0, head),
+            rows.token * row_entry_bytes(p.cache, kv),
+            scatter_mul(p, 0, kv, head),
+            kv,
+            head,
+            chunk};
+  }
+  __device__ DType code() const { return p.cache.dtype; }
+  template <DType C>
+  __device__ void item(const Th& th, std::int64_t item) const {
+    const bool one = p.num_layers == 1;  // no 64-bit division, no multiplier, per item
     const auto layer = one ? 0 : static_cast<std::int32_t>(item / p.num_tokens);
     const std::int64_t token = one ? item : item % p.num_tokens;
     std::int64_t block = 0;
     std::int32_t offset = 0;
     if (!scatter_slot(p, token, block, offset)) return;
-    const std::int32_t cl = p.first_layer + layer;
-    store_chunk(p.cache, kv, p.cache.row(block, cl, kv, offset, head), rows.at(p.cache, block, cl, kv, offset, head),
-                p.src.row(kv, layer, token, head), p.src.dtype, scatter_mul(p, layer, kv, head), chunk);
+    const Strides& s = p.cache.strides;
+    const std::int64_t at = block * s.block + std::int64_t{layer} * s.layer;
+    float x[kChunk];
+    read_chunk<Aligned>(th.src + layer * p.src.layer_stride + token * p.src.token_stride, p.src.dtype,
+                        one ? th.mul : scatter_mul(p, layer, th.kv, th.head), x);
+    quantize_chunk_as<C, Aligned>(p.cache, th.kv, th.codes + at + std::int64_t{offset} * s.token,
+                                  th.entries ? th.entries + at + offset * th.entry_token : nullptr, x, th.chunk);
+  }
+  __device__ void operator()(std::int64_t it, std::int32_t kv, std::int32_t head, std::int32_t chunk, std::int32_t) const {
+    const Th th = thread(kv, head, chunk);
+    with_chunk_code(code(), [&](auto c) { item<decltype(c)::value>(th, it); });
   }
 };
+
+// The chunked path's Aligned moves: 16-byte caller chunks, pool chunks at multiples of their size.
+inline bool scatter_chunks_aligned(const ScatterParams& p) {
+  return chunks_aligned(p.cache) && aligned16(p.src.k) && (p.cache.kv_planes == 1 || aligned16(p.src.v)) &&
+         aligned16(p.src.layer_stride | p.src.token_stride | p.src.head_stride);
+}
 
 // Raw moves of 16-byte-aligned rows take the vector path.
 inline bool scatter_vectorizable(const ScatterParams& p, std::int32_t rows, std::int32_t vecs) {
@@ -73,8 +109,10 @@ inline cudaError_t scatter_cuda(const ScatterParams& p, cudaStream_t stream) {
     return cuda_detail::launch_vec_copy(cuda_detail::ScatterPtrs{p}, items, rows, vecs, stream);
   }
   if (cuda_detail::chunked_rows(p.cache, p.src.dtype)) {
-    return cuda_detail::launch_kv_rows(cuda_detail::ScatterChunks{p, cuda_detail::EntryRows::of(p.cache)}, items, p.cache.num_kv_heads,
-                                       p.cache.head_dim / cuda_detail::kChunk, stream, p.cache.kv_planes);
+    const cuda_detail::EntryRows er = cuda_detail::EntryRows::of(p.cache);
+    return cuda_detail::launch_chunk_rows(cuda_detail::ScatterChunks<true>{p, er}, cuda_detail::ScatterChunks<false>{p, er},
+                                          cuda_detail::scatter_chunks_aligned(p), items, p.cache.num_kv_heads,
+                                          p.cache.head_dim / cuda_detail::kChunk, p.cache.kv_planes, stream);
   }
   const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale, p.cache.head_dim);
   return cuda_detail::launch_kv_rows(cuda_detail::ScatterRow{p}, items, p.cache.num_kv_heads, lanes, stream,
