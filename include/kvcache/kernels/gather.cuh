@@ -1,5 +1,6 @@
 // CUDA launcher of gather: one CTA per output row (token) in a grid-stride
-// loop; threads cover (K|V, head) rows x lanes.
+// loop, threads covering (K|V, head) rows x lanes; quantized rows of
+// 8-element chunks: chunk_rows_kernel (quant_chunks.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -61,8 +62,7 @@ struct GatherChunks {
     write_chunk<Aligned>(th.out + item * p.token_stride, p.out_dtype, th.mul, x);
   }
   __device__ void operator()(std::int64_t it, std::int32_t kv, std::int32_t head, std::int32_t chunk, std::int32_t) const {
-    const Th th = thread(kv, head, chunk);
-    with_chunk_code(code(), [&](auto c) { item<decltype(c)::value>(th, it); });
+    chunk_row_item(*this, it, kv, head, chunk);
   }
 };
 inline bool gather_chunks_aligned(const GatherParams& p) {

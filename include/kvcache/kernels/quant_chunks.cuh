@@ -52,6 +52,8 @@ __device__ inline bool move_words(void* dst, const void* src, std::uintptr_t glo
     return true;
   }
 }
+// Aligned: the global address is a multiple of min(N, 16) (the launcher
+// checked the bases and strides), so no test on the device.
 template <int N, bool Aligned>
 __device__ inline void move_bytes(void* dst, const void* src, const void* global) {
   if constexpr (Aligned) {  // the launcher checked every chunk's address: the widest word that divides N
@@ -68,20 +70,6 @@ __device__ inline void move_bytes(void* dst, const void* src, const void* global
 #pragma unroll
   for (int i = 0; i < N; ++i) static_cast<std::uint8_t*>(dst)[i] = static_cast<const std::uint8_t*>(src)[i];
 }
-// move_bytes of n (2, 4, 8, 16 or 32: a chunk of any element type) bytes.
-// Aligned: the global address is a multiple of min(n, 16) (the launcher
-// checked the bases and strides), so no test on the device.
-template <bool Aligned>
-__device__ inline void move_chunk_bytes(void* dst, const void* src, std::int32_t n, const void* global) {
-  switch (n) {
-    case 2: return move_bytes<2, Aligned>(dst, src, global);
-    case 4: return move_bytes<4, Aligned>(dst, src, global);
-    case 8: return move_bytes<8, Aligned>(dst, src, global);
-    case 16: return move_bytes<16, Aligned>(dst, src, global);
-    default: return move_bytes<32, Aligned>(dst, src, global);
-  }
-}
-
 // The lanes of the calling thread's aligned segment of `width` lanes (a
 // power of two below 32). The launch keeps each group's threads in one such
 // segment: a row is head_dim / 8 threads, a multiple of the group's.
@@ -189,7 +177,7 @@ __device__ inline void quantize_chunk_as(const PoolView& v, std::int32_t kv, std
   alignas(16) std::uint64_t word = 0;
   for (std::int32_t i = 0; i < kChunk; ++i) word |= std::uint64_t{q[i]} << (i * bits);
   std::byte* to = codes + row_bytes(C, std::int64_t{c} * kChunk);
-  move_chunk_bytes<Aligned>(to, &word, bits, to);  // 8 elements of `bits` bits: `bits` bytes
+  move_bytes<bits, Aligned>(to, &word, to);  // 8 elements of `bits` bits: `bits` bytes
 }
 
 /// f(std::integral_constant<DType, C>{}) for the pool's code type C (one
@@ -217,7 +205,7 @@ __device__ inline void dequantize_chunk_as(const PoolView& v, std::int32_t kv, c
   const SideFormat& f = side_format(v, kv);
   alignas(16) std::uint8_t in[kChunk];
   const std::byte* from = codes + row_bytes(C, std::int64_t{c} * kChunk);
-  move_chunk_bytes<Aligned>(in, from, dtype_bits(C), from);
+  move_bytes<dtype_bits(C), Aligned>(in, from, from);
   if (f.scales == Scales::group) {
     const quant::GroupScale g =
         quant::load_entry(C, f.minimum, entries + c * kChunk / f.group * group_entry_bytes(C, f));
@@ -290,6 +278,14 @@ static __global__ void __launch_bounds__(1024) chunk_rows_kernel(Rows rows, std:
   with_chunk_code(rows.code(), [&](auto code) {
     for (std::int64_t it = first; it < items; it += step) rows.template item<decltype(code)::value>(th, it);
   });
+}
+
+/// One item of a Rows outside chunk_rows_kernel: the generic row loop's
+/// body (`operator()` of ScatterChunks / GatherChunks).
+template <class Rows>
+__device__ inline void chunk_row_item(const Rows& rows, std::int64_t it, std::int32_t kv, std::int32_t head, std::int32_t chunk) {
+  const typename Rows::Th th = rows.thread(kv, head, chunk);
+  with_chunk_code(rows.code(), [&](auto code) { rows.template item<decltype(code)::value>(th, it); });
 }
 
 /// Launches `fast` (Aligned moves) when `aligned` and a row set fits one

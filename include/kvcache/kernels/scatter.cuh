@@ -1,5 +1,7 @@
-// CUDA launcher of scatter (append). One CTA per (layer, token) item in a
-// grid-stride loop; its threads cover (K|V, head) rows x 16-byte lanes.
+// CUDA launcher of scatter (append). Raw moves: one CTA per (layer, token)
+// item in a grid-stride loop, its threads covering (K|V, head) rows x
+// 16-byte lanes; quantized rows of 8-element chunks: chunk_rows_kernel
+// (quant_chunks.cuh).
 // num_layers > 1 writes all layers of a decode step in one launch.
 #pragma once
 
@@ -74,8 +76,7 @@ struct ScatterChunks {
                                   th.entries ? th.entries + at + offset * th.entry_token : nullptr, x, th.chunk);
   }
   __device__ void operator()(std::int64_t it, std::int32_t kv, std::int32_t head, std::int32_t chunk, std::int32_t) const {
-    const Th th = thread(kv, head, chunk);
-    with_chunk_code(code(), [&](auto c) { item<decltype(c)::value>(th, it); });
+    chunk_row_item(*this, it, kv, head, chunk);
   }
 };
 
