@@ -8,8 +8,11 @@
 
 #include <kvcache/kernels/common.hpp>
 #include <kvcache/kernels/host_simd.hpp>
+#include <kvcache/kernels/host_simd_groups.hpp>
+#include <kvcache/kernels/quant.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -86,4 +89,105 @@ TEST_CASE("move_rows leaves packed types and short rows to the scalar loop") {
   CHECK(simd::move_rows(a.data(), DType::f16, b.data(), DType::int2, 32, 1.0f) == 0);
   CHECK(simd::move_rows(a.data(), DType::int8, b.data(), DType::f16, 7, 1.0f) == 0);
   CHECK(std::all_of(a.begin(), a.end(), [](std::uint8_t x) { return x == 0; }));
+}
+
+namespace {
+// Group quantization written out with the scalar conversions only (no
+// fast_rows, no fast_abs_max_bits): what quant::quantize_group stores.
+void reference_quantize(const std::uint8_t* src, DType st, DType code, std::int32_t group, std::int32_t groups, float mul,
+                        std::uint8_t* codes, std::uint8_t* entries) {
+  for (std::int32_t g = 0; g < groups; ++g) {
+    std::vector<float> x(static_cast<std::size_t>(group));
+    std::uint32_t m = 0;
+    for (std::int32_t i = 0; i < group; ++i) {
+      x[static_cast<std::size_t>(i)] = load_elem(st, src, std::int64_t{g} * group + i) * mul;
+      m = std::max(m, cvt::bits(x[static_cast<std::size_t>(i)]) & 0x7fffffffu);
+    }
+    const quant::GroupScale s = quant::group_scale(code, false, 0.0f, 0.0f, cvt::from_bits(m));
+    const std::uint16_t e = cvt::f32_to_f16(s.scale);
+    std::memcpy(entries + 2 * g, &e, 2);
+    const float inv = s.scale > 0.0f ? 1.0f / s.scale : 0.0f;
+    for (std::int32_t i = 0; i < group; ++i)
+      codes[g * group + i] = static_cast<std::uint8_t>(quant::encode(code, false, x[static_cast<std::size_t>(i)] * inv));
+  }
+}
+}  // namespace
+
+TEST_CASE("the host's group loops give quantize_group's and dequantize_group's bits") {
+  std::mt19937_64 rng(Catch::rngSeed() + 211);
+  volatile float muls[] = {1.0f, 0.375f, 1.0f / 3.0f};
+  const DType floats[] = {DType::f32, DType::f16, DType::bf16};
+  const DType codes8[] = {DType::int8, DType::fp8_e4m3, DType::fp8_e5m2};
+  const std::uint32_t specials[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffc12345u, 0x00000001u,
+                                    0x80000000u, 0x477ff000u, 0x477fefffu, 0x7f7fffffu, 0x00800000u, 0x33800000u};
+  for (DType st : floats)
+    for (DType code : codes8)
+      for (std::int32_t group : {16, 32, 64, 128})
+        for (std::int32_t groups : {1, 3, 8, 9, 20}) {
+          const std::int32_t n = group * groups;
+          // Floats as f32 bits: most groups of normal values (one in five
+          // with an outlier), some all zero, some with specials, some tiny
+          // or huge (scales that round to f16 subnormals or saturate).
+          std::vector<float> f(static_cast<std::size_t>(n));
+          std::normal_distribution<float> normal(0.0f, 1.0f);
+          for (std::int32_t g = 0; g < groups; ++g) {
+            const auto kind = rng() % 6;
+            const float range = kind == 3 ? 1e-9f : kind == 4 ? 1e9f : 1.0f;
+            for (std::int32_t i = 0; i < group; ++i) {
+              float v = kind == 1 ? 0.0f : normal(rng) * range;
+              if (kind == 0 && i == 5) v *= 40.0f;
+              if (kind == 2 && rng() % 8 == 0) v = cvt::from_bits(specials[rng() % std::size(specials)]);
+              f[static_cast<std::size_t>(g * group + i)] = v;
+            }
+          }
+          std::vector<std::uint8_t> src(static_cast<std::size_t>(row_bytes(st, n)));
+          for (std::int32_t i = 0; i < n; ++i) store_elem(st, src.data(), i, f[static_cast<std::size_t>(i)]);
+          for (float mul : muls) {
+            CAPTURE(static_cast<int>(st), static_cast<int>(code), group, groups, mul);
+            std::vector<std::uint8_t> want_codes(static_cast<std::size_t>(n)), want_entries(static_cast<std::size_t>(2 * groups));
+            reference_quantize(src.data(), st, code, group, groups, mul, want_codes.data(), want_entries.data());
+            std::vector<std::uint8_t> codes(want_codes.size(), 0xa5), entries(want_entries.size(), 0xa5);
+            const bool fast = simd::available();
+            REQUIRE(fast_quantize_groups(reinterpret_cast<std::byte*>(codes.data()), reinterpret_cast<std::byte*>(entries.data()),
+                                         src.data(), st, code, false, group, groups, mul, quant::code_max(code, false)) == fast);
+            if (!fast) continue;
+            REQUIRE(codes == want_codes);
+            REQUIRE(entries == want_entries);
+
+            // Back, from these codes with random entry bits too (NaN, inf, subnormal scales).
+            for (int trial = 0; trial < 2; ++trial) {
+              if (trial == 1)
+                for (auto& b : entries) b = static_cast<std::uint8_t>(rng());
+              const DType ot = st;
+              std::vector<std::uint8_t> got(static_cast<std::size_t>(row_bytes(ot, n)), 0xa5), want(got.size());
+              REQUIRE(fast_dequantize_groups(got.data(), ot, reinterpret_cast<const std::byte*>(codes.data()),
+                                             reinterpret_cast<const std::byte*>(entries.data()), code, false, group, groups, mul));
+              for (std::int32_t at = 0; at < n; ++at) {
+                std::uint16_t e;
+                std::memcpy(&e, entries.data() + 2 * (at / group), 2);
+                const float c = quant::load_code(code, false, codes.data(), at), scale = cvt::f16_to_f32(e);
+                store_elem(ot, want.data(), at, c * scale * mul);
+                CAPTURE(trial, at, e, static_cast<int>(codes[static_cast<std::size_t>(at)]));
+                // A NaN code times a NaN scale is a NaN whose sign is either
+                // operand's, as the compiler orders the multiply: only its NaN-ness is defined.
+                if (std::isnan(c) && std::isnan(scale)) {
+                  REQUIRE(std::isnan(load_elem(ot, got.data(), at)));
+                  continue;
+                }
+                const auto eb = static_cast<std::size_t>(dtype_bytes(ot));
+                REQUIRE(std::memcmp(got.data() + static_cast<std::size_t>(at) * eb, want.data() + static_cast<std::size_t>(at) * eb, eb) == 0);
+              }
+            }
+          }
+        }
+}
+
+TEST_CASE("the host's group loops leave minimum formats, packed codes and 8-bit callers to the scalar code") {
+  std::vector<std::byte> c(64), e(8);
+  std::vector<std::uint16_t> x(32, 0x3c00);
+  CHECK_FALSE(fast_quantize_groups(c.data(), e.data(), x.data(), DType::f16, DType::int8, true, 32, 1, 1.0f, 255.0f));
+  CHECK_FALSE(fast_quantize_groups(c.data(), e.data(), x.data(), DType::f16, DType::int4, false, 32, 1, 1.0f, 7.0f));
+  CHECK_FALSE(fast_quantize_groups(c.data(), e.data(), x.data(), DType::int8, DType::fp8_e4m3, false, 32, 1, 1.0f, 448.0f));
+  CHECK_FALSE(fast_dequantize_groups(x.data(), DType::fp8_e4m3, c.data(), e.data(), DType::int8, false, 32, 1, 1.0f));
+  CHECK(std::all_of(c.begin(), c.end(), [](std::byte b) { return b == std::byte{0}; }));
 }

@@ -30,7 +30,11 @@ KVCACHE_BEGIN_NAMESPACE
 namespace simd {
 
 #if KVCACHE_HOST_SIMD
+// Entry points carry the target; the helpers they call are always inlined:
+// a helper left out of line takes and returns its vectors through memory
+// (the caller's ABI has no 256-bit registers), which cost fp8 rows 3x.
 #define KVCACHE_AVX2 __attribute__((target("avx2,f16c")))
+#define KVCACHE_AVX2_INLINE __attribute__((target("avx2,f16c"), always_inline))
 
 /// True when this CPU runs the AVX2 + F16C loops. AVX2 from the compiler's
 /// cpuid reading (it checks the OS saves the 256-bit registers); F16C from
@@ -46,31 +50,31 @@ inline bool available() noexcept {
 
 namespace avx2 {
 using I = __m256i;
-KVCACHE_AVX2 inline I k(std::uint32_t v) noexcept { return _mm256_set1_epi32(static_cast<int>(v)); }
-KVCACHE_AVX2 inline I bits(__m256 f) noexcept { return _mm256_castps_si256(f); }
-KVCACHE_AVX2 inline __m256 from_bits(I u) noexcept { return _mm256_castsi256_ps(u); }
+KVCACHE_AVX2_INLINE inline I k(std::uint32_t v) noexcept { return _mm256_set1_epi32(static_cast<int>(v)); }
+KVCACHE_AVX2_INLINE inline I bits(__m256 f) noexcept { return _mm256_castps_si256(f); }
+KVCACHE_AVX2_INLINE inline __m256 from_bits(I u) noexcept { return _mm256_castsi256_ps(u); }
 // c ? a : b, c all-ones or zero per lane.
-KVCACHE_AVX2 inline I sel(I c, I a, I b) noexcept { return _mm256_blendv_epi8(b, a, c); }
+KVCACHE_AVX2_INLINE inline I sel(I c, I a, I b) noexcept { return _mm256_blendv_epi8(b, a, c); }
 // Unsigned a > b for values below 2^31 (every magnitude here): a signed compare.
-KVCACHE_AVX2 inline I gt(I a, std::uint32_t b) noexcept { return _mm256_cmpgt_epi32(a, k(b)); }
-KVCACHE_AVX2 inline I ge(I a, std::uint32_t b) noexcept { return gt(a, b - 1); }
-KVCACHE_AVX2 inline I eq(I a, std::uint32_t b) noexcept { return _mm256_cmpeq_epi32(a, k(b)); }
+KVCACHE_AVX2_INLINE inline I gt(I a, std::uint32_t b) noexcept { return _mm256_cmpgt_epi32(a, k(b)); }
+KVCACHE_AVX2_INLINE inline I ge(I a, std::uint32_t b) noexcept { return gt(a, b - 1); }
+KVCACHE_AVX2_INLINE inline I eq(I a, std::uint32_t b) noexcept { return _mm256_cmpeq_epi32(a, k(b)); }
 
 // ---- loads: 8 elements to 8 floats (cvt::*_to_f32) ----
-KVCACHE_AVX2 inline I load_u8(const void* p) noexcept {
+KVCACHE_AVX2_INLINE inline I load_u8(const void* p) noexcept {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p)));
 }
-KVCACHE_AVX2 inline I load_u16(const void* p) noexcept {
+KVCACHE_AVX2_INLINE inline I load_u16(const void* p) noexcept {
   return _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p)));
 }
-KVCACHE_AVX2 inline __m256 f16_to_f32(I h) noexcept {
+KVCACHE_AVX2_INLINE inline __m256 f16_to_f32(I h) noexcept {
   const I sign = _mm256_slli_epi32(_mm256_and_si256(h, k(0x8000u)), 16), em = _mm256_and_si256(h, k(0x7fffu));
   const I exp = _mm256_srli_epi32(em, 10), em13 = _mm256_slli_epi32(em, 13);
   const I normal = _mm256_add_epi32(em13, k(112u << 23)), special = _mm256_or_si256(em13, k(0x7f800000u));
   const I sub = bits(_mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(5.9604644775390625e-08f)));
   return from_bits(_mm256_or_si256(sign, sel(_mm256_cmpeq_epi32(exp, k(0)), sub, sel(eq(exp, 31), special, normal))));
 }
-KVCACHE_AVX2 inline __m256 e4m3_to_f32(I q) noexcept {
+KVCACHE_AVX2_INLINE inline __m256 e4m3_to_f32(I q) noexcept {
   const I sign = _mm256_slli_epi32(_mm256_and_si256(q, k(0x80u)), 24), em = _mm256_and_si256(q, k(0x7fu));
   const I normal = _mm256_add_epi32(_mm256_slli_epi32(em, 20), k(120u << 23));
   const I sub = bits(_mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(0.001953125f)));
@@ -82,7 +86,7 @@ KVCACHE_AVX2 inline __m256 e4m3_to_f32(I q) noexcept {
 // multiply by a constant 1 (it may: it assumes no signalling NaNs). Only an
 // f32 output keeps a NaN's bits, so it takes the bit code (Exact).
 template <DType T, bool Exact>
-KVCACHE_AVX2 inline __m256 load8(const std::byte* p) noexcept {
+KVCACHE_AVX2_INLINE inline __m256 load8(const std::byte* p) noexcept {
   if constexpr (T == DType::f32) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
   if constexpr (T == DType::f16 && !Exact) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   if constexpr (T == DType::f16 && Exact) return f16_to_f32(load_u16(p));
@@ -94,17 +98,17 @@ KVCACHE_AVX2 inline __m256 load8(const std::byte* p) noexcept {
 }
 
 // ---- stores: 8 floats to 8 elements (cvt::f32_to_*, cvt::to_int) ----
-KVCACHE_AVX2 inline void store_u8(std::byte* p, I v) noexcept {  // the low byte of each lane
+KVCACHE_AVX2_INLINE inline void store_u8(std::byte* p, I v) noexcept {  // the low byte of each lane
   const I lo = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
                                 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
   const I s = _mm256_shuffle_epi8(v, lo);
   _mm_storel_epi64(reinterpret_cast<__m128i*>(p),
                    _mm_unpacklo_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1)));
 }
-KVCACHE_AVX2 inline void store_u16(std::byte* p, I v) noexcept {  // lanes below 2^16
+KVCACHE_AVX2_INLINE inline void store_u16(std::byte* p, I v) noexcept {  // lanes below 2^16
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
 }
-KVCACHE_AVX2 inline I f32_to_f16(__m256 f) noexcept {
+KVCACHE_AVX2_INLINE inline I f32_to_f16(__m256 f) noexcept {
   const I u = bits(f), sign = _mm256_and_si256(_mm256_srli_epi32(u, 16), k(0x8000u)), a = _mm256_and_si256(u, k(0x7fffffffu));
   I m = _mm256_sub_epi32(a, k(0x38000000u));
   m = _mm256_add_epi32(m, _mm256_add_epi32(k(0xfffu), _mm256_and_si256(_mm256_srli_epi32(m, 13), k(1))));
@@ -113,7 +117,7 @@ KVCACHE_AVX2 inline I f32_to_f16(__m256 f) noexcept {
   const I mag = sel(gt(a, 0x7f800000u), k(0x7e00u), sel(ge(a, 0x477ff000u), k(0x7c00u), sel(ge(a, 0x38800000u), normal, sub)));
   return _mm256_or_si256(sign, mag);
 }
-KVCACHE_AVX2 inline I f32_to_bf16(__m256 f) noexcept {
+KVCACHE_AVX2_INLINE inline I f32_to_bf16(__m256 f) noexcept {
   const I u = bits(f), nan = gt(_mm256_and_si256(u, k(0x7fffffffu)), 0x7f800000u);
   const I r = _mm256_add_epi32(u, _mm256_add_epi32(k(0x7fffu), _mm256_and_si256(_mm256_srli_epi32(u, 16), k(1))));
   return sel(nan, _mm256_or_si256(_mm256_srli_epi32(u, 16), k(0x40u)), _mm256_srli_epi32(r, 16));
@@ -124,7 +128,7 @@ KVCACHE_AVX2 inline I f32_to_bf16(__m256 f) noexcept {
 // NaN, saturation, normal or subnormal (cvt::f32_to_e4m3 / f32_to_e5m2).
 template <std::uint32_t Bias, int Shift, std::uint32_t SubAdd, std::uint32_t Nan, std::uint32_t SatFrom, std::uint32_t Sat,
           std::uint32_t NormalFrom>
-KVCACHE_AVX2 inline I f32_to_fp8(__m256 f) noexcept {
+KVCACHE_AVX2_INLINE inline I f32_to_fp8(__m256 f) noexcept {
   const I u = bits(f), sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), k(0x80u)), a = _mm256_and_si256(u, k(0x7fffffffu));
   I m = _mm256_sub_epi32(a, k(Bias));
   m = _mm256_add_epi32(m, _mm256_add_epi32(k((1u << (Shift - 1)) - 1), _mm256_and_si256(_mm256_srli_epi32(m, Shift), k(1))));
@@ -137,14 +141,14 @@ KVCACHE_AVX2 inline I f32_to_fp8(__m256 f) noexcept {
 // integers and rounding is monotonic), and cvtps2dq rounds to nearest even
 // (the default MXCSR mode). NaN gives 0: zeroed before min/max, which would
 // otherwise return their second operand.
-KVCACHE_AVX2 inline I to_int8(__m256 v) noexcept {
+KVCACHE_AVX2_INLINE inline I to_int8(__m256 v) noexcept {
   v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
   v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
   return _mm256_cvtps_epi32(v);
 }
 // The codes of 8 floats in type T, one per 32-bit lane (T is not f32).
 template <DType T>
-KVCACHE_AVX2 inline I codes(__m256 v) noexcept {
+KVCACHE_AVX2_INLINE inline I codes(__m256 v) noexcept {
   if constexpr (T == DType::f16) return f32_to_f16(v);
   if constexpr (T == DType::bf16) return f32_to_bf16(v);
   if constexpr (T == DType::fp8_e4m3) return f32_to_fp8<0x3c000000u, 20, 0x46800000u, 0x7fu, 0x43e00000u, 0x7eu, 0x3c800000u>(v);
@@ -154,12 +158,12 @@ KVCACHE_AVX2 inline I codes(__m256 v) noexcept {
 // cvt::f32_to_f16 by F16C: both round to nearest even, overflow to inf and
 // round subnormals exactly; only a NaN's bits differ (F16C keeps payload
 // bits), so NaNs become the scalar code's sign | 0x7e00 first.
-KVCACHE_AVX2 inline __m128i f16_codes(__m256 v) noexcept {
+KVCACHE_AVX2_INLINE inline __m128i f16_codes(__m256 v) noexcept {
   const __m256 nan = _mm256_or_ps(_mm256_and_ps(v, _mm256_set1_ps(-0.0f)), from_bits(k(0x7fc00000u)));
   return _mm256_cvtps_ph(_mm256_blendv_ps(v, nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)), _MM_FROUND_TO_NEAREST_INT);
 }
 template <DType T>
-KVCACHE_AVX2 inline void store8(std::byte* p, __m256 v) noexcept {
+KVCACHE_AVX2_INLINE inline void store8(std::byte* p, __m256 v) noexcept {
   if constexpr (T == DType::f32) _mm256_storeu_ps(reinterpret_cast<float*>(p), v);
   else if constexpr (T == DType::f16) _mm_storeu_si128(reinterpret_cast<__m128i*>(p), f16_codes(v));
   else if constexpr (dtype_bits(T) == 16) store_u16(p, codes<T>(v));
@@ -168,7 +172,7 @@ KVCACHE_AVX2 inline void store8(std::byte* p, __m256 v) noexcept {
 // 32 elements with whole 32-byte stores: a row of 8-byte stores to lines not
 // yet in cache fills the store buffer (decode writes every row cold).
 template <DType T>
-KVCACHE_AVX2 inline void store32(std::byte* p, const __m256 (&v)[4]) noexcept {
+KVCACHE_AVX2_INLINE inline void store32(std::byte* p, const __m256 (&v)[4]) noexcept {
   if constexpr (T == DType::f32) {
     for (int i = 0; i < 4; ++i) _mm256_storeu_ps(reinterpret_cast<float*>(p) + 8 * i, v[i]);
   } else if constexpr (T == DType::f16) {
@@ -252,6 +256,7 @@ inline std::int32_t abs_max_bits(const float* x, std::int32_t n, std::uint32_t& 
   return n8;
 }
 #undef KVCACHE_AVX2
+#undef KVCACHE_AVX2_INLINE
 #else
 inline bool available() noexcept { return false; }
 inline std::int32_t move_rows(void*, DType, const void*, DType, std::int32_t, float) noexcept { return 0; }

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common.hpp"
+#include "host_simd_groups.hpp"
 #include "quant.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
@@ -22,15 +23,16 @@ KVCACHE_HOST_DEVICE inline bool quantized_pool(const PoolView& v) noexcept {
   return quantized_side(v, 0) || (v.kv_planes == 2 && quantized_side(v, 1));
 }
 
-/// True when a token's rows of side kv can move as one run of num_kv_heads *
-/// head_dim elements (the host loops): element-wise codes, one multiplier
-/// for every head (no per-head engine-held scales), and heads adjacent both
-/// in the pool and in the caller's buffer (head stride other_head_stride,
-/// element type other).
+/// True when a token's rows of side kv can move as one run of num_kv_heads
+/// rows (the host loops): one multiplier for every head (no per-head
+/// engine-held scales), and heads adjacent both in the pool and in the
+/// caller's buffer (head stride other_head_stride, element type other).
+/// Adjacent rows have adjacent group entries (row_entries), so a quantized
+/// side's run is whole groups with their entries in order.
 inline bool heads_in_one_run(const PoolView& v, std::int32_t kv, std::int64_t other_head_stride, DType other,
                              const float* held) noexcept {
-  return !quantized_side(v, kv) && !(held && side_format(v, kv).scales == Scales::head) &&
-         v.strides.head == row_bytes(v.dtype, v.head_dim) && other_head_stride == row_bytes(other, v.head_dim);
+  return !(held && side_format(v, kv).scales == Scales::head) && v.strides.head == row_bytes(v.dtype, v.head_dim) &&
+         other_head_stride == row_bytes(other, v.head_dim);
 }
 
 /// Group entry bytes of one row of side kv (0 without group scales).
@@ -49,17 +51,23 @@ KVCACHE_HOST_DEVICE inline std::byte* row_entries(const PoolView& v, std::int64_
   return plane + v.scales_offset + in_plane / row_bytes(v.dtype, v.head_dim) * row_entry_bytes(v, kv);
 }
 
-/// Writes one row of side kv: src (n = head_dim elements of st) times mul,
-/// quantized into codes `dst` and entries `entries`. Lane units are groups
-/// (group scales) or bytes (two 4-bit codes).
+/// Writes `rows` adjacent rows of side kv (heads_in_one_run; usually one):
+/// src (rows * head_dim elements of st) times mul, quantized into codes
+/// `dst` and entries `entries`. Lane units are groups (group scales) or
+/// bytes (two 4-bit codes).
 KVCACHE_HOST_DEVICE inline void store_quantized_row(const PoolView& v, std::int32_t kv, std::byte* dst, std::byte* entries,
                                                     const void* src, DType st, float mul, std::int32_t lane,
-                                                    std::int32_t nlanes) noexcept {
+                                                    std::int32_t nlanes, std::int32_t rows = 1) noexcept {
   const SideFormat& f = side_format(v, kv);
+  const std::int32_t n = rows * v.head_dim;
   if (f.scales == Scales::group) {
+    // One thread, whole-byte symmetric codes: the host's group loops (the same bits).
+    if (nlanes == 1 &&
+        fast_quantize_groups(dst, entries, src, st, v.dtype, f.minimum, f.group, n / f.group, mul, quant::code_max(v.dtype, false)))
+      return;
     float x[128];  // a group is at most 128 values
     const std::int64_t eb = group_entry_bytes(v.dtype, f);
-    for (std::int32_t g = lane; g * f.group < v.head_dim; g += nlanes) {
+    for (std::int32_t g = lane; g * f.group < n; g += nlanes) {
       const std::byte* in = static_cast<const std::byte*>(src) + row_bytes(st, std::int64_t{g} * f.group);
       const std::int32_t done = fast_rows(x, DType::f32, in, st, f.group, mul);
       load_row(st, in + row_bytes(st, done), x + done, f.group - done);
@@ -71,20 +79,23 @@ KVCACHE_HOST_DEVICE inline void store_quantized_row(const PoolView& v, std::int3
   }
   // A 4-bit type with an engine-held scale: a byte holds elements 2i and 2i + 1.
   auto* b = reinterpret_cast<std::uint8_t*>(dst);
-  for (std::int32_t i = lane; 2 * i < v.head_dim; i += nlanes)
+  for (std::int32_t i = lane; 2 * i < n; i += nlanes)
     b[i] = static_cast<std::uint8_t>(quant::encode(v.dtype, false, load_elem(st, src, 2 * i) * mul) |
                                      (quant::encode(v.dtype, false, load_elem(st, src, 2 * i + 1) * mul) << 4));
 }
 
-/// Reads one row of side kv into out (head_dim elements of ot): dequantized, times mul.
+/// Reads `rows` adjacent rows of side kv (usually one) into out (rows *
+/// head_dim elements of ot): dequantized, times mul.
 KVCACHE_HOST_DEVICE inline void load_quantized_row(const PoolView& v, std::int32_t kv, const std::byte* codes,
                                                    const std::byte* entries, void* out, DType ot, float mul,
-                                                   std::int32_t lane, std::int32_t nlanes) noexcept {
+                                                   std::int32_t lane, std::int32_t nlanes, std::int32_t rows = 1) noexcept {
   const SideFormat& f = side_format(v, kv);
+  const std::int32_t n = rows * v.head_dim;
   if (f.scales == Scales::group) {
+    if (nlanes == 1 && fast_dequantize_groups(out, ot, codes, entries, v.dtype, f.minimum, f.group, n / f.group, mul)) return;
     float x[128];
     const std::int64_t eb = group_entry_bytes(v.dtype, f);
-    for (std::int32_t g = lane; g * f.group < v.head_dim; g += nlanes) {
+    for (std::int32_t g = lane; g * f.group < n; g += nlanes) {
       quant::dequantize_group(codes + row_bytes(v.dtype, std::int64_t{g} * f.group), entries + g * eb, f.group, v.dtype,
                               f.minimum, x);
       std::byte* o = static_cast<std::byte*>(out) + row_bytes(ot, std::int64_t{g} * f.group);
@@ -93,7 +104,7 @@ KVCACHE_HOST_DEVICE inline void load_quantized_row(const PoolView& v, std::int32
     }
     return;
   }
-  for (std::int32_t i = lane; 2 * i < v.head_dim; i += nlanes) {
+  for (std::int32_t i = lane; 2 * i < n; i += nlanes) {
     store_elem(ot, out, 2 * i, quant::load_code(v.dtype, false, codes, 2 * i) * mul);
     store_elem(ot, out, 2 * i + 1, quant::load_code(v.dtype, false, codes, 2 * i + 1) * mul);
   }

@@ -108,17 +108,18 @@ KVCACHE_HOST_DEVICE inline float scatter_mul(const ScatterParams& p, std::int32_
 
 /// Writes one row whose addresses are known: source row src into pool row
 /// dst, which is (block, offset) of cache layer first_layer + layer, side kv,
-/// kv-head head. Lanes split the row (shared by both backends).
+/// kv-head head; or `rows` heads from there when heads_in_one_run. Lanes
+/// split the row (shared by both backends).
 KVCACHE_HOST_DEVICE inline void scatter_row_at(const ScatterParams& p, std::int32_t layer, std::int32_t kv, std::int32_t head,
                                              std::int64_t block, std::int32_t offset, std::byte* dst, const std::byte* src,
-                                             std::int32_t lane, std::int32_t nlanes) noexcept {
+                                             std::int32_t lane, std::int32_t nlanes, std::int32_t rows = 1) noexcept {
   const float mul = scatter_mul(p, layer, kv, head);
-  if (quantized_side(p.cache, kv)) {  // quantized on write: codes and the row's group entries in one pass
+  if (quantized_side(p.cache, kv)) {  // quantized on write: codes and the rows' group entries in one pass
     store_quantized_row(p.cache, kv, dst, row_entries(p.cache, block, p.first_layer + layer, kv, offset, head), src,
-                        p.src.dtype, mul, lane, nlanes);
+                        p.src.dtype, mul, lane, nlanes, rows);
     return;
   }
-  move_row(dst, p.cache.dtype, src, p.src.dtype, p.cache.head_dim, mul, lane, nlanes);
+  move_row(dst, p.cache.dtype, src, p.src.dtype, rows * p.cache.head_dim, mul, lane, nlanes);
 }
 
 /// Writes one (layer, token, K|V, head) row; lanes split the row (shared by both backends).
@@ -173,7 +174,7 @@ inline Status scatter_host(const ScatterParams& p) noexcept {
     if (const std::int64_t slot = p.addr.slot(t, p.cache.block_size); slot >= pool_slots)
       return Status{Errc::invalid_argument, "slot (past the pool)", slot, pool_slots};
   // A token's heads adjacent in the source and the pool (NHD, dense heads)
-  // with element-wise codes move as one run: a copy when nothing converts.
+  // move as one run: a copy when nothing converts, whole groups when quantized.
   const bool run[2] = {heads_in_one_run(p.cache, 0, p.src.head_stride, p.src.dtype, p.k_scales),
                        heads_in_one_run(p.cache, 1, p.src.head_stride, p.src.dtype, p.v_scales)};
 #if defined(_OPENMP)
@@ -189,7 +190,7 @@ inline Status scatter_host(const ScatterParams& p) noexcept {
         std::byte* dst = p.cache.row(block, p.first_layer + l, kv, offset, 0);
         const std::byte* src = p.src.row(kv, l, t, 0);
         if (run[kv]) {
-          move_row(dst, p.cache.dtype, src, p.src.dtype, p.cache.num_kv_heads * p.cache.head_dim, scatter_mul(p, l, kv, 0), 0, 1);
+          scatter_row_at(p, l, kv, 0, block, offset, dst, src, 0, 1, p.cache.num_kv_heads);
           continue;
         }
         for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h)
