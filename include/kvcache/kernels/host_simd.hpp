@@ -122,19 +122,26 @@ KVCACHE_AVX2_INLINE inline I f32_to_bf16(__m256 f) noexcept {
   const I r = _mm256_add_epi32(u, _mm256_add_epi32(k(0x7fffu), _mm256_and_si256(_mm256_srli_epi32(u, 16), k(1))));
   return sel(nan, _mm256_or_si256(_mm256_srli_epi32(u, 16), k(0x40u)), _mm256_srli_epi32(r, 16));
 }
-// fp8 from the float's own mantissa: Bias moves the exponent, Shift drops
-// the mantissa bits the code has not, adding the float SubAdd rounds a
-// subnormal in one add (its bits then hold the code above SubAdd's); then
-// NaN, saturation, normal or subnormal (cvt::f32_to_e4m3 / f32_to_e5m2).
-template <std::uint32_t Bias, int Shift, std::uint32_t SubAdd, std::uint32_t Nan, std::uint32_t SatFrom, std::uint32_t Sat,
-          std::uint32_t NormalFrom>
+// fp8 by one float add (cvt::f32_to_e4m3 / f32_to_e5m2's bits, in 15
+// operations where the integer rounding took 22). magic = 2^(E + Shift),
+// with E the value's f32 exponent field raised to the smallest normal
+// code's (MinExp), has its last mantissa bit where the code's last bit is,
+// so |x| + magic rounds to nearest even exactly as the code does, a
+// subnormal code included (its magic is the smallest normal's). The sum
+// stays in magic's binade, so its bits minus magic's count code steps from
+// the binade's first code, (E - MinExp) << MBits. |x| is first clamped to
+// the largest finite code's value SatBits (anything from there up
+// saturates to it, inf included); a NaN, which the clamp also turns into
+// SatBits, then takes the code Nan.
+template <std::uint32_t MinExp, int MBits, std::uint32_t SatBits, std::uint32_t Nan>
 KVCACHE_AVX2_INLINE inline I f32_to_fp8(__m256 f) noexcept {
   const I u = bits(f), sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), k(0x80u)), a = _mm256_and_si256(u, k(0x7fffffffu));
-  I m = _mm256_sub_epi32(a, k(Bias));
-  m = _mm256_add_epi32(m, _mm256_add_epi32(k((1u << (Shift - 1)) - 1), _mm256_and_si256(_mm256_srli_epi32(m, Shift), k(1))));
-  const I normal = _mm256_srli_epi32(m, Shift);
-  const I sub = _mm256_sub_epi32(bits(_mm256_add_ps(from_bits(a), from_bits(k(SubAdd)))), k(SubAdd));
-  return _mm256_or_si256(sign, sel(gt(a, 0x7f800000u), k(Nan), sel(ge(a, SatFrom), k(Sat), sel(ge(a, NormalFrom), normal, sub))));
+  const __m256 c = _mm256_min_ps(from_bits(a), from_bits(k(SatBits)));  // a NaN gives SatBits (min's second operand)
+  const I e = _mm256_max_epi32(_mm256_and_si256(bits(c), k(0x7f800000u)), k(MinExp << 23));
+  const I magic = _mm256_add_epi32(e, k(static_cast<std::uint32_t>(23 - MBits) << 23));
+  const I steps = _mm256_sub_epi32(bits(_mm256_add_ps(c, from_bits(magic))), magic);
+  const I code = _mm256_add_epi32(steps, _mm256_sub_epi32(_mm256_srli_epi32(e, 23 - MBits), k(MinExp << MBits)));
+  return _mm256_or_si256(sign, sel(gt(a, 0x7f800000u), k(Nan), code));
 }
 // cvt::to_int(v, -127, 127), which rounds to nearest even and then clamps:
 // clamping first gives the same integer for every input (the bounds are
@@ -151,8 +158,8 @@ template <DType T>
 KVCACHE_AVX2_INLINE inline I codes(__m256 v) noexcept {
   if constexpr (T == DType::f16) return f32_to_f16(v);
   if constexpr (T == DType::bf16) return f32_to_bf16(v);
-  if constexpr (T == DType::fp8_e4m3) return f32_to_fp8<0x3c000000u, 20, 0x46800000u, 0x7fu, 0x43e00000u, 0x7eu, 0x3c800000u>(v);
-  if constexpr (T == DType::fp8_e5m2) return f32_to_fp8<0x38000000u, 21, 0x43000000u, 0x7fu, 0x47600000u, 0x7bu, 0x38800000u>(v);
+  if constexpr (T == DType::fp8_e4m3) return f32_to_fp8<121, 3, 0x43e00000u, 0x7fu>(v);
+  if constexpr (T == DType::fp8_e5m2) return f32_to_fp8<113, 2, 0x47600000u, 0x7fu>(v);
   if constexpr (T == DType::int8) return to_int8(v);
 }
 // cvt::f32_to_f16 by F16C: both round to nearest even, overflow to inf and
