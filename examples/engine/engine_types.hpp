@@ -29,6 +29,15 @@ struct Request {
 // layer (TOVA's paper), or one per (layer, kv-head) (H2O's and SnapKV's).
 enum class Grouping { all, heads, layers, layer_heads };
 
+// Engine-held scales of a quantized pool whose format takes them
+// (kvcache::Scales::tensor: one per model layer; Scales::head: one per
+// (layer, kv-head), [layers][kv_heads]), for K and V; cache = x / scale.
+// Empty: every scale is 1. They come from the checkpoint or from a
+// calibration pass (calibrate.hpp); kv_scales.hpp checks them.
+struct KvScales {
+  std::vector<float> k, v;
+};
+
 struct EngineConfig {
   std::int32_t max_kv_tokens = 4096;  // the pool: max_kv_tokens / block_size blocks
   std::int32_t block_size = 16;
@@ -60,9 +69,10 @@ struct EngineConfig {
   // How the pool stores K and V (kvcache/kv_format.hpp): f32 by default, so
   // the paged engine matches the contiguous reference token for token; a
   // quantized dtype and format make scatter quantize and gather dequantize,
-  // and attention reads what the pool gives back (engine-held scales are 1).
+  // and attention reads what the pool gives back.
   kvcache::DType kv_dtype = kvcache::DType::f32;
   kvcache::KvFormat kv_format{};
+  KvScales kv_scales{};  // the format's engine-held scales (empty: 1)
 };
 
 // Keys the decode queries read, per (query, layer, kv-head), against the dense read.

@@ -3,6 +3,8 @@
 // at half the context (H2O at 512) and Write-Gated KV (λ = 0.01), on the
 // same work set; agreement is against the f32 full cache. Peak KV is given
 // in tokens and in bytes (the format's bytes per token, from Geometry).
+// Engine-held scales are 1, or calibrated (calibrate.hpp) on a window of
+// text before the runs, as an engine without checkpoint scales does.
 #pragma once
 
 #include <fmt/format.h>
@@ -14,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "calibrate.hpp"
 #include "eval_runs.hpp"
 
 namespace evalrun {
@@ -22,16 +25,18 @@ struct QuantFormat {
   const char* name;
   kvcache::DType dtype;
   kvcache::KvFormat format;
+  bool calibrated = false;  // engine-held scales from the calibration window (else 1)
 };
 
 inline std::vector<QuantFormat> quant_formats() {
   using kvcache::DType, kvcache::Scales;
-  const kvcache::SideFormat tensor{.scales = Scales::tensor}, g16{.scales = Scales::group, .group = 16},
+  const kvcache::SideFormat tensor{.scales = Scales::tensor}, head{.scales = Scales::head}, g16{.scales = Scales::group, .group = 16},
       g32{.scales = Scales::group, .group = 32}, g32m{.scales = Scales::group, .group = 32, .minimum = true},
       g16m{.scales = Scales::group, .group = 16, .minimum = true};
   return {{"f32", DType::f32, {}},
           {"f16", DType::f16, {}},
           {"fp8 e4m3, tensor scale 1", DType::fp8_e4m3, {tensor, tensor}},
+          {"fp8 e4m3, per-head scales", DType::fp8_e4m3, {head, head}, true},
           {"int8, group 32", DType::int8, {g32, g32}},
           {"int4, group 32 + minimum", DType::int4, {g32m, g32m}},
           {"fp4 e2m1, group 16", DType::fp4_e2m1, {g16, g16}},
@@ -39,11 +44,16 @@ inline std::vector<QuantFormat> quant_formats() {
           {"int2, group 16 + minimum", DType::int2, {g16m, g16m}}};
 }
 
-// Prints the table; gate_file is Write-Gated KV's λ = 0.01 gate set (skipped when empty).
+// Prints the table; gate_file is Write-Gated KV's λ = 0.01 gate set (skipped
+// when empty); calibration: the window calibrated formats take their scales from.
 inline void quant_study(const engine::Model& model, const engine::EngineConfig& cfg0, const Workset& w,
-                        const std::vector<engine::Request>& full_outputs, const std::string& gate_file, std::int32_t threads) {
+                        const std::vector<engine::Request>& full_outputs, const std::string& gate_file, std::int32_t threads,
+                        std::span<const std::int32_t> calibration) {
   const auto& c = model.config();
   const auto formats = quant_formats();
+  std::vector<engine::KvScales> scales(formats.size());
+  for (std::size_t f = 0; f < formats.size(); ++f)
+    if (formats[f].calibrated) scales[f] = engine::calibrate_kv_scales(model, calibration, formats[f].dtype, formats[f].format);
   struct Job {
     std::size_t format;
     int variant;  // 0: full cache, 1: h2o at half the context, 2: Write-Gated KV
@@ -60,7 +70,7 @@ inline void quant_study(const engine::Model& model, const engine::EngineConfig& 
     for (std::size_t j; (j = next++) < jobs.size();) {
       const QuantFormat& f = formats[jobs[j].format];
       engine::EngineConfig cfg = cfg0;
-      cfg.kv_dtype = f.dtype, cfg.kv_format = f.format;
+      cfg.kv_dtype = f.dtype, cfg.kv_format = f.format, cfg.kv_scales = scales[jobs[j].format];
       if (jobs[j].variant == 0) {
         rows[j] = evaluate(model, kvcache::KeepAll{}, cfg, w, full_outputs);
         rows[j].policy = "full cache";
@@ -71,7 +81,8 @@ inline void quant_study(const engine::Model& model, const engine::EngineConfig& 
         rows[j].policy = fmt::format("h2o {}", c.context / 2);
       } else {
         GatedFigures fig;
-        rows[j] = evaluate_gated(model, gates[0], w, full_outputs, fig, {}, kvcache::KeepAll{}, f.dtype, f.format);
+        rows[j] = evaluate_gated(model, gates[0], w, full_outputs, fig, {}, kvcache::KeepAll{}, f.dtype, f.format,
+                                 scales[jobs[j].format]);
         rows[j].policy = fmt::format("wg_kv λ={:g}", gates[0].lambda);
       }
       const std::lock_guard<std::mutex> lock(progress);

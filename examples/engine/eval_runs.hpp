@@ -142,12 +142,19 @@ struct GatedFigures {
 template <class Selection = kvcache::SelectAll, class Eviction = kvcache::KeepAll>
 Row evaluate_gated(const engine::Model& m, const engine::GateSet& g, const Workset& w,
                    const std::vector<engine::Request>& full_outputs, GatedFigures& fig, kvcache::QuestConfig quest = {},
-                   Eviction eviction = {}, kvcache::DType kv_dtype = kvcache::DType::f32, kvcache::KvFormat kv_format = {}) {
+                   Eviction eviction = {}, kvcache::DType kv_dtype = kvcache::DType::f32, kvcache::KvFormat kv_format = {},
+                   engine::KvScales kv_scales = {}) {
   const auto t0 = std::chrono::steady_clock::now();
   Row row;
-  engine::GatedEngine<Selection, Eviction> e(
-      m, g, engine::EngineConfig{.block_size = 16, .chunk = 64, .max_batch = 1, .quest = quest, .kv_dtype = kv_dtype, .kv_format = kv_format},
-      eviction);
+  engine::GatedEngine<Selection, Eviction> e(m, g,
+                                             engine::EngineConfig{.block_size = 16,
+                                                                  .chunk = 64,
+                                                                  .max_batch = 1,
+                                                                  .quest = quest,
+                                                                  .kv_dtype = kv_dtype,
+                                                                  .kv_format = kv_format,
+                                                                  .kv_scales = std::move(kv_scales)},
+                                             eviction);
   auto answered = [&](const std::vector<engine::TaskSample>& samples) {
     std::int64_t hits = 0;
     for (const auto& s : samples) hits += e.generate(s.prompt, std::int32_t(s.answer.size()), row.peak_kv) == s.answer;

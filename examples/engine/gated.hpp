@@ -46,6 +46,7 @@ class GatedBackend {
         blocks_(cfg.max_batch * g.layers * g.kv_heads * row_blocks_ + 1),
         memory_(std::size_t(*geometry_.pool_bytes(blocks_))),
         pool_(*kvcache::make_pool_view(geometry_, memory_.data(), blocks_)),
+        scales_(cfg.kv_scales, cfg.kv_format, m.config()),
         bounds_(Cache::selects ? std::size_t(kvcache::QuestSelection::bounds_floats(geometry_, blocks_)) : 0),
         cache_({.geometry = geometry_, .num_blocks = blocks_, .max_sequences = cfg.max_batch, .max_blocks_per_sequence = row_blocks_},
                kvcache::WriteGateConfig{.num_layers = g.layers, .num_kv_heads = g.kv_heads, .local_window = g.window, .tau = g.tau},
@@ -83,7 +84,7 @@ class GatedBackend {
     return {};
   }
   GatedKv<Cache> store(Request& r, std::int64_t at, std::span<const std::int32_t>, KeyCounts*) {
-    return {cache_, pool_, r.seqs[0], g_, at, adm(r), counts_};
+    return {cache_, pool_, r.seqs[0], g_, at, adm(r), counts_, scales_};
   }
   // A token policy: every head row's global region after the step's
   // observation (GatedKv::attended), and the moves it asks for.
@@ -123,6 +124,7 @@ class GatedBackend {
   std::int32_t row_blocks_, blocks_;
   std::vector<std::byte> memory_;
   kvcache::PoolView pool_;
+  HeldScales scales_;  // EngineConfig::kv_scales, checked: one a (layer, kv-head) call
   std::vector<float> bounds_;  // Quest's store (single-head pool: one slice)
   Cache cache_;
   std::vector<std::vector<std::uint8_t>> adm_;  // per handle: what the gates admitted

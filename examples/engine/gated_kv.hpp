@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "forward.hpp"
+#include "kv_scales.hpp"
 #include "model.hpp"
 
 namespace engine {
@@ -107,10 +108,11 @@ struct GateCounts {
 template <class C = GatedCache>
 class GatedKv {
  public:
+  // scales: the pool format's engine-held scales per (layer, kv-head), checked by the backend.
   GatedKv(C& cache, const kvcache::PoolView& pool, kvcache::SeqId seq, const GateSet& gates,
-          std::int64_t first_pos, std::vector<std::uint8_t>& admitted, GateCounts& counts)
+          std::int64_t first_pos, std::vector<std::uint8_t>& admitted, GateCounts& counts, const HeldScales& scales)
       : cache_(cache), pool_(pool), seq_(seq), gates_(gates), first_(first_pos), adm_(admitted), counts_(counts),
-        H_(gates.kv_heads), hd_(gates.head_dim), heads_(std::size_t(H_)) {}
+        scales_(scales), H_(gates.kv_heads), hd_(gates.head_dim), heads_(std::size_t(H_)) {}
 
   void pre_rope(std::int32_t, const float* k, std::int32_t n) { k_pre_.assign(k, k + std::ptrdiff_t(n) * H_ * hd_); }
 
@@ -144,8 +146,15 @@ class GatedKv {
       throw std::runtime_error("block_copy: " + st.message());
     if (auto st = kvcache::compaction_host({pool_, moves_.data(), r->moves}); !st)
       throw std::runtime_error("compaction: " + st.message());
-    const kvcache::ScatterParams sp{pool_, {k, v, kvcache::DType::f32, 0, hd_ * 4, 0}, {slots_.data()}, n * H_};
-    if (auto st = kvcache::scatter_host(sp); !st) throw std::runtime_error("scatter: " + st.message());
+    // A call per kv-head: the pool is single-head, so (layer, head)'s scale
+    // goes as the call's k_scale / v_scale, and its rows' slots are every H-th.
+    head_slots_.resize(std::size_t(n));
+    for (std::int32_t h = 0; h < H_; ++h) {
+      for (std::int32_t t = 0; t < n; ++t) head_slots_[std::size_t(t)] = slots_[std::size_t(t * H_ + h)];
+      kvcache::ScatterParams sp{pool_, {k + h * hd_, v + h * hd_, kvcache::DType::f32, 0, row * 4, 0}, {head_slots_.data()}, n};
+      sp.k_scale = scales_.at(0, l, h), sp.v_scale = scales_.at(1, l, h);
+      if (auto st = kvcache::scatter_host(sp); !st) throw std::runtime_error("scatter: " + st.message());
+    }
     if constexpr (C::selects) {  // what the write stored enters its pages' bounds (single-head pool: one slice)
       stored_.assign(slots_.begin(), slots_.begin() + n * H_);
       for (std::int32_t m = 0; m < r->moves; ++m) stored_.push_back(moves_[std::size_t(m)].dst);
@@ -246,12 +255,16 @@ class GatedKv {
       n += hb.pos[t] <= q && (hb.adm[t] || q - hb.pos[t] < gates_.window) && (hb.sel.empty() || hb.sel[t]) ? 1 : 0;
     return n;
   }
-  // Appends one pool row's K or V as floats: dequantized when the pool stores a quantized format.
-  void read_row(std::int32_t block, std::int32_t token, std::int32_t kv, std::vector<float>& out) const {
+  // Appends one pool row's K or V as floats: dequantized when the pool stores
+  // a quantized format, times (layer, head)'s engine-held scale.
+  void read_row(std::int32_t l, std::int32_t h, std::int32_t block, std::int32_t token, std::int32_t kv,
+                std::vector<float>& out) const {
     const std::size_t at = out.size();
     out.resize(at + std::size_t(hd_));
     kvcache::load_pool_span(pool_, kv, pool_.row(block, 0, kv, token, 0), kvcache::row_entries(pool_, block, 0, kv, token, 0),
                             0, hd_, out.data() + at);
+    if (const float s = scales_.at(kv, l, h); s != 1.0f)
+      for (std::size_t i = at; i < out.size(); ++i) out[i] *= s;
   }
   // Each head's row of layer l as the cache holds it now, read through the head-folded CSR export.
   void snapshot(std::int32_t l) {
@@ -269,8 +282,8 @@ class GatedKv {
       hb.k.clear(), hb.v.clear(), hb.pos.clear(), hb.adm.clear();
       for (std::size_t j = 0; j < positions.size(); ++j) {
         const std::int32_t b = indices_[std::size_t(indptr_[std::size_t(h)]) + j / std::size_t(B)];
-        read_row(b, std::int32_t(j % std::size_t(B)), 0, hb.k);
-        read_row(b, std::int32_t(j % std::size_t(B)), 1, hb.v);
+        read_row(l, h, b, std::int32_t(j % std::size_t(B)), 0, hb.k);
+        read_row(l, h, b, std::int32_t(j % std::size_t(B)), 1, hb.v);
         hb.pos.push_back(positions[j]);
         hb.adm.push_back(j >= std::size_t(W) || adm_at(l, h, positions[j]));  // global tokens were admitted
       }
@@ -284,10 +297,11 @@ class GatedKv {
   std::int64_t first_;
   std::vector<std::uint8_t>& adm_;
   GateCounts& counts_;
+  const HeldScales& scales_;
   std::int32_t H_, hd_;
   std::vector<Head> heads_;
   std::vector<float> k_pre_, gate_;
-  std::vector<std::int32_t> slots_, indptr_, indices_, last_;
+  std::vector<std::int32_t> slots_, head_slots_, indptr_, indices_, last_;
   std::vector<kvcache::SlotMove> moves_;
   std::vector<kvcache::BlockCopy> copies_;
   std::int32_t n_ = 0;  // tokens of the current write

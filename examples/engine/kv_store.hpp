@@ -24,6 +24,7 @@
 
 #include "engine_types.hpp"
 #include "forward.hpp"
+#include "kv_scales.hpp"
 
 namespace engine {
 
@@ -69,10 +70,12 @@ class PagedKv {
   // seqs: the request's stream, or one per layer. slots: the chunk's slots,
   // [streams][n]. positions: the engine's table of token positions per pool
   // slot, one table per group of a token policy that compacts kv-heads
-  // separately ([groups][pool slots]); it lives across calls.
+  // separately ([groups][pool slots]); it lives across calls. scales: the
+  // pool format's engine-held scales (null: 1), checked by the backend.
   PagedKv(Cache& cache, const kvcache::PoolView& pool, std::span<const kvcache::SeqId> seqs,
           std::span<const std::int32_t> slots, std::int64_t first_pos, std::vector<std::int64_t>& positions,
-          std::int32_t groups = 1, GroupLayout layout = {0, 1, 1}, KeyCounts* counts = nullptr)
+          std::int32_t groups = 1, GroupLayout layout = {0, 1, 1}, KeyCounts* counts = nullptr,
+          const HeldScales* scales = nullptr)
       : cache_(cache),
         pool_(pool),
         seqs_(seqs.begin(), seqs.end()),
@@ -83,7 +86,8 @@ class PagedKv {
         groups_(groups),
         layout_(groups == 1 ? GroupLayout{0, 0, 1} : layout),
         pool_slots_(pool.num_blocks * pool.block_size),
-        counts_(counts) {
+        counts_(counts),
+        scales_(scales) {
     if (seqs.empty() || (seqs.size() > 1 && (pool.num_layers != 1 || groups != 1)))
       throw std::invalid_argument("PagedKv: one stream per layer needs a single-layer pool and one position table");
   }
@@ -97,6 +101,7 @@ class PagedKv {
     const auto slots = slots_.subspan(std::size_t(stream(l)) * std::size_t(n_), std::size_t(n));
     kvcache::ScatterParams p{pool_, {k, v, kvcache::DType::f32, 0, row * 4, hd * 4}, {slots.data()}, n, pool_layer(l),
                              1};
+    if (scales_) p.k_scales = scales_->array(0, l, pool_layer(l)), p.v_scales = scales_->array(1, l, pool_layer(l));
     if (auto st = kvcache::scatter_host(p); !st) throw std::runtime_error("scatter: " + st.message());
     if constexpr (Cache::selects) {  // the written keys enter their pages' bounds
       kvcache::PageBoundsUpdateParams u{pool_, pool_layer(l), slots.data(), n, cache_.page_bounds(pool_layer(l))->data()};
@@ -196,6 +201,7 @@ class PagedKv {
     const std::array<std::int32_t, 2> out_indptr{0, rows};
     kvcache::GatherParams p{pool_, pool_layer(l), indptr_.data(), indices_.data(),     out_indptr.data(), 1,
                             rows,  k_.data(),     v_.data(),      kvcache::DType::f32, row * 4,           hd * 4};
+    if (scales_) p.k_scales = scales_->array(0, l, pool_layer(l)), p.v_scales = scales_->array(1, l, pool_layer(l));
     if (auto st = kvcache::gather_host(p); !st) throw std::runtime_error("gather: " + st.message());
     gathered_ = l;
   }
@@ -217,6 +223,7 @@ class PagedKv {
   std::vector<float> k_, v_;  // [front + held][kv_heads][head_dim]
   std::vector<std::int64_t> pos_;
   KeyCounts* counts_;
+  const HeldScales* scales_;
   std::int32_t selected_layer_ = -1;  // the layer mask_ holds (select() for a decode query)
   std::vector<std::int32_t> chosen_indptr_, chosen_, ones_;
   std::vector<std::uint8_t> mask_;  // [kv_heads][held]

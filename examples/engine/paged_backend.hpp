@@ -20,6 +20,7 @@
 
 #include "engine_types.hpp"
 #include "forward.hpp"
+#include "kv_scales.hpp"
 #include "kv_store.hpp"
 #include "model.hpp"
 
@@ -45,6 +46,7 @@ class PagedBackend {
         blocks_((cfg.max_kv_tokens / cfg.block_size + 1) * streams_),
         memory_(std::size_t(*geometry_.pool_bytes(blocks_))),
         pool_(*kvcache::make_pool_view(geometry_, memory_.data(), blocks_)),
+        scales_(cfg.kv_scales, cfg.kv_format, m.config()),
         bounds_(Cache::selects ? std::size_t(kvcache::QuestSelection::bounds_floats(geometry_, blocks_)) : 0),
         cache_({.geometry = geometry_,
                 .num_blocks = blocks_,
@@ -64,10 +66,12 @@ class PagedBackend {
   // reads it: view(r).read(layer, kv_head) gives each held token's K/V and
   // the position its group's table names (they move with each group's
   // compaction), for tests to check against the policy's bookkeeping.
-  PagedKv<Cache> view(const Request& r) { return {cache_, pool_, r.seqs, {}, 0, positions_, groups(), layout()}; }
+  PagedKv<Cache> view(const Request& r) {
+    return {cache_, pool_, r.seqs, {}, 0, positions_, groups(), layout(), nullptr, &scales_};
+  }
   // The store the forward pass writes r's tokens at `at` into (slots from reserve).
   PagedKv<Cache> store(const Request& r, std::int64_t at, std::span<const std::int32_t> slots, KeyCounts* keys) {
-    return {cache_, pool_, r.seqs, slots, at, positions_, groups(), layout(), keys};
+    return {cache_, pool_, r.seqs, slots, at, positions_, groups(), layout(), keys, &scales_};
   }
   // Tokens r holds: with one stream per layer, their mean over the layers
   // (rounded up), so figures compare with one stream's.
@@ -252,6 +256,7 @@ class PagedBackend {
   std::int32_t blocks_;
   std::vector<std::byte> memory_;
   kvcache::PoolView pool_;
+  HeldScales scales_;  // EngineConfig::kv_scales, checked
   std::vector<float> bounds_;  // page selection's store: [layers][blocks][kv_heads][2][head_dim]
   Cache cache_;
   std::vector<std::int64_t> positions_;  // [groups][pool slot]: token position, moves with compaction
