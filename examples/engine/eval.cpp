@@ -107,9 +107,8 @@ int main(int argc, char** argv) try {
   const auto& full_outputs = full.outputs;
   if (quant_mode) {
     const std::string gates = std::string(ENGINE_MODEL_DIR) + "/gates-0.01.bin";
-    // Calibration: the held-out text's last context window (the engine's "first batch").
-    const std::span<const std::int32_t> calibration(text.data() + text.size() - std::size_t(L), std::size_t(L));
-    quant_study(model, cfg0, w, full_outputs, std::ifstream(gates) ? gates : std::string(), threads, calibration);
+    quant_study(model, cfg0, w, full_outputs, std::ifstream(gates) ? gates : std::string(), threads,
+                engine::calibration_window(text, L));
     return 0;
   }
 

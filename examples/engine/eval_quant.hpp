@@ -16,33 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "calibrate.hpp"
 #include "eval_runs.hpp"
+#include "kv_formats.hpp"
 
 namespace evalrun {
-
-struct QuantFormat {
-  const char* name;
-  kvcache::DType dtype;
-  kvcache::KvFormat format;
-  bool calibrated = false;  // engine-held scales from the calibration window (else 1)
-};
-
-inline std::vector<QuantFormat> quant_formats() {
-  using kvcache::DType, kvcache::Scales;
-  const kvcache::SideFormat tensor{.scales = Scales::tensor}, head{.scales = Scales::head}, g16{.scales = Scales::group, .group = 16},
-      g32{.scales = Scales::group, .group = 32}, g32m{.scales = Scales::group, .group = 32, .minimum = true},
-      g16m{.scales = Scales::group, .group = 16, .minimum = true};
-  return {{"f32", DType::f32, {}},
-          {"f16", DType::f16, {}},
-          {"fp8 e4m3, tensor scale 1", DType::fp8_e4m3, {tensor, tensor}},
-          {"fp8 e4m3, per-head scales", DType::fp8_e4m3, {head, head}, true},
-          {"int8, group 32", DType::int8, {g32, g32}},
-          {"int4, group 32 + minimum", DType::int4, {g32m, g32m}},
-          {"fp4 e2m1, group 16", DType::fp4_e2m1, {g16, g16}},
-          {"int2, group 32 + minimum", DType::int2, {g32m, g32m}},
-          {"int2, group 16 + minimum", DType::int2, {g16m, g16m}}};
-}
 
 // Prints the table; gate_file is Write-Gated KV's λ = 0.01 gate set (skipped
 // when empty); calibration: the window calibrated formats take their scales from.
@@ -50,10 +27,9 @@ inline void quant_study(const engine::Model& model, const engine::EngineConfig& 
                         const std::vector<engine::Request>& full_outputs, const std::string& gate_file, std::int32_t threads,
                         std::span<const std::int32_t> calibration) {
   const auto& c = model.config();
-  const auto formats = quant_formats();
-  std::vector<engine::KvScales> scales(formats.size());
-  for (std::size_t f = 0; f < formats.size(); ++f)
-    if (formats[f].calibrated) scales[f] = engine::calibrate_kv_scales(model, calibration, formats[f].dtype, formats[f].format);
+  const auto& formats = engine::kv_formats();
+  std::vector<engine::EngineConfig> cfgs;  // each format's, calibrated before the runs
+  for (const auto& f : formats) cfgs.push_back(engine::with_kv_format(cfg0, f, model, calibration));
   struct Job {
     std::size_t format;
     int variant;  // 0: full cache, 1: h2o at half the context, 2: Write-Gated KV
@@ -68,9 +44,8 @@ inline void quant_study(const engine::Model& model, const engine::EngineConfig& 
   std::mutex progress;
   auto worker = [&] {
     for (std::size_t j; (j = next++) < jobs.size();) {
-      const QuantFormat& f = formats[jobs[j].format];
-      engine::EngineConfig cfg = cfg0;
-      cfg.kv_dtype = f.dtype, cfg.kv_format = f.format, cfg.kv_scales = scales[jobs[j].format];
+      const engine::NamedKvFormat& f = formats[jobs[j].format];
+      const engine::EngineConfig& cfg = cfgs[jobs[j].format];
       if (jobs[j].variant == 0) {
         rows[j] = evaluate(model, kvcache::KeepAll{}, cfg, w, full_outputs);
         rows[j].policy = "full cache";
@@ -82,11 +57,11 @@ inline void quant_study(const engine::Model& model, const engine::EngineConfig& 
       } else {
         GatedFigures fig;
         rows[j] = evaluate_gated(model, gates[0], w, full_outputs, fig, {}, kvcache::KeepAll{}, f.dtype, f.format,
-                                 scales[jobs[j].format]);
+                                 cfg.kv_scales);
         rows[j].policy = fmt::format("wg_kv λ={:g}", gates[0].lambda);
       }
       const std::lock_guard<std::mutex> lock(progress);
-      fmt::print(stderr, "  {} / {}: {:.0f} s\n", f.name, rows[j].policy, rows[j].seconds);
+      fmt::print(stderr, "  {} / {}: {:.0f} s\n", f.label, rows[j].policy, rows[j].seconds);
     }
   };
   std::vector<std::thread> pool;
@@ -98,12 +73,12 @@ inline void quant_study(const engine::Model& model, const engine::EngineConfig& 
       "| tokens before divergence | perplexity | peak KV (tokens) | peak KV (KiB) |\n"
       "| --- | ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
   for (std::size_t j = 0; j < jobs.size(); ++j) {
-    const QuantFormat& f = formats[jobs[j].format];
+    const engine::NamedKvFormat& f = formats[jobs[j].format];
     const auto g = kvcache::Geometry::make({.num_layers = c.layers, .num_kv_heads = c.kv_heads, .head_dim = c.head_dim(),
                                             .block_size = 16, .dtype = f.dtype, .format = f.format});
     const std::int64_t per_token = g->block_bytes() / 16;
     const Row& r = rows[j];
-    fmt::print("| {} | {} | {} | {} | {} | {:.3f} ± {:.3f} | {:.3f} | {:.1f} | {:.3f} | {} | {:.1f} |\n", f.name, per_token,
+    fmt::print("| {} | {} | {} | {} | {} | {:.3f} ± {:.3f} | {:.3f} | {:.1f} | {:.3f} | {} | {:.1f} |\n", f.label, per_token,
                r.policy, pct(r.passkey), pct(r.recall), r.repeat_loss.value, r.repeat_loss.hi - r.repeat_loss.value,
                r.agreement.value, r.divergence, r.perplexity, r.peak_kv, double(r.peak_kv * per_token) / 1024.0);
   }

@@ -5,7 +5,9 @@
 // hybrid layers (a window on every other layer) in one pool.
 //
 //   kvcache_engine                              all seven tables
-//   kvcache_engine --policy NAME [--budget N]   one policy: its output and figures
+//   kvcache_engine --policy NAME [--budget N] [--kv-format NAME]
+//                                               one policy: its output and figures, the pool stored
+//                                               in a KV format (kv_formats.hpp; f32 by default)
 //   kvcache_engine --out DIR                    also writes DIR/quality.csv and DIR/memory.csv (plots)
 #include <fmt/format.h>
 
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kv_formats.hpp"
 #include "serving.hpp"
 
 using engine::agreement;
@@ -26,7 +29,7 @@ using engine::with;
 using engine::workload;
 
 int main(int argc, char** argv) try {
-  std::string only, out_dir;
+  std::string only, out_dir, kv_format;
   std::int32_t budget = 256;
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
@@ -43,9 +46,14 @@ int main(int argc, char** argv) try {
         return fmt::print(stderr, "--budget needs a positive token count, got '{}'\n", argv[i + 1]), 2;
     } else if (a == "--out")
       out_dir = argv[i + 1];
+    else if (a == "--kv-format")
+      kv_format = argv[i + 1];
     else
-      return fmt::print(stderr, "usage: {} [--policy NAME] [--budget TOKENS] [--out DIR]\n", argv[0]), 2;
+      return fmt::print(stderr, "usage: {} [--policy NAME] [--budget TOKENS] [--kv-format NAME] [--out DIR]\n", argv[0]),
+             2;
   }
+  if (!kv_format.empty() && only.empty()) return fmt::print(stderr, "--kv-format: with --policy\n"), 2;
+  const engine::NamedKvFormat& format = engine::kv_format_named(kv_format.empty() ? "f32" : kv_format);
   const engine::Model model(std::string(ENGINE_MODEL_DIR) + "/kjv-tiny.bin");
   const auto text = heldout();
   const auto& c = model.config();
@@ -59,12 +67,13 @@ int main(int argc, char** argv) try {
     with(only, budget, c, roomy, [](auto, const engine::EngineConfig&) {});  // a bad name or size fails first
     const auto reqs = workload(text, 4, 512, 128);
     const auto full = serve(model, kvcache::KeepAll{}, roomy, reqs, "keep_all");
-    with(only, budget, c, roomy, [&](auto policy, const engine::EngineConfig& cfg) {
+    const auto stored = engine::with_kv_format(roomy, format, model, engine::calibration_window(text, c.context));
+    with(only, budget, c, stored, [&](auto policy, const engine::EngineConfig& cfg) {
       const auto r = serve(model, policy, cfg, reqs, only);
       fmt::print(
-          "{} at {} tokens: peak KV per request {} tokens, high-water {} tokens, {:.0f} tokens/s, "
-          "token agreement with the full cache {:.3f}\n\n",
-          only, budget, r.peak_per_request(), r.stats.kv_high_water, r.tokens_per_second(),
+          "{} at {} tokens, KV {}: peak KV per request {} tokens, high-water {} tokens, {:.0f} tokens/s, "
+          "token agreement with the f32 full cache {:.3f}\n\n",
+          only, budget, format.name, r.peak_per_request(), r.stats.kv_high_water, r.tokens_per_second(),
           agreement(full.reqs, r.reqs));
       for (const auto& q : r.reqs)
         fmt::print("request {}: ...{}\n  -> {}\n", q.id, std::string(q.prompt.end() - 60, q.prompt.end()),

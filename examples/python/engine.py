@@ -20,9 +20,66 @@ import numpy as np
 import torch
 
 import kvcache as kv
-from model import Forward, Trace
+from model import MODEL_DIR, Forward, Trace
 
 TOKEN_POLICIES = (kv.H2O, kv.Tova, kv.SnapKV, kv.AverageAttention)
+
+
+def _side(scales, group=0, minimum=False):
+    return kv.SideFormat(scales, group, minimum)
+
+
+# The KV formats by name, as examples/engine/kv_formats.hpp names them:
+# (pool dtype, format, calibrated). A calibrated format holds per-(layer,
+# kv-head) scales: EngineConfig.kv_scales, or calibrate_kv_scales' on the
+# held-out text's last context window.
+KV_FORMATS = {
+    "f32": (kv.DType.f32, kv.KvFormat(), False),
+    "f16": (kv.DType.f16, kv.KvFormat(), False),
+    "fp8_e4m3_tensor": (kv.DType.fp8_e4m3, kv.KvFormat(_side(kv.Scales.tensor), _side(kv.Scales.tensor)), False),
+    "fp8_e4m3_head": (kv.DType.fp8_e4m3, kv.KvFormat(_side(kv.Scales.head), _side(kv.Scales.head)), True),
+    "int8_g32": (kv.DType.int8, kv.KvFormat(_side(kv.Scales.group, 32), _side(kv.Scales.group, 32)), False),
+    "int4_g32_min": (kv.DType.int4, kv.KvFormat(_side(kv.Scales.group, 32, True), _side(kv.Scales.group, 32, True)), False),
+    "fp4_g16": (kv.DType.fp4_e2m1, kv.KvFormat(_side(kv.Scales.group, 16), _side(kv.Scales.group, 16)), False),
+    "int2_g32_min": (kv.DType.int2, kv.KvFormat(_side(kv.Scales.group, 32, True), _side(kv.Scales.group, 32, True)), False),
+    "int2_g16_min": (kv.DType.int2, kv.KvFormat(_side(kv.Scales.group, 16, True), _side(kv.Scales.group, 16, True)), False),
+}
+CODE_MAX = {kv.DType.fp8_e4m3: 448.0, kv.DType.fp8_e5m2: 57344.0, kv.DType.int8: 127.0}
+
+
+def heldout_window(context):
+    """The held-out text's last `context` bytes: the calibration window (kv_formats.hpp's calibration_window)."""
+    return list((MODEL_DIR / "heldout.bin").read_bytes())[-context:]
+
+
+class _AmaxKv:
+    """A plain store for one forward call over a calibration window; keeps
+    each (layer, kv-head)'s largest |K| and |V|."""
+
+    def __init__(self, layers, heads):
+        self.k, self.v = [None] * layers, [None] * layers
+        self.amax = np.zeros((2, layers, heads), dtype=np.float32)
+
+    def write(self, layer, k, v):  # [n, kv_heads, head_dim]
+        self.k[layer], self.v[layer] = k, v
+        self.amax[0, layer] = k.abs().amax(dim=(0, 2)).numpy()
+        self.amax[1, layer] = v.abs().amax(dim=(0, 2)).numpy()
+
+    def read(self, layer):
+        n, heads = self.k[layer].shape[:2]
+        return self.k[layer].transpose(0, 1), self.v[layer].transpose(0, 1), torch.arange(n).expand(heads, n)
+
+
+def calibrate_kv_scales(model, window, dtype):
+    """Per-(layer, kv-head) scales, [layers * kv_heads] for K and for V: the
+    window's largest |K| (after RoPE) and |V| over the code's largest
+    (calibrate.hpp's rule; a head of zeros gets 1)."""
+    c = model.c
+    store = _AmaxKv(c["layers"], c["kv_heads"])
+    Forward(model).run(store, list(window), 0, True)
+    amax = store.amax.reshape(2, -1)
+    scales = np.where(amax > 0, amax / np.float32(CODE_MAX[dtype]), np.float32(1)).astype(np.float32)
+    return scales[0].tolist(), scales[1].tolist()
 POLICY_NAMES = ["keep_all", "sliding_window", "sink_window", "block_scores", "block_scores_summed", "h2o",
                 "h2o_summed", "tova", "tova_summed", "snapkv", "snapkv_summed", "average_attention",
                 "average_attention_summed"]
@@ -40,6 +97,8 @@ class EngineConfig:
     observe_window: int = 0    # SnapKV: the prompt's last queries that score it
     layer_streams: bool = False  # one stream per (request, layer): block policies choose per layer
     window: int = 0            # > 0: a hybrid cache, odd layers a sliding window of this many tokens (keep_all)
+    kv_format: str = "f32"     # how the pool stores K/V: a name in KV_FORMATS
+    kv_scales: tuple = None    # a calibrated format's (k, v) scales, [layers * kv_heads] each; None: calibrate
 
 
 @dataclasses.dataclass
@@ -106,6 +165,18 @@ def policy_by_name(name, budget, c, cfg):
     raise ValueError(f"unknown policy '{name}' (one of: {', '.join(POLICY_NAMES)})")
 
 
+def held_scales(e, layer, streams):
+    """scatter's and gather's k_scales / v_scales for model layer `layer` of
+    engine e (the kernels index them by pool layer: with one stream per layer
+    the pool has one, so that layer's row alone); none when e holds none
+    (other formats, and the engines built on PagedKv that store f32)."""
+    scales = getattr(e, "scales", None)
+    if scales is None:
+        return {}
+    k, v = scales
+    return {"k_scales": k if streams == 1 else k[layer:layer + 1], "v_scales": v if streams == 1 else v[layer:layer + 1]}
+
+
 class PagedKv:
     """One request's view of the pool for one forward call: write() scatters
     the chunk's K/V to its slots, read() gathers what the request holds back
@@ -124,7 +195,7 @@ class PagedKv:
     def write(self, layer, k, v):
         e, s = self.e, self._stream(layer)
         slots = self.slots[s]
-        kv.scatter(e.pool, k, v, slots, first_layer=self._pool_layer(layer))
+        kv.scatter(e.pool, k, v, slots, first_layer=self._pool_layer(layer), **held_scales(e, layer, len(self.r.seqs)))
         if layer == 0 or len(self.r.seqs) > 1:  # one position table per group (all groups see the same write)
             e.positions[:, torch.from_numpy(slots).long()] = torch.arange(self.first, self.first + len(slots))
             self.mapped = -1
@@ -150,7 +221,7 @@ class PagedKv:
             self.k = torch.empty(rows, e.heads, e.head_dim)
             self.v = torch.empty_like(self.k)
             kv.gather(e.pool, self._pool_layer(layer), e.indptr, self.indices, np.array([0, rows], dtype=np.int32),
-                      self.k, self.v)
+                      self.k, self.v, **held_scales(e, layer, len(self.r.seqs)))
             self.gathered = layer
         keys = self.k[self.front:].transpose(0, 1)  # [kv_heads, held, head_dim], past the dead front
         values = self.v[self.front:].transpose(0, 1)
@@ -199,11 +270,30 @@ class Engine:
         self.streams = c["layers"] if cfg.layer_streams else 1
         self.stats = Stats()
         self.hybrid = cfg.window > 0
+        self.scales = None  # a calibrated format's (k, v): float32 arrays [layers, kv_heads]
+        if self.hybrid and cfg.kv_format != "f32":
+            raise ValueError("window: the hybrid engine stores f32")
         if self.hybrid:
             self._init_hybrid(policy)
             return
+        if cfg.kv_format not in KV_FORMATS:
+            raise ValueError(f"unknown KV format '{cfg.kv_format}' (one of: {', '.join(KV_FORMATS)})")
+        dtype, fmt, calibrated = KV_FORMATS[cfg.kv_format]
+        if calibrated:
+            given = cfg.kv_scales or calibrate_kv_scales(model, heldout_window(c["context"]), dtype)
+            self.scales = tuple(np.asarray(s, dtype=np.float32) for s in given)
+            cells = c["layers"] * self.heads
+            for side, s in zip("kv", self.scales):
+                if s.size != cells:
+                    raise ValueError(f"kv_scales.{side}: {s.size} scales, the format needs {cells} (layers x kv_heads)")
+                bad = np.flatnonzero(~(np.isfinite(s) & (s > 0)))
+                if bad.size:
+                    raise ValueError(f"kv_scales.{side}[{bad[0]}] = {s.flat[bad[0]]}: not positive and finite")
+            self.scales = tuple(s.reshape(c["layers"], self.heads) for s in self.scales)
+        elif cfg.kv_scales is not None:
+            raise ValueError(f"kv_scales: given, but {cfg.kv_format} holds no engine-held scales")
         self.geometry = kv.Geometry(num_layers=1 if cfg.layer_streams else c["layers"], num_kv_heads=self.heads,
-                                    head_dim=self.head_dim, block_size=cfg.block_size, dtype=kv.DType.f32)
+                                    head_dim=self.head_dim, block_size=cfg.block_size, dtype=dtype, format=fmt)
         self.blocks = (cfg.max_kv_tokens // cfg.block_size + 1) * self.streams
         self.memory = torch.zeros(self.geometry.pool_bytes(self.blocks), dtype=torch.uint8)
         self.pool = kv.PoolView(self.geometry, self.memory, self.blocks)

@@ -11,6 +11,7 @@ import pathlib
 import sys
 import time
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -40,7 +41,10 @@ def serve(model, name, budget, cfg, reqs):
 
 
 def to_json(e, name, budget, reqs):
-    return {"policy": name, "budget": budget, "stats": vars(e.stats),
+    k, v = e.scales if e.scales is not None else ([], [])
+    return {"policy": name, "budget": budget, "kv_format": e.cfg.kv_format,
+            "kv_scales": {"k": np.asarray(k).flatten().tolist(), "v": np.asarray(v).flatten().tolist()},
+            "stats": vars(e.stats),
             "requests": [{"id": r.id, "priority": r.priority, "max_new": r.max_new, "peak_kv": r.peak_kv,
                           "prompt": r.prompt, "output": r.output,
                           "logits": torch.stack(r.logits).flatten().tolist()} for r in reqs]}
@@ -54,6 +58,8 @@ def main():
         ap.add_argument(f"--{flag}", type=int, default=default)
     ap.add_argument("--optimistic", action="store_true")
     ap.add_argument("--window", type=int, default=0, help="the hybrid engine: odd layers a window of this many tokens")
+    ap.add_argument("--kv-format", default="f32", choices=list(eng.KV_FORMATS),
+                    help="how the pool stores K/V (a calibrated format's scales: the held-out text's last window)")
     ap.add_argument("--json", type=pathlib.Path)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = ap.parse_args()
@@ -65,12 +71,14 @@ def main():
         torch.set_num_threads(a.threads)
     if a.window < 0 or (a.window and a.policy != "keep_all"):
         ap.error("--window: a positive token count, with the keep_all policy")
+    if a.window and a.kv_format != "f32":
+        ap.error("--window: the hybrid engine stores f32")
     cfg = eng.EngineConfig(max_kv_tokens=a.pool, block_size=a.block, chunk=a.chunk, max_batch=a.batch,
-                           optimistic=a.optimistic, window=a.window)
+                           optimistic=a.optimistic, window=a.window, kv_format=a.kv_format)
     t0 = time.perf_counter()
     e, reqs = serve(mdl.load(), a.policy, a.budget, cfg, workload(heldout(), a.requests, a.prompt, a.new))
     s = e.stats
-    print(f"{a.policy} at {a.budget}: {s.steps} steps, {s.tokens_generated} tokens generated, {s.preemptions} "
+    print(f"{a.policy} at {a.budget}, KV {a.kv_format}: {s.steps} steps, {s.tokens_generated} tokens generated, {s.preemptions} "
           f"preemptions, {s.reprefilled} re-prefilled, high-water {s.kv_high_water} tokens "
           f"({s.tokens_generated / (time.perf_counter() - t0):.0f} tokens/s)")
     for r in reqs:

@@ -45,17 +45,18 @@ def serve_binary():
     return binary("KVCACHE_SERVE", "kvcache_serve")
 
 
-def run_cpp(tmp_path, policy):
-    out = tmp_path / f"{policy}.json"
-    args = [serve_binary(), "--policy", policy, "--optimistic", "--json", str(out)]
+def run_cpp(tmp_path, policy, kv_format="f32"):
+    out = tmp_path / f"{policy}-{kv_format}.json"
+    args = [serve_binary(), "--policy", policy, "--optimistic", "--kv-format", kv_format, "--json", str(out)]
     for k, v in WORKLOAD.items():
         args += [f"--{k}", str(v)]
     subprocess.run(args, check=True, capture_output=True)
     return json.loads(out.read_text())
 
 
-def run_python(model, policy, check_each_step=False):
-    cfg = eng.EngineConfig(max_kv_tokens=WORKLOAD["pool"], chunk=WORKLOAD["chunk"], optimistic=True)
+def run_python(model, policy, check_each_step=False, kv_format="f32", kv_scales=None):
+    cfg = eng.EngineConfig(max_kv_tokens=WORKLOAD["pool"], chunk=WORKLOAD["chunk"], optimistic=True,
+                           kv_format=kv_format, kv_scales=kv_scales)
     reqs = serve.workload(serve.heldout(), WORKLOAD["requests"], WORKLOAD["prompt"], WORKLOAD["new"])
     p, cfg = eng.policy_by_name(policy, WORKLOAD["budget"], model.c, cfg)
     e = eng.Engine(model, cfg, p)
@@ -81,10 +82,7 @@ def check_state(e, reqs):
             assert e.positions[g, slots].tolist() == list(e.cache.positions(seq, g)), (r.id, g)
 
 
-@pytest.mark.parametrize("policy", eng.POLICY_NAMES)
-def test_python_engine_matches_cpp_engine(model, tmp_path, policy):
-    ref = run_cpp(tmp_path, policy)
-    e, reqs = run_python(model, policy)
+def assert_same_run(e, reqs, ref, tolerance=LOGIT_TOLERANCE):
     assert vars(e.stats) == ref["stats"]
     assert len(reqs) == len(ref["requests"])
     for r, c in zip(reqs, ref["requests"]):
@@ -93,9 +91,74 @@ def test_python_engine_matches_cpp_engine(model, tmp_path, policy):
         assert r.peak_kv == c["peak_kv"]
         ours = torch.stack(r.logits).numpy()
         theirs = np.array(c["logits"], dtype=np.float32).reshape(ours.shape)
-        assert np.abs(ours - theirs).max() <= LOGIT_TOLERANCE, f"request {r.id}"
+        assert np.abs(ours - theirs).max() <= tolerance, f"request {r.id}"
     # Everything went back to the pool.
     assert e.cache.free_blocks == e.blocks - 1 and e.cache.promised_blocks == 0
+
+
+@pytest.mark.parametrize("policy", eng.POLICY_NAMES)
+def test_python_engine_matches_cpp_engine(model, tmp_path, policy):
+    ref = run_cpp(tmp_path, policy)
+    e, reqs = run_python(model, policy)
+    assert_same_run(e, reqs, ref)
+
+
+# Quantized pools (EngineConfig.kv_format): both engines quantize through the
+# same host kernels, so they store the same codes wherever their K/V agree.
+# Their K/V agree within float32 rounding, which can carry a value across a
+# code boundary: one code step apart (an eighth of the value for e4m3, a
+# third of the group's range for int2). Tokens and statistics stay equal;
+# the largest logit difference seen is 0.036 (int2 groups of 16 under H2O)
+# on logits of magnitude ~10. The calibrated format takes the C++ engine's
+# scales from its JSON.
+QUANT_TOLERANCE = 0.1
+
+
+@pytest.mark.parametrize("policy,kv_format", [("keep_all", "int8_g32"), ("h2o", "fp8_e4m3_head"),
+                                              ("snapkv", "int4_g32_min"), ("sliding_window", "fp8_e4m3_tensor"),
+                                              ("h2o", "int2_g16_min"), ("keep_all", "fp4_g16")])
+def test_python_engine_matches_cpp_engine_on_a_quantized_pool(model, tmp_path, policy, kv_format):
+    ref = run_cpp(tmp_path, policy, kv_format)
+    assert ref["kv_format"] == kv_format
+    scales = ref["kv_scales"]
+    calibrated = eng.KV_FORMATS[kv_format][2]
+    assert bool(scales["k"]) == calibrated
+    e, reqs = run_python(model, policy, kv_format=kv_format,
+                         kv_scales=(scales["k"], scales["v"]) if calibrated else None)
+    assert_same_run(e, reqs, ref, QUANT_TOLERANCE)
+    # Quantization reached the attention: the logits are not the f32 pool's.
+    f32 = run_cpp(tmp_path, policy)
+    assert np.abs(np.array(ref["requests"][0]["logits"]) - np.array(f32["requests"][0]["logits"])).max() > 1e-3
+
+
+def test_calibration_matches_the_cpp_engine(model, tmp_path):
+    """The Python calibration pass finds the C++ one's scales, to float32 rounding of the K/V."""
+    ref = run_cpp(tmp_path, "keep_all", "fp8_e4m3_head")["kv_scales"]
+    k, v = eng.calibrate_kv_scales(model, eng.heldout_window(model.c["context"]), kv.DType.fp8_e4m3)
+    assert len(k) == len(ref["k"]) == model.c["layers"] * model.c["kv_heads"]
+    np.testing.assert_allclose(k, ref["k"], rtol=1e-5)
+    np.testing.assert_allclose(v, ref["v"], rtol=1e-5)
+
+
+def test_kv_format_refusals(model):
+    cells = model.c["layers"] * model.c["kv_heads"]
+
+    def build(**kw):
+        return eng.Engine(model, eng.EngineConfig(max_kv_tokens=64, **kw), kv.KeepAll())
+
+    with pytest.raises(ValueError, match="unknown KV format 'int3'"):
+        build(kv_format="int3")
+    with pytest.raises(ValueError, match=f"kv_scales.k: 3 scales, the format needs {cells}"):
+        build(kv_format="fp8_e4m3_head", kv_scales=([1.0] * 3, [1.0] * cells))
+    bad = [1.0] * cells
+    bad[5] = -2.0
+    with pytest.raises(ValueError, match=r"kv_scales.v\[5\] = -2.0: not positive and finite"):
+        build(kv_format="fp8_e4m3_head", kv_scales=([1.0] * cells, bad))
+    with pytest.raises(ValueError, match="kv_scales: given, but int8_g32 holds no engine-held scales"):
+        build(kv_format="int8_g32", kv_scales=([1.0] * cells, [1.0] * cells))
+    with pytest.raises(ValueError, match="the hybrid engine stores f32"):
+        build(kv_format="int8_g32", window=32)
+    assert build(kv_format="fp8_e4m3_head", kv_scales=([0.5] * cells, [0.25] * cells)).scales[1][0][0] == 0.25
 
 
 def test_workload_preempts_and_evicts(tmp_path):

@@ -2,7 +2,8 @@
 // each (layer, kv-head)'s largest |K| and |V|, a per-head fp8 pool serves
 // exactly what a buffer of the same per-head round trip serves, the gated
 // engine reads its single-head pool back with each head's scale, and scales
-// that do not fit the format are refused before anything is built.
+// that do not fit the format are refused before anything is built; every
+// named format serves.
 #include <catch2/catch.hpp>
 #include <array>
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "engine_testing.hpp"
 #include "forward.hpp"
 #include "gated.hpp"
+#include "kv_formats.hpp"
 #include "kv_store.hpp"
 #include "model.hpp"
 
@@ -210,4 +212,38 @@ TEST_CASE("engine-held scales that do not fit the format are refused by name, be
                 {std::vector<float>(cells, 1.0f), {}})
             .rfind("kv_scales.k: " + std::to_string(cells) + " scales given, but the format's side holds no", 0) == 0);
   CHECK(refusal(kv::DType::fp8_e4m3, kHead, {std::vector<float>(cells, 0.5f), {}}).empty());  // fits: built
+}
+
+TEST_CASE("KV formats by name: each serves a request, a calibrated one gets its scales, an unknown name is refused") {
+  const engine::Model model(kDir + "/kjv-tiny.bin");
+  const auto text = heldout(600);
+  std::vector<std::string> names;
+  for (const engine::NamedKvFormat& f : engine::kv_formats()) {
+    INFO(f.name);
+    names.push_back(f.name);
+    CHECK(&engine::kv_format_named(f.name) == &f);
+    const auto cfg = engine::with_kv_format({.max_kv_tokens = 512, .max_batch = 1}, f, model,
+                                            engine::calibration_window(text, model.config().context));
+    CHECK(cfg.kv_dtype == f.dtype);
+    CHECK(cfg.kv_format == f.format);
+    CHECK(cfg.kv_scales.k.empty() == !f.calibrated);
+    engine::Engine<kv::KeepAll> e(model, cfg, {});
+    std::vector<engine::Request> reqs(1);
+    reqs[0].prompt.assign(text.begin(), text.begin() + 100);
+    reqs[0].max_new = 8;
+    e.run(reqs);
+    CHECK(reqs[0].output.size() == 8);
+    REQUIRE(e.cache().check_invariants().ok());
+  }
+  std::sort(names.begin(), names.end());
+  CHECK(std::adjacent_find(names.begin(), names.end()) == names.end());  // one format a name
+  // The calibration window is the text's last context tokens (all of a shorter text).
+  CHECK(engine::calibration_window(text, 256).data() == text.data() + 344);
+  CHECK(engine::calibration_window(text, 4096).size() == text.size());
+  try {
+    (void)engine::kv_format_named("int3");
+    FAIL("int3 was accepted");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).rfind("unknown KV format 'int3' (one of: f32, f16, fp8_e4m3_tensor,", 0) == 0);
+  }
 }
