@@ -15,15 +15,17 @@
 // stay unpublished and unshared, and each import commits (the "transfer"
 // wrote them) or aborts (the rest is recomputed). Failed calls must leave
 // the cache bit-for-bit as it was. With a quantized mirror, every write,
-// copy-on-write and import also lands in a real int4 pool with group scales
-// (the scatter and block copy kernels), and every live position must read
-// back its token through its codes and entries.
+// copy-on-write and import also lands in a real quantized pool (int4, int2,
+// int8 and fp4 with group scales, fp8 with an engine-held scale: the scatter
+// and block copy kernels), and every live position must read back its token
+// through its codes and entries.
 #pragma once
 
 #include <catch2/catch.hpp>
 
 #include <kvcache/cache.hpp>
 #include <kvcache/kernels/block_copy.hpp>
+#include <kvcache/kernels/quant_rows.hpp>
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/transfer/transfer_holds.hpp>
 
@@ -56,34 +58,55 @@ struct Seq {
 using Hash3 = std::tuple<std::uint64_t, std::uint64_t>;
 
 // A real quantized pool beside the simulated memory: a token's bits are its
-// K row (0 or 1 per value) and their negation its V row, int4 in one group of
-// 16, K with a minimum and V symmetric. Reads round the dequantized values
-// back to bits; a block moved without its entries would read other tokens.
+// K row (0 or 1 per value) and their negation its V row, in one of the
+// formats below (head_dim 16, so a group of 16 is the whole row). Reads
+// round the dequantized values back to bits; a block moved without its
+// group entries would read other tokens. `scale` is the engine-held scale
+// of fp8 per head (codes 0 and 1 / scale), passed to scatter as an array.
+struct MirrorFormat {
+  const char* name;
+  DType dtype;
+  KvFormat format;
+  float scale = 1.0f;
+};
+inline const MirrorFormat kMirrorFormats[] = {
+    {"int4, groups of 16, K with a minimum", DType::int4,
+     {{.scales = Scales::group, .group = 16, .minimum = true}, {.scales = Scales::group, .group = 16}}},
+    {"int2, groups of 16 with a minimum", DType::int2,
+     {{.scales = Scales::group, .group = 16, .minimum = true}, {.scales = Scales::group, .group = 16, .minimum = true}}},
+    {"int8, groups of 16", DType::int8, {{.scales = Scales::group, .group = 16}, {.scales = Scales::group, .group = 16}}},
+    {"fp4 e2m1, groups of 16", DType::fp4_e2m1, {{.scales = Scales::group, .group = 16}, {.scales = Scales::group, .group = 16}}},
+    {"fp8 e4m3, an engine-held scale per head", DType::fp8_e4m3, {{.scales = Scales::head}, {.scales = Scales::head}}, 0.25f},
+};
+
 class QuantMirror {
  public:
-  explicit QuantMirror(std::int32_t block_size)
-      : g_(*Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 16, .block_size = block_size,
-                            .dtype = DType::int4,
-                            .format = {{.scales = Scales::group, .group = 16, .minimum = true},
-                                       {.scales = Scales::group, .group = 16}}})),
+  QuantMirror(std::int32_t block_size, const MirrorFormat& f)
+      : g_(*Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 16, .block_size = block_size, .dtype = f.dtype,
+                            .format = f.format})),
         bytes_(std::size_t(*g_.pool_bytes(kBlocks))),
-        view_(*make_pool_view(g_, bytes_.data(), kBlocks)) {}
+        view_(*make_pool_view(g_, bytes_.data(), kBlocks)),
+        held_(f.format.k.scales == Scales::head),
+        scale_(f.scale) {}
   void write(std::int32_t slot, std::int32_t token) {
     float k[16], v[16];
     for (int d = 0; d < 16; ++d) k[d] = float((token >> d) & 1), v[d] = -k[d];
-    REQUIRE(scatter_host({view_, KvSource{k, v, DType::f32, 0, 64, 64}, TokenAddress{&slot}, 1}).ok());
+    ScatterParams p{view_, KvSource{k, v, DType::f32, 0, 64, 64}, TokenAddress{&slot}, 1};
+    if (held_) p.k_scales = p.v_scales = &scale_;
+    REQUIRE(scatter_host(p).ok());
   }
   void copy(const BlockCopy& c) { REQUIRE(block_copy_host({view_, view_, &c, 1}).ok()); }
   // The token at slot, or -1 - d when value d of K and V disagree or is not a bit.
   std::int32_t read(std::int32_t slot) const {
     float k[16], v[16];
     const std::int32_t b = slot / g_.block_size(), t = slot % g_.block_size();
-    load_quantized_row(view_, 0, view_.row(b, 0, 0, t, 0), row_entries(view_, b, 0, 0, t, 0), k, DType::f32, 1.0f, 0, 1);
-    load_quantized_row(view_, 1, view_.row(b, 0, 1, t, 0), row_entries(view_, b, 0, 1, t, 0), v, DType::f32, 1.0f, 0, 1);
+    load_pool_span(view_, 0, view_.row(b, 0, 0, t, 0), row_entries(view_, b, 0, 0, t, 0), 0, 16, k);
+    load_pool_span(view_, 1, view_.row(b, 0, 1, t, 0), row_entries(view_, b, 0, 1, t, 0), 0, 16, v);
     std::int32_t token = 0;
     for (int d = 0; d < 16; ++d) {
-      const auto bit = std::int32_t(std::lround(k[d]));
-      if ((bit != 0 && bit != 1) || bit != std::int32_t(std::lround(-v[d]))) return -1 - d;
+      const float s = held_ ? scale_ : 1.0f;  // the pool holds x / scale: the gather kernel's multiply
+      const auto bit = std::int32_t(std::lround(k[d] * s));
+      if ((bit != 0 && bit != 1) || bit != std::int32_t(std::lround(-v[d] * s))) return -1 - d;
       token |= bit << d;
     }
     return token;
@@ -93,6 +116,8 @@ class QuantMirror {
   Geometry g_;
   std::vector<std::byte> bytes_;
   PoolView view_;
+  bool held_;
+  float scale_;
 };
 
 // B: the block size. A power of two and not take different paths (masks, and
@@ -102,7 +127,8 @@ class Harness {
   static constexpr std::int32_t kMaxTokens = B * kPerSeq;
 
  public:
-  explicit Harness(std::uint64_t seed, bool quantized = false)
+  // mirror: a real quantized pool that every write, copy and import also lands in.
+  explicit Harness(std::uint64_t seed, const MirrorFormat* mirror = nullptr)
       : rng_(seed),
         cache_({.geometry = *Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = B}),
                 .num_blocks = kBlocks,
@@ -111,7 +137,7 @@ class Harness {
                 .event_capacity = 256,
                 .publish_on_reserve = Auto}),
         mem_(std::size_t(kBlocks) * B, -1) {
-    if (quantized) mirror_.emplace(B);
+    if (mirror) mirror_.emplace(B, *mirror);
     for (auto& t : templates_) {
       t.resize(kMaxTokens);
       for (auto& x : t) x = std::int32_t(rng_() % 1000);

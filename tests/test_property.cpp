@@ -32,12 +32,12 @@ std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
 }  // namespace
 
 template <std::int32_t B, bool Auto = false>
-void run_property(std::uint64_t seed, std::uint64_t ops, bool quantized = false) {
+void run_property(std::uint64_t seed, std::uint64_t ops, const kvtest::MirrorFormat* mirror = nullptr) {
   std::printf("test_property: block_size=%d KVCACHE_SEED=%llu KVCACHE_PROPERTY_OPS=%llu\n", B,
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(ops));
   std::fflush(stdout);
   INFO("replay with KVCACHE_SEED=" << seed << " (block size " << B << ")");
-  kvtest::Harness<B, Auto> h(seed, quantized);
+  kvtest::Harness<B, Auto> h(seed, mirror);
   for (std::uint64_t i = 0; i < ops; ++i) h.step();
   std::printf("test_property: %lld ok, %lld rejected, %lld prefix hits, %lld copy-on-write, %lld admitted, %lld imports "
               "committed, %lld aborted\n",
@@ -66,10 +66,17 @@ TEST_CASE("a million random operations keep every invariant and every token") {
 
 TEST_CASE("random operations keep every token in a quantized pool: writes, copy-on-write and imports move codes and scales") {
   const std::uint64_t seed = env_u64("KVCACHE_SEED", std::random_device{}());
-  // A tenth of the operations: every check reads every live token back through its codes.
+  // A tenth of the operations: every check reads every live token back
+  // through its codes. int4 runs both block sizes; each other format a
+  // fifth of that, in one of them.
   const std::uint64_t ops = env_u64("KVCACHE_PROPERTY_OPS", 1'000'000) / 10;
-  SECTION("block size 4") { run_property<4>(seed, ops, true); }
-  SECTION("block size 3, publishing on reserve") { run_property<3, true>(seed, ops / 2, true); }
+  const auto& f = kvtest::kMirrorFormats;
+  SECTION("int4, block size 4") { run_property<4>(seed, ops, &f[0]); }
+  SECTION("int4, block size 3, publishing on reserve") { run_property<3, true>(seed, ops / 2, &f[0]); }
+  SECTION("int2, block size 3") { run_property<3>(seed, ops / 5, &f[1]); }
+  SECTION("int8, block size 4, publishing on reserve") { run_property<4, true>(seed, ops / 5, &f[2]); }
+  SECTION("fp4, block size 4") { run_property<4>(seed, ops / 5, &f[3]); }
+  SECTION("fp8 with a held scale, block size 3") { run_property<3>(seed, ops / 5, &f[4]); }
 }
 
 TEST_CASE("random operations through a Write-Gated KV cache keep every head row and its K/V") {

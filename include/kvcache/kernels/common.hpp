@@ -117,6 +117,10 @@ inline Status check_csr(const std::int32_t* indptr, std::int32_t n) noexcept {
 
 // ---- dtype conversions (round to nearest even; fp8 = OCP E4M3FN, saturating) ----
 namespace cvt {
+/// The largest finite f16 and fp8 e4m3 values: where a scale stored in that
+/// type saturates, and e4m3's largest code.
+inline constexpr float kF16Max = 65504.0f;
+inline constexpr float kE4m3Max = 448.0f;
 KVCACHE_HOST_DEVICE inline std::uint32_t bits(float f) noexcept {
   std::uint32_t u;
   std::memcpy(&u, &f, 4);

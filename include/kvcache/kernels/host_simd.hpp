@@ -198,16 +198,37 @@ KVCACHE_AVX2_INLINE inline void store32(std::byte* p, const __m256 (&v)[4]) noex
   }
 }
 
-template <DType S, DType D>
-KVCACHE_AVX2 inline void run(std::byte* dst, const std::byte* src, std::int32_t n8, float mul) noexcept {
-  const __m256 m = _mm256_set1_ps(mul);
+// n elements of D at dst (n a multiple of 8), element i's vector of eight
+// from f(i): 32 at a time through store32's whole stores, then 8 at a time.
+// Every host loop that writes a row goes through here; f is a functor whose
+// operator() carries KVCACHE_AVX2_INLINE (a lambda would not inherit the
+// target).
+template <DType D, class F>
+KVCACHE_AVX2_INLINE inline void store_each(std::byte* dst, std::int32_t n, F f) noexcept {  // f by value: a byte store cannot alias it
   std::int32_t i = 0;
-  for (; i + 32 <= n8; i += 32) {
+  for (; i + 32 <= n; i += 32) {
     __m256 v[4];
-    for (int j = 0; j < 4; ++j) v[j] = _mm256_mul_ps(load8<S, D == DType::f32>(src + row_bytes(S, i + 8 * j)), m);
+    for (int j = 0; j < 4; ++j) v[j] = f(i + 8 * j);
     store32<D>(dst + row_bytes(D, i), v);
   }
-  for (; i < n8; i += 8) store8<D>(dst + row_bytes(D, i), _mm256_mul_ps(load8<S, D == DType::f32>(src + row_bytes(S, i)), m));
+  for (; i < n; i += 8) store8<D>(dst + row_bytes(D, i), f(i));
+}
+// Elements i.. of src (type S) times mul, then times post when Post (a
+// group's 1 / scale: (x * mul) * inv, not x * (mul * inv), as the scalar code).
+template <DType S, bool Exact, bool Post = false>
+struct Scaled {
+  const std::byte* src;
+  __m256 mul, post = _mm256_set1_ps(1.0f);
+  KVCACHE_AVX2_INLINE __m256 operator()(std::int32_t i) const noexcept {
+    const __m256 x = _mm256_mul_ps(load8<S, Exact>(src + row_bytes(S, i)), mul);
+    if constexpr (Post) return _mm256_mul_ps(x, post);
+    return x;
+  }
+};
+
+template <DType S, DType D>
+KVCACHE_AVX2 inline void run(std::byte* dst, const std::byte* src, std::int32_t n8, float mul) noexcept {
+  store_each<D>(dst, n8, Scaled<S, D == DType::f32>{src, _mm256_set1_ps(mul)});
 }
 template <DType S>
 inline bool run_to(DType dt, std::byte* dst, const std::byte* src, std::int32_t n8, float mul) noexcept {
@@ -244,14 +265,18 @@ inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, st
   return done ? n8 : 0;
 }
 namespace avx2 {
-KVCACHE_AVX2 inline std::uint32_t abs_max_bits(const float* x, std::int32_t n8) noexcept {
-  I m = _mm256_setzero_si256();
-  for (std::int32_t i = 0; i < n8; i += 8)
-    m = _mm256_max_epi32(m, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const I*>(x + i)), k(0x7fffffffu)));
+// The largest of eight lanes (signed).
+KVCACHE_AVX2_INLINE inline std::uint32_t hmax_epi32(I m) noexcept {
   __m128i h = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
   h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4e));
   h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0xb1));
   return static_cast<std::uint32_t>(_mm_cvtsi128_si32(h));
+}
+KVCACHE_AVX2 inline std::uint32_t abs_max_bits(const float* x, std::int32_t n8) noexcept {
+  I m = _mm256_setzero_si256();
+  for (std::int32_t i = 0; i < n8; i += 8)
+    m = _mm256_max_epi32(m, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const I*>(x + i)), k(0x7fffffffu)));
+  return hmax_epi32(m);
 }
 }  // namespace avx2
 

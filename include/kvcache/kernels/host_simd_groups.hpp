@@ -28,20 +28,14 @@ namespace simd {
 #define KVCACHE_AVX2_INLINE __attribute__((target("avx2,f16c"), always_inline))
 namespace avx2 {
 
-KVCACHE_AVX2_INLINE inline std::uint32_t hmax_epi32(I m) noexcept {
-  __m128i h = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
-  h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-  h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(h));
-}
-
 // group_scale for eight groups' abs maxima: amax / code_max, saturated at
 // f16's largest (an ordered compare: a NaN stays NaN, as `want > max ?`
 // leaves it), then through f16 and back (the bit codes, whose bits are
 // cvt's). The f16 bits go to the entries; inv = 1 / scale where scale > 0.
 KVCACHE_AVX2_INLINE inline void group_scales(__m256 amax, float code_max, I& f16_bits, __m256& inv) noexcept {
   __m256 want = _mm256_div_ps(amax, _mm256_set1_ps(code_max));
-  want = _mm256_blendv_ps(want, _mm256_set1_ps(65504.0f), _mm256_cmp_ps(want, _mm256_set1_ps(65504.0f), _CMP_GT_OQ));
+  const __m256 f16_max = _mm256_set1_ps(cvt::kF16Max);
+  want = _mm256_blendv_ps(want, f16_max, _mm256_cmp_ps(want, f16_max, _CMP_GT_OQ));
   f16_bits = f32_to_f16(want);
   const __m256 scale = f16_to_f32(f16_bits);
   inv = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), scale), _mm256_cmp_ps(scale, _mm256_setzero_ps(), _CMP_GT_OQ));
@@ -73,14 +67,7 @@ KVCACHE_AVX2 inline void quantize_groups(std::byte* codes, std::byte* entries, c
       std::memcpy(entries + 2 * (b + j), &e, 2);
       const std::byte* in = src + row_bytes(S, std::int64_t{b + j} * group);
       std::byte* out = codes + std::int64_t{b + j} * group;
-      const __m256 iv = _mm256_set1_ps(ib[j]);
-      std::int32_t i = 0;
-      for (; i + 32 <= group; i += 32) {
-        __m256 v[4];
-        for (int q = 0; q < 4; ++q) v[q] = _mm256_mul_ps(_mm256_mul_ps(load8<S, false>(in + row_bytes(S, i + 8 * q)), m), iv);
-        store32<C>(out + i, v);
-      }
-      for (; i < group; i += 8) store8<C>(out + i, _mm256_mul_ps(_mm256_mul_ps(load8<S, false>(in + row_bytes(S, i)), m), iv));
+      store_each<C>(out, group, Scaled<S, false, true>{in, m, _mm256_set1_ps(ib[j])});
     }
   }
 }
@@ -92,16 +79,9 @@ KVCACHE_AVX2 inline void dequantize_groups(std::byte* out, const std::byte* code
   for (std::int32_t g = 0; g < groups; ++g) {
     std::uint16_t e;
     std::memcpy(&e, entries + 2 * g, 2);
-    const __m256 s = _mm256_set1_ps(cvt::f16_to_f32(e));
-    const std::byte* in = codes + std::int64_t{g} * group;
-    std::byte* o = out + row_bytes(O, std::int64_t{g} * group);
-    std::int32_t i = 0;
-    for (; i + 32 <= group; i += 32) {
-      __m256 v[4];
-      for (int q = 0; q < 4; ++q) v[q] = _mm256_mul_ps(_mm256_mul_ps(load8<C, true>(in + i + 8 * q), s), m);
-      store32<O>(o + row_bytes(O, i), v);
-    }
-    for (; i < group; i += 8) store8<O>(o + row_bytes(O, i), _mm256_mul_ps(_mm256_mul_ps(load8<C, true>(in + i), s), m));
+    // (code * scale) * mul, as dequantize_group then move_row compute it.
+    store_each<O>(out + row_bytes(O, std::int64_t{g} * group), group,
+                  Scaled<C, true, true>{codes + std::int64_t{g} * group, _mm256_set1_ps(cvt::f16_to_f32(e)), m});
   }
 }
 

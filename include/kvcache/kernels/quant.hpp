@@ -21,7 +21,7 @@ namespace quant {
 /// Largest code magnitude: what the group's largest value maps to.
 KVCACHE_HOST_DEVICE constexpr float code_max(DType code, bool minimum) noexcept {
   switch (code) {
-    case DType::fp8_e4m3: return 448.0f;
+    case DType::fp8_e4m3: return cvt::kE4m3Max;
     case DType::fp8_e5m2: return 57344.0f;
     case DType::int8: return minimum ? 255.0f : 127.0f;
     case DType::int4: return minimum ? 15.0f : 7.0f;
@@ -140,7 +140,7 @@ KVCACHE_HOST_DEVICE inline void key_range(const float* x, std::int32_t n, std::i
 /// entry type, as the reader will see them (storing them again is exact).
 /// Every writer of a group, host or CUDA, one thread or many, calls this.
 KVCACHE_HOST_DEVICE inline GroupScale group_scale(DType code, bool minimum, float lo, float hi, float amax) noexcept {
-  const float type_max = group_scale_dtype(code) == DType::f16 ? 65504.0f : 448.0f;
+  const float type_max = group_scale_dtype(code) == DType::f16 ? cvt::kF16Max : cvt::kE4m3Max;
   float want = (minimum ? hi - lo : amax) / code_max(code, minimum);
   want = want > type_max ? type_max : want;  // a scale past its type saturates, never inf
   // Through the entry type and back: the value its bits hold.
