@@ -92,31 +92,6 @@ TEST_CASE("keep-all through the paged cache gives exactly the contiguous buffer'
   CHECK(cache.check_invariants().ok());
 }
 
-// A plain buffer that holds what a quantized pool gives back: each row
-// quantized and dequantized with the group codecs before it is stored.
-class RoundTripKv {
- public:
-  RoundTripKv(const engine::ModelConfig& c, std::int32_t capacity, kv::DType code, kv::SideFormat f)
-      : plain_(c, capacity), heads_(c.kv_heads), hd_(c.head_dim()), code_(code), f_(f) {}
-  void write(std::int32_t l, const float* k, const float* v, std::int32_t n) {
-    std::vector<float> kq(k, k + std::ptrdiff_t(n) * heads_ * hd_), vq(v, v + std::ptrdiff_t(n) * heads_ * hd_);
-    std::vector<std::uint8_t> codes(static_cast<std::size_t>(hd_)), entries(static_cast<std::size_t>(hd_) * 4);
-    for (auto* rows : {&kq, &vq})
-      for (std::size_t at = 0; at < rows->size(); at += std::size_t(hd_)) {
-        kv::quant::quantize_row(rows->data() + at, hd_, code_, f_, codes.data(), entries.data());
-        kv::quant::dequantize_row(codes.data(), entries.data(), hd_, code_, f_, rows->data() + at);
-      }
-    plain_.write(l, kq.data(), vq.data(), n);
-  }
-  engine::HeldKv read(std::int32_t l, std::int32_t g) const { return plain_.read(l, g); }
-
- private:
-  engine::ContiguousKv plain_;
-  std::int32_t heads_, hd_;
-  kv::DType code_;
-  kv::SideFormat f_;
-};
-
 TEST_CASE("a quantized pool serves exactly what a buffer of the dequantized values serves") {
   // EngineConfig::kv_dtype / kv_format's path: scatter quantizes, gather
   // dequantizes. The logits match, bit for bit, those of a plain buffer fed
@@ -134,7 +109,12 @@ TEST_CASE("a quantized pool serves exactly what a buffer of the dequantized valu
     const auto seq = *cache.add_sequence();
     std::vector<std::int64_t> positions(std::size_t(kBlocks * B), -1);
     engine::Forward paged_fwd(model), plain_fwd(model), exact_fwd(model);
-    RoundTripKv plain(c, kPrompt + kNew, code, f);
+    // The same rows through the group codecs.
+    std::vector<std::uint8_t> codes(std::size_t(c.head_dim())), entries(std::size_t(c.head_dim()) * 4);
+    RoundTripKv plain(c, kPrompt + kNew, [&, code = code, f = f](std::int32_t, std::int32_t, std::int32_t, float* row) {
+      kv::quant::quantize_row(row, c.head_dim(), code, f, codes.data(), entries.data());
+      kv::quant::dequantize_row(codes.data(), entries.data(), c.head_dim(), code, f, row);
+    });
     engine::ContiguousKv exact(c, kPrompt + kNew);
     auto tokens = heldout(kPrompt);
     std::vector<std::int32_t> slots(kPrompt);

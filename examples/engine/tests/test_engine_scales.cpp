@@ -29,35 +29,6 @@ namespace {
 const kv::KvFormat kHead{{.scales = kv::Scales::head}, {.scales = kv::Scales::head}};
 const kv::KvFormat kTensor{{.scales = kv::Scales::tensor}, {.scales = kv::Scales::tensor}};
 
-// A plain buffer holding what a per-head e4m3 pool gives back: x times
-// 1 / scale, rounded to e4m3, times scale (the scatter and gather kernels' steps).
-class HeadRoundTripKv {
- public:
-  HeadRoundTripKv(const engine::ModelConfig& c, std::int32_t capacity, const engine::KvScales& s)
-      : plain_(c, capacity), heads_(c.kv_heads), hd_(c.head_dim()), s_(s) {}
-  void write(std::int32_t l, const float* k, const float* v, std::int32_t n) {
-    std::vector<float> kq(k, k + std::ptrdiff_t(n) * heads_ * hd_), vq(v, v + std::ptrdiff_t(n) * heads_ * hd_);
-    for (std::int32_t side = 0; side < 2; ++side) {
-      std::vector<float>& rows = side == 0 ? kq : vq;
-      for (std::int32_t t = 0; t < n; ++t)
-        for (std::int32_t h = 0; h < heads_; ++h) {
-          const float s = (side == 0 ? s_.k : s_.v)[std::size_t(l * heads_ + h)], inv = 1.0f / s;
-          for (std::int32_t i = 0; i < hd_; ++i) {
-            float& x = rows[std::size_t((t * heads_ + h) * hd_ + i)];
-            x = kv::cvt::e4m3_to_f32(kv::cvt::f32_to_e4m3(x * inv)) * s;
-          }
-        }
-    }
-    plain_.write(l, kq.data(), vq.data(), n);
-  }
-  engine::HeldKv read(std::int32_t l, std::int32_t g) const { return plain_.read(l, g); }
-
- private:
-  engine::ContiguousKv plain_;
-  std::int32_t heads_, hd_;
-  engine::KvScales s_;
-};
-
 }  // namespace
 
 TEST_CASE("calibration: each (layer, kv-head)'s largest |K| and |V| over the window, divided by the code's largest") {
@@ -123,7 +94,12 @@ TEST_CASE("a per-head fp8 pool serves exactly what a buffer of the per-head roun
     const engine::HeldScales held(s, kHead, c);
     std::vector<std::int64_t> positions(std::size_t(kBlocks * B), -1);
     engine::Forward paged_fwd(model), plain_fwd(model);
-    HeadRoundTripKv plain(c, kPrompt + kNew, s);
+    // Each (layer, head)'s rows: x times 1 / scale, rounded to e4m3, times
+    // scale (the scatter and gather kernels' steps).
+    RoundTripKv plain(c, kPrompt + kNew, [&](std::int32_t side, std::int32_t l, std::int32_t h, float* row) {
+      const float sc = (side == 0 ? s.k : s.v)[std::size_t(l * c.kv_heads + h)], inv = 1.0f / sc;
+      for (std::int32_t i = 0; i < c.head_dim(); ++i) row[i] = kv::cvt::e4m3_to_f32(kv::cvt::f32_to_e4m3(row[i] * inv)) * sc;
+    });
     auto tokens = heldout(kPrompt);
     std::vector<std::int32_t> slots(kPrompt);
     std::vector<float> lp, lc;
