@@ -56,8 +56,7 @@ inline void quant_study(const engine::Model& model, const engine::EngineConfig& 
         rows[j].policy = fmt::format("h2o {}", c.context / 2);
       } else {
         GatedFigures fig;
-        rows[j] = evaluate_gated(model, gates[0], w, full_outputs, fig, {}, kvcache::KeepAll{}, f.dtype, f.format,
-                                 cfg.kv_scales);
+        rows[j] = evaluate_gated(model, gates[0], w, full_outputs, fig, {}, kvcache::KeepAll{}, cfg);
         rows[j].policy = fmt::format("wg_kv λ={:g}", gates[0].lambda);
       }
       const std::lock_guard<std::mutex> lock(progress);

@@ -138,12 +138,12 @@ struct GatedFigures {
 };
 
 // The same tasks under Write-Gated KV with one gate set, a request at a time,
-// alone or composed with Quest (Selection) and a token policy on the global regions (Eviction).
+// alone or composed with Quest (Selection) and a token policy on the global regions (Eviction);
+// `stored`: how the pool stores K/V (its kv_dtype, kv_format and kv_scales; the rest is not read).
 template <class Selection = kvcache::SelectAll, class Eviction = kvcache::KeepAll>
 Row evaluate_gated(const engine::Model& m, const engine::GateSet& g, const Workset& w,
                    const std::vector<engine::Request>& full_outputs, GatedFigures& fig, kvcache::QuestConfig quest = {},
-                   Eviction eviction = {}, kvcache::DType kv_dtype = kvcache::DType::f32, kvcache::KvFormat kv_format = {},
-                   engine::KvScales kv_scales = {}) {
+                   Eviction eviction = {}, const engine::EngineConfig& stored = {}) {
   const auto t0 = std::chrono::steady_clock::now();
   Row row;
   engine::GatedEngine<Selection, Eviction> e(m, g,
@@ -151,9 +151,9 @@ Row evaluate_gated(const engine::Model& m, const engine::GateSet& g, const Works
                                                                   .chunk = 64,
                                                                   .max_batch = 1,
                                                                   .quest = quest,
-                                                                  .kv_dtype = kv_dtype,
-                                                                  .kv_format = kv_format,
-                                                                  .kv_scales = std::move(kv_scales)},
+                                                                  .kv_dtype = stored.kv_dtype,
+                                                                  .kv_format = stored.kv_format,
+                                                                  .kv_scales = stored.kv_scales},
                                              eviction);
   auto answered = [&](const std::vector<engine::TaskSample>& samples) {
     std::int64_t hits = 0;
