@@ -9,12 +9,14 @@
 #include <kvcache/kernels/ring_write.cuh>
 #include <kvcache/kernels/rope.cuh>
 #include <kvcache/kernels/scatter.cuh>
+#include <kvcache/kernels/seal.cuh>
 #include <kvcache/kernels/scores.cuh>
 #include <kvcache/kernels/write_gate.cuh>
 
 namespace kvgpu {
 cudaError_t scatter(const kv::ScatterParams& p, cudaStream_t s) { return kv::scatter_cuda(p, s); }
 cudaError_t gather(const kv::GatherParams& p, cudaStream_t s) { return kv::gather_cuda(p, s); }
+cudaError_t seal_blocks(const kv::SealParams& p, cudaStream_t s) { return kv::seal_blocks_cuda(p, s); }
 cudaError_t block_copy(const kv::BlockCopyParams& p, cudaStream_t s) { return kv::block_copy_cuda(p, s); }
 cudaError_t ring_write(const kv::RingWriteParams& p, cudaStream_t s) { return kv::ring_write_cuda(p, s); }
 cudaError_t compaction(const kv::CompactionParams& p, cudaStream_t s) { return kv::compaction_cuda(p, s); }

@@ -14,6 +14,7 @@
 #include <kvcache/kernels/ring_write.hpp>
 #include <kvcache/kernels/rope.hpp>
 #include <kvcache/kernels/scatter.hpp>
+#include <kvcache/kernels/seal.hpp>
 #include <kvcache/kernels/scores.hpp>
 #include <kvcache/kernels/write_gate.hpp>
 #include <kvcache/kernels/ring_admit.hpp>
@@ -22,6 +23,7 @@ namespace kvgpu {
 namespace kv = kvcache;
 cudaError_t scatter(const kv::ScatterParams& p, cudaStream_t s = nullptr);
 cudaError_t gather(const kv::GatherParams& p, cudaStream_t s = nullptr);
+cudaError_t seal_blocks(const kv::SealParams& p, cudaStream_t s = nullptr);
 cudaError_t block_copy(const kv::BlockCopyParams& p, cudaStream_t s = nullptr);
 cudaError_t ring_write(const kv::RingWriteParams& p, cudaStream_t s = nullptr);
 cudaError_t compaction(const kv::CompactionParams& p, cudaStream_t s = nullptr);

@@ -2,7 +2,8 @@
 // ranges and moves. The host backend validates everything it can see before
 // writing, so a call either succeeds or returns an error with the pool and
 // the outputs untouched; ASan and UBSan catch any read or write outside them.
-// Quantized pools too: their group entries must stay inside each plane.
+// Quantized pools too: their group and channel entries must stay inside
+// each plane.
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/gather.hpp>
@@ -10,6 +11,7 @@
 #include <kvcache/kernels/page_select.hpp>
 #include <kvcache/kernels/rope.hpp>
 #include <kvcache/kernels/scatter.hpp>
+#include <kvcache/kernels/seal.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -59,6 +61,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     spec.dtype = codes[b % 5];
     const bool minimum = (b & 8) != 0 && kv::is_integer_code(spec.dtype);
     spec.format.k = spec.format.v = {.scales = kv::Scales::group, .group = 16, .minimum = minimum};
+    // Sometimes KIVI's keys: integer codes scaled per (block, head, channel).
+    if ((b & 16) != 0 && kv::is_integer_code(spec.dtype)) spec.format.k = {.scales = kv::Scales::channel, .minimum = minimum};
   }
   const auto g = kv::Geometry::make(spec);
   const std::int64_t blocks = 4;
@@ -71,7 +75,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   kv::Status st{};
   const std::int32_t tokens = std::int32_t(in.byte() % 8);
   switch (in.byte() % 8) {
-    case 0: {  // scatter by slot mapping
+    case 0: {  // scatter by slot mapping; a channel-scaled pool's blocks are sealed whole instead
+      if (spec.format.k.scales == kv::Scales::channel) {
+        auto sealed = in.ints(std::size_t(tokens), 4);
+        const std::int32_t n = std::min(tokens, 64 / spec.block_size);  // the source holds 64 tokens
+        kv::SealParams p{pool, {src.data(), src.data(), kv::DType::f32, 8 * 64, 8 * 8, 8}, sealed.data(), n, in.value(2),
+                         in.value(2)};
+        st = kv::seal_blocks_host(p);
+        break;
+      }
       auto slots = in.ints(std::size_t(tokens), slots_in_pool);
       kv::ScatterParams p{pool, {src.data(), src.data(), kv::DType::f32, 8 * 64, 8 * 8, 8}, kv::TokenAddress{slots.data()},
                           tokens, in.value(2), in.value(2)};

@@ -224,7 +224,7 @@ TEST_CASE("geometry: each bad format is a typed error naming its field") {
       {DType::int8, {{.scales = static_cast<Scales>(9)}, g32}, 128, "format.k.scales", 9},
       {DType::int4, {{.scales = Scales::tensor}, {.scales = Scales::tensor}}, 7,
        "head_dim (odd: a 4-bit dtype packs two values a byte)", 7},
-      {DType::int2, {{.scales = Scales::tensor}, g32}, 128, "format.k.scales (2-bit codes take group scales)", 1},
+      {DType::int2, {{.scales = Scales::tensor}, g32}, 128, "format.k.scales (2-bit codes take group or channel scales)", 1},
       {static_cast<DType>(9), {}, 128, "dtype", 9},
   };
   for (const Bad& b : cases) {

@@ -329,7 +329,7 @@ TEST_CASE("handshake: a quantized pool's format travels, is checked on read, and
   CHECK(read_with([](GroupLayout& g) { g.format.k.group = 48; }) == "invalid_argument: format.k.group (16, 32, 64 or 128)=48 (limit 128)");
   CHECK(read_with([](GroupLayout& g) { g.format.v.scales = Scales::none; g.format.v.group = 0; }) ==
         "invalid_argument: format.v.scales (an integer code needs scales)=0 (limit 1)");
-  CHECK(read_with([](GroupLayout& g) { g.format.k.scales = Scales(4); }) == "invalid_argument: format.k.scales=4 (limit 3)");
+  CHECK(read_with([](GroupLayout& g) { g.format.k.scales = Scales(5); }) == "invalid_argument: format.k.scales=5 (limit 4)");
   CHECK(read_with([](GroupLayout& g) { g.dtype = DType(9); }) == "invalid_argument: dtype=9 (limit 8)");
   CHECK(read_with([](GroupLayout& g) { g.v_head_dim = 0; }) == "invalid_argument: format.v.scales (the group has no V plane)=3 (limit 0)");
 

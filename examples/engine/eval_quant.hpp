@@ -5,6 +5,8 @@
 // in tokens and in bytes (the format's bytes per token, from Geometry).
 // Engine-held scales are 1, or calibrated (calibrate.hpp) on a window of
 // text before the runs, as an engine without checkpoint scales does.
+// KIVI's channel-scaled keys do not run with Write-Gated KV (the example
+// engine refuses them there: the gate's ring rewrites single rows).
 #pragma once
 
 #include <fmt/format.h>
@@ -35,8 +37,10 @@ inline void quant_study(const engine::Model& model, const engine::EngineConfig& 
     int variant;  // 0: full cache, 1: h2o at half the context, 2: Write-Gated KV
   };
   std::vector<Job> jobs;
-  for (std::size_t f = 0; f < formats.size(); ++f)
-    for (int v = 0; v < (gate_file.empty() ? 2 : 3); ++v) jobs.push_back({f, v});
+  for (std::size_t f = 0; f < formats.size(); ++f) {
+    const bool channel = formats[f].format.k.scales == kvcache::Scales::channel || formats[f].format.v.scales == kvcache::Scales::channel;
+    for (int v = 0; v < (gate_file.empty() || channel ? 2 : 3); ++v) jobs.push_back({f, v});
+  }
   std::vector<engine::GateSet> gates;
   if (!gate_file.empty()) gates.emplace_back(gate_file);
   std::vector<Row> rows(jobs.size());
@@ -73,9 +77,10 @@ inline void quant_study(const engine::Model& model, const engine::EngineConfig& 
       "| --- | ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
   for (std::size_t j = 0; j < jobs.size(); ++j) {
     const engine::NamedKvFormat& f = formats[jobs[j].format];
+    const std::int32_t block = cfgs[jobs[j].format].block_size;  // a format's own (KIVI's 32), or the engine's
     const auto g = kvcache::Geometry::make({.num_layers = c.layers, .num_kv_heads = c.kv_heads, .head_dim = c.head_dim(),
-                                            .block_size = 16, .dtype = f.dtype, .format = f.format});
-    const std::int64_t per_token = g->block_bytes() / 16;
+                                            .block_size = block, .dtype = f.dtype, .format = f.format});
+    const std::int64_t per_token = g->block_bytes() / block;
     const Row& r = rows[j];
     fmt::print("| {} | {} | {} | {} | {} | {:.3f} ± {:.3f} | {:.3f} | {:.1f} | {:.3f} | {} | {:.1f} |\n", f.label, per_token,
                r.policy, pct(r.passkey), pct(r.recall), r.repeat_loss.value, r.repeat_loss.hi - r.repeat_loss.value,

@@ -57,6 +57,9 @@ class GatedBackend {
       throw std::invalid_argument("gates: shape differs from the model's");
     if (cfg.optimistic) throw std::invalid_argument("optimistic: Write-Gated KV writes reserve inside the forward pass");
     if (cfg.layer_streams) throw std::invalid_argument("layer_streams: not with Write-Gated KV");
+    // The gate's ring rewrites single rows; a channel-scaled block's codes depend on all its tokens.
+    if (kvcache::channel_pool(pool_))
+      throw std::invalid_argument("kv_format: channel scales (KIVI) are not built for Write-Gated KV's ring");
   }
 
   const Cache& cache() const { return cache_; }

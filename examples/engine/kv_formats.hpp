@@ -2,6 +2,9 @@
 // kvcache_engine --kv-format NAME, the Python engine's EngineConfig.kv_format,
 // the rows of kvcache_eval --quant): a pool dtype, a KvFormat, and whether
 // its engine-held scales come from a calibration pass (else they are 1).
+// KIVI's format groups keys per channel over a block, so it names the block
+// size too (32, KIVI's group), and the engine keeps each open block in full
+// precision (channel_kv.hpp).
 #pragma once
 
 #include <algorithm>
@@ -23,13 +26,15 @@ struct NamedKvFormat {
   kvcache::DType dtype;
   kvcache::KvFormat format;
   bool calibrated = false;  // per-(layer, kv-head) scales from calibrate_kv_scales
+  std::int32_t block_size = 0;  // the pool's block size, for a format whose groups are blocks; 0: the engine's
 };
 
 inline const std::vector<NamedKvFormat>& kv_formats() {
   using kvcache::DType, kvcache::Scales;
   static const kvcache::SideFormat tensor{.scales = Scales::tensor}, head{.scales = Scales::head},
       g16{.scales = Scales::group, .group = 16}, g32{.scales = Scales::group, .group = 32},
-      g32m{.scales = Scales::group, .group = 32, .minimum = true}, g16m{.scales = Scales::group, .group = 16, .minimum = true};
+      g32m{.scales = Scales::group, .group = 32, .minimum = true}, g16m{.scales = Scales::group, .group = 16, .minimum = true},
+      channel_m{.scales = Scales::channel, .minimum = true};
   static const std::vector<NamedKvFormat> all{
       {"f32", "f32", DType::f32, {}},
       {"f16", "f16", DType::f16, {}},
@@ -39,7 +44,8 @@ inline const std::vector<NamedKvFormat>& kv_formats() {
       {"int4_g32_min", "int4, group 32 + minimum", DType::int4, {g32m, g32m}},
       {"fp4_g16", "fp4 e2m1, group 16", DType::fp4_e2m1, {g16, g16}},
       {"int2_g32_min", "int2, group 32 + minimum", DType::int2, {g32m, g32m}},
-      {"int2_g16_min", "int2, group 16 + minimum", DType::int2, {g16m, g16m}}};
+      {"int2_g16_min", "int2, group 16 + minimum", DType::int2, {g16m, g16m}},
+      {"int2_kivi", "int2 KIVI: K per channel, V group 32 (+ minimum, block 32)", DType::int2, {channel_m, g32m}, false, 32}};
   return all;
 }
 
@@ -60,11 +66,13 @@ inline std::span<const std::int32_t> calibration_window(const std::vector<std::i
   return {text.data() + text.size() - n, n};
 }
 
-// cfg with the pool stored in format f: dtype, KvFormat, and, for a
-// calibrated format, scales from `calibration` (a window of text).
+// cfg with the pool stored in format f: dtype, KvFormat, the format's block
+// size if it names one, and, for a calibrated format, scales from
+// `calibration` (a window of text).
 inline EngineConfig with_kv_format(EngineConfig cfg, const NamedKvFormat& f, const Model& m,
                                    std::span<const std::int32_t> calibration) {
   cfg.kv_dtype = f.dtype, cfg.kv_format = f.format;
+  if (f.block_size > 0) cfg.block_size = f.block_size;
   cfg.kv_scales = f.calibrated ? calibrate_kv_scales(m, calibration, f.dtype, f.format) : KvScales{};
   return cfg;
 }

@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "channel_kv.hpp"
 #include "engine_types.hpp"
 #include "forward.hpp"
 #include "kv_scales.hpp"
@@ -72,10 +73,12 @@ class PagedKv {
   // slot, one table per group of a token policy that compacts kv-heads
   // separately ([groups][pool slots]); it lives across calls. scales: the
   // pool format's engine-held scales (null: 1), checked by the backend.
+  // residual: a channel-scaled pool's open blocks (channel_kv.hpp), which
+  // writes go to and reads take those blocks' rows from.
   PagedKv(Cache& cache, const kvcache::PoolView& pool, std::span<const kvcache::SeqId> seqs,
           std::span<const std::int32_t> slots, std::int64_t first_pos, std::vector<std::int64_t>& positions,
           std::int32_t groups = 1, GroupLayout layout = {0, 1, 1}, KeyCounts* counts = nullptr,
-          const HeldScales* scales = nullptr)
+          const HeldScales* scales = nullptr, ChannelResidual* residual = nullptr)
       : cache_(cache),
         pool_(pool),
         seqs_(seqs.begin(), seqs.end()),
@@ -87,7 +90,8 @@ class PagedKv {
         layout_(groups == 1 ? GroupLayout{0, 0, 1} : layout),
         pool_slots_(pool.num_blocks * pool.block_size),
         counts_(counts),
-        scales_(scales) {
+        scales_(scales),
+        residual_(residual) {
     if (seqs.empty() || (seqs.size() > 1 && (pool.num_layers != 1 || groups != 1)))
       throw std::invalid_argument("PagedKv: one stream per layer needs a single-layer pool and one position table");
   }
@@ -99,6 +103,10 @@ class PagedKv {
   void write(std::int32_t l, const float* k, const float* v, std::int32_t n) {
     const std::int64_t hd = pool_.head_dim, row = std::int64_t{pool_.num_kv_heads} * hd;
     const auto slots = slots_.subspan(std::size_t(stream(l)) * std::size_t(n_), std::size_t(n));
+    if (residual_) {
+      residual_->write(pool_layer(l), slots.data(), k, v, n);
+      return record(l, slots, n);
+    }
     kvcache::ScatterParams p{pool_, {k, v, kvcache::DType::f32, 0, row * 4, hd * 4}, {slots.data()}, n, pool_layer(l),
                              1};
     if (scales_) p.k_scales = scales_->array(0, l, pool_layer(l)), p.v_scales = scales_->array(1, l, pool_layer(l));
@@ -107,12 +115,7 @@ class PagedKv {
       kvcache::PageBoundsUpdateParams u{pool_, pool_layer(l), slots.data(), n, cache_.page_bounds(pool_layer(l))->data()};
       if (auto st = kvcache::page_bounds_update_host(u); !st) throw std::runtime_error("page_bounds_update: " + st.message());
     }
-    if (l == 0 || seqs_.size() > 1) {  // one table per group, or one per layer's stream (one group)
-      for (std::int32_t g = 0; g < groups_; ++g)
-        for (std::int32_t i = 0; i < n; ++i) slot_pos_[std::size_t(g * pool_slots_ + slots[std::size_t(i)])] = first_ + i;
-      mapped_ = -1;  // positions changed
-    }
-    gathered_ = -1;
+    record(l, slots, n);
   }
   // A decode query (n == 1) of a page-selecting cache: the pages each
   // kv-head reads, as a mask over the held tokens (q: [q_heads][head_dim]).
@@ -167,6 +170,15 @@ class PagedKv {
   }
 
  private:
+  // The written tokens' positions, and the reads they make stale.
+  void record(std::int32_t l, std::span<const std::int32_t> slots, std::int32_t n) {
+    if (l == 0 || seqs_.size() > 1) {  // one table per group, or one per layer's stream (one group)
+      for (std::int32_t g = 0; g < groups_; ++g)
+        for (std::int32_t i = 0; i < n; ++i) slot_pos_[std::size_t(g * pool_slots_ + slots[std::size_t(i)])] = first_ + i;
+      mapped_ = -1;  // positions changed
+    }
+    gathered_ = -1;
+  }
   std::int32_t stream(std::int32_t l) const { return seqs_.size() == 1 ? 0 : l; }
   std::int32_t pool_layer(std::int32_t l) const { return seqs_.size() == 1 ? l : 0; }
   // A stream's page table and positions are the same for every layer it
@@ -203,6 +215,7 @@ class PagedKv {
                             rows,  k_.data(),     v_.data(),      kvcache::DType::f32, row * 4,           hd * 4};
     if (scales_) p.k_scales = scales_->array(0, l, pool_layer(l)), p.v_scales = scales_->array(1, l, pool_layer(l));
     if (auto st = kvcache::gather_host(p); !st) throw std::runtime_error("gather: " + st.message());
+    if (residual_) residual_->overlay(pool_layer(l), indices_, rows, k_.data(), v_.data());
     gathered_ = l;
   }
 
@@ -224,6 +237,7 @@ class PagedKv {
   std::vector<std::int64_t> pos_;
   KeyCounts* counts_;
   const HeldScales* scales_;
+  ChannelResidual* residual_;
   std::int32_t selected_layer_ = -1;  // the layer mask_ holds (select() for a decode query)
   std::vector<std::int32_t> chosen_indptr_, chosen_, ones_;
   std::vector<std::uint8_t> mask_;  // [kv_heads][held]

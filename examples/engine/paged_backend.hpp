@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "channel_kv.hpp"
 #include "engine_types.hpp"
 #include "forward.hpp"
 #include "kv_scales.hpp"
@@ -53,7 +54,10 @@ class PagedBackend {
                 .max_sequences = cfg.max_batch * streams_,
                 .max_blocks_per_sequence = m.config().context / cfg.block_size + 2},
                {}, selection_arg(cfg), policy),
-        positions_(std::size_t(groups()) * std::size_t(blocks_) * std::size_t(cfg.block_size), -1) {
+        positions_(std::size_t(groups()) * std::size_t(blocks_) * std::size_t(cfg.block_size), -1),
+        residual_(pool_) {
+    if (Cache::selects && ChannelResidual::needed(pool_))
+      throw std::invalid_argument("kv_format: channel scales (KIVI) with page selection: open blocks have no bounds");
     if (kvcache::TokenEviction<Policy> && cfg.layer_streams)
       throw std::invalid_argument("layer_streams: token policies choose per layer through their groups");
     if (Cache::selects && cfg.layer_streams) throw std::invalid_argument("layer_streams: not with page selection");
@@ -67,11 +71,11 @@ class PagedBackend {
   // the position its group's table names (they move with each group's
   // compaction), for tests to check against the policy's bookkeeping.
   PagedKv<Cache> view(const Request& r) {
-    return {cache_, pool_, r.seqs, {}, 0, positions_, groups(), layout(), nullptr, &scales_};
+    return {cache_, pool_, r.seqs, {}, 0, positions_, groups(), layout(), nullptr, &scales_, residual()};
   }
   // The store the forward pass writes r's tokens at `at` into (slots from reserve).
   PagedKv<Cache> store(const Request& r, std::int64_t at, std::span<const std::int32_t> slots, KeyCounts* keys) {
-    return {cache_, pool_, r.seqs, slots, at, positions_, groups(), layout(), keys, &scales_};
+    return {cache_, pool_, r.seqs, slots, at, positions_, groups(), layout(), keys, &scales_, residual()};
   }
   // Tokens r holds: with one stream per layer, their mean over the layers
   // (rounded up), so figures compare with one stream's.
@@ -99,7 +103,10 @@ class PagedBackend {
     for (std::int32_t s = 0; s < streams_; ++s) r.seqs.push_back(*cache_.add_sequence());
   }
   void close(Request& r) {
-    for (const auto s : r.seqs) (void)cache_.free(s);
+    for (const auto s : r.seqs) {
+      for (const std::int32_t b : *cache_.table().blocks(s)) residual_.drop(b);
+      (void)cache_.free(s);
+    }
     r.seqs.clear();
   }
   // Each stream's share of the need goes on the cache's ledger (Cache::promise).
@@ -158,9 +165,15 @@ class PagedBackend {
     rotations_.resize(evicted_.size());
     moves_.resize(std::size_t(groups()) * held);
     group_moves_.resize(std::size_t(groups() + 1));
+    const bool channel = residual() != nullptr;
+    if (channel) {  // what the sequence held, for the residual's compaction
+      const auto b = *cache_.table().blocks(seq);
+      before_.assign(b.begin(), b.end());
+    }
     auto e = cache_.evict(seq, kvcache::EvictionSpans{evicted_, rotations_, moves_, group_moves_});
     if (!e) throw std::runtime_error("evict: " + e.status().message());
     if constexpr (kvcache::TokenEviction<Policy>) {
+      channel_moves_.clear();
       const std::int32_t G = groups();
       const Grouping grouping = this->grouping();
       const bool by_layer = grouping == Grouping::layers || grouping == Grouping::layer_heads,
@@ -178,10 +191,17 @@ class PagedBackend {
                                     .num_layers = layers,
                                     .first_head = head,
                                     .num_heads = heads};
-        if (auto st = kvcache::compaction_host(p); !st) throw std::runtime_error("compaction: " + st.message());
+        if (channel)  // codes depend on their block's tokens: moved as the residual's compaction, below
+          channel_moves_.push_back({{p.moves, std::size_t(p.num_moves)}, p.first_layer, p.num_layers, p.first_head, p.num_heads});
+        else if (auto st = kvcache::compaction_host(p); !st)
+          throw std::runtime_error("compaction: " + st.message());
         std::int64_t* pos = pos_table(g);
         for (std::int32_t k = lo; k < hi; ++k) pos[moves_[std::size_t(k)].dst] = pos[moves_[std::size_t(k)].src];
       }
+      const auto after = *cache_.table().blocks(seq);
+      const auto rows = std::int32_t(*cache_.tokens_held(seq));
+      if (channel && (e->moves > 0 || rows != std::int32_t(held)))  // blocks rewritten, or a new partial last block
+        residual_.compact(before_, std::int32_t(held), after, rows, channel_moves_);
     }
     refresh_bounds(r);  // after the compaction: the pages it rewrote
   }
@@ -228,6 +248,7 @@ class PagedBackend {
     }
     return {};
   }
+  ChannelResidual* residual() { return ChannelResidual::needed(pool_) ? &residual_ : nullptr; }
   std::int64_t* pos_table(std::int32_t g) {
     return positions_.data() + std::size_t(g) * std::size_t(blocks_) * std::size_t(cfg_.block_size);
   }
@@ -267,6 +288,9 @@ class PagedBackend {
   std::vector<std::int32_t> counts_;
   std::vector<kvcache::BlockCopy> copies_;
   std::vector<std::int32_t> stale_pages_, stale_fill_;
+  ChannelResidual residual_;  // a channel-scaled pool's open blocks (KIVI's residual)
+  std::vector<std::int32_t> before_;
+  std::vector<ChannelResidual::Moves> channel_moves_;
 };
 
 }  // namespace engine

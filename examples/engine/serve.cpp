@@ -10,7 +10,8 @@
 // --window: the hybrid engine (keep_all; odd layers a sliding window of that many tokens, one pool).
 // --kv-format: how the pool stores K/V (kv_formats.hpp: f32, the default, f16, fp8_e4m3_tensor,
 //              fp8_e4m3_head, int8_g32, ...); a calibrated format's scales come from the held-out
-//              text's last context window.
+//              text's last context window. int2_kivi (KIVI's keys per channel) sets blocks of 32;
+//              a different --block is refused.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -104,6 +105,10 @@ int main(int argc, char** argv) try {
                       num["--prompt"], std::min(3, num["--requests"] - 1), shortest),
            2;
   const engine::NamedKvFormat& format = engine::kv_format_named(kv_format);  // a bad name fails before the model loads
+  bool block_given = false;
+  for (int i = 1; i < argc; ++i) block_given = block_given || std::string(argv[i]) == "--block";
+  if (format.block_size > 0 && block_given && num["--block"] != format.block_size)
+    return fmt::print(stderr, "--block {}: {} groups keys over blocks of {}\n", num["--block"], kv_format, format.block_size), 2;
   if (window > 0 && kv_format != "f32") return fmt::print(stderr, "--window: the hybrid engine stores f32\n"), 2;
   const engine::Model model(std::string(ENGINE_MODEL_DIR) + "/kjv-tiny.bin");
   const auto heldout = engine::heldout();

@@ -30,19 +30,21 @@ def _side(scales, group=0, minimum=False):
 
 
 # The KV formats by name, as examples/engine/kv_formats.hpp names them:
-# (pool dtype, format, calibrated). A calibrated format holds per-(layer,
-# kv-head) scales: EngineConfig.kv_scales, or calibrate_kv_scales' on the
-# held-out text's last context window.
+# (pool dtype, format, calibrated, block size). A calibrated format holds
+# per-(layer, kv-head) scales: EngineConfig.kv_scales, or calibrate_kv_scales'
+# on the held-out text's last context window. A block size other than 0 is
+# the format's own (KIVI's keys group per channel over a block of 32).
 KV_FORMATS = {
-    "f32": (kv.DType.f32, kv.KvFormat(), False),
-    "f16": (kv.DType.f16, kv.KvFormat(), False),
-    "fp8_e4m3_tensor": (kv.DType.fp8_e4m3, kv.KvFormat(_side(kv.Scales.tensor), _side(kv.Scales.tensor)), False),
-    "fp8_e4m3_head": (kv.DType.fp8_e4m3, kv.KvFormat(_side(kv.Scales.head), _side(kv.Scales.head)), True),
-    "int8_g32": (kv.DType.int8, kv.KvFormat(_side(kv.Scales.group, 32), _side(kv.Scales.group, 32)), False),
-    "int4_g32_min": (kv.DType.int4, kv.KvFormat(_side(kv.Scales.group, 32, True), _side(kv.Scales.group, 32, True)), False),
-    "fp4_g16": (kv.DType.fp4_e2m1, kv.KvFormat(_side(kv.Scales.group, 16), _side(kv.Scales.group, 16)), False),
-    "int2_g32_min": (kv.DType.int2, kv.KvFormat(_side(kv.Scales.group, 32, True), _side(kv.Scales.group, 32, True)), False),
-    "int2_g16_min": (kv.DType.int2, kv.KvFormat(_side(kv.Scales.group, 16, True), _side(kv.Scales.group, 16, True)), False),
+    "f32": (kv.DType.f32, kv.KvFormat(), False, 0),
+    "f16": (kv.DType.f16, kv.KvFormat(), False, 0),
+    "fp8_e4m3_tensor": (kv.DType.fp8_e4m3, kv.KvFormat(_side(kv.Scales.tensor), _side(kv.Scales.tensor)), False, 0),
+    "fp8_e4m3_head": (kv.DType.fp8_e4m3, kv.KvFormat(_side(kv.Scales.head), _side(kv.Scales.head)), True, 0),
+    "int8_g32": (kv.DType.int8, kv.KvFormat(_side(kv.Scales.group, 32), _side(kv.Scales.group, 32)), False, 0),
+    "int4_g32_min": (kv.DType.int4, kv.KvFormat(_side(kv.Scales.group, 32, True), _side(kv.Scales.group, 32, True)), False, 0),
+    "fp4_g16": (kv.DType.fp4_e2m1, kv.KvFormat(_side(kv.Scales.group, 16), _side(kv.Scales.group, 16)), False, 0),
+    "int2_g32_min": (kv.DType.int2, kv.KvFormat(_side(kv.Scales.group, 32, True), _side(kv.Scales.group, 32, True)), False, 0),
+    "int2_g16_min": (kv.DType.int2, kv.KvFormat(_side(kv.Scales.group, 16, True), _side(kv.Scales.group, 16, True)), False, 0),
+    "int2_kivi": (kv.DType.int2, kv.KvFormat(_side(kv.Scales.channel, 0, True), _side(kv.Scales.group, 32, True)), False, 32),
 }
 CODE_MAX = {kv.DType.fp8_e4m3: 448.0, kv.DType.fp8_e5m2: 57344.0, kv.DType.int8: 127.0}
 
@@ -99,6 +101,10 @@ class EngineConfig:
     window: int = 0            # > 0: a hybrid cache, odd layers a sliding window of this many tokens (keep_all)
     kv_format: str = "f32"     # how the pool stores K/V: a name in KV_FORMATS
     kv_scales: tuple = None    # a calibrated format's (k, v) scales, [layers * kv_heads] each; None: calibrate
+
+    def __post_init__(self):  # a format that groups over blocks sets the block size (kv_formats.hpp's with_kv_format)
+        if self.kv_format in KV_FORMATS and KV_FORMATS[self.kv_format][3]:
+            self.block_size = KV_FORMATS[self.kv_format][3]
 
 
 @dataclasses.dataclass
@@ -177,6 +183,87 @@ def held_scales(e, layer, streams):
     return {"k_scales": k if streams == 1 else k[layer:layer + 1], "v_scales": v if streams == 1 else v[layer:layer + 1]}
 
 
+class ChannelResidual:
+    """KIVI's residual (examples/engine/channel_kv.hpp, step for step): a
+    channel-scaled pool's open blocks in full precision. A layer's full blocks
+    are sealed (kv.seal_blocks) when that layer next writes, so the step that
+    fills a block still reads it exact; reads take unsealed blocks' rows from
+    here; a token policy's compaction seals again the blocks a move wrote into."""
+
+    def __init__(self, pool, layers, block, heads, head_dim):
+        self.pool, self.L, self.B, self.H = pool, layers, block, heads
+        self.shape = (layers, block, heads, head_dim)
+        self.open = {}  # block -> [k, v, sealed per layer, layers unsealed]
+        self.pending = [[] for _ in range(layers)]  # [layer]: full, not sealed
+
+    def _open(self, b):
+        if b not in self.open:
+            self.open[b] = [torch.zeros(self.shape), torch.zeros(self.shape), [False] * self.L, self.L]
+        return self.open[b]
+
+    def _seal(self, b, k, v, first_layer):
+        kv.seal_blocks(self.pool, k, v, np.array([b], dtype=np.int32), first_layer=first_layer)
+
+    def write(self, layer, slots, k, v):
+        for b in self.pending[layer]:  # filled by an earlier step: sealed in this layer now
+            o = self.open[b]
+            self._seal(b, o[0][layer], o[1][layer], layer)
+            o[2][layer], o[3] = True, o[3] - 1
+            if o[3] == 0:
+                del self.open[b]
+        self.pending[layer] = []
+        for i, slot in enumerate(np.asarray(slots).tolist()):
+            b, at = divmod(slot, self.B)
+            o = self._open(b)
+            o[0][layer, at], o[1][layer, at] = k[i], v[i]
+            if at == self.B - 1:
+                self.pending[layer].append(b)
+
+    def overlay(self, layer, blocks, rows, k, v):
+        for j, b in enumerate(np.asarray(blocks).tolist()):
+            o = self.open.get(b)
+            n = min(self.B, rows - j * self.B)
+            if o is None or o[2][layer] or n <= 0:
+                continue
+            k[j * self.B:j * self.B + n], v[j * self.B:j * self.B + n] = o[0][layer, :n], o[1][layer, :n]
+
+    def drop(self, b):
+        self.open.pop(b, None)
+        self.pending = [[x for x in p if x != b] for p in self.pending]
+
+    def compact(self, before, rows_before, after, rows_after, moves):
+        """moves: (moves [n, 2] as (src, dst) slots, first_layer, layers, first_head, heads (0: all)) per group."""
+        L, B = self.L, self.B
+        k = torch.empty((L, rows_before) + self.shape[2:])
+        v = torch.empty_like(k)
+        for layer in range(L):
+            kv.gather(self.pool, layer, np.array([0, len(before)], dtype=np.int32), np.asarray(before, dtype=np.int32),
+                      np.array([0, rows_before], dtype=np.int32), k[layer], v[layer])
+            self.overlay(layer, before, rows_before, k[layer], v[layer])
+        logical = {b: j for j, b in enumerate(np.asarray(before).tolist())}
+        dirty = [False] * len(after)
+        for mv, first_layer, layers, head, heads in moves:
+            heads = heads or self.H
+            for src, dst in np.asarray(mv).tolist():
+                s, d = logical[src // B] * B + src % B, logical[dst // B] * B + dst % B
+                dirty[d // B] = True
+                for x in (k, v):
+                    x[first_layer:first_layer + layers, d, head:head + heads] = x[first_layer:first_layer + layers, s, head:head + heads]
+        after = np.asarray(after).tolist()
+        was_open = [b in self.open for b in after]
+        for b in np.asarray(before).tolist():
+            self.drop(b)
+        for j, b in enumerate(after):
+            first = j * B
+            if first + B <= rows_after:
+                if dirty[j] or was_open[j]:
+                    self._seal(b, k[:, first:first + B], v[:, first:first + B], 0)
+                continue
+            o = self._open(b)  # the new last block, partial: back to the residual
+            n = min(B, rows_before - first)
+            o[0][:, :n], o[1][:, :n] = k[:, first:first + n], v[:, first:first + n]
+
+
 class PagedKv:
     """One request's view of the pool for one forward call: write() scatters
     the chunk's K/V to its slots, read() gathers what the request holds back
@@ -195,7 +282,10 @@ class PagedKv:
     def write(self, layer, k, v):
         e, s = self.e, self._stream(layer)
         slots = self.slots[s]
-        kv.scatter(e.pool, k, v, slots, first_layer=self._pool_layer(layer), **held_scales(e, layer, len(self.r.seqs)))
+        if getattr(e, "residual", None):  # a KIVI pool (engines that share this store have none)
+            e.residual.write(self._pool_layer(layer), slots, k, v)
+        else:
+            kv.scatter(e.pool, k, v, slots, first_layer=self._pool_layer(layer), **held_scales(e, layer, len(self.r.seqs)))
         if layer == 0 or len(self.r.seqs) > 1:  # one position table per group (all groups see the same write)
             e.positions[:, torch.from_numpy(slots).long()] = torch.arange(self.first, self.first + len(slots))
             self.mapped = -1
@@ -222,6 +312,8 @@ class PagedKv:
             self.v = torch.empty_like(self.k)
             kv.gather(e.pool, self._pool_layer(layer), e.indptr, self.indices, np.array([0, rows], dtype=np.int32),
                       self.k, self.v, **held_scales(e, layer, len(self.r.seqs)))
+            if getattr(e, "residual", None):
+                e.residual.overlay(self._pool_layer(layer), self.indices, rows, self.k, self.v)
             self.gathered = layer
         keys = self.k[self.front:].transpose(0, 1)  # [kv_heads, held, head_dim], past the dead front
         values = self.v[self.front:].transpose(0, 1)
@@ -271,6 +363,7 @@ class Engine:
         self.stats = Stats()
         self.hybrid = cfg.window > 0
         self.scales = None  # a calibrated format's (k, v): float32 arrays [layers, kv_heads]
+        self.residual = None  # a channel-scaled pool's open blocks (KIVI)
         if self.hybrid and cfg.kv_format != "f32":
             raise ValueError("window: the hybrid engine stores f32")
         if self.hybrid:
@@ -278,7 +371,7 @@ class Engine:
             return
         if cfg.kv_format not in KV_FORMATS:
             raise ValueError(f"unknown KV format '{cfg.kv_format}' (one of: {', '.join(KV_FORMATS)})")
-        dtype, fmt, calibrated = KV_FORMATS[cfg.kv_format]
+        dtype, fmt, calibrated, _ = KV_FORMATS[cfg.kv_format]
         if calibrated:
             given = cfg.kv_scales or calibrate_kv_scales(model, heldout_window(c["context"]), dtype)
             self.scales = tuple(np.asarray(s, dtype=np.float32) for s in given)
@@ -307,6 +400,8 @@ class Engine:
         self.positions = torch.full((self.groups, self.blocks * cfg.block_size), -1, dtype=torch.long)
         self.indptr, self.last = np.zeros(2, dtype=np.int32), np.zeros(1, dtype=np.int32)
         self.last_query = isinstance(policy, kv.Tova)
+        if fmt.k.scales == kv.Scales.channel or fmt.v.scales == kv.Scales.channel:
+            self.residual = ChannelResidual(self.pool, self.geometry.num_layers, cfg.block_size, self.heads, self.head_dim)
 
     def _init_hybrid(self, policy):
         """Layers in two groups of one pool: even ones full attention, odd ones the window (hybrid_backend.hpp)."""
@@ -339,6 +434,9 @@ class Engine:
             return self.cache.blocks_needed(tokens, new_tokens)
         return self.cache.blocks_needed(tokens, new_tokens, chunk) * self.streams
 
+    def _blocks(self, seq):
+        return self.cache.export_csr(np.array([seq], dtype=np.uint64), self.indptr, None, self.last)[1].copy()
+
     def _tokens_of(self, r):
         return len(r.prompt) + len(r.output)
 
@@ -347,6 +445,9 @@ class Engine:
 
     def _free_streams(self, r):
         for s in r.seqs:
+            if self.residual:
+                for b in self._blocks(s).tolist():
+                    self.residual.drop(b)
             self.cache.free(s)
         r.seqs = []
 
@@ -472,9 +573,13 @@ class Engine:
                 cache.observe(seq, trace.head_sums, "head_attention_sums")
             else:
                 cache.observe(seq, trace.head_sums.sum(0), "attention_sums")
+        before, held = (self._blocks(seq), cache.tokens_held(seq)) if self.residual else (None, 0)
+        self.channel_moves = []
         out = cache.evict(seq)
         if self.token_policy and out[0].moves > 0:
             self._compact(out[1], out[2])
+        if self.residual and self.token_policy and (out[0].moves > 0 or cache.tokens_held(seq) != held):
+            self.residual.compact(before, held, self._blocks(seq), cache.tokens_held(seq), self.channel_moves)
 
     def _compact(self, moves, group_moves):
         """Moves each group's surviving rows (its layers, its kv-heads) and their positions."""
@@ -482,14 +587,18 @@ class Engine:
         by_layer = self.grouping in ("layers", "layer_heads")
         by_head = self.grouping in ("heads", "layer_heads")
         per_layer = H if self.grouping == "layer_heads" else 1
+        self.channel_moves = []
         for g in range(self.groups):
             lo, hi = int(group_moves[g]), int(group_moves[g + 1])
             if lo == hi:
                 continue
             first_layer, layers = (g // per_layer, 1) if by_layer else (0, L)
             head, heads = (g % H, 1) if by_head else (0, 0)
-            kv.compaction(self.pool, moves[lo:hi], first_layer=first_layer, num_layers=layers,
-                          first_head=head, num_heads=heads)
+            if self.residual:  # codes depend on their block's tokens: the residual's compaction moves them
+                self.channel_moves.append((moves[lo:hi], first_layer, layers, head, heads))
+            else:
+                kv.compaction(self.pool, moves[lo:hi], first_layer=first_layer, num_layers=layers,
+                              first_head=head, num_heads=heads)
             pos = self.positions[g]
             for src, dst in moves[lo:hi].tolist():  # in order: a move may read an earlier one's destination
                 pos[dst] = pos[src]

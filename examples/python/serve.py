@@ -54,7 +54,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policy", default="keep_all", choices=eng.POLICY_NAMES)
     for flag, default in (("budget", 256), ("requests", 4), ("prompt", 512), ("new", 128), ("pool", 8192),
-                          ("chunk", 64), ("batch", 8), ("block", 16)):
+                          ("chunk", 64), ("batch", 8), ("block", None)):
         ap.add_argument(f"--{flag}", type=int, default=default)
     ap.add_argument("--optimistic", action="store_true")
     ap.add_argument("--window", type=int, default=0, help="the hybrid engine: odd layers a window of this many tokens")
@@ -63,6 +63,10 @@ def main():
     ap.add_argument("--json", type=pathlib.Path)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = ap.parse_args()
+    own_block = eng.KV_FORMATS[a.kv_format][3]  # int2_kivi groups keys over blocks of 32 (as kvcache_serve)
+    if own_block and a.block not in (None, own_block):
+        ap.error(f"--block {a.block}: {a.kv_format} groups keys over blocks of {own_block}")
+    a.block = a.block or own_block or 16
     if min(a.budget, a.requests, a.prompt, a.new, a.pool, a.chunk, a.batch, a.block) <= 0:
         ap.error("every count must be positive")
     if a.prompt - 32 * min(3, a.requests - 1) <= 0:

@@ -96,10 +96,10 @@ class Geometry {
     if (__builtin_mul_overflow(heads, std::int64_t{s.block_size}, &codes))
       return too_big("block_size (block bytes past int64)", s.block_size, heads);
     // K's and V's planes have one size, the larger: both sides' codes are the
-    // same size, their groups may differ.
-    const std::int64_t scale_bytes = std::max(g.group_bytes_per_row(0), g.group_bytes_per_row(1));
+    // same size, their entries may differ (groups of a row, or channels).
+    const std::int64_t entries = std::max(g.plane_entry_bytes(0), g.plane_entry_bytes(1));
     PlaneSplit split;
-    if (!plane_split(codes, std::int64_t{s.num_kv_heads} * s.block_size, scale_bytes, split))  // int32 x int32: no overflow
+    if (g.plane_entry_bytes(0) < 0 || g.plane_entry_bytes(1) < 0 || !plane_split(codes, 1, entries, split))
       return too_big("block_size (block bytes past int64)", s.block_size, heads);
     g.scales_offset_ = split.scales_offset;
     plane = split.bytes;
@@ -121,17 +121,37 @@ class Geometry {
   /// Bytes of one (token, head) row's codes: head_dim elements.
   constexpr std::int64_t row_bytes() const noexcept { return head_bytes_; }
   /// One (block, layer, K|V) plane: block_size x kv_heads rows of codes, then
-  /// (group scales) each row's group entries, from scales_offset().
+  /// (group scales) each row's group entries, or (channel scales) each
+  /// kv-head's channel entries, from scales_offset().
   constexpr std::int64_t plane_bytes() const noexcept { return plane_bytes_; }
   /// Bytes from a plane's start to its first group entry (the codes' bytes,
   /// rounded up to 16 when there are group scales).
   constexpr std::int64_t scales_offset() const noexcept { return scales_offset_; }
   /// The format of side kv (0 = K, 1 = V).
   constexpr const SideFormat& side(std::int32_t kv) const noexcept { return kv == 0 ? spec_.format.k : spec_.format.v; }
-  /// Group entries (scale, and minimum if any) of one row of side kv, in bytes; 0 without group scales.
+  /// Group entries (scale, and minimum if any) of one row of side kv, in bytes;
+  /// 0 without group scales (channel entries belong to the block: plane_entry_bytes).
   constexpr std::int64_t group_bytes_per_row(std::int32_t kv) const noexcept {
     const SideFormat& f = side(kv);
     return f.scales == Scales::group ? spec_.head_dim / f.group * group_entry_bytes(spec_.dtype, f) : 0;
+  }
+  /// Entry bytes of one plane of side kv: every row's group entries, or
+  /// (channel) head_dim entries per kv-head; 0 without stored scales.
+  /// (-1 past int64: make() refuses that spec).
+  constexpr std::int64_t plane_entry_bytes(std::int32_t kv) const noexcept {
+    const SideFormat& f = side(kv);
+    const bool channel = f.scales == Scales::channel;
+    // Entry sets a plane holds (int32 x int32: no overflow), and the bytes of one.
+    const std::int64_t sets = channel ? spec_.num_kv_heads : std::int64_t{spec_.num_kv_heads} * spec_.block_size;
+    const std::int64_t set = channel ? spec_.head_dim * group_entry_bytes(spec_.dtype, f) : group_bytes_per_row(kv);
+    std::int64_t bytes = 0;
+    return __builtin_mul_overflow(sets, set, &bytes) ? -1 : bytes;
+  }
+  /// Byte offset, from its plane's start, of the channel entries of kv-head
+  /// `head` on a channel-scaled side kv: head_dim entries, channel order, one
+  /// set per (block, layer, head) that every token of the block shares.
+  constexpr std::int64_t channel_entries_offset(std::int32_t kv, std::int32_t head) const noexcept {
+    return scales_offset_ + std::int64_t{head} * spec_.head_dim * group_entry_bytes(spec_.dtype, side(kv));
   }
   /// Byte offset, from its plane's start, of the group entries of (token, head)
   /// on side kv: rows in the codes' order (NHD: token-major; HND: head-major).

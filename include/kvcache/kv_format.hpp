@@ -63,14 +63,23 @@ KVCACHE_HOST_DEVICE constexpr bool is_integer_code(DType d) noexcept {
 ///   head:   one scale per (layer, kv head), held by the engine (per-head fp8 checkpoints).
 ///   group:  one scale per G consecutive values of a (token, head) row, stored
 ///           in the pool beside the codes, so moving a block moves its scales.
-enum class Scales : std::uint8_t { none, tensor, head, group };
+///   channel: one scale per (block, head, channel): a group runs along the
+///           block's tokens, as KIVI quantizes keys (outlier channels get their
+///           own range). Stored in the plane after the codes like group
+///           entries; a block's codes exist only once its tokens are all known,
+///           so seal_blocks writes it whole (kernels/seal.hpp) and the row
+///           writers refuse it.
+enum class Scales : std::uint8_t { none, tensor, head, group, channel };
+
+/// The last Scales: errors name it as the limit of a scales field.
+inline constexpr std::int64_t kLastScales = 4;
 
 /// One side's scaling.
 struct SideFormat {
   Scales scales = Scales::none;  ///< The scheme.
-  std::int32_t group = 0;  ///< group: values per scale, 16, 32, 64 or 128, dividing head_dim; else 0.
-  /// group, integer codes only: a minimum stored beside each scale (unsigned
-  /// codes, x = minimum + q * scale: llama.cpp's q4_1, KIVI); else a symmetric code.
+  std::int32_t group = 0;  ///< group: values per scale, 16, 32, 64 or 128, dividing head_dim; else 0 (channel: the block).
+  /// group or channel, integer codes only: a minimum stored beside each scale
+  /// (unsigned codes, x = minimum + q * scale: llama.cpp's q4_1, KIVI); else a symmetric code.
   bool minimum = false;
 
   friend constexpr bool operator==(const SideFormat&, const SideFormat&) = default;
@@ -89,9 +98,15 @@ KVCACHE_HOST_DEVICE constexpr DType group_scale_dtype(DType code) noexcept {
   return code == DType::fp4_e2m1 ? DType::fp8_e4m3 : DType::f16;
 }
 
-/// Bytes one group's entry takes in the pool: its scale, and its minimum if any; 0 without group scales.
+/// True when side format f stores its scales in the pool (group or channel entries).
+KVCACHE_HOST_DEVICE constexpr bool stored_scales(const SideFormat& f) noexcept {
+  return f.scales == Scales::group || f.scales == Scales::channel;
+}
+
+/// Bytes one group's entry takes in the pool: its scale, and its minimum if
+/// any; 0 without stored scales. A channel's entry is a group's.
 KVCACHE_HOST_DEVICE constexpr std::int64_t group_entry_bytes(DType code, const SideFormat& f) noexcept {
-  if (f.scales != Scales::group) return 0;
+  if (!stored_scales(f)) return 0;
   return dtype_bytes(group_scale_dtype(code)) * (f.minimum ? 2 : 1);
 }
 
@@ -124,7 +139,7 @@ constexpr bool plane_split(std::int64_t codes, std::int64_t rows, std::int64_t e
 inline Status check_side_format(const SideFormat& f, DType dtype, std::int32_t head_dim, bool is_k) noexcept {
   const auto name = [is_k](const char* k, const char* v) { return is_k ? k : v; };
   const auto s = static_cast<std::int64_t>(f.scales);
-  if (s > 3) return Status{Errc::invalid_argument, name("format.k.scales", "format.v.scales"), s, 3};
+  if (s > kLastScales) return Status{Errc::invalid_argument, name("format.k.scales", "format.v.scales"), s, kLastScales};
   const bool float_type = dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
   if (float_type && f.scales != Scales::none)
     return Status{Errc::invalid_argument, name("format.k.scales (a float dtype is stored unscaled)",
@@ -132,9 +147,20 @@ inline Status check_side_format(const SideFormat& f, DType dtype, std::int32_t h
   if (dtype == DType::fp4_e2m1 && (f.scales != Scales::group || f.group != 16))
     return Status{Errc::invalid_argument, name("format.k.group (fp4 takes groups of 16)", "format.v.group (fp4 takes groups of 16)"),
                   f.scales == Scales::group ? f.group : 0, 16};
-  if (dtype == DType::int2 && f.scales != Scales::group)  // a 2-bit code's range is too coarse for one scale per layer or head
-    return Status{Errc::invalid_argument, name("format.k.scales (2-bit codes take group scales)", "format.v.scales (2-bit codes take group scales)"),
-                  s, 3};
+  if (dtype == DType::int2 && !stored_scales(f))  // a 2-bit code's range is too coarse for one scale per layer or head
+    return Status{Errc::invalid_argument, name("format.k.scales (2-bit codes take group or channel scales)",
+                                               "format.v.scales (2-bit codes take group or channel scales)"), s, 3};
+  if (f.scales == Scales::channel) {  // the group is the block: no size to give; integer codes (KIVI's)
+    if (!is_integer_code(dtype))
+      return Status{Errc::invalid_argument, name("format.k.scales (channel scales take integer codes)",
+                                                 "format.v.scales (channel scales take integer codes)"), s, 3};
+    if (f.group != 0)
+      return Status{Errc::invalid_argument, name("format.k.group (channel: the group is the block)",
+                                                 "format.v.group (channel: the group is the block)"), f.group, 0};
+    if (head_dim % (8 / dtype_bits(dtype)) != 0)  // a byte of codes is one seal unit
+      return Status{Errc::invalid_argument, "head_dim (not whole bytes of codes)", head_dim, 8 / dtype_bits(dtype)};
+    return {};
+  }
   if (is_integer_code(dtype) && f.scales == Scales::none)
     return Status{Errc::invalid_argument, name("format.k.scales (an integer code needs scales)",
                                                "format.v.scales (an integer code needs scales)"), s, 1};

@@ -78,6 +78,7 @@ from ._kvcache import (
     ring_write,
     rope,
     scatter,
+    seal_blocks,
     scores,
     sequence_frame,
     write_gate,
@@ -184,6 +185,6 @@ __all__ = [
     "NotAllocated", "OutOfBlocks", "PoolView", "PrefixTooLong", "Quest", "Scales", "SideFormat", "SinkWindow", "SlidingWindow", "SnapKV", "TierJob", "Tiers", "Tova",
     "TransferHolds", "TransferPlanner",
     "TruncateTooMany", "UnknownJob", "UnknownSequence", "block_copy", "check_compatible", "compaction", "gather", "has_cuda", "make_rope_table", "rope",
-    "scatter", "scores", "WriteGate", "WriteGateWeights", "WritePolicy", "page_bounds", "page_bounds_update", "page_select",
+    "scatter", "scores", "seal_blocks", "WriteGate", "WriteGateWeights", "WritePolicy", "page_bounds", "page_bounds_update", "page_select",
     "page_select_scratch_bytes", "ring_admit", "ring_write", "sequence_frame", "write_gate",
 ]

@@ -11,6 +11,7 @@
 #include <kvcache/kernels/rope.hpp>
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/kernels/scores.hpp>
+#include <kvcache/kernels/seal.hpp>
 #include <kvcache/kvcache.hpp>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -94,6 +95,25 @@ void register_kernels(nb::module_& m) {
       },
       "pool"_a, "layer"_a, "indptr"_a, "indices"_a, "out_indptr"_a, "k_out"_a, "v_out"_a, "k_scale"_a = 1.0f,
       "v_scale"_a = 1.0f, "k_scales"_a = nb::none(), "v_scales"_a = nb::none(), "stream"_a = nb::none());
+
+  // Whole blocks from their tokens' K/V: len(blocks) * block_size rows,
+  // block i's tokens at rows [i * block_size, (i + 1) * block_size).
+  def_kernel(
+      m, "seal_blocks",
+      [held](Pool& pool, Tensor k, Tensor v, Tensor blocks, std::int32_t first_layer, float k_scale, float v_scale,
+             nb::handle k_scales, nb::handle v_scales, nb::handle stream) {
+        const Rows rk = rows_of(k, "k", pool), rv = rows_of(v, "v", pool);
+        same_rows(rk, rv);
+        const auto n = std::int64_t(blocks.size());
+        require(rk.tokens == n * pool.view.block_size, "k.tokens (len(blocks) x block_size)", rk.tokens, n * pool.view.block_size);
+        const auto* b = vec<const std::int32_t>(blocks, "blocks", n, pool.device);
+        kv::SealParams p{pool.view, {k.data(), v.data(), rk.dtype, rk.layer_stride, rk.token_stride, rk.head_stride},
+                         b, std::int32_t(n), first_layer, std::int32_t(rk.layers), k_scale, v_scale,
+                         held(k_scales, pool, 0, "k_scales"), held(v_scales, pool, 1, "v_scales")};
+        launch("seal_blocks", pool.device, stream, p, kv::seal_blocks_host, KVPY_CUDA(seal_blocks), kv::check_seal_shape);
+      },
+      "pool"_a, "k"_a, "v"_a, "blocks"_a, "first_layer"_a = 0, "k_scale"_a = 1.0f, "v_scale"_a = 1.0f,
+      "k_scales"_a = nb::none(), "v_scales"_a = nb::none(), "stream"_a = nb::none());
 
   def_kernel(
       m, "block_copy",

@@ -40,7 +40,8 @@ void bind_geometry(nb::module_& m) {
       .value("none", kv::Scales::none)
       .value("tensor", kv::Scales::tensor)
       .value("head", kv::Scales::head)
-      .value("group", kv::Scales::group);
+      .value("group", kv::Scales::group)
+      .value("channel", kv::Scales::channel);
   nb::class_<kv::SideFormat>(m, "SideFormat")
       .def(nb::init<>())
       .def("__init__",
@@ -53,8 +54,9 @@ void bind_geometry(nb::module_& m) {
       .def_rw("minimum", &kv::SideFormat::minimum)
       .def("__eq__", [](const kv::SideFormat& a, const kv::SideFormat& b) { return a == b; })
       .def("__repr__", [](const kv::SideFormat& f) {
-        static const char* names[] = {"none", "tensor", "head", "group"};
-        return std::string("SideFormat(Scales.") + names[static_cast<int>(f.scales) & 3] + ", " + std::to_string(f.group) +
+        static const char* names[] = {"none", "tensor", "head", "group", "channel"};
+        const auto s = static_cast<std::size_t>(f.scales);
+        return std::string("SideFormat(Scales.") + (s < 5 ? names[s] : "?") + ", " + std::to_string(f.group) +
                (f.minimum ? ", minimum=True)" : ")");
       });
   nb::class_<kv::KvFormat>(m, "KvFormat")

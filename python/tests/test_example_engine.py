@@ -116,7 +116,8 @@ QUANT_TOLERANCE = 0.1
 
 @pytest.mark.parametrize("policy,kv_format", [("keep_all", "int8_g32"), ("h2o", "fp8_e4m3_head"),
                                               ("snapkv", "int4_g32_min"), ("sliding_window", "fp8_e4m3_tensor"),
-                                              ("h2o", "int2_g16_min"), ("keep_all", "fp4_g16")])
+                                              ("h2o", "int2_g16_min"), ("keep_all", "fp4_g16"),
+                                              ("keep_all", "int2_kivi"), ("h2o", "int2_kivi")])
 def test_python_engine_matches_cpp_engine_on_a_quantized_pool(model, tmp_path, policy, kv_format):
     ref = run_cpp(tmp_path, policy, kv_format)
     assert ref["kv_format"] == kv_format

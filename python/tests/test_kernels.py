@@ -81,6 +81,37 @@ def test_a_quantized_pool_is_written_quantized_and_read_back_dequantized(dtype, 
         kv.Geometry(num_layers=1, num_kv_heads=H, head_dim=d, dtype=kv.DType.int8)
 
 
+def test_channel_keys_are_sealed_a_block_at_a_time_and_read_back_per_channel():
+    """KIVI's keys: 2-bit codes with a scale and minimum per (block, head, channel)."""
+    d, b = 32, 16
+    k_side, v_side = kv.SideFormat(kv.Scales.channel, minimum=True), kv.SideFormat(kv.Scales.group, 32, minimum=True)
+    g = kv.Geometry(num_layers=1, num_kv_heads=H, head_dim=d, block_size=b, dtype=kv.DType.int2,
+                    format=kv.KvFormat(k_side, v_side))
+    assert repr(g.format.k) == "SideFormat(Scales.channel, 0, minimum=True)"
+    mem = np.zeros(g.pool_bytes(4), dtype=np.uint8)
+    pv = kv.PoolView(g, mem, 4)
+    rng = np.random.default_rng(7)
+    k = rng.standard_normal((2 * b, H, d), dtype=np.float32)
+    k[..., 5] *= 40  # an outlier channel: only its own range widens
+    v = rng.standard_normal((2 * b, H, d), dtype=np.float32)
+    kv.seal_blocks(pv, k, v, np.array([3, 1], dtype=np.int32))
+    gk, gv = np.zeros_like(k), np.zeros_like(v)
+    kv.gather(pv, 0, np.array([0, 2], dtype=np.int32), np.array([3, 1], dtype=np.int32),
+              np.array([0, 2 * b], dtype=np.int32), gk, gv)
+    blocks = k.reshape(2, b, H, d)
+    step = (blocks.max(1) - blocks.min(1)) / 3  # a code step per (block, head, channel)
+    err = np.abs(gk - k).reshape(blocks.shape).max(1)
+    assert (err <= step * 0.6).all()
+    with pytest.raises(kv.InvalidArgument, match=r"cache.format \(a channel-scaled side is written by seal_blocks\)"):
+        kv.scatter(pv, k[:1], v[:1], np.array([4], dtype=np.int32))
+    before = mem.copy()
+    with pytest.raises(kv.InvalidArgument, match=r"k.tokens \(len\(blocks\) x block_size\)"):
+        kv.seal_blocks(pv, k[:b + 1], v[:b + 1], np.array([2], dtype=np.int32))
+    with pytest.raises(kv.InvalidArgument, match=r"blocks \(outside the pool\)=4"):
+        kv.seal_blocks(pv, k[:b], v[:b], np.array([4], dtype=np.int32))
+    np.testing.assert_array_equal(mem, before)
+
+
 def test_engine_held_scales_per_layer_and_head():
     head, tensor = kv.SideFormat(kv.Scales.head), kv.SideFormat(kv.Scales.tensor)
     g = kv.Geometry(num_layers=L, num_kv_heads=H, head_dim=D, block_size=B, dtype=kv.DType.int8,

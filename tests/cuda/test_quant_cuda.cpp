@@ -233,3 +233,49 @@ TEST_CASE("cuda quantized scatter and gather in bulk (several items a thread), f
                 dv, held, k, v, oshift);
   }
 }
+
+TEST_CASE("cuda seal_blocks and gather of channel-scaled keys == host, bit for bit") {
+  auto rng = fresh_rng();
+  const DType codes[] = {DType::int2, DType::int4, DType::int8};
+  const DType floats[] = {DType::f16, DType::bf16, DType::f32};
+  for (int trial = 0; trial < 12; ++trial) {
+    GeometrySpec g{.num_layers = 2, .num_kv_heads = 1 + int(rng() % 4), .head_dim = 32 << (rng() % 3),
+                   .block_size = 4 << (rng() % 4), .dtype = codes[trial % 3],
+                   .layout = rng() % 2 ? Layout::NHD : Layout::HND, .planes = rng() % 2 ? KvPlanes::interleaved : KvPlanes::separate};
+    g.format.k = {.scales = Scales::channel, .minimum = rng() % 2 == 0};
+    g.format.v = rng() % 2 ? SideFormat{.scales = Scales::channel, .minimum = true} : random_side(rng, g.dtype, g.head_dim);
+    if (g.format.v.scales == Scales::tensor || g.format.v.scales == Scales::head) g.format.v = {.scales = Scales::group, .group = 16};
+    const Geometry geo = *Geometry::make(g);
+    const std::int64_t blocks = 9;
+    std::vector<std::byte> host(static_cast<std::size_t>(*geo.pool_bytes(blocks)));
+    for (auto& b : host) b = std::byte(rng() & 0x3f);
+    Dev dev(host);
+    const PoolView hv = *make_pool_view(geo, host.data(), blocks);
+    PoolView dv = hv;
+    dv.base = dev.p;
+    INFO("trial " << trial << " dtype " << int(g.dtype) << " heads " << g.num_kv_heads << " head_dim " << g.head_dim
+                  << " block " << g.block_size << " v scales " << int(g.format.v.scales));
+    // Seal blocks 7, 2 and 4 of layer 1 from random inputs.
+    const DType st = floats[rng() % 3];
+    const std::int64_t e = dtype_bytes(st), head = g.head_dim * e, per_token = 2 * g.num_kv_heads, tokens = 3 * g.block_size;
+    std::vector<std::byte> in = random_elems(rng, st, tokens * per_token * g.head_dim);
+    Dev din(in);
+    const std::vector<std::int32_t> sealed{7, 2, 4};
+    Dev dsealed(sealed);
+    auto src = [&](const std::byte* base) {
+      return KvSource{base, base + g.num_kv_heads * head, st, 0, per_token * head, head};
+    };
+    REQUIRE(seal_blocks_host({hv, src(in.data()), sealed.data(), 3, 1, 1, 0.5f, 1.5f}).ok());
+    CUDA_OK(kvgpu::seal_blocks({dv, src(din.as<std::byte>()), dsealed.as<std::int32_t>(), 3, 1, 1, 0.5f, 1.5f}));
+    REQUIRE(dev.download<std::byte>() == host);
+    // Gather them back as one sequence, the last page partly read.
+    const DType ot = floats[rng() % 3];
+    const std::vector<std::int32_t> indptr{0, 3}, out_indptr{0, std::int32_t(tokens - 1)};
+    const std::int64_t rows = tokens - 1, oe = dtype_bytes(ot), orow = g.num_kv_heads * g.head_dim * oe;
+    std::vector<std::byte> k(static_cast<std::size_t>(rows * orow), std::byte{0x5a}), v(k);
+    const HeldScales held(g);
+    gather_both({hv, 1, indptr.data(), sealed.data(), out_indptr.data(), 1, rows, k.data(), v.data(), ot, orow, g.head_dim * oe,
+                 0.25f, 2.0f, held.k, held.v},
+                dv, held, k, v, 0);
+  }
+}

@@ -264,6 +264,11 @@ class LayerGroups {
       return Status{Errc::invalid_argument, "head_dim (odd: a 4-bit dtype packs two values a byte)",
                     g.head_dim % 2 != 0 ? g.head_dim : v_dim(g), 2};
     if (auto st = check_side_format(g.format.k, g.dtype, g.head_dim, true); !st) return st;
+    // A channel's group is a block, and a group's page holds a number of
+    // tokens derived from the shared page (planes_of's B), not one block_size.
+    if (g.format.k.scales == Scales::channel || g.format.v.scales == Scales::channel)
+      return Status{Errc::invalid_argument, "format.scales (channel scales are a single Geometry's, not a layer group's)",
+                    std::int64_t(Scales::channel), std::int64_t(Scales::group)};
     if (v_dim(g) == 0 && g.format.v != SideFormat{})
       return Status{Errc::invalid_argument, "format.v.scales (the group stores no V)", std::int64_t(g.format.v.scales), 0};
     if (v_dim(g) > 0)

@@ -61,6 +61,8 @@ inline Status check_compaction_shape(const CompactionParams& p) noexcept {
   if (p.num_moves < 0 || (p.num_moves > 0 && !p.moves)) return Status{Errc::invalid_argument, "moves", p.num_moves, 0};
   if (auto st = check_planes(p.cache, "cache.kv_planes"); !st) return st;
   if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
+  if (auto st = check_row_writes(p.cache, "cache.format (channel scales: moving a row changes its block's channels)"); !st)
+    return st;
   return {};
 }
 

@@ -32,8 +32,10 @@ inline constexpr std::int32_t kChunk = 8;  // elements a thread moves
 /// or the call's scale alone), whole chunks a row (a group is then whole
 /// chunks too: 16 to 128 values), and a float type on the caller's side, so
 /// every element converts (a raw copy of codes keeps the per-row path).
+/// Channel scales (an entry per element) keep the per-row path too.
 inline bool chunked_rows(const PoolView& v, DType other) noexcept {
-  return dtype_bits(v.dtype) <= 8 && v.head_dim % kChunk == 0 &&
+  return dtype_bits(v.dtype) <= 8 && v.head_dim % kChunk == 0 && v.format.k.scales != Scales::channel &&
+         v.format.v.scales != Scales::channel &&
          (other == DType::f32 || other == DType::f16 || other == DType::bf16);
 }
 

@@ -14,9 +14,28 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-/// True when side kv of the view is not element-wise: group scales, or a 4-bit type.
+/// True when side kv of the view is not element-wise: stored (group or
+/// channel) scales, or a 4-bit type.
 KVCACHE_HOST_DEVICE inline bool quantized_side(const PoolView& v, std::int32_t kv) noexcept {
-  return side_format(v, kv).scales == Scales::group || dtype_bits(v.dtype) == 4;
+  return stored_scales(side_format(v, kv)) || dtype_bits(v.dtype) == 4;
+}
+/// True when side kv holds channel scales (a block's, written by seal_blocks).
+KVCACHE_HOST_DEVICE inline bool channel_side(const PoolView& v, std::int32_t kv) noexcept {
+  return side_format(v, kv).scales == Scales::channel;
+}
+/// True when either side of the view holds channel scales.
+KVCACHE_HOST_DEVICE inline bool channel_pool(const PoolView& v) noexcept {
+  return channel_side(v, 0) || (v.kv_planes == 2 && channel_side(v, 1));
+}
+
+/// A kernel that writes or moves single rows (scatter, ring write, ring
+/// admission, compaction, RoPE) cannot write a channel-scaled side: a row's
+/// codes depend on every token of its block, so seal_blocks writes such a
+/// block whole. invalid_argument naming `what` (the side) otherwise.
+inline Status check_row_writes(const PoolView& v, const char* what) noexcept {
+  for (std::int32_t kv = 0; kv < v.kv_planes && kv < 2; ++kv)
+    if (channel_side(v, kv)) return Status{Errc::invalid_argument, what, kv, static_cast<std::int64_t>(Scales::channel)};
+  return {};
 }
 /// True when either side of the view is quantized_side.
 KVCACHE_HOST_DEVICE inline bool quantized_pool(const PoolView& v) noexcept {
@@ -44,11 +63,24 @@ KVCACHE_HOST_DEVICE inline std::int64_t row_entry_bytes(const PoolView& v, std::
 /// The group entries of one row. A row's entries sit in its plane's entry
 /// region at the row's index in the codes' order, which is its codes' offset
 /// in the plane over the row's bytes (the layout need not be known).
+/// A channel-scaled side's row has no entries of its own: this is its
+/// kv-head's channel entries, which every token of the block shares.
 KVCACHE_HOST_DEVICE inline std::byte* row_entries(const PoolView& v, std::int64_t block, std::int32_t layer,
                                                   std::int32_t kv, std::int32_t token, std::int32_t head) noexcept {
   std::byte* plane = v.row(block, layer, kv, 0, 0);
+  if (channel_side(v, kv))
+    return plane + v.scales_offset + std::int64_t{head} * v.head_dim * group_entry_bytes(v.dtype, side_format(v, kv));
   const std::int64_t in_plane = std::int64_t{token} * v.strides.token + std::int64_t{head} * v.strides.head;
   return plane + v.scales_offset + in_plane / row_bytes(v.dtype, v.head_dim) * row_entry_bytes(v, kv);
+}
+
+/// Element i of a channel-scaled row (or run of adjacent rows: their heads'
+/// entries are adjacent too), dequantized with channel i's entry.
+KVCACHE_HOST_DEVICE inline float load_channel_elem(DType code, const SideFormat& f, const std::byte* codes, const std::byte* entries,
+                                                   std::int32_t i) noexcept {
+  const quant::GroupScale g = quant::load_entry(code, f.minimum, entries + std::int64_t{i} * group_entry_bytes(code, f));
+  const float c = quant::load_code(code, f.minimum, codes, i);
+  return f.minimum ? fmaf(c, g.scale, g.minimum) : c * g.scale;
 }
 
 /// Writes `rows` adjacent rows of side kv (heads_in_one_run; usually one):
@@ -60,6 +92,7 @@ KVCACHE_HOST_DEVICE inline void store_quantized_row(const PoolView& v, std::int3
                                                     std::int32_t nlanes, std::int32_t rows = 1) noexcept {
   const SideFormat& f = side_format(v, kv);
   const std::int32_t n = rows * v.head_dim;
+  if (f.scales == Scales::channel) return;  // seal_blocks writes these; check_row_writes refuses the row writers
   if (f.scales == Scales::group) {
     // One thread, whole-byte symmetric codes: the host's group loops (the same bits).
     if (nlanes == 1 &&
@@ -91,6 +124,10 @@ KVCACHE_HOST_DEVICE inline void load_quantized_row(const PoolView& v, std::int32
                                                    std::int32_t lane, std::int32_t nlanes, std::int32_t rows = 1) noexcept {
   const SideFormat& f = side_format(v, kv);
   const std::int32_t n = rows * v.head_dim;
+  if (f.scales == Scales::channel) {
+    for (std::int32_t i = lane; i < n; i += nlanes) store_elem(ot, out, i, load_channel_elem(v.dtype, f, codes, entries, i) * mul);
+    return;
+  }
   if (f.scales == Scales::group) {
     if (nlanes == 1 && fast_dequantize_groups(out, ot, codes, entries, v.dtype, f.minimum, f.group, n / f.group, mul)) return;
     float x[128];
@@ -119,6 +156,7 @@ KVCACHE_HOST_DEVICE inline void copy_quantized_row(const PoolView& v, std::int32
                                                    const std::byte* src, const std::byte* src_entries, std::int32_t lane,
                                                    std::int32_t nlanes) noexcept {
   const SideFormat& f = side_format(v, kv);
+  if (f.scales == Scales::channel) return;  // refused by check_row_writes
   if (f.scales == Scales::group) {
     const std::int64_t eb = group_entry_bytes(v.dtype, f), cb = row_bytes(v.dtype, f.group);
     for (std::int32_t g = lane; g * f.group < v.head_dim; g += nlanes) {
@@ -138,6 +176,7 @@ KVCACHE_HOST_DEVICE inline void copy_quantized_row(const PoolView& v, std::int32
 KVCACHE_HOST_DEVICE inline float load_pool_elem(const PoolView& v, std::int32_t kv, const std::byte* codes,
                                                 const std::byte* entries, std::int32_t d) noexcept {
   const SideFormat& f = side_format(v, kv);
+  if (f.scales == Scales::channel) return load_channel_elem(v.dtype, f, codes, entries, d);
   if (f.scales != Scales::group) return dtype_bits(v.dtype) == 4 ? quant::load_code(v.dtype, false, codes, d) : load_elem(v.dtype, codes, d);
   const quant::GroupScale g = quant::load_entry(v.dtype, f.minimum, entries + d / f.group * group_entry_bytes(v.dtype, f));
   const float c = quant::load_code(v.dtype, f.minimum, codes, d);
@@ -145,10 +184,10 @@ KVCACHE_HOST_DEVICE inline float load_pool_elem(const PoolView& v, std::int32_t 
 }
 
 /// The element unit of side kv: a row splits into whole units only (a
-/// group, two 4-bit codes sharing a byte, or one element).
+/// group, the codes sharing a byte, or one element).
 KVCACHE_HOST_DEVICE inline std::int32_t pool_unit(const PoolView& v, std::int32_t kv) noexcept {
   const SideFormat& f = side_format(v, kv);
-  return f.scales == Scales::group ? f.group : dtype_bits(v.dtype) == 4 ? 2 : 1;
+  return f.scales == Scales::group ? f.group : dtype_bits(v.dtype) < 8 ? 8 / dtype_bits(v.dtype) : 1;
 }
 
 /// Elements [d0, d0 + n) of a row of side kv into out, as load_pool_elem
@@ -156,7 +195,9 @@ KVCACHE_HOST_DEVICE inline std::int32_t pool_unit(const PoolView& v, std::int32_
 KVCACHE_HOST_DEVICE inline void load_pool_span(const PoolView& v, std::int32_t kv, const std::byte* codes,
                                                const std::byte* entries, std::int32_t d0, std::int32_t n, float* out) noexcept {
   const SideFormat& f = side_format(v, kv);
-  if (f.scales == Scales::group) {
+  if (f.scales == Scales::channel) {
+    for (std::int32_t i = 0; i < n; ++i) out[i] = load_channel_elem(v.dtype, f, codes, entries, d0 + i);
+  } else if (f.scales == Scales::group) {
     const std::int64_t eb = group_entry_bytes(v.dtype, f);
     for (std::int32_t d = d0; d < d0 + n; d += f.group)
       quant::dequantize_group(codes + row_bytes(v.dtype, d), entries + d / f.group * eb, f.group, v.dtype, f.minimum,
@@ -174,6 +215,7 @@ KVCACHE_HOST_DEVICE inline void load_pool_span(const PoolView& v, std::int32_t k
 KVCACHE_HOST_DEVICE inline void store_pool_span(const PoolView& v, std::int32_t kv, std::byte* codes, std::byte* entries,
                                                 std::int32_t d0, std::int32_t n, const float* x) noexcept {
   const SideFormat& f = side_format(v, kv);
+  if (f.scales == Scales::channel) return;  // refused by check_row_writes
   if (f.scales == Scales::group) {
     const std::int64_t eb = group_entry_bytes(v.dtype, f);
     for (std::int32_t d = d0; d < d0 + n; d += f.group)
@@ -189,7 +231,8 @@ KVCACHE_HOST_DEVICE inline void store_pool_span(const PoolView& v, std::int32_t 
 }
 
 /// Moves one row of side kv within a pool as raw bytes: its codes and its
-/// entries (a row is whole groups, so nothing is requantized).
+/// entries (a row is whole groups, so nothing is requantized). Not for a
+/// channel-scaled side (check_row_writes): its rows' meaning is their block's.
 KVCACHE_HOST_DEVICE inline void move_pool_row(const PoolView& v, std::int32_t kv, std::int64_t dst_block,
                                               std::int32_t dst_token, std::int64_t src_block, std::int32_t src_token,
                                               std::int32_t layer, std::int32_t head, std::int32_t lane,

@@ -147,6 +147,7 @@ inline Status check_ring_admit_shape(const RingAdmitParams& p) noexcept {
       (!p.gates || !p.ring_start || !p.ring_len || !p.global_len || !p.bits || !p.rows || !p.src.k || !p.src.v))
     return Status{Errc::invalid_argument, "null pointer", 0, 1};
   if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
+  if (auto st = check_row_writes(p.cache, "cache.format (a channel-scaled side is written by seal_blocks)"); !st) return st;
   if (auto st = check_dtype(p.src.dtype, "src.dtype"); !st) return st;
   return {};
 }

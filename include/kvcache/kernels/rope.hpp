@@ -158,6 +158,8 @@ inline Status check_rope_shape(const RopeParams& p) noexcept {
   if (p.num_entries > 0 && (!p.blocks || !p.deltas || !p.cos || !p.sin)) return Status{Errc::invalid_argument, "pointers", 0, 1};
   if (p.max_delta < 0) return Status{Errc::invalid_argument, "max_delta", p.max_delta, 0};
   if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
+  if (auto st = check_row_writes(p.cache, "cache.format (channel scales: a rotated row changes its block's channels)"); !st)
+    return st;
   if (quantized_side(p.cache, 0) && rope_detail::quantized_pieces(p).n == 0)
     return Status{Errc::invalid_argument, "rotary_dim (quantized NeoX keys whose half splits a group: at most 256)", r,
                   rope_detail::kQuantSpan};

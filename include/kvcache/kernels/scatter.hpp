@@ -150,6 +150,7 @@ inline Status check_scatter_shape(const ScatterParams& p) noexcept {
   if (!(p.k_scale > 0.0f) || !(p.v_scale > 0.0f))
     return Status{Errc::invalid_argument, "k_scale/v_scale", 0, 0};
   if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
+  if (auto st = check_row_writes(p.cache, "cache.format (a channel-scaled side is written by seal_blocks)"); !st) return st;
   if (auto st = check_held_scales(p.cache, p.k_scales, p.v_scales, false); !st) return st;
   return check_dtype(p.src.dtype, "src.dtype");
 }

@@ -121,10 +121,10 @@ inline Result<LayoutHandshake> from_msgpack(std::span<const std::uint8_t> bytes)
                             read_field(r, "head_dim", 1, I32, g.head_dim), read_field(r, "v_head_dim", 0, I32, g.v_head_dim),
                             read_field(r, "dtype", 0, kLastDType, g.dtype), read_field(r, "layout", 0, 1, g.layout),
                             read_field(r, "window", 0, I32, g.window), read_field(r, "chunk", 0, I32, g.chunk),
-                            read_field(r, "format.k.scales", 0, 3, g.format.k.scales),
+                            read_field(r, "format.k.scales", 0, kLastScales, g.format.k.scales),
                             read_field(r, "format.k.group", 0, 128, g.format.k.group),
                             read_field(r, "format.k.minimum", 0, 1, g.format.k.minimum),
-                            read_field(r, "format.v.scales", 0, 3, g.format.v.scales),
+                            read_field(r, "format.v.scales", 0, kLastScales, g.format.v.scales),
                             read_field(r, "format.v.group", 0, 128, g.format.v.group),
                             read_field(r, "format.v.minimum", 0, 1, g.format.v.minimum)})
       if (!st) return st;

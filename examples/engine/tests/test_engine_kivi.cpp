@@ -1,0 +1,226 @@
+// KIVI in the example engine (channel_kv.hpp): a pool whose keys are
+// quantized per channel over each block serves exactly what a plain buffer
+// serves when it applies KIVI's rule (a block is quantized from the step
+// after the one that filled it; until then its tokens are exact); a
+// compaction seals again only the blocks a move wrote into, keeps every
+// other block's bytes, and hands the new partial last block back to the
+// residual; and the engine runs KIVI under the full cache and under H2O,
+// leaving no residual behind when its requests end.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "channel_kv.hpp"
+#include "engine.hpp"
+#include "engine_testing.hpp"
+#include "forward.hpp"
+#include "kv_formats.hpp"
+#include "kv_store.hpp"
+#include "model.hpp"
+#include "serving.hpp"
+
+namespace kv = kvcache;
+
+using namespace engine_testing;
+
+namespace {
+
+const kv::KvFormat kKivi{{.scales = kv::Scales::channel, .minimum = true}, {.scales = kv::Scales::group, .group = 32, .minimum = true}};
+
+float f16(float x) { return kv::cvt::f16_to_f32(kv::cvt::f32_to_f16(x)); }
+
+// KIVI's 2-bit key channel, written out: the range over the block's tokens,
+// scale and minimum as f16 holds them, codes to nearest and clamped to [0, 3].
+void round_trip_channel(float* x, std::int32_t n, std::int64_t stride) {
+  float lo = x[0], hi = x[0];
+  for (std::int32_t t = 1; t < n; ++t) lo = std::min(lo, x[t * stride]), hi = std::max(hi, x[t * stride]);
+  const float scale = f16((hi - lo) / 3.0f), m = f16(lo), inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  for (std::int32_t t = 0; t < n; ++t)
+    x[t * stride] = std::fma(std::clamp(std::nearbyint((x[t * stride] - m) * inv), 0.0f, 3.0f), scale, m);
+}
+
+// A plain buffer of exact rows that reads back, per layer, the blocks
+// completed before the current forward call quantized as KIVI stores them
+// (keys per channel, values in groups of 32 along the row), the rest exact.
+class KiviReference {
+ public:
+  KiviReference(const engine::ModelConfig& c, std::int32_t block) : c_(c), B_(block), row_(c.kv_heads * c.head_dim()) {
+    k_.resize(std::size_t(c.layers)), v_.resize(std::size_t(c.layers));
+    rk_.resize(std::size_t(c.layers)), rv_.resize(std::size_t(c.layers));
+  }
+  void write(std::int32_t l, const float* k, const float* v, std::int32_t n) {
+    if (l == 0) {  // a new forward call: the blocks full before it are the sealed ones
+      sealed_ = std::int32_t(pos_.size()) / B_ * B_;
+      for (std::int32_t i = 0; i < n; ++i) pos_.push_back(std::int64_t(pos_.size()));
+    }
+    auto& K = k_[std::size_t(l)];
+    auto& V = v_[std::size_t(l)];
+    K.insert(K.end(), k, k + std::ptrdiff_t(n) * row_);
+    V.insert(V.end(), v, v + std::ptrdiff_t(n) * row_);
+    rk_[std::size_t(l)] = K, rv_[std::size_t(l)] = V;
+    const std::int32_t hd = c_.head_dim();
+    for (std::int32_t b = 0; b < sealed_; b += B_)
+      for (std::int32_t h = 0; h < c_.kv_heads; ++h)
+        for (std::int32_t d = 0; d < hd; ++d) round_trip_channel(rk_[std::size_t(l)].data() + (b * row_ + h * hd + d), B_, row_);
+    const kv::SideFormat g32{.scales = kv::Scales::group, .group = 32, .minimum = true};
+    std::vector<std::uint8_t> codes(static_cast<std::size_t>(hd)), entries(static_cast<std::size_t>(hd));
+    for (std::int32_t t = 0; t < sealed_; ++t)
+      for (std::int32_t h = 0; h < c_.kv_heads; ++h) {
+        float* x = rv_[std::size_t(l)].data() + (t * row_ + h * hd);
+        kv::quant::quantize_row(x, hd, kv::DType::int2, g32, codes.data(), entries.data());
+        kv::quant::dequantize_row(codes.data(), entries.data(), hd, kv::DType::int2, g32, x);
+      }
+  }
+  engine::HeldKv read(std::int32_t l, std::int32_t g) const {
+    const std::ptrdiff_t at = std::ptrdiff_t(g) * c_.head_dim();
+    return {rk_[std::size_t(l)].data() + at, rv_[std::size_t(l)].data() + at, pos_.data(), std::int32_t(pos_.size()), row_};
+  }
+
+ private:
+  engine::ModelConfig c_;
+  std::int32_t B_, row_, sealed_ = 0;
+  std::vector<std::vector<float>> k_, v_, rk_, rv_;
+  std::vector<std::int64_t> pos_;
+};
+
+}  // namespace
+
+TEST_CASE("a KIVI pool serves exactly what a buffer of KIVI's rule serves: full blocks quantized from the next step") {
+  const engine::Model model(kDir + "/kjv-tiny.bin");
+  const auto& c = model.config();
+  constexpr std::int32_t B = 16, kPrompt = 70, kNew = 30, kBlocks = 16;
+  const auto g = *kv::Geometry::make({.num_layers = c.layers, .num_kv_heads = c.kv_heads, .head_dim = c.head_dim(),
+                                      .block_size = B, .dtype = kv::DType::int2, .format = kKivi});
+  std::vector<std::byte> memory(std::size_t(*g.pool_bytes(kBlocks)));
+  const auto pool = *kv::make_pool_view(g, memory.data(), kBlocks);
+  kv::Cache<> cache({.geometry = g, .num_blocks = kBlocks, .max_sequences = 1, .max_blocks_per_sequence = 8});
+  const auto seq = *cache.add_sequence();
+  const std::array<kv::SeqId, 1> seqs{seq};
+  std::vector<std::int64_t> positions(std::size_t(kBlocks * B), -1);
+  engine::ChannelResidual residual(pool);
+  KiviReference reference(c, B);
+  engine::Forward paged_fwd(model), plain_fwd(model), exact_fwd(model);
+  engine::ContiguousKv exact(c, kPrompt + kNew);
+  auto tokens = heldout(kPrompt);
+  std::vector<std::int32_t> slots(kPrompt);
+  std::vector<float> lp, lr, le;
+  REQUIRE(cache.reserve(seq, kPrompt, slots).ok());
+  engine::PagedKv<kv::Cache<>> prefill(cache, pool, seqs, slots, 0, positions, 1, {0, 1, 1}, nullptr, nullptr, &residual);
+  paged_fwd.run(prefill, tokens, 0, lp, true);
+  plain_fwd.run(reference, tokens, 0, lr, true);
+  exact_fwd.run(exact, tokens, 0, le, true);
+  CHECK(lp == le);  // the prompt's own call reads every token exact
+  bool differs = false;
+  for (std::int32_t step = 0; step < kNew; ++step) {
+    REQUIRE(lp == lr);  // bit for bit
+    differs = differs || lp != le;
+    tokens.push_back(argmax(lp.data(), c.vocab));
+    const std::int64_t pos = kPrompt + step;
+    REQUIRE(cache.reserve(seq, 1, slots).ok());
+    engine::PagedKv<kv::Cache<>> store(cache, pool, seqs, std::span<const std::int32_t>(slots).first(1), pos, positions, 1,
+                                       {0, 1, 1}, nullptr, nullptr, &residual);
+    paged_fwd.run(store, std::span(tokens).last(1), pos, lp, true);
+    plain_fwd.run(reference, std::span(tokens).last(1), pos, lr, true);
+    exact_fwd.run(exact, std::span(tokens).last(1), pos, le, true);
+  }
+  CHECK(differs);  // the sealed blocks were read quantized
+  CHECK(residual.open_blocks() == 1);  // 100 tokens: blocks 0-5 sealed, block 6 open
+  REQUIRE(cache.check_invariants().ok());
+}
+
+TEST_CASE("a KIVI compaction seals again only the blocks a move wrote into, and the new last block goes back to the residual") {
+  std::mt19937_64 rng(Catch::rngSeed() ^ 0x7b1);
+  constexpr std::int32_t B = 8, L = 2, H = 2, D = 32, kBlocks = 8;
+  const auto g = *kv::Geometry::make({.num_layers = L, .num_kv_heads = H, .head_dim = D, .block_size = B, .dtype = kv::DType::int2, .format = kKivi});
+  std::vector<std::byte> memory(std::size_t(*g.pool_bytes(kBlocks)));
+  const auto pool = *kv::make_pool_view(g, memory.data(), kBlocks);
+  engine::ChannelResidual residual(pool);
+  // 30 tokens over blocks 5, 2, 7, 1 (logical order): 3 full, 6 in the last.
+  const std::array<std::int32_t, 4> before{5, 2, 7, 1};
+  constexpr std::int32_t kRows = 30, kRow = H * D;
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> k(std::size_t(L * kRows * kRow)), v(k.size());
+  for (auto& x : k) x = n(rng);
+  for (auto& x : v) x = n(rng);
+  std::vector<std::int32_t> slots;
+  for (std::int32_t t = 0; t < kRows; ++t) slots.push_back(before[std::size_t(t / B)] * B + t % B);
+  for (std::int32_t l = 0; l < L; ++l)
+    residual.write(l, slots.data(), k.data() + l * kRows * kRow, v.data() + l * kRows * kRow, kRows);
+  for (std::int32_t l = 0; l < L; ++l) residual.write(l, nullptr, nullptr, nullptr, 0);  // a later step: the full blocks sealed
+  CHECK(residual.open_blocks() == 1);
+  const auto read = [&](std::span<const std::int32_t> blocks, std::int32_t rows, std::int32_t l) {
+    std::vector<float> kk(std::size_t(rows * kRow)), vv(kk.size());
+    const std::array<std::int32_t, 2> indptr{0, std::int32_t(blocks.size())}, out{0, rows};
+    REQUIRE(kv::gather_host({pool, l, indptr.data(), blocks.data(), out.data(), 1, rows, kk.data(), vv.data(), kv::DType::f32,
+                             kRow * 4, D * 4})
+                .ok());
+    residual.overlay(l, blocks, rows, kk.data(), vv.data());
+    return std::pair{kk, vv};
+  };
+  std::vector<std::pair<std::vector<float>, std::vector<float>>> was;
+  for (std::int32_t l = 0; l < L; ++l) was.push_back(read(before, kRows, l));
+  // Evict 9 tokens: rows 25-29 fill holes at rows 3 (block 5) and 20 (block 7); 21 rows stay, the last block is 7.
+  const std::array<kv::SlotMove, 2> moves{kv::SlotMove{1 * B + 1, 5 * B + 3}, kv::SlotMove{1 * B + 3, 7 * B + 4}};
+  const std::vector<std::byte> bytes = memory;
+  const std::array<std::int32_t, 3> after{5, 2, 7};
+  const engine::ChannelResidual::Moves m{moves, 0, L, 0, 0};
+  residual.compact(before, kRows, after, 21, std::span(&m, 1));
+  // Block 2 (no move into it) keeps its bytes; block 5 (a move into row 3) was sealed again.
+  const auto block_bytes = [&](const std::vector<std::byte>& mem, std::int32_t b) {
+    return std::vector<std::byte>(mem.begin() + b * g.block_bytes(), mem.begin() + (b + 1) * g.block_bytes());
+  };
+  CHECK(block_bytes(memory, 2) == block_bytes(bytes, 2));
+  CHECK(block_bytes(memory, 5) != block_bytes(bytes, 5));
+  CHECK(residual.open_blocks() == 1);  // block 7, 5 rows of 8
+  for (std::int32_t l = 0; l < L; ++l) {
+    const auto now = read(after, 21, l);
+    const auto& [k0, v0] = was[std::size_t(l)];
+    for (std::int32_t t = 0; t < 21; ++t) {
+      const std::int32_t src = t == 3 ? 25 : t == 20 ? 27 : t;  // the moves' sources: rows 25 and 27 (block 1)
+      for (std::int32_t i = 0; i < kRow; ++i) {
+        const float want_k = k0[std::size_t(src * kRow + i)], want_v = v0[std::size_t(src * kRow + i)];
+        if (t >= 16) {  // the new last block: exact, from the residual (row 20 came from the old residual too)
+          REQUIRE(now.first[std::size_t(t * kRow + i)] == want_k);
+          REQUIRE(now.second[std::size_t(t * kRow + i)] == want_v);
+        } else if (t >= 8) {  // block 2: untouched
+          REQUIRE(now.first[std::size_t(t * kRow + i)] == want_k);
+          REQUIRE(now.second[std::size_t(t * kRow + i)] == want_v);
+        } else {  // block 5, sealed again: within a code step of what it held (2 bits over the channel's range)
+          float lo = 1e30f, hi = -1e30f;
+          for (std::int32_t r = 0; r < 8; ++r) {
+            const std::int32_t s = r == 3 ? 25 : r;
+            lo = std::min(lo, k0[std::size_t(s * kRow + i)]), hi = std::max(hi, k0[std::size_t(s * kRow + i)]);
+          }
+          REQUIRE(std::fabs(now.first[std::size_t(t * kRow + i)] - want_k) <= (hi - lo) / 3.0f * 0.51f + 1e-3f);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the engine runs KIVI's keys under the full cache and under H2O, and refuses them with page selection") {
+  const engine::Model model(kDir + "/kjv-tiny.bin");
+  const auto text = heldout(900);
+  const engine::NamedKvFormat& kivi = engine::kv_format_named("int2_kivi");
+  const auto cfg = engine::with_kv_format({.max_kv_tokens = 2048, .max_batch = 2}, kivi, model, {});
+  CHECK(cfg.block_size == 32);
+  const auto run = [&](auto policy, const engine::EngineConfig& adjusted) {
+    engine::Engine<decltype(policy)> e(model, adjusted, policy);
+    auto reqs = requests(text, 2, 100, 300, 40, 40);
+    e.run(reqs);
+    for (const auto& r : reqs) CHECK(r.output.size() == 40);
+    REQUIRE(e.cache().check_invariants().ok());
+    return reqs;
+  };
+  const auto full = run(kv::KeepAll{}, cfg);
+  std::vector<engine::Request> h2o;
+  engine::with("h2o", 128, model.config(), cfg, [&](auto policy, const engine::EngineConfig& adjusted) { h2o = run(policy, adjusted); });
+  CHECK(full[1].output != h2o[1].output);  // H2O evicted (and compacted) tokens
+  // Page selection reads bounds of blocks whose codes are not written yet: refused.
+  CHECK_THROWS_AS((engine::Engine<kv::KeepAll, kv::QuestSelection>(model, cfg, {})), std::invalid_argument);
+}

@@ -1,0 +1,156 @@
+// Seal: whole blocks written at once, from their tokens' full-precision K/V.
+// A channel-scaled side (Scales::channel, KIVI's keys) takes one scale and
+// minimum per (block, head, channel) over the block's tokens, so its codes
+// exist only once the block's last token is known: the engine keeps the
+// open block in full precision (KIVI's residual) and seals it when it
+// fills. Every other side of the block is written as scatter writes it.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common.hpp"
+#include "quant.hpp"
+#include "quant_rows.hpp"
+#include "scatter.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+/// Parameters of seal_blocks: block i of `blocks` receives source tokens
+/// [i * block_size, (i + 1) * block_size), all of them, in every layer of
+/// [first_layer, first_layer + num_layers).
+struct SealParams {
+  PoolView cache{};  ///< The pool.
+  KvSource src{};  ///< The blocks' K/V: source token i * block_size + t is block i's token t.
+  const std::int32_t* blocks = nullptr;  ///< [num_blocks] pool blocks written whole; no block twice.
+  std::int32_t num_blocks = 0;  ///< Blocks sealed.
+  std::int32_t first_layer = 0;  ///< First cache layer written.
+  std::int32_t num_layers = 1;  ///< Source layer l lands in cache layer first_layer + l.
+  float k_scale = 1.0f;  ///< K is stored as input / k_scale (a per-tensor factor over the stored scales).
+  float v_scale = 1.0f;  ///< The same for V.
+  /// Engine-held scales of a tensor- or head-scaled side, as scatter's; null: none.
+  const float* k_scales = nullptr;
+  const float* v_scales = nullptr;  ///< The same for format.v.
+};
+static_assert(std::is_trivially_copyable_v<SealParams>);
+
+/// The scatter that writes a sealed block's rows on a side without channel
+/// scales: the same rows, quantized the same way.
+KVCACHE_HOST_DEVICE inline ScatterParams seal_rows(const SealParams& p) noexcept {
+  return {p.cache, p.src, TokenAddress{}, 0, p.first_layer, p.num_layers, p.k_scale, p.v_scale, p.k_scales, p.v_scales};
+}
+
+/// Codes of a channel side that share one byte (8, 4 or 2 bits a code): a
+/// unit of seal_channel_unit.
+KVCACHE_HOST_DEVICE inline std::int32_t seal_unit(const PoolView& v) noexcept { return 8 / dtype_bits(v.dtype); }
+
+/// Seals the channels [unit * n, (unit + 1) * n) (n = seal_unit: the codes of
+/// one byte) of block i, layer, side kv (channel-scaled), kv-head head: each
+/// channel's range over the block's tokens gives its entry (quant::group_scale,
+/// as a group's), then every token's byte of codes (shared by both backends).
+KVCACHE_HOST_DEVICE inline void seal_channel_unit(const SealParams& p, std::int32_t i, std::int32_t layer, std::int32_t kv,
+                                                  std::int32_t head, std::int32_t unit) noexcept {
+  const PoolView& v = p.cache;
+  const SideFormat& f = side_format(v, kv);
+  const std::int32_t n = seal_unit(v), bits = dtype_bits(v.dtype), B = v.block_size, c0 = unit * n;
+  const std::int64_t block = p.blocks[i], first = std::int64_t{i} * B;
+  const float mul = 1.0f / (kv == 0 ? p.k_scale : p.v_scale);
+  std::byte* entries = row_entries(v, block, p.first_layer + layer, kv, 0, head);
+  const std::int64_t eb = group_entry_bytes(v.dtype, f);
+  float inv[4], minimum[4];
+  for (std::int32_t j = 0; j < n; ++j) {
+    // The channel's range, as quantize_group finds a group's (order keys, so
+    // NaN and -0 rank as they do there).
+    std::int32_t kmin = 0, kmax = 0;
+    std::uint32_t amax = 0;
+    for (std::int32_t t = 0; t < B; ++t) {
+      const float x = load_elem(p.src.dtype, p.src.row(kv, layer, first + t, head), c0 + j) * mul;
+      const std::int32_t k = quant::order_key(x);
+      kmin = t == 0 || k < kmin ? k : kmin;
+      kmax = t == 0 || k > kmax ? k : kmax;
+      const std::uint32_t a = cvt::bits(x) & 0x7fffffffu;
+      amax = a > amax ? a : amax;
+    }
+    const quant::GroupScale g = quant::group_scale(v.dtype, f.minimum, quant::from_order_key(kmin),
+                                                   quant::from_order_key(kmax), cvt::from_bits(amax));
+    std::byte* entry = entries + (c0 + j) * eb;
+    quant::store_entry_value(v.dtype, entry, 0, g.scale);
+    if (f.minimum) quant::store_entry_value(v.dtype, entry, 1, g.minimum);
+    inv[j] = g.scale > 0.0f ? 1.0f / g.scale : 0.0f;
+    minimum[j] = g.minimum;
+  }
+  for (std::int32_t t = 0; t < B; ++t) {
+    const std::byte* in = p.src.row(kv, layer, first + t, head);
+    std::uint32_t byte = 0;
+    for (std::int32_t j = 0; j < n; ++j)
+      byte |= quant::encode(v.dtype, f.minimum, (load_elem(p.src.dtype, in, c0 + j) * mul - minimum[j]) * inv[j]) << (bits * j);
+    *reinterpret_cast<std::uint8_t*>(v.row(block, p.first_layer + layer, kv, t, head) + unit) = static_cast<std::uint8_t>(byte);
+  }
+}
+
+/// Writes token t of block i, layer, side kv (not channel-scaled), kv-head
+/// head, as scatter writes a row; lanes split it (shared by both backends).
+KVCACHE_HOST_DEVICE inline void seal_row(const SealParams& p, std::int32_t i, std::int32_t layer, std::int32_t kv,
+                                         std::int32_t token, std::int32_t head, std::int32_t lane, std::int32_t nlanes) noexcept {
+  const std::int64_t block = p.blocks[i];
+  scatter_row_at(seal_rows(p), layer, kv, head, block, token, p.cache.row(block, p.first_layer + layer, kv, token, head),
+                 p.src.row(kv, layer, std::int64_t{i} * p.cache.block_size + token, head), lane, nlanes);
+}
+
+/// Item (block i, layer, token t) of a seal, side kv, kv-head head: token
+/// t's row on a row-written side; on a channel side, item t = 0 seals the
+/// (block, layer, head)'s channels, a unit a lane, and other items do
+/// nothing. Both backends run this over items x sides x heads x lanes.
+KVCACHE_HOST_DEVICE inline void seal_item(const SealParams& p, std::int64_t item, std::int32_t kv, std::int32_t head,
+                                          std::int32_t lane, std::int32_t nlanes) noexcept {
+  const std::int32_t B = p.cache.block_size, t = static_cast<std::int32_t>(item % B);
+  const std::int64_t rest = item / B;
+  const auto layer = static_cast<std::int32_t>(rest % p.num_layers), i = static_cast<std::int32_t>(rest / p.num_layers);
+  if (!channel_side(p.cache, kv)) {
+    seal_row(p, i, layer, kv, t, head, lane, nlanes);
+    return;
+  }
+  if (t != 0) return;
+  for (std::int32_t u = lane; u * seal_unit(p.cache) < p.cache.head_dim; u += nlanes) seal_channel_unit(p, i, layer, kv, head, u);
+}
+
+/// Items of a seal: blocks x layers x tokens.
+KVCACHE_HOST_DEVICE inline std::int64_t seal_items(const SealParams& p) noexcept {
+  return std::int64_t{p.num_blocks} * p.num_layers * p.cache.block_size;
+}
+
+/// Checks what the host can see: the pool, layers, counts, pointers and
+/// scales (not the block list, which may be device memory).
+inline Status check_seal_shape(const SealParams& p) noexcept {
+  if (!p.cache.base) return Status{Errc::invalid_argument, "cache.base", 0, 1};
+  if (p.num_blocks < 0) return Status{Errc::invalid_argument, "num_blocks", p.num_blocks, 0};
+  if (auto st = check_planes(p.cache, "cache.kv_planes"); !st) return st;
+  if (p.num_blocks > 0 && (!p.blocks || !p.src.k || (p.cache.kv_planes == 2 && !p.src.v)))
+    return Status{Errc::invalid_argument, "blocks/src.k/src.v", 0, 1};
+  if (p.num_layers < 1 || p.first_layer < 0 || std::int64_t{p.first_layer} + p.num_layers > p.cache.num_layers)
+    return Status{Errc::invalid_argument, "first_layer+num_layers", std::int64_t{p.first_layer} + p.num_layers,
+                  p.cache.num_layers};
+  if (!(p.k_scale > 0.0f) || !(p.v_scale > 0.0f)) return Status{Errc::invalid_argument, "k_scale/v_scale", 0, 0};
+  if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
+  if (auto st = check_held_scales(p.cache, p.k_scales, p.v_scales, false); !st) return st;
+  return check_dtype(p.src.dtype, "src.dtype");
+}
+
+/// Host backend: checks every block (in the pool, none twice) before
+/// writing anything, then seals them.
+inline Status seal_blocks_host(const SealParams& p) noexcept {
+  if (auto st = check_seal_shape(p); !st) return st;
+  if (auto st = check_held_scales(p.cache, p.k_scales, p.v_scales, true); !st) return st;
+  for (std::int32_t i = 0; i < p.num_blocks; ++i) {
+    if (p.blocks[i] < 0 || p.blocks[i] >= p.cache.num_blocks)
+      return Status{Errc::invalid_argument, "blocks (outside the pool)", p.blocks[i], p.cache.num_blocks};
+    for (std::int32_t j = 0; j < i; ++j)
+      if (p.blocks[j] == p.blocks[i]) return Status{Errc::invalid_argument, "blocks (sealed twice in one call)", p.blocks[i], j};
+  }
+  for (std::int64_t it = 0; it < seal_items(p); ++it)
+    for (std::int32_t kv = 0; kv < p.cache.kv_planes; ++kv)
+      for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h) seal_item(p, it, kv, h, 0, 1);
+  return {};
+}
+
+KVCACHE_END_NAMESPACE
