@@ -191,3 +191,32 @@ TEST_CASE("the host's group loops leave minimum formats, packed codes and 8-bit 
   CHECK_FALSE(fast_dequantize_groups(x.data(), DType::fp8_e4m3, c.data(), e.data(), DType::int8, false, 32, 1, 1.0f));
   CHECK(std::all_of(c.begin(), c.end(), [](std::byte b) { return b == std::byte{0}; }));
 }
+
+TEST_CASE("the host's FMA loop gives fmaf's bits, and load_codes gives load_code's values for every byte") {
+  std::mt19937_64 rng(Catch::rngSeed() ^ 0xf3a);
+  std::uniform_real_distribution<float> u(-100.0f, 100.0f);
+  const float specials[] = {0.0f, -0.0f, 1e-40f, -1e-45f, INFINITY, -INFINITY, NAN, 3.4e38f, -3.4e38f, 1.0f};
+  std::vector<float> a(1003), b(a.size()), c(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = i % 37 == 0 ? specials[i % 10] : u(rng);
+    b[i] = i % 41 == 0 ? specials[(i / 3) % 10] : u(rng) * 1e-3f;
+    c[i] = i % 43 == 0 ? specials[(i / 5) % 10] : u(rng);
+  }
+  const auto same = [](float x, float y) { return std::memcmp(&x, &y, 4) == 0 || (std::isnan(x) && std::isnan(y)); };
+  for (int step : {0, 1}) {
+    std::vector<float> out(a.size(), 9.0f);
+    const std::int32_t done = fast_fma(out.data(), a.data(), b.data(), step, c.data(), step, std::int32_t(a.size()));
+    CHECK(done == (simd::fma_available() ? 1000 : 0));
+    for (std::int32_t i = 0; i < done; ++i) REQUIRE(same(out[std::size_t(i)], std::fma(a[std::size_t(i)], b[std::size_t(step * i)], c[std::size_t(step * i)])));
+    for (std::size_t i = std::size_t(done); i < out.size(); ++i) CHECK(out[i] == 9.0f);  // the rest is the caller's
+  }
+  std::vector<std::uint8_t> bytes(256);
+  for (int i = 0; i < 256; ++i) bytes[std::size_t(i)] = std::uint8_t(i);
+  for (DType code : {DType::int8, DType::int4, DType::int2})
+    for (bool minimum : {false, true}) {
+      const std::int32_t n = 256 * 8 / dtype_bits(code);
+      std::vector<float> got(static_cast<std::size_t>(n));
+      quant::load_codes(code, minimum, bytes.data(), n, got.data());
+      for (std::int32_t i = 0; i < n; ++i) REQUIRE(got[std::size_t(i)] == quant::load_code(code, minimum, bytes.data(), i));
+    }
+}

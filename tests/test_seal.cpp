@@ -274,3 +274,35 @@ TEST_CASE("a block sealed again from its own read-back keeps its bytes (what a c
       }
     }
 }
+
+TEST_CASE("the host's seal (channels across a row) writes the bytes of the one body CUDA runs (a unit of channels a thread)") {
+  std::mt19937_64 rng(Catch::rngSeed() ^ 0xb0d7);
+  const float specials[] = {0.0f, -0.0f, 1e-40f, -3e-39f, INFINITY, -INFINITY, NAN, 65504.0f, 7e4f, -1e30f};
+  for (int trial = 0; trial < 60; ++trial) {
+    const DType codes[] = {DType::int2, DType::int4, DType::int8};
+    GeometrySpec s = kivi_spec(codes[trial % 3], trial % 2 == 0, trial % 4 < 2 ? Layout::NHD : Layout::HND, KvPlanes::interleaved);
+    s.block_size = 1 + int(rng() % 40);
+    s.head_dim = 16 << (rng() % 3);
+    s.format.v = trial % 5 == 0 ? SideFormat{.scales = Scales::channel, .minimum = true} : s.format.v;
+    INFO("trial " << trial << " code " << int(s.dtype) << " block " << s.block_size << " head_dim " << s.head_dim);
+    const int H = s.num_kv_heads, D = s.head_dim, B = s.block_size;
+    QPool host(s, 5), body(s, 5);
+    body.bytes = host.bytes;
+    const DType st = trial % 3 == 0 ? DType::f16 : DType::f32;
+    std::vector<std::byte> in = kvtest::random_elems(rng, st, std::int64_t{3} * B * 2 * H * D);
+    if (st == DType::f32)
+      for (int j = 0; j < 20; ++j)
+        std::memcpy(in.data() + 4 * (rng() % (in.size() / 4)), &specials[rng() % 10], 4);  // special values somewhere
+    const std::int64_t row = std::int64_t{H} * D * dtype_bytes(st);
+    const KvSource src{in.data(), in.data() + row, st, 0, 2 * row, std::int64_t{D} * dtype_bytes(st)};
+    const std::int32_t blocks[] = {4, 1, 3};
+    const SealParams p{host.view, src, blocks, 3, 1, 1, 0.75f, 1.25f};
+    REQUIRE(seal_blocks_host(p).ok());
+    SealParams q = p;
+    q.cache = body.view;
+    for (std::int64_t it = 0; it < seal_items(q); ++it)
+      for (int kv = 0; kv < 2; ++kv)
+        for (int h = 0; h < H; ++h) seal_item(q, it, kv, h, 0, 1);
+    REQUIRE(host.bytes == body.bytes);
+  }
+}

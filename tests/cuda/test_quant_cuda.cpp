@@ -41,6 +41,22 @@ struct HeldScales {
 };
 
 
+// A pool of random bytes on the host, its copy on the device, and a view of each.
+struct TwinPools {
+  std::vector<std::byte> host;
+  Dev dev;
+  PoolView hv, dv;
+  static std::vector<std::byte> random_bytes(std::mt19937_64& rng, std::int64_t n) {
+    std::vector<std::byte> b(static_cast<std::size_t>(n));
+    for (auto& x : b) x = std::byte(rng() & 0x3f);
+    return b;
+  }
+  TwinPools(std::mt19937_64& rng, const Geometry& geo, std::int64_t blocks)
+      : host(random_bytes(rng, *geo.pool_bytes(blocks))), dev(host), hv(*make_pool_view(geo, host.data(), blocks)), dv(hv) {
+    dv.base = dev.p;
+  }
+};
+
 // Scatter on both backends from the same inputs (the call's scales 0.5 and
 // 1.5, the held ones where the format takes them); the pools must match.
 void scatter_both(const PoolView& hv, const PoolView& dv, const KvSource& hsrc, const KvSource& dsrc,
@@ -188,12 +204,8 @@ TEST_CASE("cuda quantized scatter and gather in bulk (several items a thread), f
     const Geometry geo = *Geometry::make(g);
     const std::int64_t tokens = kind == 2 ? 100 + std::int64_t(rng() % 50) : 4096 + std::int64_t(rng() % 300);
     const std::int64_t blocks = tokens / g.block_size + 2, pool_slots = blocks * g.block_size;
-    std::vector<std::byte> host(static_cast<std::size_t>(*geo.pool_bytes(blocks)));
-    for (auto& b : host) b = std::byte(rng() & 0x3f);
-    Dev dev(host);
-    const PoolView hv = *make_pool_view(geo, host.data(), blocks);
-    PoolView dv = hv;
-    dv.base = dev.p;
+    TwinPools pools(rng, geo, blocks);
+    auto& [host, dev, hv, dv] = pools;
     INFO("trial " << trial << " dtype " << int(g.dtype) << " heads " << g.num_kv_heads << " head_dim " << g.head_dim
                   << " block " << g.block_size << " layers " << g.num_layers);
 
@@ -246,13 +258,8 @@ TEST_CASE("cuda seal_blocks and gather of channel-scaled keys == host, bit for b
     g.format.v = rng() % 2 ? SideFormat{.scales = Scales::channel, .minimum = true} : random_side(rng, g.dtype, g.head_dim);
     if (g.format.v.scales == Scales::tensor || g.format.v.scales == Scales::head) g.format.v = {.scales = Scales::group, .group = 16};
     const Geometry geo = *Geometry::make(g);
-    const std::int64_t blocks = 9;
-    std::vector<std::byte> host(static_cast<std::size_t>(*geo.pool_bytes(blocks)));
-    for (auto& b : host) b = std::byte(rng() & 0x3f);
-    Dev dev(host);
-    const PoolView hv = *make_pool_view(geo, host.data(), blocks);
-    PoolView dv = hv;
-    dv.base = dev.p;
+    TwinPools pools(rng, geo, 9);
+    auto& [host, dev, hv, dv] = pools;
     INFO("trial " << trial << " dtype " << int(g.dtype) << " heads " << g.num_kv_heads << " head_dim " << g.head_dim
                   << " block " << g.block_size << " v scales " << int(g.format.v.scales));
     // Seal blocks 7, 2 and 4 of layer 1 from random inputs.

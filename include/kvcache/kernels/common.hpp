@@ -317,6 +317,20 @@ KVCACHE_HOST_DEVICE inline std::int32_t fast_abs_max_bits(const float* x, std::i
 #endif
 }
 
+/// out[i] = fmaf(a[i], b, c) for the first k elements (b and c arrays when
+/// bstep / cstep are 1, one value when 0) by the host's FMA instruction,
+/// fmaf's bits; returns k (a multiple of 8; 0 on CUDA or without FMA). The
+/// caller does the rest with fmaf.
+KVCACHE_HOST_DEVICE inline std::int32_t fast_fma(float* out, const float* a, const float* b, std::int32_t bstep, const float* c,
+                                                 std::int32_t cstep, std::int32_t n) noexcept {
+#if KVCACHE_HOST_SIMD
+  return simd::fmadd(out, a, b, bstep, c, cstep, n);
+#else
+  (void)out, (void)a, (void)b, (void)bstep, (void)c, (void)cstep, (void)n;
+  return 0;
+#endif
+}
+
 /// How a row moves: raw bytes (same dtype, no scaling) in 16-byte vectors when
 /// aligned, else element by element through float (dtype change or scale).
 struct alignas(16) Vec16 {

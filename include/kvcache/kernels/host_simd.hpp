@@ -7,9 +7,11 @@
 // where an instruction replaces a sequence (F16C's fp16 conversions, int8
 // through a float clamp and cvtps2dq), the comment next to it says why the
 // result is the same. test_host_simd checks every 8- and 16-bit input and
-// random floats against the scalar code. No fma: the target enables only
-// avx2 and f16c, so the compiler cannot fuse a multiply with the rounding
-// adds. CUDA translation units and other CPUs compile none of this
+// random floats against the scalar code. No implicit fma: these targets
+// enable only avx2 and f16c, so the compiler cannot fuse a multiply with the
+// rounding adds; fma_rows is the one fused multiply-add, written as one
+// where the scalar code calls fmaf (its rounding, so its bits), on CPUs
+// with FMA3. CUDA translation units and other CPUs compile none of this
 // (move_rows returns 0 and the scalar loop does the row).
 #pragma once
 
@@ -288,12 +290,45 @@ inline std::int32_t abs_max_bits(const float* x, std::int32_t n, std::uint32_t& 
   m = avx2::abs_max_bits(x, n8);
   return n8;
 }
+
+/// True when this CPU has FMA3 (cpuid leaf 1), read once. A fused
+/// multiply-add rounds once, as fmaf does, so its results are fmaf's bits;
+/// without the instruction the host build's fmaf is a libm call per value.
+inline bool fma_available() noexcept {
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return available() && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_FMA) != 0;
+  }();
+  return yes;
+}
+// out[i] = fmaf(a[i], b[i], c[i]), eight at a time; b and c advance by
+// bstep / cstep (0: one value for every element, a group's scale and minimum).
+__attribute__((target("avx2,fma"))) inline void fma_rows(float* out, const float* a, const float* b, std::int32_t bstep,
+                                                         const float* c, std::int32_t cstep, std::int32_t n8) noexcept {
+  for (std::int32_t i = 0; i < n8; i += 8) {
+    const __m256 bv = bstep ? _mm256_loadu_ps(b + i) : _mm256_set1_ps(*b), cv = cstep ? _mm256_loadu_ps(c + i) : _mm256_set1_ps(*c);
+    _mm256_storeu_ps(out + i, _mm256_fmadd_ps(_mm256_loadu_ps(a + i), bv, cv));
+  }
+}
+/// out[i] = fmaf(a[i], b, c) (b and c arrays when bstep / cstep are 1, one
+/// value when 0) for the first n - n % 8 elements on a CPU with FMA;
+/// returns how many (0 without it).
+inline std::int32_t fmadd(float* out, const float* a, const float* b, std::int32_t bstep, const float* c, std::int32_t cstep,
+                        std::int32_t n) noexcept {
+  const std::int32_t n8 = n - n % 8;
+  if (n8 == 0 || !fma_available()) return 0;
+  fma_rows(out, a, b, bstep, c, cstep, n8);
+  return n8;
+}
 #undef KVCACHE_AVX2
 #undef KVCACHE_AVX2_INLINE
 #else
 inline bool available() noexcept { return false; }
 inline std::int32_t move_rows(void*, DType, const void*, DType, std::int32_t, float) noexcept { return 0; }
 inline std::int32_t abs_max_bits(const float*, std::int32_t, std::uint32_t&) noexcept { return 0; }
+inline std::int32_t fmadd(float*, const float*, const float*, std::int32_t, const float*, std::int32_t, std::int32_t) noexcept {
+  return 0;
+}
 #endif
 
 }  // namespace simd

@@ -75,6 +75,38 @@ KVCACHE_HOST_DEVICE inline float load_code(DType code, bool minimum, const void*
   }
 }
 
+/// Codes [0, n) of a row of `code` at p (from a byte boundary), as
+/// load_code gives them: one loop per type and sign, without load_code's
+/// switch per value, so the host compiler vectorizes them.
+KVCACHE_HOST_DEVICE inline void load_codes(DType code, bool minimum, const void* p, std::int32_t n, float* out) noexcept {
+  const auto* b = static_cast<const std::uint8_t*>(p);
+  switch (code) {
+    case DType::int8:
+      if (minimum)
+        for (std::int32_t i = 0; i < n; ++i) out[i] = static_cast<float>(b[i]);
+      else
+        for (std::int32_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<std::int8_t>(b[i]));
+      return;
+    case DType::int4:
+      if (minimum)
+        for (std::int32_t i = 0; i < n; ++i) out[i] = static_cast<float>((std::uint32_t{b[i >> 1]} >> (4 * (i & 1))) & 15u);
+      else
+        for (std::int32_t i = 0; i < n; ++i)
+          out[i] = static_cast<float>(static_cast<std::int32_t>(((std::uint32_t{b[i >> 1]} >> (4 * (i & 1))) & 15u) ^ 8u) - 8);
+      return;
+    case DType::int2:
+      if (minimum)
+        for (std::int32_t i = 0; i < n; ++i) out[i] = static_cast<float>((std::uint32_t{b[i >> 2]} >> (2 * (i & 3))) & 3u);
+      else
+        for (std::int32_t i = 0; i < n; ++i)
+          out[i] = static_cast<float>(static_cast<std::int32_t>(((std::uint32_t{b[i >> 2]} >> (2 * (i & 3))) & 3u) ^ 2u) - 2);
+      return;
+    default:
+      for (std::int32_t i = 0; i < n; ++i) out[i] = load_code(code, minimum, p, i);
+      return;
+  }
+}
+
 /// The code of v (already divided by the scale) as its bits: a byte, or a
 /// nibble in the low 4 bits.
 KVCACHE_HOST_DEVICE inline std::uint32_t encode(DType code, bool minimum, float v) noexcept {
@@ -193,16 +225,17 @@ KVCACHE_HOST_DEVICE inline GroupScale quantize_group(const float* x, std::int32_
       }
       return g;
     case DType::int4:
-      for (std::int32_t i = 0; i < n; i += 2)
-        b[i >> 1] = static_cast<std::uint8_t>(encode(code, minimum, (x[i] - m) * inv) |
-                                              (encode(code, minimum, (x[i + 1] - m) * inv) << 4));
+    case DType::int2: {  // encode's integers, then packed: two loops the host vectorizes (encode's switch per value did not)
+      const auto qhi = static_cast<std::int32_t>(code_max(code, minimum)), qlo = minimum ? 0 : -qhi;
+      std::uint32_t q[128];
+      for (std::int32_t i = 0; i < n; ++i) q[i] = static_cast<std::uint32_t>(cvt::to_int((x[i] - m) * inv, qlo, qhi));
+      if (code == DType::int4)
+        for (std::int32_t i = 0; i < n; i += 2) b[i >> 1] = static_cast<std::uint8_t>((q[i] & 15u) | ((q[i + 1] & 15u) << 4));
+      else
+        for (std::int32_t i = 0; i < n; i += 4)
+          b[i >> 2] = static_cast<std::uint8_t>((q[i] & 3u) | ((q[i + 1] & 3u) << 2) | ((q[i + 2] & 3u) << 4) | ((q[i + 3] & 3u) << 6));
       return g;
-    case DType::int2:
-      for (std::int32_t i = 0; i < n; i += 4)
-        b[i >> 2] = static_cast<std::uint8_t>(encode(code, minimum, (x[i] - m) * inv) | (encode(code, minimum, (x[i + 1] - m) * inv) << 2) |
-                                              (encode(code, minimum, (x[i + 2] - m) * inv) << 4) |
-                                              (encode(code, minimum, (x[i + 3] - m) * inv) << 6));
-      return g;
+    }
     case DType::fp4_e2m1:
       for (std::int32_t i = 0; i < n; i += 2)
         b[i >> 1] = static_cast<std::uint8_t>(f32_to_e2m1(x[i] * inv) | (f32_to_e2m1(x[i + 1] * inv) << 4));
@@ -223,9 +256,11 @@ KVCACHE_HOST_DEVICE inline void dequantize_group(const void* codes, const void* 
   const auto* b = static_cast<const std::uint8_t*>(codes);
   // Whole-byte symmetric codes are load_elem times the scale: the host's AVX2 loops when it has them.
   if (!minimum && dtype_bits(code) == 8 && fast_rows(out, DType::f32, codes, code, n, g.scale) == n) return;
-  // Explicit fma with a minimum (host and device round alike); a plain product without.
+  // Explicit fma with a minimum (host and device round alike: the host's FMA
+  // instruction where it has one, fmaf's bits); a plain product without.
   if (minimum) {
-    for (std::int32_t i = 0; i < n; ++i) out[i] = fmaf(load_code(code, true, codes, i), g.scale, g.minimum);
+    load_codes(code, true, codes, n, out);
+    for (std::int32_t i = fast_fma(out, out, &g.scale, 0, &g.minimum, 0, n); i < n; ++i) out[i] = fmaf(out[i], g.scale, g.minimum);
     return;
   }
   switch (code) {
@@ -236,7 +271,8 @@ KVCACHE_HOST_DEVICE inline void dequantize_group(const void* codes, const void* 
       for (std::int32_t i = 0; i < n; ++i) out[i] = cvt::e4m3_to_f32(b[i]) * g.scale;
       return;
     default:
-      for (std::int32_t i = 0; i < n; ++i) out[i] = load_code(code, false, codes, i) * g.scale;
+      load_codes(code, false, codes, n, out);
+      for (std::int32_t i = 0; i < n; ++i) out[i] *= g.scale;
       return;
   }
 }

@@ -125,7 +125,29 @@ KVCACHE_HOST_DEVICE inline void load_quantized_row(const PoolView& v, std::int32
   const SideFormat& f = side_format(v, kv);
   const std::int32_t n = rows * v.head_dim;
   if (f.scales == Scales::channel) {
-    for (std::int32_t i = lane; i < n; i += nlanes) store_elem(ot, out, i, load_channel_elem(v.dtype, f, codes, entries, i) * mul);
+    if (nlanes > 1) {
+      for (std::int32_t i = lane; i < n; i += nlanes) store_elem(ot, out, i, load_channel_elem(v.dtype, f, codes, entries, i) * mul);
+      return;
+    }
+    // One thread: 64 channels at a time through float buffers (codes, scales,
+    // minima), so each step is one loop the host vectorizes; the same bits.
+    float x[64], sc[64], mn[64];
+    const auto* e = reinterpret_cast<const std::uint16_t*>(entries);  // f16 (scale, minimum) a channel
+    const std::int32_t per = f.minimum ? 2 : 1;
+    for (std::int32_t at = 0; at < n; at += 64) {  // 64 codes are whole bytes: `at` is a byte boundary
+      const std::int32_t m = n - at < 64 ? n - at : 64;
+      quant::load_codes(v.dtype, f.minimum, codes + row_bytes(v.dtype, at), m, x);
+      for (std::int32_t j = 0; j < m; ++j) sc[j] = cvt::f16_to_f32(e[(at + j) * per]);
+      if (f.minimum) {
+        for (std::int32_t j = 0; j < m; ++j) mn[j] = cvt::f16_to_f32(e[(at + j) * per + 1]);
+        for (std::int32_t j = fast_fma(x, x, sc, 1, mn, 1, m); j < m; ++j) x[j] = fmaf(x[j], sc[j], mn[j]);
+      } else {
+        for (std::int32_t j = 0; j < m; ++j) x[j] *= sc[j];
+      }
+      std::byte* o = static_cast<std::byte*>(out) + row_bytes(ot, at);
+      const std::int32_t done = fast_rows(o, ot, x, DType::f32, m, mul);
+      store_row(ot, o + row_bytes(ot, done), x + done, mul, m - done);
+    }
     return;
   }
   if (f.scales == Scales::group) {

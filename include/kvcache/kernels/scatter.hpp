@@ -133,6 +133,20 @@ KVCACHE_HOST_DEVICE inline void scatter_row(const ScatterParams& p, std::int32_t
                  p.src.row(kv, layer, token, head), lane, nlanes);
 }
 
+/// What every kernel that writes rows from a KvSource checks: the layers it
+/// writes, the call's scales, the pool's type, the engine-held scales'
+/// shape (not their values) and the source's dtype.
+inline Status check_source_writes(const PoolView& cache, const KvSource& src, std::int32_t first_layer,
+                                  std::int32_t num_layers, float k_scale, float v_scale, const float* k_scales,
+                                  const float* v_scales) noexcept {
+  if (num_layers < 1 || first_layer < 0 || std::int64_t{first_layer} + num_layers > cache.num_layers)
+    return Status{Errc::invalid_argument, "first_layer+num_layers", std::int64_t{first_layer} + num_layers, cache.num_layers};
+  if (!(k_scale > 0.0f) || !(v_scale > 0.0f)) return Status{Errc::invalid_argument, "k_scale/v_scale", 0, 0};
+  if (auto st = check_pool_rows(cache, "cache.dtype"); !st) return st;
+  if (auto st = check_held_scales(cache, k_scales, v_scales, false); !st) return st;
+  return check_dtype(src.dtype, "src.dtype");
+}
+
 /// Checks what the host can see: shapes, layers, scales (not device arrays;
 /// the host backend also checks the engine-held scales' values).
 inline Status check_scatter_shape(const ScatterParams& p) noexcept {
@@ -144,15 +158,9 @@ inline Status check_scatter_shape(const ScatterParams& p) noexcept {
   if (!p.addr.slots && p.num_tokens > 0 && (!p.addr.seq || !p.addr.pos || !p.addr.indptr || !p.addr.indices))
     return Status{Errc::invalid_argument, "addr", 0, 1};
   if (!p.addr.slots && p.addr.num_seqs < 0) return Status{Errc::invalid_argument, "addr.num_seqs", p.addr.num_seqs, 0};
-  if (p.num_layers < 1 || p.first_layer < 0 || std::int64_t{p.first_layer} + p.num_layers > p.cache.num_layers)
-    return Status{Errc::invalid_argument, "first_layer+num_layers", std::int64_t{p.first_layer} + p.num_layers,
-                  p.cache.num_layers};
-  if (!(p.k_scale > 0.0f) || !(p.v_scale > 0.0f))
-    return Status{Errc::invalid_argument, "k_scale/v_scale", 0, 0};
-  if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
-  if (auto st = check_row_writes(p.cache, "cache.format (a channel-scaled side is written by seal_blocks)"); !st) return st;
-  if (auto st = check_held_scales(p.cache, p.k_scales, p.v_scales, false); !st) return st;
-  return check_dtype(p.src.dtype, "src.dtype");
+  if (auto st = check_source_writes(p.cache, p.src, p.first_layer, p.num_layers, p.k_scale, p.v_scale, p.k_scales, p.v_scales); !st)
+    return st;
+  return check_row_writes(p.cache, "cache.format (a channel-scaled side is written by seal_blocks)");
 }
 
 /// Host backend: validates every slot first (a slot outside the pool is an

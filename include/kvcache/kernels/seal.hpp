@@ -97,15 +97,24 @@ KVCACHE_HOST_DEVICE inline void seal_row(const SealParams& p, std::int32_t i, st
                  p.src.row(kv, layer, std::int64_t{i} * p.cache.block_size + token, head), lane, nlanes);
 }
 
+/// What item `item` of a seal is: block i (of `blocks`), layer, token t.
+struct SealItem {
+  std::int32_t i, layer, t;
+};
+KVCACHE_HOST_DEVICE inline SealItem seal_item_of(const SealParams& p, std::int64_t item) noexcept {
+  const std::int32_t B = p.cache.block_size;
+  const std::int64_t rest = item / B;
+  return {static_cast<std::int32_t>(rest / p.num_layers), static_cast<std::int32_t>(rest % p.num_layers),
+          static_cast<std::int32_t>(item % B)};
+}
+
 /// Item (block i, layer, token t) of a seal, side kv, kv-head head: token
 /// t's row on a row-written side; on a channel side, item t = 0 seals the
 /// (block, layer, head)'s channels, a unit a lane, and other items do
 /// nothing. Both backends run this over items x sides x heads x lanes.
 KVCACHE_HOST_DEVICE inline void seal_item(const SealParams& p, std::int64_t item, std::int32_t kv, std::int32_t head,
                                           std::int32_t lane, std::int32_t nlanes) noexcept {
-  const std::int32_t B = p.cache.block_size, t = static_cast<std::int32_t>(item % B);
-  const std::int64_t rest = item / B;
-  const auto layer = static_cast<std::int32_t>(rest % p.num_layers), i = static_cast<std::int32_t>(rest / p.num_layers);
+  const auto [i, layer, t] = seal_item_of(p, item);
   if (!channel_side(p.cache, kv)) {
     seal_row(p, i, layer, kv, t, head, lane, nlanes);
     return;
@@ -119,6 +128,74 @@ KVCACHE_HOST_DEVICE inline std::int64_t seal_items(const SealParams& p) noexcept
   return std::int64_t{p.num_blocks} * p.num_layers * p.cache.block_size;
 }
 
+/// The host's seal of a (block i, layer, channel side kv, kv-head head):
+/// seal_channel_unit's bits, in the order a CPU wants. The block's rows go
+/// through a float buffer once, the channels' ranges accumulate a row at a
+/// time (vectors across channels, not strided reads down each channel), and
+/// each token's codes are computed across its row. The buffers are the
+/// caller's stack (no allocation): blocks of up to kSealHostFloats values
+/// of a head and head dims up to kSealHostDim (seal_host_fits).
+inline constexpr std::int32_t kSealHostFloats = 8192, kSealHostDim = 512;
+struct SealScratch {
+  float x[kSealHostFloats + 2 * kSealHostDim];  // the block's rows, then each channel's 1 / scale and minimum
+  std::int32_t n[4 * kSealHostDim];  // each channel's smallest and largest order key and largest |x| bits; a row's codes
+};
+inline bool seal_host_fits(const PoolView& v) noexcept {
+  return v.head_dim <= kSealHostDim && std::int64_t{v.block_size} * v.head_dim <= kSealHostFloats;
+}
+inline void seal_channels_host(const SealParams& p, std::int32_t i, std::int32_t layer, std::int32_t kv, std::int32_t head,
+                               SealScratch& scratch) noexcept {
+  const PoolView& v = p.cache;
+  const SideFormat& f = side_format(v, kv);
+  const std::int32_t B = v.block_size, D = v.head_dim;
+  const std::int64_t block = p.blocks[i], first = std::int64_t{i} * B;
+  const float mul = 1.0f / (kv == 0 ? p.k_scale : p.v_scale);
+  float* x = scratch.x;
+  float *inv = x + std::int64_t{B} * D, *mn = inv + D;
+  std::int32_t *kmin = scratch.n, *kmax = kmin + D, *amax = kmax + D, *q = amax + D;  // amax: |x|'s bits, below 2^31
+  for (std::int32_t t = 0; t < B; ++t) {  // load_elem(src) * mul, as the scatter rows compute it
+    const std::byte* in = p.src.row(kv, layer, first + t, head);
+    float* row = x + std::int64_t{t} * D;
+    const std::int32_t done = fast_rows(row, DType::f32, in, p.src.dtype, D, mul);
+    load_row(p.src.dtype, in + row_bytes(p.src.dtype, done), row + done, D - done);
+    for (std::int32_t d = done; d < D; ++d) row[d] *= mul;
+  }
+  for (std::int32_t d = 0; d < D; ++d) kmin[d] = kmax[d] = quant::order_key(x[d]), amax[d] = 0;
+  for (std::int32_t t = 0; t < B; ++t)
+    for (std::int32_t d = 0; d < D; ++d) {
+      const float xv = x[std::int64_t{t} * D + d];
+      const std::int32_t k = quant::order_key(xv);
+      const auto a = static_cast<std::int32_t>(cvt::bits(xv) & 0x7fffffffu);
+      kmin[d] = k < kmin[d] ? k : kmin[d];
+      kmax[d] = k > kmax[d] ? k : kmax[d];
+      amax[d] = a > amax[d] ? a : amax[d];
+    }
+  std::byte* entries = row_entries(v, block, p.first_layer + layer, kv, 0, head);
+  const std::int64_t eb = group_entry_bytes(v.dtype, f);
+  for (std::int32_t d = 0; d < D; ++d) {
+    const quant::GroupScale g =
+        quant::group_scale(v.dtype, f.minimum, quant::from_order_key(kmin[d]), quant::from_order_key(kmax[d]),
+                            cvt::from_bits(static_cast<std::uint32_t>(amax[d])));
+    quant::store_entry_value(v.dtype, entries + d * eb, 0, g.scale);
+    if (f.minimum) quant::store_entry_value(v.dtype, entries + d * eb, 1, g.minimum);
+    inv[d] = g.scale > 0.0f ? 1.0f / g.scale : 0.0f;
+    mn[d] = g.minimum;
+  }
+  const auto cmax = static_cast<std::int32_t>(quant::code_max(v.dtype, f.minimum));
+  const std::int32_t lo = f.minimum ? 0 : -cmax, bits = dtype_bits(v.dtype);
+  const std::uint32_t mask = (1u << bits) - 1u;
+  for (std::int32_t t = 0; t < B; ++t) {
+    const float* row = x + std::int64_t{t} * D;
+    for (std::int32_t d = 0; d < D; ++d) q[d] = cvt::to_int((row[d] - mn[d]) * inv[d], lo, cmax);  // encode's integer
+    auto* out = reinterpret_cast<std::uint8_t*>(v.row(block, p.first_layer + layer, kv, t, head));
+    for (std::int32_t b = 0; b * 8 < D * bits; ++b) {
+      std::uint32_t byte = 0;
+      for (std::int32_t j = 0; j < 8 / bits; ++j) byte |= (static_cast<std::uint32_t>(q[b * (8 / bits) + j]) & mask) << (bits * j);
+      out[b] = static_cast<std::uint8_t>(byte);
+    }
+  }
+}
+
 /// Checks what the host can see: the pool, layers, counts, pointers and
 /// scales (not the block list, which may be device memory).
 inline Status check_seal_shape(const SealParams& p) noexcept {
@@ -127,13 +204,7 @@ inline Status check_seal_shape(const SealParams& p) noexcept {
   if (auto st = check_planes(p.cache, "cache.kv_planes"); !st) return st;
   if (p.num_blocks > 0 && (!p.blocks || !p.src.k || (p.cache.kv_planes == 2 && !p.src.v)))
     return Status{Errc::invalid_argument, "blocks/src.k/src.v", 0, 1};
-  if (p.num_layers < 1 || p.first_layer < 0 || std::int64_t{p.first_layer} + p.num_layers > p.cache.num_layers)
-    return Status{Errc::invalid_argument, "first_layer+num_layers", std::int64_t{p.first_layer} + p.num_layers,
-                  p.cache.num_layers};
-  if (!(p.k_scale > 0.0f) || !(p.v_scale > 0.0f)) return Status{Errc::invalid_argument, "k_scale/v_scale", 0, 0};
-  if (auto st = check_pool_rows(p.cache, "cache.dtype"); !st) return st;
-  if (auto st = check_held_scales(p.cache, p.k_scales, p.v_scales, false); !st) return st;
-  return check_dtype(p.src.dtype, "src.dtype");
+  return check_source_writes(p.cache, p.src, p.first_layer, p.num_layers, p.k_scale, p.v_scale, p.k_scales, p.v_scales);
 }
 
 /// Host backend: checks every block (in the pool, none twice) before
@@ -147,9 +218,17 @@ inline Status seal_blocks_host(const SealParams& p) noexcept {
     for (std::int32_t j = 0; j < i; ++j)
       if (p.blocks[j] == p.blocks[i]) return Status{Errc::invalid_argument, "blocks (sealed twice in one call)", p.blocks[i], j};
   }
+  SealScratch scratch;  // 44 KiB of stack
+  const bool fits = seal_host_fits(p.cache);
   for (std::int64_t it = 0; it < seal_items(p); ++it)
     for (std::int32_t kv = 0; kv < p.cache.kv_planes; ++kv)
-      for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h) seal_item(p, it, kv, h, 0, 1);
+      for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h) {
+        if (!channel_side(p.cache, kv) || !fits) {
+          seal_item(p, it, kv, h, 0, 1);
+          continue;
+        }
+        if (const SealItem s = seal_item_of(p, it); s.t == 0) seal_channels_host(p, s.i, s.layer, kv, h, scratch);
+      }
   return {};
 }
 
