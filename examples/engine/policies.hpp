@@ -26,10 +26,10 @@ inline const std::vector<std::string>& policy_names() {
 
 // Calls f(policy, adjust) with the named policy holding about `budget` tokens
 // per request; adjust(EngineConfig&) applies what the policy needs from the
-// engine. Returns false for an unknown name.
+// engine. B is the engine's block size (the block policies' unit). Returns
+// false for an unknown name.
 template <class F>
-bool with_policy(const std::string& name, std::int32_t budget, const ModelConfig& c, F&& f) {
-  constexpr std::int32_t B = 16;
+bool with_policy(const std::string& name, std::int32_t budget, const ModelConfig& c, F&& f, std::int32_t B = 16) {
   auto plain = [](EngineConfig&) {};
   auto grouped = [](Grouping g) { return [g](EngineConfig& e) { e.grouping = g; }; };
   const std::int32_t layer_heads = c.layers * c.kv_heads;

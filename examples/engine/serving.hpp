@@ -97,10 +97,13 @@ inline Served serve_hybrid(const Model& m, const EngineConfig& cfg, std::vector<
 // Runs `f` with the named policy at `budget`, on a config adjusted for it.
 template <class F>
 void with(const std::string& name, std::int32_t budget, const ModelConfig& c, EngineConfig cfg, F&& f) {
-  if (!with_policy(name, budget, c, [&](auto policy, auto adjust) {
-        adjust(cfg);
-        f(policy, cfg);
-      }))
+  if (!with_policy(
+          name, budget, c,
+          [&](auto policy, auto adjust) {
+            adjust(cfg);
+            f(policy, cfg);
+          },
+          cfg.block_size))
     throw std::invalid_argument(
         fmt::format("unknown policy '{}' (one of: {})", name, fmt::join(policy_names(), ", ")));
 }

@@ -134,8 +134,9 @@ class Stats:
 
 def policy_by_name(name, budget, c, cfg):
     """The named policy holding about `budget` tokens per request, and `cfg`
-    adjusted for it (examples/engine/policies.hpp, the same table)."""
-    B = 16
+    adjusted for it (examples/engine/policies.hpp, the same table; B is the
+    block size, the block policies' unit)."""
+    B = cfg.block_size
     cfg = dataclasses.replace(cfg)
     layer_heads = c["layers"] * c["kv_heads"]
     if name == "keep_all":

@@ -45,20 +45,20 @@ def serve_binary():
     return binary("KVCACHE_SERVE", "kvcache_serve")
 
 
-def run_cpp(tmp_path, policy, kv_format="f32"):
+def run_cpp(tmp_path, policy, kv_format="f32", budget=None):
     out = tmp_path / f"{policy}-{kv_format}.json"
     args = [serve_binary(), "--policy", policy, "--optimistic", "--kv-format", kv_format, "--json", str(out)]
-    for k, v in WORKLOAD.items():
+    for k, v in dict(WORKLOAD, budget=budget or WORKLOAD["budget"]).items():
         args += [f"--{k}", str(v)]
     subprocess.run(args, check=True, capture_output=True)
     return json.loads(out.read_text())
 
 
-def run_python(model, policy, check_each_step=False, kv_format="f32", kv_scales=None):
+def run_python(model, policy, check_each_step=False, kv_format="f32", kv_scales=None, budget=None):
     cfg = eng.EngineConfig(max_kv_tokens=WORKLOAD["pool"], chunk=WORKLOAD["chunk"], optimistic=True,
                            kv_format=kv_format, kv_scales=kv_scales)
     reqs = serve.workload(serve.heldout(), WORKLOAD["requests"], WORKLOAD["prompt"], WORKLOAD["new"])
-    p, cfg = eng.policy_by_name(policy, WORKLOAD["budget"], model.c, cfg)
+    p, cfg = eng.policy_by_name(policy, budget or WORKLOAD["budget"], model.c, cfg)
     e = eng.Engine(model, cfg, p)
     while not all(r.done for r in reqs):
         e.step(reqs)
@@ -130,6 +130,15 @@ def test_python_engine_matches_cpp_engine_on_a_quantized_pool(model, tmp_path, p
     # Quantization reached the attention: the logits are not the f32 pool's.
     f32 = run_cpp(tmp_path, policy)
     assert np.abs(np.array(ref["requests"][0]["logits"]) - np.array(f32["requests"][0]["logits"])).max() > 1e-3
+
+
+def test_block_policies_take_the_formats_block_size(model, tmp_path):
+    """KIVI's blocks of 32 are the block policies' unit in both engines (at
+    a budget three such blocks fit: a start block, a recent one, one to evict)."""
+    ref = run_cpp(tmp_path, "block_scores", "int2_kivi", budget=160)
+    e, reqs = run_python(model, "block_scores", kv_format="int2_kivi", budget=160)
+    assert e.cfg.block_size == 32 and e.streams == model.c["layers"]
+    assert_same_run(e, reqs, ref, QUANT_TOLERANCE)
 
 
 def test_calibration_matches_the_cpp_engine(model, tmp_path):

@@ -203,7 +203,7 @@ TEST_CASE("a KIVI compaction seals again only the blocks a move wrote into, and 
   }
 }
 
-TEST_CASE("the engine runs KIVI's keys under the full cache and under H2O, and refuses them with page selection") {
+TEST_CASE("the engine runs KIVI's keys under the full cache, H2O and block scores, and refuses them with page selection") {
   const engine::Model model(kDir + "/kjv-tiny.bin");
   const auto text = heldout(900);
   const engine::NamedKvFormat& kivi = engine::kv_format_named("int2_kivi");
@@ -221,6 +221,12 @@ TEST_CASE("the engine runs KIVI's keys under the full cache and under H2O, and r
   std::vector<engine::Request> h2o;
   engine::with("h2o", 128, model.config(), cfg, [&](auto policy, const engine::EngineConfig& adjusted) { h2o = run(policy, adjusted); });
   CHECK(full[1].output != h2o[1].output);  // H2O evicted (and compacted) tokens
+  // Block policies take the format's block size as their unit (32 here, not
+  // the engine's default 16), over one stream per layer.
+  engine::with("block_scores", 160, model.config(), cfg, [&](auto policy, const engine::EngineConfig& adjusted) {
+    CHECK(adjusted.layer_streams);
+    (void)run(policy, adjusted);
+  });
   // Page selection reads bounds of blocks whose codes are not written yet: refused.
   CHECK_THROWS_AS((engine::Engine<kv::KeepAll, kv::QuestSelection>(model, cfg, {})), std::invalid_argument);
 }
