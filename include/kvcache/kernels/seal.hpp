@@ -97,10 +97,13 @@ KVCACHE_HOST_DEVICE inline void seal_row(const SealParams& p, std::int32_t i, st
                  p.src.row(kv, layer, std::int64_t{i} * p.cache.block_size + token, head), lane, nlanes);
 }
 
-/// What item `item` of a seal is: block i (of `blocks`), layer, token t.
+/// One item of a seal: a token of one layer of one block.
 struct SealItem {
-  std::int32_t i, layer, t;
+  std::int32_t i;  ///< The block's index in SealParams::blocks.
+  std::int32_t layer;  ///< The layer, from SealParams::first_layer.
+  std::int32_t t;  ///< The token in the block.
 };
+/// What item `item` of a seal is (items run token-fastest, then layer, then block).
 KVCACHE_HOST_DEVICE inline SealItem seal_item_of(const SealParams& p, std::int64_t item) noexcept {
   const std::int32_t B = p.cache.block_size;
   const std::int64_t rest = item / B;
@@ -128,21 +131,25 @@ KVCACHE_HOST_DEVICE inline std::int64_t seal_items(const SealParams& p) noexcept
   return std::int64_t{p.num_blocks} * p.num_layers * p.cache.block_size;
 }
 
+/// The most values of one (block, head) the host's seal buffers: block_size x head_dim.
+inline constexpr std::int32_t kSealHostFloats = 8192;
+/// The largest head_dim the host's seal buffers.
+inline constexpr std::int32_t kSealHostDim = 512;
+/// The host seal's buffers, on the caller's stack (no allocation).
+struct SealScratch {
+  float x[kSealHostFloats + 2 * kSealHostDim];  ///< The block's rows, then each channel's 1 / scale and minimum.
+  std::int32_t n[4 * kSealHostDim];  ///< Each channel's smallest and largest order key and largest |x| bits; a row's codes.
+};
+/// True when a (block, head) of v fits SealScratch: seal_blocks_host then
+/// takes seal_channels_host, else the per-unit body.
+inline bool seal_host_fits(const PoolView& v) noexcept {
+  return v.head_dim <= kSealHostDim && std::int64_t{v.block_size} * v.head_dim <= kSealHostFloats;
+}
 /// The host's seal of a (block i, layer, channel side kv, kv-head head):
 /// seal_channel_unit's bits, in the order a CPU wants. The block's rows go
 /// through a float buffer once, the channels' ranges accumulate a row at a
 /// time (vectors across channels, not strided reads down each channel), and
-/// each token's codes are computed across its row. The buffers are the
-/// caller's stack (no allocation): blocks of up to kSealHostFloats values
-/// of a head and head dims up to kSealHostDim (seal_host_fits).
-inline constexpr std::int32_t kSealHostFloats = 8192, kSealHostDim = 512;
-struct SealScratch {
-  float x[kSealHostFloats + 2 * kSealHostDim];  // the block's rows, then each channel's 1 / scale and minimum
-  std::int32_t n[4 * kSealHostDim];  // each channel's smallest and largest order key and largest |x| bits; a row's codes
-};
-inline bool seal_host_fits(const PoolView& v) noexcept {
-  return v.head_dim <= kSealHostDim && std::int64_t{v.block_size} * v.head_dim <= kSealHostFloats;
-}
+/// each token's codes are computed across its row (seal_host_fits(v) holds).
 inline void seal_channels_host(const SealParams& p, std::int32_t i, std::int32_t layer, std::int32_t kv, std::int32_t head,
                                SealScratch& scratch) noexcept {
   const PoolView& v = p.cache;
