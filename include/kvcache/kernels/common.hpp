@@ -317,10 +317,8 @@ KVCACHE_HOST_DEVICE inline std::int32_t fast_abs_max_bits(const float* x, std::i
 #endif
 }
 
-/// out[i] = fmaf(a[i], b, c) for the first k elements (b and c arrays when
-/// bstep / cstep are 1, one value when 0) by the host's FMA instruction,
-/// fmaf's bits; returns k (a multiple of 8; 0 on CUDA or without FMA). The
-/// caller does the rest with fmaf.
+/// out[i] = fmaf(a[i], b, c) (b, c: arrays for step 1, one value for 0) for the first k
+/// elements on the host's FMA, fmaf's bits; returns k (0 on CUDA or without FMA).
 KVCACHE_HOST_DEVICE inline std::int32_t fast_fma(float* out, const float* a, const float* b, std::int32_t bstep, const float* c,
                                                  std::int32_t cstep, std::int32_t n) noexcept {
 #if KVCACHE_HOST_SIMD
