@@ -7,6 +7,10 @@
 //
 //   write    a layer's blocks filled by an earlier step sealed, then a
 //            chunk's rows into their blocks' residuals.
+//   hold     a block that is never sealed: Write-Gated KV's ring, whose
+//            rows are rewritten one at a time (gated_kv.hpp); move and
+//            copy carry rows and blocks as the gate's promotions and
+//            copy-on-write move them.
 //   overlay  a gathered sequence's rows of blocks not sealed in that layer,
 //            from the residual (gather read codes never written there).
 //   compact  a token policy's moves: the sequence read back (dequantized,
@@ -26,6 +30,7 @@
 #include <kvcache/kvcache.hpp>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -39,26 +44,53 @@ class ChannelResidual {
   // Whether a pool needs one (a side with channel scales).
   static bool needed(const kvcache::PoolView& pool) { return kvcache::channel_pool(pool); }
 
-  // n tokens' rows (k, v: [n][kv_heads][head_dim] floats) for pool layer
-  // `layer`, at `slots`; blocks the pool's last layer fills are sealed.
-  void write(std::int32_t layer, const std::int32_t* slots, const float* k, const float* v, std::int32_t n) {
-    const std::int32_t B = pool_.block_size;
+  // n tokens' rows (k, v: [n][kv_heads][head_dim] floats, `stride` floats
+  // apart, 0: packed) for pool layer `layer`, at `slots` (-1: none), after
+  // the blocks the layer filled earlier are sealed (seal_pending). A block
+  // whose last row is written waits for the layer's next write.
+  void write(std::int32_t layer, const std::int32_t* slots, const float* k, const float* v, std::int32_t n,
+             std::int64_t stride = 0) {
+    seal_pending(layer);
+    const std::int64_t step = stride == 0 ? row_ : stride;
+    for (std::int32_t i = 0; i < n; ++i)
+      if (slots[i] >= 0) put(layer, slots[i], k + i * step, v + i * step);
+  }
+  // The blocks layer `layer` filled, sealed now.
+  void seal_pending(std::int32_t layer) {
     auto& full = pending_[std::size_t(layer)];
-    for (const std::int32_t b : full) {  // filled by an earlier step: sealed in this layer now
+    for (const std::int32_t b : full) {
       Open& o = open_.at(b);
       seal(b, o.k.data() + layer * plane_, o.v.data() + layer * plane_, plane_, layer, 1);
       o.sealed[std::size_t(layer)] = 1;
       if (--o.unsealed == 0) open_.erase(b);
     }
     full.clear();
-    for (std::int32_t i = 0; i < n; ++i) {
-      const std::int32_t block = slots[i] / B, at = slots[i] % B;
-      Open& o = open(block);
-      const std::ptrdiff_t to = std::ptrdiff_t(layer * plane_ + at * row_), from = std::ptrdiff_t(i * row_);
-      std::copy(k + from, k + from + row_, o.k.begin() + to);
-      std::copy(v + from, v + from + row_, o.v.begin() + to);
-      if (at == B - 1) full.push_back(block);
-    }
+  }
+  // Block `block` is never sealed: its rows live here until it is dropped.
+  void hold(std::int32_t block) { open(block).held = true; }
+  // Slot `src`'s row (in the residual) copied to slot `dst`, in pool layer `layer`.
+  void move(std::int32_t layer, std::int32_t src, std::int32_t dst) {
+    const float *k = row(layer, src, 0), *v = row(layer, src, 1);
+    if (k == nullptr) throw std::runtime_error("ChannelResidual::move: slot " + std::to_string(src) + " is not open");
+    const std::vector<float> kk(k, k + row_), vv(v, v + row_);  // dst may share src's block
+    put(layer, dst, kk.data(), vv.data());
+  }
+  // Block `dst` starts as a copy of block `src` (copy-on-write): its open rows, if any.
+  void copy(std::int32_t src, std::int32_t dst) {
+    const auto it = open_.find(src);
+    if (it == open_.end()) return;  // sealed in every layer: the pool's bytes are the copy
+    Open o = it->second;
+    open_[dst] = std::move(o);
+    for (auto& full : pending_)
+      if (std::find(full.begin(), full.end(), src) != full.end()) full.push_back(dst);
+  }
+  // Slot `slot`'s K (kv = 0) or V row in pool layer `layer`, if it is read
+  // from here (its block not sealed in that layer); else nullptr.
+  const float* row(std::int32_t layer, std::int32_t slot, std::int32_t kv) const {
+    const auto it = open_.find(slot / pool_.block_size);
+    if (it == open_.end() || it->second.sealed[std::size_t(layer)]) return nullptr;
+    const auto& x = kv == 0 ? it->second.k : it->second.v;
+    return x.data() + layer * plane_ + (slot % pool_.block_size) * row_;
   }
 
   // Rows [0, rows) of a sequence whose blocks are `blocks` (logical order),
@@ -120,16 +152,22 @@ class ChannelResidual {
     }
     // Full blocks a move wrote into, or not yet sealed in every layer, are
     // sealed from what was read; the rest keep their codes.
-    std::vector<char> was_open(after.size(), 0);
-    for (std::size_t j = 0; j < after.size(); ++j) was_open[j] = open_.count(after[j]) != 0;
+    // Held blocks stay here with their rows.
+    std::vector<char> was_open(after.size(), 0), held(after.size(), 0);
+    for (std::size_t j = 0; j < after.size(); ++j) {
+      const auto it = open_.find(after[j]);
+      was_open[j] = it != open_.end();
+      held[j] = was_open[j] && it->second.held;
+    }
     for (const std::int32_t b : before) drop(b);
     for (std::size_t j = 0; j < after.size(); ++j) {
       const std::int32_t first = std::int32_t(j) * B;
-      if (first + B <= rows_after) {
+      if (first + B <= rows_after && !held[j]) {
         if (dirty[j] || was_open[j]) seal(after[j], k.data() + first * row_, v.data() + first * row_, layer_rows, 0, L);
         continue;
       }
-      Open& o = open(after[j]);  // the new last block, partial: its rows go back to the residual
+      Open& o = open(after[j]);  // the new last block, partial, or a held one: its rows go back to the residual
+      o.held = held[j] != 0;
       for (std::int32_t l = 0; l < L; ++l)
         for (std::int32_t t = 0; t < std::min(B, rows_before - first); ++t) {
           const std::ptrdiff_t from = std::ptrdiff_t(l * layer_rows + (first + t) * row_), to = std::ptrdiff_t(l * plane_ + t * row_);
@@ -152,7 +190,18 @@ class ChannelResidual {
     std::vector<float> k, v;  // [pool layers][block_size][kv_heads][head_dim]
     std::vector<char> sealed;  // [pool layers]: the pool holds this layer's codes
     std::int32_t unsealed = 0;  // layers not sealed yet
+    bool held = false;          // never sealed (hold)
   };
+  // One row into its block's residual; a held block is never queued for sealing.
+  void put(std::int32_t layer, std::int32_t slot, const float* k, const float* v) {
+    const std::int32_t B = pool_.block_size, block = slot / B, at = slot % B;
+    Open& o = open(block);
+    const std::ptrdiff_t to = std::ptrdiff_t(layer * plane_ + at * row_);
+    std::copy(k, k + row_, o.k.begin() + to);
+    std::copy(v, v + row_, o.v.begin() + to);
+    auto& full = pending_[std::size_t(layer)];
+    if (at == B - 1 && !o.held && std::find(full.begin(), full.end(), block) == full.end()) full.push_back(block);
+  }
   Open& open(std::int32_t block) {
     Open& o = open_[block];
     if (o.k.empty()) {

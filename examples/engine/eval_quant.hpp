@@ -5,8 +5,7 @@
 // in tokens and in bytes (the format's bytes per token, from Geometry).
 // Engine-held scales are 1, or calibrated (calibrate.hpp) on a window of
 // text before the runs, as an engine without checkpoint scales does.
-// KIVI's channel-scaled keys do not run with Write-Gated KV (the example
-// engine refuses them there: the gate's ring rewrites single rows).
+// Under Write-Gated KV, KIVI's rings stay in full precision (gated_kv.hpp).
 #pragma once
 
 #include <fmt/format.h>
@@ -37,10 +36,8 @@ inline void quant_study(const engine::Model& model, const engine::EngineConfig& 
     int variant;  // 0: full cache, 1: h2o at half the context, 2: Write-Gated KV
   };
   std::vector<Job> jobs;
-  for (std::size_t f = 0; f < formats.size(); ++f) {
-    const bool channel = formats[f].format.k.scales == kvcache::Scales::channel || formats[f].format.v.scales == kvcache::Scales::channel;
-    for (int v = 0; v < (gate_file.empty() || channel ? 2 : 3); ++v) jobs.push_back({f, v});
-  }
+  for (std::size_t f = 0; f < formats.size(); ++f)
+    for (int v = 0; v < (gate_file.empty() ? 2 : 3); ++v) jobs.push_back({f, v});
   std::vector<engine::GateSet> gates;
   if (!gate_file.empty()) gates.emplace_back(gate_file);
   std::vector<Row> rows(jobs.size());

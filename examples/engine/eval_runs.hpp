@@ -147,7 +147,7 @@ Row evaluate_gated(const engine::Model& m, const engine::GateSet& g, const Works
   const auto t0 = std::chrono::steady_clock::now();
   Row row;
   engine::GatedEngine<Selection, Eviction> e(m, g,
-                                             engine::EngineConfig{.block_size = 16,
+                                             engine::EngineConfig{.block_size = stored.block_size,  // a format's own (KIVI's 32), or 16
                                                                   .chunk = 64,
                                                                   .max_batch = 1,
                                                                   .quest = quest,

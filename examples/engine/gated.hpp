@@ -14,8 +14,10 @@
 #include <kvcache/kvcache.hpp>
 #include <span>
 #include <stdexcept>
+#include <unordered_map>
 #include <vector>
 
+#include "channel_kv.hpp"
 #include "engine_types.hpp"
 #include "gated_kv.hpp"
 #include "model.hpp"
@@ -57,9 +59,8 @@ class GatedBackend {
       throw std::invalid_argument("gates: shape differs from the model's");
     if (cfg.optimistic) throw std::invalid_argument("optimistic: Write-Gated KV writes reserve inside the forward pass");
     if (cfg.layer_streams) throw std::invalid_argument("layer_streams: not with Write-Gated KV");
-    // The gate's ring rewrites single rows; a channel-scaled block's codes depend on all its tokens.
-    if (kvcache::channel_pool(pool_))
-      throw std::invalid_argument("kv_format: channel scales (KIVI) are not built for Write-Gated KV's ring");
+    if (Cache::selects && ChannelResidual::needed(pool_))
+      throw std::invalid_argument("kv_format: channel scales (KIVI) with page selection: open blocks have no bounds");
   }
 
   const Cache& cache() const { return cache_; }
@@ -77,6 +78,10 @@ class GatedBackend {
     adm(r).assign(std::size_t(g_.layers * g_.kv_heads) * std::size_t(context_ + 256), 0);
   }
   void close(Request& r) {
+    if (residual())
+      for (std::int32_t l = 0; l < g_.layers; ++l)
+        for (std::int32_t h = 0; h < g_.kv_heads; ++h)
+          for (const std::int32_t b : row(r, l, h)) residual_.drop(b);
     for (const auto s : r.seqs) (void)cache_.free(s);
     r.seqs.clear();
   }
@@ -87,13 +92,16 @@ class GatedBackend {
     return {};
   }
   GatedKv<Cache> store(Request& r, std::int64_t at, std::span<const std::int32_t>, KeyCounts*) {
-    return {cache_, pool_, r.seqs[0], g_, at, adm(r), counts_, scales_};
+    return {cache_, pool_, r.seqs[0], g_, at, adm(r), counts_, scales_, residual()};
   }
+  // A channel-scaled pool's open blocks (KIVI's residual and the rings).
+  const ChannelResidual& residual_blocks() const { return residual_; }
   // A token policy: every head row's global region after the step's
   // observation (GatedKv::attended), and the moves it asks for.
   void after_forward(Request& r, const AttentionTrace&) {
     if constexpr (Cache::evicts_global) {
       moves_.resize(std::size_t(g_.layers * g_.kv_heads) * std::size_t(row_blocks_ * geometry_.block_size()));
+      if (residual()) return evict_channels(r);
       auto e = cache_.evict(r.seqs[0], moves_);
       if (!e) throw std::runtime_error("evict: " + e.status().message());
       if (auto st = kvcache::compaction_host({pool_, moves_.data(), e->moves}); !st)
@@ -120,6 +128,38 @@ class GatedBackend {
     }
   }
   std::vector<std::uint8_t>& adm(const Request& r) { return adm_[std::size_t(r.seqs[0].index)]; }
+  ChannelResidual* residual() { return ChannelResidual::needed(pool_) ? &residual_ : nullptr; }
+  // The blocks of r's (layer, kv-head) row, logical order.
+  std::span<const std::int32_t> row(const Request& r, std::int32_t l, std::int32_t h) const {
+    return *cache_.table().blocks(*cache_.admission().head(r.seqs[0], l, h));
+  }
+  // A token policy's eviction on a channel-scaled pool: each head row's moves
+  // run as the residual's compaction (the row read back, moved, the blocks a
+  // move wrote into sealed again; the ring stays held).
+  void evict_channels(Request& r) {
+    const std::int32_t rows = g_.layers * g_.kv_heads;
+    before_.assign(std::size_t(rows), {});
+    held_before_.assign(std::size_t(rows), 0);
+    std::unordered_map<std::int32_t, std::int32_t> owner;  // block -> head row
+    for (std::int32_t i = 0; i < rows; ++i) {
+      const auto b = row(r, i / g_.kv_heads, i % g_.kv_heads);
+      before_[std::size_t(i)].assign(b.begin(), b.end());
+      held_before_[std::size_t(i)] = std::int32_t(cache_.admission().positions(r.seqs[0], i / g_.kv_heads, i % g_.kv_heads)->size());
+      for (const std::int32_t x : b) owner[x] = i;
+    }
+    auto e = cache_.evict(r.seqs[0], moves_);
+    if (!e) throw std::runtime_error("evict: " + e.status().message());
+    std::vector<std::vector<kvcache::SlotMove>> per_row(static_cast<std::size_t>(rows));
+    for (std::int32_t m = 0; m < e->moves; ++m)
+      per_row[std::size_t(owner.at(moves_[std::size_t(m)].src / geometry_.block_size()))].push_back(moves_[std::size_t(m)]);
+    for (std::int32_t i = 0; i < rows; ++i) {
+      const auto after = row(r, i / g_.kv_heads, i % g_.kv_heads);
+      const auto held = std::int32_t(cache_.admission().positions(r.seqs[0], i / g_.kv_heads, i % g_.kv_heads)->size());
+      if (per_row[std::size_t(i)].empty() && held == held_before_[std::size_t(i)]) continue;
+      const ChannelResidual::Moves m{per_row[std::size_t(i)], 0, 1, 0, 0};
+      residual_.compact(before_[std::size_t(i)], held_before_[std::size_t(i)], after, held, std::span(&m, 1));
+    }
+  }
 
   const GateSet& g_;
   std::int32_t context_;
@@ -133,6 +173,9 @@ class GatedBackend {
   std::vector<std::vector<std::uint8_t>> adm_;  // per handle: what the gates admitted
   GateCounts counts_;
   std::vector<kvcache::SlotMove> moves_;
+  ChannelResidual residual_{pool_};  // a channel-scaled pool's open blocks and rings
+  std::vector<std::vector<std::int32_t>> before_;  // evict_channels: each head row's blocks before
+  std::vector<std::int32_t> held_before_;
 };
 
 // The scheduler over Write-Gated KV, with the evaluation's one-request calls.

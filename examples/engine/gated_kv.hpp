@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "channel_kv.hpp"
 #include "forward.hpp"
 #include "kv_scales.hpp"
 #include "model.hpp"
@@ -109,10 +110,13 @@ template <class C = GatedCache>
 class GatedKv {
  public:
   // scales: the pool format's engine-held scales per (layer, kv-head), checked by the backend.
+  // residual: a channel-scaled pool's open blocks (channel_kv.hpp): the
+  // rings held there in full precision, a global block sealed once full.
   GatedKv(C& cache, const kvcache::PoolView& pool, kvcache::SeqId seq, const GateSet& gates,
-          std::int64_t first_pos, std::vector<std::uint8_t>& admitted, GateCounts& counts, const HeldScales& scales)
+          std::int64_t first_pos, std::vector<std::uint8_t>& admitted, GateCounts& counts, const HeldScales& scales,
+          ChannelResidual* residual = nullptr)
       : cache_(cache), pool_(pool), seq_(seq), gates_(gates), first_(first_pos), adm_(admitted), counts_(counts),
-        scales_(scales), H_(gates.kv_heads), hd_(gates.head_dim), heads_(std::size_t(H_)) {}
+        scales_(scales), residual_(residual), H_(gates.kv_heads), hd_(gates.head_dim), heads_(std::size_t(H_)) {}
 
   void pre_rope(std::int32_t, const float* k, std::int32_t n) { k_pre_.assign(k, k + std::ptrdiff_t(n) * H_ * hd_); }
 
@@ -144,16 +148,12 @@ class GatedKv {
     counts_.dropped += r->dropped + r->dropped_at_cap;
     if (auto st = kvcache::block_copy_host({pool_, pool_, copies_.data(), r->copies}); !st)
       throw std::runtime_error("block_copy: " + st.message());
-    if (auto st = kvcache::compaction_host({pool_, moves_.data(), r->moves}); !st)
-      throw std::runtime_error("compaction: " + st.message());
-    // A call per kv-head: the pool is single-head, so (layer, head)'s scale
-    // goes as the call's k_scale / v_scale, and its rows' slots are every H-th.
-    head_slots_.resize(std::size_t(n));
-    for (std::int32_t h = 0; h < H_; ++h) {
-      for (std::int32_t t = 0; t < n; ++t) head_slots_[std::size_t(t)] = slots_[std::size_t(t * H_ + h)];
-      kvcache::ScatterParams sp{pool_, {k + h * hd_, v + h * hd_, kvcache::DType::f32, 0, row * 4, 0}, {head_slots_.data()}, n};
-      sp.k_scale = scales_.at(0, l, h), sp.v_scale = scales_.at(1, l, h);
-      if (auto st = kvcache::scatter_host(sp); !st) throw std::runtime_error("scatter: " + st.message());
+    if (residual_) {
+      write_residual(l, k, v, n, *r);
+    } else {
+      if (auto st = kvcache::compaction_host({pool_, moves_.data(), r->moves}); !st)
+        throw std::runtime_error("compaction: " + st.message());
+      scatter(l, k, v, n);
     }
     if constexpr (C::selects) {  // what the write stored enters its pages' bounds (single-head pool: one slice)
       stored_.assign(slots_.begin(), slots_.begin() + n * H_);
@@ -162,6 +162,7 @@ class GatedKv {
       if (auto st = kvcache::page_bounds_update_host(u); !st) throw std::runtime_error("page_bounds_update: " + st.message());
     }
   }
+
 
   // A decode query (n == 1): with Quest, the pages each head row reads (its
   // ring always); then the keys it reads per kv-head, against a dense cache.
@@ -239,6 +240,41 @@ class GatedKv {
   }
 
  private:
+  // The write's tokens at their slots, quantized as the pool stores them.
+  void scatter(std::int32_t l, const float* k, const float* v, std::int32_t n) {
+    const std::int64_t row = std::int64_t(H_) * hd_;
+    // A call per kv-head: the pool is single-head, so (layer, head)'s scale
+    // goes as the call's k_scale / v_scale, and its rows' slots are every H-th.
+    head_slots_.resize(std::size_t(n));
+    for (std::int32_t h = 0; h < H_; ++h) {
+      for (std::int32_t t = 0; t < n; ++t) head_slots_[std::size_t(t)] = slots_[std::size_t(t * H_ + h)];
+      kvcache::ScatterParams sp{pool_, {k + h * hd_, v + h * hd_, kvcache::DType::f32, 0, row * 4, 0}, {head_slots_.data()}, n};
+      sp.k_scale = scales_.at(0, l, h), sp.v_scale = scales_.at(1, l, h);
+      if (auto st = kvcache::scatter_host(sp); !st) throw std::runtime_error("scatter: " + st.message());
+    }
+  }
+  // A channel-scaled pool: a row's codes depend on its whole block, so the
+  // write runs in the residual. The rings are held there (never sealed); the
+  // promotions copy ring rows to their global slots, then the new rows go
+  // to theirs, and the global blocks this filled are sealed. The chunk's
+  // attention reads its own keys exact, so a full block is sealed at once.
+  template <class Written>
+  void write_residual(std::int32_t l, const float* k, const float* v, std::int32_t n, const Written& r) {
+    const std::int32_t ring_blocks = gates_.window / pool_.block_size;
+    for (std::int32_t i = 0; i < r.copies; ++i) residual_->copy(copies_[std::size_t(i)].src, copies_[std::size_t(i)].dst);
+    for (std::int32_t h = 0; h < H_; ++h) {
+      const auto row = *cache_.table().blocks(*cache_.admission().head(seq_, l, h));
+      for (std::size_t j = 0; j < std::min(row.size(), std::size_t(ring_blocks)); ++j) residual_->hold(row[j]);
+    }
+    for (std::int32_t m = 0; m < r.moves; ++m) residual_->move(0, moves_[std::size_t(m)].src, moves_[std::size_t(m)].dst);
+    const std::int64_t row = std::int64_t(H_) * hd_;
+    head_slots_.resize(std::size_t(n));
+    for (std::int32_t h = 0; h < H_; ++h) {
+      for (std::int32_t t = 0; t < n; ++t) head_slots_[std::size_t(t)] = slots_[std::size_t(t * H_ + h)];
+      residual_->write(0, head_slots_.data(), k + h * hd_, v + h * hd_, n, row);
+    }
+    residual_->seal_pending(0);
+  }
   struct Head {
     std::vector<float> k, v;
     std::vector<std::int64_t> pos;
@@ -260,6 +296,11 @@ class GatedKv {
   void read_row(std::int32_t l, std::int32_t h, std::int32_t block, std::int32_t token, std::int32_t kv,
                 std::vector<float>& out) const {
     const std::size_t at = out.size();
+    if (residual_)  // a ring row, or one of a global block not sealed yet
+      if (const float* x = residual_->row(0, block * pool_.block_size + token, kv)) {
+        out.insert(out.end(), x, x + hd_);
+        return;
+      }
     out.resize(at + std::size_t(hd_));
     kvcache::load_pool_span(pool_, kv, pool_.row(block, 0, kv, token, 0), kvcache::row_entries(pool_, block, 0, kv, token, 0),
                             0, hd_, out.data() + at);
@@ -298,6 +339,7 @@ class GatedKv {
   std::vector<std::uint8_t>& adm_;
   GateCounts& counts_;
   const HeldScales& scales_;
+  ChannelResidual* residual_;
   std::int32_t H_, hd_;
   std::vector<Head> heads_;
   std::vector<float> k_pre_, gate_;

@@ -4,8 +4,9 @@
 // after the one that filled it; until then its tokens are exact); a
 // compaction seals again only the blocks a move wrote into, keeps every
 // other block's bytes, and hands the new partial last block back to the
-// residual; and the engine runs KIVI under the full cache and under H2O,
-// leaving no residual behind when its requests end.
+// residual; the engine runs KIVI under the full cache and under H2O,
+// leaving no residual behind when its requests end; and under Write-Gated
+// KV the rings read exact, every full global block as KIVI stores it.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "engine.hpp"
 #include "engine_testing.hpp"
 #include "forward.hpp"
+#include "gated.hpp"
 #include "kv_formats.hpp"
 #include "kv_store.hpp"
 #include "model.hpp"
@@ -229,4 +231,162 @@ TEST_CASE("the engine runs KIVI's keys under the full cache, H2O and block score
   });
   // Page selection reads bounds of blocks whose codes are not written yet: refused.
   CHECK_THROWS_AS((engine::Engine<kv::KeepAll, kv::QuestSelection>(model, cfg, {})), std::invalid_argument);
+}
+
+namespace {
+
+// Forwards the forward pass's calls to a gated store, recording the exact
+// K/V each (layer, kv-head) was given; after each write it checks every row
+// the store reads back from the cache against KIVI's rule: ring rows and the
+// open global block exact, every full global block its tokens' keys round
+// tripped per channel over the block and its values in groups of 32. Under
+// a token policy (`evicting`) only the ring rows are checked exact: a
+// compaction seals moved tokens again from their read-back values.
+template <class C>
+struct CheckedGatedKv {
+  engine::GatedKv<C>& kv;
+  std::int64_t first;
+  std::int32_t H, D, W, B;
+  std::vector<std::vector<float>>& exact_k;  // [layer * H + head][position * D + d]
+  std::vector<std::vector<float>>& exact_v;
+  bool evicting = false;
+  std::int64_t ring = 0, sealed = 0, open = 0;  // rows checked of each kind
+
+  void attend(std::int32_t l, std::int32_t g, std::int32_t t, float a) { kv.attend(l, g, t, a); }
+  void attended(std::int32_t l) { kv.attended(l); }
+  void pre_rope(std::int32_t l, const float* k, std::int32_t n) { kv.pre_rope(l, k, n); }
+  void write(std::int32_t l, const float* k, const float* v, std::int32_t n) {
+    for (std::int32_t h = 0; h < H; ++h)
+      for (std::int32_t t = 0; t < n; ++t) {
+        auto &ek = exact_k[std::size_t(l * H + h)], &ev = exact_v[std::size_t(l * H + h)];
+        ek.resize(std::size_t((first + t + 1) * D)), ev.resize(ek.size());
+        std::copy(k + (t * H + h) * D, k + (t * H + h + 1) * D, ek.begin() + (first + t) * D);
+        std::copy(v + (t * H + h) * D, v + (t * H + h + 1) * D, ev.begin() + (first + t) * D);
+      }
+    kv.write(l, k, v, n);
+    for (std::int32_t h = 0; h < H; ++h) check(l, h);
+  }
+  void select(std::int32_t l, const float* q, std::int32_t n) { kv.select(l, q, n); }
+  engine::HeldKv read(std::int32_t l, std::int32_t g) const { return kv.read(l, g); }
+
+  void check(std::int32_t l, std::int32_t h) {
+    const engine::HeldKv held = kv.read(l, h);
+    const auto& ek = exact_k[std::size_t(l * H + h)];
+    const auto& ev = exact_v[std::size_t(l * H + h)];
+    std::int32_t rows = 0;  // the cache's rows come first, then the chunk's own
+    while (rows < held.count && held.pos[rows] < first) ++rows;
+    const std::int32_t global = std::max(0, rows - W), full = global / B * B;
+    std::vector<float> want_k(std::size_t(rows * D)), want_v(want_k.size());
+    for (std::int32_t j = 0; j < rows; ++j) {
+      std::copy_n(ek.begin() + held.pos[j] * D, D, want_k.begin() + j * D);
+      std::copy_n(ev.begin() + held.pos[j] * D, D, want_v.begin() + j * D);
+    }
+    const kv::SideFormat g32{.scales = kv::Scales::group, .group = 32, .minimum = true};
+    std::vector<std::uint8_t> codes(static_cast<std::size_t>(D)), entries(static_cast<std::size_t>(D));
+    for (std::int32_t b = W; b < W + full; b += B)
+      for (std::int32_t d = 0; d < D; ++d) round_trip_channel(want_k.data() + b * D + d, B, D);
+    for (std::int32_t j = W; j < W + full; ++j) {
+      kv::quant::quantize_row(want_v.data() + j * D, D, kv::DType::int2, g32, codes.data(), entries.data());
+      kv::quant::dequantize_row(codes.data(), entries.data(), D, kv::DType::int2, g32, want_v.data() + j * D);
+    }
+    for (std::int32_t j = 0; j < rows; ++j) {
+      if (evicting && j >= W) {
+        for (std::int32_t d = 0; d < D; ++d) REQUIRE(std::isfinite(held.k[j * held.row_stride + d]));
+        continue;
+      }
+      for (std::int32_t d = 0; d < D; ++d) {
+        REQUIRE(held.k[j * held.row_stride + d] == want_k[std::size_t(j * D + d)]);
+        REQUIRE(held.v[j * held.row_stride + d] == want_v[std::size_t(j * D + d)]);
+      }
+      (j < W ? ring : j < W + full ? sealed : open) += 1;
+    }
+  }
+};
+
+}  // namespace
+
+namespace {
+struct GatedKiviRun {
+  std::int64_t ring = 0, sealed = 0, open = 0;  // rows checked
+  std::int64_t held_open = 0, held_after = 0;  // the residual's blocks before and after close
+  std::int64_t admitted = 0, peak = 0;
+};
+// One request over a GatedBackend on int2_kivi, driven chunk by chunk (a
+// prompt longer than the ring, whose early tokens go straight to the global
+// region, then chunks of 1 to 7 tokens: promotions one by one), every
+// write checked; after each chunk the backend's after_forward (a token
+// policy's eviction).
+template <class Eviction>
+GatedKiviRun run_gated_kivi(Eviction eviction) {
+  const engine::Model model(kDir + "/kjv-tiny.bin");
+  const auto& c = model.config();
+  const engine::GateSet gates(kDir + "/gates-0.01.bin");
+  const auto cfg = engine::with_kv_format({.max_batch = 1}, engine::kv_format_named("int2_kivi"), model, {});
+  REQUIRE(cfg.block_size == 32);
+  engine::GatedBackend<kv::SelectAll, Eviction> backend(model, cfg, gates, eviction);
+  using C = typename engine::GatedBackend<kv::SelectAll, Eviction>::Cache;
+  engine::Request r;
+  backend.open(r);
+  const std::int32_t H = c.kv_heads, D = c.head_dim();
+  std::vector<std::vector<float>> exact_k(std::size_t(c.layers * H)), exact_v(exact_k.size());
+  const auto text = heldout(420);
+  engine::Forward fwd(model);
+  std::vector<float> logits;
+  GatedKiviRun run;
+  for (std::int32_t at = 0, n = 100; at < std::int32_t(text.size()); at += n, n = 1 + at % 7) {
+    n = std::min<std::int32_t>(n, std::int32_t(text.size()) - at);
+    auto store = backend.store(r, at, {}, nullptr);
+    CheckedGatedKv<C> checked{store, at, H, D, gates.window, cfg.block_size, exact_k, exact_v, C::evicts_global};
+    fwd.run(checked, std::span(text).subspan(std::size_t(at), std::size_t(n)), at, logits, false);
+    run.ring += checked.ring, run.sealed += checked.sealed, run.open += checked.open;
+    backend.after_forward(r, {});
+    REQUIRE(backend.cache().check_invariants().ok());
+    run.peak = std::max(run.peak, backend.held(r));
+  }
+  run.admitted = backend.counts().admitted;
+  run.held_open = std::int64_t(backend.residual_blocks().open_blocks());
+  backend.close(r);
+  run.held_after = std::int64_t(backend.residual_blocks().open_blocks());
+  return run;
+}
+}  // namespace
+
+TEST_CASE("Write-Gated KV on KIVI's keys: rings and the open global block read exact, full global blocks as KIVI seals them") {
+  const GatedKiviRun run = run_gated_kivi(kv::KeepAll{});
+  CHECK(run.ring > 0);
+  CHECK(run.sealed > 0);  // full global blocks were read quantized
+  CHECK(run.open > 0);
+  CHECK(run.admitted > 0);
+  CHECK(run.held_open > 0);  // the rings, and the open global blocks
+  CHECK(run.held_after == 0);  // a request's end drops its rows' blocks
+  // Under H2O on the global regions, each eviction compacts the rows
+  // through the residual: the rings stay exact (held, never sealed).
+  const GatedKiviRun evicted = run_gated_kivi(kv::H2OEviction({.heavy = 32, .recent = 0}));
+  CHECK(evicted.ring > 0);
+  CHECK(evicted.peak < run.peak);  // it evicted
+  CHECK(evicted.held_after == 0);
+}
+
+TEST_CASE("the gated engine runs KIVI's keys alone and under H2O, close to f32, and refuses them with page selection") {
+  const engine::Model model(kDir + "/kjv-tiny.bin");
+  const engine::GateSet gates(kDir + "/gates-0.01.bin");
+  const auto text = heldout(600);
+  const auto kivi = engine::with_kv_format({.max_batch = 1}, engine::kv_format_named("int2_kivi"), model, {});
+  auto f32 = kivi;
+  f32.kv_dtype = kv::DType::f32, f32.kv_format = {};
+  const auto loss = [&](auto eviction, const engine::EngineConfig& cfg) {
+    engine::GatedEngine<kv::SelectAll, decltype(eviction)> e(model, gates, cfg, eviction);
+    const auto s = e.score(text);
+    REQUIRE(e.cache().check_invariants().ok());
+    CHECK(e.backend().residual_blocks().open_blocks() == 0);
+    return s.nll / double(s.predictions);
+  };
+  const double exact = loss(kv::KeepAll{}, f32), quantized = loss(kv::KeepAll{}, kivi);
+  CHECK(quantized != exact);
+  CHECK(std::fabs(quantized - exact) < 0.02);  // 2-bit keys per channel: 0.003 nats a byte here
+  const kv::H2OEviction h2o({.heavy = 96, .recent = 0});
+  const double evicted = loss(h2o, kivi);
+  CHECK(evicted != quantized);  // the global regions were compacted, and sealed again
+  CHECK(std::fabs(evicted - loss(h2o, f32)) < 0.02);
+  CHECK_THROWS_AS((engine::GatedEngine<kv::QuestSelection>(model, gates, kivi)), std::invalid_argument);
 }
