@@ -274,6 +274,13 @@ KVCACHE_AVX2_INLINE inline std::uint32_t hmax_epi32(I m) noexcept {
   h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0xb1));
   return static_cast<std::uint32_t>(_mm_cvtsi128_si32(h));
 }
+// The smallest of eight lanes (signed).
+KVCACHE_AVX2_INLINE inline std::int32_t hmin_epi32(I m) noexcept {
+  __m128i h = _mm_min_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  h = _mm_min_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_min_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+  return _mm_cvtsi128_si32(h);
+}
 KVCACHE_AVX2 inline std::uint32_t abs_max_bits(const float* x, std::int32_t n8) noexcept {
   I m = _mm256_setzero_si256();
   for (std::int32_t i = 0; i < n8; i += 8)

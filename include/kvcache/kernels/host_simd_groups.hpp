@@ -1,16 +1,23 @@
-// The host backend's group quantization for whole-byte symmetric codes
-// (int8, fp8 e4m3, fp8 e5m2 with an f16 scale a group), eight lanes at a
-// time, straight from the caller's row to codes and entries and back.
-// quant::quantize_group does the same through a float buffer and a scalar
-// scale per group; at 32-value groups that per-group overhead cost 5x the
-// conversion itself. Here up to eight groups' scales are computed together
-// in one vector (the division, the saturation and the f16 round trip), and
-// the row is read twice from L1 (its abs max, then its codes) instead of
-// being staged. The bits are quantize_group's and dequantize_group's:
-// the same IEEE operations in the same order (x = load * mul; amax of |x|'s
-// bits; scale = f16(amax / code_max), saturated; inv = 1 / scale or 0;
-// code = encode(x * inv)), which test_host_simd checks against the scalar
-// code. CUDA translation units and other CPUs compile none of this.
+// The host backend's group quantization, eight lanes at a time, straight
+// from the caller's row to codes and entries and back: symmetric codes
+// (int8, fp8 e4m3 and e5m2, int4 and int2 with an f16 scale a group; fp4
+// e2m1 with an e4m3 one, NVFP4's groups of 16) and integer codes with a
+// minimum (int8, int4, int2: an f16 scale and minimum a group, llama.cpp's
+// q4_1 and KIVI's groups). quant::quantize_group does the same through a
+// float buffer and a scalar scale per group; at 32-value groups that
+// per-group overhead cost 5x the conversion itself. Here up to eight
+// groups' scales are computed together in one vector (the division, the
+// saturation and the entry type's round trip), and the row is read twice
+// from L1 (its range, then its codes) instead of being staged. The bits
+// are quantize_group's and dequantize_group's: the same IEEE operations in
+// the same order (x = load * mul; amax of |x|'s bits; scale = entry(amax /
+// code_max), saturated; inv = 1 / scale or 0; code = encode(x * inv)),
+// which test_host_simd checks against the scalar code. With a minimum the
+// range is the order keys' min and max (as key_range), scale = f16((hi -
+// lo) / code_max), minimum = f16(lo), code = to_int((x - minimum) * inv, 0,
+// code_max), and back fmaf(code, scale, minimum)'s bits (PackedCodes).
+// Sub-byte codes are packed and read by host_simd_packed.hpp. CUDA
+// translation units and other CPUs compile none of this.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +25,9 @@
 
 #include "common.hpp"
 #include "host_simd.hpp"
+#include "host_simd_packed.hpp"
 #include "kvcache/kv_format.hpp"
+#include "quant.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 namespace simd {
@@ -41,6 +50,17 @@ KVCACHE_AVX2_INLINE inline void group_scales(__m256 amax, float code_max, I& f16
   inv = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), scale), _mm256_cmp_ps(scale, _mm256_setzero_ps(), _CMP_GT_OQ));
 }
 
+// fp4's scales, as group_scales with e4m3 for f16: amax / 6 saturated at
+// e4m3's largest, through e4m3 and back (the bits go to the entries).
+KVCACHE_AVX2_INLINE inline void e4m3_scales(__m256 amax, float code_max, I& e4m3_bits, __m256& inv) noexcept {
+  __m256 want = _mm256_div_ps(amax, _mm256_set1_ps(code_max));
+  const __m256 e4m3_max = _mm256_set1_ps(cvt::kE4m3Max);
+  want = _mm256_blendv_ps(want, e4m3_max, _mm256_cmp_ps(want, e4m3_max, _CMP_GT_OQ));
+  e4m3_bits = codes<DType::fp8_e4m3>(want);
+  const __m256 scale = e4m3_to_f32(e4m3_bits);
+  inv = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), scale), _mm256_cmp_ps(scale, _mm256_setzero_ps(), _CMP_GT_OQ));
+}
+
 template <DType S, DType C>
 KVCACHE_AVX2 inline void quantize_groups(std::byte* codes, std::byte* entries, const std::byte* src, std::int32_t group,
                                          std::int32_t groups, float mul, float code_max) noexcept {
@@ -57,17 +77,28 @@ KVCACHE_AVX2 inline void quantize_groups(std::byte* codes, std::byte* entries, c
     }
     I h;
     __m256 inv;
-    group_scales(from_bits(_mm256_load_si256(reinterpret_cast<const I*>(amax))), code_max, h, inv);
+    const __m256 a = from_bits(_mm256_load_si256(reinterpret_cast<const I*>(amax)));
+    if constexpr (C == DType::fp4_e2m1) e4m3_scales(a, code_max, h, inv);
+    else group_scales(a, code_max, h, inv);
     alignas(32) std::uint32_t hb[8];
     alignas(32) float ib[8];
     _mm256_store_si256(reinterpret_cast<I*>(hb), h);
     _mm256_store_ps(ib, inv);
     for (std::int32_t j = 0; j < nb; ++j) {
-      const auto e = static_cast<std::uint16_t>(hb[j]);
-      std::memcpy(entries + 2 * (b + j), &e, 2);
+      if constexpr (C == DType::fp4_e2m1) {
+        entries[b + j] = static_cast<std::byte>(hb[j]);
+      } else {
+        const auto e = static_cast<std::uint16_t>(hb[j]);
+        std::memcpy(entries + 2 * (b + j), &e, 2);
+      }
       const std::byte* in = src + row_bytes(S, std::int64_t{b + j} * group);
-      std::byte* out = codes + std::int64_t{b + j} * group;
-      store_each<C>(out, group, Scaled<S, false, true>{in, m, _mm256_set1_ps(ib[j])});
+      std::byte* out = codes + row_bytes(C, std::int64_t{b + j} * group);
+      const Scaled<S, false, true> x{in, m, _mm256_set1_ps(ib[j])};
+      if constexpr (dtype_bits(C) == 8) {
+        store_each<C>(out, group, x);
+      } else {
+        for (std::int32_t i = 0; i < group; i += 8) store_packed<C == DType::int2 ? C : DType::int4>(out + row_bytes(C, i), packed_codes<C>(x(i)));
+      }
     }
   }
 }
@@ -77,57 +108,151 @@ KVCACHE_AVX2 inline void dequantize_groups(std::byte* out, const std::byte* code
                                            std::int32_t groups, float mul) noexcept {
   const __m256 m = _mm256_set1_ps(mul);
   for (std::int32_t g = 0; g < groups; ++g) {
-    std::uint16_t e;
-    std::memcpy(&e, entries + 2 * g, 2);
+    float scale;  // fp4's is an e4m3 byte, the rest f16
+    if constexpr (C == DType::fp4_e2m1) {
+      scale = cvt::e4m3_to_f32(static_cast<std::uint8_t>(entries[g]));
+    } else {
+      std::uint16_t e;
+      std::memcpy(&e, entries + 2 * g, 2);
+      scale = cvt::f16_to_f32(e);
+    }
     // (code * scale) * mul, as dequantize_group then move_row compute it.
+    std::byte* o = out + row_bytes(O, std::int64_t{g} * group);
+    const std::byte* c = codes + row_bytes(C, std::int64_t{g} * group);
+    if constexpr (dtype_bits(C) == 8)
+      store_each<O>(o, group, Scaled<C, true, true>{c, _mm256_set1_ps(scale), m});
+    else
+      store_each<O>(o, group, PackedCodes<C, false>{c, _mm256_set1_ps(scale), _mm256_setzero_ps(), m});
+  }
+}
+
+// order_key (quant.hpp) eight lanes at a time: x's bits as an integer that
+// orders as x does; its own inverse.
+KVCACHE_AVX2_INLINE inline I order_key(I u) noexcept {
+  return _mm256_xor_si256(u, _mm256_and_si256(_mm256_srai_epi32(u, 31), k(0x7fffffffu)));
+}
+
+// Groups with a minimum: up to eight groups' ranges, then their scales and
+// minima in one vector each, then each group's codes (packed as
+// quantize_group packs them).
+template <DType S, DType C>
+KVCACHE_AVX2 inline void quantize_groups_min(std::byte* codes, std::byte* entries, const std::byte* src, std::int32_t group,
+                                             std::int32_t groups, float mul) noexcept {
+  const __m256 m = _mm256_set1_ps(mul);
+  const float qmax = quant::code_max(C, true);
+  for (std::int32_t b = 0; b < groups; b += 8) {
+    const std::int32_t nb = groups - b < 8 ? groups - b : 8;
+    alignas(32) std::int32_t lo[8] = {}, hi[8] = {};
+    for (std::int32_t j = 0; j < nb; ++j) {
+      const std::byte* in = src + row_bytes(S, std::int64_t{b + j} * group);
+      I kmin = k(0x7fffffffu), kmax = k(0x80000000u);
+      for (std::int32_t i = 0; i < group; i += 8) {
+        const I key = order_key(bits(_mm256_mul_ps(load8<S, false>(in + row_bytes(S, i)), m)));
+        kmin = _mm256_min_epi32(kmin, key), kmax = _mm256_max_epi32(kmax, key);
+      }
+      lo[j] = hmin_epi32(kmin), hi[j] = static_cast<std::int32_t>(hmax_epi32(kmax));
+    }
+    const __m256 vlo = from_bits(order_key(_mm256_load_si256(reinterpret_cast<const I*>(lo))));
+    const __m256 vhi = from_bits(order_key(_mm256_load_si256(reinterpret_cast<const I*>(hi))));
+    I h;
+    __m256 inv;
+    group_scales(_mm256_sub_ps(vhi, vlo), qmax, h, inv);
+    const I mh = f32_to_f16(vlo);
+    alignas(32) std::uint32_t hb[8], mb[8];
+    alignas(32) float ib[8], mf[8];
+    _mm256_store_si256(reinterpret_cast<I*>(hb), h);
+    _mm256_store_si256(reinterpret_cast<I*>(mb), mh);
+    _mm256_store_ps(ib, inv);
+    _mm256_store_ps(mf, f16_to_f32(mh));
+    for (std::int32_t j = 0; j < nb; ++j) {
+      const std::uint16_t e[2] = {static_cast<std::uint16_t>(hb[j]), static_cast<std::uint16_t>(mb[j])};
+      std::memcpy(entries + 4 * (b + j), e, 4);
+      const std::byte* in = src + row_bytes(S, std::int64_t{b + j} * group);
+      const __m256 mn = _mm256_set1_ps(mf[j]), iv = _mm256_set1_ps(ib[j]);
+      std::byte* out = codes + row_bytes(C, std::int64_t{b + j} * group);
+      for (std::int32_t i = 0; i < group; i += 8) {
+        const __m256 x = _mm256_mul_ps(load8<S, false>(in + row_bytes(S, i)), m);
+        store_packed<C>(out + row_bytes(C, i), to_uint(_mm256_mul_ps(_mm256_sub_ps(x, mn), iv), qmax));
+      }
+    }
+  }
+}
+
+template <DType C, DType O>
+KVCACHE_AVX2 inline void dequantize_groups_min(std::byte* out, const std::byte* codes, const std::byte* entries,
+                                               std::int32_t group, std::int32_t groups, float mul) noexcept {
+  for (std::int32_t g = 0; g < groups; ++g) {
+    std::uint16_t e[2];
+    std::memcpy(e, entries + 4 * g, 4);
     store_each<O>(out + row_bytes(O, std::int64_t{g} * group), group,
-                  Scaled<C, true, true>{codes + std::int64_t{g} * group, _mm256_set1_ps(cvt::f16_to_f32(e)), m});
+                  PackedCodes<C, true>{codes + row_bytes(C, std::int64_t{g} * group), _mm256_set1_ps(cvt::f16_to_f32(e[0])),
+                              _mm256_set1_ps(cvt::f16_to_f32(e[1])), _mm256_set1_ps(mul)});
   }
 }
 
 // The caller's type, then the code's: every pair a template instance.
 template <DType S>
-inline bool quantize_to(DType code, std::byte* codes, std::byte* entries, const std::byte* src, std::int32_t group,
-                        std::int32_t groups, float mul, float code_max) noexcept {
+inline bool quantize_to(DType code, bool minimum, std::byte* codes, std::byte* entries, const std::byte* src,
+                        std::int32_t group, std::int32_t groups, float mul, float code_max) noexcept {
+  if (minimum) switch (code) {
+      case DType::int8: quantize_groups_min<S, DType::int8>(codes, entries, src, group, groups, mul); return true;
+      case DType::int4: quantize_groups_min<S, DType::int4>(codes, entries, src, group, groups, mul); return true;
+      case DType::int2: quantize_groups_min<S, DType::int2>(codes, entries, src, group, groups, mul); return true;
+      default: return false;
+    }
   switch (code) {
     case DType::int8: quantize_groups<S, DType::int8>(codes, entries, src, group, groups, mul, code_max); return true;
     case DType::fp8_e4m3: quantize_groups<S, DType::fp8_e4m3>(codes, entries, src, group, groups, mul, code_max); return true;
     case DType::fp8_e5m2: quantize_groups<S, DType::fp8_e5m2>(codes, entries, src, group, groups, mul, code_max); return true;
+    case DType::int4: quantize_groups<S, DType::int4>(codes, entries, src, group, groups, mul, code_max); return true;
+    case DType::int2: quantize_groups<S, DType::int2>(codes, entries, src, group, groups, mul, code_max); return true;
+    case DType::fp4_e2m1: quantize_groups<S, DType::fp4_e2m1>(codes, entries, src, group, groups, mul, code_max); return true;
     default: return false;
   }
 }
-template <DType C>
+template <DType C, bool Min = false>
 inline bool dequantize_to(DType ot, std::byte* out, const std::byte* codes, const std::byte* entries, std::int32_t group,
                           std::int32_t groups, float mul) noexcept {
-  switch (ot) {
-    case DType::f32: dequantize_groups<C, DType::f32>(out, codes, entries, group, groups, mul); return true;
-    case DType::f16: dequantize_groups<C, DType::f16>(out, codes, entries, group, groups, mul); return true;
-    case DType::bf16: dequantize_groups<C, DType::bf16>(out, codes, entries, group, groups, mul); return true;
-    default: return false;
+  if constexpr (Min) {
+    switch (ot) {
+      case DType::f32: dequantize_groups_min<C, DType::f32>(out, codes, entries, group, groups, mul); return true;
+      case DType::f16: dequantize_groups_min<C, DType::f16>(out, codes, entries, group, groups, mul); return true;
+      case DType::bf16: dequantize_groups_min<C, DType::bf16>(out, codes, entries, group, groups, mul); return true;
+      default: return false;
+    }
+  } else {
+    switch (ot) {
+      case DType::f32: dequantize_groups<C, DType::f32>(out, codes, entries, group, groups, mul); return true;
+      case DType::f16: dequantize_groups<C, DType::f16>(out, codes, entries, group, groups, mul); return true;
+      case DType::bf16: dequantize_groups<C, DType::bf16>(out, codes, entries, group, groups, mul); return true;
+      default: return false;
+    }
   }
 }
 }  // namespace avx2
 
-/// True when the group loops below take a row of `code` (int8, fp8 e4m3 or
-/// e5m2; symmetric groups of a multiple of 8 values) to or from `other`
+/// True when the group loops below take a row of `code` in groups of a
+/// multiple of 8 values (symmetric: int8, int4, int2, fp8 e4m3 or e5m2,
+/// fp4 e2m1; with a minimum: int8, int4 or int2) to or from `other`
 /// (f32, f16 or bf16) on this CPU.
 inline bool groups_fast(DType code, bool minimum, std::int32_t group, DType other) noexcept {
-  const bool code_ok = code == DType::int8 || code == DType::fp8_e4m3 || code == DType::fp8_e5m2;
+  const bool integer = code == DType::int8 || code == DType::int4 || code == DType::int2;
+  const bool code_ok = integer || (!minimum && (code == DType::fp8_e4m3 || code == DType::fp8_e5m2 || code == DType::fp4_e2m1));
   const bool other_ok = other == DType::f32 || other == DType::f16 || other == DType::bf16;
-  return code_ok && other_ok && !minimum && group % 8 == 0 && available();
+  return code_ok && other_ok && group % 8 == 0 && available();
 }
 
 /// quant::quantize_group of each of `groups` groups of src (st, times mul)
-/// into codes and f16 entries (2 bytes each, packed); false when
+/// into codes and entries (packed, as quantize_group writes them); false when
 /// groups_fast says no (nothing written).
 inline bool quantize_groups(std::byte* codes, std::byte* entries, const void* src, DType st, DType code, bool minimum,
                             std::int32_t group, std::int32_t groups, float mul, float code_max) noexcept {
   if (!groups_fast(code, minimum, group, st)) return false;
   const auto* s = static_cast<const std::byte*>(src);
   switch (st) {
-    case DType::f32: return avx2::quantize_to<DType::f32>(code, codes, entries, s, group, groups, mul, code_max);
-    case DType::f16: return avx2::quantize_to<DType::f16>(code, codes, entries, s, group, groups, mul, code_max);
-    default: return avx2::quantize_to<DType::bf16>(code, codes, entries, s, group, groups, mul, code_max);
+    case DType::f32: return avx2::quantize_to<DType::f32>(code, minimum, codes, entries, s, group, groups, mul, code_max);
+    case DType::f16: return avx2::quantize_to<DType::f16>(code, minimum, codes, entries, s, group, groups, mul, code_max);
+    default: return avx2::quantize_to<DType::bf16>(code, minimum, codes, entries, s, group, groups, mul, code_max);
   }
 }
 
@@ -137,10 +262,18 @@ inline bool dequantize_groups(void* out, DType ot, const std::byte* codes, const
                               std::int32_t group, std::int32_t groups, float mul) noexcept {
   if (!groups_fast(code, minimum, group, ot)) return false;
   auto* o = static_cast<std::byte*>(out);
+  if (minimum) switch (code) {
+      case DType::int8: return avx2::dequantize_to<DType::int8, true>(ot, o, codes, entries, group, groups, mul);
+      case DType::int4: return avx2::dequantize_to<DType::int4, true>(ot, o, codes, entries, group, groups, mul);
+      default: return avx2::dequantize_to<DType::int2, true>(ot, o, codes, entries, group, groups, mul);
+    }
   switch (code) {
     case DType::int8: return avx2::dequantize_to<DType::int8>(ot, o, codes, entries, group, groups, mul);
     case DType::fp8_e4m3: return avx2::dequantize_to<DType::fp8_e4m3>(ot, o, codes, entries, group, groups, mul);
-    default: return avx2::dequantize_to<DType::fp8_e5m2>(ot, o, codes, entries, group, groups, mul);
+    case DType::fp8_e5m2: return avx2::dequantize_to<DType::fp8_e5m2>(ot, o, codes, entries, group, groups, mul);
+    case DType::int4: return avx2::dequantize_to<DType::int4>(ot, o, codes, entries, group, groups, mul);
+    case DType::int2: return avx2::dequantize_to<DType::int2>(ot, o, codes, entries, group, groups, mul);
+    default: return avx2::dequantize_to<DType::fp4_e2m1>(ot, o, codes, entries, group, groups, mul);
   }
 }
 #undef KVCACHE_AVX2

@@ -1,0 +1,126 @@
+// The host backend's sub-byte codes eight lanes at a time (AVX2): a
+// group's codes computed from values already divided by its scale (and
+// less its minimum), packed into bytes, and read back as floats, with the
+// bits of quant::encode, quantize_group's packing and load_code. int4 and
+// fp4 hold two codes a byte (element 2i in byte i's low nibble), int2
+// four. The group loops (host_simd_groups.hpp) use these; test_host_simd
+// checks them against the scalar code. CUDA translation units and other
+// CPUs compile none of this.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "common.hpp"
+#include "host_simd.hpp"
+#include "kvcache/kv_format.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+namespace simd {
+
+#if KVCACHE_HOST_SIMD
+#define KVCACHE_AVX2_INLINE __attribute__((target("avx2,f16c"), always_inline))
+namespace avx2 {
+
+// cvt::to_int(v, 0, hi): clamped first, then rounded to nearest even, as to_int8.
+KVCACHE_AVX2_INLINE inline I to_uint(__m256 v, float hi) noexcept {
+  v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
+  return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, _mm256_setzero_ps()), _mm256_set1_ps(hi)));
+}
+
+// m + 1 in the lanes where a passes `at` (compare Pred; a mask is -1).
+template <int Pred>
+KVCACHE_AVX2_INLINE inline I past(I m, __m256 a, float at) noexcept {
+  return _mm256_sub_epi32(m, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(at), Pred)));
+}
+// Symmetric packed codes of 8 values already divided by the scale, one a
+// lane (quant::encode's bits): int4 and int2 as to_int8 with their own
+// bounds, masked to the code's bits; fp4 e2m1's magnitude code counts the
+// midpoints |v| passes (> at an even code's upper midpoint, >= at an odd
+// one's: ties go to the even code), its sign bit set where v < 0. A NaN
+// fails every compare: code 0, as f32_to_e2m1 gives.
+template <DType C>
+KVCACHE_AVX2_INLINE inline I packed_codes(__m256 v) noexcept {
+  if constexpr (C == DType::fp4_e2m1) {
+    const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
+    I m = _mm256_setzero_si256();
+    m = past<_CMP_GT_OQ>(m, a, 0.25f), m = past<_CMP_GE_OQ>(m, a, 0.75f);
+    m = past<_CMP_GT_OQ>(m, a, 1.25f), m = past<_CMP_GE_OQ>(m, a, 1.75f);
+    m = past<_CMP_GT_OQ>(m, a, 2.5f), m = past<_CMP_GE_OQ>(m, a, 3.5f);
+    m = past<_CMP_GT_OQ>(m, a, 5.0f);
+    const I sign = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ)), k(8u));
+    return _mm256_or_si256(m, sign);
+  } else {
+    const float hi = C == DType::int4 ? 7.0f : 1.0f;
+    v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
+    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-hi)), _mm256_set1_ps(hi));
+    return _mm256_and_si256(_mm256_cvtps_epi32(v), k(C == DType::int4 ? 15u : 3u));
+  }
+}
+
+// Eight codes (one a lane, below 2^bits) packed as quantize_group packs
+// them: element 2i in byte i's low nibble, 4i in byte i's low two bits.
+// Shifted into place, a half's lanes are summed (their bits are disjoint:
+// the sum is their OR), and each half's bytes taken from the low lanes.
+template <DType C>
+KVCACHE_AVX2_INLINE inline void store_packed(std::byte* p, I c) noexcept {
+  if constexpr (C == DType::int8) {
+    store_u8(p, c);
+  } else if constexpr (C == DType::int4) {  // 4 bytes: each half's lanes 0, 1 after one pairwise sum
+    const I h = _mm256_hadd_epi32(_mm256_sllv_epi32(c, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)), c);
+    const I b = _mm256_shuffle_epi8(h, _mm256_setr_epi8(0, 4, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                                       0, 4, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+    const auto w = static_cast<std::uint32_t>(_mm_cvtsi128_si32(_mm256_castsi256_si128(b))) |
+                   static_cast<std::uint32_t>(_mm_cvtsi128_si32(_mm256_extracti128_si256(b, 1))) << 16;
+    std::memcpy(p, &w, 4);
+  } else {  // int2, 2 bytes: each half's lane 0 after two pairwise sums
+    I h = _mm256_sllv_epi32(c, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
+    h = _mm256_hadd_epi32(h, h);
+    h = _mm256_hadd_epi32(h, h);
+    const auto w = static_cast<std::uint16_t>(_mm_cvtsi128_si32(_mm256_castsi256_si128(h)) |
+                                              _mm_cvtsi128_si32(_mm256_extracti128_si256(h, 1)) << 8);
+    std::memcpy(p, &w, 2);
+  }
+}
+
+// Eight codes of a group from element i, as floats (load_code's values):
+// unsigned integers with a minimum; without, int4 and int2 signed (their
+// top bit flipped, less its weight) and fp4 e2m1 by a table of its 8
+// magnitudes and its sign bit.
+template <DType C, bool Min>
+KVCACHE_AVX2_INLINE inline __m256 load_packed_codes(const std::byte* codes, std::int32_t i) noexcept {
+  if constexpr (C == DType::int8) return _mm256_cvtepi32_ps(load_u8(codes + i));
+  constexpr bool two = C == DType::int2;
+  std::uint32_t w = 0;
+  std::memcpy(&w, codes + row_bytes(C, i), two ? 2 : 4);
+  const I shifts = two ? _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14) : _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const I n = _mm256_and_si256(_mm256_srlv_epi32(k(w), shifts), k(two ? 3u : 15u));
+  if constexpr (Min) return _mm256_cvtepi32_ps(n);
+  if constexpr (C == DType::fp4_e2m1) {
+    const __m256 mag = _mm256_permutevar8x32_ps(_mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), n);  // uses n's low 3 bits
+    return _mm256_or_ps(mag, from_bits(_mm256_slli_epi32(_mm256_and_si256(n, k(8u)), 28)));
+  }
+  const std::uint32_t top = two ? 2u : 8u;
+  return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_xor_si256(n, k(top)), k(top)));
+}
+
+// (code * scale [+ minimum]) * mul from element i: dequantize_group, then
+// move_row. With a minimum the scalar code's fmaf gives the bits of an
+// unfused multiply and add: code x scale is exact (an integer of at most 8
+// bits times an f16's 11), so the add is the only rounding either way.
+template <DType C, bool Min>
+struct PackedCodes {
+  const std::byte* codes;
+  __m256 scale, minimum, mul;
+  KVCACHE_AVX2_INLINE __m256 operator()(std::int32_t i) const noexcept {
+    const __m256 x = _mm256_mul_ps(load_packed_codes<C, Min>(codes, i), scale);
+    return _mm256_mul_ps(Min ? _mm256_add_ps(x, minimum) : x, mul);
+  }
+};
+
+}  // namespace avx2
+#undef KVCACHE_AVX2_INLINE
+#endif
+
+}  // namespace simd
+KVCACHE_END_NAMESPACE
