@@ -46,7 +46,6 @@ KV_FORMATS = {
     "int2_g16_min": (kv.DType.int2, kv.KvFormat(_side(kv.Scales.group, 16, True), _side(kv.Scales.group, 16, True)), False, 0),
     "int2_kivi": (kv.DType.int2, kv.KvFormat(_side(kv.Scales.channel, 0, True), _side(kv.Scales.group, 32, True)), False, 32),
 }
-CODE_MAX = {kv.DType.fp8_e4m3: 448.0, kv.DType.fp8_e5m2: 57344.0, kv.DType.int8: 127.0}
 
 
 def heldout_window(context):
@@ -80,7 +79,7 @@ def calibrate_kv_scales(model, window, dtype):
     store = _AmaxKv(c["layers"], c["kv_heads"])
     Forward(model).run(store, list(window), 0, True)
     amax = store.amax.reshape(2, -1)
-    scales = np.where(amax > 0, amax / np.float32(CODE_MAX[dtype]), np.float32(1)).astype(np.float32)
+    scales = np.where(amax > 0, amax / np.float32(kv.code_max(dtype)), np.float32(1)).astype(np.float32)
     return scales[0].tolist(), scales[1].tolist()
 POLICY_NAMES = ["keep_all", "sliding_window", "sink_window", "block_scores", "block_scores_summed", "h2o",
                 "h2o_summed", "tova", "tova_summed", "snapkv", "snapkv_summed", "average_attention",

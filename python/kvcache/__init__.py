@@ -66,6 +66,7 @@ from ._kvcache import (
     WritePolicy,
     block_copy,
     check_compatible,
+    code_max,
     compaction,
     gather,
     has_cuda,
@@ -184,7 +185,7 @@ __all__ = [
     "LayerGroup", "LayerGroups", "Layout", "LayoutHandshake", "LayoutMismatch", "TransferFailed",
     "NotAllocated", "OutOfBlocks", "PoolView", "PrefixTooLong", "Quest", "Scales", "SideFormat", "SinkWindow", "SlidingWindow", "SnapKV", "TierJob", "Tiers", "Tova",
     "TransferHolds", "TransferPlanner",
-    "TruncateTooMany", "UnknownJob", "UnknownSequence", "block_copy", "check_compatible", "compaction", "gather", "has_cuda", "make_rope_table", "rope",
+    "TruncateTooMany", "UnknownJob", "UnknownSequence", "block_copy", "check_compatible", "code_max", "compaction", "gather", "has_cuda", "make_rope_table", "rope",
     "scatter", "scores", "seal_blocks", "WriteGate", "WriteGateWeights", "WritePolicy", "page_bounds", "page_bounds_update", "page_select",
     "page_select_scratch_bytes", "ring_admit", "ring_write", "sequence_frame", "write_gate",
 ]

@@ -62,11 +62,9 @@ void register_kernels(nb::module_& m) {
       m, "scatter",
       [held](Pool& pool, Tensor k, Tensor v, Tensor slots, std::int32_t first_layer, float k_scale, float v_scale,
              nb::handle k_scales, nb::handle v_scales, nb::handle stream) {
-        const Rows rk = rows_of(k, "k", pool), rv = rows_of(v, "v", pool);
-        same_rows(rk, rv);
+        const auto [rk, src] = source_of(k, v, pool);
         const auto* s = vec<const std::int32_t>(slots, "slots", rk.tokens, pool.device);
-        kv::ScatterParams p{pool.view, {k.data(), v.data(), rk.dtype, rk.layer_stride, rk.token_stride, rk.head_stride},
-                            kv::TokenAddress{s}, rk.tokens, first_layer, std::int32_t(rk.layers), k_scale, v_scale,
+        kv::ScatterParams p{pool.view, src, kv::TokenAddress{s}, rk.tokens, first_layer, std::int32_t(rk.layers), k_scale, v_scale,
                             held(k_scales, pool, 0, "k_scales"), held(v_scales, pool, 1, "v_scales")};
         launch("scatter", pool.device, stream, p, kv::scatter_host, KVPY_CUDA(scatter), kv::check_scatter_shape);
       },
@@ -102,13 +100,11 @@ void register_kernels(nb::module_& m) {
       m, "seal_blocks",
       [held](Pool& pool, Tensor k, Tensor v, Tensor blocks, std::int32_t first_layer, float k_scale, float v_scale,
              nb::handle k_scales, nb::handle v_scales, nb::handle stream) {
-        const Rows rk = rows_of(k, "k", pool), rv = rows_of(v, "v", pool);
-        same_rows(rk, rv);
+        const auto [rk, src] = source_of(k, v, pool);
         const auto n = std::int64_t(blocks.size());
         require(rk.tokens == n * pool.view.block_size, "k.tokens (len(blocks) x block_size)", rk.tokens, n * pool.view.block_size);
         const auto* b = vec<const std::int32_t>(blocks, "blocks", n, pool.device);
-        kv::SealParams p{pool.view, {k.data(), v.data(), rk.dtype, rk.layer_stride, rk.token_stride, rk.head_stride},
-                         b, std::int32_t(n), first_layer, std::int32_t(rk.layers), k_scale, v_scale,
+        kv::SealParams p{pool.view, src, b, std::int32_t(n), first_layer, std::int32_t(rk.layers), k_scale, v_scale,
                          held(k_scales, pool, 0, "k_scales"), held(v_scales, pool, 1, "v_scales")};
         launch("seal_blocks", pool.device, stream, p, kv::seal_blocks_host, KVPY_CUDA(seal_blocks), kv::check_seal_shape);
       },

@@ -164,12 +164,11 @@ void bind_write_gate(nb::module_& m) {
       [](Pool& pool, Tensor k, Tensor v, Tensor ring_slots, nb::handle promote_slots, std::int32_t first_layer, float k_scale,
          float v_scale, nb::handle stream) {
         const Device d = pool.device;
-        const Rows rk = rows_of(k, "k", pool), rv = rows_of(v, "v", pool);
-        same_rows(rk, rv);
+        const auto [rk, src] = source_of(k, v, pool);
         const std::int32_t* promote = nullptr;
         if (!promote_slots.is_none()) promote = vec<const std::int32_t>(nb::cast<Tensor>(promote_slots), "promote_slots", rk.tokens, d);
         const kv::RingWriteParams p{pool.view,
-                                    {k.data(), v.data(), rk.dtype, rk.layer_stride, rk.token_stride, rk.head_stride},
+                                    src,
                                     rk.tokens,
                                     first_layer,
                                     std::int32_t(rk.layers),

@@ -1,6 +1,7 @@
 // kvcache._kvcache: the bindings. The Python API (python/kvcache/__init__.py)
 // picks the compiled Cache of an eviction policy; everything else is here.
 #define KVCACHE_NUMPY_IMPORT  // this translation unit holds numpy's C API table (arrays.hpp)
+#include <kvcache/kernels/quant.hpp>
 #include <kvcache/kernels/ring_admit.hpp>
 #include <kvcache/kvcache.hpp>
 #include <nanobind/nanobind.h>
@@ -94,6 +95,9 @@ void bind_geometry(nb::module_& m) {
       .def_prop_ro("block_bytes", &kv::Geometry::block_bytes)
       .def_prop_ro("kv_planes", &kv::Geometry::kv_planes)
       .def("pool_bytes", [](const kv::Geometry& g, std::int64_t num_blocks) { return kvpy::check(g.pool_bytes(num_blocks)); });
+  // The largest code magnitude (what a group's or an engine-held scale maps
+  // the largest |value| to): engines calibrating scales divide by it.
+  m.def("code_max", &kv::quant::code_max, "dtype"_a, "minimum"_a = false);
 }
 
 void bind_policies(nb::module_& m) {

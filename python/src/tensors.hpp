@@ -4,6 +4,7 @@
 // CPU, or one CUDA device when this build has the CUDA launchers.
 #pragma once
 
+#include <kvcache/kernels/scatter.hpp>
 #include <kvcache/kvcache.hpp>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -114,6 +115,17 @@ inline void same_rows(const Rows& k, const Rows& v) {
   if (k.dtype != v.dtype || k.layers != v.layers || k.tokens != v.tokens || k.layer_stride != v.layer_stride ||
       k.token_stride != v.token_stride || k.head_stride != v.head_stride)
     bad("v", "shaped, typed and strided as k");
+}
+
+// K and V as a writing kernel's source: their rows, checked alike, and the KvSource over them.
+struct Source {
+  Rows rows;
+  kv::KvSource src;
+};
+inline Source source_of(const Tensor& k, const Tensor& v, const Pool& pool) {
+  const Rows rk = rows_of(k, "k", pool), rv = rows_of(v, "v", pool);
+  same_rows(rk, rv);
+  return {rk, {k.data(), v.data(), rk.dtype, rk.layer_stride, rk.token_stride, rk.head_stride}};
 }
 
 }  // namespace kvpy

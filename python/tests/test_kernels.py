@@ -56,6 +56,7 @@ def test_scatter_reads_a_strided_slice_of_fused_qkv_and_converts_to_f16():
                                                  (kv.DType.int2, True, 3)])
 def test_a_quantized_pool_is_written_quantized_and_read_back_dequantized(dtype, minimum, steps):
     d, group = 64, 32
+    assert kv.code_max(dtype, minimum) == steps  # what a group's scale maps its range to
     side = kv.SideFormat(kv.Scales.group, group, minimum=minimum)
     g = kv.Geometry(num_layers=1, num_kv_heads=H, head_dim=d, block_size=B, dtype=dtype, format=kv.KvFormat(side, side))
     assert g.format == kv.KvFormat(side, side) and g.row_bytes == d * {kv.DType.int8: 8, kv.DType.int4: 4, kv.DType.int2: 2}[dtype] // 8
