@@ -113,64 +113,101 @@ void reference_quantize(const std::uint8_t* src, DType st, DType code, std::int3
 }
 }  // namespace
 
-TEST_CASE("the host's group loops give quantize_group's and dequantize_group's bits") {
+TEST_CASE("the host's group loops give quantize_group's and dequantize_group's bits, every format") {
   std::mt19937_64 rng(Catch::rngSeed() + 211);
   volatile float muls[] = {1.0f, 0.375f, 1.0f / 3.0f};
   const DType floats[] = {DType::f32, DType::f16, DType::bf16};
-  const DType codes8[] = {DType::int8, DType::fp8_e4m3, DType::fp8_e5m2};
-  const std::uint32_t specials[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffc12345u, 0x00000001u,
-                                    0x80000000u, 0x477ff000u, 0x477fefffu, 0x7f7fffffu, 0x00800000u, 0x33800000u};
+  const std::uint32_t specials[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffc12345u, 0x00000001u, 0x80000000u,
+                                    0x477ff000u, 0x477fefffu, 0x7f7fffffu, 0xff7fffffu, 0x00800000u, 0x33800000u, 0xc7800000u};
+  // Symmetric whole bytes (against reference_quantize, written out here),
+  // with a minimum (int8, int4, int2) and symmetric packed codes (int4,
+  // int2, fp4 with e4m3 scales), against the scalar quantize_group.
+  const std::pair<DType, bool> formats[] = {{DType::int8, false}, {DType::fp8_e4m3, false}, {DType::fp8_e5m2, false},
+                                            {DType::int8, true},  {DType::int4, true},      {DType::int2, true},
+                                            {DType::int4, false}, {DType::int2, false},     {DType::fp4_e2m1, false}};
   for (DType st : floats)
-    for (DType code : codes8)
-      for (std::int32_t group : {16, 32, 64, 128})
+    for (const auto& [code, minimum] : formats)
+      for (std::int32_t group : {8, 16, 32, 64, 128})
         for (std::int32_t groups : {1, 3, 8, 9, 20}) {
           const std::int32_t n = group * groups;
-          // Floats as f32 bits: most groups of normal values (one in five
-          // with an outlier), some all zero, some with specials, some tiny
-          // or huge (scales that round to f16 subnormals or saturate).
+          const bool whole = !minimum && dtype_bits(code) == 8;
+          // Normal groups (one with an outlier, one shifted off zero, as a
+          // minimum is for), all-equal ones, specials, tiny and huge ranges
+          // (scales that round to subnormals or saturate), fp4's midpoints.
           std::vector<float> f(static_cast<std::size_t>(n));
           std::normal_distribution<float> normal(0.0f, 1.0f);
           for (std::int32_t g = 0; g < groups; ++g) {
-            const auto kind = rng() % 6;
+            const auto kind = rng() % 7;
             const float range = kind == 3 ? 1e-9f : kind == 4 ? 1e9f : 1.0f;
             for (std::int32_t i = 0; i < group; ++i) {
-              float v = kind == 1 ? 0.0f : normal(rng) * range;
+              float v = kind == 1 ? 2.5f : normal(rng) * range + (kind == 5 ? 40.0f : 0.0f);
               if (kind == 0 && i == 5) v *= 40.0f;
+              // fp4's midpoints, exact at scale 1 (a largest |value| of 6): each tie goes to the even code.
+              constexpr float kTies[] = {6.0f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+              if (kind == 6) v = (rng() % 2 ? -1.0f : 1.0f) * kTies[i % 8];
               if (kind == 2 && rng() % 8 == 0) v = cvt::from_bits(specials[rng() % std::size(specials)]);
               f[static_cast<std::size_t>(g * group + i)] = v;
             }
           }
           std::vector<std::uint8_t> src(static_cast<std::size_t>(row_bytes(st, n)));
           for (std::int32_t i = 0; i < n; ++i) store_elem(st, src.data(), i, f[static_cast<std::size_t>(i)]);
+          const std::int64_t entry_bytes = group_entry_bytes(code, {.scales = Scales::group, .group = group, .minimum = minimum});
           for (float mul : muls) {
-            CAPTURE(static_cast<int>(st), static_cast<int>(code), group, groups, mul);
-            std::vector<std::uint8_t> want_codes(static_cast<std::size_t>(n)), want_entries(static_cast<std::size_t>(2 * groups));
-            reference_quantize(src.data(), st, code, group, groups, mul, want_codes.data(), want_entries.data());
+            CAPTURE(static_cast<int>(st), static_cast<int>(code), minimum, group, groups, mul);
+            std::vector<std::uint8_t> want_codes(static_cast<std::size_t>(row_bytes(code, n))),
+                want_entries(static_cast<std::size_t>(entry_bytes * groups));
+            std::vector<float> x(static_cast<std::size_t>(group));
+            if (whole) {
+              reference_quantize(src.data(), st, code, group, groups, mul, want_codes.data(), want_entries.data());
+            } else {
+              for (std::int32_t g = 0; g < groups; ++g) {
+                for (std::int32_t i = 0; i < group; ++i) x[static_cast<std::size_t>(i)] = load_elem(st, src.data(), g * group + i) * mul;
+                quant::quantize_group(x.data(), group, code, minimum, want_codes.data() + row_bytes(code, std::int64_t{g} * group),
+                                      want_entries.data() + entry_bytes * g);
+              }
+            }
             std::vector<std::uint8_t> codes(want_codes.size(), 0xa5), entries(want_entries.size(), 0xa5);
             const bool fast = simd::available();
             REQUIRE(fast_quantize_groups(reinterpret_cast<std::byte*>(codes.data()), reinterpret_cast<std::byte*>(entries.data()),
-                                         src.data(), st, code, false, group, groups, mul, quant::code_max(code, false)) == fast);
+                                         src.data(), st, code, minimum, group, groups, mul, quant::code_max(code, false)) == fast);
             if (!fast) continue;
             REQUIRE(codes == want_codes);
             REQUIRE(entries == want_entries);
 
-            // Back, from these codes with random entry bits too (NaN, inf, subnormal scales).
+            // Back, from these codes with random entry bits too (NaN, inf, subnormal scales and minima).
             for (int trial = 0; trial < 2; ++trial) {
               if (trial == 1)
                 for (auto& b : entries) b = static_cast<std::uint8_t>(rng());
               const DType ot = st;
               std::vector<std::uint8_t> got(static_cast<std::size_t>(row_bytes(ot, n)), 0xa5), want(got.size());
               REQUIRE(fast_dequantize_groups(got.data(), ot, reinterpret_cast<const std::byte*>(codes.data()),
-                                             reinterpret_cast<const std::byte*>(entries.data()), code, false, group, groups, mul));
+                                             reinterpret_cast<const std::byte*>(entries.data()), code, minimum, group, groups, mul));
+              // nan_only: only NaN-ness is defined there. A NaN times a NaN
+              // (or, with a minimum, a NaN scale plus a NaN minimum) is a
+              // NaN whose sign and payload are either operand's, as the
+              // compiler orders the operation.
+              std::vector<std::uint8_t> nan_only(static_cast<std::size_t>(n), 0);
+              for (std::int32_t g = 0; g < groups; ++g) {
+                const std::uint8_t* c = codes.data() + row_bytes(code, std::int64_t{g} * group);
+                const std::uint8_t* e = entries.data() + entry_bytes * g;
+                if (whole) {  // (code * scale) * mul, written out
+                  std::uint16_t h;
+                  std::memcpy(&h, e, 2);
+                  const float scale = cvt::f16_to_f32(h);
+                  for (std::int32_t i = 0; i < group; ++i) {
+                    const float cv = quant::load_code(code, false, c, i);
+                    x[static_cast<std::size_t>(i)] = cv * scale;
+                    nan_only[static_cast<std::size_t>(g * group + i)] = std::isnan(cv) && std::isnan(scale);
+                  }
+                } else {
+                  quant::dequantize_group(c, e, group, code, minimum, x.data());
+                  for (std::int32_t i = 0; i < group; ++i) nan_only[static_cast<std::size_t>(g * group + i)] = std::isnan(x[static_cast<std::size_t>(i)]);
+                }
+                for (std::int32_t i = 0; i < group; ++i) store_elem(ot, want.data(), g * group + i, x[static_cast<std::size_t>(i)] * mul);
+              }
               for (std::int32_t at = 0; at < n; ++at) {
-                std::uint16_t e;
-                std::memcpy(&e, entries.data() + 2 * (at / group), 2);
-                const float c = quant::load_code(code, false, codes.data(), at), scale = cvt::f16_to_f32(e);
-                store_elem(ot, want.data(), at, c * scale * mul);
-                CAPTURE(trial, at, e, static_cast<int>(codes[static_cast<std::size_t>(at)]));
-                // A NaN code times a NaN scale is a NaN whose sign is either
-                // operand's, as the compiler orders the multiply: only its NaN-ness is defined.
-                if (std::isnan(c) && std::isnan(scale)) {
+                CAPTURE(trial, at);
+                if (nan_only[static_cast<std::size_t>(at)]) {
                   REQUIRE(std::isnan(load_elem(ot, got.data(), at)));
                   continue;
                 }
@@ -191,86 +228,6 @@ TEST_CASE("the host's group loops leave fp8 with a minimum, odd groups and 8-bit
   CHECK_FALSE(fast_quantize_groups(c.data(), e.data(), x.data(), DType::int8, DType::fp8_e4m3, false, 32, 1, 1.0f, 448.0f));
   CHECK_FALSE(fast_dequantize_groups(x.data(), DType::fp8_e4m3, c.data(), e.data(), DType::int8, false, 32, 1, 1.0f));
   CHECK(std::all_of(c.begin(), c.end(), [](std::byte b) { return b == std::byte{0}; }));
-}
-
-TEST_CASE("the host's group loops for minimum formats and packed codes give quantize_group's and dequantize_group's bits") {
-  std::mt19937_64 rng(Catch::rngSeed() + 307);
-  volatile float muls[] = {1.0f, 0.375f, 1.0f / 3.0f};
-  const DType floats[] = {DType::f32, DType::f16, DType::bf16};
-  const std::uint32_t specials[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc12345u, 0x00000001u, 0x80000000u,
-                                    0x477ff000u, 0x7f7fffffu, 0xff7fffffu, 0x00800000u, 0x33800000u, 0xc7800000u};
-  // With a minimum: int8, int4, int2. Symmetric: int4, int2, fp4 (e4m3 scales).
-  const std::pair<DType, bool> formats[] = {{DType::int8, true}, {DType::int4, true}, {DType::int2, true},
-                                            {DType::int4, false}, {DType::int2, false}, {DType::fp4_e2m1, false}};
-  for (DType st : floats)
-    for (const auto& [code, minimum] : formats)
-      for (std::int32_t group : {8, 16, 32, 64, 128})
-        for (std::int32_t groups : {1, 3, 8, 9, 20}) {
-          const std::int32_t n = group * groups;
-          // Normal groups (some with an outlier, some shifted off zero, as a
-          // minimum is for), all-equal ones, specials, tiny and huge ranges
-          // (fp4's e4m3 scales saturate and go subnormal).
-          std::vector<float> f(static_cast<std::size_t>(n));
-          std::normal_distribution<float> normal(0.0f, 1.0f);
-          for (std::int32_t g = 0; g < groups; ++g) {
-            const auto kind = rng() % 7;
-            const float range = kind == 3 ? 1e-9f : kind == 4 ? 1e9f : 1.0f;
-            for (std::int32_t i = 0; i < group; ++i) {
-              float v = kind == 1 ? 2.5f : normal(rng) * range + (kind == 5 ? 40.0f : 0.0f);
-              if (kind == 0 && i == 5) v *= 40.0f;
-              // fp4's midpoints, exact at scale 1 (a largest |value| of 6): each tie goes to the even code.
-              constexpr float kTies[] = {6.0f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
-              if (kind == 6) v = (rng() % 2 ? -1.0f : 1.0f) * kTies[i % 8];
-              if (kind == 2 && rng() % 8 == 0) v = cvt::from_bits(specials[rng() % std::size(specials)]);
-              f[static_cast<std::size_t>(g * group + i)] = v;
-            }
-          }
-          std::vector<std::uint8_t> src(static_cast<std::size_t>(row_bytes(st, n)));
-          for (std::int32_t i = 0; i < n; ++i) store_elem(st, src.data(), i, f[static_cast<std::size_t>(i)]);
-          for (float mul : muls) {
-            CAPTURE(static_cast<int>(st), static_cast<int>(code), minimum, group, groups, mul);
-            const auto cb = static_cast<std::size_t>(row_bytes(code, n));
-            const std::int64_t entry_bytes = group_entry_bytes(code, {.scales = Scales::group, .group = group, .minimum = minimum});
-            std::vector<std::uint8_t> want_codes(cb), want_entries(static_cast<std::size_t>(entry_bytes * groups));
-            std::vector<float> x(static_cast<std::size_t>(group));
-            for (std::int32_t g = 0; g < groups; ++g) {
-              for (std::int32_t i = 0; i < group; ++i) x[static_cast<std::size_t>(i)] = load_elem(st, src.data(), g * group + i) * mul;
-              quant::quantize_group(x.data(), group, code, minimum, want_codes.data() + row_bytes(code, std::int64_t{g} * group),
-                                    want_entries.data() + entry_bytes * g);
-            }
-            std::vector<std::uint8_t> codes(cb, 0xa5), entries(want_entries.size(), 0xa5);
-            const bool fast = simd::available();
-            REQUIRE(fast_quantize_groups(reinterpret_cast<std::byte*>(codes.data()), reinterpret_cast<std::byte*>(entries.data()),
-                                         src.data(), st, code, minimum, group, groups, mul, quant::code_max(code, false)) == fast);
-            if (!fast) continue;
-            REQUIRE(codes == want_codes);
-            REQUIRE(entries == want_entries);
-            // Back, from these codes with random entry bits too (NaN, inf, subnormal scales and minima).
-            for (int trial = 0; trial < 2; ++trial) {
-              if (trial == 1)
-                for (auto& b : entries) b = static_cast<std::uint8_t>(rng());
-              const DType ot = st;
-              std::vector<std::uint8_t> got(static_cast<std::size_t>(row_bytes(ot, n)), 0xa5), want(got.size());
-              REQUIRE(fast_dequantize_groups(got.data(), ot, reinterpret_cast<const std::byte*>(codes.data()),
-                                             reinterpret_cast<const std::byte*>(entries.data()), code, minimum, group, groups, mul));
-              for (std::int32_t g = 0; g < groups; ++g) {
-                quant::dequantize_group(codes.data() + row_bytes(code, std::int64_t{g} * group), entries.data() + entry_bytes * g, group, code,
-                                        minimum, x.data());
-                for (std::int32_t i = 0; i < group; ++i) store_elem(ot, want.data(), g * group + i, x[static_cast<std::size_t>(i)] * mul);
-              }
-              for (std::int32_t at = 0; at < n; ++at) {
-                CAPTURE(trial, at);
-                const float w = load_elem(ot, want.data(), at);
-                if (std::isnan(w)) {  // a NaN scale or minimum: only NaN-ness is defined (operand order picks the payload)
-                  REQUIRE(std::isnan(load_elem(ot, got.data(), at)));
-                  continue;
-                }
-                const auto eb = static_cast<std::size_t>(dtype_bytes(ot));
-                REQUIRE(std::memcmp(got.data() + static_cast<std::size_t>(at) * eb, want.data() + static_cast<std::size_t>(at) * eb, eb) == 0);
-              }
-            }
-          }
-        }
 }
 
 TEST_CASE("the host's FMA loop gives fmaf's bits, and load_codes gives load_code's values for every byte") {
