@@ -138,13 +138,13 @@ class GatedBackend {
   // move wrote into sealed again; the ring stays held).
   void evict_channels(Request& r) {
     const std::int32_t rows = g_.layers * g_.kv_heads;
-    before_.assign(std::size_t(rows), {});
-    held_before_.assign(std::size_t(rows), 0);
+    blocks_before_.assign(std::size_t(rows), {});
+    rows_before_.assign(std::size_t(rows), 0);
     std::unordered_map<std::int32_t, std::int32_t> owner;  // block -> head row
     for (std::int32_t i = 0; i < rows; ++i) {
       const auto b = row(r, i / g_.kv_heads, i % g_.kv_heads);
-      before_[std::size_t(i)].assign(b.begin(), b.end());
-      held_before_[std::size_t(i)] = std::int32_t(cache_.admission().positions(r.seqs[0], i / g_.kv_heads, i % g_.kv_heads)->size());
+      blocks_before_[std::size_t(i)].assign(b.begin(), b.end());
+      rows_before_[std::size_t(i)] = std::int32_t(cache_.admission().positions(r.seqs[0], i / g_.kv_heads, i % g_.kv_heads)->size());
       for (const std::int32_t x : b) owner[x] = i;
     }
     auto e = cache_.evict(r.seqs[0], moves_);
@@ -154,10 +154,10 @@ class GatedBackend {
       per_row[std::size_t(owner.at(moves_[std::size_t(m)].src / geometry_.block_size()))].push_back(moves_[std::size_t(m)]);
     for (std::int32_t i = 0; i < rows; ++i) {
       const auto after = row(r, i / g_.kv_heads, i % g_.kv_heads);
-      const auto held = std::int32_t(cache_.admission().positions(r.seqs[0], i / g_.kv_heads, i % g_.kv_heads)->size());
-      if (per_row[std::size_t(i)].empty() && held == held_before_[std::size_t(i)]) continue;
+      const auto rows_after = std::int32_t(cache_.admission().positions(r.seqs[0], i / g_.kv_heads, i % g_.kv_heads)->size());
+      if (per_row[std::size_t(i)].empty() && rows_after == rows_before_[std::size_t(i)]) continue;
       const ChannelResidual::Moves m{per_row[std::size_t(i)], 0, 1, 0, 0};
-      residual_.compact(before_[std::size_t(i)], held_before_[std::size_t(i)], after, held, std::span(&m, 1));
+      residual_.compact(blocks_before_[std::size_t(i)], rows_before_[std::size_t(i)], after, rows_after, std::span(&m, 1));
     }
   }
 
@@ -174,8 +174,8 @@ class GatedBackend {
   GateCounts counts_;
   std::vector<kvcache::SlotMove> moves_;
   ChannelResidual residual_{pool_};  // a channel-scaled pool's open blocks and rings
-  std::vector<std::vector<std::int32_t>> before_;  // evict_channels: each head row's blocks before
-  std::vector<std::int32_t> held_before_;
+  std::vector<std::vector<std::int32_t>> blocks_before_;  // evict_channels: each head row's blocks and length before
+  std::vector<std::int32_t> rows_before_;
 };
 
 // The scheduler over Write-Gated KV, with the evaluation's one-request calls.

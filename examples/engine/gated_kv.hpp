@@ -149,7 +149,7 @@ class GatedKv {
     if (auto st = kvcache::block_copy_host({pool_, pool_, copies_.data(), r->copies}); !st)
       throw std::runtime_error("block_copy: " + st.message());
     if (residual_) {
-      write_residual(l, k, v, n, *r);
+      write_residual(l, k, v, n, r->copies, r->moves);
     } else {
       if (auto st = kvcache::compaction_host({pool_, moves_.data(), r->moves}); !st)
         throw std::runtime_error("compaction: " + st.message());
@@ -162,7 +162,6 @@ class GatedKv {
       if (auto st = kvcache::page_bounds_update_host(u); !st) throw std::runtime_error("page_bounds_update: " + st.message());
     }
   }
-
 
   // A decode query (n == 1): with Quest, the pages each head row reads (its
   // ring always); then the keys it reads per kv-head, against a dense cache.
@@ -240,15 +239,19 @@ class GatedKv {
   }
 
  private:
-  // The write's tokens at their slots, quantized as the pool stores them.
+  // The slots of kv-head h's n rows (every H-th of the write's), in head_slots_.
+  const std::int32_t* head_slots(std::int32_t h, std::int32_t n) {
+    head_slots_.resize(std::size_t(n));
+    for (std::int32_t t = 0; t < n; ++t) head_slots_[std::size_t(t)] = slots_[std::size_t(t * H_ + h)];
+    return head_slots_.data();
+  }
+  // The write's tokens at their slots, quantized as the pool stores them: a
+  // call per kv-head, since the pool is single-head and (layer, head)'s
+  // scale goes as the call's k_scale / v_scale.
   void scatter(std::int32_t l, const float* k, const float* v, std::int32_t n) {
     const std::int64_t row = std::int64_t(H_) * hd_;
-    // A call per kv-head: the pool is single-head, so (layer, head)'s scale
-    // goes as the call's k_scale / v_scale, and its rows' slots are every H-th.
-    head_slots_.resize(std::size_t(n));
     for (std::int32_t h = 0; h < H_; ++h) {
-      for (std::int32_t t = 0; t < n; ++t) head_slots_[std::size_t(t)] = slots_[std::size_t(t * H_ + h)];
-      kvcache::ScatterParams sp{pool_, {k + h * hd_, v + h * hd_, kvcache::DType::f32, 0, row * 4, 0}, {head_slots_.data()}, n};
+      kvcache::ScatterParams sp{pool_, {k + h * hd_, v + h * hd_, kvcache::DType::f32, 0, row * 4, 0}, {head_slots(h, n)}, n};
       sp.k_scale = scales_.at(0, l, h), sp.v_scale = scales_.at(1, l, h);
       if (auto st = kvcache::scatter_host(sp); !st) throw std::runtime_error("scatter: " + st.message());
     }
@@ -258,21 +261,16 @@ class GatedKv {
   // promotions copy ring rows to their global slots, then the new rows go
   // to theirs, and the global blocks this filled are sealed. The chunk's
   // attention reads its own keys exact, so a full block is sealed at once.
-  template <class Written>
-  void write_residual(std::int32_t l, const float* k, const float* v, std::int32_t n, const Written& r) {
+  void write_residual(std::int32_t l, const float* k, const float* v, std::int32_t n, std::int32_t copies, std::int32_t moves) {
     const std::int32_t ring_blocks = gates_.window / pool_.block_size;
-    for (std::int32_t i = 0; i < r.copies; ++i) residual_->copy(copies_[std::size_t(i)].src, copies_[std::size_t(i)].dst);
+    for (std::int32_t i = 0; i < copies; ++i) residual_->copy(copies_[std::size_t(i)].src, copies_[std::size_t(i)].dst);
     for (std::int32_t h = 0; h < H_; ++h) {
       const auto row = *cache_.table().blocks(*cache_.admission().head(seq_, l, h));
       for (std::size_t j = 0; j < std::min(row.size(), std::size_t(ring_blocks)); ++j) residual_->hold(row[j]);
     }
-    for (std::int32_t m = 0; m < r.moves; ++m) residual_->move(0, moves_[std::size_t(m)].src, moves_[std::size_t(m)].dst);
+    for (std::int32_t m = 0; m < moves; ++m) residual_->move(0, moves_[std::size_t(m)].src, moves_[std::size_t(m)].dst);
     const std::int64_t row = std::int64_t(H_) * hd_;
-    head_slots_.resize(std::size_t(n));
-    for (std::int32_t h = 0; h < H_; ++h) {
-      for (std::int32_t t = 0; t < n; ++t) head_slots_[std::size_t(t)] = slots_[std::size_t(t * H_ + h)];
-      residual_->write(0, head_slots_.data(), k + h * hd_, v + h * hd_, n, row);
-    }
+    for (std::int32_t h = 0; h < H_; ++h) residual_->write(0, head_slots(h, n), k + h * hd_, v + h * hd_, n, row);
     residual_->seal_pending(0);
   }
   struct Head {
