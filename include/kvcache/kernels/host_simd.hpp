@@ -146,16 +146,17 @@ KVCACHE_AVX2_INLINE inline I f32_to_fp8(__m256 f) noexcept {
   const I code = _mm256_add_epi32(steps, _mm256_sub_epi32(_mm256_srli_epi32(e, 23 - MBits), k(MinExp << MBits)));
   return _mm256_or_si256(sign, sel(gt(a, 0x7f800000u), k(Nan), code));
 }
-// cvt::to_int(v, -127, 127), which rounds to nearest even and then clamps:
+// cvt::to_int(v, lo, hi), which rounds to nearest even and then clamps:
 // clamping first gives the same integer for every input (the bounds are
 // integers and rounding is monotonic), and cvtps2dq rounds to nearest even
 // (the default MXCSR mode). NaN gives 0: zeroed before min/max, which would
 // otherwise return their second operand.
-KVCACHE_AVX2_INLINE inline I to_int8(__m256 v) noexcept {
+KVCACHE_AVX2_INLINE inline I to_int(__m256 v, float lo, float hi) noexcept {
   v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
-  v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+  v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(lo)), _mm256_set1_ps(hi));
   return _mm256_cvtps_epi32(v);
 }
+KVCACHE_AVX2_INLINE inline I to_int8(__m256 v) noexcept { return to_int(v, -127.0f, 127.0f); }
 // The codes of 8 floats in type T, one per 32-bit lane (T is not f32).
 template <DType T>
 KVCACHE_AVX2_INLINE inline I codes(__m256 v) noexcept {

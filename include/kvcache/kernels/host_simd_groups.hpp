@@ -172,7 +172,7 @@ KVCACHE_AVX2 inline void quantize_groups_min(std::byte* codes, std::byte* entrie
       std::byte* out = codes + row_bytes(C, std::int64_t{b + j} * group);
       for (std::int32_t i = 0; i < group; i += 8) {
         const __m256 x = _mm256_mul_ps(load8<S, false>(in + row_bytes(S, i)), m);
-        store_packed<C>(out + row_bytes(C, i), to_uint(_mm256_mul_ps(_mm256_sub_ps(x, mn), iv), qmax));
+        store_packed<C>(out + row_bytes(C, i), to_int(_mm256_mul_ps(_mm256_sub_ps(x, mn), iv), 0.0f, qmax));
       }
     }
   }

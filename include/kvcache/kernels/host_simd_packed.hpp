@@ -22,20 +22,14 @@ namespace simd {
 #define KVCACHE_AVX2_INLINE __attribute__((target("avx2,f16c"), always_inline))
 namespace avx2 {
 
-// cvt::to_int(v, 0, hi): clamped first, then rounded to nearest even, as to_int8.
-KVCACHE_AVX2_INLINE inline I to_uint(__m256 v, float hi) noexcept {
-  v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
-  return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, _mm256_setzero_ps()), _mm256_set1_ps(hi)));
-}
-
 // m + 1 in the lanes where a passes `at` (compare Pred; a mask is -1).
 template <int Pred>
 KVCACHE_AVX2_INLINE inline I past(I m, __m256 a, float at) noexcept {
   return _mm256_sub_epi32(m, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(at), Pred)));
 }
 // Symmetric packed codes of 8 values already divided by the scale, one a
-// lane (quant::encode's bits): int4 and int2 as to_int8 with their own
-// bounds, masked to the code's bits; fp4 e2m1's magnitude code counts the
+// lane (quant::encode's bits): int4 and int2 by to_int with their bounds,
+// masked to the code's bits; fp4 e2m1's magnitude code counts the
 // midpoints |v| passes (> at an even code's upper midpoint, >= at an odd
 // one's: ties go to the even code), its sign bit set where v < 0. A NaN
 // fails every compare: code 0, as f32_to_e2m1 gives.
@@ -52,9 +46,7 @@ KVCACHE_AVX2_INLINE inline I packed_codes(__m256 v) noexcept {
     return _mm256_or_si256(m, sign);
   } else {
     const float hi = C == DType::int4 ? 7.0f : 1.0f;
-    v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
-    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-hi)), _mm256_set1_ps(hi));
-    return _mm256_and_si256(_mm256_cvtps_epi32(v), k(C == DType::int4 ? 15u : 3u));
+    return _mm256_and_si256(to_int(v, -hi, hi), k(C == DType::int4 ? 15u : 3u));
   }
 }
 
