@@ -8,8 +8,10 @@
 
 #include <kvcache/kernels/common.hpp>
 #include <kvcache/kernels/host_simd.hpp>
+#include <kvcache/kernels/host_simd_channels.hpp>
 #include <kvcache/kernels/host_simd_groups.hpp>
 #include <kvcache/kernels/quant.hpp>
+#include <kvcache/kernels/quant_rows.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -217,6 +219,56 @@ TEST_CASE("the host's group loops give quantize_group's and dequantize_group's b
             }
           }
         }
+}
+
+TEST_CASE("the host's channel loops read a row back with load_channel_elem's bits, every code, minimum and output type") {
+  std::mt19937_64 rng(Catch::rngSeed() + 307);
+  volatile float muls[] = {1.0f, 0.375f, 1.0f / 3.0f};
+  for (DType code : {DType::int8, DType::int4, DType::int2})
+    for (bool minimum : {true, false})
+      for (DType ot : {DType::f32, DType::f16, DType::bf16})
+        for (std::int32_t n : {8, 16, 64, 136, 512}) {
+          const SideFormat f{.scales = Scales::channel, .minimum = minimum};
+          std::vector<std::uint8_t> codes(static_cast<std::size_t>(row_bytes(code, n))),
+              entries(static_cast<std::size_t>(group_entry_bytes(code, f) * n));
+          for (auto& b : codes) b = static_cast<std::uint8_t>(rng());
+          for (int trial = 0; trial < 2; ++trial) {
+            // Entries as a seal writes them (f16 scales and minima of real
+            // ranges), then random bits (NaN, inf, subnormals).
+            std::normal_distribution<float> normal(0.0f, 1.0f);
+            for (std::size_t i = 0; i < entries.size(); i += 2) {
+              const std::uint16_t h = trial == 0 ? cvt::f32_to_f16(normal(rng) * (i % 4 == 0 ? 0.1f : 3.0f))
+                                                 : static_cast<std::uint16_t>(rng());
+              std::memcpy(entries.data() + i, &h, 2);
+            }
+            for (float mul : muls) {
+              CAPTURE(static_cast<int>(code), minimum, static_cast<int>(ot), n, trial, mul);
+              std::vector<std::uint8_t> got(static_cast<std::size_t>(row_bytes(ot, n)), 0xa5), want(got.size());
+              const auto* c = reinterpret_cast<const std::byte*>(codes.data());
+              const auto* e = reinterpret_cast<const std::byte*>(entries.data());
+              for (std::int32_t i = 0; i < n; ++i) store_elem(ot, want.data(), i, load_channel_elem(code, f, c, e, i) * mul);
+              const bool fast = simd::available();
+              REQUIRE(fast_dequantize_channels(got.data(), ot, c, e, code, minimum, n, mul) == fast);
+              if (!fast) continue;
+              for (std::int32_t i = 0; i < n; ++i) {
+                CAPTURE(i);
+                const float w = load_elem(ot, want.data(), i);
+                if (std::isnan(w)) {  // a NaN scale plus a NaN minimum: either operand's payload
+                  REQUIRE(std::isnan(load_elem(ot, got.data(), i)));
+                  continue;
+                }
+                const auto eb = static_cast<std::size_t>(dtype_bytes(ot));
+                REQUIRE(std::memcmp(got.data() + static_cast<std::size_t>(i) * eb, want.data() + static_cast<std::size_t>(i) * eb, eb) == 0);
+              }
+            }
+          }
+        }
+  // Other codes, channel counts that are not a multiple of 8, 8-bit outputs: the scalar path.
+  std::vector<std::byte> c(64), e(256);
+  std::vector<float> out(64);
+  CHECK_FALSE(fast_dequantize_channels(out.data(), DType::f32, c.data(), e.data(), DType::fp8_e4m3, false, 32, 1.0f));
+  CHECK_FALSE(fast_dequantize_channels(out.data(), DType::f32, c.data(), e.data(), DType::int4, true, 12, 1.0f));
+  CHECK_FALSE(fast_dequantize_channels(out.data(), DType::int8, c.data(), e.data(), DType::int4, true, 32, 1.0f));
 }
 
 TEST_CASE("the host's group loops leave fp8 with a minimum, odd groups and 8-bit callers to the scalar code") {

@@ -38,26 +38,18 @@ namespace simd {
 namespace avx2 {
 
 // group_scale for eight groups' abs maxima: amax / code_max, saturated at
-// f16's largest (an ordered compare: a NaN stays NaN, as `want > max ?`
-// leaves it), then through f16 and back (the bit codes, whose bits are
-// cvt's). The f16 bits go to the entries; inv = 1 / scale where scale > 0.
-KVCACHE_AVX2_INLINE inline void group_scales(__m256 amax, float code_max, I& f16_bits, __m256& inv) noexcept {
+// the entry type's largest (an ordered compare: a NaN stays NaN, as `want >
+// max ?` leaves it), then through the entry type and back (the bit codes,
+// whose bits are cvt's): f16, or e4m3 for fp4 (NVFP4's scales). The entry
+// bits go to the entries; inv = 1 / scale where scale > 0.
+template <DType E = DType::f16>
+KVCACHE_AVX2_INLINE inline void group_scales(__m256 amax, float code_max, I& entry_bits, __m256& inv) noexcept {
+  static_assert(E == DType::f16 || E == DType::fp8_e4m3);
   __m256 want = _mm256_div_ps(amax, _mm256_set1_ps(code_max));
-  const __m256 f16_max = _mm256_set1_ps(cvt::kF16Max);
-  want = _mm256_blendv_ps(want, f16_max, _mm256_cmp_ps(want, f16_max, _CMP_GT_OQ));
-  f16_bits = f32_to_f16(want);
-  const __m256 scale = f16_to_f32(f16_bits);
-  inv = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), scale), _mm256_cmp_ps(scale, _mm256_setzero_ps(), _CMP_GT_OQ));
-}
-
-// fp4's scales, as group_scales with e4m3 for f16: amax / 6 saturated at
-// e4m3's largest, through e4m3 and back (the bits go to the entries).
-KVCACHE_AVX2_INLINE inline void e4m3_scales(__m256 amax, float code_max, I& e4m3_bits, __m256& inv) noexcept {
-  __m256 want = _mm256_div_ps(amax, _mm256_set1_ps(code_max));
-  const __m256 e4m3_max = _mm256_set1_ps(cvt::kE4m3Max);
-  want = _mm256_blendv_ps(want, e4m3_max, _mm256_cmp_ps(want, e4m3_max, _CMP_GT_OQ));
-  e4m3_bits = codes<DType::fp8_e4m3>(want);
-  const __m256 scale = e4m3_to_f32(e4m3_bits);
+  const __m256 type_max = _mm256_set1_ps(E == DType::f16 ? cvt::kF16Max : cvt::kE4m3Max);
+  want = _mm256_blendv_ps(want, type_max, _mm256_cmp_ps(want, type_max, _CMP_GT_OQ));
+  entry_bits = codes<E>(want);
+  const __m256 scale = E == DType::f16 ? f16_to_f32(entry_bits) : e4m3_to_f32(entry_bits);
   inv = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), scale), _mm256_cmp_ps(scale, _mm256_setzero_ps(), _CMP_GT_OQ));
 }
 
@@ -78,8 +70,7 @@ KVCACHE_AVX2 inline void quantize_groups(std::byte* codes, std::byte* entries, c
     I h;
     __m256 inv;
     const __m256 a = from_bits(_mm256_load_si256(reinterpret_cast<const I*>(amax)));
-    if constexpr (C == DType::fp4_e2m1) e4m3_scales(a, code_max, h, inv);
-    else group_scales(a, code_max, h, inv);
+    group_scales<group_scale_dtype(C)>(a, code_max, h, inv);
     alignas(32) std::uint32_t hb[8];
     alignas(32) float ib[8];
     _mm256_store_si256(reinterpret_cast<I*>(hb), h);
@@ -97,7 +88,7 @@ KVCACHE_AVX2 inline void quantize_groups(std::byte* codes, std::byte* entries, c
       if constexpr (dtype_bits(C) == 8) {
         store_each<C>(out, group, x);
       } else {
-        for (std::int32_t i = 0; i < group; i += 8) store_packed<C == DType::int2 ? C : DType::int4>(out + row_bytes(C, i), packed_codes<C>(x(i)));
+        for (std::int32_t i = 0; i < group; i += 8) store_packed<C>(out + row_bytes(C, i), packed_codes<C>(x(i)));
       }
     }
   }

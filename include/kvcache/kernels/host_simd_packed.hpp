@@ -52,13 +52,15 @@ KVCACHE_AVX2_INLINE inline I packed_codes(__m256 v) noexcept {
 
 // Eight codes (one a lane, below 2^bits) packed as quantize_group packs
 // them: element 2i in byte i's low nibble, 4i in byte i's low two bits.
-// Shifted into place, a half's lanes are summed (their bits are disjoint:
-// the sum is their OR), and each half's bytes taken from the low lanes.
+// Eight codes (each lane's low bits, the rest zero) packed: shifted into
+// place, a half's lanes are summed (their bits are disjoint: the sum is
+// their OR), and each half's bytes taken from the low lanes. int8 takes a
+// byte a code, int4 and fp4 a nibble, int2 two bits.
 template <DType C>
 KVCACHE_AVX2_INLINE inline void store_packed(std::byte* p, I c) noexcept {
   if constexpr (C == DType::int8) {
     store_u8(p, c);
-  } else if constexpr (C == DType::int4) {  // 4 bytes: each half's lanes 0, 1 after one pairwise sum
+  } else if constexpr (C == DType::int4 || C == DType::fp4_e2m1) {  // 4 bytes: each half's lanes 0, 1 after one pairwise sum
     const I h = _mm256_hadd_epi32(_mm256_sllv_epi32(c, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)), c);
     const I b = _mm256_shuffle_epi8(h, _mm256_setr_epi8(0, 4, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
                                                        0, 4, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
@@ -76,12 +78,12 @@ KVCACHE_AVX2_INLINE inline void store_packed(std::byte* p, I c) noexcept {
 }
 
 // Eight codes of a group from element i, as floats (load_code's values):
-// unsigned integers with a minimum; without, int4 and int2 signed (their
+// unsigned integers with a minimum; without, int8 signed, int4 and int2 signed (their
 // top bit flipped, less its weight) and fp4 e2m1 by a table of its 8
 // magnitudes and its sign bit.
 template <DType C, bool Min>
 KVCACHE_AVX2_INLINE inline __m256 load_packed_codes(const std::byte* codes, std::int32_t i) noexcept {
-  if constexpr (C == DType::int8) return _mm256_cvtepi32_ps(load_u8(codes + i));
+  if constexpr (C == DType::int8) return Min ? _mm256_cvtepi32_ps(load_u8(codes + i)) : load8<DType::int8, false>(codes + i);
   constexpr bool two = C == DType::int2;
   std::uint32_t w = 0;
   std::memcpy(&w, codes + row_bytes(C, i), two ? 2 : 4);

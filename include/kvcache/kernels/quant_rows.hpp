@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common.hpp"
+#include "host_simd_channels.hpp"
 #include "host_simd_groups.hpp"
 #include "quant.hpp"
 
@@ -125,12 +126,14 @@ KVCACHE_HOST_DEVICE inline void load_quantized_row(const PoolView& v, std::int32
   const SideFormat& f = side_format(v, kv);
   const std::int32_t n = rows * v.head_dim;
   if (f.scales == Scales::channel) {
+    // One thread: eight channels a vector with their own entries (the same bits).
+    if (nlanes == 1 && fast_dequantize_channels(out, ot, codes, entries, v.dtype, f.minimum, n, mul)) return;
     if (nlanes > 1) {
       for (std::int32_t i = lane; i < n; i += nlanes) store_elem(ot, out, i, load_channel_elem(v.dtype, f, codes, entries, i) * mul);
       return;
     }
-    // One thread: 64 channels at a time through float buffers (codes, scales,
-    // minima), so each step is one loop the host vectorizes; the same bits.
+    // Otherwise 64 channels at a time through float buffers (codes, scales,
+    // minima), so each step is one loop the compiler can vectorize.
     float x[64], sc[64], mn[64];
     const auto* e = reinterpret_cast<const std::uint16_t*>(entries);  // f16 (scale, minimum) a channel
     const std::int32_t per = f.minimum ? 2 : 1;

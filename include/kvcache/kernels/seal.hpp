@@ -167,6 +167,15 @@ inline void seal_channels_host(const SealParams& p, std::int32_t i, std::int32_t
     load_row(p.src.dtype, in + row_bytes(p.src.dtype, done), row + done, D - done);
     for (std::int32_t d = done; d < D; ++d) row[d] *= mul;
   }
+#if KVCACHE_HOST_SIMD
+  // Eight channels a vector: the same entries and codes (host_simd_channels.hpp).
+  if (simd::channels_fast(v.dtype, D, DType::f32)) {
+    simd::channel_entries(v.dtype, f.minimum, x, B, D, row_entries(v, block, p.first_layer + layer, kv, 0, head), inv, mn);
+    for (std::int32_t t = 0; t < B; ++t)
+      simd::channel_codes(v.dtype, f.minimum, v.row(block, p.first_layer + layer, kv, t, head), x + std::int64_t{t} * D, inv, mn, D);
+    return;
+  }
+#endif
   for (std::int32_t d = 0; d < D; ++d) kmin[d] = kmax[d] = quant::order_key(x[d]), amax[d] = 0;
   for (std::int32_t t = 0; t < B; ++t)
     for (std::int32_t d = 0; d < D; ++d) {
