@@ -27,6 +27,7 @@
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/quant_rows.hpp>
 #include <kvcache/kernels/scatter.hpp>
+#include <kvcache/kernels/seal.hpp>
 #include <kvcache/transfer/transfer_holds.hpp>
 
 #include <algorithm>
@@ -63,6 +64,12 @@ using Hash3 = std::tuple<std::uint64_t, std::uint64_t>;
 // round the dequantized values back to bits; a block moved without its
 // group entries would read other tokens. `scale` is the engine-held scale
 // of fp8 per head (codes 0 and 1 / scale), passed to scatter as an array.
+// KIVI's format (K per channel over the block) is written as its engine
+// writes it: an open block's rows are held in full precision beside the
+// pool and the block is sealed once all its slots are written; a write
+// into a sealed block (copy-on-write, a rewrite after truncation) first
+// reopens it from its own read-back, so a copy that dropped the channel
+// entries would reopen other tokens.
 struct MirrorFormat {
   const char* name;
   DType dtype;
@@ -77,6 +84,8 @@ inline const MirrorFormat kMirrorFormats[] = {
     {"int8, groups of 16", DType::int8, {{.scales = Scales::group, .group = 16}, {.scales = Scales::group, .group = 16}}},
     {"fp4 e2m1, groups of 16", DType::fp4_e2m1, {{.scales = Scales::group, .group = 16}, {.scales = Scales::group, .group = 16}}},
     {"fp8 e4m3, an engine-held scale per head", DType::fp8_e4m3, {{.scales = Scales::head}, {.scales = Scales::head}}, 0.25f},
+    {"int2 KIVI: K per channel, V groups of 16, both with a minimum", DType::int2,
+     {{.scales = Scales::channel, .minimum = true}, {.scales = Scales::group, .group = 16, .minimum = true}}},
 };
 
 class QuantMirror {
@@ -87,21 +96,37 @@ class QuantMirror {
         bytes_(std::size_t(*g_.pool_bytes(kBlocks))),
         view_(*make_pool_view(g_, bytes_.data(), kBlocks)),
         held_(f.format.k.scales == Scales::head),
-        scale_(f.scale) {}
+        scale_(f.scale),
+        channel_(f.format.k.scales == Scales::channel),
+        open_(std::size_t(kBlocks) * std::size_t(block_size) * 32),
+        written_(std::size_t(kBlocks), 0),
+        sealed_(std::size_t(kBlocks), false) {}
   void write(std::int32_t slot, std::int32_t token) {
     float k[16], v[16];
     for (int d = 0; d < 16; ++d) k[d] = float((token >> d) & 1), v[d] = -k[d];
+    if (channel_) return write_open(slot, k, v);
     ScatterParams p{view_, KvSource{k, v, DType::f32, 0, 64, 64}, TokenAddress{&slot}, 1};
     if (held_) p.k_scales = p.v_scales = &scale_;
     REQUIRE(scatter_host(p).ok());
   }
-  void copy(const BlockCopy& c) { REQUIRE(block_copy_host({view_, view_, &c, 1}).ok()); }
+  void copy(const BlockCopy& c) {
+    REQUIRE(block_copy_host({view_, view_, &c, 1}).ok());
+    if (!channel_) return;
+    const auto rows = std::ptrdiff_t(g_.block_size()) * 32;
+    std::copy_n(open_.begin() + c.src * rows, rows, open_.begin() + c.dst * rows);
+    written_[std::size_t(c.dst)] = written_[std::size_t(c.src)];
+    sealed_[std::size_t(c.dst)] = sealed_[std::size_t(c.src)];
+  }
   // The token at slot, or -1 - d when value d of K and V disagree or is not a bit.
   std::int32_t read(std::int32_t slot) const {
     float k[16], v[16];
     const std::int32_t b = slot / g_.block_size(), t = slot % g_.block_size();
-    load_pool_span(view_, 0, view_.row(b, 0, 0, t, 0), row_entries(view_, b, 0, 0, t, 0), 0, 16, k);
-    load_pool_span(view_, 1, view_.row(b, 0, 1, t, 0), row_entries(view_, b, 0, 1, t, 0), 0, 16, v);
+    if (channel_ && !sealed_[std::size_t(b)]) {
+      std::copy_n(open_.begin() + std::ptrdiff_t(slot) * 32, 16, k);
+      std::copy_n(open_.begin() + std::ptrdiff_t(slot) * 32 + 16, 16, v);
+    } else {
+      load_row(b, t, k, v);
+    }
     std::int32_t token = 0;
     for (int d = 0; d < 16; ++d) {
       const float s = held_ ? scale_ : 1.0f;  // the pool holds x / scale: the gather kernel's multiply
@@ -113,11 +138,37 @@ class QuantMirror {
   }
 
  private:
+  void load_row(std::int32_t b, std::int32_t t, float* k, float* v) const {
+    load_pool_span(view_, 0, view_.row(b, 0, 0, t, 0), row_entries(view_, b, 0, 0, t, 0), 0, 16, k);
+    load_pool_span(view_, 1, view_.row(b, 0, 1, t, 0), row_entries(view_, b, 0, 1, t, 0), 0, 16, v);
+  }
+  // KIVI's write: a sealed block is reopened from its read-back, the row
+  // lands in the open rows (K then V, 16 floats each), and a block whose
+  // slots have all been written is sealed from them.
+  void write_open(std::int32_t slot, const float* k, const float* v) {
+    const std::int32_t B = g_.block_size(), b = slot / B;
+    float* rows = open_.data() + std::ptrdiff_t(b) * B * 32;
+    if (sealed_[std::size_t(b)])
+      for (std::int32_t t = 0; t < B; ++t) load_row(b, t, rows + t * 32, rows + t * 32 + 16);
+    sealed_[std::size_t(b)] = false;
+    std::copy_n(k, 16, open_.begin() + std::ptrdiff_t(slot) * 32);
+    std::copy_n(v, 16, open_.begin() + std::ptrdiff_t(slot) * 32 + 16);
+    written_[std::size_t(b)] |= 1u << (slot % B);
+    if (written_[std::size_t(b)] + 1 != 1u << B) return;
+    REQUIRE(seal_blocks_host({view_, KvSource{rows, rows + 16, DType::f32, 0, 128, 64}, &b, 1}).ok());
+    sealed_[std::size_t(b)] = true;
+    std::fill_n(rows, B * 32, NAN);  // from here on the block is its codes alone
+  }
+
   Geometry g_;
   std::vector<std::byte> bytes_;
   PoolView view_;
   bool held_;
   float scale_;
+  bool channel_;                      // KIVI: open blocks held here, sealed when full
+  std::vector<float> open_;           // per slot: K's 16 floats, then V's
+  std::vector<std::uint32_t> written_;  // per block: the slots written since it was last reopened or copied
+  std::vector<bool> sealed_;          // per block: its rows are in the pool's codes
 };
 
 // B: the block size. A power of two and not take different paths (masks, and

@@ -67,8 +67,8 @@ TEST_CASE("a million random operations keep every invariant and every token") {
 TEST_CASE("random operations keep every token in a quantized pool: writes, copy-on-write and imports move codes and scales") {
   const std::uint64_t seed = env_u64("KVCACHE_SEED", std::random_device{}());
   // A tenth of the operations: every check reads every live token back
-  // through its codes. int4 runs both block sizes; each other format a
-  // fifth of that, in one of them.
+  // through its codes (KIVI's open blocks through its held rows). int4
+  // runs both block sizes; each other format a fifth of that, in one of them.
   const std::uint64_t ops = env_u64("KVCACHE_PROPERTY_OPS", 1'000'000) / 10;
   const auto& f = kvtest::kMirrorFormats;
   SECTION("int4, block size 4") { run_property<4>(seed, ops, &f[0]); }
@@ -77,6 +77,7 @@ TEST_CASE("random operations keep every token in a quantized pool: writes, copy-
   SECTION("int8, block size 4, publishing on reserve") { run_property<4, true>(seed, ops / 5, &f[2]); }
   SECTION("fp4, block size 4") { run_property<4>(seed, ops / 5, &f[3]); }
   SECTION("fp8 with a held scale, block size 3") { run_property<3>(seed, ops / 5, &f[4]); }
+  SECTION("int2 KIVI (keys per channel, sealed when full), block size 4") { run_property<4>(seed, ops / 5, &f[5]); }
 }
 
 TEST_CASE("random operations through a Write-Gated KV cache keep every head row and its K/V") {
