@@ -65,14 +65,19 @@ KVCACHE_AVX2 inline void channel_entries(const float* x, std::int32_t rows, std:
 
 // One row's codes: to_int((x - mn) * inv) per channel, clamped to the
 // code's range [lo, hi], masked to its bits and packed as seal packs them.
+struct ChannelQuant {
+  const float *x, *inv, *mn;
+  float lo, hi;
+  std::uint32_t mask;
+  KVCACHE_AVX2_INLINE I operator()(std::int32_t c) const noexcept {
+    const __m256 q = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(mn + c)), _mm256_loadu_ps(inv + c));
+    return _mm256_and_si256(to_int(q, lo, hi), k(mask));
+  }
+};
 template <DType C>
 KVCACHE_AVX2 inline void channel_codes(std::byte* out, const float* x, const float* inv, const float* mn, std::int32_t d,
                                        float lo, float hi) noexcept {
-  const I mask = k((1u << dtype_bits(C)) - 1u);
-  for (std::int32_t c = 0; c < d; c += 8) {
-    const __m256 q = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(mn + c)), _mm256_loadu_ps(inv + c));
-    store_packed<C>(out + row_bytes(C, c), _mm256_and_si256(to_int(q, lo, hi), mask));
-  }
+  store_packed_each<C>(out, d, ChannelQuant{x, inv, mn, lo, hi, (1u << dtype_bits(C)) - 1u});
 }
 
 // Channels i.. of a row read back: (code * scale [+ minimum]) * mul with

@@ -53,6 +53,25 @@ KVCACHE_AVX2_INLINE inline void group_scales(__m256 amax, float code_max, I& ent
   inv = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), scale), _mm256_cmp_ps(scale, _mm256_setzero_ps(), _CMP_GT_OQ));
 }
 
+// A group's symmetric packed codes from element i: packed_codes of x(i)
+// (the values times mul, times 1 / scale).
+template <DType C, class X>
+struct SymmetricCodes {
+  X x;
+  KVCACHE_AVX2_INLINE I operator()(std::int32_t i) const noexcept { return packed_codes<C>(x(i)); }
+};
+// A group's codes with a minimum from element i: to_int((x * mul - minimum) * inv, 0, code_max).
+template <DType S>
+struct MinimumCodes {
+  const std::byte* src;
+  __m256 mul, minimum, inv;
+  float code_max;
+  KVCACHE_AVX2_INLINE I operator()(std::int32_t i) const noexcept {
+    const __m256 x = _mm256_mul_ps(load8<S, false>(src + row_bytes(S, i)), mul);
+    return to_int(_mm256_mul_ps(_mm256_sub_ps(x, minimum), inv), 0.0f, code_max);
+  }
+};
+
 template <DType S, DType C>
 KVCACHE_AVX2 inline void quantize_groups(std::byte* codes, std::byte* entries, const std::byte* src, std::int32_t group,
                                          std::int32_t groups, float mul, float code_max) noexcept {
@@ -88,7 +107,7 @@ KVCACHE_AVX2 inline void quantize_groups(std::byte* codes, std::byte* entries, c
       if constexpr (dtype_bits(C) == 8) {
         store_each<C>(out, group, x);
       } else {
-        for (std::int32_t i = 0; i < group; i += 8) store_packed<C>(out + row_bytes(C, i), packed_codes<C>(x(i)));
+        store_packed_each<C>(out, group, SymmetricCodes<C, Scaled<S, false, true>>{x});
       }
     }
   }
@@ -161,10 +180,7 @@ KVCACHE_AVX2 inline void quantize_groups_min(std::byte* codes, std::byte* entrie
       const std::byte* in = src + row_bytes(S, std::int64_t{b + j} * group);
       const __m256 mn = _mm256_set1_ps(mf[j]), iv = _mm256_set1_ps(ib[j]);
       std::byte* out = codes + row_bytes(C, std::int64_t{b + j} * group);
-      for (std::int32_t i = 0; i < group; i += 8) {
-        const __m256 x = _mm256_mul_ps(load8<S, false>(in + row_bytes(S, i)), m);
-        store_packed<C>(out + row_bytes(C, i), to_int(_mm256_mul_ps(_mm256_sub_ps(x, mn), iv), 0.0f, qmax));
-      }
+      store_packed_each<C>(out, group, MinimumCodes<S>{in, m, mn, iv, qmax});
     }
   }
 }
