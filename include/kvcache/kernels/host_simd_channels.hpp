@@ -11,7 +11,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "common.hpp"
 #include "host_simd.hpp"
@@ -54,7 +53,8 @@ KVCACHE_AVX2 inline void channel_entries(const float* x, std::int32_t rows, std:
       _mm256_storeu_si256(reinterpret_cast<I*>(entries + 4 * c), _mm256_or_si256(h, _mm256_slli_epi32(lo_bits, 16)));
     } else {
       I amax = _mm256_setzero_si256();  // |x|'s bits are below 2^31: a signed max orders them
-      for (std::int32_t t = 0; t < rows; ++t) amax = _mm256_max_epi32(amax, _mm256_and_si256(bits(_mm256_loadu_ps(col + std::int64_t{t} * d)), k(0x7fffffffu)));
+      for (std::int32_t t = 0; t < rows; ++t)
+        amax = _mm256_max_epi32(amax, _mm256_and_si256(bits(_mm256_loadu_ps(col + std::int64_t{t} * d)), k(0x7fffffffu)));
       group_scales(from_bits(amax), code_max, h, iv);
       store_u16(entries + 2 * c, h);
     }

@@ -51,11 +51,10 @@ KVCACHE_AVX2_INLINE inline I packed_codes(__m256 v) noexcept {
 }
 
 // Eight codes (one a lane, below 2^bits) packed as quantize_group packs
-// them: element 2i in byte i's low nibble, 4i in byte i's low two bits:
-// shifted into
-// place, a half's lanes are summed (their bits are disjoint: the sum is
-// their OR), and each half's bytes taken from the low lanes. int8 takes a
-// byte a code, int4 and fp4 a nibble, int2 two bits.
+// them: a byte a code for int8; element 2i in byte i's low nibble for int4
+// and fp4, 4i in byte i's low two bits for int2. Shifted into place, a
+// half's lanes are summed (their bits are disjoint: the sum is their OR),
+// and each half's bytes taken from the low lanes.
 template <DType C>
 KVCACHE_AVX2_INLINE inline void store_packed(std::byte* p, I c) noexcept {
   if constexpr (C == DType::int8) {
@@ -78,14 +77,14 @@ KVCACHE_AVX2_INLINE inline void store_packed(std::byte* p, I c) noexcept {
 }
 
 // 32 codes (four vectors of eight, each lane below 2^bits) packed with
-// whole-vector operations: narrowed to 32 bytes in order (the unsigned
+// whole-vector operations, and `bytes` of them (all 32 codes', or the
+// first 16's) stored at p: narrowed to 32 bytes in order (the unsigned
 // packs are exact below 256; they work within 128-bit halves, so a
 // permute restores the order), then adjacent bytes merged by multiply-adds
 // (maddubs: b[2k] + b[2k + 1] * 2^bits; for int2 madd merges those pairs
-// again), then one store (or half of one). store_packed's four stores of eight codes, each
+// again), then one store. store_packed's four stores of eight codes, each
 // through two horizontal adds and a move to a general register, took 37%
 // of an int2 scatter.
-// `bytes` of the packed codes (all 32, or the first 16's) at p.
 template <DType C>
 KVCACHE_AVX2_INLINE inline void store_packed32(std::byte* p, I a, I b, I c, I d, std::int32_t bytes) noexcept {
   const I x = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(_mm256_packus_epi32(a, b), _mm256_packus_epi32(c, d)),
@@ -127,9 +126,9 @@ KVCACHE_AVX2_INLINE inline void store_packed_each(std::byte* p, std::int32_t n, 
 }
 
 // Eight codes of a group from element i, as floats (load_code's values):
-// unsigned integers with a minimum; without, int8 signed, int4 and int2 signed (their
-// top bit flipped, less its weight) and fp4 e2m1 by a table of its 8
-// magnitudes and its sign bit.
+// unsigned integers with a minimum; without, int8 signed, int4 and int2
+// signed (their top bit flipped, less its weight) and fp4 e2m1 by a table
+// of its 8 magnitudes and its sign bit.
 template <DType C, bool Min>
 KVCACHE_AVX2_INLINE inline __m256 load_packed_codes(const std::byte* codes, std::int32_t i) noexcept {
   if constexpr (C == DType::int8) return Min ? _mm256_cvtepi32_ps(load_u8(codes + i)) : load8<DType::int8, false>(codes + i);
