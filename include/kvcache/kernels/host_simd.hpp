@@ -156,7 +156,15 @@ KVCACHE_AVX2_INLINE inline I to_int(__m256 v, float lo, float hi) noexcept {
   v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(lo)), _mm256_set1_ps(hi));
   return _mm256_cvtps_epi32(v);
 }
-KVCACHE_AVX2_INLINE inline I to_int8(__m256 v) noexcept { return to_int(v, -127.0f, 127.0f); }
+// int8's codes without to_int's NaN mask: max and min return their second
+// operand when either is NaN, so with v second a NaN stays NaN and
+// cvtps2dq makes it 0x80000000, whose low byte (store_u8) is 0 and which
+// the packs of store32 saturate to -128, a code no number reaches (they
+// clamp to [-127, 127]): store32 zeroes it there. Two operations fewer
+// per eight values on the path every int8 row takes.
+KVCACHE_AVX2_INLINE inline I to_int8(__m256 v) noexcept {
+  return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_max_ps(_mm256_set1_ps(-127.0f), v)));
+}
 // The codes of 8 floats in type T, one per 32-bit lane (T is not f32).
 template <DType T>
 KVCACHE_AVX2_INLINE inline I codes(__m256 v) noexcept {
@@ -196,8 +204,11 @@ KVCACHE_AVX2_INLINE inline void store32(std::byte* p, const __m256 (&v)[4]) noex
     const I a = codes<T>(v[0]), b = codes<T>(v[1]), c = codes<T>(v[2]), d = codes<T>(v[3]);
     const I x = T == DType::int8 ? _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d))
                                  : _mm256_packus_epi16(_mm256_packus_epi32(a, b), _mm256_packus_epi32(c, d));
-    // The packs work within 128-bit halves: put the 4-byte runs back in order.
-    _mm256_storeu_si256(reinterpret_cast<I*>(p), _mm256_permutevar8x32_epi32(x, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    // The packs work within 128-bit halves: put the 4-byte runs back in
+    // order. int8's -128 is a NaN's (to_int8): 0, as to_int gives it.
+    const I y = _mm256_permutevar8x32_epi32(x, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<I*>(p),
+                        T == DType::int8 ? _mm256_andnot_si256(_mm256_cmpeq_epi8(y, _mm256_set1_epi8(-128)), y) : y);
   }
 }
 
