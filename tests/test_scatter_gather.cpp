@@ -32,6 +32,7 @@ Input make_input(std::mt19937_64& rng, const GeometrySpec& g, std::int64_t token
   in.src.head_stride = head;
   in.src.token_stride = per_token * head;
   in.src.layer_stride = tokens * in.src.token_stride;
+  if (in.data.empty()) return in;  // no tokens: k and v stay null (an offset from a null data() is undefined)
   in.src.k = in.data.data() + q_heads * head;
   in.src.v = in.data.data() + (q_heads + g.num_kv_heads) * head;
   return in;
