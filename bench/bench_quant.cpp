@@ -24,7 +24,7 @@ namespace {
 struct Bufs {
   Layout lay;
   kv::Geometry g;
-  std::vector<std::byte> pool, k, v, k_out, v_out;
+  Bytes pool, k, v, k_out, v_out;
   kv::PoolView view;
   Bufs(const Shape& s, const Format& f) : lay(layout(s)), g(geometry(f)) {
     pool.assign(std::size_t(*g.pool_bytes(lay.pool_blocks)), std::byte{1});
@@ -82,7 +82,7 @@ std::int64_t kivi_bytes(const Shape& s) {
 struct KiviBufs {
   Layout lay;
   kv::Geometry g = kivi_geometry();
-  std::vector<std::byte> pool, k, k_out, v_out;
+  Bytes pool, k, k_out, v_out;
   kv::PoolView view;
   kv::SealParams seal;
   // The shape's blocks, whole: a decode shape's one-token blocks are sealed from 16 tokens each.

@@ -18,8 +18,8 @@ struct DevBuf {
     if (cudaMalloc(&p, n) != cudaSuccess) p = nullptr;
     else cudaMemset(p, 1, n);
   }
-  template <class T>
-  explicit DevBuf(const std::vector<T>& v) : DevBuf(v.size() * sizeof(T)) {
+  template <class T, class A>
+  explicit DevBuf(const std::vector<T, A>& v) : DevBuf(v.size() * sizeof(T)) {
     if (p) cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
   }
   DevBuf(const DevBuf&) = delete;

@@ -6,6 +6,7 @@
 #include <kvcache/kernels/common.hpp>
 
 #include <cmath>
+#include <new>
 #include <vector>
 
 #include "kernel_shapes.hpp"
@@ -42,10 +43,25 @@ inline kv::Geometry geometry(const Format& f) {
 // Pool-side bytes of one token's K and V, all heads: codes and group entries.
 inline std::int64_t pool_bytes_per_token(const kv::Geometry& g) { return 2 * 8 * (g.row_bytes() + g.group_bytes_per_row(0)); }
 
+// Host buffers aligned to cache lines, as engines' pools and tensors are
+// (PyTorch's CPU allocator: 64 bytes; pinned and mmap'd memory: pages): a
+// launcher streams only rows of whole lines.
+template <class T>
+struct LineAligned {
+  using value_type = T;
+  LineAligned() = default;
+  template <class U>
+  LineAligned(const LineAligned<U>&) noexcept {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, std::size_t n) noexcept { ::operator delete(p, n * sizeof(T), std::align_val_t{64}); }
+  friend bool operator==(const LineAligned&, const LineAligned&) { return true; }
+};
+using Bytes = std::vector<std::byte, LineAligned<std::byte>>;
+
 // fp16 keys of `tokens` tokens with an outlier channel: every group has a
 // real range.
-inline std::vector<std::byte> sample_keys(std::int64_t tokens) {
-  std::vector<std::byte> k(std::size_t(tokens * kRowBytes));
+inline Bytes sample_keys(std::int64_t tokens) {
+  Bytes k(std::size_t(tokens * kRowBytes));
   for (std::int64_t i = 0; i < tokens * 8 * 128; ++i)
     kv::store_elem(kv::DType::f16, k.data(), i, std::sin(float(i)) * (i % 128 == 3 ? 20.0f : 1.0f));
   return k;

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -58,7 +59,9 @@ std::vector<std::uint8_t> inputs(DType t, std::mt19937_64& rng) {
 TEST_CASE("move_row's AVX2 loops give the scalar conversions' bits, for every whole-byte type pair") {
   std::mt19937_64 rng(Catch::rngSeed() + 101);
   // Read through a volatile: a multiplier the compiler cannot see (it may drop a multiply by a known 1).
-  volatile float muls[] = {1.0f, 0.375f, 3.1f, 1.0f / 448.0f, 20.0f / 127.0f};
+  // 1e36 overflows int8 codes to inf; inf makes a 0 code the default NaN
+  // (int8 to fp16 skips its NaN select: see the next case).
+  volatile float muls[] = {1.0f, 0.375f, 3.1f, 1.0f / 448.0f, 20.0f / 127.0f, 1e36f, std::numeric_limits<float>::infinity()};
   for (DType st : kTypes) {
     const std::vector<std::uint8_t> in = inputs(st, rng);
     const auto n = static_cast<std::int32_t>(in.size() / static_cast<std::size_t>(dtype_bytes(st)));
@@ -79,10 +82,37 @@ TEST_CASE("move_row's AVX2 loops give the scalar conversions' bits, for every wh
           CAPTURE(len);
           REQUIRE(std::memcmp(got.data(), want.data(), got.size()) == 0);
         }
+        // Streamed (non-temporal) rows: whole 64-byte lines from a line-aligned
+        // start, and rows that are not (they fall back to cached stores).
+        std::vector<std::uint8_t> buf(got.size() + 64);
+        auto* line = buf.data() + (64 - reinterpret_cast<std::uintptr_t>(buf.data()) % 64) % 64;
+        for (std::int32_t len : {64, 256, 40}) {
+          std::fill(buf.begin(), buf.end(), 0xa5);
+          for (std::int32_t at = 0; at < n; at += len) {
+            const std::int32_t k = n - at < len ? n - at : len;
+            if (len % 64 == 0 && k == len) REQUIRE(simd::streams_whole_lines(line + row_bytes(dt, at), dt, k));
+            move_row(line + row_bytes(dt, at), dt, in.data() + row_bytes(st, at), st, k, mul, 0, 1, false, true);
+          }
+          stream_fence();
+          CAPTURE(len);
+          REQUIRE(std::memcmp(line, want.data(), want.size()) == 0);
+        }
         // When the CPU has AVX2 the vector loop did the work (not the scalar fallback).
         if (simd::available()) REQUIRE(simd::move_rows(got.data(), dt, in.data(), st, 77, mul) == 72);
       }
   }
+}
+
+TEST_CASE("int8 to fp16 keeps the scalar code's NaN for a NaN multiplier with a payload") {
+  // The launchers refuse a NaN scale; move_rows still gives the scalar bits.
+  std::vector<std::int8_t> in(256);
+  for (int i = 0; i < 256; ++i) in[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(i - 128);
+  volatile float nan = cvt::from_bits(0x7fa00001u);
+  std::vector<std::uint16_t> want(256), got(256, 0xa5a5);
+  for (std::int32_t i = 0; i < 256; ++i) store_elem(DType::f16, want.data(), i, load_elem(DType::int8, in.data(), i) * nan);
+  move_row(got.data(), DType::f16, in.data(), DType::int8, 256, nan, 0, 1);
+  CHECK(want[0] == 0x7e00);
+  CHECK(got == want);
 }
 
 TEST_CASE("move_rows leaves packed types and short rows to the scalar loop") {
@@ -91,6 +121,30 @@ TEST_CASE("move_rows leaves packed types and short rows to the scalar loop") {
   CHECK(simd::move_rows(a.data(), DType::f16, b.data(), DType::int2, 32, 1.0f) == 0);
   CHECK(simd::move_rows(a.data(), DType::int8, b.data(), DType::f16, 7, 1.0f) == 0);
   CHECK(std::all_of(a.begin(), a.end(), [](std::uint8_t x) { return x == 0; }));
+}
+
+TEST_CASE("rows stream only as whole lines from a line-aligned start, and a streamed copy is a copy") {
+  alignas(64) std::uint8_t dst[320] = {}, src[320];
+  for (int i = 0; i < 320; ++i) src[i] = static_cast<std::uint8_t>(i * 7 + 1);
+  CHECK(simd::streams_whole_lines(dst, DType::int8, 64));
+  CHECK(simd::streams_whole_lines(dst, DType::f16, 32));
+  CHECK_FALSE(simd::streams_whole_lines(dst + 32, DType::int8, 64));  // not at a line
+  CHECK_FALSE(simd::streams_whole_lines(dst, DType::int8, 32));       // half a line
+  CHECK_FALSE(simd::streams_whole_lines(dst, DType::f32, 40));        // 160 bytes: a partial line
+  CHECK_FALSE(simd::stream_copy(dst + 16, src, 256));
+  CHECK_FALSE(simd::stream_copy(dst, src, 96));
+  CHECK(std::all_of(std::begin(dst), std::end(dst), [](std::uint8_t x) { return x == 0; }));  // refused: nothing written
+  if (simd::available()) {
+    REQUIRE(simd::stream_copy(dst + 64, src + 3, 256));
+    simd::stream_fence();
+    CHECK(std::memcmp(dst + 64, src + 3, 256) == 0);
+    CHECK(std::all_of(dst, dst + 64, [](std::uint8_t x) { return x == 0; }));
+  }
+  // move_row's raw path: a copy either way.
+  alignas(64) std::uint8_t out[256] = {};
+  move_row(out, DType::f16, src, DType::f16, 128, 1.0f, 0, 1, false, true);
+  stream_fence();
+  CHECK(std::memcmp(out, src, 256) == 0);
 }
 
 namespace {

@@ -226,3 +226,72 @@ TEST_CASE("gather rejects a page table that does not cover its rows") {
   CHECK(gather_host(gp).message() == "invalid_argument: indptr_at=0 (limit 0)");
   CHECK(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{7}; }));
 }
+
+namespace {
+// The first of n bytes where a and b differ (-1: none): a short failure message for megabytes.
+std::int64_t first_difference(const void* pa, const void* pb, std::size_t n) {
+  const auto *a = static_cast<const std::byte*>(pa), *b = static_cast<const std::byte*>(pb);
+  const auto m = std::mismatch(a, a + n, b);
+  return m.first == a + n ? -1 : std::int64_t(m.first - a);
+}
+}  // namespace
+
+TEST_CASE("calls past kStreamBytes stream whole-line rows: the same bytes as the scalar conversions, aligned or not") {
+  std::mt19937_64 rng(Catch::rngSeed() + 31);
+  for (DType dtype : {DType::int8, DType::f16, DType::fp8_e4m3})
+    for (Layout layout : {Layout::NHD, Layout::HND})
+      for (std::int64_t misalign : {0, 16}) {
+        CAPTURE(int(dtype), int(layout), misalign);
+        GeometrySpec spec{.num_layers = 1, .num_kv_heads = 8, .head_dim = 128, .block_size = 16, .dtype = dtype, .layout = layout};
+        if (dtype == DType::int8) spec.format = {{.scales = Scales::tensor}, {.scales = Scales::tensor}};
+        const Geometry g = *Geometry::make(spec);
+        const std::int64_t row = 8 * row_bytes(dtype, 128);                  // one token's K (or V), all heads
+        const std::int64_t tokens = kStreamBytes / (2 * row) / 16 * 16 + 64;  // just past the threshold
+        const std::int64_t blocks = tokens / 16 + 3;
+        // Line-aligned pools (as engines allocate them), or 16 bytes off a line.
+        const auto pool_bytes = std::size_t(*g.pool_bytes(blocks));
+        std::vector<std::byte> mem(pool_bytes + 64), ref_mem(pool_bytes + 64, std::byte{0x5a});
+        auto aligned = [&](std::vector<std::byte>& m) {
+          return m.data() + (64 - reinterpret_cast<std::uintptr_t>(m.data()) % 64) % 64 + misalign;
+        };
+        std::fill(mem.begin(), mem.end(), std::byte{0x5a});
+        const PoolView view = *make_pool_view(g, aligned(mem), blocks), ref = *make_pool_view(g, aligned(ref_mem), blocks);
+        Input in = make_input(rng, spec, tokens, 1, DType::f16);
+        std::vector<std::int32_t> slots(static_cast<std::size_t>(blocks * 16));
+        std::iota(slots.begin(), slots.end(), 0);
+        std::shuffle(slots.begin(), slots.end(), rng);
+        slots.resize(static_cast<std::size_t>(tokens));
+        const float scale = dtype == DType::f16 ? 1.0f : 0.05f;
+        REQUIRE(tokens * 2 * row >= kStreamBytes);
+        REQUIRE(scatter_host({view, in.src, TokenAddress{slots.data()}, tokens, 0, 1, scale, scale}).ok());
+        for (std::int64_t t = 0; t < tokens; ++t)
+          for (int kv = 0; kv < 2; ++kv)
+            for (int h = 0; h < 8; ++h)
+              for (int d = 0; d < 128; ++d)
+                store_elem(dtype, ref.row(slots[std::size_t(t)] / 16, 0, kv, slots[std::size_t(t)] % 16, h), d,
+                           input_value(in, kv, 0, t, h, d) * (1.0f / scale));
+        REQUIRE(first_difference(view.base, ref.base, pool_bytes) == -1);
+
+        // Gather it back in token order through a page table of the shuffled
+        // blocks: fp16 rows into line-aligned (or not) outputs.
+        std::vector<std::int32_t> indices(static_cast<std::size_t>(blocks)), indptr{0, std::int32_t(blocks)},
+            out_indptr{0, std::int32_t(tokens)};
+        std::iota(indices.begin(), indices.end(), 0);
+        std::shuffle(indices.begin(), indices.end(), rng);
+        const std::int64_t out_row = 8 * 128 * 2;
+        std::vector<std::byte> out_mem(std::size_t(2 * tokens * out_row + 128), std::byte{0x33}), want(out_mem);
+        std::byte* k_out = aligned(out_mem);
+        std::byte* v_out = k_out + tokens * out_row;
+        REQUIRE(gather_host({view, 0, indptr.data(), indices.data(), out_indptr.data(), 1, tokens, k_out, v_out, DType::f16,
+                             out_row, 256, scale, scale})
+                    .ok());
+        const std::ptrdiff_t at = k_out - out_mem.data();
+        for (std::int64_t t = 0; t < tokens; ++t)
+          for (int kv = 0; kv < 2; ++kv)
+            for (int h = 0; h < 8; ++h)
+              for (int d = 0; d < 128; ++d)
+                store_elem(DType::f16, want.data() + at + (kv * tokens + t) * out_row + h * 256, d,
+                           load_elem(dtype, ref.row(indices[std::size_t(t / 16)], 0, kv, int(t % 16), h), d) * scale);
+        REQUIRE(first_difference(out_mem.data(), want.data(), out_mem.size()) == -1);
+      }
+}

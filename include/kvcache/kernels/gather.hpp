@@ -68,17 +68,18 @@ KVCACHE_HOST_DEVICE inline float gather_mul(const GatherParams& p, std::int32_t 
 
 /// Reads one row whose addresses are known: pool row src, which is (page,
 /// offset) of side kv, kv-head head, into output row dst; or `rows` heads
-/// from there when heads_in_one_run. Lanes split the row (shared by both backends).
+/// from there when heads_in_one_run. Lanes split the row (shared by both
+/// backends); `stream`: see move_row.
 KVCACHE_HOST_DEVICE inline void gather_row_at(const GatherParams& p, std::int32_t kv, std::int32_t head, std::int64_t page,
                                             std::int32_t offset, std::byte* dst, const std::byte* src, std::int32_t lane,
-                                            std::int32_t nlanes, std::int32_t rows = 1) noexcept {
+                                            std::int32_t nlanes, std::int32_t rows = 1, bool stream = false) noexcept {
   const float mul = gather_mul(p, kv, head);
   if (quantized_side(p.cache, kv)) {  // dequantized on read
     load_quantized_row(p.cache, kv, src, row_entries(p.cache, page, p.layer, kv, offset, head), dst, p.out_dtype, mul, lane,
                        nlanes, rows);
     return;
   }
-  move_row(dst, p.out_dtype, src, p.cache.dtype, rows * p.cache.head_dim, mul, lane, nlanes);
+  move_row(dst, p.out_dtype, src, p.cache.dtype, rows * p.cache.head_dim, mul, lane, nlanes, false, stream);
 }
 
 /// Gathers one (sequence, row, K|V, head) row; lanes split the row (shared by both backends).
@@ -137,24 +138,32 @@ inline Status gather_host(const GatherParams& p) noexcept {
   // copy when nothing converts, whole groups when quantized.
   const bool run[2] = {heads_in_one_run(p.cache, 0, p.head_stride, p.out_dtype, p.k_scales),
                        heads_in_one_run(p.cache, 1, p.head_stride, p.out_dtype, p.v_scales)};
+  const bool stream = p.num_rows * p.cache.kv_planes * p.cache.num_kv_heads * row_bytes(p.out_dtype, p.cache.head_dim) >=
+                      kStreamBytes;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel
 #endif
-  for (std::int32_t s = 0; s < p.num_seqs; ++s)
-    for (std::int64_t r = p.out_indptr[s]; r < p.out_indptr[s + 1]; ++r)
-      for (std::int32_t kv = 0; kv < p.cache.kv_planes; ++kv) {
-        // The row's head 0; heads follow at the strides (no address math per row).
-        std::int32_t page = 0, offset = 0;
-        if (!gather_page(p, s, r, page, offset)) continue;  // checked above: every row has its page
-        std::byte* dst = gather_dst(p, kv, r, 0);
-        const std::byte* src = p.cache.row(page, p.layer, kv, offset, 0);
-        if (run[kv]) {
-          gather_row_at(p, kv, 0, page, offset, dst, src, 0, 1, p.cache.num_kv_heads);
-          continue;
+  {
+#if defined(_OPENMP)
+#pragma omp for schedule(dynamic) nowait
+#endif
+    for (std::int32_t s = 0; s < p.num_seqs; ++s)
+      for (std::int64_t r = p.out_indptr[s]; r < p.out_indptr[s + 1]; ++r)
+        for (std::int32_t kv = 0; kv < p.cache.kv_planes; ++kv) {
+          // The row's head 0; heads follow at the strides (no address math per row).
+          std::int32_t page = 0, offset = 0;
+          if (!gather_page(p, s, r, page, offset)) continue;  // checked above: every row has its page
+          std::byte* dst = gather_dst(p, kv, r, 0);
+          const std::byte* src = p.cache.row(page, p.layer, kv, offset, 0);
+          if (run[kv]) {
+            gather_row_at(p, kv, 0, page, offset, dst, src, 0, 1, p.cache.num_kv_heads, stream);
+            continue;
+          }
+          for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h)
+            gather_row_at(p, kv, h, page, offset, dst + h * p.head_stride, src + h * p.cache.strides.head, 0, 1, 1, stream);
         }
-        for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h)
-          gather_row_at(p, kv, h, page, offset, dst + h * p.head_stride, src + h * p.cache.strides.head, 0, 1);
-      }
+    if (stream) stream_fence();  // each thread its own rows
+  }
   return {};
 }
 

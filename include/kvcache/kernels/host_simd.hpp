@@ -176,30 +176,41 @@ KVCACHE_AVX2_INLINE inline I codes(__m256 v) noexcept {
 }
 // cvt::f32_to_f16 by F16C: both round to nearest even, overflow to inf and
 // round subnormals exactly; only a NaN's bits differ (F16C keeps payload
-// bits), so NaNs become the scalar code's sign | 0x7e00 first.
+// bits), so NaNs become the scalar code's sign | 0x7e00 first. Nan = false:
+// the caller knows v holds no NaN but the default one (see run).
+template <bool Nan = true>
 KVCACHE_AVX2_INLINE inline __m128i f16_codes(__m256 v) noexcept {
-  const __m256 nan = _mm256_or_ps(_mm256_and_ps(v, _mm256_set1_ps(-0.0f)), from_bits(k(0x7fc00000u)));
-  return _mm256_cvtps_ph(_mm256_blendv_ps(v, nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)), _MM_FROUND_TO_NEAREST_INT);
+  if constexpr (Nan) {
+    const __m256 nan = _mm256_or_ps(_mm256_and_ps(v, _mm256_set1_ps(-0.0f)), from_bits(k(0x7fc00000u)));
+    v = _mm256_blendv_ps(v, nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
 }
-template <DType T>
+template <DType T, bool Nan = true>
 KVCACHE_AVX2_INLINE inline void store8(std::byte* p, __m256 v) noexcept {
   if constexpr (T == DType::f32) _mm256_storeu_ps(reinterpret_cast<float*>(p), v);
-  else if constexpr (T == DType::f16) _mm_storeu_si128(reinterpret_cast<__m128i*>(p), f16_codes(v));
+  else if constexpr (T == DType::f16) _mm_storeu_si128(reinterpret_cast<__m128i*>(p), f16_codes<Nan>(v));
   else if constexpr (dtype_bits(T) == 16) store_u16(p, codes<T>(v));
   else store_u8(p, codes<T>(v));
 }
 // 32 elements with whole 32-byte stores: a row of 8-byte stores to lines not
-// yet in cache fills the store buffer (decode writes every row cold).
-template <DType T>
+// yet in cache fills the store buffer (decode writes every row cold). With
+// Stream they are non-temporal (p 32-byte aligned): written to memory past
+// the caches, without first reading the lines in.
+template <bool Stream>
+KVCACHE_AVX2_INLINE inline void put32(std::byte* p, I v) noexcept {
+  if constexpr (Stream) _mm256_stream_si256(reinterpret_cast<I*>(p), v);
+  else _mm256_storeu_si256(reinterpret_cast<I*>(p), v);
+}
+template <DType T, bool Stream = false, bool Nan = true>
 KVCACHE_AVX2_INLINE inline void store32(std::byte* p, const __m256 (&v)[4]) noexcept {
   if constexpr (T == DType::f32) {
-    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(reinterpret_cast<float*>(p) + 8 * i, v[i]);
+    for (int i = 0; i < 4; ++i) put32<Stream>(p + 32 * i, bits(v[i]));
   } else if constexpr (T == DType::f16) {
-    for (int i = 0; i < 2; ++i)
-      _mm256_storeu_si256(reinterpret_cast<I*>(p) + i, _mm256_set_m128i(f16_codes(v[2 * i + 1]), f16_codes(v[2 * i])));
+    for (int i = 0; i < 2; ++i) put32<Stream>(p + 32 * i, _mm256_set_m128i(f16_codes<Nan>(v[2 * i + 1]), f16_codes<Nan>(v[2 * i])));
   } else if constexpr (dtype_bits(T) == 16) {  // lanes below 2^16: unsigned 32 -> 16 packing is exact
     for (int i = 0; i < 2; ++i)
-      _mm256_storeu_si256(reinterpret_cast<I*>(p) + i, _mm256_permute4x64_epi64(_mm256_packus_epi32(codes<T>(v[2 * i]), codes<T>(v[2 * i + 1])), 0xd8));
+      put32<Stream>(p + 32 * i, _mm256_permute4x64_epi64(_mm256_packus_epi32(codes<T>(v[2 * i]), codes<T>(v[2 * i + 1])), 0xd8));
   } else {  // int8 in [-127, 127] packs signed, fp8 bytes in [0, 255] unsigned: exact either way
     const I a = codes<T>(v[0]), b = codes<T>(v[1]), c = codes<T>(v[2]), d = codes<T>(v[3]);
     const I x = T == DType::int8 ? _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d))
@@ -207,25 +218,25 @@ KVCACHE_AVX2_INLINE inline void store32(std::byte* p, const __m256 (&v)[4]) noex
     // The packs work within 128-bit halves: put the 4-byte runs back in
     // order. int8's -128 is a NaN's (to_int8): 0, as to_int gives it.
     const I y = _mm256_permutevar8x32_epi32(x, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<I*>(p),
-                        T == DType::int8 ? _mm256_andnot_si256(_mm256_cmpeq_epi8(y, _mm256_set1_epi8(-128)), y) : y);
+    put32<Stream>(p, T == DType::int8 ? _mm256_andnot_si256(_mm256_cmpeq_epi8(y, _mm256_set1_epi8(-128)), y) : y);
   }
 }
 
 // n elements of D at dst (n a multiple of 8), element i's vector of eight
-// from f(i): 32 at a time through store32's whole stores, then 8 at a time.
-// Every host loop that writes a row goes through here; f is a functor whose
-// operator() carries KVCACHE_AVX2_INLINE (a lambda would not inherit the
-// target).
-template <DType D, class F>
+// from f(i): 32 at a time through store32's whole stores, then 8 at a time
+// (Stream: n a multiple of 32 and dst 32-byte aligned, so none are left;
+// Nan: see f16_codes). Every host loop that writes a row goes through here;
+// f is a functor whose operator() carries KVCACHE_AVX2_INLINE (a lambda
+// would not inherit the target).
+template <DType D, class F, bool Stream = false, bool Nan = true>
 KVCACHE_AVX2_INLINE inline void store_each(std::byte* dst, std::int32_t n, F f) noexcept {  // f by value: a byte store cannot alias it
   std::int32_t i = 0;
   for (; i + 32 <= n; i += 32) {
     __m256 v[4];
     for (int j = 0; j < 4; ++j) v[j] = f(i + 8 * j);
-    store32<D>(dst + row_bytes(D, i), v);
+    store32<D, Stream, Nan>(dst + row_bytes(D, i), v);
   }
-  for (; i < n; i += 8) store8<D>(dst + row_bytes(D, i), f(i));
+  for (; i < n; i += 8) store8<D, Nan>(dst + row_bytes(D, i), f(i));
 }
 // Elements i.. of src (type S) times mul, then times post when Post (a
 // group's 1 / scale: (x * mul) * inv, not x * (mul * inv), as the scalar code).
@@ -240,44 +251,91 @@ struct Scaled {
   }
 };
 
-template <DType S, DType D>
+template <DType S, DType D, bool Stream, bool Nan>
 KVCACHE_AVX2 inline void run(std::byte* dst, const std::byte* src, std::int32_t n8, float mul) noexcept {
-  store_each<D>(dst, n8, Scaled<S, D == DType::f32>{src, _mm256_set1_ps(mul)});
+  using F = Scaled<S, D == DType::f32>;
+  store_each<D, F, Stream, Nan>(dst, n8, F{src, _mm256_set1_ps(mul)});
+}
+// int8 codes are numbers: times a scale that is not NaN, the only NaN is
+// the multiply's own (0 x inf), the default NaN, which F16C converts to the
+// scalar code's 0xfe00. So a dequantizing gather's fp16 output skips
+// f16_codes' NaN select, a third of its operations.
+template <DType S, DType D>
+inline void run(std::byte* dst, const std::byte* src, std::int32_t n8, float mul, bool stream) noexcept {
+  if constexpr (S == DType::int8 && D == DType::f16) {
+    if (mul == mul) {
+      if (stream) run<S, D, true, false>(dst, src, n8, mul);
+      else run<S, D, false, false>(dst, src, n8, mul);
+      return;
+    }
+  }
+  if (stream) run<S, D, true, true>(dst, src, n8, mul);
+  else run<S, D, false, true>(dst, src, n8, mul);
 }
 template <DType S>
-inline bool run_to(DType dt, std::byte* dst, const std::byte* src, std::int32_t n8, float mul) noexcept {
+inline bool run_to(DType dt, std::byte* dst, const std::byte* src, std::int32_t n8, float mul, bool stream) noexcept {
   switch (dt) {
-    case DType::f32: run<S, DType::f32>(dst, src, n8, mul); return true;
-    case DType::f16: run<S, DType::f16>(dst, src, n8, mul); return true;
-    case DType::bf16: run<S, DType::bf16>(dst, src, n8, mul); return true;
-    case DType::fp8_e4m3: run<S, DType::fp8_e4m3>(dst, src, n8, mul); return true;
-    case DType::fp8_e5m2: run<S, DType::fp8_e5m2>(dst, src, n8, mul); return true;
-    case DType::int8: run<S, DType::int8>(dst, src, n8, mul); return true;
+    case DType::f32: run<S, DType::f32>(dst, src, n8, mul, stream); return true;
+    case DType::f16: run<S, DType::f16>(dst, src, n8, mul, stream); return true;
+    case DType::bf16: run<S, DType::bf16>(dst, src, n8, mul, stream); return true;
+    case DType::fp8_e4m3: run<S, DType::fp8_e4m3>(dst, src, n8, mul, stream); return true;
+    case DType::fp8_e5m2: run<S, DType::fp8_e5m2>(dst, src, n8, mul, stream); return true;
+    case DType::int8: run<S, DType::int8>(dst, src, n8, mul, stream); return true;
     default: return false;
   }
 }
 }  // namespace avx2
 
+/// True when a row of n8 elements of dt at dst is whole 64-byte lines that
+/// store32 covers (n8 a multiple of 32): the rows that stream. A partial
+/// line written past the cache costs a read-modify-write in memory.
+inline bool streams_whole_lines(const void* dst, DType dt, std::int32_t n8) noexcept {
+  return (reinterpret_cast<std::uintptr_t>(dst) & 63u) == 0 && n8 % 32 == 0 && row_bytes(dt, n8) % 64 == 0;
+}
+
 /// dst[i] = convert(src[i] * mul) for the first n - n % 8 elements of a
 /// row, as move_row's scalar loop computes them; returns how many it did
 /// (0: the CPU has no AVX2, or a type is packed). The caller does the rest.
-inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, std::int32_t n, float mul) noexcept {
+/// stream: non-temporal stores where the row is whole lines (the caller
+/// fences once its rows are written: stream_fence).
+inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, std::int32_t n, float mul,
+                              bool stream = false) noexcept {
   const std::int32_t n8 = n - n % 8;
   if (n8 == 0 || !available()) return 0;
   auto* d = static_cast<std::byte*>(dst);
   const auto* s = static_cast<const std::byte*>(src);
+  stream = stream && streams_whole_lines(d, dt, n8);
   bool done = false;
   switch (st) {
-    case DType::f32: done = avx2::run_to<DType::f32>(dt, d, s, n8, mul); break;
-    case DType::f16: done = avx2::run_to<DType::f16>(dt, d, s, n8, mul); break;
-    case DType::bf16: done = avx2::run_to<DType::bf16>(dt, d, s, n8, mul); break;
-    case DType::fp8_e4m3: done = avx2::run_to<DType::fp8_e4m3>(dt, d, s, n8, mul); break;
-    case DType::fp8_e5m2: done = avx2::run_to<DType::fp8_e5m2>(dt, d, s, n8, mul); break;
-    case DType::int8: done = avx2::run_to<DType::int8>(dt, d, s, n8, mul); break;
+    case DType::f32: done = avx2::run_to<DType::f32>(dt, d, s, n8, mul, stream); break;
+    case DType::f16: done = avx2::run_to<DType::f16>(dt, d, s, n8, mul, stream); break;
+    case DType::bf16: done = avx2::run_to<DType::bf16>(dt, d, s, n8, mul, stream); break;
+    case DType::fp8_e4m3: done = avx2::run_to<DType::fp8_e4m3>(dt, d, s, n8, mul, stream); break;
+    case DType::fp8_e5m2: done = avx2::run_to<DType::fp8_e5m2>(dt, d, s, n8, mul, stream); break;
+    case DType::int8: done = avx2::run_to<DType::int8>(dt, d, s, n8, mul, stream); break;
     default: break;
   }
   return done ? n8 : 0;
 }
+namespace avx2 {
+KVCACHE_AVX2 inline void stream_copy(std::byte* dst, const std::byte* src, std::int64_t bytes) noexcept {
+  for (std::int64_t i = 0; i < bytes; i += 64) {
+    const I a = _mm256_loadu_si256(reinterpret_cast<const I*>(src + i)), b = _mm256_loadu_si256(reinterpret_cast<const I*>(src + i + 32));
+    put32<true>(dst + i, a);
+    put32<true>(dst + i + 32, b);
+  }
+}
+}  // namespace avx2
+/// Copies a row of whole 64-byte lines at dst with non-temporal stores;
+/// false (nothing copied) when dst is not such a row or the CPU lacks AVX2.
+inline bool stream_copy(void* dst, const void* src, std::int64_t bytes) noexcept {
+  if ((reinterpret_cast<std::uintptr_t>(dst) & 63u) != 0 || bytes % 64 != 0 || !available()) return false;
+  avx2::stream_copy(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes);
+  return true;
+}
+/// Orders this thread's non-temporal stores before what it does next (an
+/// unlock, a flag another thread reads): once after a call's streamed rows.
+inline void stream_fence() noexcept { _mm_sfence(); }
 namespace avx2 {
 // The largest of eight lanes (signed).
 KVCACHE_AVX2_INLINE inline std::uint32_t hmax_epi32(I m) noexcept {
@@ -343,7 +401,9 @@ inline std::int32_t fmadd(float* out, const float* a, const float* b, std::int32
 #undef KVCACHE_AVX2_INLINE
 #else
 inline bool available() noexcept { return false; }
-inline std::int32_t move_rows(void*, DType, const void*, DType, std::int32_t, float) noexcept { return 0; }
+inline std::int32_t move_rows(void*, DType, const void*, DType, std::int32_t, float, bool = false) noexcept { return 0; }
+inline bool stream_copy(void*, const void*, std::int64_t) noexcept { return false; }
+inline void stream_fence() noexcept {}
 inline std::int32_t abs_max_bits(const float*, std::int32_t, std::uint32_t&) noexcept { return 0; }
 inline std::int32_t fmadd(float*, const float*, const float*, std::int32_t, const float*, std::int32_t, std::int32_t) noexcept {
   return 0;

@@ -109,17 +109,18 @@ KVCACHE_HOST_DEVICE inline float scatter_mul(const ScatterParams& p, std::int32_
 /// Writes one row whose addresses are known: source row src into pool row
 /// dst, which is (block, offset) of cache layer first_layer + layer, side kv,
 /// kv-head head; or `rows` heads from there when heads_in_one_run. Lanes
-/// split the row (shared by both backends).
+/// split the row (shared by both backends); `stream`: see move_row.
 KVCACHE_HOST_DEVICE inline void scatter_row_at(const ScatterParams& p, std::int32_t layer, std::int32_t kv, std::int32_t head,
                                              std::int64_t block, std::int32_t offset, std::byte* dst, const std::byte* src,
-                                             std::int32_t lane, std::int32_t nlanes, std::int32_t rows = 1) noexcept {
+                                             std::int32_t lane, std::int32_t nlanes, std::int32_t rows = 1,
+                                             bool stream = false) noexcept {
   const float mul = scatter_mul(p, layer, kv, head);
   if (quantized_side(p.cache, kv)) {  // quantized on write: codes and the rows' group entries in one pass
     store_quantized_row(p.cache, kv, dst, row_entries(p.cache, block, p.first_layer + layer, kv, offset, head), src,
                         p.src.dtype, mul, lane, nlanes, rows);
     return;
   }
-  move_row(dst, p.cache.dtype, src, p.src.dtype, rows * p.cache.head_dim, mul, lane, nlanes);
+  move_row(dst, p.cache.dtype, src, p.src.dtype, rows * p.cache.head_dim, mul, lane, nlanes, false, stream);
 }
 
 /// Writes one (layer, token, K|V, head) row; lanes split the row (shared by both backends).
@@ -186,25 +187,35 @@ inline Status scatter_host(const ScatterParams& p) noexcept {
   // move as one run: a copy when nothing converts, whole groups when quantized.
   const bool run[2] = {heads_in_one_run(p.cache, 0, p.src.head_stride, p.src.dtype, p.k_scales),
                        heads_in_one_run(p.cache, 1, p.src.head_stride, p.src.dtype, p.v_scales)};
+  const bool stream = p.num_tokens * p.num_layers * p.cache.kv_planes * p.cache.num_kv_heads *
+                          row_bytes(p.cache.dtype, p.cache.head_dim) >=
+                      kStreamBytes;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static)
+#pragma omp parallel
 #endif
-  for (std::int64_t t = 0; t < p.num_tokens; ++t) {
-    std::int64_t block = 0;
-    std::int32_t offset = 0;
-    if (!scatter_slot(p, t, block, offset)) continue;
-    for (std::int32_t l = 0; l < p.num_layers; ++l)
-      for (std::int32_t kv = 0; kv < p.cache.kv_planes; ++kv) {
-        // The token's head 0; heads follow at the strides (no address math per row).
-        std::byte* dst = p.cache.row(block, p.first_layer + l, kv, offset, 0);
-        const std::byte* src = p.src.row(kv, l, t, 0);
-        if (run[kv]) {
-          scatter_row_at(p, l, kv, 0, block, offset, dst, src, 0, 1, p.cache.num_kv_heads);
-          continue;
+  {
+#if defined(_OPENMP)
+#pragma omp for schedule(static) nowait
+#endif
+    for (std::int64_t t = 0; t < p.num_tokens; ++t) {
+      std::int64_t block = 0;
+      std::int32_t offset = 0;
+      if (!scatter_slot(p, t, block, offset)) continue;
+      for (std::int32_t l = 0; l < p.num_layers; ++l)
+        for (std::int32_t kv = 0; kv < p.cache.kv_planes; ++kv) {
+          // The token's head 0; heads follow at the strides (no address math per row).
+          std::byte* dst = p.cache.row(block, p.first_layer + l, kv, offset, 0);
+          const std::byte* src = p.src.row(kv, l, t, 0);
+          if (run[kv]) {
+            scatter_row_at(p, l, kv, 0, block, offset, dst, src, 0, 1, p.cache.num_kv_heads, stream);
+            continue;
+          }
+          for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h)
+            scatter_row_at(p, l, kv, h, block, offset, dst + h * p.cache.strides.head, src + h * p.src.head_stride, 0, 1, 1,
+                           stream);
         }
-        for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h)
-          scatter_row_at(p, l, kv, h, block, offset, dst + h * p.cache.strides.head, src + h * p.src.head_stride, 0, 1);
-      }
+    }
+    if (stream) stream_fence();  // each thread its own rows
   }
   return {};
 }
