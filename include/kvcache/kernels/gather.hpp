@@ -138,8 +138,7 @@ inline Status gather_host(const GatherParams& p) noexcept {
   // copy when nothing converts, whole groups when quantized.
   const bool run[2] = {heads_in_one_run(p.cache, 0, p.head_stride, p.out_dtype, p.k_scales),
                        heads_in_one_run(p.cache, 1, p.head_stride, p.out_dtype, p.v_scales)};
-  const bool stream = p.num_rows * p.cache.kv_planes * p.cache.num_kv_heads * row_bytes(p.out_dtype, p.cache.head_dim) >=
-                      kStreamBytes;
+  const bool stream = streams(p.num_rows * p.cache.kv_planes * p.cache.num_kv_heads * row_bytes(p.out_dtype, p.cache.head_dim));
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif

@@ -1,7 +1,7 @@
 // The host backend's row conversions eight elements at a time (AVX2, and
 // F16C for fp16), chosen at run time. SSE2, the x86-64 baseline the host
 // build targets, lacks 32-bit integer min/max and 8-wide lanes, so the
-// branch-free conversions of common.hpp run there at about 1.5 ns an
+// branch-free conversions of convert.hpp run there at about 1.5 ns an
 // element. These loops give the scalar code's bits for every input, NaNs
 // included: most are the same integer and float operations lane by lane;
 // where an instruction replaces a sequence (F16C's fp16 conversions, int8
@@ -17,16 +17,10 @@
 
 #include <cstdint>
 
+#include "host_cpu.hpp"
+#include "host_stream.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/kv_format.hpp"
-
-#if !defined(__CUDACC__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define KVCACHE_HOST_SIMD 1
-#include <cpuid.h>
-#include <immintrin.h>
-#else
-#define KVCACHE_HOST_SIMD 0
-#endif
 
 KVCACHE_BEGIN_NAMESPACE
 namespace simd {
@@ -38,18 +32,6 @@ namespace simd {
 // twice as long (22.9 ms against 12 for bench_quant's prefill).
 #define KVCACHE_AVX2 __attribute__((target("avx2,f16c")))
 #define KVCACHE_AVX2_INLINE __attribute__((target("avx2,f16c"), always_inline))
-
-/// True when this CPU runs the AVX2 + F16C loops. AVX2 from the compiler's
-/// cpuid reading (it checks the OS saves the 256-bit registers); F16C from
-/// cpuid leaf 1 (clang 14's builtin does not know it), read once: cpuid
-/// traps to the hypervisor on a VM. A constant of the machine, not state.
-inline bool available() noexcept {
-  static const bool yes = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
-  }();
-  return yes;
-}
 
 namespace avx2 {
 using I = __m256i;
@@ -193,15 +175,9 @@ KVCACHE_AVX2_INLINE inline void store8(std::byte* p, __m256 v) noexcept {
   else if constexpr (dtype_bits(T) == 16) store_u16(p, codes<T>(v));
   else store_u8(p, codes<T>(v));
 }
-// 32 elements with whole 32-byte stores: a row of 8-byte stores to lines not
-// yet in cache fills the store buffer (decode writes every row cold). With
-// Stream they are non-temporal (p 32-byte aligned): written to memory past
-// the caches, without first reading the lines in.
-template <bool Stream>
-KVCACHE_AVX2_INLINE inline void put32(std::byte* p, I v) noexcept {
-  if constexpr (Stream) _mm256_stream_si256(reinterpret_cast<I*>(p), v);
-  else _mm256_storeu_si256(reinterpret_cast<I*>(p), v);
-}
+// 32 elements with whole 32-byte stores (put32, host_stream.hpp): a row of
+// 8-byte stores to lines not yet in cache fills the store buffer (decode
+// writes every row cold). With Stream they are non-temporal (p 32-byte aligned).
 template <DType T, bool Stream = false, bool Nan = true>
 KVCACHE_AVX2_INLINE inline void store32(std::byte* p, const __m256 (&v)[4]) noexcept {
   if constexpr (T == DType::f32) {
@@ -286,13 +262,6 @@ inline bool run_to(DType dt, std::byte* dst, const std::byte* src, std::int32_t 
 }
 }  // namespace avx2
 
-/// True when a row of n8 elements of dt at dst is whole 64-byte lines that
-/// store32 covers (n8 a multiple of 32): the rows that stream. A partial
-/// line written past the cache costs a read-modify-write in memory.
-inline bool streams_whole_lines(const void* dst, DType dt, std::int32_t n8) noexcept {
-  return (reinterpret_cast<std::uintptr_t>(dst) & 63u) == 0 && n8 % 32 == 0 && row_bytes(dt, n8) % 64 == 0;
-}
-
 /// dst[i] = convert(src[i] * mul) for the first n - n % 8 elements of a
 /// row, as move_row's scalar loop computes them; returns how many it did
 /// (0: the CPU has no AVX2, or a type is packed). The caller does the rest.
@@ -317,25 +286,6 @@ inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, st
   }
   return done ? n8 : 0;
 }
-namespace avx2 {
-KVCACHE_AVX2 inline void stream_copy(std::byte* dst, const std::byte* src, std::int64_t bytes) noexcept {
-  for (std::int64_t i = 0; i < bytes; i += 64) {
-    const I a = _mm256_loadu_si256(reinterpret_cast<const I*>(src + i)), b = _mm256_loadu_si256(reinterpret_cast<const I*>(src + i + 32));
-    put32<true>(dst + i, a);
-    put32<true>(dst + i + 32, b);
-  }
-}
-}  // namespace avx2
-/// Copies a row of whole 64-byte lines at dst with non-temporal stores;
-/// false (nothing copied) when dst is not such a row or the CPU lacks AVX2.
-inline bool stream_copy(void* dst, const void* src, std::int64_t bytes) noexcept {
-  if ((reinterpret_cast<std::uintptr_t>(dst) & 63u) != 0 || bytes % 64 != 0 || !available()) return false;
-  avx2::stream_copy(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes);
-  return true;
-}
-/// Orders this thread's non-temporal stores before what it does next (an
-/// unlock, a flag another thread reads): once after a call's streamed rows.
-inline void stream_fence() noexcept { _mm_sfence(); }
 namespace avx2 {
 // The largest of eight lanes (signed).
 KVCACHE_AVX2_INLINE inline std::uint32_t hmax_epi32(I m) noexcept {
@@ -368,16 +318,6 @@ inline std::int32_t abs_max_bits(const float* x, std::int32_t n, std::uint32_t& 
   return n8;
 }
 
-/// True when this CPU has FMA3 (cpuid leaf 1), read once. A fused
-/// multiply-add rounds once, as fmaf does, so its results are fmaf's bits;
-/// without the instruction the host build's fmaf is a libm call per value.
-inline bool fma_available() noexcept {
-  static const bool yes = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return available() && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_FMA) != 0;
-  }();
-  return yes;
-}
 // out[i] = fmaf(a[i], b[i], c[i]), eight at a time; b and c advance by
 // bstep / cstep (0: one value for every element, a group's scale and minimum).
 __attribute__((target("avx2,fma"))) inline void fma_rows(float* out, const float* a, const float* b, std::int32_t bstep,
@@ -400,10 +340,7 @@ inline std::int32_t fmadd(float* out, const float* a, const float* b, std::int32
 #undef KVCACHE_AVX2
 #undef KVCACHE_AVX2_INLINE
 #else
-inline bool available() noexcept { return false; }
 inline std::int32_t move_rows(void*, DType, const void*, DType, std::int32_t, float, bool = false) noexcept { return 0; }
-inline bool stream_copy(void*, const void*, std::int64_t) noexcept { return false; }
-inline void stream_fence() noexcept {}
 inline std::int32_t abs_max_bits(const float*, std::int32_t, std::uint32_t&) noexcept { return 0; }
 inline std::int32_t fmadd(float*, const float*, const float*, std::int32_t, const float*, std::int32_t, std::int32_t) noexcept {
   return 0;

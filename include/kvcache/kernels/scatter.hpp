@@ -187,9 +187,8 @@ inline Status scatter_host(const ScatterParams& p) noexcept {
   // move as one run: a copy when nothing converts, whole groups when quantized.
   const bool run[2] = {heads_in_one_run(p.cache, 0, p.src.head_stride, p.src.dtype, p.k_scales),
                        heads_in_one_run(p.cache, 1, p.src.head_stride, p.src.dtype, p.v_scales)};
-  const bool stream = p.num_tokens * p.num_layers * p.cache.kv_planes * p.cache.num_kv_heads *
-                          row_bytes(p.cache.dtype, p.cache.head_dim) >=
-                      kStreamBytes;
+  const bool stream = streams(p.num_tokens * p.num_layers * p.cache.kv_planes * p.cache.num_kv_heads *
+                              row_bytes(p.cache.dtype, p.cache.head_dim));
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif

@@ -1,0 +1,50 @@
+// What the host's vector loops may use on this CPU, read at run time: the
+// host build targets x86-64's SSE2 baseline, so AVX2, F16C and FMA are
+// asked of cpuid once and the loops that need them are compiled with their
+// own target attribute. CUDA translation units and other CPUs see
+// KVCACHE_HOST_SIMD 0 and compile none of the vector code.
+#pragma once
+
+#include "kvcache/config.hpp"
+
+#if !defined(__CUDACC__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVCACHE_HOST_SIMD 1
+#include <cpuid.h>
+#include <immintrin.h>
+#else
+#define KVCACHE_HOST_SIMD 0
+#endif
+
+KVCACHE_BEGIN_NAMESPACE
+namespace simd {
+
+#if KVCACHE_HOST_SIMD
+/// True when this CPU runs the AVX2 + F16C loops. AVX2 from the compiler's
+/// cpuid reading (it checks the OS saves the 256-bit registers); F16C from
+/// cpuid leaf 1 (clang 14's builtin does not know it), read once: cpuid
+/// traps to the hypervisor on a VM. A constant of the machine, not state.
+inline bool available() noexcept {
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+  }();
+  return yes;
+}
+
+/// True when this CPU also has FMA3 (cpuid leaf 1), read once. A fused
+/// multiply-add rounds once, as fmaf does, so its results are fmaf's bits;
+/// without the instruction the host build's fmaf is a libm call per value.
+inline bool fma_available() noexcept {
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return available() && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_FMA) != 0;
+  }();
+  return yes;
+}
+#else
+inline bool available() noexcept { return false; }
+inline bool fma_available() noexcept { return false; }
+#endif
+
+}  // namespace simd
+KVCACHE_END_NAMESPACE
