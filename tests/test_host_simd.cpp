@@ -60,8 +60,12 @@ TEST_CASE("move_row's AVX2 loops give the scalar conversions' bits, for every wh
   std::mt19937_64 rng(Catch::rngSeed() + 101);
   // Read through a volatile: a multiplier the compiler cannot see (it may drop a multiply by a known 1).
   // 1e36 overflows int8 codes to inf; inf makes a 0 code the default NaN
-  // (int8 to fp16 skips its NaN select: see the next case).
-  volatile float muls[] = {1.0f, 0.375f, 3.1f, 1.0f / 448.0f, 20.0f / 127.0f, 1e36f, std::numeric_limits<float>::infinity()};
+  // (int8 and e4m3 to fp16 skip their NaN select: see the next case). e4m3
+  // codes read through fp16 take the multiplier times 256 where that is
+  // exact: 1e36 does, 2e36 (past 2^120) falls back, and -0.375 and a
+  // subnormal 1e-40 round products below the normal range.
+  volatile float muls[] = {1.0f, 0.375f, 3.1f, 1.0f / 448.0f, 20.0f / 127.0f, 1e36f, std::numeric_limits<float>::infinity(),
+                           2e36f, -0.375f, 1e-40f};
   for (DType st : kTypes) {
     const std::vector<std::uint8_t> in = inputs(st, rng);
     const auto n = static_cast<std::int32_t>(in.size() / static_cast<std::size_t>(dtype_bytes(st)));
@@ -103,17 +107,53 @@ TEST_CASE("move_row's AVX2 loops give the scalar conversions' bits, for every wh
   }
 }
 
-TEST_CASE("int8 to fp16 keeps the scalar code's NaN for a NaN multiplier with a payload") {
+TEST_CASE("int8 and e4m3 to fp16 keep the scalar code's NaN for a NaN multiplier with a payload") {
   // The launchers refuse a NaN scale; move_rows still gives the scalar bits.
-  std::vector<std::int8_t> in(256);
-  for (int i = 0; i < 256; ++i) in[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(i - 128);
+  std::vector<std::uint8_t> in(512);  // 256 codes; the rest quiets g++'s bounds warning on move_row's (dead) copy path
+  for (int i = 0; i < 256; ++i) in[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i);
   volatile float nan = cvt::from_bits(0x7fa00001u);
-  std::vector<std::uint16_t> want(256), got(256, 0xa5a5);
-  for (std::int32_t i = 0; i < 256; ++i) store_elem(DType::f16, want.data(), i, load_elem(DType::int8, in.data(), i) * nan);
-  move_row(got.data(), DType::f16, in.data(), DType::int8, 256, nan, 0, 1);
-  CHECK(want[0] == 0x7e00);
-  CHECK(got == want);
+  for (DType st : {DType::int8, DType::fp8_e4m3}) {
+    CAPTURE(static_cast<int>(st));
+    std::vector<std::uint16_t> want(256), got(256, 0xa5a5);
+    for (std::int32_t i = 0; i < 256; ++i) store_elem(DType::f16, want.data(), i, load_elem(st, in.data(), i) * nan);
+    move_row(got.data(), DType::f16, in.data(), st, 256, nan, 0, 1);
+    CHECK(want[1] == 0x7e00);
+    CHECK(got == want);
+  }
 }
+
+#if KVCACHE_HOST_SIMD
+namespace {
+__attribute__((target("avx2,f16c"))) void e4m3_as_f16(const std::uint8_t* q, std::uint16_t* h) {
+  const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(h), simd::avx2::e4m3_as_f16(_mm256_cvtepi8_epi16(codes)));
+}
+}  // namespace
+
+TEST_CASE("e4m3 codes read through fp16 are their values times 2^-8, and the multiplier's range is where that is exact") {
+  if (!simd::available()) return;
+  // Every code: fp16 bits of the value times 2^-8 (NaN codes: sign | 0x7e00).
+  alignas(32) std::uint8_t q[256];
+  for (int i = 0; i < 256; ++i) q[i] = static_cast<std::uint8_t>(i);
+  for (int at = 0; at < 256; at += 16) {
+    alignas(32) std::uint16_t h[16];
+    e4m3_as_f16(q + at, h);
+    for (int j = 0; j < 16; ++j) {
+      const float v = cvt::e4m3_to_f32(q[at + j]);
+      CAPTURE(at + j);
+      if (std::isnan(v)) CHECK(h[j] == ((q[at + j] & 0x80) << 8 | 0x7e00));
+      else CHECK(cvt::f16_to_f32(h[j]) == std::ldexp(v, -8));
+    }
+  }
+  CHECK(simd::avx2::e4m3_prescales(0x1.fffffep119f));
+  CHECK_FALSE(simd::avx2::e4m3_prescales(0x1p120f));
+  CHECK_FALSE(simd::avx2::e4m3_prescales(-0x1p120f));
+  CHECK(simd::avx2::e4m3_prescales(-std::numeric_limits<float>::infinity()));
+  CHECK(simd::avx2::e4m3_prescales(-0.0f));
+  CHECK_FALSE(simd::avx2::e4m3_prescales(std::numeric_limits<float>::quiet_NaN()));
+  CHECK(simd::avx2::e4m3_prescales(std::numeric_limits<float>::denorm_min()));
+}
+#endif
 
 TEST_CASE("move_rows leaves packed types and short rows to the scalar loop") {
   std::vector<std::uint8_t> a(64), b(64);

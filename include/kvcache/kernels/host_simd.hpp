@@ -77,7 +77,10 @@ KVCACHE_AVX2_INLINE inline __m256 load8(const std::byte* p) noexcept {
   if constexpr (T == DType::f16 && Exact) return f16_to_f32(load_u16(p));
   if constexpr (T == DType::bf16) return from_bits(_mm256_slli_epi32(load_u16(p), 16));
   if constexpr (T == DType::fp8_e4m3) return e4m3_to_f32(load_u8(p));
-  if constexpr (T == DType::fp8_e5m2) return f16_to_f32(_mm256_slli_epi32(load_u8(p), 8));
+  // e5m2 is fp16's top byte: F16C widens it, its NaN codes quieted as above.
+  if constexpr (T == DType::fp8_e5m2 && !Exact)
+    return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))), 8));
+  if constexpr (T == DType::fp8_e5m2 && Exact) return f16_to_f32(_mm256_slli_epi32(load_u8(p), 8));
   if constexpr (T == DType::int8)
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
@@ -209,7 +212,12 @@ KVCACHE_AVX2_INLINE inline void store_each(std::byte* dst, std::int32_t n, F f) 
   std::int32_t i = 0;
   for (; i + 32 <= n; i += 32) {
     __m256 v[4];
-    for (int j = 0; j < 4; ++j) v[j] = f(i + 8 * j);
+    if constexpr (requires { f.pair(i, v[0], v[1]); }) {  // sixteen at a time (E4m3Scaled)
+      f.pair(i, v[0], v[1]);
+      f.pair(i + 16, v[2], v[3]);
+    } else {
+      for (int j = 0; j < 4; ++j) v[j] = f(i + 8 * j);
+    }
     store32<D, Stream, Nan>(dst + row_bytes(D, i), v);
   }
   for (; i < n; i += 8) store8<D, Nan>(dst + row_bytes(D, i), f(i));
@@ -227,26 +235,78 @@ struct Scaled {
   }
 };
 
-template <DType S, DType D, bool Stream, bool Nan>
-KVCACHE_AVX2 inline void run(std::byte* dst, const std::byte* src, std::int32_t n8, float mul) noexcept {
-  using F = Scaled<S, D == DType::f32>;
-  store_each<D, F, Stream, Nan>(dst, n8, F{src, _mm256_set1_ps(mul)});
+// fp8 e4m3 codes as fp16 bits, 16 at a time (codes sign-extended to 16-bit
+// lanes): the code's value times 2^-8, exactly. Shifted left by 7, s.eeee.mmm
+// sign-extended reads s s eeee mmm 0000000, fp16's sign, 5-bit exponent and
+// 10-bit mantissa with the exponent's top bit a copy of the sign; cleared,
+// the exponent field is e4m3's, against a bias of 15 instead of 7, and a
+// subnormal (exponent 0) keeps its mantissa's place: 2^-8 either way. The
+// NaN code, s.1111.111, becomes s.01111.1110000000; the xor makes it s |
+// 0x7e00, which F16C widens to the scalar code's s | 0x7fc00000.
+KVCACHE_AVX2_INLINE inline I e4m3_as_f16(I s16) noexcept {
+  const I h = _mm256_and_si256(_mm256_slli_epi16(s16, 7), _mm256_set1_epi16(static_cast<short>(0xbfff)));
+  const I nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x3f80)), _mm256_set1_epi16(0x3f80));
+  return _mm256_xor_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x4180)));
 }
-// int8 codes are numbers: times a scale that is not NaN, the only NaN is
-// the multiply's own (0 x inf), the default NaN, which F16C converts to the
-// scalar code's 0xfe00. So a dequantizing gather's fp16 output skips
-// f16_codes' NaN select, a third of its operations.
+/// True when mul * 256 is exact (|mul| below 2^120, or infinite; not NaN),
+/// so (x * 2^-8) * (mul * 256) rounds the same real product x * mul once:
+/// its bits are x * mul's, subnormal and overflowing results included.
+inline bool e4m3_prescales(float mul) noexcept {
+  const float a = mul < 0.0f ? -mul : mul;
+  return a < 0x1p120f || a > 0x1.fffffep127f;
+}
+// Scaled for fp8 e4m3 codes through e4m3_as_f16 and F16C, in a third of
+// e4m3_to_f32's operations; mul256 is the multiplier times 256
+// (e4m3_prescales), post as in Scaled.
+template <bool Post = false>
+struct E4m3Scaled {
+  const std::byte* src;
+  __m256 mul256, post = _mm256_set1_ps(1.0f);
+  KVCACHE_AVX2_INLINE __m256 scaled(__m128i h) const noexcept {
+    const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(h), mul256);
+    if constexpr (Post) return _mm256_mul_ps(x, post);
+    return x;
+  }
+  KVCACHE_AVX2_INLINE __m256 operator()(std::int32_t i) const noexcept {
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i));
+    return scaled(_mm256_castsi256_si128(e4m3_as_f16(_mm256_cvtepi8_epi16(q))));
+  }
+  KVCACHE_AVX2_INLINE void pair(std::int32_t i, __m256& a, __m256& b) const noexcept {
+    const I h = e4m3_as_f16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+    a = scaled(_mm256_castsi256_si128(h));
+    b = scaled(_mm256_extracti128_si256(h, 1));
+  }
+};
+
+template <DType S, DType D, bool Stream, bool Nan, bool ViaF16>
+KVCACHE_AVX2 inline void run(std::byte* dst, const std::byte* src, std::int32_t n8, float mul) noexcept {
+  if constexpr (ViaF16) {
+    store_each<D, E4m3Scaled<>, Stream, Nan>(dst, n8, E4m3Scaled<>{src, _mm256_set1_ps(mul * 256.0f)});
+  } else {
+    using F = Scaled<S, D == DType::f32>;
+    store_each<D, F, Stream, Nan>(dst, n8, F{src, _mm256_set1_ps(mul)});
+  }
+}
+template <DType S, DType D, bool Nan, bool ViaF16 = false>
+inline void run_streamed(std::byte* dst, const std::byte* src, std::int32_t n8, float mul, bool stream) noexcept {
+  if (stream) run<S, D, true, Nan, ViaF16>(dst, src, n8, mul);
+  else run<S, D, false, Nan, ViaF16>(dst, src, n8, mul);
+}
+// int8 and e4m3 codes hold no NaN but quiet ones without payload (e4m3's
+// NaN code, sign | 0x7fc00000, and a multiply's own 0 x inf): times a
+// multiplier that is not NaN, F16C converts them to the scalar code's
+// sign | 0x7e00. So their fp16 output skips f16_codes' NaN select, a third
+// of its operations (Nan = false).
 template <DType S, DType D>
 inline void run(std::byte* dst, const std::byte* src, std::int32_t n8, float mul, bool stream) noexcept {
-  if constexpr (S == DType::int8 && D == DType::f16) {
-    if (mul == mul) {
-      if (stream) run<S, D, true, false>(dst, src, n8, mul);
-      else run<S, D, false, false>(dst, src, n8, mul);
-      return;
-    }
+  constexpr bool f16_out = D == DType::f16;
+  if constexpr (S == DType::fp8_e4m3) {
+    if (e4m3_prescales(mul)) return run_streamed<S, D, !f16_out, true>(dst, src, n8, mul, stream);
   }
-  if (stream) run<S, D, true, true>(dst, src, n8, mul);
-  else run<S, D, false, true>(dst, src, n8, mul);
+  if constexpr ((S == DType::int8 || S == DType::fp8_e4m3) && f16_out) {
+    if (mul == mul) return run_streamed<S, D, false>(dst, src, n8, mul, stream);
+  }
+  run_streamed<S, D, true>(dst, src, n8, mul, stream);
 }
 template <DType S>
 inline bool run_to(DType dt, std::byte* dst, const std::byte* src, std::int32_t n8, float mul, bool stream) noexcept {

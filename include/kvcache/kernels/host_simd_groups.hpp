@@ -129,6 +129,12 @@ KVCACHE_AVX2 inline void dequantize_groups(std::byte* out, const std::byte* code
     // (code * scale) * mul, as dequantize_group then move_row compute it.
     std::byte* o = out + row_bytes(O, std::int64_t{g} * group);
     const std::byte* c = codes + row_bytes(C, std::int64_t{g} * group);
+    if constexpr (C == DType::fp8_e4m3) {
+      if (e4m3_prescales(scale)) {  // an f16 scale: always, unless NaN
+        store_each<O>(o, group, E4m3Scaled<true>{c, _mm256_set1_ps(scale * 256.0f), m});
+        continue;
+      }
+    }
     if constexpr (dtype_bits(C) == 8)
       store_each<O>(o, group, Scaled<C, true, true>{c, _mm256_set1_ps(scale), m});
     else
