@@ -104,6 +104,15 @@ KVCACHE_HOST_DEVICE inline std::int32_t gather_seq_of_row(const GatherParams& p,
   return lo;
 }
 
+/// Prefetches the pool row one block after output row r of sequence s on
+/// side kv (its codes; prefetch_lines), when the sequence has one.
+inline void prefetch_next_block(const GatherParams& p, std::int32_t s, std::int64_t r, std::int32_t kv) noexcept {
+  std::int32_t page = 0, offset = 0;
+  if (r + p.cache.block_size >= p.out_indptr[s + 1] || !gather_page(p, s, r + p.cache.block_size, page, offset)) return;
+  const std::int64_t bytes = row_bytes(p.cache.dtype, p.cache.head_dim);
+  for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h) prefetch_lines(p.cache.row(page, p.layer, kv, offset, h), bytes);
+}
+
 /// Checks the parameters' shape (pool, layer, counts, pointers).
 inline Status check_gather_shape(const GatherParams& p) noexcept {
   if (!p.cache.base) return Status{Errc::invalid_argument, "cache.base", 0, 1};
@@ -139,6 +148,10 @@ inline Status gather_host(const GatherParams& p) noexcept {
   const bool run[2] = {heads_in_one_run(p.cache, 0, p.head_stride, p.out_dtype, p.k_scales),
                        heads_in_one_run(p.cache, 1, p.head_stride, p.out_dtype, p.v_scales)};
   const bool stream = streams(p.num_rows * p.cache.kv_planes * p.cache.num_kv_heads * row_bytes(p.out_dtype, p.cache.head_dim));
+  // Converted rows read the next block's a block ahead. Copies do not: the
+  // prefetch made fp16 rows 6% slower (docs/benchmarks.md).
+  const bool ahead[2] = {quantized_side(p.cache, 0) || p.cache.dtype != p.out_dtype,
+                         quantized_side(p.cache, 1) || p.cache.dtype != p.out_dtype};
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif
@@ -154,6 +167,7 @@ inline Status gather_host(const GatherParams& p) noexcept {
           if (!gather_page(p, s, r, page, offset)) continue;  // checked above: every row has its page
           std::byte* dst = gather_dst(p, kv, r, 0);
           const std::byte* src = p.cache.row(page, p.layer, kv, offset, 0);
+          if (ahead[kv]) prefetch_next_block(p, s, r, kv);
           if (run[kv]) {
             gather_row_at(p, kv, 0, page, offset, dst, src, 0, 1, p.cache.num_kv_heads, stream);
             continue;
