@@ -12,6 +12,7 @@
 
 #include "convert.hpp"
 #include "host_simd.hpp"
+#include "host_simd_reduce.hpp"
 #include "host_stream.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/geometry.hpp"

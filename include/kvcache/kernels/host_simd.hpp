@@ -9,10 +9,10 @@
 // result is the same. test_host_simd checks every 8- and 16-bit input and
 // random floats against the scalar code. No implicit fma: these targets
 // enable only avx2 and f16c, so the compiler cannot fuse a multiply with the
-// rounding adds; fma_rows is the one fused multiply-add, written as one
-// where the scalar code calls fmaf (its rounding, so its bits), on CPUs
-// with FMA3. CUDA translation units and other CPUs compile none of this
-// (move_rows returns 0 and the scalar loop does the row).
+// rounding adds (host_simd_reduce.hpp's fma_rows is the one fused
+// multiply-add, where the scalar code calls fmaf). CUDA translation units
+// and other CPUs compile none of this (move_rows returns 0 and the scalar
+// loop does the row).
 #pragma once
 
 #include <cstdint>
@@ -346,65 +346,10 @@ inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, st
   }
   return done ? n8 : 0;
 }
-namespace avx2 {
-// The largest of eight lanes (signed).
-KVCACHE_AVX2_INLINE inline std::uint32_t hmax_epi32(I m) noexcept {
-  __m128i h = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
-  h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-  h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(h));
-}
-// The smallest of eight lanes (signed).
-KVCACHE_AVX2_INLINE inline std::int32_t hmin_epi32(I m) noexcept {
-  __m128i h = _mm_min_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
-  h = _mm_min_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-  h = _mm_min_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-  return _mm_cvtsi128_si32(h);
-}
-KVCACHE_AVX2 inline std::uint32_t abs_max_bits(const float* x, std::int32_t n8) noexcept {
-  I m = _mm256_setzero_si256();
-  for (std::int32_t i = 0; i < n8; i += 8)
-    m = _mm256_max_epi32(m, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const I*>(x + i)), k(0x7fffffffu)));
-  return hmax_epi32(m);
-}
-}  // namespace avx2
-
-/// m = the largest of |x[i]|'s bits (below 2^31: signed max is exact) over
-/// the first n - n % 8 elements; returns how many it read (0 without AVX2).
-inline std::int32_t abs_max_bits(const float* x, std::int32_t n, std::uint32_t& m) noexcept {
-  const std::int32_t n8 = n - n % 8;
-  if (n8 == 0 || !available()) return 0;
-  m = avx2::abs_max_bits(x, n8);
-  return n8;
-}
-
-// out[i] = fmaf(a[i], b[i], c[i]), eight at a time; b and c advance by
-// bstep / cstep (0: one value for every element, a group's scale and minimum).
-__attribute__((target("avx2,fma"))) inline void fma_rows(float* out, const float* a, const float* b, std::int32_t bstep,
-                                                         const float* c, std::int32_t cstep, std::int32_t n8) noexcept {
-  for (std::int32_t i = 0; i < n8; i += 8) {
-    const __m256 bv = bstep ? _mm256_loadu_ps(b + i) : _mm256_set1_ps(*b), cv = cstep ? _mm256_loadu_ps(c + i) : _mm256_set1_ps(*c);
-    _mm256_storeu_ps(out + i, _mm256_fmadd_ps(_mm256_loadu_ps(a + i), bv, cv));
-  }
-}
-/// out[i] = fmaf(a[i], b, c) (b and c arrays when bstep / cstep are 1, one
-/// value when 0) for the first n - n % 8 elements on a CPU with FMA;
-/// returns how many (0 without it).
-inline std::int32_t fmadd(float* out, const float* a, const float* b, std::int32_t bstep, const float* c, std::int32_t cstep,
-                        std::int32_t n) noexcept {
-  const std::int32_t n8 = n - n % 8;
-  if (n8 == 0 || !fma_available()) return 0;
-  fma_rows(out, a, b, bstep, c, cstep, n8);
-  return n8;
-}
 #undef KVCACHE_AVX2
 #undef KVCACHE_AVX2_INLINE
 #else
 inline std::int32_t move_rows(void*, DType, const void*, DType, std::int32_t, float, bool = false) noexcept { return 0; }
-inline std::int32_t abs_max_bits(const float*, std::int32_t, std::uint32_t&) noexcept { return 0; }
-inline std::int32_t fmadd(float*, const float*, const float*, std::int32_t, const float*, std::int32_t, std::int32_t) noexcept {
-  return 0;
-}
 #endif
 
 }  // namespace simd

@@ -26,6 +26,7 @@
 #include "common.hpp"
 #include "host_simd.hpp"
 #include "host_simd_packed.hpp"
+#include "host_simd_reduce.hpp"
 #include "kvcache/kv_format.hpp"
 #include "quant.hpp"
 
