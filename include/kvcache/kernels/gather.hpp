@@ -148,8 +148,8 @@ inline Status gather_host(const GatherParams& p) noexcept {
   const bool run[2] = {heads_in_one_run(p.cache, 0, p.head_stride, p.out_dtype, p.k_scales),
                        heads_in_one_run(p.cache, 1, p.head_stride, p.out_dtype, p.v_scales)};
   const bool stream = streams(p.num_rows * p.cache.kv_planes * p.cache.num_kv_heads * row_bytes(p.out_dtype, p.cache.head_dim));
-  // Converted rows read the next block's a block ahead. Copies do not: the
-  // prefetch made fp16 rows 6% slower (docs/benchmarks.md).
+  // Rows that convert ask for their sequence's next block a block ahead
+  // (prefetch_next_block). Plain copies do not: it made fp16 rows 6% slower.
   const bool ahead[2] = {quantized_side(p.cache, 0) || p.cache.dtype != p.out_dtype,
                          quantized_side(p.cache, 1) || p.cache.dtype != p.out_dtype};
 #if defined(_OPENMP)
