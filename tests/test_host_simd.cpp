@@ -118,7 +118,13 @@ TEST_CASE("int8 and e4m3 to fp16 keep the scalar code's NaN for a NaN multiplier
     for (std::int32_t i = 0; i < 256; ++i) store_elem(DType::f16, want.data(), i, load_elem(st, in.data(), i) * nan);
     move_row(got.data(), DType::f16, in.data(), st, 256, nan, 0, 1);
     CHECK(want[1] == 0x7e00);
-    CHECK(got == want);
+    for (std::size_t i = 0; i < 256; ++i) {
+      CAPTURE(i);
+      // e4m3's NaN codes times a NaN: either operand's NaN, as the compiler
+      // orders the multiply (clang and g++ differ), so only NaN-ness is defined.
+      if (std::isnan(load_elem(st, in.data(), static_cast<std::int64_t>(i)))) CHECK((got[i] & 0x7fffu) > 0x7c00u);
+      else CHECK(got[i] == want[i]);
+    }
   }
 }
 
