@@ -26,13 +26,6 @@ KVCACHE_BEGIN_NAMESPACE
 namespace simd {
 
 #if KVCACHE_HOST_SIMD
-// Entry points carry the target; the helpers they call are always inlined:
-// a helper left out of line takes and returns its vectors through memory
-// (the caller's ABI has no 256-bit registers), which made fp8 rows take
-// twice as long (22.9 ms against 12 for bench_quant's prefill).
-#define KVCACHE_AVX2 __attribute__((target("avx2,f16c")))
-#define KVCACHE_AVX2_INLINE __attribute__((target("avx2,f16c"), always_inline))
-
 namespace avx2 {
 using I = __m256i;
 KVCACHE_AVX2_INLINE inline I k(std::uint32_t v) noexcept { return _mm256_set1_epi32(static_cast<int>(v)); }
@@ -346,8 +339,6 @@ inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, st
   }
   return done ? n8 : 0;
 }
-#undef KVCACHE_AVX2
-#undef KVCACHE_AVX2_INLINE
 #else
 inline std::int32_t move_rows(void*, DType, const void*, DType, std::int32_t, float, bool = false) noexcept { return 0; }
 #endif

@@ -23,8 +23,6 @@ KVCACHE_BEGIN_NAMESPACE
 namespace simd {
 
 #if KVCACHE_HOST_SIMD
-#define KVCACHE_AVX2 __attribute__((target("avx2,f16c")))
-#define KVCACHE_AVX2_INLINE __attribute__((target("avx2,f16c"), always_inline))
 namespace avx2 {
 
 // The channels' entries from `rows` rows of d floats (row-major, d a
@@ -166,8 +164,6 @@ inline bool dequantize_channels(void* out, DType ot, const std::byte* codes, con
     default: return avx2::dequantize_channels_to<DType::int2, false>(ot, o, codes, entries, n, mul);
   }
 }
-#undef KVCACHE_AVX2
-#undef KVCACHE_AVX2_INLINE
 #endif
 
 }  // namespace simd

@@ -34,8 +34,6 @@ KVCACHE_BEGIN_NAMESPACE
 namespace simd {
 
 #if KVCACHE_HOST_SIMD
-#define KVCACHE_AVX2 __attribute__((target("avx2,f16c")))
-#define KVCACHE_AVX2_INLINE __attribute__((target("avx2,f16c"), always_inline))
 namespace avx2 {
 
 // group_scale for eight groups' abs maxima: amax / code_max, saturated at
@@ -290,8 +288,6 @@ inline bool dequantize_groups(void* out, DType ot, const std::byte* codes, const
     default: return avx2::dequantize_to<DType::fp4_e2m1>(ot, o, codes, entries, group, groups, mul);
   }
 }
-#undef KVCACHE_AVX2
-#undef KVCACHE_AVX2_INLINE
 #endif
 
 }  // namespace simd

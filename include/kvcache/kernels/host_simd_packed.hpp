@@ -19,7 +19,6 @@ KVCACHE_BEGIN_NAMESPACE
 namespace simd {
 
 #if KVCACHE_HOST_SIMD
-#define KVCACHE_AVX2_INLINE __attribute__((target("avx2,f16c"), always_inline))
 namespace avx2 {
 
 // m + 1 in the lanes where a passes `at` (compare Pred; a mask is -1).
@@ -161,7 +160,6 @@ struct PackedCodes {
 };
 
 }  // namespace avx2
-#undef KVCACHE_AVX2_INLINE
 #endif
 
 }  // namespace simd

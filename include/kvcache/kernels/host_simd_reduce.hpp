@@ -17,8 +17,6 @@ KVCACHE_BEGIN_NAMESPACE
 namespace simd {
 
 #if KVCACHE_HOST_SIMD
-#define KVCACHE_AVX2 __attribute__((target("avx2,f16c")))
-#define KVCACHE_AVX2_INLINE __attribute__((target("avx2,f16c"), always_inline))
 namespace avx2 {
 // The largest of eight lanes (signed).
 KVCACHE_AVX2_INLINE inline std::uint32_t hmax_epi32(I m) noexcept {
@@ -70,8 +68,6 @@ inline std::int32_t fmadd(float* out, const float* a, const float* b, std::int32
   fma_rows(out, a, b, bstep, c, cstep, n8);
   return n8;
 }
-#undef KVCACHE_AVX2
-#undef KVCACHE_AVX2_INLINE
 #else
 inline std::int32_t abs_max_bits(const float*, std::int32_t, std::uint32_t&) noexcept { return 0; }
 inline std::int32_t fmadd(float*, const float*, const float*, std::int32_t, const float*, std::int32_t, std::int32_t) noexcept {

@@ -35,11 +35,11 @@ namespace avx2 {
 /// 32 bytes at p: non-temporal with Stream (p 32-byte aligned), else an
 /// unaligned cached store. Every whole 32-byte row store goes through here.
 template <bool Stream>
-__attribute__((target("avx2"), always_inline)) inline void put32(std::byte* p, __m256i v) noexcept {
+KVCACHE_AVX2_INLINE inline void put32(std::byte* p, __m256i v) noexcept {
   if constexpr (Stream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), v);
   else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
 }
-__attribute__((target("avx2"))) inline void stream_copy(std::byte* dst, const std::byte* src, std::int64_t bytes) noexcept {
+KVCACHE_AVX2 inline void stream_copy(std::byte* dst, const std::byte* src, std::int64_t bytes) noexcept {
   for (std::int64_t i = 0; i < bytes; i += 64) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
