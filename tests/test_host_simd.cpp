@@ -1,4 +1,5 @@
-// The host's AVX2 row conversions (kernels/host_simd.hpp) against the
+// The host's AVX2 and AVX-512 row conversions (kernels/host_simd.hpp,
+// host_simd512.hpp) against the
 // scalar element conversions they replace: every 8- and 16-bit input code,
 // random float bit patterns (NaNs, infinities, subnormals included), every
 // whole-byte type pair, several multipliers, and row lengths that leave a
@@ -7,7 +8,9 @@
 #include <catch2/catch.hpp>
 
 #include <kvcache/kernels/common.hpp>
+#include <kvcache/kernels/host_rows.hpp>
 #include <kvcache/kernels/host_simd.hpp>
+#include <kvcache/kernels/host_simd512.hpp>
 #include <kvcache/kernels/host_simd_channels.hpp>
 #include <kvcache/kernels/host_simd_groups.hpp>
 #include <kvcache/kernels/quant.hpp>
@@ -54,9 +57,31 @@ std::vector<std::uint8_t> inputs(DType t, std::mt19937_64& rng) {
   }
   return v;
 }
+
+// The vector backends this CPU runs, each called alone, and how many
+// elements of a row of n each should do.
+struct Backend {
+  const char* name;
+  std::int32_t (*rows)(void*, DType, const void*, DType, std::int32_t, float, bool);
+  std::int32_t (*expect)(DType, DType, float, std::int32_t);
+};
+std::vector<Backend> backends() {
+  std::vector<Backend> v;
+#if KVCACHE_HOST_SIMD
+  if (simd::available())
+    v.push_back({"avx2", &simd::avx2::move_rows, [](DType, DType, float, std::int32_t n) { return n - n % 8; }});
+#if !defined(KVCACHE_NO_AVX512)
+  if (simd::avx512_available())
+    v.push_back({"avx512", &simd::avx512::move_rows, [](DType dt, DType st, float mul, std::int32_t n) {
+                   return simd::avx512::wide(dt, st, mul) ? n - n % 64 : 0;
+                 }});
+#endif
+#endif
+  return v;
+}
 }  // namespace
 
-TEST_CASE("move_row's AVX2 loops give the scalar conversions' bits, for every whole-byte type pair") {
+TEST_CASE("move_row's AVX2 and AVX-512 loops give the scalar conversions' bits, for every whole-byte type pair") {
   std::mt19937_64 rng(Catch::rngSeed() + 101);
   // Read through a volatile: a multiplier the compiler cannot see (it may drop a multiply by a known 1).
   // 1e36 overflows int8 codes to inf; inf makes a 0 code the default NaN
@@ -103,6 +128,20 @@ TEST_CASE("move_row's AVX2 loops give the scalar conversions' bits, for every wh
         }
         // When the CPU has AVX2 the vector loop did the work (not the scalar fallback).
         if (simd::available()) REQUIRE(simd::move_rows(got.data(), dt, in.data(), st, 77, mul) == 72);
+        // Each vector backend alone over the whole row, cached and streamed:
+        // move_row runs the 512-bit loops on runs of 64 and the AVX2 loops on
+        // what is left, so without this the AVX2 loops would see short rows only.
+        for (const Backend& b : backends()) {
+          for (bool stream : {false, true}) {
+            CAPTURE(b.name, stream);
+            std::fill(buf.begin(), buf.end(), 0xa5);
+            const std::int32_t done = b.rows(line, dt, in.data(), st, n, mul, stream);
+            stream_fence();
+            REQUIRE(done == b.expect(dt, st, mul, n));
+            move_row(line + row_bytes(dt, done), dt, in.data() + row_bytes(st, done), st, n - done, mul, 0, 1);
+            REQUIRE(std::memcmp(line, want.data(), want.size()) == 0);
+          }
+        }
       }
   }
 }

@@ -11,7 +11,7 @@
 #include <type_traits>
 
 #include "convert.hpp"
-#include "host_simd.hpp"
+#include "host_rows.hpp"
 #include "host_simd_reduce.hpp"
 #include "host_stream.hpp"
 #include "kvcache/config.hpp"

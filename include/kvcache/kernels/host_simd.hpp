@@ -313,11 +313,11 @@ inline bool run_to(DType dt, std::byte* dst, const std::byte* src, std::int32_t 
     default: return false;
   }
 }
-}  // namespace avx2
 
 /// dst[i] = convert(src[i] * mul) for the first n - n % 8 elements of a
 /// row, as move_row's scalar loop computes them; returns how many it did
-/// (0: the CPU has no AVX2, or a type is packed). The caller does the rest.
+/// (0: the CPU has no AVX2, or a type is packed). The caller does the rest
+/// (simd::move_rows, host_rows.hpp, runs the 512-bit loops first).
 /// stream: non-temporal stores where the row is whole lines (the caller
 /// fences once its rows are written: stream_fence).
 inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, std::int32_t n, float mul,
@@ -329,18 +329,17 @@ inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, st
   stream = stream && streams_whole_lines(d, dt, n8);
   bool done = false;
   switch (st) {
-    case DType::f32: done = avx2::run_to<DType::f32>(dt, d, s, n8, mul, stream); break;
-    case DType::f16: done = avx2::run_to<DType::f16>(dt, d, s, n8, mul, stream); break;
-    case DType::bf16: done = avx2::run_to<DType::bf16>(dt, d, s, n8, mul, stream); break;
-    case DType::fp8_e4m3: done = avx2::run_to<DType::fp8_e4m3>(dt, d, s, n8, mul, stream); break;
-    case DType::fp8_e5m2: done = avx2::run_to<DType::fp8_e5m2>(dt, d, s, n8, mul, stream); break;
-    case DType::int8: done = avx2::run_to<DType::int8>(dt, d, s, n8, mul, stream); break;
+    case DType::f32: done = run_to<DType::f32>(dt, d, s, n8, mul, stream); break;
+    case DType::f16: done = run_to<DType::f16>(dt, d, s, n8, mul, stream); break;
+    case DType::bf16: done = run_to<DType::bf16>(dt, d, s, n8, mul, stream); break;
+    case DType::fp8_e4m3: done = run_to<DType::fp8_e4m3>(dt, d, s, n8, mul, stream); break;
+    case DType::fp8_e5m2: done = run_to<DType::fp8_e5m2>(dt, d, s, n8, mul, stream); break;
+    case DType::int8: done = run_to<DType::int8>(dt, d, s, n8, mul, stream); break;
     default: break;
   }
   return done ? n8 : 0;
 }
-#else
-inline std::int32_t move_rows(void*, DType, const void*, DType, std::int32_t, float, bool = false) noexcept { return 0; }
+}  // namespace avx2
 #endif
 
 }  // namespace simd

@@ -1,0 +1,40 @@
+// The host's row conversions by the widest vector loops this CPU runs:
+// whole runs of 64 elements by the 512-bit loops (host_simd512.hpp), what is
+// left 8 at a time by the AVX2 loops (host_simd.hpp), and the last few by
+// the caller's scalar loop. Every one of them gives the scalar code's bits,
+// so which ran is not visible in the result.
+#pragma once
+
+#include <cstdint>
+
+#include "host_cpu.hpp"
+#include "host_simd.hpp"
+#include "host_simd512.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/kv_format.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+namespace simd {
+
+/// dst[i] = convert(src[i] * mul) for the first elements of a row of n, as
+/// move_row's scalar loop computes them; returns how many it did, a
+/// multiple of 8 (0: no AVX2 on this CPU, a packed type, or a row below 8).
+/// stream: non-temporal stores where the row is whole lines (the caller
+/// fences once its rows are written: stream_fence).
+inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, std::int32_t n, float mul,
+                              bool stream = false) noexcept {
+#if KVCACHE_HOST_SIMD
+  std::int32_t done = 0;
+#if !defined(KVCACHE_NO_AVX512)
+  done = avx512::move_rows(dst, dt, src, st, n, mul, stream);
+#endif
+  return done + avx2::move_rows(static_cast<std::byte*>(dst) + row_bytes(dt, done), dt,
+                                static_cast<const std::byte*>(src) + row_bytes(st, done), st, n - done, mul, stream);
+#else
+  (void)dst, (void)dt, (void)src, (void)st, (void)n, (void)mul, (void)stream;
+  return 0;
+#endif
+}
+
+}  // namespace simd
+KVCACHE_END_NAMESPACE

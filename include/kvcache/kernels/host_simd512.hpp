@@ -1,0 +1,239 @@
+// The host's row conversions sixty-four elements at a time (AVX-512 F and
+// BW), chosen at run time ahead of host_simd.hpp's AVX2 loops: the same
+// operations lane by lane, so the scalar code's bits, at twice the lanes
+// per instruction. A quantizing scatter (fp16 into int8 or fp8) is bound by
+// its conversion's operations rather than its traffic on current servers
+// (about 27 AVX2 operations per 32 int8 codes); the wider lanes halve
+// them, and AVX-512's saturating packs, mask registers and masked moves
+// take some selects off the count. Rows are done in whole runs of 64; the
+// AVX2 loops and the scalar loop do what is left (simd::move_rows). An f16
+// or e5m2 row into f32, whose NaN payloads only the AVX2 bit decode keeps,
+// is left to them too. CUDA translation units, other CPUs and builds with
+// KVCACHE_NO_AVX512 compile none of this.
+#pragma once
+
+#include <cstdint>
+
+#include "host_cpu.hpp"
+#include "host_simd.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/kv_format.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+namespace simd {
+
+#if KVCACHE_HOST_SIMD && !defined(KVCACHE_NO_AVX512)
+// g++ 12's AVX-512 intrinsics start from a self-initialized "undefined"
+// vector, which -Wmaybe-uninitialized reports wherever they are inlined
+// (GCC bug 105593, fixed in 13).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+namespace avx512 {
+using I = __m512i;
+using V = __m512;
+KVCACHE_AVX512_INLINE inline I k(std::uint32_t v) noexcept { return _mm512_set1_epi32(static_cast<int>(v)); }
+KVCACHE_AVX512_INLINE inline I bits(V f) noexcept { return _mm512_castps_si512(f); }
+KVCACHE_AVX512_INLINE inline V from_bits(I u) noexcept { return _mm512_castsi512_ps(u); }
+// Unsigned a > b for values below 2^31 (every magnitude here).
+KVCACHE_AVX512_INLINE inline __mmask16 gt(I a, std::uint32_t b) noexcept { return _mm512_cmpgt_epi32_mask(a, k(b)); }
+
+/// 64 bytes at p: non-temporal with Stream (p 64-byte aligned), else an
+/// unaligned cached store (host_stream.hpp says when rows stream).
+template <bool Stream>
+KVCACHE_AVX512_INLINE inline void put64(std::byte* p, I v) noexcept {
+  if constexpr (Stream) _mm512_stream_si512(reinterpret_cast<__m512i*>(p), v);
+  else _mm512_storeu_si512(reinterpret_cast<void*>(p), v);
+}
+
+// ---- loads: 16 elements to 16 floats (cvt::*_to_f32) ----
+// fp16 and e5m2 through the hardware conversion, which quiets a signalling
+// NaN: the multiply that follows quiets it anyway, and the f32 outputs that
+// would keep it are left to the AVX2 loops (wide()).
+template <DType T>
+KVCACHE_AVX512_INLINE inline V load16(const std::byte* p) noexcept {
+  if constexpr (T == DType::f32) return _mm512_loadu_ps(p);
+  if constexpr (T == DType::f16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  if constexpr (T == DType::bf16)
+    return from_bits(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  if constexpr (T == DType::fp8_e5m2)
+    return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 8));
+  if constexpr (T == DType::int8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+// fp8 e4m3 codes as fp16 bits, 32 at a time: avx2::e4m3_as_f16's
+// operations (the value times 2^-8, NaN codes sign | 0x7e00), its select
+// by a mask register.
+KVCACHE_AVX512_INLINE inline I e4m3_as_f16(I s16) noexcept {
+  const I h = _mm512_and_si512(_mm512_slli_epi16(s16, 7), _mm512_set1_epi16(static_cast<short>(0xbfff)));
+  const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, _mm512_set1_epi16(0x3f80)), _mm512_set1_epi16(0x3f80));
+  return _mm512_mask_blend_epi16(nan, h, _mm512_xor_si512(h, _mm512_set1_epi16(0x4180)));
+}
+
+// ---- stores: 16 floats to 16 codes, one per 32-bit lane (cvt::f32_to_*) ----
+KVCACHE_AVX512_INLINE inline I f32_to_bf16(V f) noexcept {
+  const I u = bits(f);
+  const I r = _mm512_add_epi32(u, _mm512_add_epi32(k(0x7fffu), _mm512_and_si512(_mm512_srli_epi32(u, 16), k(1))));
+  return _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), gt(_mm512_and_si512(u, k(0x7fffffffu)), 0x7f800000u),
+                               _mm512_or_si512(_mm512_srli_epi32(u, 16), k(0x40u)));
+}
+// avx2::f32_to_fp8's float-add rounding, lane by lane (see there).
+template <std::uint32_t MinExp, int MBits, std::uint32_t SatBits, std::uint32_t Nan>
+KVCACHE_AVX512_INLINE inline I f32_to_fp8(V f) noexcept {
+  const I u = bits(f), sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), k(0x80u)), a = _mm512_and_si512(u, k(0x7fffffffu));
+  const V c = _mm512_min_ps(from_bits(a), from_bits(k(SatBits)));  // a NaN gives SatBits (min's second operand)
+  const I e = _mm512_max_epi32(_mm512_and_si512(bits(c), k(0x7f800000u)), k(MinExp << 23));
+  const I magic = _mm512_add_epi32(e, k(static_cast<std::uint32_t>(23 - MBits) << 23));
+  const I steps = _mm512_sub_epi32(bits(_mm512_add_ps(c, from_bits(magic))), magic);
+  const I code = _mm512_add_epi32(steps, _mm512_sub_epi32(_mm512_srli_epi32(e, 23 - MBits), k(MinExp << MBits)));
+  return _mm512_or_si512(sign, _mm512_mask_mov_epi32(code, gt(a, 0x7f800000u), k(Nan)));
+}
+// cvt::to_int(v, -127, 127)'s codes: the clamp in one vrangeps (the
+// smaller magnitude of v and 127, with v's sign), and a NaN, which vrangeps
+// makes 127 with the NaN's sign, zeroed by the masked conversion.
+KVCACHE_AVX512_INLINE inline I to_int8(V v) noexcept {
+  return _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), _mm512_range_ps(v, _mm512_set1_ps(127.0f), 0x02));
+}
+template <DType T>
+KVCACHE_AVX512_INLINE inline I codes(V v) noexcept {
+  if constexpr (T == DType::bf16) return f32_to_bf16(v);
+  if constexpr (T == DType::fp8_e4m3) return f32_to_fp8<121, 3, 0x43e00000u, 0x7fu>(v);
+  if constexpr (T == DType::fp8_e5m2) return f32_to_fp8<113, 2, 0x47600000u, 0x7fu>(v);
+  if constexpr (T == DType::int8) return to_int8(v);
+}
+// fp16 by the hardware conversion, a NaN first made the scalar code's sign
+// | 0x7e00 (avx2::f16_codes); Nan = false where v holds no other NaN.
+template <bool Nan>
+KVCACHE_AVX512_INLINE inline __m256i f16_codes(V v) noexcept {
+  if constexpr (Nan) {
+    const V nan = from_bits(_mm512_or_si512(_mm512_and_si512(bits(v), k(0x80000000u)), k(0x7fc00000u)));
+    v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v, nan);
+  }
+  return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+}
+// 64 elements of T from v[0..3] in order, in whole 64-byte stores. The
+// packs work within 128-bit quarters; a permute puts their runs back.
+template <DType T, bool Stream, bool Nan>
+KVCACHE_AVX512_INLINE inline void store64(std::byte* p, const V (&v)[4]) noexcept {
+  if constexpr (T == DType::f32) {
+    for (int i = 0; i < 4; ++i) put64<Stream>(p + 64 * i, bits(v[i]));
+  } else if constexpr (T == DType::f16) {
+    for (int i = 0; i < 2; ++i)
+      put64<Stream>(p + 64 * i, _mm512_inserti64x4(_mm512_castsi256_si512(f16_codes<Nan>(v[2 * i])), f16_codes<Nan>(v[2 * i + 1]), 1));
+  } else if constexpr (T == DType::bf16) {  // lanes below 2^16: unsigned 32 -> 16 packing is exact
+    const I order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
+    for (int i = 0; i < 2; ++i)
+      put64<Stream>(p + 64 * i, _mm512_permutexvar_epi64(order, _mm512_packus_epi32(codes<T>(v[2 * i]), codes<T>(v[2 * i + 1]))));
+  } else {  // int8 in [-127, 127] packs signed, fp8 bytes in [0, 255] unsigned: exact either way
+    const I a = codes<T>(v[0]), b = codes<T>(v[1]), c = codes<T>(v[2]), d = codes<T>(v[3]);
+    const I x = T == DType::int8 ? _mm512_packs_epi16(_mm512_packs_epi32(a, b), _mm512_packs_epi32(c, d))
+                                 : _mm512_packus_epi16(_mm512_packus_epi32(a, b), _mm512_packus_epi32(c, d));
+    const I y = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), x);
+    put64<Stream>(p, y);
+  }
+}
+
+// Elements i.. of src (type S) times mul, 16 at a time.
+template <DType S>
+struct Scaled {
+  const std::byte* src;
+  V mul;
+  KVCACHE_AVX512_INLINE void quad(std::int32_t i, V (&v)[4]) const noexcept {
+    for (int j = 0; j < 4; ++j) v[j] = _mm512_mul_ps(load16<S>(src + row_bytes(S, i + 16 * j)), mul);
+  }
+};
+// fp8 e4m3 codes through fp16 (e4m3_as_f16), mul256 the multiplier times
+// 256 (avx2::e4m3_prescales says where that is exact; wide() checks it).
+struct E4m3Scaled {
+  const std::byte* src;
+  V mul256;
+  KVCACHE_AVX512_INLINE void quad(std::int32_t i, V (&v)[4]) const noexcept {
+    for (int j = 0; j < 2; ++j) {
+      const I h = e4m3_as_f16(_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32 * j))));
+      v[2 * j] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), mul256);
+      v[2 * j + 1] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), mul256);
+    }
+  }
+};
+
+template <DType D, bool Stream, bool Nan, class F>
+KVCACHE_AVX512 inline void run(std::byte* dst, const std::byte* src, std::int32_t n64, float mul) noexcept {
+  const F f{src, _mm512_set1_ps(mul)};  // made here: a vector argument would pass through memory
+  for (std::int32_t i = 0; i < n64; i += 64) {
+    V v[4];
+    f.quad(i, v);
+    store64<D, Stream, Nan>(dst + row_bytes(D, i), v);
+  }
+}
+template <DType D, bool Nan, class F>
+inline void run_streamed(std::byte* dst, const std::byte* src, std::int32_t n64, float mul, bool stream) noexcept {
+  if (stream) run<D, true, Nan, F>(dst, src, n64, mul);
+  else run<D, false, Nan, F>(dst, src, n64, mul);
+}
+// The AVX2 loops' choices (avx2::run): e4m3 through fp16 where the
+// multiplier allows it (wide() leaves the others to the AVX2 loops); int8
+// into fp16 without the NaN select.
+template <DType S, DType D>
+inline void run(std::byte* dst, const std::byte* src, std::int32_t n64, float mul, bool stream) noexcept {
+  constexpr bool f16_out = D == DType::f16;
+  if constexpr (S == DType::fp8_e4m3) {
+    run_streamed<D, !f16_out, E4m3Scaled>(dst, src, n64, mul * 256.0f, stream);
+  } else {
+    if constexpr (S == DType::int8 && f16_out) {
+      if (mul == mul) return run_streamed<D, false, Scaled<S>>(dst, src, n64, mul, stream);
+    }
+    run_streamed<D, true, Scaled<S>>(dst, src, n64, mul, stream);
+  }
+}
+/// True when the 512-bit loops convert st into dt with multiplier mul: every
+/// whole-byte pair but fp16 or e5m2 into f32 (NaN payloads), and e4m3 with
+/// a multiplier it cannot take through fp16 exactly.
+inline bool wide(DType dt, DType st, float mul) noexcept {
+  if (dtype_bits(dt) < 8 || dtype_bits(st) < 8) return false;
+  if (dt == DType::f32 && (st == DType::f16 || st == DType::fp8_e5m2)) return false;
+  if (st == DType::fp8_e4m3) return avx2::e4m3_prescales(mul);
+  return true;
+}
+template <DType S>
+inline void run_to(DType dt, std::byte* dst, const std::byte* src, std::int32_t n64, float mul, bool stream) noexcept {
+  switch (dt) {
+    case DType::f32: if constexpr (S != DType::f16 && S != DType::fp8_e5m2) run<S, DType::f32>(dst, src, n64, mul, stream); return;
+    case DType::f16: run<S, DType::f16>(dst, src, n64, mul, stream); return;
+    case DType::bf16: run<S, DType::bf16>(dst, src, n64, mul, stream); return;
+    case DType::fp8_e4m3: run<S, DType::fp8_e4m3>(dst, src, n64, mul, stream); return;
+    case DType::fp8_e5m2: run<S, DType::fp8_e5m2>(dst, src, n64, mul, stream); return;
+    case DType::int8: run<S, DType::int8>(dst, src, n64, mul, stream); return;
+    default: return;
+  }
+}
+
+/// dst[i] = convert(src[i] * mul) for the first n - n % 64 elements of a
+/// row, as move_row's scalar loop computes them; returns how many it did
+/// (0: no AVX-512, or a pair wide() leaves to the AVX2 loops). stream:
+/// non-temporal stores where the row is whole lines (the caller fences).
+inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, std::int32_t n, float mul,
+                              bool stream = false) noexcept {
+  const std::int32_t n64 = n - n % 64;
+  if (n64 == 0 || !avx512_available() || !wide(dt, st, mul)) return 0;
+  auto* d = static_cast<std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
+  stream = stream && (reinterpret_cast<std::uintptr_t>(d) & 63u) == 0;  // 64 elements are whole lines in every type
+  switch (st) {
+    case DType::f32: run_to<DType::f32>(dt, d, s, n64, mul, stream); break;
+    case DType::f16: run_to<DType::f16>(dt, d, s, n64, mul, stream); break;
+    case DType::bf16: run_to<DType::bf16>(dt, d, s, n64, mul, stream); break;
+    case DType::fp8_e4m3: run_to<DType::fp8_e4m3>(dt, d, s, n64, mul, stream); break;
+    case DType::fp8_e5m2: run_to<DType::fp8_e5m2>(dt, d, s, n64, mul, stream); break;
+    case DType::int8: run_to<DType::int8>(dt, d, s, n64, mul, stream); break;
+    default: return 0;
+  }
+  return n64;
+}
+}  // namespace avx512
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+}  // namespace simd
+KVCACHE_END_NAMESPACE
