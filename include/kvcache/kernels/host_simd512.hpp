@@ -77,16 +77,39 @@ KVCACHE_AVX512_INLINE inline I f32_to_bf16(V f) noexcept {
   return _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), gt(_mm512_and_si512(u, k(0x7fffffffu)), 0x7f800000u),
                                _mm512_or_si512(_mm512_srli_epi32(u, 16), k(0x40u)));
 }
-// avx2::f32_to_fp8's float-add rounding, lane by lane (see there).
+// avx2::f32_to_fp8's float-add rounding (see there), with magic and the
+// binade's first code looked up rather than computed: the exponent field,
+// raised to MinExp, picks one of 32 entries (enough for every binade from
+// the smallest normal code's to the largest finite one's, 15 for e4m3 and
+// 30 for e5m2) by its low five bits. One vrangeps takes |x| and clamps it;
+// the NaN code is merged by the subtract's mask; the sign is or-ed in by one
+// ternary logic. 10 operations per 16 values where the computed form took 15.
+template <std::uint32_t MinExp, int MBits>
+struct Fp8Steps {
+  // magic(E) = 2^(E + 23 - MBits) as f32 bits, so |x| + magic rounds x to
+  // the code's step; less = magic's bits minus the binade's first code.
+  static constexpr std::uint32_t magic(std::uint32_t e) noexcept { return (e + 23u - MBits) << 23; }
+  static constexpr auto table(bool less) noexcept {
+    struct T {
+      alignas(64) std::uint32_t v[32];
+    } t{};
+    for (std::uint32_t e = MinExp; e < MinExp + 32; ++e)
+      t.v[e & 31u] = less ? magic(e) - ((e - MinExp) << MBits) : magic(e);
+    return t;
+  }
+  static constexpr auto magics = table(false), lesses = table(true);
+};
 template <std::uint32_t MinExp, int MBits, std::uint32_t SatBits, std::uint32_t Nan>
 KVCACHE_AVX512_INLINE inline I f32_to_fp8(V f) noexcept {
-  const I u = bits(f), sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), k(0x80u)), a = _mm512_and_si512(u, k(0x7fffffffu));
-  const V c = _mm512_min_ps(from_bits(a), from_bits(k(SatBits)));  // a NaN gives SatBits (min's second operand)
-  const I e = _mm512_max_epi32(_mm512_and_si512(bits(c), k(0x7f800000u)), k(MinExp << 23));
-  const I magic = _mm512_add_epi32(e, k(static_cast<std::uint32_t>(23 - MBits) << 23));
-  const I steps = _mm512_sub_epi32(bits(_mm512_add_ps(c, from_bits(magic))), magic);
-  const I code = _mm512_add_epi32(steps, _mm512_sub_epi32(_mm512_srli_epi32(e, 23 - MBits), k(MinExp << MBits)));
-  return _mm512_or_si512(sign, _mm512_mask_mov_epi32(code, gt(a, 0x7f800000u), k(Nan)));
+  using S = Fp8Steps<MinExp, MBits>;
+  static_assert((SatBits >> 23) < MinExp + 32, "the largest finite code's binade is past the table");
+  const V c = _mm512_range_ps(f, from_bits(k(SatBits)), 0x0a);  // min(|f|, SatBits), sign cleared
+  const I e = _mm512_srli_epi32(_mm512_max_epi32(bits(c), k(MinExp << 23)), 23);
+  const I lo = _mm512_load_si512(S::magics.v + 0), hi = _mm512_load_si512(S::magics.v + 16);
+  const I llo = _mm512_load_si512(S::lesses.v + 0), lhi = _mm512_load_si512(S::lesses.v + 16);
+  const I sum = bits(_mm512_add_ps(c, from_bits(_mm512_permutex2var_epi32(lo, e, hi))));
+  const I code = _mm512_mask_sub_epi32(k(Nan), _mm512_cmp_ps_mask(f, f, _CMP_ORD_Q), sum, _mm512_permutex2var_epi32(llo, e, lhi));
+  return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(bits(f), 24), k(0x80u), 0xf8);  // code | (sign & 0x80)
 }
 // cvt::to_int(v, -127, 127)'s codes: the clamp in one vrangeps (the
 // smaller magnitude of v and 127, with v's sign), and a NaN, which vrangeps
