@@ -8,11 +8,11 @@
 #include <catch2/catch.hpp>
 
 #include <kvcache/kernels/common.hpp>
+#include <kvcache/kernels/host_groups.hpp>
 #include <kvcache/kernels/host_rows.hpp>
 #include <kvcache/kernels/host_simd.hpp>
 #include <kvcache/kernels/host_simd512.hpp>
 #include <kvcache/kernels/host_simd_channels.hpp>
-#include <kvcache/kernels/host_simd_groups.hpp>
 #include <kvcache/kernels/quant.hpp>
 #include <kvcache/kernels/quant_rows.hpp>
 
@@ -256,7 +256,8 @@ void reference_quantize(const std::uint8_t* src, DType st, DType code, std::int3
 
 TEST_CASE("the host's group loops give quantize_group's and dequantize_group's bits, every format") {
   std::mt19937_64 rng(Catch::rngSeed() + 211);
-  volatile float muls[] = {1.0f, 0.375f, 1.0f / 3.0f};
+  // A negative multiplier, and ones the 512-bit loops leave to the AVX2 ones (0, inf).
+  volatile float muls[] = {1.0f, 0.375f, 1.0f / 3.0f, -0.375f, 0.0f, std::numeric_limits<float>::infinity()};
   const DType floats[] = {DType::f32, DType::f16, DType::bf16};
   const std::uint32_t specials[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffc12345u, 0x00000001u, 0x80000000u,
                                     0x477ff000u, 0x477fefffu, 0x7f7fffffu, 0xff7fffffu, 0x00800000u, 0x33800000u, 0xc7800000u};
@@ -362,7 +363,8 @@ TEST_CASE("the host's group loops give quantize_group's and dequantize_group's b
 
 TEST_CASE("the host's channel loops read a row back with load_channel_elem's bits, every code, minimum and output type") {
   std::mt19937_64 rng(Catch::rngSeed() + 307);
-  volatile float muls[] = {1.0f, 0.375f, 1.0f / 3.0f};
+  // A negative multiplier, and ones the 512-bit loops leave to the AVX2 ones (0, inf).
+  volatile float muls[] = {1.0f, 0.375f, 1.0f / 3.0f, -0.375f, 0.0f, std::numeric_limits<float>::infinity()};
   for (DType code : {DType::int8, DType::int4, DType::int2})
     for (bool minimum : {true, false})
       for (DType ot : {DType::f32, DType::f16, DType::bf16})

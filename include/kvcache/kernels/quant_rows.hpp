@@ -10,7 +10,7 @@
 
 #include "common.hpp"
 #include "host_simd_channels.hpp"
-#include "host_simd_groups.hpp"
+#include "host_groups.hpp"
 #include "quant.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

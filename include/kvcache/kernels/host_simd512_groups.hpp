@@ -1,0 +1,259 @@
+// The host's group quantization sixteen lanes at a time, for whole-byte
+// symmetric codes (int8, fp8 e4m3 and e5m2, an f16 scale a group) in groups
+// of 16, 32, 64 or 128 values, where the CPU has AVX-512 F, BW and DQ. The
+// AVX2 loops (host_simd_groups.hpp) spent most of a 32-value group on its
+// overhead: a conversion and multiply per value only to find the range, a
+// horizontal max per group, the scales through arrays, eight lanes a store.
+// Here sixteen groups' ranges are read from the source's own bits (32
+// values an operation for 16-bit types), one transposing reduction gives
+// their sixteen maxima in one vector, their scales take one pass of
+// group_scales' operations, and the codes are written 64 at a time by
+// host_simd512.hpp's encoders and packs; the group size is a template
+// argument, so no loop counts or divides by it. Reading back, each 16
+// values of a group is one multiply by the group's scale and one by the
+// caller's multiplier, stored in the caller's type. The bits are
+// quantize_group's and dequantize_group's (test_host_simd).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "host_cpu.hpp"
+#include "host_simd512.hpp"
+#include "host_simd_groups.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/kernels/convert.hpp"
+#include "kvcache/kv_format.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+namespace simd {
+
+#if KVCACHE_HOST_SIMD && !defined(KVCACHE_NO_AVX512)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in host_simd512.hpp
+#endif
+namespace avx512 {
+
+// Lane j of the result is the largest lane of a[j] (signed). Four rounds
+// halve the vectors, each a max of two shuffles that pair the halves, then
+// the quarters, pairs and lanes of two vectors; the last leaves group
+// q + 4r in lane 4q + r, which one permute puts back in order.
+KVCACHE_AVX512_INLINE inline I max_each(const I (&a)[16]) noexcept {
+  I t[8], u[4], w[2];
+  for (int j = 0; j < 8; ++j)
+    t[j] = _mm512_max_epi32(_mm512_shuffle_i32x4(a[2 * j], a[2 * j + 1], 0x44), _mm512_shuffle_i32x4(a[2 * j], a[2 * j + 1], 0xee));
+  for (int j = 0; j < 4; ++j)
+    u[j] = _mm512_max_epi32(_mm512_shuffle_i32x4(t[2 * j], t[2 * j + 1], 0x88), _mm512_shuffle_i32x4(t[2 * j], t[2 * j + 1], 0xdd));
+  for (int j = 0; j < 2; ++j)
+    w[j] = _mm512_max_epi32(_mm512_unpacklo_epi64(u[2 * j], u[2 * j + 1]), _mm512_unpackhi_epi64(u[2 * j], u[2 * j + 1]));
+  const V w0 = _mm512_castsi512_ps(w[0]), w1 = _mm512_castsi512_ps(w[1]);
+  const I z = _mm512_max_epi32(bits(_mm512_shuffle_ps(w0, w1, 0x88)), bits(_mm512_shuffle_ps(w0, w1, 0xdd)));
+  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
+}
+
+// avx2::group_scales for sixteen groups (the same operations, so its bits):
+// amax / code_max saturated at f16's largest (a NaN stays NaN), the f16
+// entry (a NaN made sign | 0x7e00), inv = 1 / scale where scale > 0.
+KVCACHE_AVX512_INLINE inline void group_scales(V amax, float code_max, I& entry, V& inv) noexcept {
+  const V type_max = _mm512_set1_ps(cvt::kF16Max);
+  V want = _mm512_div_ps(amax, _mm512_set1_ps(code_max));
+  want = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(want, type_max, _CMP_GT_OQ), want, type_max);
+  const __m256i h = f16_codes<true>(want);
+  entry = _mm512_cvtepu16_epi32(h);
+  const V scale = _mm512_cvtph_ps(h);
+  inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(scale, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), scale);
+}
+
+// The largest |x|'s bits of a group of S (a multiple of 16 values), in
+// 32-bit lanes whose largest is the group's: the source's own bits, 16-bit
+// types 32 to a vector.
+template <DType S, int G>
+KVCACHE_AVX512_INLINE inline I abs_bits(const std::byte* in) noexcept {
+  constexpr std::int32_t group = G;
+  if constexpr (S == DType::f32) {
+    I a = _mm512_setzero_si512();
+    for (std::int32_t i = 0; i < group; i += 16) a = _mm512_max_epi32(a, _mm512_and_si512(_mm512_loadu_si512(in + 4 * i), k(0x7fffffffu)));
+    return a;
+  } else {
+    const I mask = _mm512_set1_epi16(0x7fff);
+    I a = G == 16 ? _mm512_and_si512(_mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in))), mask)
+                      : _mm512_setzero_si512();
+    for (std::int32_t i = 0; i + 32 <= group; i += 32) a = _mm512_max_epu16(a, _mm512_and_si512(_mm512_loadu_si512(in + 2 * i), mask));
+    return _mm512_max_epi32(_mm512_and_si512(a, k(0xffffu)), _mm512_srli_epi32(a, 16));
+  }
+}
+// The values of abs_bits' maxima.
+template <DType S>
+KVCACHE_AVX512_INLINE inline V abs_values(I a) noexcept {
+  if constexpr (S == DType::f32) return from_bits(a);
+  if constexpr (S == DType::f16) return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(a));
+  if constexpr (S == DType::bf16) return from_bits(_mm512_slli_epi32(a, 16));
+}
+
+// Elements i.. of a round's source, (x * mul) * inv of their group, as
+// avx2::Scaled<S, false, true> computes them.
+template <DType S>
+KVCACHE_AVX512_INLINE inline V scaled(const std::byte* in, std::int32_t i, V m, const float* inv, int log2_group) noexcept {
+  return _mm512_mul_ps(_mm512_mul_ps(load16<S>(in + row_bytes(S, i)), m), _mm512_set1_ps(inv[i >> log2_group]));
+}
+
+// quantize_groups' symmetric whole-byte codes, for groups of a multiple of
+// 16 values, up to 16 groups a round. A group's largest |x * mul| is taken
+// as (its largest |x|) * |mul|: rounding is monotonic and symmetric, so for
+// a finite non-zero mul (groups_wide) that is the same float, and a NaN
+// (any NaN: its entry is 0x7e00 and its inv 0 whatever the payload) where
+// there is one. So the first read is the source's bits alone, 32 values an
+// operation for 16-bit types; the second converts them.
+template <DType S, DType C, int G>
+KVCACHE_AVX512 inline void quantize_groups(std::byte* dst, std::byte* entries, const std::byte* src, std::int32_t groups,
+                                           float mul, float code_max) noexcept {
+  static_assert(dtype_bits(C) == 8 && G >= 16 && (G & (G - 1)) == 0);
+  constexpr std::int32_t group = G;
+  const V m = _mm512_set1_ps(mul), abs_mul = _mm512_set1_ps(mul < 0.0f ? -mul : mul);
+  constexpr int lg = __builtin_ctz(static_cast<unsigned>(G));
+  alignas(64) float inv[16];
+  for (std::int32_t b = 0; b < groups; b += 16) {
+    const std::int32_t nb = groups - b < 16 ? groups - b : 16, n = nb * group;
+    const std::byte* in = src + row_bytes(S, std::int64_t{b} * group);
+    I acc[16];
+    for (std::int32_t j = 0; j < 16; ++j) acc[j] = j < nb ? abs_bits<S, G>(in + row_bytes(S, std::int64_t{j} * group)) : _mm512_setzero_si512();
+    I entry;
+    V iv;
+    group_scales(_mm512_mul_ps(abs_values<S>(max_each(acc)), abs_mul), code_max, entry, iv);
+    _mm512_mask_cvtepi32_storeu_epi16(entries + 2 * b, static_cast<__mmask16>((1u << nb) - 1u), entry);
+    _mm512_store_ps(inv, iv);
+    std::byte* out = dst + std::int64_t{b} * group;
+    std::int32_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      const V v[4] = {scaled<S>(in, i, m, inv, lg), scaled<S>(in, i + 16, m, inv, lg), scaled<S>(in, i + 32, m, inv, lg),
+                      scaled<S>(in, i + 48, m, inv, lg)};
+      store64<C, false, true>(out + i, v);
+    }
+    for (; i < n; i += 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(codes<C>(scaled<S>(in, i, m, inv, lg))));
+  }
+}
+
+// 16 elements of O from v (f16: a NaN made the scalar code's sign | 0x7e00).
+template <DType O>
+KVCACHE_AVX512_INLINE inline void store16(std::byte* p, V v) noexcept {
+  if constexpr (O == DType::f32) _mm512_storeu_ps(p, v);
+  if constexpr (O == DType::f16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), f16_codes<true>(v));
+  if constexpr (O == DType::bf16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(f32_to_bf16(v)));
+}
+
+// dequantize_groups' (code * scale) * mul, 16 values a step. e4m3 codes go
+// through fp16 with the scale times 256 (avx2::e4m3_prescales: every f16
+// scale but inf and NaN), a group whose scale it refuses through the AVX2
+// loop.
+template <DType C, DType O, int G>
+KVCACHE_AVX512 inline void dequantize_groups(std::byte* out, const std::byte* codes, const std::byte* entries, std::int32_t groups,
+                                             float mul) noexcept {
+  static_assert(dtype_bits(C) == 8);
+  constexpr std::int32_t group = G;
+  const V m = _mm512_set1_ps(mul);
+  for (std::int32_t g = 0; g < groups; ++g) {
+    std::uint16_t e;
+    std::memcpy(&e, entries + 2 * g, 2);
+    const float scale = cvt::f16_to_f32(e);
+    std::byte* o = out + row_bytes(O, std::int64_t{g} * group);
+    const std::byte* c = codes + std::int64_t{g} * group;
+    if constexpr (C == DType::fp8_e4m3) {
+      if (!avx2::e4m3_prescales(scale)) {
+        avx2::dequantize_groups<C, O>(o, c, entries + 2 * g, group, 1, mul);
+        continue;
+      }
+      const V s256 = _mm512_set1_ps(scale * 256.0f);
+      for (std::int32_t i = 0; i < group; i += 16) {
+        const __m256i h = avx2::e4m3_as_f16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + i))));
+        store16<O>(o + row_bytes(O, i), _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(h), s256), m));
+      }
+    } else {
+      const V s = _mm512_set1_ps(scale);
+      for (std::int32_t i = 0; i < group; i += 16)
+        store16<O>(o + row_bytes(O, i), _mm512_mul_ps(_mm512_mul_ps(load16<C>(c + i), s), m));
+    }
+  }
+}
+
+/// True when the loops above take groups of `code` (int8, fp8 e4m3 or e5m2,
+/// symmetric) of `group` values (16, 32, 64 or 128, as formats take) to or from `other` (f32,
+/// f16 or bf16) on this CPU.
+inline bool groups_wide(DType code, bool minimum, std::int32_t group, DType other) noexcept {
+  const bool code_ok = !minimum && (code == DType::int8 || code == DType::fp8_e4m3 || code == DType::fp8_e5m2);
+  const bool other_ok = other == DType::f32 || other == DType::f16 || other == DType::bf16;
+  return code_ok && other_ok && (group == 16 || group == 32 || group == 64 || group == 128) && avx512_available();
+}
+
+template <DType S, DType C>
+inline void quantize_sized(std::byte* codes, std::byte* entries, const std::byte* src, std::int32_t group, std::int32_t groups,
+                           float mul, float code_max) noexcept {
+  switch (group) {
+    case 16: return quantize_groups<S, C, 16>(codes, entries, src, groups, mul, code_max);
+    case 32: return quantize_groups<S, C, 32>(codes, entries, src, groups, mul, code_max);
+    case 64: return quantize_groups<S, C, 64>(codes, entries, src, groups, mul, code_max);
+    default: return quantize_groups<S, C, 128>(codes, entries, src, groups, mul, code_max);
+  }
+}
+template <DType S>
+inline void quantize_to(DType code, std::byte* codes, std::byte* entries, const std::byte* src, std::int32_t group,
+                        std::int32_t groups, float mul, float code_max) noexcept {
+  switch (code) {
+    case DType::int8: return quantize_sized<S, DType::int8>(codes, entries, src, group, groups, mul, code_max);
+    case DType::fp8_e4m3: return quantize_sized<S, DType::fp8_e4m3>(codes, entries, src, group, groups, mul, code_max);
+    default: return quantize_sized<S, DType::fp8_e5m2>(codes, entries, src, group, groups, mul, code_max);
+  }
+}
+template <DType C, DType O>
+inline void dequantize_sized(std::byte* out, const std::byte* codes, const std::byte* entries, std::int32_t group,
+                             std::int32_t groups, float mul) noexcept {
+  switch (group) {
+    case 16: return dequantize_groups<C, O, 16>(out, codes, entries, groups, mul);
+    case 32: return dequantize_groups<C, O, 32>(out, codes, entries, groups, mul);
+    case 64: return dequantize_groups<C, O, 64>(out, codes, entries, groups, mul);
+    default: return dequantize_groups<C, O, 128>(out, codes, entries, groups, mul);
+  }
+}
+template <DType C>
+inline void dequantize_to(DType ot, std::byte* out, const std::byte* codes, const std::byte* entries, std::int32_t group,
+                          std::int32_t groups, float mul) noexcept {
+  switch (ot) {
+    case DType::f32: return dequantize_sized<C, DType::f32>(out, codes, entries, group, groups, mul);
+    case DType::f16: return dequantize_sized<C, DType::f16>(out, codes, entries, group, groups, mul);
+    default: return dequantize_sized<C, DType::bf16>(out, codes, entries, group, groups, mul);
+  }
+}
+
+/// The symmetric whole-byte half of simd::quantize_groups; false (nothing
+/// written) where groups_wide says no.
+inline bool quantize_groups(std::byte* codes, std::byte* entries, const std::byte* src, DType st, DType code, bool minimum,
+                            std::int32_t group, std::int32_t groups, float mul, float code_max) noexcept {
+  const float abs_mul = mul < 0.0f ? -mul : mul;  // finite and non-zero: see quantize_groups
+  if (!groups_wide(code, minimum, group, st) || !(abs_mul > 0.0f && abs_mul <= 0x1.fffffep127f)) return false;
+  switch (st) {
+    case DType::f32: quantize_to<DType::f32>(code, codes, entries, src, group, groups, mul, code_max); break;
+    case DType::f16: quantize_to<DType::f16>(code, codes, entries, src, group, groups, mul, code_max); break;
+    default: quantize_to<DType::bf16>(code, codes, entries, src, group, groups, mul, code_max); break;
+  }
+  return true;
+}
+/// The symmetric whole-byte half of simd::dequantize_groups; false (nothing
+/// written) where groups_wide says no.
+inline bool dequantize_groups(std::byte* out, DType ot, const std::byte* codes, const std::byte* entries, DType code,
+                              bool minimum, std::int32_t group, std::int32_t groups, float mul) noexcept {
+  if (!groups_wide(code, minimum, group, ot)) return false;
+  switch (code) {
+    case DType::int8: dequantize_to<DType::int8>(ot, out, codes, entries, group, groups, mul); break;
+    case DType::fp8_e4m3: dequantize_to<DType::fp8_e4m3>(ot, out, codes, entries, group, groups, mul); break;
+    default: dequantize_to<DType::fp8_e5m2>(ot, out, codes, entries, group, groups, mul); break;
+  }
+  return true;
+}
+}  // namespace avx512
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+}  // namespace simd
+KVCACHE_END_NAMESPACE
