@@ -24,7 +24,8 @@ namespace simd {
 /// `other` (f32, f16 or bf16) on this CPU.
 inline bool groups_fast(DType code, bool minimum, std::int32_t group, DType other) noexcept {
   const bool integer = code == DType::int8 || code == DType::int4 || code == DType::int2;
-  const bool code_ok = integer || (!minimum && (code == DType::fp8_e4m3 || code == DType::fp8_e5m2 || code == DType::fp4_e2m1));
+  const bool code_ok =
+      integer || (!minimum && (code == DType::fp8_e4m3 || code == DType::fp8_e5m2 || code == DType::fp4_e2m1));
   const bool other_ok = other == DType::f32 || other == DType::f16 || other == DType::bf16;
   return code_ok && other_ok && group % 8 == 0 && available();
 }
@@ -40,33 +41,45 @@ inline bool quantize_groups(std::byte* codes, std::byte* entries, const void* sr
   if (avx512::quantize_groups(codes, entries, s, st, code, minimum, group, groups, mul, code_max)) return true;
 #endif
   switch (st) {
-    case DType::f32: return avx2::quantize_to<DType::f32>(code, minimum, codes, entries, s, group, groups, mul, code_max);
-    case DType::f16: return avx2::quantize_to<DType::f16>(code, minimum, codes, entries, s, group, groups, mul, code_max);
-    default: return avx2::quantize_to<DType::bf16>(code, minimum, codes, entries, s, group, groups, mul, code_max);
+    case DType::f32:
+      return avx2::quantize_to<DType::f32>(code, minimum, codes, entries, s, group, groups, mul, code_max);
+    case DType::f16:
+      return avx2::quantize_to<DType::f16>(code, minimum, codes, entries, s, group, groups, mul, code_max);
+    default:
+      return avx2::quantize_to<DType::bf16>(code, minimum, codes, entries, s, group, groups, mul, code_max);
   }
 }
 
 /// quant::dequantize_group of each group, times mul, stored as ot; false
 /// when groups_fast says no (nothing written).
-inline bool dequantize_groups(void* out, DType ot, const std::byte* codes, const std::byte* entries, DType code, bool minimum,
-                              std::int32_t group, std::int32_t groups, float mul) noexcept {
+inline bool dequantize_groups(void* out, DType ot, const std::byte* codes, const std::byte* entries, DType code,
+                              bool minimum, std::int32_t group, std::int32_t groups, float mul) noexcept {
   if (!groups_fast(code, minimum, group, ot)) return false;
   auto* o = static_cast<std::byte*>(out);
 #if !defined(KVCACHE_NO_AVX512)
   if (avx512::dequantize_groups(o, ot, codes, entries, code, minimum, group, groups, mul)) return true;
 #endif
   if (minimum) switch (code) {
-      case DType::int8: return avx2::dequantize_to<DType::int8, true>(ot, o, codes, entries, group, groups, mul);
-      case DType::int4: return avx2::dequantize_to<DType::int4, true>(ot, o, codes, entries, group, groups, mul);
-      default: return avx2::dequantize_to<DType::int2, true>(ot, o, codes, entries, group, groups, mul);
+      case DType::int8:
+        return avx2::dequantize_to<DType::int8, true>(ot, o, codes, entries, group, groups, mul);
+      case DType::int4:
+        return avx2::dequantize_to<DType::int4, true>(ot, o, codes, entries, group, groups, mul);
+      default:
+        return avx2::dequantize_to<DType::int2, true>(ot, o, codes, entries, group, groups, mul);
     }
   switch (code) {
-    case DType::int8: return avx2::dequantize_to<DType::int8>(ot, o, codes, entries, group, groups, mul);
-    case DType::fp8_e4m3: return avx2::dequantize_to<DType::fp8_e4m3>(ot, o, codes, entries, group, groups, mul);
-    case DType::fp8_e5m2: return avx2::dequantize_to<DType::fp8_e5m2>(ot, o, codes, entries, group, groups, mul);
-    case DType::int4: return avx2::dequantize_to<DType::int4>(ot, o, codes, entries, group, groups, mul);
-    case DType::int2: return avx2::dequantize_to<DType::int2>(ot, o, codes, entries, group, groups, mul);
-    default: return avx2::dequantize_to<DType::fp4_e2m1>(ot, o, codes, entries, group, groups, mul);
+    case DType::int8:
+      return avx2::dequantize_to<DType::int8>(ot, o, codes, entries, group, groups, mul);
+    case DType::fp8_e4m3:
+      return avx2::dequantize_to<DType::fp8_e4m3>(ot, o, codes, entries, group, groups, mul);
+    case DType::fp8_e5m2:
+      return avx2::dequantize_to<DType::fp8_e5m2>(ot, o, codes, entries, group, groups, mul);
+    case DType::int4:
+      return avx2::dequantize_to<DType::int4>(ot, o, codes, entries, group, groups, mul);
+    case DType::int2:
+      return avx2::dequantize_to<DType::int2>(ot, o, codes, entries, group, groups, mul);
+    default:
+      return avx2::dequantize_to<DType::fp4_e2m1>(ot, o, codes, entries, group, groups, mul);
   }
 }
 #endif
@@ -74,21 +87,22 @@ inline bool dequantize_groups(void* out, DType ot, const std::byte* codes, const
 }  // namespace simd
 
 /// simd::quantize_groups on the host; false on CUDA or without AVX2.
-KVCACHE_HOST_DEVICE inline bool fast_quantize_groups(std::byte* codes, std::byte* entries, const void* src, DType st, DType code,
-                                                     bool minimum, std::int32_t group, std::int32_t groups, float mul,
-                                                     float code_max) noexcept {
+KVCACHE_HOST_DEVICE inline bool fast_quantize_groups(std::byte* codes, std::byte* entries, const void* src, DType st,
+                                                     DType code, bool minimum, std::int32_t group, std::int32_t groups,
+                                                     float mul, float code_max) noexcept {
 #if KVCACHE_HOST_SIMD
   return simd::quantize_groups(codes, entries, src, st, code, minimum, group, groups, mul, code_max);
 #else
-  (void)codes, (void)entries, (void)src, (void)st, (void)code, (void)minimum, (void)group, (void)groups, (void)mul, (void)code_max;
+  (void)codes, (void)entries, (void)src, (void)st, (void)code, (void)minimum, (void)group, (void)groups, (void)mul,
+      (void)code_max;
   return false;
 #endif
 }
 
 /// simd::dequantize_groups on the host; false on CUDA or without AVX2.
-KVCACHE_HOST_DEVICE inline bool fast_dequantize_groups(void* out, DType ot, const std::byte* codes, const std::byte* entries,
-                                                       DType code, bool minimum, std::int32_t group, std::int32_t groups,
-                                                       float mul) noexcept {
+KVCACHE_HOST_DEVICE inline bool fast_dequantize_groups(void* out, DType ot, const std::byte* codes,
+                                                       const std::byte* entries, DType code, bool minimum,
+                                                       std::int32_t group, std::int32_t groups, float mul) noexcept {
 #if KVCACHE_HOST_SIMD
   return simd::dequantize_groups(out, ot, codes, entries, code, minimum, group, groups, mul);
 #else
@@ -96,6 +110,5 @@ KVCACHE_HOST_DEVICE inline bool fast_dequantize_groups(void* out, DType ot, cons
   return false;
 #endif
 }
-
 
 KVCACHE_END_NAMESPACE

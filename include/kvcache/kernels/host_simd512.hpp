@@ -43,8 +43,10 @@ KVCACHE_AVX512_INLINE inline __mmask16 gt(I a, std::uint32_t b) noexcept { retur
 /// unaligned cached store (host_stream.hpp says when rows stream).
 template <bool Stream>
 KVCACHE_AVX512_INLINE inline void put64(std::byte* p, I v) noexcept {
-  if constexpr (Stream) _mm512_stream_si512(reinterpret_cast<__m512i*>(p), v);
-  else _mm512_storeu_si512(reinterpret_cast<void*>(p), v);
+  if constexpr (Stream)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), v);
+  else
+    _mm512_storeu_si512(reinterpret_cast<void*>(p), v);
 }
 
 // ---- loads: 16 elements to 16 floats (cvt::*_to_f32) ----
@@ -56,17 +58,21 @@ KVCACHE_AVX512_INLINE inline V load16(const std::byte* p) noexcept {
   if constexpr (T == DType::f32) return _mm512_loadu_ps(p);
   if constexpr (T == DType::f16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   if constexpr (T == DType::bf16)
-    return from_bits(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+    return from_bits(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
   if constexpr (T == DType::fp8_e5m2)
-    return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 8));
-  if constexpr (T == DType::int8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    return _mm512_cvtph_ps(
+        _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 8));
+  if constexpr (T == DType::int8)
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 // fp8 e4m3 codes as fp16 bits, 32 at a time: avx2::e4m3_as_f16's
 // operations (the value times 2^-8, NaN codes sign | 0x7e00), its select
 // by a mask register.
 KVCACHE_AVX512_INLINE inline I e4m3_as_f16(I s16) noexcept {
   const I h = _mm512_and_si512(_mm512_slli_epi16(s16, 7), _mm512_set1_epi16(static_cast<short>(0xbfff)));
-  const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, _mm512_set1_epi16(0x3f80)), _mm512_set1_epi16(0x3f80));
+  const __mmask32 nan =
+      _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, _mm512_set1_epi16(0x3f80)), _mm512_set1_epi16(0x3f80));
   return _mm512_mask_blend_epi16(nan, h, _mm512_xor_si512(h, _mm512_set1_epi16(0x4180)));
 }
 
@@ -108,14 +114,16 @@ KVCACHE_AVX512_INLINE inline I f32_to_fp8(V f) noexcept {
   const I lo = _mm512_load_si512(S::magics.v + 0), hi = _mm512_load_si512(S::magics.v + 16);
   const I llo = _mm512_load_si512(S::lesses.v + 0), lhi = _mm512_load_si512(S::lesses.v + 16);
   const I sum = bits(_mm512_add_ps(c, from_bits(_mm512_permutex2var_epi32(lo, e, hi))));
-  const I code = _mm512_mask_sub_epi32(k(Nan), _mm512_cmp_ps_mask(f, f, _CMP_ORD_Q), sum, _mm512_permutex2var_epi32(llo, e, lhi));
+  const I code =
+      _mm512_mask_sub_epi32(k(Nan), _mm512_cmp_ps_mask(f, f, _CMP_ORD_Q), sum, _mm512_permutex2var_epi32(llo, e, lhi));
   return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(bits(f), 24), k(0x80u), 0xf8);  // code | (sign & 0x80)
 }
 // cvt::to_int(v, -127, 127)'s codes: the clamp in one vrangeps (the
 // smaller magnitude of v and 127, with v's sign), and a NaN, which vrangeps
 // makes 127 with the NaN's sign, zeroed by the masked conversion.
 KVCACHE_AVX512_INLINE inline I to_int8(V v) noexcept {
-  return _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), _mm512_range_ps(v, _mm512_set1_ps(127.0f), 0x02));
+  return _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q),
+                                  _mm512_range_ps(v, _mm512_set1_ps(127.0f), 0x02));
 }
 template <DType T>
 KVCACHE_AVX512_INLINE inline I codes(V v) noexcept {
@@ -142,11 +150,13 @@ KVCACHE_AVX512_INLINE inline void store64(std::byte* p, const V (&v)[4]) noexcep
     for (int i = 0; i < 4; ++i) put64<Stream>(p + 64 * i, bits(v[i]));
   } else if constexpr (T == DType::f16) {
     for (int i = 0; i < 2; ++i)
-      put64<Stream>(p + 64 * i, _mm512_inserti64x4(_mm512_castsi256_si512(f16_codes<Nan>(v[2 * i])), f16_codes<Nan>(v[2 * i + 1]), 1));
+      put64<Stream>(p + 64 * i, _mm512_inserti64x4(_mm512_castsi256_si512(f16_codes<Nan>(v[2 * i])),
+                                                   f16_codes<Nan>(v[2 * i + 1]), 1));
   } else if constexpr (T == DType::bf16) {  // lanes below 2^16: unsigned 32 -> 16 packing is exact
     const I order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
     for (int i = 0; i < 2; ++i)
-      put64<Stream>(p + 64 * i, _mm512_permutexvar_epi64(order, _mm512_packus_epi32(codes<T>(v[2 * i]), codes<T>(v[2 * i + 1]))));
+      put64<Stream>(p + 64 * i,
+                    _mm512_permutexvar_epi64(order, _mm512_packus_epi32(codes<T>(v[2 * i]), codes<T>(v[2 * i + 1]))));
   } else {  // int8 in [-127, 127] packs signed, fp8 bytes in [0, 255] unsigned: exact either way
     const I a = codes<T>(v[0]), b = codes<T>(v[1]), c = codes<T>(v[2]), d = codes<T>(v[3]);
     const I x = T == DType::int8 ? _mm512_packs_epi16(_mm512_packs_epi32(a, b), _mm512_packs_epi32(c, d))
@@ -172,7 +182,8 @@ struct E4m3Scaled {
   V mul256;
   KVCACHE_AVX512_INLINE void quad(std::int32_t i, V (&v)[4]) const noexcept {
     for (int j = 0; j < 2; ++j) {
-      const I h = e4m3_as_f16(_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32 * j))));
+      const I h =
+          e4m3_as_f16(_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32 * j))));
       v[2 * j] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), mul256);
       v[2 * j + 1] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), mul256);
     }
@@ -190,8 +201,10 @@ KVCACHE_AVX512 inline void run(std::byte* dst, const std::byte* src, std::int32_
 }
 template <DType D, bool Nan, class F>
 inline void run_streamed(std::byte* dst, const std::byte* src, std::int32_t n64, float mul, bool stream) noexcept {
-  if (stream) run<D, true, Nan, F>(dst, src, n64, mul);
-  else run<D, false, Nan, F>(dst, src, n64, mul);
+  if (stream)
+    run<D, true, Nan, F>(dst, src, n64, mul);
+  else
+    run<D, false, Nan, F>(dst, src, n64, mul);
 }
 // The AVX2 loops' choices (avx2::run): e4m3 through fp16 where the
 // multiplier allows it (wide() leaves the others to the AVX2 loops); int8
@@ -220,13 +233,26 @@ inline bool wide(DType dt, DType st, float mul) noexcept {
 template <DType S>
 inline void run_to(DType dt, std::byte* dst, const std::byte* src, std::int32_t n64, float mul, bool stream) noexcept {
   switch (dt) {
-    case DType::f32: if constexpr (S != DType::f16 && S != DType::fp8_e5m2) run<S, DType::f32>(dst, src, n64, mul, stream); return;
-    case DType::f16: run<S, DType::f16>(dst, src, n64, mul, stream); return;
-    case DType::bf16: run<S, DType::bf16>(dst, src, n64, mul, stream); return;
-    case DType::fp8_e4m3: run<S, DType::fp8_e4m3>(dst, src, n64, mul, stream); return;
-    case DType::fp8_e5m2: run<S, DType::fp8_e5m2>(dst, src, n64, mul, stream); return;
-    case DType::int8: run<S, DType::int8>(dst, src, n64, mul, stream); return;
-    default: return;
+    case DType::f32:
+      if constexpr (S != DType::f16 && S != DType::fp8_e5m2) run<S, DType::f32>(dst, src, n64, mul, stream);
+      return;
+    case DType::f16:
+      run<S, DType::f16>(dst, src, n64, mul, stream);
+      return;
+    case DType::bf16:
+      run<S, DType::bf16>(dst, src, n64, mul, stream);
+      return;
+    case DType::fp8_e4m3:
+      run<S, DType::fp8_e4m3>(dst, src, n64, mul, stream);
+      return;
+    case DType::fp8_e5m2:
+      run<S, DType::fp8_e5m2>(dst, src, n64, mul, stream);
+      return;
+    case DType::int8:
+      run<S, DType::int8>(dst, src, n64, mul, stream);
+      return;
+    default:
+      return;
   }
 }
 
@@ -242,13 +268,26 @@ inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, st
   const auto* s = static_cast<const std::byte*>(src);
   stream = stream && (reinterpret_cast<std::uintptr_t>(d) & 63u) == 0;  // 64 elements are whole lines in every type
   switch (st) {
-    case DType::f32: run_to<DType::f32>(dt, d, s, n64, mul, stream); break;
-    case DType::f16: run_to<DType::f16>(dt, d, s, n64, mul, stream); break;
-    case DType::bf16: run_to<DType::bf16>(dt, d, s, n64, mul, stream); break;
-    case DType::fp8_e4m3: run_to<DType::fp8_e4m3>(dt, d, s, n64, mul, stream); break;
-    case DType::fp8_e5m2: run_to<DType::fp8_e5m2>(dt, d, s, n64, mul, stream); break;
-    case DType::int8: run_to<DType::int8>(dt, d, s, n64, mul, stream); break;
-    default: return 0;
+    case DType::f32:
+      run_to<DType::f32>(dt, d, s, n64, mul, stream);
+      break;
+    case DType::f16:
+      run_to<DType::f16>(dt, d, s, n64, mul, stream);
+      break;
+    case DType::bf16:
+      run_to<DType::bf16>(dt, d, s, n64, mul, stream);
+      break;
+    case DType::fp8_e4m3:
+      run_to<DType::fp8_e4m3>(dt, d, s, n64, mul, stream);
+      break;
+    case DType::fp8_e5m2:
+      run_to<DType::fp8_e5m2>(dt, d, s, n64, mul, stream);
+      break;
+    case DType::int8:
+      run_to<DType::int8>(dt, d, s, n64, mul, stream);
+      break;
+    default:
+      return 0;
   }
   return n64;
 }

@@ -42,11 +42,14 @@ namespace avx512 {
 KVCACHE_AVX512_INLINE inline I max_each(const I (&a)[16]) noexcept {
   I t[8], u[4], w[2];
   for (int j = 0; j < 8; ++j)
-    t[j] = _mm512_max_epi32(_mm512_shuffle_i32x4(a[2 * j], a[2 * j + 1], 0x44), _mm512_shuffle_i32x4(a[2 * j], a[2 * j + 1], 0xee));
+    t[j] = _mm512_max_epi32(_mm512_shuffle_i32x4(a[2 * j], a[2 * j + 1], 0x44),
+                            _mm512_shuffle_i32x4(a[2 * j], a[2 * j + 1], 0xee));
   for (int j = 0; j < 4; ++j)
-    u[j] = _mm512_max_epi32(_mm512_shuffle_i32x4(t[2 * j], t[2 * j + 1], 0x88), _mm512_shuffle_i32x4(t[2 * j], t[2 * j + 1], 0xdd));
+    u[j] = _mm512_max_epi32(_mm512_shuffle_i32x4(t[2 * j], t[2 * j + 1], 0x88),
+                            _mm512_shuffle_i32x4(t[2 * j], t[2 * j + 1], 0xdd));
   for (int j = 0; j < 2; ++j)
-    w[j] = _mm512_max_epi32(_mm512_unpacklo_epi64(u[2 * j], u[2 * j + 1]), _mm512_unpackhi_epi64(u[2 * j], u[2 * j + 1]));
+    w[j] =
+        _mm512_max_epi32(_mm512_unpacklo_epi64(u[2 * j], u[2 * j + 1]), _mm512_unpackhi_epi64(u[2 * j], u[2 * j + 1]));
   const V w0 = _mm512_castsi512_ps(w[0]), w1 = _mm512_castsi512_ps(w[1]);
   const I z = _mm512_max_epi32(bits(_mm512_shuffle_ps(w0, w1, 0x88)), bits(_mm512_shuffle_ps(w0, w1, 0xdd)));
   return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
@@ -65,21 +68,23 @@ KVCACHE_AVX512_INLINE inline void group_scales(V amax, float code_max, I& entry,
   inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(scale, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), scale);
 }
 
-// The largest |x|'s bits of a group of S (a multiple of 16 values), in
+// The largest |x|'s bits of a group of G values of S, in
 // 32-bit lanes whose largest is the group's: the source's own bits, 16-bit
 // types 32 to a vector.
 template <DType S, int G>
 KVCACHE_AVX512_INLINE inline I abs_bits(const std::byte* in) noexcept {
-  constexpr std::int32_t group = G;
   if constexpr (S == DType::f32) {
     I a = _mm512_setzero_si512();
-    for (std::int32_t i = 0; i < group; i += 16) a = _mm512_max_epi32(a, _mm512_and_si512(_mm512_loadu_si512(in + 4 * i), k(0x7fffffffu)));
+    for (std::int32_t i = 0; i < G; i += 16)
+      a = _mm512_max_epi32(a, _mm512_and_si512(_mm512_loadu_si512(in + 4 * i), k(0x7fffffffu)));
     return a;
   } else {
     const I mask = _mm512_set1_epi16(0x7fff);
-    I a = G == 16 ? _mm512_and_si512(_mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in))), mask)
-                      : _mm512_setzero_si512();
-    for (std::int32_t i = 0; i + 32 <= group; i += 32) a = _mm512_max_epu16(a, _mm512_and_si512(_mm512_loadu_si512(in + 2 * i), mask));
+    I a = G == 16
+              ? _mm512_and_si512(_mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in))), mask)
+              : _mm512_setzero_si512();
+    for (std::int32_t i = 0; i + 32 <= G; i += 32)
+      a = _mm512_max_epu16(a, _mm512_and_si512(_mm512_loadu_si512(in + 2 * i), mask));
     return _mm512_max_epi32(_mm512_and_si512(a, k(0xffffu)), _mm512_srli_epi32(a, 16));
   }
 }
@@ -94,20 +99,21 @@ KVCACHE_AVX512_INLINE inline V abs_values(I a) noexcept {
 // Elements i.. of a round's source, (x * mul) * inv of their group, as
 // avx2::Scaled<S, false, true> computes them.
 template <DType S>
-KVCACHE_AVX512_INLINE inline V scaled(const std::byte* in, std::int32_t i, V m, const float* inv, int log2_group) noexcept {
+KVCACHE_AVX512_INLINE inline V scaled(const std::byte* in, std::int32_t i, V m, const float* inv,
+                                      int log2_group) noexcept {
   return _mm512_mul_ps(_mm512_mul_ps(load16<S>(in + row_bytes(S, i)), m), _mm512_set1_ps(inv[i >> log2_group]));
 }
 
-// quantize_groups' symmetric whole-byte codes, for groups of a multiple of
-// 16 values, up to 16 groups a round. A group's largest |x * mul| is taken
+// quantize_groups' symmetric whole-byte codes, for groups of G = 16, 32, 64
+// or 128 values, up to 16 groups a round. A group's largest |x * mul| is taken
 // as (its largest |x|) * |mul|: rounding is monotonic and symmetric, so for
 // a finite non-zero mul (groups_wide) that is the same float, and a NaN
 // (any NaN: its entry is 0x7e00 and its inv 0 whatever the payload) where
 // there is one. So the first read is the source's bits alone, 32 values an
 // operation for 16-bit types; the second converts them.
 template <DType S, DType C, int G>
-KVCACHE_AVX512 inline void quantize_groups(std::byte* dst, std::byte* entries, const std::byte* src, std::int32_t groups,
-                                           float mul, float code_max) noexcept {
+KVCACHE_AVX512 inline void quantize_groups(std::byte* dst, std::byte* entries, const std::byte* src,
+                                           std::int32_t groups, float mul, float code_max) noexcept {
   static_assert(dtype_bits(C) == 8 && G >= 16 && (G & (G - 1)) == 0);
   constexpr std::int32_t group = G;
   const V m = _mm512_set1_ps(mul), abs_mul = _mm512_set1_ps(mul < 0.0f ? -mul : mul);
@@ -117,7 +123,8 @@ KVCACHE_AVX512 inline void quantize_groups(std::byte* dst, std::byte* entries, c
     const std::int32_t nb = groups - b < 16 ? groups - b : 16, n = nb * group;
     const std::byte* in = src + row_bytes(S, std::int64_t{b} * group);
     I acc[16];
-    for (std::int32_t j = 0; j < 16; ++j) acc[j] = j < nb ? abs_bits<S, G>(in + row_bytes(S, std::int64_t{j} * group)) : _mm512_setzero_si512();
+    for (std::int32_t j = 0; j < 16; ++j)
+      acc[j] = j < nb ? abs_bits<S, G>(in + row_bytes(S, std::int64_t{j} * group)) : _mm512_setzero_si512();
     I entry;
     V iv;
     group_scales(_mm512_mul_ps(abs_values<S>(max_each(acc)), abs_mul), code_max, entry, iv);
@@ -126,11 +133,13 @@ KVCACHE_AVX512 inline void quantize_groups(std::byte* dst, std::byte* entries, c
     std::byte* out = dst + std::int64_t{b} * group;
     std::int32_t i = 0;
     for (; i + 64 <= n; i += 64) {
-      const V v[4] = {scaled<S>(in, i, m, inv, lg), scaled<S>(in, i + 16, m, inv, lg), scaled<S>(in, i + 32, m, inv, lg),
-                      scaled<S>(in, i + 48, m, inv, lg)};
+      const V v[4] = {scaled<S>(in, i, m, inv, lg), scaled<S>(in, i + 16, m, inv, lg),
+                      scaled<S>(in, i + 32, m, inv, lg), scaled<S>(in, i + 48, m, inv, lg)};
       store64<C, false, true>(out + i, v);
     }
-    for (; i < n; i += 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(codes<C>(scaled<S>(in, i, m, inv, lg))));
+    for (; i < n; i += 16)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                       _mm512_cvtepi32_epi8(codes<C>(scaled<S>(in, i, m, inv, lg))));
   }
 }
 
@@ -139,7 +148,8 @@ template <DType O>
 KVCACHE_AVX512_INLINE inline void store16(std::byte* p, V v) noexcept {
   if constexpr (O == DType::f32) _mm512_storeu_ps(p, v);
   if constexpr (O == DType::f16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), f16_codes<true>(v));
-  if constexpr (O == DType::bf16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(f32_to_bf16(v)));
+  if constexpr (O == DType::bf16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(f32_to_bf16(v)));
 }
 
 // dequantize_groups' (code * scale) * mul, 16 values a step. e4m3 codes go
@@ -147,8 +157,8 @@ KVCACHE_AVX512_INLINE inline void store16(std::byte* p, V v) noexcept {
 // scale but inf and NaN), a group whose scale it refuses through the AVX2
 // loop.
 template <DType C, DType O, int G>
-KVCACHE_AVX512 inline void dequantize_groups(std::byte* out, const std::byte* codes, const std::byte* entries, std::int32_t groups,
-                                             float mul) noexcept {
+KVCACHE_AVX512 inline void dequantize_groups(std::byte* out, const std::byte* codes, const std::byte* entries,
+                                             std::int32_t groups, float mul) noexcept {
   static_assert(dtype_bits(C) == 8);
   constexpr std::int32_t group = G;
   const V m = _mm512_set1_ps(mul);
@@ -165,7 +175,8 @@ KVCACHE_AVX512 inline void dequantize_groups(std::byte* out, const std::byte* co
       }
       const V s256 = _mm512_set1_ps(scale * 256.0f);
       for (std::int32_t i = 0; i < group; i += 16) {
-        const __m256i h = avx2::e4m3_as_f16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + i))));
+        const __m256i h =
+            avx2::e4m3_as_f16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + i))));
         store16<O>(o + row_bytes(O, i), _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(h), s256), m));
       }
     } else {
@@ -177,8 +188,8 @@ KVCACHE_AVX512 inline void dequantize_groups(std::byte* out, const std::byte* co
 }
 
 /// True when the loops above take groups of `code` (int8, fp8 e4m3 or e5m2,
-/// symmetric) of `group` values (16, 32, 64 or 128, as formats take) to or from `other` (f32,
-/// f16 or bf16) on this CPU.
+/// symmetric) of `group` values (16, 32, 64 or 128, as formats take) to or
+/// from `other` (f32, f16 or bf16) on this CPU.
 inline bool groups_wide(DType code, bool minimum, std::int32_t group, DType other) noexcept {
   const bool code_ok = !minimum && (code == DType::int8 || code == DType::fp8_e4m3 || code == DType::fp8_e5m2);
   const bool other_ok = other == DType::f32 || other == DType::f16 || other == DType::bf16;
@@ -186,54 +197,74 @@ inline bool groups_wide(DType code, bool minimum, std::int32_t group, DType othe
 }
 
 template <DType S, DType C>
-inline void quantize_sized(std::byte* codes, std::byte* entries, const std::byte* src, std::int32_t group, std::int32_t groups,
-                           float mul, float code_max) noexcept {
+inline void quantize_sized(std::byte* codes, std::byte* entries, const std::byte* src, std::int32_t group,
+                           std::int32_t groups, float mul, float code_max) noexcept {
   switch (group) {
-    case 16: return quantize_groups<S, C, 16>(codes, entries, src, groups, mul, code_max);
-    case 32: return quantize_groups<S, C, 32>(codes, entries, src, groups, mul, code_max);
-    case 64: return quantize_groups<S, C, 64>(codes, entries, src, groups, mul, code_max);
-    default: return quantize_groups<S, C, 128>(codes, entries, src, groups, mul, code_max);
+    case 16:
+      return quantize_groups<S, C, 16>(codes, entries, src, groups, mul, code_max);
+    case 32:
+      return quantize_groups<S, C, 32>(codes, entries, src, groups, mul, code_max);
+    case 64:
+      return quantize_groups<S, C, 64>(codes, entries, src, groups, mul, code_max);
+    default:
+      return quantize_groups<S, C, 128>(codes, entries, src, groups, mul, code_max);
   }
 }
 template <DType S>
 inline void quantize_to(DType code, std::byte* codes, std::byte* entries, const std::byte* src, std::int32_t group,
                         std::int32_t groups, float mul, float code_max) noexcept {
   switch (code) {
-    case DType::int8: return quantize_sized<S, DType::int8>(codes, entries, src, group, groups, mul, code_max);
-    case DType::fp8_e4m3: return quantize_sized<S, DType::fp8_e4m3>(codes, entries, src, group, groups, mul, code_max);
-    default: return quantize_sized<S, DType::fp8_e5m2>(codes, entries, src, group, groups, mul, code_max);
+    case DType::int8:
+      return quantize_sized<S, DType::int8>(codes, entries, src, group, groups, mul, code_max);
+    case DType::fp8_e4m3:
+      return quantize_sized<S, DType::fp8_e4m3>(codes, entries, src, group, groups, mul, code_max);
+    default:
+      return quantize_sized<S, DType::fp8_e5m2>(codes, entries, src, group, groups, mul, code_max);
   }
 }
 template <DType C, DType O>
 inline void dequantize_sized(std::byte* out, const std::byte* codes, const std::byte* entries, std::int32_t group,
                              std::int32_t groups, float mul) noexcept {
   switch (group) {
-    case 16: return dequantize_groups<C, O, 16>(out, codes, entries, groups, mul);
-    case 32: return dequantize_groups<C, O, 32>(out, codes, entries, groups, mul);
-    case 64: return dequantize_groups<C, O, 64>(out, codes, entries, groups, mul);
-    default: return dequantize_groups<C, O, 128>(out, codes, entries, groups, mul);
+    case 16:
+      return dequantize_groups<C, O, 16>(out, codes, entries, groups, mul);
+    case 32:
+      return dequantize_groups<C, O, 32>(out, codes, entries, groups, mul);
+    case 64:
+      return dequantize_groups<C, O, 64>(out, codes, entries, groups, mul);
+    default:
+      return dequantize_groups<C, O, 128>(out, codes, entries, groups, mul);
   }
 }
 template <DType C>
-inline void dequantize_to(DType ot, std::byte* out, const std::byte* codes, const std::byte* entries, std::int32_t group,
-                          std::int32_t groups, float mul) noexcept {
+inline void dequantize_to(DType ot, std::byte* out, const std::byte* codes, const std::byte* entries,
+                          std::int32_t group, std::int32_t groups, float mul) noexcept {
   switch (ot) {
-    case DType::f32: return dequantize_sized<C, DType::f32>(out, codes, entries, group, groups, mul);
-    case DType::f16: return dequantize_sized<C, DType::f16>(out, codes, entries, group, groups, mul);
-    default: return dequantize_sized<C, DType::bf16>(out, codes, entries, group, groups, mul);
+    case DType::f32:
+      return dequantize_sized<C, DType::f32>(out, codes, entries, group, groups, mul);
+    case DType::f16:
+      return dequantize_sized<C, DType::f16>(out, codes, entries, group, groups, mul);
+    default:
+      return dequantize_sized<C, DType::bf16>(out, codes, entries, group, groups, mul);
   }
 }
 
 /// The symmetric whole-byte half of simd::quantize_groups; false (nothing
 /// written) where groups_wide says no.
-inline bool quantize_groups(std::byte* codes, std::byte* entries, const std::byte* src, DType st, DType code, bool minimum,
-                            std::int32_t group, std::int32_t groups, float mul, float code_max) noexcept {
+inline bool quantize_groups(std::byte* codes, std::byte* entries, const std::byte* src, DType st, DType code,
+                            bool minimum, std::int32_t group, std::int32_t groups, float mul, float code_max) noexcept {
   const float abs_mul = mul < 0.0f ? -mul : mul;  // finite and non-zero: see quantize_groups
   if (!groups_wide(code, minimum, group, st) || !(abs_mul > 0.0f && abs_mul <= 0x1.fffffep127f)) return false;
   switch (st) {
-    case DType::f32: quantize_to<DType::f32>(code, codes, entries, src, group, groups, mul, code_max); break;
-    case DType::f16: quantize_to<DType::f16>(code, codes, entries, src, group, groups, mul, code_max); break;
-    default: quantize_to<DType::bf16>(code, codes, entries, src, group, groups, mul, code_max); break;
+    case DType::f32:
+      quantize_to<DType::f32>(code, codes, entries, src, group, groups, mul, code_max);
+      break;
+    case DType::f16:
+      quantize_to<DType::f16>(code, codes, entries, src, group, groups, mul, code_max);
+      break;
+    default:
+      quantize_to<DType::bf16>(code, codes, entries, src, group, groups, mul, code_max);
+      break;
   }
   return true;
 }
@@ -243,9 +274,15 @@ inline bool dequantize_groups(std::byte* out, DType ot, const std::byte* codes, 
                               bool minimum, std::int32_t group, std::int32_t groups, float mul) noexcept {
   if (!groups_wide(code, minimum, group, ot)) return false;
   switch (code) {
-    case DType::int8: dequantize_to<DType::int8>(ot, out, codes, entries, group, groups, mul); break;
-    case DType::fp8_e4m3: dequantize_to<DType::fp8_e4m3>(ot, out, codes, entries, group, groups, mul); break;
-    default: dequantize_to<DType::fp8_e5m2>(ot, out, codes, entries, group, groups, mul); break;
+    case DType::int8:
+      dequantize_to<DType::int8>(ot, out, codes, entries, group, groups, mul);
+      break;
+    case DType::fp8_e4m3:
+      dequantize_to<DType::fp8_e4m3>(ot, out, codes, entries, group, groups, mul);
+      break;
+    default:
+      dequantize_to<DType::fp8_e5m2>(ot, out, codes, entries, group, groups, mul);
+      break;
   }
   return true;
 }
