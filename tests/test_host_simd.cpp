@@ -423,6 +423,32 @@ TEST_CASE("the host's group loops leave fp8 with a minimum, odd groups and 8-bit
   CHECK(std::all_of(c.begin(), c.end(), [](std::byte b) { return b == std::byte{0}; }));
 }
 
+#if !defined(KVCACHE_NO_AVX512)
+// Which loops the group case above exercised: on an AVX-512 CPU the 512-bit
+// loops take groups of 16 to 128 (symmetric whole bytes; integers with a
+// minimum) and nothing else, so a dispatch that fell through to the AVX2
+// loops would not pass unseen; elsewhere they take nothing.
+TEST_CASE("the 512-bit group loops take the formats they are for, where the CPU has AVX-512") {
+  const bool wide = simd::avx512_available();
+  for (DType o : {DType::f32, DType::f16, DType::bf16})
+    for (std::int32_t g : {16, 32, 64, 128}) {
+      for (DType c : {DType::int8, DType::int4, DType::int2}) CHECK(simd::avx512::minimum_wide(c, g, o) == wide);
+      for (DType c : {DType::int8, DType::fp8_e4m3, DType::fp8_e5m2})
+        CHECK(simd::avx512::groups_wide(c, false, g, o) == wide);
+    }
+  CHECK_FALSE(simd::avx512::minimum_wide(DType::int4, 8, DType::f16));
+  CHECK_FALSE(simd::avx512::minimum_wide(DType::fp8_e4m3, 32, DType::f16));
+  CHECK_FALSE(simd::avx512::minimum_wide(DType::int4, 32, DType::int8));
+  CHECK_FALSE(simd::avx512::groups_wide(DType::int4, false, 32, DType::f16));
+  std::vector<std::byte> c(64), e(8);
+  std::vector<std::uint16_t> x(32, 0x3c00);
+  for (float mul : {0.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
+    CHECK_FALSE(simd::avx512::quantize_groups_min(c.data(), e.data(), reinterpret_cast<const std::byte*>(x.data()), DType::f16,
+                                                  DType::int4, 32, 1, mul));
+  CHECK(std::all_of(c.begin(), c.end(), [](std::byte b) { return b == std::byte{0}; }));
+}
+#endif
+
 TEST_CASE("the host's FMA loop gives fmaf's bits, and load_codes gives load_code's values for every byte") {
   std::mt19937_64 rng(Catch::rngSeed() ^ 0xf3a);
   std::uniform_real_distribution<float> u(-100.0f, 100.0f);

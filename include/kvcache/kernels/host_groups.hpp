@@ -1,6 +1,7 @@
 // The host's group quantization by the widest loops this CPU runs: whole-
-// byte symmetric codes in groups of a multiple of 16 by the 512-bit loops
-// (host_simd512_groups.hpp), every other format the group loops take by
+// byte symmetric codes and integer codes with a minimum in groups of 16,
+// 32, 64 or 128 by the 512-bit loops (host_simd512_groups.hpp,
+// host_simd512_minimum.hpp), every other format the group loops take by
 // the AVX2 ones (host_simd_groups.hpp), the rest by the caller's scalar
 // quantize_group. Every one gives the scalar code's bits, so which ran is
 // not visible in the result.
@@ -10,6 +11,7 @@
 
 #include "host_cpu.hpp"
 #include "host_simd512_groups.hpp"
+#include "host_simd512_minimum.hpp"
 #include "host_simd_groups.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/kv_format.hpp"
@@ -38,7 +40,9 @@ inline bool quantize_groups(std::byte* codes, std::byte* entries, const void* sr
   if (!groups_fast(code, minimum, group, st)) return false;
   const auto* s = static_cast<const std::byte*>(src);
 #if !defined(KVCACHE_NO_AVX512)
-  if (avx512::quantize_groups(codes, entries, s, st, code, minimum, group, groups, mul, code_max)) return true;
+  if (minimum ? avx512::quantize_groups_min(codes, entries, s, st, code, group, groups, mul)
+              : avx512::quantize_groups(codes, entries, s, st, code, minimum, group, groups, mul, code_max))
+    return true;
 #endif
   switch (st) {
     case DType::f32:
@@ -57,7 +61,9 @@ inline bool dequantize_groups(void* out, DType ot, const std::byte* codes, const
   if (!groups_fast(code, minimum, group, ot)) return false;
   auto* o = static_cast<std::byte*>(out);
 #if !defined(KVCACHE_NO_AVX512)
-  if (avx512::dequantize_groups(o, ot, codes, entries, code, minimum, group, groups, mul)) return true;
+  if (minimum ? avx512::dequantize_groups_min(o, ot, codes, entries, code, group, groups, mul)
+              : avx512::dequantize_groups(o, ot, codes, entries, code, minimum, group, groups, mul))
+    return true;
 #endif
   if (minimum) switch (code) {
       case DType::int8:

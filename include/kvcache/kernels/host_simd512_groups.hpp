@@ -35,25 +35,38 @@ namespace simd {
 #endif
 namespace avx512 {
 
-// Lane j of the result is the largest lane of a[j] (signed). Four rounds
-// halve the vectors, each a max of two shuffles that pair the halves, then
-// the quarters, pairs and lanes of two vectors; the last leaves group
-// q + 4r in lane 4q + r, which one permute puts back in order.
-KVCACHE_AVX512_INLINE inline I max_each(const I (&a)[16]) noexcept {
+// How reduce_each combines lanes: signed max or min of 32-bit lanes, or of
+// the 16-bit halves of each (each half kept apart).
+enum class Pick { max32, min32, max16, min16 };
+template <Pick P>
+KVCACHE_AVX512_INLINE inline I pick(I a, I b) noexcept {
+  if constexpr (P == Pick::max32) return _mm512_max_epi32(a, b);
+  if constexpr (P == Pick::min32) return _mm512_min_epi32(a, b);
+  if constexpr (P == Pick::max16) return _mm512_max_epi16(a, b);
+  if constexpr (P == Pick::min16) return _mm512_min_epi16(a, b);
+}
+// Lane j of the result is a[j]'s lanes combined by P (for max32, its
+// largest lane). Four rounds halve the vectors, each combining two
+// shuffles that pair the halves, then the quarters, pairs and lanes of two
+// vectors; the last leaves group q + 4r in lane 4q + r, which one permute
+// puts back in order. The shuffles move whole 32-bit lanes, so a 16-bit
+// pick keeps the low and high halves' results apart.
+template <Pick P>
+KVCACHE_AVX512_INLINE inline I reduce_each(const I (&a)[16]) noexcept {
   I t[8], u[4], w[2];
   for (int j = 0; j < 8; ++j)
-    t[j] = _mm512_max_epi32(_mm512_shuffle_i32x4(a[2 * j], a[2 * j + 1], 0x44),
-                            _mm512_shuffle_i32x4(a[2 * j], a[2 * j + 1], 0xee));
+    t[j] =
+        pick<P>(_mm512_shuffle_i32x4(a[2 * j], a[2 * j + 1], 0x44), _mm512_shuffle_i32x4(a[2 * j], a[2 * j + 1], 0xee));
   for (int j = 0; j < 4; ++j)
-    u[j] = _mm512_max_epi32(_mm512_shuffle_i32x4(t[2 * j], t[2 * j + 1], 0x88),
-                            _mm512_shuffle_i32x4(t[2 * j], t[2 * j + 1], 0xdd));
+    u[j] =
+        pick<P>(_mm512_shuffle_i32x4(t[2 * j], t[2 * j + 1], 0x88), _mm512_shuffle_i32x4(t[2 * j], t[2 * j + 1], 0xdd));
   for (int j = 0; j < 2; ++j)
-    w[j] =
-        _mm512_max_epi32(_mm512_unpacklo_epi64(u[2 * j], u[2 * j + 1]), _mm512_unpackhi_epi64(u[2 * j], u[2 * j + 1]));
+    w[j] = pick<P>(_mm512_unpacklo_epi64(u[2 * j], u[2 * j + 1]), _mm512_unpackhi_epi64(u[2 * j], u[2 * j + 1]));
   const V w0 = _mm512_castsi512_ps(w[0]), w1 = _mm512_castsi512_ps(w[1]);
-  const I z = _mm512_max_epi32(bits(_mm512_shuffle_ps(w0, w1, 0x88)), bits(_mm512_shuffle_ps(w0, w1, 0xdd)));
+  const I z = pick<P>(bits(_mm512_shuffle_ps(w0, w1, 0x88)), bits(_mm512_shuffle_ps(w0, w1, 0xdd)));
   return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
 }
+KVCACHE_AVX512_INLINE inline I max_each(const I (&a)[16]) noexcept { return reduce_each<Pick::max32>(a); }
 
 // avx2::group_scales for sixteen groups (the same operations, so its bits):
 // amax / code_max saturated at f16's largest (a NaN stays NaN), the f16
@@ -152,37 +165,44 @@ KVCACHE_AVX512_INLINE inline void store16(std::byte* p, V v) noexcept {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(f32_to_bf16(v)));
 }
 
-// dequantize_groups' (code * scale) * mul, 16 values a step. e4m3 codes go
-// through fp16 with the scale times 256 (avx2::e4m3_prescales: every f16
-// scale but inf and NaN), a group whose scale it refuses through the AVX2
-// loop.
+// dequantize_groups' (code * scale) * mul, 16 values a step. Sixteen
+// groups' scales are widened together by the hardware (the scalar
+// conversion's bits, a signalling NaN quieted as the multiply would). e4m3
+// codes go through fp16 with the scale times 256 (avx2::e4m3_prescales:
+// every f16 scale but inf and NaN), a group whose scale it refuses through
+// the AVX2 loop.
 template <DType C, DType O, int G>
 KVCACHE_AVX512 inline void dequantize_groups(std::byte* out, const std::byte* codes, const std::byte* entries,
                                              std::int32_t groups, float mul) noexcept {
   static_assert(dtype_bits(C) == 8);
   constexpr std::int32_t group = G;
   const V m = _mm512_set1_ps(mul);
-  for (std::int32_t g = 0; g < groups; ++g) {
-    std::uint16_t e;
-    std::memcpy(&e, entries + 2 * g, 2);
-    const float scale = cvt::f16_to_f32(e);
-    std::byte* o = out + row_bytes(O, std::int64_t{g} * group);
-    const std::byte* c = codes + std::int64_t{g} * group;
-    if constexpr (C == DType::fp8_e4m3) {
-      if (!avx2::e4m3_prescales(scale)) {
-        avx2::dequantize_groups<C, O>(o, c, entries + 2 * g, group, 1, mul);
-        continue;
+  alignas(64) float scales[16];
+  for (std::int32_t b = 0; b < groups; b += 16) {
+    const std::int32_t nb = groups - b < 16 ? groups - b : 16;
+    _mm512_store_ps(scales, _mm512_cvtph_ps(_mm512_castsi512_si256(
+                                _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1u << nb) - 1u), entries + 2 * b))));
+    for (std::int32_t j = 0; j < nb; ++j) {
+      const std::int32_t g = b + j;
+      const float scale = scales[j];
+      std::byte* o = out + row_bytes(O, std::int64_t{g} * group);
+      const std::byte* c = codes + std::int64_t{g} * group;
+      if constexpr (C == DType::fp8_e4m3) {
+        if (!avx2::e4m3_prescales(scale)) {
+          avx2::dequantize_groups<C, O>(o, c, entries + 2 * g, group, 1, mul);
+          continue;
+        }
+        const V s256 = _mm512_set1_ps(scale * 256.0f);
+        for (std::int32_t i = 0; i < group; i += 16) {
+          const __m256i h =
+              avx2::e4m3_as_f16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + i))));
+          store16<O>(o + row_bytes(O, i), _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(h), s256), m));
+        }
+      } else {
+        const V s = _mm512_set1_ps(scale);
+        for (std::int32_t i = 0; i < group; i += 16)
+          store16<O>(o + row_bytes(O, i), _mm512_mul_ps(_mm512_mul_ps(load16<C>(c + i), s), m));
       }
-      const V s256 = _mm512_set1_ps(scale * 256.0f);
-      for (std::int32_t i = 0; i < group; i += 16) {
-        const __m256i h =
-            avx2::e4m3_as_f16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + i))));
-        store16<O>(o + row_bytes(O, i), _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(h), s256), m));
-      }
-    } else {
-      const V s = _mm512_set1_ps(scale);
-      for (std::int32_t i = 0; i < group; i += 16)
-        store16<O>(o + row_bytes(O, i), _mm512_mul_ps(_mm512_mul_ps(load16<C>(c + i), s), m));
     }
   }
 }

@@ -164,6 +164,17 @@ inline Status check_scatter_shape(const ScatterParams& p) noexcept {
   return check_row_writes(p.cache, "cache.format (a channel-scaled side is written by seal_blocks)");
 }
 
+/// Prefetches token t's source rows of side kv, layer l (every head's;
+/// `run`: as one run, heads_in_one_run), for a loop that converts them a
+/// token ahead (prefetch_lines).
+inline void prefetch_source(const ScatterParams& p, std::int32_t l, std::int32_t kv, std::int64_t t,
+                            bool run) noexcept {
+  const std::byte* src = p.src.row(kv, l, t, 0);
+  const std::int64_t bytes = row_bytes(p.src.dtype, p.cache.head_dim);
+  if (run) return prefetch_lines(src, bytes * p.cache.num_kv_heads);
+  for (std::int32_t h = 0; h < p.cache.num_kv_heads; ++h) prefetch_lines(src + h * p.src.head_stride, bytes);
+}
+
 /// Host backend: validates every slot first (a slot outside the pool is an
 /// error naming the slot and the pool's slots), then writes. Nothing is written on error.
 inline Status scatter_host(const ScatterParams& p) noexcept {
@@ -189,6 +200,11 @@ inline Status scatter_host(const ScatterParams& p) noexcept {
                        heads_in_one_run(p.cache, 1, p.src.head_stride, p.src.dtype, p.v_scales)};
   const bool stream = streams(p.num_tokens * p.num_layers * p.cache.kv_planes * p.cache.num_kv_heads *
                               row_bytes(p.cache.dtype, p.cache.head_dim));
+  // Rows that convert ask for the next token's source a token ahead
+  // (prefetch_source): a group format's range pass, the first read of each
+  // row, waited on memory otherwise. Plain copies do not.
+  const bool ahead[2] = {quantized_side(p.cache, 0) || p.cache.dtype != p.src.dtype,
+                         quantized_side(p.cache, 1) || p.cache.dtype != p.src.dtype};
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif
@@ -205,6 +221,7 @@ inline Status scatter_host(const ScatterParams& p) noexcept {
           // The token's head 0; heads follow at the strides (no address math per row).
           std::byte* dst = p.cache.row(block, p.first_layer + l, kv, offset, 0);
           const std::byte* src = p.src.row(kv, l, t, 0);
+          if (ahead[kv] && t + 1 < p.num_tokens) prefetch_source(p, l, kv, t + 1, run[kv]);
           if (run[kv]) {
             scatter_row_at(p, l, kv, 0, block, offset, dst, src, 0, 1, p.cache.num_kv_heads, stream);
             continue;
