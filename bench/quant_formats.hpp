@@ -26,6 +26,7 @@ inline const Format kFormats[] = {
     {"int8_g32", kv::DType::int8, {.scales = kv::Scales::group, .group = 32}},
     {"fp8_e4m3_g32", kv::DType::fp8_e4m3, {.scales = kv::Scales::group, .group = 32}},
     {"int4_g32_min", kv::DType::int4, {.scales = kv::Scales::group, .group = 32, .minimum = true}},
+    {"int4_g32", kv::DType::int4, {.scales = kv::Scales::group, .group = 32}},
     {"fp4_g16", kv::DType::fp4_e2m1, {.scales = kv::Scales::group, .group = 16}},
     {"int2_g32_min", kv::DType::int2, {.scales = kv::Scales::group, .group = 32, .minimum = true}},
 };

@@ -1,18 +1,20 @@
-// The host's group quantization sixteen lanes at a time, for whole-byte
-// symmetric codes (int8, fp8 e4m3 and e5m2, an f16 scale a group) in groups
-// of 16, 32, 64 or 128 values, where the CPU has AVX-512 F, BW and DQ. The
-// AVX2 loops (host_simd_groups.hpp) spent most of a 32-value group on its
-// overhead: a conversion and multiply per value only to find the range, a
-// horizontal max per group, the scales through arrays, eight lanes a store.
-// Here sixteen groups' ranges are read from the source's own bits (32
-// values an operation for 16-bit types), one transposing reduction gives
-// their sixteen maxima in one vector, their scales take one pass of
-// group_scales' operations, and the codes are written 64 at a time by
-// host_simd512.hpp's encoders and packs; the group size is a template
-// argument, so no loop counts or divides by it. Reading back, each 16
-// values of a group is one multiply by the group's scale and one by the
-// caller's multiplier, stored in the caller's type. The bits are
-// quantize_group's and dequantize_group's (test_host_simd).
+// The host's symmetric group quantization sixteen lanes at a time (int8,
+// fp8 e4m3 and e5m2, int4 and int2 with an f16 scale a group; fp4 e2m1
+// with an e4m3 one, NVFP4's) in groups of 16, 32, 64 or 128 values, where
+// the CPU has AVX-512 F, BW and DQ. The AVX2 loops (host_simd_groups.hpp)
+// spent most of a 32-value group on its overhead: a conversion and
+// multiply per value only to find the range, a horizontal max per group,
+// the scales through arrays, eight lanes a store. Here sixteen groups'
+// ranges are read from the source's own bits (32 values an operation for
+// 16-bit types), one transposing reduction gives their sixteen maxima in
+// one vector, their scales take one pass of group_scales' operations, and
+// the codes are written 64 at a time by host_simd512.hpp's encoders and
+// packs (whole bytes) or host_simd512_packed.hpp's (nibbles, bit pairs);
+// the group size is a template argument, so no loop counts or divides by
+// it. Reading back, each 16 values of a group is one multiply by the
+// group's scale and one by the caller's multiplier, stored in the caller's
+// type. The bits are quantize_group's and dequantize_group's
+// (test_host_simd).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +22,7 @@
 
 #include "host_cpu.hpp"
 #include "host_simd512.hpp"
+#include "host_simd512_packed.hpp"
 #include "host_simd_groups.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/kernels/convert.hpp"
@@ -68,16 +71,34 @@ KVCACHE_AVX512_INLINE inline I reduce_each(const I (&a)[16]) noexcept {
 }
 KVCACHE_AVX512_INLINE inline I max_each(const I (&a)[16]) noexcept { return reduce_each<Pick::max32>(a); }
 
+// Sixteen e4m3 codes (one a lane, in its low byte) as floats, exactly:
+// e4m3_as_f16 of the codes sign-extended to 16 bits (their value times
+// 2^-8; a NaN code a NaN), widened, times 256.
+KVCACHE_AVX512_INLINE inline V e4m3_values(I q) noexcept {
+  const __m256i s16 = _mm512_cvtepi32_epi16(_mm512_srai_epi32(_mm512_slli_epi32(q, 24), 24));
+  const __m256i h = _mm512_castsi512_si256(e4m3_as_f16(_mm512_zextsi256_si512(s16)));
+  return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+}
+
 // avx2::group_scales for sixteen groups (the same operations, so its bits):
-// amax / code_max saturated at f16's largest (a NaN stays NaN), the f16
-// entry (a NaN made sign | 0x7e00), inv = 1 / scale where scale > 0.
+// amax / code_max saturated at the entry type's largest (a NaN stays NaN),
+// the entry's bits (f16: a NaN made sign | 0x7e00; e4m3, fp4's: its NaN
+// code), inv = 1 / scale where scale > 0.
+template <DType E = DType::f16>
 KVCACHE_AVX512_INLINE inline void group_scales(V amax, float code_max, I& entry, V& inv) noexcept {
-  const V type_max = _mm512_set1_ps(cvt::kF16Max);
+  static_assert(E == DType::f16 || E == DType::fp8_e4m3);
+  const V type_max = _mm512_set1_ps(E == DType::f16 ? cvt::kF16Max : cvt::kE4m3Max);
   V want = _mm512_div_ps(amax, _mm512_set1_ps(code_max));
   want = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(want, type_max, _CMP_GT_OQ), want, type_max);
-  const __m256i h = f16_codes<true>(want);
-  entry = _mm512_cvtepu16_epi32(h);
-  const V scale = _mm512_cvtph_ps(h);
+  V scale;
+  if constexpr (E == DType::f16) {
+    const __m256i h = f16_codes<true>(want);
+    entry = _mm512_cvtepu16_epi32(h);
+    scale = _mm512_cvtph_ps(h);
+  } else {
+    entry = codes<DType::fp8_e4m3>(want);
+    scale = e4m3_values(entry);
+  }
   inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(scale, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), scale);
 }
 
@@ -117,18 +138,21 @@ KVCACHE_AVX512_INLINE inline V scaled(const std::byte* in, std::int32_t i, V m, 
   return _mm512_mul_ps(_mm512_mul_ps(load16<S>(in + row_bytes(S, i)), m), _mm512_set1_ps(inv[i >> log2_group]));
 }
 
-// quantize_groups' symmetric whole-byte codes, for groups of G = 16, 32, 64
-// or 128 values, up to 16 groups a round. A group's largest |x * mul| is taken
+// quantize_groups' symmetric codes, for groups of G = 16, 32, 64 or 128
+// values, up to 16 groups a round. A group's largest |x * mul| is taken
 // as (its largest |x|) * |mul|: rounding is monotonic and symmetric, so for
-// a finite non-zero mul (groups_wide) that is the same float, and a NaN
-// (any NaN: its entry is 0x7e00 and its inv 0 whatever the payload) where
-// there is one. So the first read is the source's bits alone, 32 values an
-// operation for 16-bit types; the second converts them.
+// a finite non-zero mul (ordered_multiplier) that is the same float, and a
+// NaN (any NaN: its entry is the entry type's NaN and its inv 0 whatever
+// the payload) where there is one. So the first read is the source's bits
+// alone, 32 values an operation for 16-bit types; the second converts
+// them. Whole-byte codes are host_simd512.hpp's, sub-byte ones
+// host_simd512_packed.hpp's; fp4's scales are e4m3 bytes, the rest f16.
 template <DType S, DType C, int G>
 KVCACHE_AVX512 inline void quantize_groups(std::byte* dst, std::byte* entries, const std::byte* src,
                                            std::int32_t groups, float mul, float code_max) noexcept {
-  static_assert(dtype_bits(C) == 8 && G >= 16 && (G & (G - 1)) == 0);
+  static_assert(G >= 16 && (G & (G - 1)) == 0);
   constexpr std::int32_t group = G;
+  constexpr DType E = group_scale_dtype(C);
   const V m = _mm512_set1_ps(mul), abs_mul = _mm512_set1_ps(mul < 0.0f ? -mul : mul);
   constexpr int lg = __builtin_ctz(static_cast<unsigned>(G));
   alignas(64) float inv[16];
@@ -140,19 +164,34 @@ KVCACHE_AVX512 inline void quantize_groups(std::byte* dst, std::byte* entries, c
       acc[j] = j < nb ? abs_bits<S, G>(in + row_bytes(S, std::int64_t{j} * group)) : _mm512_setzero_si512();
     I entry;
     V iv;
-    group_scales(_mm512_mul_ps(abs_values<S>(max_each(acc)), abs_mul), code_max, entry, iv);
-    _mm512_mask_cvtepi32_storeu_epi16(entries + 2 * b, static_cast<__mmask16>((1u << nb) - 1u), entry);
+    group_scales<E>(_mm512_mul_ps(abs_values<S>(max_each(acc)), abs_mul), code_max, entry, iv);
+    const auto in_round = static_cast<__mmask16>((1u << nb) - 1u);
+    if constexpr (E == DType::f16)
+      _mm512_mask_cvtepi32_storeu_epi16(entries + 2 * b, in_round, entry);
+    else
+      _mm512_mask_cvtepi32_storeu_epi8(entries + b, in_round, entry);
     _mm512_store_ps(inv, iv);
-    std::byte* out = dst + std::int64_t{b} * group;
-    std::int32_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-      const V v[4] = {scaled<S>(in, i, m, inv, lg), scaled<S>(in, i + 16, m, inv, lg),
-                      scaled<S>(in, i + 32, m, inv, lg), scaled<S>(in, i + 48, m, inv, lg)};
-      store64<C, false, true>(out + i, v);
+    std::byte* out = dst + row_bytes(C, std::int64_t{b} * group);
+    if constexpr (dtype_bits(C) == 8) {
+      std::int32_t i = 0;
+      for (; i + 64 <= n; i += 64) {
+        const V v[4] = {scaled<S>(in, i, m, inv, lg), scaled<S>(in, i + 16, m, inv, lg),
+                        scaled<S>(in, i + 32, m, inv, lg), scaled<S>(in, i + 48, m, inv, lg)};
+        store64<C, false, true>(out + i, v);
+      }
+      for (; i < n; i += 16)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                         _mm512_cvtepi32_epi8(codes<C>(scaled<S>(in, i, m, inv, lg))));
+    } else {
+      for (std::int32_t i = 0; i < n; i += 64) {
+        const std::int32_t left = n - i;
+        I c[4];
+        for (std::int32_t j = 0; j < 4; ++j)
+          c[j] = 16 * j < left ? packed_codes<C>(scaled<S>(in, i + 16 * j, m, inv, lg)) : _mm512_setzero_si512();
+        store_codes<C>(out + row_bytes(C, i), c[0], c[1], c[2], c[3],
+                       static_cast<std::int32_t>(row_bytes(C, left < 64 ? left : 64)));
+      }
     }
-    for (; i < n; i += 16)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                       _mm512_cvtepi32_epi8(codes<C>(scaled<S>(in, i, m, inv, lg))));
   }
 }
 
@@ -166,27 +205,32 @@ KVCACHE_AVX512_INLINE inline void store16(std::byte* p, V v) noexcept {
 }
 
 // dequantize_groups' (code * scale) * mul, 16 values a step. Sixteen
-// groups' scales are widened together by the hardware (the scalar
-// conversion's bits, a signalling NaN quieted as the multiply would). e4m3
+// groups' scales are widened together (f16 by the hardware: the scalar
+// conversion's bits, a signalling NaN quieted as the multiply would; fp4's
+// e4m3 by e4m3_values). Sub-byte codes are load_codes' values. e4m3
 // codes go through fp16 with the scale times 256 (avx2::e4m3_prescales:
 // every f16 scale but inf and NaN), a group whose scale it refuses through
 // the AVX2 loop.
 template <DType C, DType O, int G>
 KVCACHE_AVX512 inline void dequantize_groups(std::byte* out, const std::byte* codes, const std::byte* entries,
                                              std::int32_t groups, float mul) noexcept {
-  static_assert(dtype_bits(C) == 8);
   constexpr std::int32_t group = G;
   const V m = _mm512_set1_ps(mul);
   alignas(64) float scales[16];
   for (std::int32_t b = 0; b < groups; b += 16) {
     const std::int32_t nb = groups - b < 16 ? groups - b : 16;
-    _mm512_store_ps(scales, _mm512_cvtph_ps(_mm512_castsi512_si256(
-                                _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1u << nb) - 1u), entries + 2 * b))));
+    if constexpr (group_scale_dtype(C) == DType::f16) {
+      const I h = _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1u << nb) - 1u), entries + 2 * b);
+      _mm512_store_ps(scales, _mm512_cvtph_ps(_mm512_castsi512_si256(h)));
+    } else {  // fp4's e4m3 bytes
+      const I q = _mm512_maskz_loadu_epi8((__mmask64{1} << nb) - 1, entries + b);
+      _mm512_store_ps(scales, e4m3_values(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(q))));
+    }
     for (std::int32_t j = 0; j < nb; ++j) {
       const std::int32_t g = b + j;
       const float scale = scales[j];
       std::byte* o = out + row_bytes(O, std::int64_t{g} * group);
-      const std::byte* c = codes + std::int64_t{g} * group;
+      const std::byte* c = codes + row_bytes(C, std::int64_t{g} * group);
       if constexpr (C == DType::fp8_e4m3) {
         if (!avx2::e4m3_prescales(scale)) {
           avx2::dequantize_groups<C, O>(o, c, entries + 2 * g, group, 1, mul);
@@ -198,22 +242,39 @@ KVCACHE_AVX512 inline void dequantize_groups(std::byte* out, const std::byte* co
               avx2::e4m3_as_f16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + i))));
           store16<O>(o + row_bytes(O, i), _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(h), s256), m));
         }
-      } else {
+      } else if constexpr (dtype_bits(C) == 8) {
         const V s = _mm512_set1_ps(scale);
         for (std::int32_t i = 0; i < group; i += 16)
           store16<O>(o + row_bytes(O, i), _mm512_mul_ps(_mm512_mul_ps(load16<C>(c + i), s), m));
+      } else {
+        const V s = _mm512_set1_ps(scale);
+        for (std::int32_t i = 0; i < group; i += 16)
+          store16<O>(o + row_bytes(O, i), _mm512_mul_ps(_mm512_mul_ps(load_codes<C, false>(c, i), s), m));
       }
     }
   }
 }
 
-/// True when the loops above take groups of `code` (int8, fp8 e4m3 or e5m2,
-/// symmetric) of `group` values (16, 32, 64 or 128, as formats take) to or
-/// from `other` (f32, f16 or bf16) on this CPU.
-inline bool groups_wide(DType code, bool minimum, std::int32_t group, DType other) noexcept {
-  const bool code_ok = !minimum && (code == DType::int8 || code == DType::fp8_e4m3 || code == DType::fp8_e5m2);
+/// True when the 512-bit group loops (these and host_simd512_minimum.hpp's)
+/// take groups of `group` values (16, 32, 64 or 128, as formats take) to
+/// or from `other` (f32, f16 or bf16) on this CPU.
+inline bool wide_shape(std::int32_t group, DType other) noexcept {
   const bool other_ok = other == DType::f32 || other == DType::f16 || other == DType::bf16;
-  return code_ok && other_ok && (group == 16 || group == 32 || group == 64 || group == 128) && avx512_available();
+  return other_ok && (group == 16 || group == 32 || group == 64 || group == 128) && avx512_available();
+}
+/// True for a finite, non-zero multiplier: the one for which the 512-bit
+/// loops' ranges, taken from the source's bits before the multiply, are
+/// the products' (see quantize_groups); 0, inf and NaN go to the AVX2 loops.
+inline bool ordered_multiplier(float mul) noexcept {
+  const float a = mul < 0.0f ? -mul : mul;
+  return a > 0.0f && a <= 0x1.fffffep127f;
+}
+/// True when the loops above take symmetric groups of `code` (int8, fp8
+/// e4m3 or e5m2, int4, int2, fp4 e2m1) in wide_shape's groups.
+inline bool groups_wide(DType code, bool minimum, std::int32_t group, DType other) noexcept {
+  const bool code_ok = !minimum && (code == DType::int8 || code == DType::fp8_e4m3 || code == DType::fp8_e5m2 ||
+                                    code == DType::int4 || code == DType::int2 || code == DType::fp4_e2m1);
+  return code_ok && wide_shape(group, other);
 }
 
 template <DType S, DType C>
@@ -238,8 +299,14 @@ inline void quantize_to(DType code, std::byte* codes, std::byte* entries, const 
       return quantize_sized<S, DType::int8>(codes, entries, src, group, groups, mul, code_max);
     case DType::fp8_e4m3:
       return quantize_sized<S, DType::fp8_e4m3>(codes, entries, src, group, groups, mul, code_max);
-    default:
+    case DType::fp8_e5m2:
       return quantize_sized<S, DType::fp8_e5m2>(codes, entries, src, group, groups, mul, code_max);
+    case DType::int4:
+      return quantize_sized<S, DType::int4>(codes, entries, src, group, groups, mul, code_max);
+    case DType::int2:
+      return quantize_sized<S, DType::int2>(codes, entries, src, group, groups, mul, code_max);
+    default:
+      return quantize_sized<S, DType::fp4_e2m1>(codes, entries, src, group, groups, mul, code_max);
   }
 }
 template <DType C, DType O>
@@ -269,12 +336,11 @@ inline void dequantize_to(DType ot, std::byte* out, const std::byte* codes, cons
   }
 }
 
-/// The symmetric whole-byte half of simd::quantize_groups; false (nothing
+/// The symmetric half of simd::quantize_groups; false (nothing
 /// written) where groups_wide says no.
 inline bool quantize_groups(std::byte* codes, std::byte* entries, const std::byte* src, DType st, DType code,
                             bool minimum, std::int32_t group, std::int32_t groups, float mul, float code_max) noexcept {
-  const float abs_mul = mul < 0.0f ? -mul : mul;  // finite and non-zero: see quantize_groups
-  if (!groups_wide(code, minimum, group, st) || !(abs_mul > 0.0f && abs_mul <= 0x1.fffffep127f)) return false;
+  if (!groups_wide(code, minimum, group, st) || !ordered_multiplier(mul)) return false;
   switch (st) {
     case DType::f32:
       quantize_to<DType::f32>(code, codes, entries, src, group, groups, mul, code_max);
@@ -288,7 +354,7 @@ inline bool quantize_groups(std::byte* codes, std::byte* entries, const std::byt
   }
   return true;
 }
-/// The symmetric whole-byte half of simd::dequantize_groups; false (nothing
+/// The symmetric half of simd::dequantize_groups; false (nothing
 /// written) where groups_wide says no.
 inline bool dequantize_groups(std::byte* out, DType ot, const std::byte* codes, const std::byte* entries, DType code,
                               bool minimum, std::int32_t group, std::int32_t groups, float mul) noexcept {
@@ -300,8 +366,17 @@ inline bool dequantize_groups(std::byte* out, DType ot, const std::byte* codes, 
     case DType::fp8_e4m3:
       dequantize_to<DType::fp8_e4m3>(ot, out, codes, entries, group, groups, mul);
       break;
-    default:
+    case DType::fp8_e5m2:
       dequantize_to<DType::fp8_e5m2>(ot, out, codes, entries, group, groups, mul);
+      break;
+    case DType::int4:
+      dequantize_to<DType::int4>(ot, out, codes, entries, group, groups, mul);
+      break;
+    case DType::int2:
+      dequantize_to<DType::int2>(ot, out, codes, entries, group, groups, mul);
+      break;
+    default:
+      dequantize_to<DType::fp4_e2m1>(ot, out, codes, entries, group, groups, mul);
       break;
   }
   return true;

@@ -23,6 +23,7 @@
 #include "host_cpu.hpp"
 #include "host_simd512.hpp"
 #include "host_simd512_groups.hpp"
+#include "host_simd512_packed.hpp"
 #include "host_simd_groups.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/kernels/convert.hpp"
@@ -119,31 +120,6 @@ KVCACHE_AVX512_INLINE inline __mmask16 nan_keys(I lo, I hi) noexcept {
   return static_cast<__mmask16>(_mm512_cmpgt_epi32_mask(hi, k(inf)) | _mm512_cmplt_epi32_mask(lo, k(ninf)));
 }
 
-// 64 codes (a, b, c, d: sixteen each, one a lane, each in [0, 2^bits))
-// packed as quantize_group packs them, and the first `bytes` of them
-// stored at p: narrowed to bytes in order (the packs work within 128-bit
-// quarters; a permute puts their runs back), then for int4 adjacent bytes
-// merged into one (low nibble first) and for int2 four (first code lowest).
-template <DType C>
-KVCACHE_AVX512_INLINE inline void store_codes(std::byte* p, I a, I b, I c, I d, std::int32_t bytes) noexcept {
-  const I x = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
-                                       _mm512_packus_epi16(_mm512_packus_epi32(a, b), _mm512_packus_epi32(c, d)));
-  I y = x;
-  if constexpr (C == DType::int4)
-    y = _mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_maddubs_epi16(x, _mm512_set1_epi16(0x1001))));
-  if constexpr (C == DType::int2)
-    y = _mm512_castsi128_si512(_mm512_cvtepi32_epi8(
-        _mm512_madd_epi16(_mm512_maddubs_epi16(x, _mm512_set1_epi16(0x0401)), _mm512_set1_epi32(0x00100001))));
-  if (bytes < static_cast<std::int32_t>(row_bytes(C, 64)))
-    _mm512_mask_storeu_epi8(p, (__mmask64{1} << bytes) - 1, y);
-  else if constexpr (C == DType::int8)
-    _mm512_storeu_si512(p, y);
-  else if constexpr (C == DType::int4)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_castsi512_si256(y));
-  else
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_castsi512_si128(y));
-}
-
 // Elements i.. of a round's source as codes: to_int((x * mul - minimum) *
 // inv, 0, code_max), the group's minimum and inv at i >> lg. max_ps returns
 // its second operand for a NaN, so a NaN (inf - inf) is code 0, as to_int
@@ -202,27 +178,6 @@ KVCACHE_AVX512 inline void quantize_groups_min(std::byte* dst, std::byte* entrie
   }
 }
 
-// Sixteen codes of a group from element i, as floats: unsigned integers
-// (int4: element 2i in byte i's low nibble; int2: 4i in byte i's low bits).
-template <DType C>
-KVCACHE_AVX512_INLINE inline V load_codes(const std::byte* codes, std::int32_t i) noexcept {
-  if constexpr (C == DType::int8)
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i))));
-  if constexpr (C == DType::int4) {
-    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i / 2));
-    const I n = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, b)),
-                                  _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4));
-    return _mm512_cvtepi32_ps(_mm512_and_si512(n, k(15u)));
-  }
-  if constexpr (C == DType::int2) {
-    std::uint32_t w;
-    std::memcpy(&w, codes + i / 4, 4);
-    const I n = _mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(w)),
-                                  _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30));
-    return _mm512_cvtepi32_ps(_mm512_and_si512(n, k(3u)));
-  }
-}
-
 // dequantize_groups_min of avx2: (code * scale + minimum) * mul, sixteen
 // values a step, unfused as there (code * scale is exact, so the add is
 // fmaf's one rounding). Sixteen groups' scales and minima are widened
@@ -244,7 +199,8 @@ KVCACHE_AVX512 inline void dequantize_groups_min(std::byte* out, const std::byte
       std::byte* o = out + row_bytes(O, std::int64_t{b + j} * group);
       const std::byte* c = codes + row_bytes(C, std::int64_t{b + j} * group);
       for (std::int32_t i = 0; i < group; i += 16)
-        store16<O>(o + row_bytes(O, i), _mm512_mul_ps(add(_mm512_mul_ps(load_codes<C>(c, i), scale), minimum), m));
+        store16<O>(o + row_bytes(O, i),
+                   _mm512_mul_ps(add(_mm512_mul_ps(load_codes<C, true>(c, i), scale), minimum), m));
     }
   }
 }
@@ -253,9 +209,7 @@ KVCACHE_AVX512 inline void dequantize_groups_min(std::byte* out, const std::byte
 /// int4 or int2) of `group` values (16, 32, 64 or 128) to or from `other`
 /// (f32, f16 or bf16) on this CPU.
 inline bool minimum_wide(DType code, std::int32_t group, DType other) noexcept {
-  const bool code_ok = code == DType::int8 || code == DType::int4 || code == DType::int2;
-  const bool other_ok = other == DType::f32 || other == DType::f16 || other == DType::bf16;
-  return code_ok && other_ok && (group == 16 || group == 32 || group == 64 || group == 128) && avx512_available();
+  return (code == DType::int8 || code == DType::int4 || code == DType::int2) && wide_shape(group, other);
 }
 
 template <DType S>
@@ -287,8 +241,7 @@ inline void dequantize_min_to(DType ot, std::byte* out, const std::byte* codes, 
 /// written) where minimum_wide says no, or mul is 0, inf or NaN.
 inline bool quantize_groups_min(std::byte* codes, std::byte* entries, const std::byte* src, DType st, DType code,
                                 std::int32_t group, std::int32_t groups, float mul) noexcept {
-  const float abs_mul = mul < 0.0f ? -mul : mul;  // finite and non-zero: see the file's comment
-  if (!minimum_wide(code, group, st) || !(abs_mul > 0.0f && abs_mul <= 0x1.fffffep127f)) return false;
+  if (!minimum_wide(code, group, st) || !ordered_multiplier(mul)) return false;
   const int lg = __builtin_ctz(static_cast<unsigned>(group));
   switch (st) {
     case DType::f32:
