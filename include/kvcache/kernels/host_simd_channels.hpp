@@ -7,13 +7,16 @@
 // f16 conversion call per channel per row) cost the seal 95x memcpy and the
 // gather 60x. The bits are seal_channel_unit's and load_channel_elem's: the
 // same IEEE operations in the same order; test_host_simd checks them.
-// CUDA translation units and other CPUs compile none of this.
+// With AVX-512 the read-back takes runs of 16 channels sixteen at a time
+// (host_simd512_channels.hpp). CUDA translation units and other CPUs
+// compile none of this.
 #pragma once
 
 #include <cstdint>
 
 #include "common.hpp"
 #include "host_simd.hpp"
+#include "host_simd512_channels.hpp"
 #include "host_simd_groups.hpp"
 #include "host_simd_packed.hpp"
 #include "kvcache/kv_format.hpp"
@@ -148,11 +151,20 @@ inline void channel_codes(DType code, bool minimum, std::byte* out, const float*
 
 /// n channels of a channel-scaled row (or run of adjacent rows) dequantized
 /// with their entries, times mul, stored as ot: load_channel_elem's bits;
-/// false when channels_fast says no (nothing written).
+/// false when channels_fast says no (nothing written). Runs of 16 go to the
+/// 512-bit loop where the CPU has AVX-512 (host_simd512_channels.hpp), the
+/// rest to the AVX2 one.
 inline bool dequantize_channels(void* out, DType ot, const std::byte* codes, const std::byte* entries, DType code, bool minimum,
                                 std::int32_t n, float mul) noexcept {
   if (!channels_fast(code, n, ot)) return false;
   auto* o = static_cast<std::byte*>(out);
+#if !defined(KVCACHE_NO_AVX512)
+  if (const std::int32_t done = avx512::dequantize_channels(o, ot, codes, entries, code, minimum, n, mul); done > 0) {
+    if (done == n) return true;
+    o += row_bytes(ot, done), codes += row_bytes(code, done), entries += std::int64_t{minimum ? 4 : 2} * done;
+    n -= done;
+  }
+#endif
   if (minimum) switch (code) {
       case DType::int8: return avx2::dequantize_channels_to<DType::int8, true>(ot, o, codes, entries, n, mul);
       case DType::int4: return avx2::dequantize_channels_to<DType::int4, true>(ot, o, codes, entries, n, mul);

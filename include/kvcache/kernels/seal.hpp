@@ -160,6 +160,15 @@ inline void seal_channels_host(const SealParams& p, std::int32_t i, std::int32_t
   float* x = scratch.x;
   float *inv = x + std::int64_t{B} * D, *mn = inv + D;
   std::int32_t *kmin = scratch.n, *kmax = kmin + D, *amax = kmax + D, *q = amax + D;  // amax: |x|'s bits, below 2^31
+#if KVCACHE_HOST_SIMD && !defined(KVCACHE_NO_AVX512)
+  {  // Sixteen channels a vector where the CPU has AVX-512 (host_simd512_channels.hpp): the same entries and codes.
+    const auto src = [&](std::int32_t t) { return p.src.row(kv, layer, first + t, head); };
+    const auto out = [&](std::int32_t t) { return v.row(block, p.first_layer + layer, kv, t, head); };
+    if (simd::avx512::seal_channels(v.dtype, f.minimum, p.src.dtype, src, out,
+                                    row_entries(v, block, p.first_layer + layer, kv, 0, head), B, D, mul, x, inv, mn))
+      return;
+  }
+#endif
   for (std::int32_t t = 0; t < B; ++t) {  // load_elem(src) * mul, as the scatter rows compute it
     const std::byte* in = p.src.row(kv, layer, first + t, head);
     float* row = x + std::int64_t{t} * D;

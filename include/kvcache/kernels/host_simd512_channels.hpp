@@ -1,0 +1,223 @@
+// Channel scales (Scales::channel: KIVI's keys, each channel's scale and
+// minimum shared down a block's tokens) sixteen channels at a time, where
+// the CPU has AVX-512 F, BW and DQ: the seal's entries and codes, and the
+// read-back. Lane i of a vector is channel i, so each lane takes its own
+// entry. The seal is seal_channel_unit's and host_simd_channels.hpp's
+// operations; its rows are widened by the hardware (a signalling NaN
+// quieted: no entry or code depends on a NaN's payload, since every NaN
+// scale or minimum is stored as the f16 NaN sign | 0x7e00 and every NaN
+// value codes to 0). In the read-back the AVX2 loop
+// (host_simd_channels.hpp) widened each channel's f16 scale and minimum by
+// the bit decode, two per eight values, which took four times the value
+// groups' read-back in a KIVI gather. Here the hardware widens them (its
+// bits but for a signalling NaN, which it quiets, as the multiply that
+// follows would), the codes come through load_codes' table, and the add is
+// unfused (code x scale is exact, so it is fmaf's one rounding, as
+// load_channel_elem computes). test_host_simd checks the bits.
+#pragma once
+
+#include <cstdint>
+
+#include "host_cpu.hpp"
+#include "host_simd512.hpp"
+#include "host_simd512_groups.hpp"
+#include "host_simd512_minimum.hpp"
+#include "host_simd512_packed.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/kernels/quant.hpp"
+#include "kvcache/kv_format.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+namespace simd {
+
+#if KVCACHE_HOST_SIMD && !defined(KVCACHE_NO_AVX512)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in host_simd512.hpp
+#endif
+namespace avx512 {
+
+// x[0, n) = src (S) * mul, n a multiple of 16: a block's rows for the seal.
+template <DType S>
+KVCACHE_AVX512 inline void scaled_rows(float* x, const std::byte* src, std::int32_t n, float mul) noexcept {
+  const V m = _mm512_set1_ps(mul);
+  for (std::int32_t i = 0; i < n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(load16<S>(src + row_bytes(S, i)), m));
+}
+
+// avx2::channel_entries sixteen channels a vector: over `rows` rows of d
+// floats (d a multiple of 16), each channel's order-key range (Min) or
+// largest |x|, its entry (the f16 scale, and minimum as the pair's high
+// half), and inv and mn for channel_codes.
+template <bool Min>
+KVCACHE_AVX512 inline void channel_entries(const float* x, std::int32_t rows, std::int32_t d, float code_max,
+                                           std::byte* entries, float* inv, float* mn) noexcept {
+  for (std::int32_t c = 0; c < d; c += 16) {
+    const float* col = x + c;
+    I entry;
+    V iv, lo = _mm512_setzero_ps();
+    if constexpr (Min) {
+      I kmin = order_keys<32>(bits(_mm512_loadu_ps(col))), kmax = kmin;
+      for (std::int32_t t = 1; t < rows; ++t) {
+        const I key = order_keys<32>(bits(_mm512_loadu_ps(col + std::int64_t{t} * d)));
+        kmin = _mm512_min_epi32(kmin, key), kmax = _mm512_max_epi32(kmax, key);
+      }
+      lo = from_bits(order_keys<32>(kmin));
+      group_scales(sub(from_bits(order_keys<32>(kmax)), lo), code_max, entry, iv);
+      const __m256i lh = f16_codes<true>(lo);
+      _mm512_storeu_si512(entries + 4 * std::int64_t{c},
+                          _mm512_or_si512(entry, _mm512_slli_epi32(_mm512_cvtepu16_epi32(lh), 16)));
+      lo = _mm512_cvtph_ps(lh);
+    } else {
+      I amax = _mm512_setzero_si512();  // |x|'s bits are below 2^31: a signed max orders them
+      for (std::int32_t t = 0; t < rows; ++t)
+        amax = _mm512_max_epi32(amax, _mm512_and_si512(_mm512_loadu_si512(col + std::int64_t{t} * d), k(0x7fffffffu)));
+      group_scales(from_bits(amax), code_max, entry, iv);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(entries + 2 * std::int64_t{c}), _mm512_cvtepi32_epi16(entry));
+    }
+    _mm512_storeu_ps(inv + c, iv);
+    _mm512_storeu_ps(mn + c, lo);  // no minimum: +0, which the scalar code subtracts too
+  }
+}
+
+// One row's codes, 64 channels a store: to_int((x - mn) * inv, lo, hi)
+// per channel, masked to the code's bits (with a minimum lo is 0: max_ps
+// makes a NaN 0, as to_int does; without, vrangeps clamps the magnitude
+// and the masked conversion zeroes a NaN), packed as the seal packs them.
+template <DType C, bool Min>
+KVCACHE_AVX512 inline void channel_codes(std::byte* out, const float* x, const float* inv, const float* mn,
+                                         std::int32_t d) noexcept {
+  const V hi = _mm512_set1_ps(quant::code_max(C, Min));
+  const I mask = k((1u << dtype_bits(C)) - 1u);
+  for (std::int32_t c0 = 0; c0 < d; c0 += 64) {
+    I q[4];
+    for (std::int32_t j = 0; j < 4; ++j) {
+      const std::int32_t c = c0 + 16 * j;
+      if (c >= d) {
+        q[j] = _mm512_setzero_si512();
+        continue;
+      }
+      const V v = _mm512_mul_ps(sub(_mm512_loadu_ps(x + c), _mm512_loadu_ps(mn + c)), _mm512_loadu_ps(inv + c));
+      if constexpr (Min)
+        q[j] = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), hi));
+      else
+        q[j] = _mm512_and_si512(
+            _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), _mm512_range_ps(v, hi, 0x02)), mask);
+    }
+    const std::int32_t left = d - c0 < 64 ? d - c0 : 64;
+    store_codes<C>(out + row_bytes(C, c0), q[0], q[1], q[2], q[3], static_cast<std::int32_t>(row_bytes(C, left)));
+  }
+}
+
+// n channels (a multiple of 16): (code * scale [+ minimum]) * mul, each
+// channel's entry in its lane (with a minimum, the (scale, minimum) f16
+// pair a 32-bit lane, scale low).
+template <DType C, bool Min, DType O>
+KVCACHE_AVX512 inline void dequantize_channels(std::byte* out, const std::byte* codes, const std::byte* entries,
+                                               std::int32_t n, float mul) noexcept {
+  const V m = _mm512_set1_ps(mul);
+  for (std::int32_t i = 0; i < n; i += 16) {
+    V code;
+    if constexpr (C == DType::int8 && !Min)
+      code = load16<DType::int8>(codes + i);
+    else
+      code = load_codes<C, Min>(codes, i);
+    V x;
+    if constexpr (Min) {
+      const I e = _mm512_loadu_si512(entries + 4 * std::int64_t{i});
+      const V scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(e));
+      x = add(_mm512_mul_ps(code, scale), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(e, 16))));
+    } else {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(entries + 2 * std::int64_t{i}));
+      x = _mm512_mul_ps(code, _mm512_cvtph_ps(h));
+    }
+    store16<O>(out + row_bytes(O, i), _mm512_mul_ps(x, m));
+  }
+}
+template <DType C, bool Min>
+inline void dequantize_channels_to(DType ot, std::byte* out, const std::byte* codes, const std::byte* entries,
+                                   std::int32_t n, float mul) noexcept {
+  switch (ot) {
+    case DType::f32:
+      return dequantize_channels<C, Min, DType::f32>(out, codes, entries, n, mul);
+    case DType::f16:
+      return dequantize_channels<C, Min, DType::f16>(out, codes, entries, n, mul);
+    default:
+      return dequantize_channels<C, Min, DType::bf16>(out, codes, entries, n, mul);
+  }
+}
+template <bool Min>
+inline void dequantize_channels_of(DType code, DType ot, std::byte* out, const std::byte* codes,
+                                   const std::byte* entries, std::int32_t n, float mul) noexcept {
+  switch (code) {
+    case DType::int8:
+      return dequantize_channels_to<DType::int8, Min>(ot, out, codes, entries, n, mul);
+    case DType::int4:
+      return dequantize_channels_to<DType::int4, Min>(ot, out, codes, entries, n, mul);
+    default:
+      return dequantize_channels_to<DType::int2, Min>(ot, out, codes, entries, n, mul);
+  }
+}
+
+/// The seal of a (block, head)'s channels when d (a multiple of 16) and the
+/// source type (f32, f16, bf16) allow, with AVX-512: `rows` rows of the
+/// source (row t at src(t)) times mul into x, then the entries and each
+/// row's codes (row t at out(t)), as seal_channels_host's AVX2 path writes
+/// them. False (nothing written) otherwise.
+template <class Src, class Out>
+inline bool seal_channels(DType code, bool minimum, DType st, Src src, Out out, std::byte* entries, std::int32_t rows,
+                          std::int32_t d, float mul, float* x, float* inv, float* mn) noexcept {
+  const bool code_ok = code == DType::int8 || code == DType::int4 || code == DType::int2;
+  const bool st_ok = st == DType::f32 || st == DType::f16 || st == DType::bf16;
+  if (!code_ok || !st_ok || d % 16 != 0 || !avx512_available()) return false;
+  for (std::int32_t t = 0; t < rows; ++t) {
+    float* row = x + std::int64_t{t} * d;
+    if (st == DType::f32)
+      scaled_rows<DType::f32>(row, src(t), d, mul);
+    else if (st == DType::f16)
+      scaled_rows<DType::f16>(row, src(t), d, mul);
+    else
+      scaled_rows<DType::bf16>(row, src(t), d, mul);
+  }
+  const float code_max = quant::code_max(code, minimum);
+  if (minimum)
+    channel_entries<true>(x, rows, d, code_max, entries, inv, mn);
+  else
+    channel_entries<false>(x, rows, d, code_max, entries, inv, mn);
+  for (std::int32_t t = 0; t < rows; ++t) {
+    const float* row = x + std::int64_t{t} * d;
+    std::byte* o = out(t);
+    if (code == DType::int8)
+      minimum ? channel_codes<DType::int8, true>(o, row, inv, mn, d)
+              : channel_codes<DType::int8, false>(o, row, inv, mn, d);
+    else if (code == DType::int4)
+      minimum ? channel_codes<DType::int4, true>(o, row, inv, mn, d)
+              : channel_codes<DType::int4, false>(o, row, inv, mn, d);
+    else
+      minimum ? channel_codes<DType::int2, true>(o, row, inv, mn, d)
+              : channel_codes<DType::int2, false>(o, row, inv, mn, d);
+  }
+  return true;
+}
+
+/// The first n - n % 16 channels of simd::dequantize_channels (int8, int4
+/// or int2 codes; f32, f16 or bf16 out); returns how many it did (0 without
+/// AVX-512). The caller has checked channels_fast.
+inline std::int32_t dequantize_channels(void* out, DType ot, const std::byte* codes, const std::byte* entries,
+                                        DType code, bool minimum, std::int32_t n, float mul) noexcept {
+  const std::int32_t n16 = n - n % 16;
+  if (n16 == 0 || !avx512_available()) return 0;
+  auto* o = static_cast<std::byte*>(out);
+  if (minimum)
+    dequantize_channels_of<true>(code, ot, o, codes, entries, n16, mul);
+  else
+    dequantize_channels_of<false>(code, ot, o, codes, entries, n16, mul);
+  return n16;
+}
+}  // namespace avx512
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+}  // namespace simd
+KVCACHE_END_NAMESPACE
