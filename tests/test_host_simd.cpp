@@ -481,17 +481,18 @@ KVCACHE_AVX512 void wide_values(const std::byte* codes, float* out) {
 // code is checked alone: every bf16 value (so every exponent, both zeros,
 // infinities, NaNs and subnormals) and fp4's ties with their neighbours,
 // and every byte of codes read back.
-TEST_CASE("the 512-bit sub-byte codes are encode's for every bf16 value and fp4's ties, and read back as load_code's") {
+TEST_CASE("the 512-bit symmetric codes are encode's for every bf16 value and fp4's ties, and read back as load_code's") {
   if (!simd::avx512_available()) return;  // the case above checks that nothing reaches them here
   std::vector<float> v;
   for (std::uint32_t b = 0; b < 65536; ++b) v.push_back(cvt::from_bits(b << 16));
-  for (float t : {0.25f, 0.5f, 0.75f, 1.25f, 1.5f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 6.5f, 7.0f, 7.5f})
+  for (float t : {0.25f, 0.5f, 0.75f, 1.25f, 1.5f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 6.5f, 7.0f, 7.5f, 126.5f, 127.5f})
     for (float sign : {1.0f, -1.0f})
       for (float u : {t, std::nextafter(t, 0.0f), std::nextafter(t, 100.0f)}) v.push_back(sign * u);
   while (v.size() % 16 != 0) v.push_back(0.0f);
   std::uint32_t out[16];
-  for (DType code : {DType::int4, DType::int2, DType::fp4_e2m1})
+  for (DType code : {DType::int8, DType::int4, DType::int2, DType::fp4_e2m1})
     for (std::size_t i = 0; i < v.size(); i += 16) {
+      if (code == DType::int8) wide_codes<DType::int8>(v.data() + i, out);
       if (code == DType::int4) wide_codes<DType::int4>(v.data() + i, out);
       if (code == DType::int2) wide_codes<DType::int2>(v.data() + i, out);
       if (code == DType::fp4_e2m1) wide_codes<DType::fp4_e2m1>(v.data() + i, out);

@@ -79,15 +79,13 @@ KVCACHE_AVX512 inline void channel_entries(const float* x, std::int32_t rows, st
   }
 }
 
-// One row's codes, 64 channels a store: to_int((x - mn) * inv, lo, hi)
-// per channel, masked to the code's bits (with a minimum lo is 0: max_ps
-// makes a NaN 0, as to_int does; without, vrangeps clamps the magnitude
-// and the masked conversion zeroes a NaN), packed as the seal packs them.
+// One row's codes, 64 channels a store: (x - mn) * inv per channel,
+// coded as a group's values are (minimum_codes, or packed_codes without a
+// minimum) and packed as the seal packs them.
 template <DType C, bool Min>
 KVCACHE_AVX512 inline void channel_codes(std::byte* out, const float* x, const float* inv, const float* mn,
                                          std::int32_t d) noexcept {
   const V hi = _mm512_set1_ps(quant::code_max(C, Min));
-  const I mask = k((1u << dtype_bits(C)) - 1u);
   for (std::int32_t c0 = 0; c0 < d; c0 += 64) {
     I q[4];
     for (std::int32_t j = 0; j < 4; ++j) {
@@ -97,11 +95,7 @@ KVCACHE_AVX512 inline void channel_codes(std::byte* out, const float* x, const f
         continue;
       }
       const V v = _mm512_mul_ps(sub(_mm512_loadu_ps(x + c), _mm512_loadu_ps(mn + c)), _mm512_loadu_ps(inv + c));
-      if constexpr (Min)
-        q[j] = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), hi));
-      else
-        q[j] = _mm512_and_si512(
-            _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), _mm512_range_ps(v, hi, 0x02)), mask);
+      q[j] = Min ? minimum_codes(v, hi) : packed_codes<C>(v);
     }
     const std::int32_t left = d - c0 < 64 ? d - c0 : 64;
     store_codes<C>(out + row_bytes(C, c0), q[0], q[1], q[2], q[3], static_cast<std::int32_t>(row_bytes(C, left)));

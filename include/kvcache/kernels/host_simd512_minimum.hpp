@@ -121,9 +121,8 @@ KVCACHE_AVX512_INLINE inline __mmask16 nan_keys(I lo, I hi) noexcept {
 }
 
 // Elements i.. of a round's source as codes: to_int((x * mul - minimum) *
-// inv, 0, code_max), the group's minimum and inv at i >> lg. max_ps returns
-// its second operand for a NaN, so a NaN (inf - inf) is code 0, as to_int
-// makes it.
+// inv, 0, code_max), the group's minimum and inv at i >> lg (a NaN, inf -
+// inf among them, is code 0: minimum_codes).
 template <DType S>
 struct MinimumCodes {
   const std::byte* in;
@@ -133,7 +132,7 @@ struct MinimumCodes {
   KVCACHE_AVX512_INLINE I operator()(std::int32_t i) const noexcept {
     const V x = _mm512_mul_ps(load16<S>(in + row_bytes(S, i)), mul);
     const V v = _mm512_mul_ps(sub(x, _mm512_set1_ps(minimum[i >> lg])), _mm512_set1_ps(inv[i >> lg]));
-    return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), code_max));
+    return minimum_codes(v, code_max);
   }
 };
 

@@ -28,7 +28,7 @@ namespace simd {
 namespace avx512 {
 
 // Symmetric codes of sixteen values, one a lane, below 2^bits.
-// - int4, int2: cvt::to_int with their bounds, masked to the code's bits.
+// - int8, int4, int2: cvt::to_int with their bounds, masked to the code's bits.
 //   vrangeps keeps the smaller magnitude of v and the bound with v's sign
 //   (clamping before rounding gives to_int's integer: the bounds are
 //   integers, rounding monotonic); a NaN, which it keeps, is zeroed by the
@@ -55,11 +55,17 @@ KVCACHE_AVX512_INLINE inline I packed_codes(V v) noexcept {
     const I code = _mm512_maskz_sub_epi32(number, sum, _mm512_permutexvar_epi32(e, less));
     return _mm512_mask_or_epi32(code, _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ), code, k(8u));
   } else {
-    static_assert(C == DType::int4 || C == DType::int2);
-    const V bound = _mm512_set1_ps(C == DType::int4 ? 7.0f : 1.0f);
+    static_assert(C == DType::int8 || C == DType::int4 || C == DType::int2);
+    const V bound = _mm512_set1_ps(C == DType::int8 ? 127.0f : C == DType::int4 ? 7.0f : 1.0f);
     return _mm512_and_si512(_mm512_maskz_cvtps_epi32(number, _mm512_range_ps(v, bound, 0x02)),
-                            k(C == DType::int4 ? 15u : 3u));
+                            k((1u << dtype_bits(C)) - 1u));
   }
+}
+// Codes with a minimum, of values already less it and divided by the
+// scale: cvt::to_int(v, 0, code_max); max_ps returns its second operand for
+// a NaN, so a NaN is code 0, as to_int makes it.
+KVCACHE_AVX512_INLINE inline I minimum_codes(V v, V code_max) noexcept {
+  return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), code_max));
 }
 
 // 64 codes (a, b, c, d: sixteen each, one a lane, each in [0, 2^bits))
