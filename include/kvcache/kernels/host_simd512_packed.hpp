@@ -1,11 +1,13 @@
-// The 512-bit group loops' sub-byte codes, sixteen lanes at a time: the
-// symmetric codes of values already divided by their group's scale (int4,
-// int2 and fp4 e2m1: quant::encode's bits), 64 codes packed as
-// quantize_group packs them (int4 and fp4 two a byte, element 2i in byte
-// i's low nibble; int2 four, 4i in byte i's low bits), and sixteen codes
-// read back as floats (load_code's values). host_simd512_groups.hpp
-// (symmetric) and host_simd512_minimum.hpp (with a minimum) use them;
-// test_host_simd checks them against the scalar code. CUDA translation
+// The 512-bit loops' integer and sub-byte codes, sixteen lanes at a time:
+// the codes of values already divided by their group's scale (symmetric
+// int8, int4, int2 and fp4 e2m1, packed_codes; with a minimum,
+// minimum_codes: quant::encode's bits), 64 codes packed as quantize_group
+// packs them (int4 and fp4 two a byte, element 2i in byte i's low nibble;
+// int2 four, 4i in byte i's low bits), and sixteen codes read back as
+// floats (load_code's values). host_simd512_groups.hpp (symmetric),
+// host_simd512_minimum.hpp (with a minimum) and host_simd512_channels.hpp
+// (KIVI's channels) use them; test_host_simd checks them against the
+// scalar code. CUDA translation
 // units, other CPUs and builds with KVCACHE_NO_AVX512 compile none of this.
 #pragma once
 
