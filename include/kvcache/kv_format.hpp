@@ -103,11 +103,16 @@ KVCACHE_HOST_DEVICE constexpr bool stored_scales(const SideFormat& f) noexcept {
   return f.scales == Scales::group || f.scales == Scales::channel;
 }
 
-/// Bytes one group's entry takes in the pool: its scale, and its minimum if
-/// any; 0 without stored scales. A channel's entry is a group's.
+/// Bytes one stored entry of `code`'s scales takes: its scale, and its
+/// minimum if any.
+KVCACHE_HOST_DEVICE constexpr std::int64_t scale_entry_bytes(DType code, bool minimum) noexcept {
+  return dtype_bytes(group_scale_dtype(code)) * (minimum ? 2 : 1);
+}
+
+/// Bytes one group's entry takes in the pool (scale_entry_bytes); 0 without
+/// stored scales. A channel's entry is a group's.
 KVCACHE_HOST_DEVICE constexpr std::int64_t group_entry_bytes(DType code, const SideFormat& f) noexcept {
-  if (!stored_scales(f)) return 0;
-  return dtype_bytes(group_scale_dtype(code)) * (f.minimum ? 2 : 1);
+  return stored_scales(f) ? scale_entry_bytes(code, f.minimum) : 0;
 }
 
 /// Where one plane's group entries start and how many bytes the plane takes.

@@ -161,7 +161,7 @@ inline bool dequantize_channels(void* out, DType ot, const std::byte* codes, con
 #if !defined(KVCACHE_NO_AVX512)
   if (const std::int32_t done = avx512::dequantize_channels(o, ot, codes, entries, code, minimum, n, mul); done > 0) {
     if (done == n) return true;
-    o += row_bytes(ot, done), codes += row_bytes(code, done), entries += std::int64_t{minimum ? 4 : 2} * done;
+    o += row_bytes(ot, done), codes += row_bytes(code, done), entries += scale_entry_bytes(code, minimum) * done;
     n -= done;
   }
 #endif

@@ -164,8 +164,9 @@ inline void seal_channels_host(const SealParams& p, std::int32_t i, std::int32_t
   {  // Sixteen channels a vector where the CPU has AVX-512 (host_simd512_channels.hpp): the same entries and codes.
     const auto src = [&](std::int32_t t) { return p.src.row(kv, layer, first + t, head); };
     const auto out = [&](std::int32_t t) { return v.row(block, p.first_layer + layer, kv, t, head); };
-    if (simd::avx512::seal_channels(v.dtype, f.minimum, p.src.dtype, src, out,
-                                    row_entries(v, block, p.first_layer + layer, kv, 0, head), B, D, mul, x, inv, mn))
+    std::byte* entries = row_entries(v, block, p.first_layer + layer, kv, 0, head);
+    if (simd::channels_fast(v.dtype, D, p.src.dtype) &&
+        simd::avx512::seal_channels(v.dtype, f.minimum, p.src.dtype, src, out, entries, B, D, mul, x, inv, mn))
       return;
   }
 #endif
