@@ -17,6 +17,35 @@
 #define KVCACHE_HOST_SIMD 0
 #endif
 
+// Where the host kernels' entry points are defined. They dispatch on
+// run-time formats (simd::move_rows, abs_max_bits, fmadd, quantize_groups,
+// dequantize_groups, dequantize_channels, seal_block_channels), so every
+// translation unit that calls scatter_host or gather_host compiles every
+// format's vector loops: most of its object code and of its compile time.
+// By default they are inline (header-only). A program that defines
+// KVCACHE_SEPARATE_HOST_KERNELS in all its translation units gets them as
+// declarations, defined once in the one translation unit that also defines
+// KVCACHE_HOST_KERNELS_IMPLEMENTATION and includes kernels/host_kernels.hpp
+// (docs/install.md). An entry point is written
+//   KVCACHE_HOST_KERNEL R f(args) noexcept
+//   #if KVCACHE_HOST_KERNEL_DECLARED
+//   ;
+//   #else
+//   { body }
+//   #endif
+// CUDA translation units have no entry points (KVCACHE_HOST_SIMD 0).
+#if KVCACHE_HOST_SIMD && defined(KVCACHE_SEPARATE_HOST_KERNELS)
+#define KVCACHE_HOST_KERNEL
+#if defined(KVCACHE_HOST_KERNELS_IMPLEMENTATION)
+#define KVCACHE_HOST_KERNEL_DECLARED 0
+#else
+#define KVCACHE_HOST_KERNEL_DECLARED 1
+#endif
+#else
+#define KVCACHE_HOST_KERNEL inline
+#define KVCACHE_HOST_KERNEL_DECLARED 0
+#endif
+
 KVCACHE_BEGIN_NAMESPACE
 namespace simd {
 

@@ -35,8 +35,13 @@ inline bool groups_fast(DType code, bool minimum, std::int32_t group, DType othe
 /// quant::quantize_group of each of `groups` groups of src (st, times mul)
 /// into codes and entries (packed, as quantize_group writes them); false when
 /// groups_fast says no (nothing written).
-inline bool quantize_groups(std::byte* codes, std::byte* entries, const void* src, DType st, DType code, bool minimum,
-                            std::int32_t group, std::int32_t groups, float mul, float code_max) noexcept {
+KVCACHE_HOST_KERNEL bool quantize_groups(std::byte* codes, std::byte* entries, const void* src, DType st, DType code,
+                                         bool minimum, std::int32_t group, std::int32_t groups, float mul,
+                                         float code_max) noexcept
+#if KVCACHE_HOST_KERNEL_DECLARED
+    ;
+#else
+{
   if (!groups_fast(code, minimum, group, st)) return false;
   const auto* s = static_cast<const std::byte*>(src);
 #if !defined(KVCACHE_NO_AVX512)
@@ -53,11 +58,17 @@ inline bool quantize_groups(std::byte* codes, std::byte* entries, const void* sr
       return avx2::quantize_to<DType::bf16>(code, minimum, codes, entries, s, group, groups, mul, code_max);
   }
 }
+#endif
 
 /// quant::dequantize_group of each group, times mul, stored as ot; false
 /// when groups_fast says no (nothing written).
-inline bool dequantize_groups(void* out, DType ot, const std::byte* codes, const std::byte* entries, DType code,
-                              bool minimum, std::int32_t group, std::int32_t groups, float mul) noexcept {
+KVCACHE_HOST_KERNEL bool dequantize_groups(void* out, DType ot, const std::byte* codes, const std::byte* entries,
+                                           DType code, bool minimum, std::int32_t group, std::int32_t groups,
+                                           float mul) noexcept
+#if KVCACHE_HOST_KERNEL_DECLARED
+    ;
+#else
+{
   if (!groups_fast(code, minimum, group, ot)) return false;
   auto* o = static_cast<std::byte*>(out);
 #if !defined(KVCACHE_NO_AVX512)
@@ -88,6 +99,7 @@ inline bool dequantize_groups(void* out, DType ot, const std::byte* codes, const
       return avx2::dequantize_to<DType::fp4_e2m1>(ot, o, codes, entries, group, groups, mul);
   }
 }
+#endif
 #endif
 
 }  // namespace simd

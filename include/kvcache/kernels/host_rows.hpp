@@ -21,20 +21,24 @@ namespace simd {
 /// multiple of 8 (0: no AVX2 on this CPU, a packed type, or a row below 8).
 /// stream: non-temporal stores where the row is whole lines (the caller
 /// fences once its rows are written: stream_fence).
-inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, std::int32_t n, float mul,
-                              bool stream = false) noexcept {
 #if KVCACHE_HOST_SIMD
+KVCACHE_HOST_KERNEL std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, std::int32_t n, float mul,
+                                           bool stream = false) noexcept
+#if KVCACHE_HOST_KERNEL_DECLARED
+    ;
+#else
+{
   std::int32_t done = 0;
 #if !defined(KVCACHE_NO_AVX512)
   done = avx512::move_rows(dst, dt, src, st, n, mul, stream);
 #endif
   return done + avx2::move_rows(static_cast<std::byte*>(dst) + row_bytes(dt, done), dt,
                                 static_cast<const std::byte*>(src) + row_bytes(st, done), st, n - done, mul, stream);
-#else
-  (void)dst, (void)dt, (void)src, (void)st, (void)n, (void)mul, (void)stream;
-  return 0;
-#endif
 }
+#endif
+#elif !defined(__CUDACC__)  // CUDA translation units have none (host_cpu.hpp)
+inline std::int32_t move_rows(void*, DType, const void*, DType, std::int32_t, float, bool = false) noexcept { return 0; }
+#endif
 
 }  // namespace simd
 KVCACHE_END_NAMESPACE

@@ -154,8 +154,12 @@ inline void channel_codes(DType code, bool minimum, std::byte* out, const float*
 /// false when channels_fast says no (nothing written). Runs of 16 go to the
 /// 512-bit loop where the CPU has AVX-512 (host_simd512_channels.hpp), the
 /// rest to the AVX2 one.
-inline bool dequantize_channels(void* out, DType ot, const std::byte* codes, const std::byte* entries, DType code, bool minimum,
-                                std::int32_t n, float mul) noexcept {
+KVCACHE_HOST_KERNEL bool dequantize_channels(void* out, DType ot, const std::byte* codes, const std::byte* entries,
+                                             DType code, bool minimum, std::int32_t n, float mul) noexcept
+#if KVCACHE_HOST_KERNEL_DECLARED
+    ;
+#else
+{
   if (!channels_fast(code, n, ot)) return false;
   auto* o = static_cast<std::byte*>(out);
 #if !defined(KVCACHE_NO_AVX512)
@@ -176,6 +180,7 @@ inline bool dequantize_channels(void* out, DType ot, const std::byte* codes, con
     default: return avx2::dequantize_channels_to<DType::int2, false>(ot, o, codes, entries, n, mul);
   }
 }
+#endif
 #endif
 
 }  // namespace simd

@@ -3,8 +3,8 @@
 // which the group loops (host_simd_groups.hpp) take ranges with, a row's
 // largest magnitude (a tensor scale's amax), and out = fmaf(a, b, c) rows,
 // one rounding each as fmaf does, so the scalar code's bits. CUDA
-// translation units and other CPUs compile none of this (the entry points
-// return 0 and the scalar loops do the row).
+// translation units and other CPUs compile none of this (common.hpp's
+// fast_abs_max_bits and fast_fma return 0 and the scalar loops do the row).
 #pragma once
 
 #include <cstdint>
@@ -42,12 +42,17 @@ KVCACHE_AVX2 inline std::uint32_t abs_max_bits(const float* x, std::int32_t n8) 
 
 /// m = the largest of |x[i]|'s bits (below 2^31: signed max is exact) over
 /// the first n - n % 8 elements; returns how many it read (0 without AVX2).
-inline std::int32_t abs_max_bits(const float* x, std::int32_t n, std::uint32_t& m) noexcept {
+KVCACHE_HOST_KERNEL std::int32_t abs_max_bits(const float* x, std::int32_t n, std::uint32_t& m) noexcept
+#if KVCACHE_HOST_KERNEL_DECLARED
+    ;
+#else
+{
   const std::int32_t n8 = n - n % 8;
   if (n8 == 0 || !available()) return 0;
   m = avx2::abs_max_bits(x, n8);
   return n8;
 }
+#endif
 
 // out[i] = fmaf(a[i], b[i], c[i]), eight at a time; b and c advance by
 // bstep / cstep (0: one value for every element, a group's scale and minimum).
@@ -61,14 +66,19 @@ __attribute__((target("avx2,fma"))) inline void fma_rows(float* out, const float
 /// out[i] = fmaf(a[i], b, c) (b and c arrays when bstep / cstep are 1, one
 /// value when 0) for the first n - n % 8 elements on a CPU with FMA;
 /// returns how many (0 without it).
-inline std::int32_t fmadd(float* out, const float* a, const float* b, std::int32_t bstep, const float* c, std::int32_t cstep,
-                        std::int32_t n) noexcept {
+KVCACHE_HOST_KERNEL std::int32_t fmadd(float* out, const float* a, const float* b, std::int32_t bstep, const float* c,
+                                       std::int32_t cstep, std::int32_t n) noexcept
+#if KVCACHE_HOST_KERNEL_DECLARED
+    ;
+#else
+{
   const std::int32_t n8 = n - n % 8;
   if (n8 == 0 || !fma_available()) return 0;
   fma_rows(out, a, b, bstep, c, cstep, n8);
   return n8;
 }
-#else
+#endif
+#elif !defined(__CUDACC__)  // CUDA translation units have none (host_cpu.hpp)
 inline std::int32_t abs_max_bits(const float*, std::int32_t, std::uint32_t&) noexcept { return 0; }
 inline std::int32_t fmadd(float*, const float*, const float*, std::int32_t, const float*, std::int32_t, std::int32_t) noexcept {
   return 0;

@@ -145,6 +145,77 @@ struct SealScratch {
 inline bool seal_host_fits(const PoolView& v) noexcept {
   return v.head_dim <= kSealHostDim && std::int64_t{v.block_size} * v.head_dim <= kSealHostFloats;
 }
+/// Where a (block i, layer, side kv, kv-head head) of a seal is: the pool
+/// block, its first source token, the factor its values take (1 / the
+/// side's tensor scale), and SealScratch's parts: the block's rows as
+/// floats (x), each channel's 1 / scale (inv) and minimum (mn).
+struct SealUnit {
+  std::int64_t block;  ///< The pool block.
+  std::int64_t first;  ///< Its first source token.
+  float mul;  ///< 1 / the side's tensor scale.
+  float* x;  ///< block_size x head_dim floats: the block's rows.
+  float* inv;  ///< head_dim: each channel's 1 / scale.
+  float* mn;  ///< head_dim: each channel's minimum.
+};
+inline SealUnit seal_unit_of(const SealParams& p, std::int32_t i, std::int32_t kv, SealScratch& scratch) noexcept {
+  const std::int32_t B = p.cache.block_size, D = p.cache.head_dim;
+  float* x = scratch.x;
+  return {p.blocks[i], std::int64_t{i} * B, 1.0f / (kv == 0 ? p.k_scale : p.v_scale), x, x + std::int64_t{B} * D,
+          x + std::int64_t{B} * D + D};
+}
+/// The unit's source rows into u.x as floats: load_elem(src) * mul, as the
+/// scatter rows compute it.
+inline void seal_load_rows(const SealParams& p, const SealUnit& u, std::int32_t layer, std::int32_t kv,
+                           std::int32_t head) noexcept {
+  const std::int32_t D = p.cache.head_dim;
+  for (std::int32_t t = 0; t < p.cache.block_size; ++t) {
+    const std::byte* in = p.src.row(kv, layer, u.first + t, head);
+    float* row = u.x + std::int64_t{t} * D;
+    const std::int32_t done = fast_rows(row, DType::f32, in, p.src.dtype, D, u.mul);
+    load_row(p.src.dtype, in + row_bytes(p.src.dtype, done), row + done, D - done);
+    for (std::int32_t d = done; d < D; ++d) row[d] *= u.mul;
+  }
+}
+
+#if KVCACHE_HOST_SIMD
+namespace simd {
+/// seal_channels_host's vector paths: sixteen channels a vector where the
+/// CPU has AVX-512 (host_simd512_channels.hpp), else eight (AVX2,
+/// host_simd_channels.hpp), the scalar path's entries and codes; false when
+/// neither takes the side's format (nothing written). An entry point
+/// (host_cpu.hpp).
+KVCACHE_HOST_KERNEL bool seal_block_channels(const SealParams& p, std::int32_t i, std::int32_t layer, std::int32_t kv,
+                                             std::int32_t head, SealScratch& scratch) noexcept
+#if KVCACHE_HOST_KERNEL_DECLARED
+    ;
+#else
+{
+  const PoolView& v = p.cache;
+  const SideFormat& f = side_format(v, kv);
+  const std::int32_t B = v.block_size, D = v.head_dim;
+  const SealUnit u = seal_unit_of(p, i, kv, scratch);
+  std::byte* entries = row_entries(v, u.block, p.first_layer + layer, kv, 0, head);
+#if !defined(KVCACHE_NO_AVX512)
+  {  // Straight from the source rows, without the float buffer's pass.
+    const auto src = [&](std::int32_t t) { return p.src.row(kv, layer, u.first + t, head); };
+    const auto out = [&](std::int32_t t) { return v.row(u.block, p.first_layer + layer, kv, t, head); };
+    if (channels_fast(v.dtype, D, p.src.dtype) &&
+        avx512::seal_channels(v.dtype, f.minimum, p.src.dtype, src, out, entries, B, D, u.mul, u.x, u.inv, u.mn))
+      return true;
+  }
+#endif
+  if (!channels_fast(v.dtype, D, DType::f32)) return false;
+  seal_load_rows(p, u, layer, kv, head);
+  channel_entries(v.dtype, f.minimum, u.x, B, D, entries, u.inv, u.mn);
+  for (std::int32_t t = 0; t < B; ++t)
+    channel_codes(v.dtype, f.minimum, v.row(u.block, p.first_layer + layer, kv, t, head), u.x + std::int64_t{t} * D, u.inv,
+                  u.mn, D);
+  return true;
+}
+#endif
+}  // namespace simd
+#endif
+
 /// The host's seal of a (block i, layer, channel side kv, kv-head head):
 /// seal_channel_unit's bits, in the order a CPU wants. The block's rows go
 /// through a float buffer once, the channels' ranges accumulate a row at a
@@ -152,40 +223,17 @@ inline bool seal_host_fits(const PoolView& v) noexcept {
 /// each token's codes are computed across its row (seal_host_fits(v) holds).
 inline void seal_channels_host(const SealParams& p, std::int32_t i, std::int32_t layer, std::int32_t kv, std::int32_t head,
                                SealScratch& scratch) noexcept {
+#if KVCACHE_HOST_SIMD
+  if (simd::seal_block_channels(p, i, layer, kv, head, scratch)) return;
+#endif
   const PoolView& v = p.cache;
   const SideFormat& f = side_format(v, kv);
   const std::int32_t B = v.block_size, D = v.head_dim;
-  const std::int64_t block = p.blocks[i], first = std::int64_t{i} * B;
-  const float mul = 1.0f / (kv == 0 ? p.k_scale : p.v_scale);
-  float* x = scratch.x;
-  float *inv = x + std::int64_t{B} * D, *mn = inv + D;
+  const SealUnit u = seal_unit_of(p, i, kv, scratch);
+  const std::int64_t block = u.block;
+  float *x = u.x, *inv = u.inv, *mn = u.mn;
   std::int32_t *kmin = scratch.n, *kmax = kmin + D, *amax = kmax + D, *q = amax + D;  // amax: |x|'s bits, below 2^31
-#if KVCACHE_HOST_SIMD && !defined(KVCACHE_NO_AVX512)
-  {  // Sixteen channels a vector where the CPU has AVX-512 (host_simd512_channels.hpp): the same entries and codes.
-    const auto src = [&](std::int32_t t) { return p.src.row(kv, layer, first + t, head); };
-    const auto out = [&](std::int32_t t) { return v.row(block, p.first_layer + layer, kv, t, head); };
-    std::byte* entries = row_entries(v, block, p.first_layer + layer, kv, 0, head);
-    if (simd::channels_fast(v.dtype, D, p.src.dtype) &&
-        simd::avx512::seal_channels(v.dtype, f.minimum, p.src.dtype, src, out, entries, B, D, mul, x, inv, mn))
-      return;
-  }
-#endif
-  for (std::int32_t t = 0; t < B; ++t) {  // load_elem(src) * mul, as the scatter rows compute it
-    const std::byte* in = p.src.row(kv, layer, first + t, head);
-    float* row = x + std::int64_t{t} * D;
-    const std::int32_t done = fast_rows(row, DType::f32, in, p.src.dtype, D, mul);
-    load_row(p.src.dtype, in + row_bytes(p.src.dtype, done), row + done, D - done);
-    for (std::int32_t d = done; d < D; ++d) row[d] *= mul;
-  }
-#if KVCACHE_HOST_SIMD
-  // Eight channels a vector: the same entries and codes (host_simd_channels.hpp).
-  if (simd::channels_fast(v.dtype, D, DType::f32)) {
-    simd::channel_entries(v.dtype, f.minimum, x, B, D, row_entries(v, block, p.first_layer + layer, kv, 0, head), inv, mn);
-    for (std::int32_t t = 0; t < B; ++t)
-      simd::channel_codes(v.dtype, f.minimum, v.row(block, p.first_layer + layer, kv, t, head), x + std::int64_t{t} * D, inv, mn, D);
-    return;
-  }
-#endif
+  seal_load_rows(p, u, layer, kv, head);
   for (std::int32_t d = 0; d < D; ++d) kmin[d] = kmax[d] = quant::order_key(x[d]), amax[d] = 0;
   for (std::int32_t t = 0; t < B; ++t)
     for (std::int32_t d = 0; d < D; ++d) {
