@@ -157,6 +157,7 @@ struct SealUnit {
   float* inv;  ///< head_dim: each channel's 1 / scale.
   float* mn;  ///< head_dim: each channel's minimum.
 };
+/// The SealUnit of block i's side kv, its buffers in scratch.
 inline SealUnit seal_unit_of(const SealParams& p, std::int32_t i, std::int32_t kv, SealScratch& scratch) noexcept {
   const std::int32_t B = p.cache.block_size, D = p.cache.head_dim;
   float* x = scratch.x;
