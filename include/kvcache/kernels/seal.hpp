@@ -149,7 +149,7 @@ inline bool seal_host_fits(const PoolView& v) noexcept {
 /// block, its first source token, the factor its values take (1 / the
 /// side's tensor scale), and SealScratch's parts: the block's rows as
 /// floats (x), each channel's 1 / scale (inv) and minimum (mn).
-struct SealUnit {
+struct SealHostBlock {
   std::int64_t block;  ///< The pool block.
   std::int64_t first;  ///< Its first source token.
   float mul;  ///< 1 / the side's tensor scale.
@@ -157,16 +157,17 @@ struct SealUnit {
   float* inv;  ///< head_dim: each channel's 1 / scale.
   float* mn;  ///< head_dim: each channel's minimum.
 };
-/// The SealUnit of block i's side kv, its buffers in scratch.
-inline SealUnit seal_unit_of(const SealParams& p, std::int32_t i, std::int32_t kv, SealScratch& scratch) noexcept {
+/// Block i's side kv as seal_channels_host sees it, its buffers in scratch
+/// (not seal_unit's channel runs, which are the CUDA seal's work items).
+inline SealHostBlock seal_host_block(const SealParams& p, std::int32_t i, std::int32_t kv, SealScratch& scratch) noexcept {
   const std::int32_t B = p.cache.block_size, D = p.cache.head_dim;
   float* x = scratch.x;
   return {p.blocks[i], std::int64_t{i} * B, 1.0f / (kv == 0 ? p.k_scale : p.v_scale), x, x + std::int64_t{B} * D,
           x + std::int64_t{B} * D + D};
 }
-/// The unit's source rows into u.x as floats: load_elem(src) * mul, as the
+/// Block u's source rows into u.x as floats: load_elem(src) * mul, as the
 /// scatter rows compute it.
-inline void seal_load_rows(const SealParams& p, const SealUnit& u, std::int32_t layer, std::int32_t kv,
+inline void seal_host_rows(const SealParams& p, const SealHostBlock& u, std::int32_t layer, std::int32_t kv,
                            std::int32_t head) noexcept {
   const std::int32_t D = p.cache.head_dim;
   for (std::int32_t t = 0; t < p.cache.block_size; ++t) {
@@ -194,7 +195,7 @@ KVCACHE_HOST_KERNEL bool seal_block_channels(const SealParams& p, std::int32_t i
   const PoolView& v = p.cache;
   const SideFormat& f = side_format(v, kv);
   const std::int32_t B = v.block_size, D = v.head_dim;
-  const SealUnit u = seal_unit_of(p, i, kv, scratch);
+  const SealHostBlock u = seal_host_block(p, i, kv, scratch);
   std::byte* entries = row_entries(v, u.block, p.first_layer + layer, kv, 0, head);
 #if !defined(KVCACHE_NO_AVX512)
   {  // Straight from the source rows, without the float buffer's pass.
@@ -206,7 +207,7 @@ KVCACHE_HOST_KERNEL bool seal_block_channels(const SealParams& p, std::int32_t i
   }
 #endif
   if (!channels_fast(v.dtype, D, DType::f32)) return false;
-  seal_load_rows(p, u, layer, kv, head);
+  seal_host_rows(p, u, layer, kv, head);
   channel_entries(v.dtype, f.minimum, u.x, B, D, entries, u.inv, u.mn);
   for (std::int32_t t = 0; t < B; ++t)
     channel_codes(v.dtype, f.minimum, v.row(u.block, p.first_layer + layer, kv, t, head), u.x + std::int64_t{t} * D, u.inv,
@@ -230,11 +231,11 @@ inline void seal_channels_host(const SealParams& p, std::int32_t i, std::int32_t
   const PoolView& v = p.cache;
   const SideFormat& f = side_format(v, kv);
   const std::int32_t B = v.block_size, D = v.head_dim;
-  const SealUnit u = seal_unit_of(p, i, kv, scratch);
+  const SealHostBlock u = seal_host_block(p, i, kv, scratch);
   const std::int64_t block = u.block;
   float *x = u.x, *inv = u.inv, *mn = u.mn;
   std::int32_t *kmin = scratch.n, *kmax = kmin + D, *amax = kmax + D, *q = amax + D;  // amax: |x|'s bits, below 2^31
-  seal_load_rows(p, u, layer, kv, head);
+  seal_host_rows(p, u, layer, kv, head);
   for (std::int32_t d = 0; d < D; ++d) kmin[d] = kmax[d] = quant::order_key(x[d]), amax[d] = 0;
   for (std::int32_t t = 0; t < B; ++t)
     for (std::int32_t d = 0; d < D; ++d) {
