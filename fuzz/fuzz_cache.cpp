@@ -85,6 +85,7 @@ struct Run {
     std::vector<std::int32_t> prompt;
     std::int32_t cached;
     std::vector<kv::BlockId> blocks;
+    std::vector<kv::ExtraKey> extras;  // as imported: the commit must name the same
   };
   std::vector<Import> imports;  // imports not yet committed or aborted
 
@@ -249,8 +250,14 @@ struct Run {
               }
               break;
             }
-            const bool wrong = in.byte() % 8 == 0;
-            auto r = cache.commit_import(im.id, wrong ? std::span(im.prompt).first(im.prompt.size() - 1) : std::span(im.prompt), ex);
+            // Now and then a wrong commit: a shorter prompt, one token changed, or the fresh extras.
+            const std::uint32_t wrong = in.byte() % 16;
+            auto named = im.prompt;
+            if (wrong == 1) named[in.byte() % named.size()] ^= 1 + std::int32_t(in.byte());
+            auto r = cache.commit_import(im.id, wrong == 0 ? std::span(named).first(named.size() - 1) : std::span(named),
+                                         wrong == 2 ? ex : im.extras);
+            if (r && wrong == 1) fail("commit: another token accepted", std::to_string(im.id));
+            if (r && wrong == 2 && ex != im.extras) fail("commit: other extras accepted", std::to_string(im.id));
             st = r.status();
             if (r) {
               std::vector<std::int32_t> slots;  // the transfer wrote the received positions
@@ -265,7 +272,7 @@ struct Run {
           std::vector<kv::BlockId> blocks(std::size_t(in.upto(12)));
           auto r = cache.import(prompt, blocks, {.key = key, .extras = ex, .max_new = in.byte() % 2 ? -1 : in.wide()});
           st = r.status();
-          if (r) imports.push_back({r->id, prompt, r->cached_tokens, blocks});
+          if (r) imports.push_back({r->id, prompt, r->cached_tokens, blocks, {ex.begin(), ex.end()}});
           break;
         }
         if (in.byte() % 2) {

@@ -371,6 +371,16 @@ class Harness {
         mem_[slot] = im.prompt[p];
         if (mirror_) mirror_->write(std::int32_t(slot), im.prompt[p]);
       }
+      if (rand_int(4) == 0) {  // another prompt of the same length: refused (it would publish this K/V under its hashes)
+        auto other = im.prompt;
+        other[std::size_t(rand_int(std::int32_t(other.size())))] += 1 + rand_int(5);
+        const auto pending = cache_;  // (settle() may run after other changes of this operation)
+        const Status st = cache_.commit_import(im.id, other).status();
+        INFO(op_ << ": a commit under other tokens: " << st.message());
+        REQUIRE(st.code() == Errc::invalid_argument);
+        REQUIRE(cache_ == pending);
+        ++failures;
+      }
       auto r = cache_.commit_import(im.id, im.prompt);
       expect_ok(r.status());
       ++commits;

@@ -28,7 +28,7 @@ template <class Pick, class Need>
 class HybridHarness {
  public:
   HybridHarness(Pick pick, Need need, const kvcache::HybridConfig& cfg)
-      : pick_(pick), need_(need), cache_(cfg), max_(cfg.max_tokens) {
+      : pick_(pick), need_(need), cache_(cfg), max_(cfg.max_tokens), chunk_(cfg.prefill_chunk) {
     for (auto& stem : stems_) {
       stem.resize(std::size_t(max_));
       for (auto& t : stem) t = pick_(1000);
@@ -65,7 +65,7 @@ class HybridHarness {
          .dtype = DType::int4, .format = {g16_min, g16}},
         {.kind = AttentionKind::cross, .layers = l3, .num_kv_heads = 1, .head_dim = 8, .encoder_len = 5}};
     return {.groups = *kvcache::LayerGroups::make({.groups = g, .block_size = 2, .max_padding_permille = 999}),
-            .num_blocks = 48, .max_sequences = 5, .max_tokens = 48};
+            .num_blocks = 48, .max_sequences = 5, .max_tokens = 48, .prefill_chunk = 12};
   }
   std::int64_t ops = 0, failures = 0, hits = 0, hit_tokens = 0, admits = 0, imports = 0, commits = 0, aborts = 0;
 
@@ -96,6 +96,7 @@ class HybridHarness {
     std::vector<std::int32_t> tokens;  // every token the sequence has (reserved) or will have (the prompt's rest)
     std::vector<std::uint64_t> prefix;  // [p]: hash of tokens 0 .. p
     std::int64_t reserved = 0, computed = 0;
+    std::int64_t ahead = 0;  // the most tokens it may hold reserved and not computed (the chunk, or its prompt's length)
   };
   std::int32_t pick(std::int32_t n) { return pick_(n); }
   void need(bool ok, const char* what) { need_(ok, what); }
@@ -142,6 +143,7 @@ class HybridHarness {
       const auto rule = kvcache::GroupRule::of(cache_.layer_groups(), g);
       const std::int64_t held = *cache_.blocks_held(s.id, g);
       need(held <= rule.max_blocks(s.reserved, s.reserved - s.computed), "a group holds more than its bound");
+      need(held <= rule.max_blocks(max_, s.ahead), "a group holds more than admission assumed");
       sum += held;
     }
     need(sum == *cache_.blocks_held(s.id), "blocks_held is not the groups' sum");
@@ -166,14 +168,20 @@ class HybridHarness {
   bool admit() {
     Seq s = draw();
     const auto len = std::int32_t(s.tokens.size());
-    const std::int32_t budget = 1 + pick(len);
-    std::vector<std::int32_t> slots(std::size_t(cache_.groups() * budget));
+    // The default reserve (at most a chunk), or an explicit one: past the chunk now and then.
+    const std::int32_t budget = pick(4) == 0 ? INT32_MAX : 1 + pick(chunk_ > 0 && pick(4) != 0 ? chunk_ : len);
+    const std::int32_t stride = std::min(budget, len);
+    std::vector<std::int32_t> slots(std::size_t(cache_.groups() * stride));
     auto r = cache_.admit(s.tokens, slots, {.reserve = budget});
     if (!r) {
-      need(r.status().code() == kvcache::Errc::out_of_blocks || r.status().code() == kvcache::Errc::capacity_exceeded,
+      const bool past_chunk = chunk_ > 0 && budget != INT32_MAX && budget > chunk_;
+      need(r.status().code() == kvcache::Errc::out_of_blocks || r.status().code() == kvcache::Errc::capacity_exceeded ||
+               (past_chunk && r.status().code() == kvcache::Errc::invalid_argument),
            "admit failed otherwise");
       return true;
     }
+    need(r->reserved <= (chunk_ > 0 ? chunk_ : len), "admit reserved past the chunk");
+    s.ahead = chunk_ > 0 ? chunk_ : len;
     s.id = r->seq;
     ++admits;
     hits += r->cached_tokens > 0;
@@ -190,7 +198,7 @@ class HybridHarness {
     }
     s.reserved = r->cached_tokens + r->reserved;
     s.computed = r->cached_tokens;
-    write(s, r->cached_tokens, r->reserved, slots, budget);
+    write(s, r->cached_tokens, r->reserved, slots, stride);
     within_bound(s);
     seqs_[s.id.index] = s;
     return false;
@@ -198,23 +206,28 @@ class HybridHarness {
   bool reserve() {
     Seq* s = any();
     if (!s) return false;
+    const bool advance = pick(3) == 0;  // the one-call decode step: every reserved token computed first
     std::int32_t n = pick(6);
+    // Mostly within what the sequence may hold ahead of its computed tokens (sometimes past it).
+    const std::int64_t room = s->ahead - (advance ? 0 : s->reserved - s->computed);
+    if (n > room && pick(4) != 0) n = std::int32_t(std::max<std::int64_t>(room, 0));
     if (s->reserved + n > max_) n = std::int32_t(max_ - s->reserved) + (pick(4) == 0);  // sometimes one too many
     const bool too_long = s->reserved + n > max_;
+    const bool past_chunk = s->reserved + n - (advance ? s->reserved : s->computed) > s->ahead;
     std::vector<std::int32_t> toks;
     for (std::int32_t i = 0; i < n; ++i) {
       const auto p = std::size_t(s->reserved + i);
       toks.push_back(p < s->tokens.size() ? s->tokens[p] : pick(1000));
     }
     std::vector<std::int32_t> slots(std::size_t(cache_.groups() * n));
-    const bool advance = pick(3) == 0;  // the one-call decode step: every reserved token computed first
     auto r = advance ? cache_.advance(s->id, toks, slots) : cache_.reserve(s->id, toks, slots);
     if (!r) {
-      need(r.status().code() == (too_long ? kvcache::Errc::invalid_argument : kvcache::Errc::out_of_blocks),
+      need(r.status().code() == (too_long || past_chunk ? kvcache::Errc::invalid_argument : kvcache::Errc::out_of_blocks),
            "reserve failed otherwise");
       return true;
     }
     need(!too_long, "a reserve past max_tokens succeeded");
+    need(!past_chunk, "a reserve past the chunk succeeded");
     if (advance) s->computed = s->reserved;
     need(*cache_.computed_tokens(s->id) == s->computed, "computed tokens after a reserve");
     s->tokens.resize(std::size_t(s->reserved));
@@ -319,6 +332,7 @@ class HybridHarness {
       ++commits;
     }
     need(*cache_.tokens(p.s.id) == p.s.reserved && *cache_.computed_tokens(p.s.id) == p.s.computed, "a settled import's tokens");
+    p.s.ahead = chunk_ > 0 ? chunk_ : len;
     within_bound(p.s);
     seqs_[p.s.id.index] = std::move(p.s);
   }
@@ -354,7 +368,7 @@ class HybridHarness {
   Pick pick_;
   Need need_;
   kvcache::HybridCache<> cache_;
-  std::int32_t max_;
+  std::int32_t max_, chunk_;
   std::vector<std::int32_t> stems_[3];
   std::unordered_map<std::uint32_t, Seq> seqs_;
   std::unordered_map<std::int64_t, std::uint64_t> content_;  // (group, slot) -> prefix hash written there

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <random>
 #include <vector>
 
 using namespace kvcache;
@@ -130,6 +131,78 @@ TEST_CASE("next_recycled names the cached blocks the next allocations take, in o
   CHECK(taken == std::array<BlockId, 3>{b[5], b[2], b[0]});
   CHECK(p.lookup(h(22)) == -1);
   CHECK(p.lookup(h(23)) == b[3]);
+}
+
+TEST_CASE("next_recycled names the blocks a recycle drops with it: a parent's cached children lose their content too (issue 62)") {
+  // Before the fix: the chain 950 -> 951 -> 952 -> 953 on blocks 1..4,
+  // released 3, 1, 4, 2: next_recycled(4) named [3, 1] while allocate(4)
+  // took 5, 6 and 3, which dropped 4 (chained from 3) to the front, and then 4.
+  BlockPool p(7);
+  std::array<BlockId, 6> b{};
+  REQUIRE(p.allocate(b).ok());
+  for (std::size_t i = 0; i < 4; ++i) REQUIRE(*p.publish(b[i], h(950 + i), i == 0 ? h(0) : h(950 + i - 1)));
+  REQUIRE(p.release(b[4]).ok());  // plain: taken first
+  REQUIRE(p.release(b[5]).ok());
+  for (const std::size_t i : {2u, 0u, 3u, 1u}) REQUIRE(p.release(b[i]).ok());
+  const BlockPool before = p;
+  std::array<BlockId, 8> out{};
+  REQUIRE(p.next_recycled(4, out) == 2);
+  CHECK(out[0] == b[2]);
+  CHECK(out[1] == b[3]);  // chained from b[2]: its content goes with it
+  CHECK(p.next_recycled(5, out) == 4);  // then b[0], and b[1] chained from it
+  CHECK(p.next_recycled(100, out) == 4);
+  CHECK(std::vector<BlockId>(out.begin(), out.begin() + 4) == std::vector<BlockId>{b[2], b[3], b[0], b[1]});
+  CHECK(p.next_recycled(4, std::span(out).first(1)) == 1);
+  CHECK(p == before);
+  std::array<BlockId, 4> taken{};
+  REQUIRE(p.allocate(taken).ok());
+  CHECK(taken == std::array<BlockId, 4>{b[5], b[4], b[2], b[3]});  // plain ones first (the last freed in front)
+  CHECK(p.lookup(h(950)) == b[0]);  // the rest is still cached, as predicted
+  CHECK(p.lookup(h(951)) == b[1]);
+}
+
+TEST_CASE("next_recycled agrees with allocate on random pools: every cached block an allocation destroys was named first") {
+  std::mt19937_64 rng(Catch::rngSeed() ^ 0x4ecULL);
+  for (int run = 0; run < 300; ++run) {
+    BlockPool p(2 + std::int32_t(rng() % 14));
+    std::vector<BlockId> used;
+    std::uint64_t next_hash = 1;
+    for (int op = 0; op < 40; ++op) {
+      if (rng() % 3 == 0 && !used.empty()) {  // release one
+        const std::size_t i = rng() % used.size();
+        REQUIRE(p.release(used[i]).ok());
+        used.erase(used.begin() + std::ptrdiff_t(i));
+        continue;
+      }
+      const std::int32_t k = 1 + std::int32_t(rng() % 3);
+      if (k > p.num_free()) continue;
+      // Predict, then allocate: the cached blocks whose hashes vanish are exactly the named ones.
+      std::vector<BlockId> named(16);
+      named.resize(std::size_t(p.next_recycled(k, named)));
+      std::vector<BlockId> cached_free;
+      for (BlockId x = 1; x < p.capacity(); ++x)
+        if (p.ref_count(x) == 0 && p.has_hash(x)) cached_free.push_back(x);
+      std::vector<BlockId> fresh(static_cast<std::size_t>(k));
+      REQUIRE(p.allocate(fresh).ok());
+      std::vector<BlockId> lost;
+      for (const BlockId x : cached_free)
+        if (!p.has_hash(x)) lost.push_back(x);
+      std::sort(named.begin(), named.end());
+      CHECK(named == lost);
+      // Publish some as chains off random cached or used parents.
+      for (const BlockId x : fresh) {
+        used.push_back(x);
+        if (rng() % 4 == 0) continue;
+        BlockHash parent = h(0);
+        if (!used.empty() && rng() % 2) {
+          const BlockId up = used[rng() % used.size()];
+          if (up != x && p.has_hash(up)) parent = p.hash(up);
+        }
+        (void)p.publish(x, h(1000 + next_hash++), parent);
+      }
+      REQUIRE(p.check().ok());
+    }
+  }
 }
 
 TEST_CASE("publish is write-once, and a copy of a cached hash serves hits once the first copy goes") {

@@ -120,7 +120,7 @@ TEST_CASE("layer groups: one page size, each group's block size, padding and the
 
 TEST_CASE("a sliding-window group frees what left the window, on computed tokens only, into null entries") {
   Small m(8);  // W 8, blocks of 4: a query at p reads p-7 .. p
-  HybridCache<> c(m.config(64));
+  HybridCache<> c(m.config(64, 24));  // up to 24 tokens reserved ahead of those computed
   std::vector<std::int32_t> slots(64);
   const auto t = tokens(40);
   const auto a = c.admit(std::span(t).first(16), slots);
@@ -154,7 +154,7 @@ TEST_CASE("a sliding-window group frees what left the window, on computed tokens
 
 TEST_CASE("advance is computed up to what is reserved, then reserve, and when the reserve fails neither happens") {
   Small m(8);  // full + a window of 8, blocks of 4
-  HybridCache<> a(m.config(12)), b(m.config(12));
+  HybridCache<> a(m.config(12, 12)), b(m.config(12, 12));  // up to 12 tokens ahead of those computed
   std::vector<std::int32_t> sa(64), sb(64);
   const auto t = tokens(40);
   const SeqId s = a.admit(std::span(t).first(10), sa)->seq;
@@ -336,6 +336,95 @@ TEST_CASE("the window's admission bound sizes the pool and admits the longest re
     REQUIRE(two.free(r.seq).ok());
     CHECK(two.can_admit(64, 0));
   }
+}
+
+TEST_CASE("prefill_chunk is enforced: no reserve holds more ahead of the computed tokens than the pool was sized for (issue 62)") {
+  // Before the fix: window 8, blocks of 4, chunk 8: admit 8, then reserve 40
+  // more before anything is computed: accepted, the window group held 12
+  // blocks against its bound of 5.
+  Small m(8);
+  const std::int64_t bound = GroupRule::of(m.lg, 1).max_blocks(64, 8);
+  CHECK(bound == 5);  // W - 1 + 8 = 15 tokens, starting anywhere in a block: 4 blocks, and one for the offset
+  HybridCache<> c(m.config(64, 8));
+  std::vector<std::int32_t> slots(2 * 48);
+  const auto t = tokens(48);
+  const auto a = c.admit(t, slots);  // the default reserve stops at the chunk
+  REQUIRE(a.ok());
+  CHECK(a->reserved == 8);
+  CHECK(std::count(slots.begin() + 8, slots.begin() + 48, -1) == 40);  // [groups][48]: the rest of each group's row is -1
+  const SeqId s = a->seq;
+  const HybridCache<> before = c;
+  CHECK(c.reserve(s, std::span(t).subspan(8, 40), slots).status() ==
+        Status{Errc::invalid_argument, "n (past prefill_chunk: reserved, not computed)", 40, 0});
+  CHECK(c.reserve(s, std::span(t).subspan(8, 1), slots).status().limit() == 0);
+  CHECK(c == before);
+  REQUIRE(c.computed(s, 5).ok());
+  CHECK(c.reserve(s, std::span(t).subspan(8, 6), slots).status() ==
+        Status{Errc::invalid_argument, "n (past prefill_chunk: reserved, not computed)", 6, 5});
+  REQUIRE(c.reserve(s, std::span(t).subspan(8, 5), slots).ok());
+  // advance counts every reserved token as computed: a whole chunk again.
+  REQUIRE(c.advance(s, std::span(t).subspan(13, 8), slots).ok());
+  CHECK(c.advance(s, std::span(t).subspan(21, 9), slots).status().what() == std::string("n (past prefill_chunk: reserved, not computed)"));
+  CHECK(*c.blocks_held(s, 1) <= bound);
+  CHECK(c.check_invariants().ok());
+  // An explicit admission reserve past the chunk is refused; within it, or the prompt's rest within it, is fine.
+  const HybridCache<> two = c;
+  CHECK(c.admit(tokens(40, 3), slots, {.reserve = 9}).status() == Status{Errc::invalid_argument, "reserve (past prefill_chunk)", 9, 8});
+  CHECK(c == two);
+  CHECK(c.admit(tokens(6, 4), slots, {.reserve = 20}).ok());
+  // Chunk 0: a whole prompt at once, so at most the prompt's length in flight.
+  HybridCache<> whole(m.config(64));
+  const auto w = whole.admit(std::span(t).first(16), slots);
+  REQUIRE(w.ok());
+  CHECK(w->reserved == 16);
+  CHECK(whole.reserve(w->seq, std::span(t).subspan(16, 8), slots).status() ==
+        Status{Errc::invalid_argument, "n (past prefill_chunk: reserved, not computed)", 8, 0});
+  REQUIRE(whole.computed(w->seq, 16).ok());
+  CHECK(whole.reserve(w->seq, std::span(t).subspan(16, 8), slots).ok());
+  // A sequence from add_sequence() has no prompt to bound it by.
+  const SeqId e = *whole.add_sequence();
+  CHECK(whole.reserve(e, std::span(t).first(40), slots).ok());
+  CHECK(whole.check_invariants().ok());
+}
+
+TEST_CASE("a chunked-local group's bound: C - 1 + chunk tokens from a block boundary (vLLM's), one block more when C is not a multiple") {
+  const std::vector<std::int32_t> l0{0}, l1{1};
+  for (const std::int32_t chunk_size : {8192, 8200}) {
+    const LayerGroupSpec g[] = {{.kind = AttentionKind::full, .layers = l0, .num_kv_heads = 1, .head_dim = 8},
+                                {.kind = AttentionKind::chunked_local, .layers = l1, .num_kv_heads = 1, .head_dim = 8, .chunk = chunk_size}};
+    const LayerGroups lg = *LayerGroups::make({.groups = g, .block_size = 16});
+    const GroupRule r = GroupRule::of(lg, 1);
+    CAPTURE(chunk_size);
+    // vLLM's ChunkedLocalAttentionSpec: cdiv(min(C + max_num_batched_tokens, max_model_len), block_size) = 576.
+    CHECK(r.max_blocks(131072, 1024) == (chunk_size == 8192 ? 576 : 578));
+    CHECK(r.max_blocks(100, 1024) == 7);  // never more than the request's own blocks
+  }
+  // Exact on a small one, checked against what a row holds at its worst: C 8, blocks of 4, chunk 3.
+  Small m(8, AttentionKind::chunked_local);
+  HybridCache<> c(m.config(64, 3));
+  std::int32_t peak = 0;
+  std::vector<std::int32_t> slots(2 * 3);
+  const auto t = tokens(64);
+  const SeqId s = *c.add_sequence();
+  for (std::int64_t at = 0; at < 60; at += 3) {
+    REQUIRE(c.reserve(s, std::span(t).subspan(std::size_t(at), 3), slots).ok());
+    peak = std::max(peak, *c.blocks_held(s, 1));
+    REQUIRE(c.computed(s, at + 3).ok());
+  }
+  CHECK(peak == GroupRule::of(m.lg, 1).max_blocks(64, 3));  // C - 1 + 3 = 10 tokens from a chunk's start: 3 blocks
+  CHECK(peak == 3);
+}
+
+TEST_CASE("max_concurrency counts the blocks a request can hold: the null block is not one of them (unlike vLLM's estimate)") {
+  // vLLM's get_max_concurrency_for_kv_cache_config divides num_blocks, null
+  // block included, by a request's blocks: 387 / 129 = 3. Three requests of
+  // 129 blocks need 387 usable blocks; this pool has 386, so kvcache says 2.
+  Small m(8);
+  const std::int64_t per = *HybridCache<>(m.config(400)).blocks_needed(64, 0);
+  HybridCache<> c(m.config(std::int32_t(3 * per)));
+  CHECK(c.max_concurrency(64) == 2);
+  HybridCache<> d(m.config(std::int32_t(3 * per + 1)));
+  CHECK(d.max_concurrency(64) == 3);
 }
 
 TEST_CASE("hybrid cache errors name the value and change nothing") {

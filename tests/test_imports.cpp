@@ -207,6 +207,47 @@ TEST_CASE("import: errors name the value and change nothing") {
   CHECK(full.cache.import(toks, blocks).status().code() == Errc::capacity_exceeded);
 }
 
+TEST_CASE("import: the commit publishes only the tokens imported (issue 62: another prompt of the same length was accepted)") {
+  // Before the fix: import tokens 1..9, commit with 11..19: ok, and a later
+  // request for 11..19 hit blocks holding 1..9's K/V.
+  Node decode(device_config(12, 16));
+  const auto toks = prompt(9), other = prompt(9, 11);
+  std::vector<BlockId> blocks(8, -1);
+  const auto imp = decode.cache.import(toks, blocks);
+  REQUIRE(imp.ok());
+  const Cache<> pending = decode.cache;
+  const auto wrong = decode.cache.commit_import(imp->id, other);
+  CHECK(wrong.status().code() == Errc::invalid_argument);
+  CHECK(std::string(wrong.status().what()) == "prompt (not the tokens imported)");
+  CHECK(decode.cache == pending);
+  // One token changed, anywhere (the partial tail included), or extras the import did not have.
+  for (std::size_t i = 0; i < toks.size(); ++i) {
+    auto one = toks;
+    one[i] += 1000;
+    CHECK(decode.cache.commit_import(imp->id, one).status().what() == std::string("prompt (not the tokens imported)"));
+  }
+  const ExtraKey image{.begin = 0, .end = 4, .key = 77};
+  CHECK(decode.cache.commit_import(imp->id, toks, std::span(&image, 1)).status().what() == std::string("prompt (not the tokens imported)"));
+  CHECK(decode.cache == pending);
+  const auto done = decode.cache.commit_import(imp->id, toks);
+  REQUIRE(done.ok());
+  CHECK(done->published == 2);
+  std::vector<BlockId> hit(8);
+  CHECK(decode.cache.match_prefix(other, {}, hit) == 0);  // the other prompt never hits the imported K/V
+  CHECK(decode.cache.match_prefix(toks, {}, hit) == 2);
+
+  // An import with extras and a salt commits only with the same ones.
+  const ExtraKey img{.begin = 2, .end = 6, .key = 5};
+  const auto imp2 = decode.cache.import(other, blocks, {.key = {.salt = 3}, .extras = std::span(&img, 1)});
+  REQUIRE(imp2.ok());
+  CHECK(decode.cache.commit_import(imp2->id, other).status().what() == std::string("prompt (not the tokens imported)"));
+  const ExtraKey img_other{.begin = 2, .end = 6, .key = 6};
+  CHECK(decode.cache.commit_import(imp2->id, other, std::span(&img_other, 1)).status().what() ==
+        std::string("prompt (not the tokens imported)"));
+  CHECK(decode.cache.commit_import(imp2->id, other, std::span(&img, 1)).ok());
+  CHECK(decode.cache.check_invariants().ok());
+}
+
 TEST_CASE("transfer holds: a finished prefill's blocks wait for every consumer, or the deadline") {
   Cache<> cache(device_config(9));
   TransferHolds holds;

@@ -137,6 +137,9 @@ TEST_CASE("random operations on a hybrid cache (full, window, chunked, cross ove
       CHECK(h.hits > std::int64_t(n / (quantized ? 2000 : 400)));
       CHECK(h.failures > 100);
       CHECK(h.commits > std::int64_t(n / 200));
+      // (The quantized run also bounds what a sequence reserves ahead of its
+      // computed tokens, prefill_chunk 12: 151-192 commits and 79-106 aborts
+      // in 25,000 operations over eight seeds.)
       CHECK(h.aborts > std::int64_t(n / 500));
     }
   }

@@ -12,6 +12,7 @@
 #include <kvcache/tiers/tiers.hpp>
 
 #include <fcntl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -43,39 +44,32 @@ std::vector<BlockHash> chain(std::uint64_t seed, std::int32_t n) {
   return c;
 }
 
-// The engine's side of a disk job: each move's block gathered into a sealed
-// slot image and written (host -> disk), or read and verified, then
-// scattered into the host pool (disk -> host). Returns the moves that failed.
-std::vector<std::int32_t> run_disk_job(const TierJob& j, const std::vector<BlockHash>& c, const DiskLayout& d, int fd,
-                                       const Geometry& hg, std::vector<std::byte>& host) {
-  std::vector<std::int32_t> failed;
-  std::vector<std::byte> image(std::size_t(d.slot_bytes()));
-  const std::int64_t n = std::int64_t(host.size()) / hg.block_bytes();
+// The engine's side of a disk job, straight between the file and the host
+// pool (whole blocks, contiguous): a store writes each block and its sealed
+// tail with one pwritev (seal_tail: no bounce copy), a load reads each slot
+// back with one preadv into the host block and a tail buffer, and then
+// complete_disk_load verifies every slot before it publishes it. Returns
+// what the completion returned (the leading moves that landed intact).
+Result<std::int32_t> run_disk_job(Tiers& t, const TierJob& j, const std::vector<BlockHash>& c, const DiskLayout& d, int fd,
+                                  const Geometry& hg, std::vector<std::byte>& host) {
+  const auto block = [&](std::int32_t b) { return std::span(host).subspan(std::size_t(b * hg.block_bytes()), std::size_t(hg.block_bytes())); };
+  std::vector<std::vector<std::byte>> tails(j.moves.size(), std::vector<std::byte>(std::size_t(d.tail_bytes())));
   for (std::size_t m = 0; m < j.moves.size(); ++m) {
     const BlockMove& mv = j.moves[m];
-    const BlockHash& h = c[std::size_t(mv.index)];
+    const std::span<std::byte> payload = j.to == Tier::disk ? block(mv.src) : block(mv.dst);
+    iovec io[2] = {{payload.data(), payload.size()}, {tails[m].data(), tails[m].size()}};
     if (j.to == Tier::disk) {
-      std::int64_t at = 0;
-      REQUIRE(for_each_block_piece(hg, n, mv.src, [&](std::int64_t off, std::int64_t bytes) {
-                std::memcpy(image.data() + at, host.data() + off, std::size_t(bytes));
-                at += bytes;
-              }).ok());
-      REQUIRE(d.seal(image, mv.dst, h).ok());
-      REQUIRE(pwrite(fd, image.data(), image.size(), off_t(d.offset(mv.dst))) == ssize_t(image.size()));
+      REQUIRE(d.seal_tail(payload, tails[m], mv.dst, c[std::size_t(mv.index)]).ok());
+      REQUIRE(pwritev(fd, io, 2, off_t(d.offset(mv.dst))) == ssize_t(d.slot_bytes()));
     } else {
-      REQUIRE(pread(fd, image.data(), image.size(), off_t(d.offset(mv.src))) == ssize_t(image.size()));
-      if (!d.verify(image, mv.src, h).ok()) {
-        failed.push_back(std::int32_t(m));
-        continue;
-      }
-      std::int64_t at = 0;
-      REQUIRE(for_each_block_piece(hg, n, mv.dst, [&](std::int64_t off, std::int64_t bytes) {
-                std::memcpy(host.data() + off, image.data() + at, std::size_t(bytes));
-                at += bytes;
-              }).ok());
+      REQUIRE(preadv(fd, io, 2, off_t(d.offset(mv.src))) == ssize_t(d.slot_bytes()));
     }
   }
-  return failed;
+  if (j.to == Tier::disk) return t.complete(j.id);
+  return t.complete_disk_load(j.id, d, [&](const BlockMove& mv) {
+    const auto m = std::size_t(&mv - j.moves.data());
+    return LandedSlot{block(mv.dst), tails[m]};
+  });
 }
 
 void copy_blocks(const PoolView& src, const PoolView& dst, const TierJob& j) {
@@ -121,8 +115,7 @@ TEST_CASE("tiers move blocks byte for byte: device -> host -> device and device 
     for (const auto& h : c) slots.push_back(t.host().find(h));
     auto to_disk = t.plan_store(Tier::host, Tier::disk, c, slots);
     REQUIRE(to_disk.ok());
-    REQUIRE(run_disk_job(*to_disk, c, d, file.fd, hg, host).empty());
-    REQUIRE(t.complete(to_disk->id).ok());
+    REQUIRE(*run_disk_job(t, *to_disk, c, d, file.fd, hg, host) == 4);
 
     // Host -> device into other device blocks (5..8): the same bytes.
     auto up = t.plan_load(Tier::host, Tier::device, c, std::vector<std::int32_t>{5, 6, 7, 8});
@@ -148,8 +141,8 @@ TEST_CASE("tiers move blocks byte for byte: device -> host -> device and device 
     auto stage = t.plan_load(Tier::disk, Tier::host, c);
     REQUIRE(stage.ok());
     REQUIRE(stage->moves.size() == 4);
-    REQUIRE(run_disk_job(*stage, c, d, file.fd, hg, host).empty());
-    REQUIRE(t.complete(stage->id).ok());
+    CHECK(t.complete(stage->id).status().what() == std::string("job (a disk load: complete_disk_load checks its slots)"));
+    REQUIRE(*run_disk_job(t, *stage, c, d, file.fd, hg, host) == 4);
     std::fill(device.begin(), device.end(), std::byte{0});
     auto back = t.plan_load(Tier::host, Tier::device, c, std::vector<std::int32_t>{8, 9, 10, 11});
     REQUIRE(back.ok());
@@ -204,6 +197,24 @@ TEST_CASE("a disk slot with a flipped byte, a torn trailer, another slot's block
   auto quantized = image;
   REQUIRE(DiskLayout::make(g.block_bytes(), 4, layout_digest(with_min))->seal(quantized, 2, h).ok());
   CHECK(DiskLayout::make(g.block_bytes(), 4, layout_digest(without_min))->verify(quantized, 2, h).what() == std::string("digest"));
+  // The trailer-only forms: the block's bytes where they are, the slot's tail (or only its trailer) apart.
+  const auto payload = std::span(image).first(std::size_t(d.block_bytes()));
+  const auto tail = std::span(image).subspan(std::size_t(d.block_bytes()));
+  CHECK(std::int64_t(tail.size()) == d.tail_bytes());
+  CHECK(d.verify(payload, tail, 2, h).ok());
+  CHECK(d.verify(payload, tail.last(DiskLayout::trailer_bytes), 2, h).ok());
+  CHECK(d.verify(payload, tail.first(100), 2, h).what() == std::string("tail (tail_bytes, or the trailer's 64)"));
+  CHECK(d.verify(payload.first(10), tail, 2, h) == Status{Errc::buffer_too_small, "payload", 10, d.block_bytes()});
+  std::vector<std::byte> tail2(std::size_t(d.tail_bytes()), std::byte{0x55});
+  REQUIRE(d.seal_tail(payload, tail2, 2, h).ok());
+  CHECK(std::equal(tail2.begin(), tail2.end(), tail.begin()));  // the same bytes seal() wrote
+  CHECK(d.seal_tail(payload, std::span(tail2).first(8), 2, h) == Status{Errc::buffer_too_small, "tail", 8, d.tail_bytes()});
+  // Checksums and hashes are bits: the messages write them in hexadecimal, never as negative numbers.
+  auto flipped = image;
+  flipped[0] ^= std::byte{1};
+  const std::string msg = d.verify(flipped, 2, h).message();
+  CHECK(msg.rfind("invalid_argument: checksum=0x", 0) == 0);
+  CHECK(msg.find('-') == std::string::npos);
   std::vector<std::byte> zeros(image.size());
   CHECK(d.sealed_hash(zeros, 0).status().what() == std::string("trailer"));  // never written
   CHECK(d.verify(std::span(image).first(100), 2, h) == Status{Errc::buffer_too_small, "image", 100, d.slot_bytes()});
@@ -231,9 +242,8 @@ TEST_CASE("a flipped byte on disk fails the load at that block, and a restarted 
     std::vector<std::int32_t> slots;
     for (const auto& h : c) slots.push_back(t.host().find(h));
     auto j = t.plan_store(Tier::host, Tier::disk, c, slots);
-    REQUIRE(run_disk_job(*j, c, d, file.fd, g, host).empty());
     for (const BlockMove& m : j->moves) disk_slots.push_back(m.dst);
-    REQUIRE(t.complete(j->id).ok());
+    REQUIRE(*run_disk_job(t, *j, c, d, file.fd, g, host) == 4);
   }
   // Block 2's slot gets a flipped byte on disk.
   std::byte b{};
@@ -257,11 +267,11 @@ TEST_CASE("a flipped byte on disk fails the load at that block, and a restarted 
   CHECK(t.lookup(c, 0, 100, where)->disk == 4);
   auto up = t.plan_load(Tier::disk, Tier::host, c);
   REQUIRE(up.ok());
-  const auto failed = run_disk_job(*up, c, d, file.fd, g, host);
-  CHECK(failed == std::vector<std::int32_t>{2});  // verified in host memory: a miss, never wrong KV
-  CHECK(*t.complete(up->id, failed) == 2);
+  CHECK(*run_disk_job(t, *up, c, d, file.fd, g, host) == 2);  // the library verified each slot: block 2 a miss, never wrong KV
   CHECK(t.lookup(c, 0, 100, where)->host == 2);
   CHECK(t.host().find(c[2]) == -1);
+  CHECK(t.host().find(c[3]) >= 0);  // landed intact, past the hit
+  CHECK(t.disk().find(c[2]) == -1);  // not offered again
   CHECK(t.check_invariants().ok());
   Tiers fresh({.host_blocks = 2, .disk_blocks = 2});
   const std::int32_t twice[] = {1, 1};

@@ -6,6 +6,7 @@
 // serves points at a block that holds exactly what was stored under it.
 #include <catch2/catch.hpp>
 
+#include <kvcache/tiers/disk_layout.hpp>
 #include <kvcache/tiers/tiers.hpp>
 
 #include "tiers_harness.hpp"
@@ -30,6 +31,30 @@ std::vector<std::int32_t> ids(std::int32_t from, std::int32_t n) {
   for (std::int32_t i = 0; i < n; ++i) v.push_back(from + i);
   return v;
 }
+// A disk file in memory whose slots hold 16-byte blocks (a block's bytes are
+// its hash) behind their trailers: stores seal them, loads hand them back to
+// complete_disk_load as they are on disk (corrupt() flips a byte of one).
+struct MemDisk {
+  DiskLayout d;
+  std::vector<std::vector<std::byte>> slots;
+  explicit MemDisk(std::int32_t n) : d(*DiskLayout::make(16, n, 7, 64)), slots(std::size_t(n), std::vector<std::byte>(std::size_t(d.slot_bytes()))) {}
+  void store(Tiers& t, const Result<TierJob>& j, std::span<const BlockHash> chain) {
+    REQUIRE(j.ok());
+    for (const BlockMove& m : j->moves) {
+      auto& im = slots[std::size_t(m.dst)];
+      std::memcpy(im.data(), &chain[std::size_t(m.index)], 16);
+      REQUIRE(d.seal(im, m.dst, chain[std::size_t(m.index)]).ok());
+    }
+    REQUIRE(t.complete(j->id).ok());
+  }
+  Result<std::int32_t> load(Tiers& t, const TierJob& j, std::span<const std::int32_t> failed = {}) {
+    return t.complete_disk_load(j.id, d, [&](const BlockMove& m) {
+      const auto& im = slots[std::size_t(m.src)];
+      return LandedSlot{std::span(im).first(16), std::span(im).subspan(16)};
+    }, failed);
+  }
+  void corrupt(std::int32_t slot, std::size_t at) { slots[std::size_t(slot)][at] ^= std::byte{0x20}; }
+};
 // Stores a chain from the device into host memory and completes it.
 void offload(Tiers& t, const std::vector<BlockHash>& c) {
   auto j = t.plan_store(Tier::device, Tier::host, c, ids(100, std::int32_t(c.size())));
@@ -100,11 +125,12 @@ TEST_CASE("tiers: lookup walks device, then host, then disk, leaves the last tok
 
 TEST_CASE("tiers: a block missing from host memory is served from disk, and a partial device hit loads only the rest") {
   Tiers t({.host_blocks = 4, .disk_blocks = 8, .block_size = 4});
+  MemDisk disk(8);
   const auto c = chain(3, 4);
   offload(t, c);
   std::vector<std::int32_t> slots;
   for (const auto& h : c) slots.push_back(t.host().find(h));
-  REQUIRE(t.complete(t.plan_store(Tier::host, Tier::disk, c, slots)->id).ok());
+  disk.store(t, t.plan_store(Tier::host, Tier::disk, c, slots), c);
   offload(t, chain(4, 2));  // recycles chain 3's two least recent blocks: its tail (stores leave the head most recent)
   std::vector<Tier> where(4);
   const auto h = *t.lookup(c, 1, 100, where);  // the device holds block 0
@@ -112,23 +138,59 @@ TEST_CASE("tiers: a block missing from host memory is served from disk, and a pa
   CHECK(where[1] == Tier::host);
   CHECK(where[2] == Tier::disk);
   CHECK(where[3] == Tier::disk);
-  // The engine first loads the host run into the device (pinning it), then
-  // stages the disk run through host memory, which then cannot recycle it.
-  auto dev = t.plan_load(Tier::host, Tier::device, std::span(c).subspan(1, 1), ids(50, 1));
-  REQUIRE(dev.ok());
-  CHECK(dev->moves[0] == BlockMove{slots[1], 50, 0});
-  auto up = t.plan_load(Tier::disk, Tier::host, std::span(c).subspan(2));
+  // The engine stages the hit past the device through host memory: the disk
+  // blocks are read, the one host holds is skipped and stays pinned, so the
+  // staging cannot recycle it; then the whole rest loads into the device.
+  auto up = t.plan_load(Tier::disk, Tier::host, std::span(c).subspan(1));
   REQUIRE(up.ok());
   CHECK(up->moves.size() == 2);
-  CHECK(t.host().find(c[1]) == slots[1]);  // pinned: not recycled
+  CHECK(up->skipped == 1);
+  CHECK(t.host().holders(slots[1]) == 1);  // pinned until the staging completes
+  CHECK(t.host().find(c[1]) == slots[1]);
   CHECK(t.check_invariants().ok());
-  REQUIRE(t.complete(up->id).ok());
-  auto rest = t.plan_load(Tier::host, Tier::device, std::span(c).subspan(2), ids(51, 2));
+  REQUIRE(*disk.load(t, *up) == 2);
+  CHECK(t.host().holders(slots[1]) == 0);
+  auto rest = t.plan_load(Tier::host, Tier::device, std::span(c).subspan(1), ids(51, 3));
   REQUIRE(rest.ok());
-  CHECK(rest->moves.size() == 2);
-  CHECK(*t.complete(dev->id) == 1);
-  CHECK(*t.complete(rest->id) == 2);
+  CHECK(rest->moves.size() == 3);
+  CHECK(*t.complete(rest->id) == 3);
   CHECK(*t.lookup(c, 0, 100, where) == TierHits{.device = 0, .host = 3, .disk = 1});  // staging recycled block 0 (the device has it)
+  CHECK(t.check_invariants().ok());
+}
+
+TEST_CASE("tiers: disk blocks between host blocks are counted, named in `where`, and onboarded in two plans (issue 62)") {
+  // Before the fix the docs read TierHits as leading runs (host first, then
+  // disk) and planned one host load of hit.host blocks: with host holding A
+  // and C and disk only B, that loaded A and C into the places of A and B.
+  Tiers t({.host_blocks = 4, .disk_blocks = 4, .block_size = 4});
+  MemDisk disk(4);
+  const auto c = chain(21, 3);  // A, B, C
+  const std::vector<BlockHash> b{c[1]}, a_c{c[0], c[2]};
+  offload(t, b);
+  const std::int32_t b_slot = t.host().find(c[1]);
+  disk.store(t, t.plan_store(Tier::host, Tier::disk, b, std::span(&b_slot, 1)), b);
+  offload(t, chain(22, 4));  // every host block: B leaves host memory
+  offload(t, a_c);
+  std::vector<Tier> where(3);
+  const TierHits hit = *t.lookup(c, 0, 100, where);
+  CHECK(hit == TierHits{.device = 0, .host = 2, .disk = 1});
+  CHECK(where == std::vector<Tier>{Tier::host, Tier::disk, Tier::host});
+  // Stage: B is read from disk; A and C are skipped and pinned.
+  auto stage = t.plan_load(Tier::disk, Tier::host, c);
+  REQUIRE(stage.ok());
+  REQUIRE(stage->moves.size() == 1);
+  CHECK(stage->moves[0].index == 1);
+  CHECK(stage->skipped == 2);
+  REQUIRE(*disk.load(t, *stage) == 1);
+  // Load: all three, each into the device block reserved for its position.
+  auto load = t.plan_load(Tier::host, Tier::device, c, ids(40, 3));
+  REQUIRE(load.ok());
+  REQUIRE(load->moves.size() == 3);
+  for (std::int32_t i = 0; i < 3; ++i) {
+    CHECK(load->moves[std::size_t(i)].dst == 40 + i);
+    CHECK(load->moves[std::size_t(i)].src == t.host().find(c[std::size_t(i)]));
+  }
+  CHECK(*t.complete(load->id) == 3);
   CHECK(t.check_invariants().ok());
 }
 
@@ -160,11 +222,12 @@ TEST_CASE("tiers: a hit evicted between lookup and plan shortens the plan, and p
 
 TEST_CASE("tiers: two requests loading the same disk blocks in one step move them once") {
   Tiers t({.host_blocks = 8, .disk_blocks = 8, .block_size = 4});
+  MemDisk disk(8);
   const auto c = chain(8, 3);
   offload(t, c);
   std::vector<std::int32_t> slots;
   for (const auto& h : c) slots.push_back(t.host().find(h));
-  REQUIRE(t.complete(t.plan_store(Tier::host, Tier::disk, c, slots)->id).ok());
+  disk.store(t, t.plan_store(Tier::host, Tier::disk, c, slots), c);
   Tiers fresh({.host_blocks = 8, .disk_blocks = 8, .block_size = 4});
   // Only the disk copy remains when host memory starts over: a reset does not forget content, so model it by filling host.
   offload(t, chain(9, 8));
@@ -177,9 +240,9 @@ TEST_CASE("tiers: two requests loading the same disk blocks in one step move the
   CHECK(first->moves.size() == 3);
   CHECK(second->moves.empty());
   CHECK(second->skipped == 3);
-  CHECK(t.complete(second->id).ok());
+  CHECK(disk.load(t, *second).ok());
   CHECK(t.lookup(c, 0, 100, where)->host == 0);  // still in flight
-  CHECK(t.complete(first->id).ok());
+  CHECK(*disk.load(t, *first) == 3);
   CHECK(t.lookup(c, 0, 100, where)->host == 3);
   CHECK(t.check_invariants().ok());
 }
@@ -258,10 +321,68 @@ TEST_CASE("tiers: bad input is refused, naming the value, and changes nothing") 
   const std::int32_t bad[] = {2};
   CHECK(t.complete(j->id, bad).status() == Status{Errc::invalid_argument, "failed (a move index)", 2, 1});
   CHECK(t == one);
+  const std::int32_t twice[] = {1, 1};
+  CHECK(t.complete(j->id, twice).status() == Status{Errc::invalid_argument, "failed (an index listed twice)", 1, 1});
+  CHECK(t == one);
   Tiers no_disk({.host_blocks = 2});
   CHECK(no_disk.plan_load(Tier::disk, Tier::host, c).status() == Status{Errc::invalid_argument, "from (no such tier)", 2, 0});
+  CHECK(no_disk.plan_store(Tier::host, Tier::disk, c, ids(0, 2)).status() == Status{Errc::invalid_argument, "to (no such tier)", 2, 0});
+  CHECK_THROWS_AS(no_disk.disk(), std::bad_optional_access);  // an absent tier is never read
+  CHECK_THROWS_AS(Tiers({}).host(), std::bad_optional_access);
+  // An empty job's failed index names that it has none (it read "limit -1").
+  auto empty = no_disk.plan_load(Tier::host, Tier::device, {}, {});
+  REQUIRE(empty.ok());
+  CHECK(no_disk.complete(empty->id, std::span(twice, 1)).status() == Status{Errc::invalid_argument, "failed (the job has no moves)", 1, 0});
   CHECK_THROWS_AS(Tiers({.block_size = 0}), ConfigError);
   CHECK_THROWS_AS(Tiers({.host_blocks = -1}), ConfigError);
+}
+
+TEST_CASE("tiers: a disk tier needs a host tier, and a disk load completes only through the library's verification (issue 62)") {
+  // Before the fix: Tiers({.host_blocks = 0, .disk_blocks = 4}), restore_disk,
+  // then plan_load(disk, host) or plan_store(host, disk): a segmentation fault.
+  try {
+    Tiers bad({.host_blocks = 0, .disk_blocks = 4, .block_size = 16});
+    FAIL("a disk tier without a host tier was accepted");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.status().what()) == "disk_blocks (a disk tier needs a host tier: disk blocks reach the device through host memory)");
+  }
+  // Before the fix complete() published a disk load whether or not anyone verified its bytes.
+  Tiers t({.host_blocks = 4, .disk_blocks = 4, .block_size = 4});
+  MemDisk disk(4);
+  const auto c = chain(31, 3);
+  offload(t, c);
+  std::vector<std::int32_t> slots;
+  for (const auto& h : c) slots.push_back(t.host().find(h));
+  disk.store(t, t.plan_store(Tier::host, Tier::disk, c, slots), c);
+  offload(t, chain(32, 4));  // host memory forgets c
+  std::vector<Tier> where(3);
+  REQUIRE(t.lookup(c, 0, 100, where)->disk == 3);
+  auto stage = t.plan_load(Tier::disk, Tier::host, c);
+  REQUIRE(stage.ok());
+  REQUIRE(stage->moves.size() == 3);
+  const Tiers staged = t;
+  CHECK(t.complete(stage->id).status() == Status{Errc::invalid_argument, "job (a disk load: complete_disk_load checks its slots)",
+                                                  std::int64_t(stage->id & 0xffffffffu), 0});
+  CHECK(t == staged);
+  // The bytes change after they were written: block 1's payload, block 2's trailer.
+  disk.corrupt(stage->moves[1].src, 3);
+  disk.corrupt(stage->moves[2].src, std::size_t(disk.d.slot_bytes() - 5));
+  const MemDisk other(2);  // a layout with fewer slots than the tier
+  CHECK(t.complete_disk_load(stage->id, other.d, [&](const BlockMove&) { return LandedSlot{}; }).status() ==
+        Status{Errc::invalid_argument, "layout.num_blocks (the disk tier's slots)", 2, 4});
+  CHECK(t == staged);
+  CHECK(*disk.load(t, *stage) == 1);  // only block 0 is published
+  CHECK(t.host().find(c[0]) >= 0);
+  CHECK(t.host().find(c[1]) == -1);
+  CHECK(t.host().find(c[2]) == -1);
+  CHECK(t.disk().find(c[1]) == -1);  // dropped: never offered again
+  CHECK(t.disk().find(c[2]) == -1);
+  CHECK(t.check_invariants().ok());
+  // complete_disk_load takes only disk loads.
+  auto dev = t.plan_load(Tier::host, Tier::device, std::span(c).first(1), ids(0, 1));
+  REQUIRE(dev.ok());
+  CHECK(disk.load(t, *dev).status().what() == std::string("job (not a disk load: complete() takes it)"));
+  CHECK(*t.complete(dev->id) == 1);
 }
 
 // Random plans, lookups, completions with failed moves and resets over two
@@ -273,13 +394,14 @@ TEST_CASE("tiers property: every hash a tier serves points at a block holding ex
     INFO(what);
     REQUIRE(ok);
   };
-  std::int64_t landed = 0, refused = 0;
+  std::int64_t landed = 0, refused = 0, rejected = 0;
   for (int run = 0; run < 30; ++run) {
     const TiersConfig cfg{.host_blocks = 3 + pick(8), .disk_blocks = pick(3) ? 3 + pick(10) : 0, .block_size = 4, .max_jobs = 6};
     kvtest::TiersHarness<decltype(pick), decltype(need)> h(pick, need, cfg);
     for (int op = 0; op < 300; ++op) h.step();
-    landed += h.landed, refused += h.refused;
+    landed += h.landed, refused += h.refused, rejected += h.rejected;
   }
   CHECK(landed > 300);
   CHECK(refused > 10);
+  CHECK(rejected > 5);  // disk slots corrupted after they were written, caught by complete_disk_load
 }

@@ -99,7 +99,13 @@ TEST_CASE("handshake: msgpack round trip, and every malformed byte string is an 
     const auto cut = from_msgpack(std::span(bytes).first(n));
     REQUIRE_FALSE(cut.ok());
     CHECK(cut.status().code() == Errc::invalid_argument);
+    // The message names the field and where the bytes broke off, never the offset as the field's value.
+    const std::string msg = cut.status().message();
+    CHECK(msg.find("(malformed at byte " + std::to_string(cut.status().value()) + " of " + std::to_string(n) + ")") != std::string::npos);
+    CHECK(msg.find('=') == std::string::npos);
   }
+  const std::vector<std::uint8_t> noise{0x37, 0x12, 0xfe, 0x00};  // not a msgpack array at all
+  CHECK(from_msgpack(noise).status().message() == "invalid_argument: handshake (fields) (malformed at byte 0 of 4)");
   auto longer = bytes;
   longer.push_back(0);
   CHECK(from_msgpack(longer).status().what() == std::string("handshake (trailing bytes)"));
@@ -316,7 +322,7 @@ TEST_CASE("handshake: a quantized pool's format travels, is checked on read, and
   CHECK(check_compatible(ha, c.describe()).message() == "layout_mismatch: format.k.group=64 (limit 32)");
   other = q;
   other.dtype = DType::int8;
-  CHECK(check_compatible(ha, HostPool(other, 6, 4).describe()).message() == "layout_mismatch: dtype=5 (limit 6)");
+  CHECK(check_compatible(ha, HostPool(other, 6, 4).describe()).message() == "layout_mismatch: dtype=int8 (limit int4)");  // names, not numbers
 
   // A format no Geometry would take is refused on read, naming the field.
   const auto read_with = [&](auto edit) {

@@ -4,18 +4,25 @@
 // completions with random failed moves in any order, and resets. Every copy
 // is modelled: a plan's target blocks hold garbage from the plan on (the
 // engine writes them), a landed move gets its source's content, a failed one
-// stays garbage. After every call the invariants hold, a failed call changed
-// nothing, a lookup changed nothing, every block a job reads still holds its
-// hash when the copy runs, and every hash a tier finds sits in a block
-// holding exactly it. pick(n) gives a value in [0, n); need(ok, what) fails
-// the run when ok is false.
+// stays garbage. A host block's bytes are its hash; a disk slot is a real
+// slot image (DiskLayout: those bytes, then the sealed trailer), and now and
+// then one is corrupted on disk after it was written: the disk load that
+// reads it must not publish it (complete_disk_load verifies every slot).
+// After every call the invariants hold, a failed call changed nothing, a
+// lookup changed nothing, every block a job reads still holds its hash when
+// the copy runs, and every hash a tier finds sits in a block holding exactly
+// it (on disk: a slot that verifies, unless corrupted since). pick(n) gives a
+// value in [0, n); need(ok, what) fails the run when ok is false.
 #pragma once
 
+#include <kvcache/tiers/disk_layout.hpp>
 #include <kvcache/tiers/tiers.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <optional>
+#include <span>
 #include <vector>
 
 namespace kvtest {
@@ -25,15 +32,18 @@ class TiersHarness {
  public:
   TiersHarness(Pick pick, Need need, const kvcache::TiersConfig& cfg)
       : pick_(pick), need_(need), t_(cfg),
-        host_(std::size_t(cfg.host_blocks), garbage()), disk_(std::size_t(cfg.disk_blocks), garbage()) {}
-  std::int64_t landed = 0, refused = 0;
+        host_(std::size_t(cfg.host_blocks), garbage()),
+        layout_(*kvcache::DiskLayout::make(sizeof(kvcache::BlockHash), std::max(cfg.disk_blocks, 1), 0x6a, 64)),
+        disk_(std::size_t(cfg.disk_blocks), std::vector<std::byte>(std::size_t(layout_.slot_bytes()), std::byte{0xbd})),
+        corrupt_(std::size_t(cfg.disk_blocks), 0) {}
+  std::int64_t landed = 0, refused = 0, rejected = 0;
 
   void step() {
     using kvcache::Tier;
     const kvcache::Tiers before = t_;
     const auto c = chain(std::uint64_t(pick(6)), 1 + pick(5));
     std::optional<kvcache::Result<kvcache::TierJob>> r;
-    switch (pick(7)) {
+    switch (pick(9)) {
       case 0: case 1: r = t_.plan_store(Tier::device, Tier::host, c, device_ids(c.size())); break;
       case 2: {
         std::vector<std::int32_t> src;
@@ -42,11 +52,15 @@ class TiersHarness {
         break;
       }
       case 3: r = t_.plan_load(Tier::host, Tier::device, c, device_ids(c.size())); break;
-      case 4: r = t_.plan_load(Tier::disk, Tier::host, c); break;
+      case 4: case 6: r = t_.plan_load(Tier::disk, Tier::host, c); break;
       case 5: {
         std::vector<Tier> where(c.size());
         need(t_.lookup(c, 0, 1000, where).ok(), "lookup");
         need(t_ == before, "a lookup changed the tiers");
+        if (!disk_.empty() && pick(2) == 0) {  // a byte of a stored slot changes on disk, behind the tiers' back
+          const auto s = std::size_t(pick(std::int32_t(disk_.size())));
+          if (t_.disk().find(t_.disk().hash(std::int32_t(s))) == std::int32_t(s)) corrupt(s);
+        }
         break;
       }
       default: finish_one(); break;
@@ -54,8 +68,9 @@ class TiersHarness {
     if (r) {
       if (r->ok()) {
         jobs_.push_back({**r, {(*r)->moves.begin(), (*r)->moves.end()}, c});
-        if ((*r)->to != Tier::device)
-          for (const kvcache::BlockMove& m : (*r)->moves) content((*r)->to)[std::size_t(m.dst)] = garbage();
+        for (const kvcache::BlockMove& m : (*r)->moves) spoil((*r)->to, m.dst);
+        if ((*r)->from == Tier::disk && !(*r)->moves.empty() && pick(2) == 0)  // the slot it will read goes bad first
+          corrupt(std::size_t((*r)->moves[std::size_t(pick(std::int32_t((*r)->moves.size())))].src));
       } else {
         ++refused;
         need(t_ == before, "a failed plan changed the tiers");
@@ -66,7 +81,7 @@ class TiersHarness {
       if (!t_.has(x)) continue;
       const kvcache::TierPool& pool = x == Tier::host ? t_.host() : t_.disk();
       for (std::int32_t s = 0; s < pool.capacity(); ++s)
-        if (pool.find(pool.hash(s)) == s) need(content(x)[std::size_t(s)] == pool.hash(s), "a tier serves a block not holding its hash");
+        if (pool.find(pool.hash(s)) == s) need(holds(x, s, pool.hash(s)), "a tier serves a block not holding its hash");
     }
   }
 
@@ -89,7 +104,30 @@ class TiersHarness {
   }
   std::int32_t pick(std::int32_t n) { return pick_(n); }
   void need(bool ok, const char* what) { need_(ok, what); }
-  std::vector<kvcache::BlockHash>& content(kvcache::Tier x) { return x == kvcache::Tier::host ? host_ : disk_; }
+  // One bit of disk slot s flips: in the block's bytes or in its trailer.
+  void corrupt(std::size_t s) {
+    const std::int32_t payload = std::int32_t(sizeof(kvcache::BlockHash)), trailer = std::int32_t(kvcache::DiskLayout::trailer_bytes);
+    const std::int32_t at = pick(2) == 0 ? pick(payload) : std::int32_t(disk_[s].size()) - 1 - pick(trailer);
+    disk_[s][std::size_t(at)] ^= std::byte{0x08};
+    corrupt_[s] = 1;
+  }
+  // A plan's target block holds garbage until its copy lands.
+  void spoil(kvcache::Tier x, std::int32_t b) {
+    if (x == kvcache::Tier::host) host_[std::size_t(b)] = garbage();
+    if (x == kvcache::Tier::disk) std::fill(disk_[std::size_t(b)].begin(), disk_[std::size_t(b)].end(), std::byte{0xbd}), corrupt_[std::size_t(b)] = 0;
+  }
+  // Block b of tier x holds h: host, its bytes; disk, a slot that verifies (or one corrupted since it was written).
+  bool holds(kvcache::Tier x, std::int32_t b, const kvcache::BlockHash& h) const {
+    if (x == kvcache::Tier::host) return host_[std::size_t(b)] == h;
+    return corrupt_[std::size_t(b)] || layout_.verify(disk_[std::size_t(b)], b, h).ok();
+  }
+  // What block b of tier x holds, read (a disk slot's payload, whatever its trailer says).
+  kvcache::BlockHash read(kvcache::Tier x, std::int32_t b) const {
+    if (x == kvcache::Tier::host) return host_[std::size_t(b)];
+    kvcache::BlockHash h;
+    std::memcpy(&h, disk_[std::size_t(b)].data(), sizeof h);
+    return h;
+  }
 
   // Completes a job in flight (its copies first, some moves failing), or now and then resets.
   void finish_one() {
@@ -101,8 +139,7 @@ class TiersHarness {
     if (pick(10) == 0) {
       t_.reset();
       for (const Planned& p : jobs_)  // abandoned copies may have written anything
-        if (p.job.to != Tier::device)
-          for (const kvcache::BlockMove& m : p.moves) content(p.job.to)[std::size_t(m.dst)] = garbage();
+        for (const kvcache::BlockMove& m : p.moves) spoil(p.job.to, m.dst);
       for (const Planned& p : jobs_) need(t_.complete(p.job.id).status().code() == kvcache::Errc::unknown_job, "a job from before a reset completed");
       jobs_.clear();
       return;
@@ -113,25 +150,50 @@ class TiersHarness {
     std::vector<std::int32_t> failed;
     for (std::size_t m = 0; m < p.moves.size(); ++m)
       if (pick(4) == 0) failed.push_back(std::int32_t(m));
+    std::int32_t lead_want = std::int32_t(p.moves.size());
+    std::vector<char> intact(p.moves.size(), 1);  // a disk slot read back verifies
     for (std::size_t m = 0; m < p.moves.size(); ++m) {  // the engine's copies
       const kvcache::BlockMove& mv = p.moves[m];
       const kvcache::BlockHash want = p.chain[std::size_t(mv.index)];
-      const kvcache::BlockHash src = p.job.from == Tier::device ? want : content(p.job.from)[std::size_t(mv.src)];
-      need(src == want, "a pinned source lost what the plan read");
+      const kvcache::BlockHash src = p.job.from == Tier::device ? want : read(p.job.from, mv.src);
+      if (p.job.from == Tier::disk) intact[m] = layout_.verify(disk_[std::size_t(mv.src)], mv.src, want).ok();
+      need(src == want || (p.job.from == Tier::disk && corrupt_[std::size_t(mv.src)]), "a pinned source lost what the plan read");
       const bool bad = std::find(failed.begin(), failed.end(), std::int32_t(m)) != failed.end();
-      if (p.job.to != Tier::device) content(p.job.to)[std::size_t(mv.dst)] = bad ? garbage() : src;
+      if (bad || !intact[m]) lead_want = std::min(lead_want, std::int32_t(m));
+      if (p.job.to == Tier::host) host_[std::size_t(mv.dst)] = bad ? garbage() : src;  // a corrupt read lands corrupt
+      if (p.job.to == Tier::disk && !bad) {  // the engine seals what it writes
+        std::memcpy(disk_[std::size_t(mv.dst)].data(), &src, sizeof src);
+        need(layout_.seal(disk_[std::size_t(mv.dst)], mv.dst, want).ok(), "seal");
+      }
       landed += !bad;
     }
-    const auto lead = t_.complete(p.job.id, failed);
+    kvcache::Result<std::int32_t> lead = std::int32_t(0);
+    if (p.job.from == Tier::disk) {
+      need(t_.complete(p.job.id).status().code() == kvcache::Errc::invalid_argument, "complete() of a disk load");
+      lead = t_.complete_disk_load(p.job.id, layout_, [&](const kvcache::BlockMove& mv) {
+        return kvcache::LandedSlot{std::as_bytes(std::span(&host_[std::size_t(mv.dst)], 1)),
+                                   std::span(disk_[std::size_t(mv.src)]).subspan(sizeof(kvcache::BlockHash))};
+      }, failed);
+    } else {
+      lead = t_.complete(p.job.id, failed);
+    }
     need(lead.ok(), "complete");
-    need(*lead == (failed.empty() ? std::int32_t(p.moves.size()) : failed.front()), "complete's leading moves");
+    need(*lead == lead_want, "complete's leading moves");
+    for (std::size_t m = 0; m < p.moves.size(); ++m)
+      if (!intact[m]) {
+        ++rejected;
+        need(t_.disk().find(p.chain[std::size_t(p.moves[m].index)]) != p.moves[m].src, "a slot that failed verification is still offered");
+      }
     need(t_.complete(p.job.id).status().code() == kvcache::Errc::unknown_job, "a second complete");
   }
 
   Pick pick_;
   Need need_;
   kvcache::Tiers t_;
-  std::vector<kvcache::BlockHash> host_, disk_;
+  std::vector<kvcache::BlockHash> host_;  // each host block's bytes: the hash it holds
+  kvcache::DiskLayout layout_;
+  std::vector<std::vector<std::byte>> disk_;  // each disk slot's image
+  std::vector<char> corrupt_;  // a slot changed on disk since it was written
   std::vector<Planned> jobs_;
 };
 

@@ -173,6 +173,19 @@ class SipHasher128 {
 static_assert(BlockHasher<FastBlockHasher>);
 static_assert(BlockHasher<SipHasher128>);
 
+/// One hash of a whole prompt under `key`, its extras folded in: what an
+/// import keeps so that its commit can check it names the same tokens (as
+/// strong as the hasher's block names: a different prompt passes only on a
+/// hash collision).
+template <BlockHasher H>
+BlockHash prompt_digest(const H& hasher, std::span<const std::int32_t> tokens, const PrefixKey& key,
+                        std::span<const ExtraKey> extras = {}) noexcept {
+  std::uint64_t extra = fold_extra(key.extra, std::uint64_t(tokens.size()));
+  for (const ExtraKey& e : extras)
+    extra = fold_extra(fold_extra(fold_extra(extra, std::uint64_t(e.begin)), std::uint64_t(e.end)), e.key);
+  return hasher(chain_root(key), tokens, extra);
+}
+
 /// The hashes of the full blocks of `tokens` (block_size tokens each, at most
 /// out.size()), chained from chain_root(key) with each block's extras folded
 /// in: the names the prefix cache publishes those blocks under, and the chain

@@ -13,6 +13,7 @@
 // one freed is redundant and goes back plain.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <stdexcept>
@@ -65,6 +66,7 @@ class BlockPool {
         next_(static_cast<std::size_t>(num_blocks) + 1),
         prefix_(num_blocks),
         events_(event_capacity, event_tokens, medium),
+        marks_{std::vector<std::uint32_t>(static_cast<std::size_t>(num_blocks), 0u)},
         sentinel_(num_blocks) {
     prev_[ix(sentinel_)] = next_[ix(sentinel_)] = sentinel_;
     for (BlockId b = 1; b < num_blocks; ++b) link_before(sentinel_, b);
@@ -111,16 +113,36 @@ class BlockPool {
     return take_front();
   }
 
-  /// The cached blocks the next `allocations` allocations would recycle, in
-  /// that order (plain free blocks go first and lose nothing), written to out
-  /// (at most out.size()); returns how many. A write-back tier offloads them
-  /// one step ahead, so no allocation waits on a copy. Recycling a block also
-  /// drops the cached blocks chained from it. Changes nothing.
+  /// The cached blocks whose content the next `allocations` allocations
+  /// would lose, in that order, written to out (at most out.size()); returns
+  /// how many. A write-back tier offloads them one step ahead, so no
+  /// allocation waits on a copy. Plain free blocks go first and lose nothing;
+  /// recycling a cached block also drops every free block chained from it
+  /// (they lose their content with it, go to the queue's front and are the
+  /// next allocations' blocks), so they follow it here. Changes nothing.
   std::int32_t next_recycled(std::int32_t allocations, std::span<BlockId> out) const noexcept {
-    std::int32_t n = 0;
+    const std::uint32_t stamp = marks_.next();
+    std::int32_t n = 0, front = 0;  // front: dropped blocks the next allocations take first
     BlockId b = next_[ix(sentinel_)];
-    for (std::int32_t k = 0; k < allocations && b != sentinel_ && std::size_t(n) < out.size(); ++k, b = next_[ix(b)])
-      if (has_hash(b)) out[std::size_t(n++)] = b;
+    for (std::int32_t k = 0; k < allocations && std::size_t(n) < out.size(); ++k) {
+      if (front > 0) {
+        --front;
+        continue;
+      }
+      while (b != sentinel_ && marks_.seen[ix(b)] == stamp) b = next_[ix(b)];  // dropped earlier: taken from the front
+      if (b == sentinel_) break;
+      const BlockId x = b;
+      b = next_[ix(b)];
+      if (!has_hash(x)) continue;
+      marks_.seen[ix(x)] = stamp;
+      out[std::size_t(n++)] = x;
+      prefix_.for_each_chained(x, [&](std::int32_t d) {
+        if (ref_[ix(d)] != 0 || marks_.seen[ix(d)] == stamp) return;  // in use: it keeps its bytes
+        marks_.seen[ix(d)] = stamp;
+        ++front;
+        if (std::size_t(n) < out.size()) out[std::size_t(n++)] = d;
+      });
+    }
     return n;
   }
 
@@ -242,14 +264,25 @@ class BlockPool {
   friend bool operator==(const BlockPool&, const BlockPool&) = default;
 
  private:
+  // next_recycled()'s scratch: a stamp per block (no allocation per call),
+  // never part of the pool's state.
+  struct Marks {
+    std::vector<std::uint32_t> seen;
+    std::uint32_t stamp = 0;
+    std::uint32_t next() noexcept {
+      if (++stamp == 0) std::fill(seen.begin(), seen.end(), 0u), stamp = 1;
+      return stamp;
+    }
+    friend bool operator==(const Marks&, const Marks&) noexcept { return true; }
+  };
   static constexpr std::size_t ix(std::int32_t i) noexcept { return static_cast<std::size_t>(i); }
 
   // Block 0 is the null block, so a usable pool has at least 2; every block
-  // costs about 160 bytes of host bookkeeping (links, ref count, hash and
-  // parent, rings, two index slots of two entries each).
+  // costs about 164 bytes of host bookkeeping (links, ref count, hash and
+  // parent, rings, two index slots of two entries each, next_recycled's mark).
   static std::size_t checked(std::int32_t num_blocks) {
     if (num_blocks < 2) throw ConfigError("kvcache::BlockPool", Status{Errc::invalid_argument, "num_blocks", num_blocks, 2});
-    return checked_elements("kvcache::BlockPool", "num_blocks", num_blocks, num_blocks, 160);
+    return checked_elements("kvcache::BlockPool", "num_blocks", num_blocks, num_blocks, 164);
   }
 
   void link_before(BlockId at, BlockId b) noexcept {
@@ -294,6 +327,7 @@ class BlockPool {
   std::vector<BlockId> prev_, next_;  // size capacity + 1; the last node is the sentinel
   PrefixIndex prefix_;
   EventQueue events_;
+  mutable Marks marks_;
   PoolCounters counters_{};
   BlockId sentinel_;
   std::int32_t num_free_ = 0;

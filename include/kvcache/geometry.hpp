@@ -17,6 +17,9 @@ KVCACHE_BEGIN_NAMESPACE
 ///   HND: [kv_heads][block_size][head_dim]   (FlashInfer kHND; head-major pages)
 enum class Layout : std::uint8_t { NHD, HND };
 
+/// A Layout's name ("HND"), for messages (Status::named); "?" outside the enum.
+constexpr const char* layout_name(std::int64_t l) noexcept { return l == 0 ? "NHD" : l == 1 ? "HND" : "?"; }
+
 /// Where the planes of a block sit in the pool.
 ///   interleaved: [num_blocks][layers][2][plane]  one block is one contiguous run
 ///                (TensorRT-LLM style: swap / offload / copy a block with one memcpy)

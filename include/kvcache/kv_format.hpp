@@ -26,6 +26,12 @@ enum class DType : std::uint8_t { f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4
 /// The last DType: errors name it as the limit of a dtype field.
 inline constexpr std::int64_t kLastDType = 8;
 
+/// A DType's name ("fp8_e4m3"), for messages (Status::named); "?" outside the enum.
+constexpr const char* dtype_name(std::int64_t d) noexcept {
+  constexpr const char* names[] = {"f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "fp4_e2m1", "int2"};
+  return d >= 0 && d <= kLastDType ? names[d] : "?";
+}
+
 /// Bits per element of d; 0 for a value outside the enum.
 KVCACHE_HOST_DEVICE constexpr std::int32_t dtype_bits(DType d) noexcept {
   switch (d) {
@@ -73,6 +79,12 @@ enum class Scales : std::uint8_t { none, tensor, head, group, channel };
 
 /// The last Scales: errors name it as the limit of a scales field.
 inline constexpr std::int64_t kLastScales = 4;
+
+/// A Scales' name ("group"), for messages (Status::named); "?" outside the enum.
+constexpr const char* scales_name(std::int64_t s) noexcept {
+  constexpr const char* names[] = {"none", "tensor", "head", "group", "channel"};
+  return s >= 0 && s <= kLastScales ? names[s] : "?";
+}
 
 /// One side's scaling.
 struct SideFormat {

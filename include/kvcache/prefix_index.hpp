@@ -126,6 +126,30 @@ class PrefixIndex {
     }
   }
 
+  /// Calls f(x) for every block that loses its hash with b when b, its hash's
+  /// only copy, loses it: every block chained from b, transitively (erase()'s
+  /// cascade less b itself; every copy of a child hash hangs from b then).
+  /// Changes nothing: a pool predicts with it what a recycle will drop.
+  template <class F>
+  void for_each_chained(std::int32_t b, F&& f) const noexcept {
+    std::size_t top = 0;
+    const auto push_kids = [&](std::int32_t x) {
+      if (const std::int32_t kid = n_[ix(x)].kids; kid >= 0) {
+        std::int32_t k = kid;
+        do {
+          stack_[top++] = k;
+          k = n_[ix(k)].kid_next;
+        } while (k != kid);
+      }
+    };
+    push_kids(b);
+    while (top > 0) {
+      const std::int32_t x = stack_[--top];
+      f(x);
+      push_kids(x);
+    }
+  }
+
   /// Forgets everything.
   void clear() noexcept {
     groups_.clear();
@@ -245,7 +269,7 @@ class PrefixIndex {
   // fast path, and 16 KB of states stay cached where 1 MB of nodes would not.
   std::vector<std::uint8_t> state_;
   HashIndex groups_;  // hash -> a member
-  std::vector<std::int32_t> stack_;  // the cascade's work list (scratch)
+  mutable std::vector<std::int32_t> stack_;  // the cascade's work list (scratch; for_each_chained's too)
   std::int32_t members_ = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "kvcache/config.hpp"
@@ -80,22 +81,65 @@ class [[nodiscard]] Status {
   /// The limit it broke.
   constexpr std::int64_t limit() const noexcept { return limit_; }
 
+  /// Names for the values of one enumeration (e.g. a dtype's), for messages.
+  using Names = const char* (*)(std::int64_t) noexcept;
+  /// This status, its value and limit written as unsigned hexadecimal in
+  /// message() (a hash, a checksum, a magic number: bits, not a count).
+  constexpr Status hex() const noexcept {
+    Status s = *this;
+    s.shown_ = Shown::hex;
+    return s;
+  }
+  /// This status naming where malformed bytes broke off: value the byte
+  /// offset, limit the byte count ("tp_rank (malformed at byte 37 of 80)").
+  constexpr Status at_byte() const noexcept {
+    Status s = *this;
+    s.shown_ = Shown::offset;
+    return s;
+  }
+  /// This status, its value and limit written by `names` in message() (an
+  /// enumeration's values: "dtype=fp8_e4m3 (limit f16)").
+  constexpr Status named(Names names) const noexcept {
+    Status s = *this;
+    s.names_ = names;
+    s.shown_ = Shown::named;
+    return s;
+  }
+
   /// Cold path only: builds e.g. "out_of_blocks: n_blocks=9 (limit 4)";
   /// for duplicate_sequence the second number is the repeated handle's index:
   /// "duplicate_sequence: seqs_at=3 (seq.index 0)".
   std::string message() const {
     if (ok()) return "ok";
+    const std::string head = std::string(to_string(code_)) + ": " + what_;
+    if (shown_ == Shown::offset) return head + " (malformed at byte " + std::to_string(value_) + " of " + std::to_string(limit_) + ")";
     const char* label = code_ == Errc::duplicate_sequence ? " (seq.index " : " (limit ";
-    return std::string(to_string(code_)) + ": " + what_ + "=" + std::to_string(value_) + label + std::to_string(limit_) + ")";
+    return head + "=" + shown(value_) + label + shown(limit_) + ")";
   }
 
-  friend constexpr bool operator==(const Status&, const Status&) = default;
+  /// Same code, argument, value and limit (how message() writes them aside).
+  friend constexpr bool operator==(const Status& a, const Status& b) noexcept {
+    return a.code_ == b.code_ && a.value_ == b.value_ && a.limit_ == b.limit_ &&
+           std::string_view(a.what_) == std::string_view(b.what_);
+  }
 
  private:
+  enum class Shown : std::uint8_t { number, hex, named, offset };
+  std::string shown(std::int64_t v) const {
+    if (shown_ == Shown::named) return names_(v);
+    if (shown_ != Shown::hex) return std::to_string(v);
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string out;
+    for (auto u = static_cast<std::uint64_t>(v); u != 0 || out.empty(); u >>= 4) out.insert(out.begin(), digits[u & 15u]);
+    return "0x" + out;
+  }
+
   Errc code_ = Errc::ok;
   const char* what_ = "";
   std::int64_t value_ = 0;
   std::int64_t limit_ = 0;
+  Names names_ = nullptr;
+  Shown shown_ = Shown::number;
 };
 
 /// Thrown when the value of a failed Result is read (operator*, operator->,

@@ -39,6 +39,7 @@ template <class T>
 constexpr const char* dtype_name() {
   if constexpr (std::is_same_v<T, std::int32_t>) return "int32";
   else if constexpr (std::is_same_v<T, std::uint64_t>) return "uint64";
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return "uint8";
   else return "float32";
 }
 
@@ -47,6 +48,7 @@ template <class T>
 bool numpy_type_is(int t) {
   if constexpr (std::is_same_v<T, std::int32_t>) return t == NPY_INT32;
   else if constexpr (std::is_same_v<T, std::uint64_t>) return t == NPY_UINT64 || t == NPY_INT64;
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return t == NPY_UINT8 || t == NPY_INT8;  // bytes, read as they are
   else return t == NPY_FLOAT32;
 }
 
@@ -59,6 +61,7 @@ bool format_is(const char* f) {
   if constexpr (std::is_same_v<T, std::int32_t>) return c == 'i' || (c == 'l' && sizeof(long) == 4);
   else if constexpr (std::is_same_v<T, std::uint64_t>)  // handles: int64 arrays of them are read as they are
     return c == 'Q' || c == 'q' || ((c == 'L' || c == 'l') && sizeof(long) == 8);
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return c == 'B' || c == 'b' || c == 'c';  // bytes, bytearray, memoryview
   else return c == 'f';
 }
 
@@ -144,20 +147,28 @@ class Array {
   // a tuple) is converted by value, and a value that does not fit T is an
   // error naming its index (out_of_range), never a silent wrap. Floats are refused.
   bool convert_integers(nb::handle h) {
-    constexpr int wide = std::is_signed_v<T> ? NPY_INT64 : NPY_UINT64;
-    PyObject* arr = PyArray_FROMANY(h.ptr(), wide, 0, int(kMaxDims), NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED);
+    // Through int64 first: numpy casts every other signed integer type to it
+    // safely, where int32 -> uint64 is not a safe cast and was refused (an
+    // int32 array of handles, while a list of the same ints converted).
+    // uint64 itself, past int64, through uint64.
+    if (convert_through<std::int64_t>(h, NPY_INT64)) return true;
+    if constexpr (!std::is_signed_v<T>) return bad_index_ < 0 && convert_through<std::uint64_t>(h, NPY_UINT64);
+    return false;
+  }
+  template <class Wide>
+  bool convert_through(nb::handle h, int npy) {
+    PyObject* arr = PyArray_FROMANY(h.ptr(), npy, 0, int(kMaxDims), NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED);
     if (!arr) {
       PyErr_Clear();
       return false;
     }
     nb::object keep = nb::steal(arr);
     auto* a = reinterpret_cast<PyArrayObject*>(arr);
-    using Wide = std::conditional_t<std::is_signed_v<T>, std::int64_t, std::uint64_t>;
     const auto* in = static_cast<const Wide*>(PyArray_DATA(a));
     const std::size_t n = std::size_t(PyArray_SIZE(a));
     owned_.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
-      if (in[i] < Wide(std::numeric_limits<T>::min()) || in[i] > Wide(std::numeric_limits<T>::max())) {
+      if (std::cmp_less(in[i], std::numeric_limits<T>::min()) || std::cmp_greater(in[i], std::numeric_limits<T>::max())) {
         bad_index_ = std::int64_t(i);
         return false;
       }

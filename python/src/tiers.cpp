@@ -1,9 +1,12 @@
 // Memory tiers in Python: kv.Tiers (host and disk tiers, lookups, plans,
 // completions), kv.TierJob (a plan's moves, copied out: they outlive the
 // job), kv.WritePolicy (which device blocks to offload, and when) and
-// kv.BlockPool (a cache's pool, read only: what the write policy reads).
+// kv.BlockPool (a cache's pool, read only: what the write policy reads),
+// kv.DiskLayout (the disk file's slots: seal, verify) and the disk load's
+// completion, which verifies every slot it read (Tiers.complete_disk_load).
 // Tiers are named by strings ("device", "host", "disk"); block hashes are
 // uint64 arrays of [n, 2] (lo, hi), the layout of kv::BlockHash, read in place.
+#include <kvcache/tiers/disk_layout.hpp>
 #include <kvcache/tiers/tiers.hpp>
 #include <kvcache/tiers/write_policy.hpp>
 
@@ -184,6 +187,34 @@ void register_tiers(nb::module_& m) {
             return check(t.complete(id, cspan(f)));
           },
           nb::arg("job"), nb::arg("failed") = nb::none())
+      .def(
+          "complete_disk_load",
+          [](kv::Tiers& t, const Job& job, const kv::DiskLayout& layout, nb::handle blocks, nb::handle tails, nb::handle failed) {
+            // blocks [moves, block_bytes]: each move's block as it landed in host memory; tails [moves, tail_bytes or 64].
+            Array<std::uint8_t> b, tl;
+            Array<std::int32_t> f;
+            in_arg(b, blocks, "blocks");
+            in_arg(tl, tails, "tails");
+            if (!failed.is_none()) in_arg(f, failed, "failed");
+            const auto moves = std::size_t(nb::len(job.moves));
+            const std::size_t bw = moves ? b.size() / moves : 0, tw = moves ? tl.size() / moves : 0;
+            require(b.size() == moves * bw && std::int64_t(bw) >= layout.block_bytes(), "blocks (one row of block_bytes per move)",
+                    std::int64_t(b.size()), std::int64_t(moves) * layout.block_bytes());
+            require(tl.size() == moves * tw, "tails (one row per move)", std::int64_t(tl.size()), std::int64_t(moves));
+            // Row k of blocks and tails is move k of the plan; a move's chain index names its row (one move per index).
+            const auto mv = nb::cast<Numpy<std::int32_t, 2>>(job.moves);
+            std::vector<std::size_t> row;
+            for (std::size_t k = 0; k < moves; ++k) {
+              const auto index = std::size_t(mv.data()[3 * k + 2]);
+              if (row.size() <= index) row.resize(index + 1, 0);
+              row[index] = k;
+            }
+            return check(t.complete_disk_load(job.id, layout, [&](const kv::BlockMove& m) {
+              const std::size_t k = row[std::size_t(m.index)];
+              return kv::LandedSlot{std::as_bytes(std::span(b.data() + k * bw, bw)), std::as_bytes(std::span(tl.data() + k * tw, tw))};
+            }, cspan(f)));
+          },
+          nb::arg("job"), nb::arg("layout"), nb::arg("blocks"), nb::arg("tails"), nb::arg("failed") = nb::none())
       .def("reset", &kv::Tiers::reset)
       .def(
           "drain_events",
@@ -214,6 +245,42 @@ void register_tiers(nb::module_& m) {
           },
           nb::arg("slots"), nb::arg("hashes"))
       .def("check_invariants", [](const kv::Tiers& t) { check(t.check_invariants()); });
+
+  nb::class_<kv::DiskLayout>(m, "DiskLayout")
+      .def(
+          "__init__",
+          [](kv::DiskLayout* self, std::int64_t block_bytes, std::int32_t num_blocks, std::uint64_t digest, std::int64_t align) {
+            new (self) kv::DiskLayout(check(kv::DiskLayout::make(block_bytes, num_blocks, digest, align)));
+          },
+          nb::arg("block_bytes"), nb::arg("num_blocks"), nb::arg("digest"), nb::arg("align") = 4096)
+      .def_prop_ro("block_bytes", &kv::DiskLayout::block_bytes)
+      .def_prop_ro("slot_bytes", &kv::DiskLayout::slot_bytes)
+      .def_prop_ro("tail_bytes", &kv::DiskLayout::tail_bytes)
+      .def_prop_ro("num_blocks", &kv::DiskLayout::num_blocks)
+      .def_prop_ro("file_bytes", &kv::DiskLayout::file_bytes)
+      .def_prop_ro("digest", &kv::DiskLayout::digest)
+      .def("offset", &kv::DiskLayout::offset, nb::arg("slot"))
+      .def(
+          "seal_tail",
+          [](const kv::DiskLayout& d, nb::handle block, std::int32_t slot, std::pair<std::uint64_t, std::uint64_t> hash) {
+            Array<std::uint8_t> b;
+            in_arg(b, block, "block");
+            auto tail = new_array<std::uint8_t>(std::size_t(d.tail_bytes()));
+            check(d.seal_tail(std::as_bytes(b.span()), std::as_writable_bytes(std::span(tail.data(), tail.size())), slot,
+                              {hash.first, hash.second}));
+            return tail;
+          },
+          nb::arg("block"), nb::arg("slot"), nb::arg("hash"))
+      .def(
+          "verify",
+          [](const kv::DiskLayout& d, nb::handle block, nb::handle tail, std::int32_t slot, std::pair<std::uint64_t, std::uint64_t> hash) {
+            Array<std::uint8_t> b, t;
+            in_arg(b, block, "block");
+            in_arg(t, tail, "tail");
+            check(d.verify(std::as_bytes(b.span()), std::as_bytes(t.span()), slot, {hash.first, hash.second}));
+          },
+          nb::arg("block"), nb::arg("tail"), nb::arg("slot"), nb::arg("hash"));
+  m.def("layout_digest", [](const kv::Geometry& g) { return kv::layout_digest(g.spec()); }, nb::arg("geometry"));
 
   nb::class_<kv::WritePolicy>(m, "WritePolicy")
       .def(

@@ -86,7 +86,13 @@ def test_one_conversion_rule_for_integer_inputs():
     assert slots[:3].tolist() == [4, 5, 8]
     slots, _, _ = c.reserve_batch(np.array([s, t], dtype=np.int64), np.array([1, 1], dtype=np.int64))
     assert slots[:2].tolist() == [6, 9]
+    # Handles in an int32 array convert by value, as a list of them does (issue 62: they were refused).
+    slots, _, _ = c.reserve_batch(np.array([s, t], dtype=np.int32), np.array([1, 1], dtype=np.int32))
+    assert slots[:2].tolist() == [7, 10]
+    assert c.export_block_table(np.array([s], dtype=np.int16), 2)[0].tolist()[:1] == [1]
     before = (c.tokens_held(s), c.free_blocks)
+    with pytest.raises(kv.InvalidArgument, match=r"seqs\[0\] does not fit"):
+        c.reserve_batch(np.array([-1, t], dtype=np.int32), np.array([1, 1], dtype=np.int32))
     with pytest.raises(kv.InvalidArgument, match=r"counts\[1\] does not fit int32"):
         c.reserve_batch([s, t], np.array([1, 2**40], dtype=np.int64))
     with pytest.raises(kv.InvalidArgument, match="counts must be"):

@@ -62,10 +62,10 @@ def test_a_window_hit_needs_only_the_blocks_its_next_query_reads():
 
 
 def test_the_window_frees_on_computed_tokens_only():
-    c = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64)
+    c = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64, prefill_chunk=24)
     t = np.arange(40, dtype=np.int32)
     seq, _, _, _ = c.admit(t[:16])
-    c.reserve(seq, t[16:24])  # the next chunk before the first is computed: nothing freed
+    c.reserve(seq, t[16:24])  # the next chunk before the first is computed (24 in flight): nothing freed
     assert c.blocks_held(seq, 1) == 6
     c.computed(seq, 16)
     c.reserve(seq, t[24:28])

@@ -67,7 +67,7 @@ def test_handshake_on_the_wire_and_mismatches_named():
         kv.check_compatible(h, other.handshake(hash_seed=7))
     with pytest.raises(kv.LayoutMismatch, match="block_size"):
         kv.TransferPlanner(h, other.handshake(hash_seed=7))
-    with pytest.raises(kv.LayoutMismatch, match=r"hash_seed=0 \(limit 7\)"):
+    with pytest.raises(kv.LayoutMismatch, match=r"hash_seed=0x0 \(limit 0x7\)"):
         kv.check_compatible(h, p.handshake())
 
 

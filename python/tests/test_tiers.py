@@ -120,6 +120,45 @@ def test_bad_calls_are_typed_errors_that_change_nothing():
     tiers.check_invariants()
 
 
+def test_a_disk_load_completes_only_through_the_librarys_verification():
+    """Issue 62: complete() published a disk load whatever its bytes; a disk
+    tier without a host tier crashed."""
+    with pytest.raises(kv.InvalidArgument, match="a disk tier needs a host tier"):
+        kv.Tiers(host_blocks=0, disk_blocks=4)
+    tiers = kv.Tiers(host_blocks=2, disk_blocks=4, block_size=B)
+    layout = kv.DiskLayout(block_bytes=32, num_blocks=4, digest=kv.layout_digest(geometry()), align=64)
+    assert (layout.slot_bytes, layout.tail_bytes) == (128, 96)
+    chain = np.array([[11, 1], [12, 1]], dtype=np.uint64)
+    host = np.zeros((2, 32), dtype=np.uint8)
+    disk = np.zeros((4, layout.slot_bytes), dtype=np.uint8)  # the file, slot by slot
+    store = tiers.plan_store("device", "host", chain, np.array([1, 2], dtype=np.int32))
+    for src, dst, i in store.moves:
+        host[dst] = 40 + i  # the engine's copy: block i's bytes
+    tiers.complete(store.id)
+    behind = tiers.plan_store("host", "disk", chain, store.moves[:, 1])
+    for src, dst, i in behind.moves:  # the engine writes each host block and its sealed tail (pwritev)
+        disk[dst, :32] = host[src]
+        disk[dst, 32:] = layout.seal_tail(host[src], int(dst), tuple(int(x) for x in chain[i]))
+    tiers.complete(behind.id)
+    other = tiers.plan_store("device", "host", np.array([[31, 3], [32, 3]], dtype=np.uint64), np.array([3, 4], dtype=np.int32))
+    tiers.complete(other.id)  # host memory now holds only the other request's blocks
+    assert tiers.lookup(chain, 0, 3 * B) == (0, 0, 2, ["disk", "disk"])
+
+    stage = tiers.plan_load("disk", "host", chain)
+    disk[stage.moves[1, 0], 5] ^= 1  # a byte of block 1 flips on disk
+    landed = np.stack([disk[src, :32] for src, dst, i in stage.moves])  # the blocks as read into host memory
+    tails = np.stack([disk[src, 32:] for src, dst, i in stage.moves])
+    with pytest.raises(kv.InvalidArgument, match="complete_disk_load"):
+        tiers.complete(stage.id)
+    with pytest.raises(kv.InvalidArgument, match="blocks"):
+        tiers.complete_disk_load(stage, layout, landed[:, :8], tails)
+    assert tiers.complete_disk_load(stage, layout, landed, tails) == 1  # block 1 failed verification: a miss
+    assert tiers.lookup(chain, 0, 3 * B) == (0, 1, 0, ["host"])
+    with pytest.raises(kv.InvalidArgument, match="checksum=0x"):
+        layout.verify(disk[stage.moves[1, 0], :32], disk[stage.moves[1, 0], 32:], int(stage.moves[1, 0]), (12, 1))
+    tiers.check_invariants()
+
+
 def test_a_hybrid_cache_holds_blocks_too():
     groups = kv.LayerGroups([kv.LayerGroup("full", [0], num_kv_heads=2, head_dim=8),
                              kv.LayerGroup("sliding_window", [1], num_kv_heads=2, head_dim=8, window=8)], block_size=4)

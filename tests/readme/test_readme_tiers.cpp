@@ -4,11 +4,13 @@
 #include <catch2/catch.hpp>
 
 #include <kvcache/cache.hpp>
+#include <kvcache/tiers/disk_layout.hpp>
 #include <kvcache/tiers/tiers.hpp>
 
 #include <algorithm>
-
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <span>
 #include <vector>
 
@@ -17,11 +19,17 @@ using std::int32_t;
 using std::int64_t;
 
 namespace {
+// The engine of the tiers page: a block is 8 bytes (a uint64 of content), host
+// memory holds whole blocks, the disk file is sparse (slot images by slot).
 struct TiersPage {
+  kv::GeometrySpec spec{.num_layers = 1, .num_kv_heads = 1, .head_dim = 4, .block_size = 16};
+  int64_t block_bytes = 8;
   std::vector<kv::BlockHash> hashes;
   std::vector<int32_t> device_blocks, new_blocks;
   int64_t prompt_tokens = 8 * 16 + 5;
   std::vector<std::uint64_t> device = std::vector<std::uint64_t>(64), host = std::vector<std::uint64_t>(4096);
+  std::map<int32_t, std::vector<std::byte>> file;  // disk slot -> its image
+  std::map<int32_t, std::vector<std::byte>> tails;  // host slot -> the tail its last disk read brought
   TiersPage() {
     for (int32_t i = 0; i < 8; ++i) {
       hashes.push_back({std::uint64_t(1000 + i), 7});
@@ -30,16 +38,63 @@ struct TiersPage {
       device[std::size_t(1 + i)] = 0xabc0 + std::uint64_t(i);  // a block's content
     }
   }
+  std::span<std::byte> host_block(int32_t s) { return std::as_writable_bytes(std::span(&host[std::size_t(s)], 1)); }
   void copy_to_host(int32_t src, int32_t dst) { host[std::size_t(dst)] = device[std::size_t(src)]; }
   void copy_to_device(int32_t src, int32_t dst) { device[std::size_t(dst)] = host[std::size_t(src)]; }
+  // pwritev of the host block and its sealed tail.
+  void write_slot(const kv::DiskLayout& d, int32_t host_slot, int32_t disk_slot, const kv::BlockHash& h) {
+    std::vector<std::byte> tail(std::size_t(d.tail_bytes()));
+    REQUIRE(d.seal_tail(host_block(host_slot), tail, disk_slot, h).ok());
+    auto& image = file[disk_slot];
+    image.assign(host_block(host_slot).begin(), host_block(host_slot).end());
+    image.insert(image.end(), tail.begin(), tail.end());
+  }
+  // preadv into the host block and a tail buffer.
+  void read_slot(const kv::DiskLayout& d, int32_t disk_slot, int32_t host_slot) {
+    const auto& image = file.at(disk_slot);
+    std::copy_n(image.begin(), block_bytes, host_block(host_slot).begin());
+    tails[host_slot].assign(image.begin() + block_bytes, image.begin() + block_bytes + d.tail_bytes());
+  }
+  std::function<kv::LandedSlot(const kv::BlockMove&)> landed_slot = [this](const kv::BlockMove& m) {
+    return kv::LandedSlot{host_block(m.dst), tails.at(m.dst)};
+  };
+  // Other requests fill host memory: every block of the turn leaves it.
+  void other_traffic(kv::Tiers& tiers) {
+    std::vector<kv::BlockHash> others;
+    std::vector<int32_t> ids;
+    for (int32_t i = 0; i < 4096; ++i) others.push_back({std::uint64_t(50000 + i), 9}), ids.push_back(0);
+    const kv::TierJob j = tiers.plan_store(kv::Tier::device, kv::Tier::host, others, ids).value();
+    for (const kv::BlockMove& m : j.moves) host[std::size_t(m.dst)] = 0;
+    REQUIRE(tiers.complete(j.id).ok());
+  }
 };
 }  // namespace
 
-TEST_CASE_METHOD(TiersPage, "docs tiers: a finished request's blocks offloaded to host memory and onboarded on the next turn") {
+TEST_CASE_METHOD(TiersPage, "docs tiers: a finished request's blocks offloaded to host memory and disk, and onboarded on the next turn") {
 #include "snippets/tiers.inc"
-  CHECK(hit == kv::TierHits{.device = 0, .host = 8, .disk = 0});
-  CHECK(landed == 8);
-  for (int32_t i = 0; i < 8; ++i) CHECK(device[std::size_t(20 + i)] == 0xabc0 + std::uint64_t(i));
+  CHECK(file.size() == 8);
+  SECTION("from host memory") {
+#include "snippets/tiers_onboard.inc"
+    CHECK(hit == kv::TierHits{.device = 0, .host = 8, .disk = 0});
+    CHECK(landed == 8);
+    for (int32_t i = 0; i < 8; ++i) CHECK(device[std::size_t(20 + i)] == 0xabc0 + std::uint64_t(i));
+  }
+  SECTION("from disk, through host memory, verified") {
+    other_traffic(tiers);
+#include "snippets/tiers_onboard.inc"
+    CHECK(hit == kv::TierHits{.device = 0, .host = 0, .disk = 8});
+    CHECK(landed == 8);
+    for (int32_t i = 0; i < 8; ++i) CHECK(device[std::size_t(20 + i)] == 0xabc0 + std::uint64_t(i));
+  }
+  SECTION("a byte flipped on disk: the hit ends before that block") {
+    other_traffic(tiers);
+    file.at(tiers.disk().find(hashes[5]))[3] ^= std::byte{0x10};
+#include "snippets/tiers_onboard.inc"
+    CHECK(hit.disk == 8);
+    CHECK(landed == 5);  // blocks 0 .. 4; the engine computes from block 5
+    for (int32_t i = 0; i < 5; ++i) CHECK(device[std::size_t(20 + i)] == 0xabc0 + std::uint64_t(i));
+    CHECK(tiers.disk().find(hashes[5]) == -1);  // never offered again
+  }
   CHECK(tiers.jobs_in_flight() == 0);
   CHECK(tiers.check_invariants().ok());
 }

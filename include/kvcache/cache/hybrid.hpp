@@ -85,6 +85,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
     free_.pop_back();
     Seq& s = seqs_[i];
     s.live = true, s.sealed = false, s.reserved = s.computed = s.promised = 0, s.key = key, s.tokens.clear(), s.tokens_from = 0;
+    s.ahead = cfg_.prefill_chunk > 0 ? cfg_.prefill_chunk : cfg_.max_tokens;  // admit() and import() bound it by the prompt
     for (std::int32_t g = 0; g < groups(); ++g) published(g, i) = 0, chain(g, i) = chain_root(key);
     return SeqId{i, s.generation};
   }
@@ -99,7 +100,9 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
 
   /// Atomic admission: a new sequence with the longest prefix of `prompt`
   /// every group serves from the cache, and its next uncached tokens reserved
-  /// (all of them, or opt.reserve). All or nothing across groups: hit blocks
+  /// (all of them, or opt.reserve; by default at most the configured
+  /// prefill_chunk, and an explicit opt.reserve that would reserve more is
+  /// invalid_argument naming it). All or nothing across groups: hit blocks
   /// that are free but cached count as need, and every group's hits are
   /// retained before anything is allocated. slots: [groups][stride], stride =
   /// min(prompt length, opt.reserve): group g's slot of reserved token i at
@@ -114,7 +117,11 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
       return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), std::int64_t(groups()) * stride};
     if (free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", cfg_.max_sequences, cfg_.max_sequences};
     const std::int64_t h = match(prompt, opt.key);
-    const auto n = std::int32_t(std::min<std::int64_t>(stride, len - h));
+    auto n = std::int32_t(std::min<std::int64_t>(stride, len - h));
+    if (const std::int32_t chunk = cfg_.prefill_chunk; chunk > 0 && n > chunk) {
+      if (opt.reserve != INT32_MAX) return Status{Errc::invalid_argument, "reserve (past prefill_chunk)", opt.reserve, chunk};
+      n = chunk;  // the default: one chunk now, the rest through reserve()
+    }
     std::int64_t need = 0;
     for (std::int32_t g = 0; g < groups(); ++g) {
       const GroupRule& r = rows_[std::size_t(g)].rule();
@@ -139,6 +146,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
       if (h > 0) chain(g, id.index) = hits_.chain(g, s.key);
     }
     s.computed = s.reserved = s.tokens_from = h;
+    if (cfg_.prefill_chunk == 0) s.ahead = len;  // a whole prompt at once: what blocks_needed assumed
     grow(id.index, n, slots, stride);
     if (cfg_.prefix_caching) s.tokens.assign(prompt.begin() + h, prompt.begin() + h + n);
     return HybridAdmitResult{id, std::int32_t(h), n};
@@ -147,6 +155,9 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   /// The next tokens of sequence id (their ids: what computed() publishes),
   /// all or nothing across groups: what left each window (on computed tokens)
   /// is freed first and counts as room. slots: [groups][tokens.size()].
+  /// Tokens reserved and not computed stay within the configured
+  /// prefill_chunk (HybridConfig): more is invalid_argument naming n, with
+  /// how many more it may reserve now as the limit.
   Result<std::int32_t> reserve(SeqId id, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots) {
     return reserve_impl(id, std::int32_t(std::min<std::size_t>(tokens.size(), INT32_MAX)), tokens, slots, false);
   }
@@ -241,6 +252,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
     std::uint32_t generation = 0;
     bool live = false, sealed = false;  // sealed: an import's row (hybrid_imports.hpp), named by no call
     std::int64_t reserved = 0, computed = 0, promised = 0;
+    std::int64_t ahead = 0;  // the most tokens it may hold reserved and not computed (HybridConfig::prefill_chunk)
     PrefixKey key{};
     std::vector<std::int32_t> tokens;  // ids from tokens_from to reserved: what a later publish hashes
     std::int64_t tokens_from = 0;
@@ -288,6 +300,8 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
     if (std::int64_t(slots.size()) < std::int64_t(groups()) * n)
       return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), std::int64_t(groups()) * n};
     const std::int64_t done = advance ? s.reserved : s.computed;
+    if (s.reserved + n - done > s.ahead)  // the pool was sized, and every admission promised, for this bound
+      return Status{Errc::invalid_argument, "n (past prefill_chunk: reserved, not computed)", n, s.ahead - (s.reserved - done)};
     const bool in_place = fits_in_place(id.index, n, done);  // the common decode step: no group frees or allocates
     if (!in_place) {
       std::int64_t need = 0, freeable = 0;

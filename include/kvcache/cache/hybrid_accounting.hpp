@@ -26,9 +26,13 @@ struct HybridConfig {
   std::int32_t num_blocks = 0;  ///< Pool pages, the null block included (hybrid_pool_blocks sizes it).
   std::int32_t max_sequences = 0;  ///< Live sequences at once.
   std::int32_t max_tokens = 0;  ///< Tokens per sequence at most (the model's length).
-  /// The most tokens a sequence has reserved and not yet computed (the
-  /// scheduler's prefill chunk; 0: a whole prompt at once). Window and chunk
-  /// groups hold at most W - 1 + this; admission and pool sizing both read it.
+  /// The most tokens a sequence may hold reserved and not yet computed (the
+  /// scheduler's prefill chunk), enforced: a reserve or advance past it is
+  /// invalid_argument, and admit()'s default reserve stops at it. 0: a whole
+  /// prompt at once (a sequence admitted or imported may hold its prompt's
+  /// length in flight; one from add_sequence() is not bounded). A window
+  /// group holds at most W - 1 + this tokens, a chunk group C - 1 + this;
+  /// admission (blocks_needed) and pool sizing (hybrid_pool_blocks) read the same bound.
   std::int32_t prefill_chunk = 0;
   bool prefix_caching = true;  ///< Publish full computed blocks and serve hits.
 };
@@ -130,7 +134,10 @@ class HybridAccounting {
     }
     return owed;
   }
-  /// Requests of max_len tokens the whole pool holds at once (vLLM's max concurrency).
+  /// Requests of max_len tokens the whole pool holds at once: (num_blocks -
+  /// 1) / blocks_needed(max_len, 0), the null block not counted. (vLLM's
+  /// get_max_concurrency_for_kv_cache_config counts it, and returns a float:
+  /// 3.0 for 387 blocks of 129-block requests, where this says 2.)
   std::int64_t max_concurrency(std::int64_t max_len) const noexcept {
     auto need = blocks_needed(max_len, 0);
     return need.ok() && *need > 0 ? (self().pool_.capacity() - 1) / *need : 0;
@@ -167,12 +174,16 @@ class HybridAccounting {
       const auto& s = self().seqs_[i];
       if (!s.live) continue;
       if (s.computed > s.reserved || s.reserved > self().cfg_.max_tokens) return Status{Errc::invariant_violated, "tokens", i, s.reserved};
+      // Within the bound admission and pool sizing assumed (an import's row holds what its peer computed).
+      if (!s.sealed && s.reserved - s.computed > s.ahead) return Status{Errc::invariant_violated, "tokens in flight", i, s.ahead};
       for (std::int32_t g = 0; g < self().groups(); ++g) {
         const auto& rows = self().rows_[std::size_t(g)];
         const GroupRule& r = rows.rule();
         const auto row = rows.row(i);
         const std::int64_t want = r.caches() ? r.blocks_for(s.reserved) : (row.empty() ? 0 : r.blocks_for(r.span));
         if (std::int64_t(row.size()) != want) return Status{Errc::invariant_violated, "row_length", g, std::int64_t(row.size())};
+        if (const std::int64_t live = rows.live(i); live > r.max_blocks(self().cfg_.max_tokens, s.ahead))
+          return Status{Errc::invariant_violated, "blocks past the group's bound", g, live};
         for (std::size_t j = 0; j < row.size(); ++j) {
           const bool live = std::int32_t(j) >= rows.first_live(i);
           if (live != (row[j] != BlockPool::null_block)) return Status{Errc::invariant_violated, "row_entry", g, std::int64_t(j)};

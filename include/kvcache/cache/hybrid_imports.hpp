@@ -103,6 +103,7 @@ class HybridImports {
     }
     s.computed = s.tokens_from = h;
     s.reserved = len;
+    if (c.cfg_.prefill_chunk == 0) s.ahead = len;  // as admit(): after an abort, the recompute is the prompt's
     s.promised = promise;
     s.sealed = true;
     if (c.cfg_.prefix_caching) s.tokens.assign(prompt.begin() + h, prompt.end());

@@ -139,17 +139,23 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
     if (opt.max_new >= 0) prefix_.promise(s.index, plan->lifetime);
     (void)PageTableEdits::append_fresh(table_, pool_, s, n, blocks);  // the plan checked room and blocks
     PageTableEdits::seal(table_, s);  // no call names the row until commit or abort, a guessed handle neither
-    return ImportPlan{imports_.add(s, std::int32_t(prompt.size()), cached), cached, plan->hit.blocks, plan->fresh};
+    const BlockHash digest = prompt_digest(hasher_, prompt, opt.key, opt.extras);
+    return ImportPlan{imports_.add(s, std::int32_t(prompt.size()), cached, 0, digest), cached, plan->hit.blocks, plan->fresh};
   }
   /// The transfer of import `id` landed: its blocks are published from
-  /// `prompt` (the same tokens) and the sequence is handed out. unknown_job
-  /// for an id not in flight; invalid_argument for a prompt of another length.
+  /// `prompt` and the sequence is handed out. The prompt and extras must be
+  /// the ones imported (the import kept their digest): other tokens would
+  /// publish the peer's K/V under another prompt's hashes. unknown_job for an
+  /// id not in flight; invalid_argument naming prompt.size for another
+  /// length, "prompt (not the tokens imported)" for other tokens or extras.
   Result<ImportCommit> commit_import(std::uint64_t id, std::span<const std::int32_t> prompt,
                                      std::span<const ExtraKey> extras = {}) noexcept {
     auto e = imports_.find(id);
     if (!e) return e.status();
     if (std::int64_t(prompt.size()) != e->tokens) return Status{Errc::invalid_argument, "prompt.size", std::int64_t(prompt.size()), e->tokens};
     if (auto st = PrefixSharing::check_extras(extras); !st) return st;
+    if (prompt_digest(hasher_, prompt, table_.key_unchecked(e->seq), extras) != e->digest)
+      return Status{Errc::invalid_argument, "prompt (not the tokens imported)", std::int64_t(prompt.size()), e->tokens};
     PageTableEdits::unseal(table_, e->seq);
     auto published = publish(e->seq, prompt, extras);  // checked: it cannot fail now
     imports_.remove(id);

@@ -76,14 +76,17 @@ struct GroupRule {
   /// The most blocks a row holds over a request of `length` tokens, with at
   /// most `in_flight` tokens reserved beyond those processed (the prefill
   /// chunk; 1 when decoding). A window holds W - 1 + in_flight tokens plus one
-  /// block for where they start in a block; a chunk C - 1 + in_flight.
+  /// block for where they start in a block; a chunk C - 1 + in_flight, from
+  /// the chunk's first position: a block boundary when C is a multiple of the
+  /// block size (vLLM's bound then), else one block more for the offset.
   constexpr std::int64_t max_blocks(std::int64_t length, std::int64_t in_flight) const noexcept {
     switch (kind) {
       case AttentionKind::cross: return blocks_for(span);
       case AttentionKind::sliding_window:
       case AttentionKind::chunked_local: {
         const std::int64_t c = std::clamp<std::int64_t>(in_flight, 1, std::max<std::int64_t>(length, 1));
-        return std::min(blocks_for(length), blocks_for(std::min(length, span - 1 + c)) + 1);
+        const bool offset = kind == AttentionKind::sliding_window || mod(span) != 0;
+        return std::min(blocks_for(length), blocks_for(std::min(length, span - 1 + c)) + (offset ? 1 : 0));
       }
       default: return blocks_for(length);
     }

@@ -31,6 +31,12 @@ KVCACHE_BEGIN_NAMESPACE
 ///   cross           the `encoder_len` encoder tokens, stored once per sequence
 enum class AttentionKind : std::uint8_t { full, sliding_window, chunked_local, mla, cross };
 
+/// An AttentionKind's name ("sliding_window"), for messages (Status::named); "?" outside the enum.
+constexpr const char* attention_kind_name(std::int64_t k) noexcept {
+  constexpr const char* names[] = {"full", "sliding_window", "chunked_local", "mla", "cross"};
+  return k >= 0 && k <= 4 ? names[k] : "?";
+}
+
 /// One group: its kind, its layers (indices into the model's), and the shape of one token of one layer.
 struct LayerGroupSpec {
   AttentionKind kind = AttentionKind::full;  ///< What its queries read.

@@ -4,12 +4,16 @@
 // mean: geometry, dtype, block size), the slot's own index and a checksum of
 // the bytes. Slots are a multiple of the alignment (4 KiB by default), so the
 // engine can read and write them with O_DIRECT. Before a disk block is used
-// the engine verifies it in host memory: a flipped byte, a torn write, a
-// block written to another slot or by another layout is a miss, never wrong
-// KV. The engine does the I/O (pread/pwrite, io_uring) on its own threads;
-// this header only says where and checks what came back.
+// the library verifies it in host memory (Tiers::complete_disk_load runs
+// verify on every slot a load read): a flipped byte, a torn write, a block
+// written to another slot or by another layout is a miss, never wrong KV.
+// The engine does the I/O (pread/pwrite, preadv/pwritev, io_uring) on its
+// own threads, straight between the file and the host tier's blocks: the
+// trailer-only forms take the block's bytes and the slot's tail apart, so
+// no bounce buffer is needed. This header only says where and checks what came back.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -85,6 +89,15 @@ struct DiskTrailer {
 };
 static_assert(sizeof(DiskTrailer) == 64);
 
+/// A disk slot as it landed in host memory: the block's bytes (wherever the
+/// engine read them to: the host tier's block) and the slot's tail (its
+/// tail_bytes() after the payload, padding and trailer, or just the trailer's
+/// last trailer_bytes).
+struct LandedSlot {
+  std::span<const std::byte> payload{};  ///< The block's bytes: block_bytes() of them.
+  std::span<const std::byte> tail{};  ///< The slot's tail, or its trailer alone.
+};
+
 /// Where each slot of the disk file lives, and the sealing and checking of a slot's image.
 class DiskLayout {
  public:
@@ -115,36 +128,59 @@ class DiskLayout {
   std::int64_t file_bytes() const noexcept { return slot_ * blocks_; }  ///< What to preallocate (fallocate).
   std::int64_t offset(std::int32_t slot) const noexcept { return slot_ * slot; }  ///< Slot's byte offset.
   std::uint64_t digest() const noexcept { return digest_; }  ///< The writer's layout digest.
+  std::int64_t tail_bytes() const noexcept { return slot_ - payload_; }  ///< A slot's bytes after the payload: padding and trailer.
 
   /// Seals a slot image whose first block_bytes() hold the block: zeroes the
   /// padding and writes the trailer for `slot` and hash h.
   Status seal(std::span<std::byte> image, std::int32_t slot, const BlockHash& h) const noexcept {
     if (auto st = shape(image.size(), slot); !st) return st;
-    std::memset(image.data() + payload_, 0, std::size_t(slot_ - payload_ - trailer_bytes));
+    return seal_tail(image.first(std::size_t(payload_)), image.subspan(std::size_t(payload_), std::size_t(tail_bytes())), slot, h);
+  }
+  /// seal() with the block's bytes where they are (the host tier's block) and
+  /// the slot's tail apart (tail_bytes(): padding zeroed, then the trailer):
+  /// the engine writes the slot with one pwritev of the two, no bounce copy.
+  Status seal_tail(std::span<const std::byte> payload, std::span<std::byte> tail, std::int32_t slot, const BlockHash& h) const noexcept {
+    if (slot < 0 || slot >= blocks_) return Status{Errc::invalid_argument, "slot", slot, blocks_ - 1};
+    if (std::int64_t(payload.size()) < payload_) return Status{Errc::buffer_too_small, "payload", std::int64_t(payload.size()), payload_};
+    if (std::int64_t(tail.size()) < tail_bytes()) return Status{Errc::buffer_too_small, "tail", std::int64_t(tail.size()), tail_bytes()};
+    const std::int64_t pad = tail_bytes() - trailer_bytes;
+    if (pad < 0) return Status{Errc::invariant_violated, "tail_bytes", tail_bytes(), trailer_bytes};  // make() rules it out
+    std::fill_n(tail.begin(), pad, std::byte{0});
     DiskTrailer t{DiskTrailer::kMagic, h.lo, h.hi, digest_, std::uint64_t(slot), std::uint64_t(payload_),
-                  checksum64(image.first(std::size_t(payload_))), 0};
+                  checksum64(payload.first(std::size_t(payload_))), 0};
     t.self = self_check(t);
-    std::memcpy(image.data() + slot_ - trailer_bytes, &t, sizeof t);
+    std::memcpy(tail.data() + tail_bytes() - trailer_bytes, &t, sizeof t);
     return {};
   }
 
   /// Whether an image read back from `slot` holds block `expected`, intact:
   /// invalid_argument naming what differs ("trailer", "digest", "slot",
-  /// "hash", "checksum"); the engine then treats the block as a miss.
+  /// "hash", "checksum"); the block is then a miss.
   Status verify(std::span<const std::byte> image, std::int32_t slot, const BlockHash& expected) const noexcept {
-    auto t = trailer(image, slot);
+    if (auto st = shape(image.size(), slot); !st) return st;
+    return verify(image.first(std::size_t(payload_)), image.subspan(std::size_t(payload_), std::size_t(tail_bytes())), slot, expected);
+  }
+  /// verify() of a slot read back in two pieces (one preadv: the block's
+  /// bytes into the host tier's block, the tail into a small buffer): `tail`
+  /// is the slot's tail_bytes() or only its last trailer_bytes.
+  Status verify(std::span<const std::byte> payload, std::span<const std::byte> tail, std::int32_t slot,
+                const BlockHash& expected) const noexcept {
+    if (std::int64_t(payload.size()) < payload_) return Status{Errc::buffer_too_small, "payload", std::int64_t(payload.size()), payload_};
+    auto t = trailer(tail, slot);
     if (!t) return t.status();
-    if (t->hash_lo != expected.lo || t->hash_hi != expected.hi) return Status{Errc::invalid_argument, "hash", std::int64_t(t->hash_lo), std::int64_t(expected.lo)};
-    if (const std::uint64_t c = checksum64(image.first(std::size_t(payload_))); c != t->checksum)
-      return Status{Errc::invalid_argument, "checksum", std::int64_t(c), std::int64_t(t->checksum)};
+    if (t->hash_lo != expected.lo || t->hash_hi != expected.hi)
+      return Status{Errc::invalid_argument, "hash", std::int64_t(t->hash_lo), std::int64_t(expected.lo)}.hex();
+    if (const std::uint64_t c = checksum64(payload.first(std::size_t(payload_))); c != t->checksum)
+      return Status{Errc::invalid_argument, "checksum", std::int64_t(c), std::int64_t(t->checksum)}.hex();
     return {};
   }
 
   /// The hash an intact trailer of `slot` names (rebuilding the disk tier's
-  /// index after a restart; verify() the payload before use); an error when
-  /// the slot was never sealed, or by another layout.
+  /// index after a restart; every load of it is still verified); an error
+  /// when the slot was never sealed, or by another layout.
   Result<BlockHash> sealed_hash(std::span<const std::byte> image, std::int32_t slot) const noexcept {
-    auto t = trailer(image, slot);
+    if (auto st = shape(image.size(), slot); !st) return st;
+    auto t = trailer(image.subspan(std::size_t(payload_), std::size_t(tail_bytes())), slot);
     if (!t) return t.status();
     return BlockHash{t->hash_lo, t->hash_hi};
   }
@@ -158,12 +194,16 @@ class DiskLayout {
     if (std::int64_t(bytes) < slot_) return Status{Errc::buffer_too_small, "image", std::int64_t(bytes), slot_};
     return {};
   }
-  Result<DiskTrailer> trailer(std::span<const std::byte> image, std::int32_t slot) const noexcept {
-    if (auto st = shape(image.size(), slot); !st) return st;
+  // The trailer at the end of `tail` (a slot's tail, or the trailer alone), checked against this layout and slot.
+  Result<DiskTrailer> trailer(std::span<const std::byte> tail, std::int32_t slot) const noexcept {
+    if (slot < 0 || slot >= blocks_) return Status{Errc::invalid_argument, "slot", slot, blocks_ - 1};
+    if (std::int64_t(tail.size()) != tail_bytes() && std::int64_t(tail.size()) != trailer_bytes)
+      return Status{Errc::invalid_argument, "tail (tail_bytes, or the trailer's 64)", std::int64_t(tail.size()), tail_bytes()};
     DiskTrailer t;
-    std::memcpy(&t, image.data() + slot_ - trailer_bytes, sizeof t);
-    if (t.magic != DiskTrailer::kMagic || t.self != self_check(t)) return Status{Errc::invalid_argument, "trailer", std::int64_t(t.magic), 0};
-    if (t.digest != digest_) return Status{Errc::invalid_argument, "digest", std::int64_t(t.digest), std::int64_t(digest_)};
+    std::memcpy(&t, tail.data() + tail.size() - sizeof t, sizeof t);
+    if (t.magic != DiskTrailer::kMagic || t.self != self_check(t))
+      return Status{Errc::invalid_argument, "trailer", std::int64_t(t.magic), std::int64_t(DiskTrailer::kMagic)}.hex();
+    if (t.digest != digest_) return Status{Errc::invalid_argument, "digest", std::int64_t(t.digest), std::int64_t(digest_)}.hex();
     if (t.slot != std::uint64_t(slot) || t.bytes != std::uint64_t(payload_))
       return Status{Errc::invalid_argument, "slot", std::int64_t(t.slot), slot};
     return t;

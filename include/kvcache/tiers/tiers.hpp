@@ -8,7 +8,9 @@
 // job holds what it touches: the blocks it reads are pinned (no store
 // recycles them) and the blocks it fills are invisible to lookups. A failure
 // never publishes a hash. A disk block reaches the device only through host
-// memory, where the engine verifies it (disk_layout.hpp) before it is used.
+// memory, and a disk load completes only through complete_disk_load(),
+// which checks every slot's trailer and checksum (disk_layout.hpp) before it
+// publishes the block: no path publishes disk bytes the library did not check.
 //
 // Device blocks are the engine's: a store from the device reads blocks the
 // engine keeps alive until complete(), and a load into the device writes
@@ -20,6 +22,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -27,6 +30,7 @@
 #include "kvcache/config.hpp"
 #include "kvcache/events.hpp"
 #include "kvcache/status.hpp"
+#include "kvcache/tiers/disk_layout.hpp"
 #include "kvcache/tiers/tier_pool.hpp"
 #include "kvcache/tiers/write_policy.hpp"
 
@@ -35,7 +39,7 @@ KVCACHE_BEGIN_NAMESPACE
 /// Where a block lives: device memory (the cache's pool), pinned host memory, a disk file.
 enum class Tier : std::uint8_t { device, host, disk };
 
-/// The tiers' sizes. A tier of 0 blocks is absent.
+/// The tiers' sizes. A tier of 0 blocks is absent; a disk tier needs a host tier.
 struct TiersConfig {
   std::int32_t host_blocks = 0;  ///< Blocks of pinned host memory the engine allocated.
   std::int32_t disk_blocks = 0;  ///< Blocks of the disk file.
@@ -44,11 +48,13 @@ struct TiersConfig {
   std::int32_t event_capacity = 0;  ///< Events kept per tier (0: none).
 };
 
-/// How far a prompt's chain of block hashes is cached, by the fastest tier holding each block.
+/// How far a prompt's chain of block hashes is cached: the hit is its
+/// first blocks() blocks, each served by the fastest tier holding it.
+/// Disk blocks may sit between host ones (lookup()'s `where` says which).
 struct TierHits {
   std::int32_t device = 0;  ///< Leading blocks in the device cache (the caller's count).
-  std::int32_t host = 0;  ///< Blocks after them served from host memory.
-  std::int32_t disk = 0;  ///< Blocks after them served only from disk.
+  std::int32_t host = 0;  ///< Blocks of the hit after them that host memory holds.
+  std::int32_t disk = 0;  ///< Blocks of the hit after them that only disk holds (staged through host memory).
   std::int32_t blocks() const noexcept { return device + host + disk; }  ///< The whole hit.
   friend constexpr bool operator==(const TierHits&, const TierHits&) = default;
 };
@@ -82,10 +88,10 @@ class Tiers {
 
   const TiersConfig& config() const noexcept { return cfg_; }  ///< The configuration.
   bool has(Tier t) const noexcept { return t == Tier::device || tier(t) != nullptr; }  ///< Whether tier t exists.
-  /// The host tier's blocks (host memory must exist: has(Tier::host)).
-  const TierPool& host() const noexcept { return *host_; }
-  /// The disk tier's blocks (has(Tier::disk)).
-  const TierPool& disk() const noexcept { return *disk_; }
+  /// The host tier's blocks; std::bad_optional_access when there is none (has(Tier::host) false).
+  const TierPool& host() const { return host_.value(); }
+  /// The disk tier's blocks; std::bad_optional_access when there is none (has(Tier::disk) false).
+  const TierPool& disk() const { return disk_.value(); }
   std::int32_t jobs_in_flight() const noexcept { return std::int32_t(jobs_.size()); }  ///< Jobs planned, not completed.
   std::uint32_t epoch() const noexcept { return epoch_; }  ///< Resets so far.
 
@@ -94,7 +100,10 @@ class Tiers {
   /// match), then each next block from host memory when it is there, else
   /// from disk, until neither has it. Blocks being stored are not found. At
   /// most (prompt_tokens - 1) / block_size blocks: the last prompt token is
-  /// always computed. where[i] is block i's tier. No side effects.
+  /// always computed. where[i] is block i's tier; TierHits counts them. To
+  /// onboard the hit, the engine stages its disk blocks with one
+  /// plan_load(disk, host, hit) (it skips, and pins, those host memory
+  /// holds), then loads all of them with plan_load(host, device, ...). No side effects.
   Result<TierHits> lookup(std::span<const BlockHash> chain, std::int32_t device_blocks, std::int64_t prompt_tokens,
                           std::span<Tier> where) const noexcept {
     if (prompt_tokens < 1) return Status{Errc::invalid_argument, "prompt_tokens", prompt_tokens, 1};
@@ -146,28 +155,34 @@ class Tiers {
   /// host memory). Each source is found by its hash now: the plan ends at the
   /// first block no longer there (a hit evicted since lookup()), so it may be
   /// shorter than chain, or empty. Sources are pinned until complete(). Into
-  /// the device, dst[i] is the device block the engine reserved for chain[i];
-  /// into host, target slots are taken as for a store (blocks host memory
-  /// holds or is receiving are skipped: two requests load a block once).
+  /// the device, dst[i] is the device block the engine reserved for chain[i].
+  /// Into host (staging a disk hit), target slots are taken as for a store;
+  /// blocks host memory already holds or is receiving are skipped, not an
+  /// end (two requests load a block once), and the ones it holds stay pinned
+  /// until the job completes, so that after it every block of the plan is in
+  /// host memory for the host-to-device load. A disk load completes through
+  /// complete_disk_load(), which verifies each slot.
   Result<TierJob> plan_load(Tier from, Tier to, std::span<const BlockHash> chain, std::span<const std::int32_t> dst = {},
                             const BlockHash& parent = {}) {
     if (!(from == Tier::host && to == Tier::device) && !(from == Tier::disk && to == Tier::host))
       return Status{Errc::invalid_argument, "route (loads go host to device, disk to host)", std::int64_t(from) * 3 + std::int64_t(to), 0};
     if (!has(from)) return Status{Errc::invalid_argument, "from (no such tier)", std::int64_t(from), 0};
+    if (!has(to)) return Status{Errc::invalid_argument, "to (no such tier)", std::int64_t(to), 0};
     if (to == Tier::device && dst.size() != chain.size())
       return Status{Errc::invalid_argument, "dst (one device block per chain block)", std::int64_t(dst.size()), std::int64_t(chain.size())};
     if (auto st = room_for_job(); !st) return st;
     TierPool& src_tier = *tier(from);
     scratch_.clear();
     for (const BlockHash& h : chain) {
-      const std::int32_t s = src_tier.find(h);
-      if (s < 0) break;
+      const bool staged = to == Tier::host && (host_->find(h) >= 0 || host_->filling(h));  // no read: skipped below
+      const std::int32_t s = staged ? -1 : src_tier.find(h);
+      if (s < 0 && !staged) break;
       scratch_.push_back(s);
     }
     const std::span<const BlockHash> found = chain.first(scratch_.size());
     if (to == Tier::host) {
       const std::vector<std::int32_t> src(scratch_.begin(), scratch_.end());
-      return plan_into(*host_, from, to, found, src, parent, {});
+      return plan_into(*host_, from, to, found, src, parent, {}, true);
     }
     Job& j = new_job(from, to);
     for (std::size_t i = 0; i < found.size(); ++i) {
@@ -189,30 +204,43 @@ class Tiers {
   /// costs a recompute, a wrong one would serve wrong KV).
   /// Returns the leading moves that landed: into the device, the engine
   /// publishes those blocks and recomputes from the first failure on.
+  /// A disk load (disk to host) completes through complete_disk_load():
+  /// invalid_argument naming the job here.
   Result<std::int32_t> complete(std::uint64_t id, std::span<const std::int32_t> failed = {}) {
-    const auto it = jobs_.find(id);
-    if (it == jobs_.end() || std::uint32_t(id >> 32) != epoch_) return Status{Errc::unknown_job, "job", std::int64_t(id & 0xffffffffu), epoch_};
-    Job& j = it->second;
-    const auto n = std::int32_t(j.moves.size());
-    std::int32_t lead = n;
-    for (const std::int32_t f : failed) {
-      if (f < 0 || f >= n) return Status{Errc::invalid_argument, "failed (a move index)", f, n - 1};
-      lead = std::min(lead, f);
+    auto j = failed_moves(id, failed);
+    if (!j) return j.status();
+    if ((*j)->second.from == Tier::disk)
+      return Status{Errc::invalid_argument, "job (a disk load: complete_disk_load checks its slots)", std::int64_t(id & 0xffffffffu), 0};
+    return finish(*j);
+  }
+
+  /// The engine ran disk load `id` (plan_load(disk, host, ...)): every move
+  /// but those at the indices in `failed` was read, and landed(move) gives
+  /// where its slot landed in host memory (a LandedSlot: the block's bytes,
+  /// which the host tier's block now holds, and the slot's tail or trailer).
+  /// The library verifies each read slot against `layout` (its trailer, the
+  /// block's hash, this slot, the checksum of the bytes): one that fails is
+  /// treated as a failed move, never published, and dropped from the disk
+  /// tier. Returns the leading moves that landed intact. unknown_job as
+  /// complete(); invalid_argument for a job that is not a disk load, a
+  /// failed index outside the job, or a layout with fewer slots than the disk tier.
+  template <class Landed>
+    requires std::is_invocable_r_v<LandedSlot, Landed&, const BlockMove&>
+  Result<std::int32_t> complete_disk_load(std::uint64_t id, const DiskLayout& layout, Landed&& landed,
+                                          std::span<const std::int32_t> failed = {}) {
+    auto j = failed_moves(id, failed);
+    if (!j) return j.status();
+    Job& job = (*j)->second;
+    if (job.from != Tier::disk)
+      return Status{Errc::invalid_argument, "job (not a disk load: complete() takes it)", std::int64_t(id & 0xffffffffu), 0};
+    if (layout.num_blocks() < disk_->capacity())
+      return Status{Errc::invalid_argument, "layout.num_blocks (the disk tier's slots)", layout.num_blocks(), disk_->capacity()};
+    for (std::size_t i = 0; i < job.moves.size(); ++i) {
+      if (bad_[i]) continue;
+      const LandedSlot x = landed(job.moves[i]);
+      bad_[i] = !layout.verify(x.payload, x.tail, job.moves[i].src, job.hashes[i]).ok();
     }
-    if (TierPool* t = tier(j.to)) {
-      std::vector<char> bad(std::size_t(n), 0);
-      for (const std::int32_t f : failed) bad[std::size_t(f)] = 1;
-      for (std::int32_t i = n - 1; i >= 0; --i) {  // the chain's head ends most recent in the LRU
-        const BlockMove& m = j.moves[std::size_t(i)];
-        if (bad[std::size_t(i)]) t->abort_store(m.dst, j.hashes[std::size_t(i)]);
-        else t->commit_store(m.dst, j.hashes[std::size_t(i)], j.parents[std::size_t(i)]);
-      }
-    }
-    if (TierPool* s = tier(j.from); s && (j.to == Tier::device || j.from == Tier::disk))
-      for (const std::int32_t f : failed) s->forget(j.moves[std::size_t(f)].src);
-    release_sources(j);
-    jobs_.erase(it);
-    return lead;
+    return finish(*j);
   }
 
   /// Moves up to out.size() of tier t's pending block events into out, oldest
@@ -253,11 +281,14 @@ class Tiers {
       if (auto st = p->check(); !st) return st;
       std::vector<std::int32_t> holds(std::size_t(p->capacity()), 0);
       std::int32_t fills = 0;
-      for (const auto& [id, j] : jobs_)
+      for (const auto& [id, j] : jobs_) {
         for (const BlockMove& m : j.moves) {
           if (j.from == t) ++holds[std::size_t(m.src)];
           if (j.to == t) ++holds[std::size_t(m.dst)], ++fills;
         }
+        if (j.to == t)
+          for (const std::int32_t s : j.pins) ++holds[std::size_t(s)];
+      }
       for (std::int32_t s = 0; s < p->capacity(); ++s)
         if (holds[std::size_t(s)] != p->holders(s)) return Status{Errc::invariant_violated, "tier holders", s, p->holders(s)};
       if (fills != p->num_filling()) return Status{Errc::invariant_violated, "tier fills", fills, p->num_filling()};
@@ -277,6 +308,7 @@ class Tiers {
                              const BlockHash& parent, std::span<const BlockHash> parents) {
     if (!(from == Tier::device && to == Tier::host) && !(from == Tier::host && to == Tier::disk))
       return Status{Errc::invalid_argument, "route (stores go device to host, host to disk)", std::int64_t(from) * 3 + std::int64_t(to), 0};
+    if (!has(from)) return Status{Errc::invalid_argument, "from (no such tier)", std::int64_t(from), 0};
     if (!has(to)) return Status{Errc::invalid_argument, "to (no such tier)", std::int64_t(to), 0};
     if (src.size() != chain.size()) return Status{Errc::invalid_argument, "src (one per chain block)", std::int64_t(src.size()), std::int64_t(chain.size())};
     if (auto st = room_for_job(); !st) return st;
@@ -291,6 +323,7 @@ class Tiers {
     Tier from = Tier::device, to = Tier::host;
     std::vector<BlockMove> moves;
     std::vector<BlockHash> hashes, parents;  // of each move's block
+    std::vector<std::int32_t> pins;  // target blocks a staging load skipped, pinned until it completes
     std::int32_t skipped = 0;
     friend bool operator==(const Job&, const Job&) = default;
   };
@@ -302,6 +335,8 @@ class Tiers {
     if (c.disk_blocks < 0) fail("disk_blocks", c.disk_blocks, 0);
     if (c.block_size < 1) fail("block_size", c.block_size, 1);
     if (c.max_jobs < 1) fail("max_jobs", c.max_jobs, 1);
+    if (c.disk_blocks > 0 && c.host_blocks == 0)
+      fail("disk_blocks (a disk tier needs a host tier: disk blocks reach the device through host memory)", c.disk_blocks, 0);
     return c;
   }
   static std::optional<TierPool> make_tier(Medium m, std::int32_t n, std::int32_t events) {
@@ -326,8 +361,10 @@ class Tiers {
   // A store or a disk-to-host load into tier t: skip what t holds or is
   // receiving, pin the sources (host or disk), all-or-nothing on t's room.
   // Each block's parent: parents[i], or (none given) the chain's previous hash.
+  // keep_pins (a staging load): the blocks t holds stay pinned until the job completes.
   Result<TierJob> plan_into(TierPool& t, Tier from, Tier to, std::span<const BlockHash> chain,
-                            std::span<const std::int32_t> src, const BlockHash& parent, std::span<const BlockHash> parents) {
+                            std::span<const std::int32_t> src, const BlockHash& parent, std::span<const BlockHash> parents,
+                            bool keep_pins = false) {
     // The blocks t already holds are pinned while the rest are allocated, so
     // the allocation cannot recycle a block this plan counts on.
     held_.clear();
@@ -354,12 +391,53 @@ class Tiers {
       j.parents.push_back(!parents.empty() ? parents[i] : i == 0 ? parent : chain[i - 1]);
     }
     j.skipped = std::int32_t(chain.size() - j.moves.size());
-    for (auto it = held_.rbegin(); it != held_.rend(); ++it) t.unpin(*it);  // the chain's head ends most recent
+    if (keep_pins) j.pins.assign(held_.begin(), held_.end());
+    else
+      for (auto it = held_.rbegin(); it != held_.rend(); ++it) t.unpin(*it);  // the chain's head ends most recent
     return view(j);
   }
   void release_sources(const Job& j) noexcept {
     if (TierPool* s = tier(j.from))
       for (auto it = j.moves.rbegin(); it != j.moves.rend(); ++it) s->unpin(it->src);  // the head ends most recent
+    if (TierPool* t = tier(j.to))
+      for (auto it = j.pins.rbegin(); it != j.pins.rend(); ++it) t->unpin(*it);
+  }
+  // complete()'s and complete_disk_load()'s checks: the job in flight, and
+  // bad_[i] set for each failed move (a valid index, each at most once).
+  Result<std::unordered_map<std::uint64_t, Job>::iterator> failed_moves(std::uint64_t id, std::span<const std::int32_t> failed) {
+    const auto it = jobs_.find(id);
+    if (it == jobs_.end() || std::uint32_t(id >> 32) != epoch_) return Status{Errc::unknown_job, "job", std::int64_t(id & 0xffffffffu), epoch_};
+    const auto n = std::int32_t(it->second.moves.size());
+    bad_.assign(std::size_t(n), 0);
+    for (const std::int32_t f : failed) {
+      if (n == 0) return Status{Errc::invalid_argument, "failed (the job has no moves)", f, 0};
+      if (f < 0 || f >= n) return Status{Errc::invalid_argument, "failed (a move index)", f, n - 1};
+      if (bad_[std::size_t(f)]) return Status{Errc::invalid_argument, "failed (an index listed twice)", f, n - 1};
+      bad_[std::size_t(f)] = 1;
+    }
+    return it;
+  }
+  // The job's moves landed but those bad_ marks: stored blocks are published
+  // (failed ones go back free), a load's failed sources are dropped from
+  // their tier, pins end. Returns the leading moves that landed.
+  std::int32_t finish(std::unordered_map<std::uint64_t, Job>::iterator it) {
+    Job& j = it->second;
+    const auto n = std::int32_t(j.moves.size());
+    std::int32_t lead = 0;
+    while (lead < n && !bad_[std::size_t(lead)]) ++lead;
+    if (TierPool* t = tier(j.to))
+      for (std::int32_t i = n - 1; i >= 0; --i) {  // the chain's head ends most recent in the LRU
+        const BlockMove& m = j.moves[std::size_t(i)];
+        if (bad_[std::size_t(i)]) t->abort_store(m.dst, j.hashes[std::size_t(i)]);
+        else t->commit_store(m.dst, j.hashes[std::size_t(i)], j.parents[std::size_t(i)]);
+      }
+    // A block that could not be read back intact is not offered again.
+    if (TierPool* s = tier(j.from); s && (j.to == Tier::device || j.from == Tier::disk))
+      for (std::int32_t i = 0; i < n; ++i)
+        if (bad_[std::size_t(i)]) s->forget(j.moves[std::size_t(i)].src);
+    release_sources(j);
+    jobs_.erase(it);
+    return lead;
   }
 
   TiersConfig cfg_;
@@ -367,6 +445,7 @@ class Tiers {
   std::unordered_map<std::uint64_t, Job> jobs_;
   std::uint32_t epoch_ = 0, next_ = 0;
   std::vector<std::int32_t> scratch_, held_, off_src_;
+  std::vector<char> bad_;  // complete()'s failed moves (scratch)
   std::vector<BlockHash> off_hash_, off_parent_;
 };
 

@@ -29,6 +29,11 @@ KVCACHE_BEGIN_NAMESPACE
 /// Where a pool lives: what NIXL's memory type (VRAM or DRAM) and a pinned host buffer are told apart by.
 enum class MemoryKind : std::uint8_t { device, pinned_host, host };
 
+/// A MemoryKind's name ("pinned_host"), for messages (Status::named); "?" outside the enum.
+constexpr const char* memory_kind_name(std::int64_t m) noexcept {
+  return m == 0 ? "device" : m == 1 ? "pinned_host" : m == 2 ? "host" : "?";
+}
+
 /// The shape of one layer group's blocks on one rank.
 struct GroupLayout {
   AttentionKind kind = AttentionKind::full;  ///< What its queries read.
@@ -205,7 +210,7 @@ namespace detail {
 inline Status compare_format(const SideFormat& b, const SideFormat& a, bool is_k) noexcept {
   constexpr Errc E = Errc::layout_mismatch;
   if (b.scales != a.scales)
-    return Status{E, is_k ? "format.k.scales" : "format.v.scales", std::int64_t(b.scales), std::int64_t(a.scales)};
+    return Status{E, is_k ? "format.k.scales" : "format.v.scales", std::int64_t(b.scales), std::int64_t(a.scales)}.named(scales_name);
   if (b.group != a.group) return Status{E, is_k ? "format.k.group" : "format.v.group", b.group, a.group};
   if (b.minimum != a.minimum)
     return Status{E, is_k ? "format.k.minimum" : "format.v.minimum", std::int64_t{b.minimum}, std::int64_t{a.minimum}};
@@ -224,20 +229,20 @@ inline Status check_compatible(const LayoutHandshake& local, const LayoutHandsha
   if (remote.compat_hash != compat_hash(remote)) return S{E, "compat_hash (the peer's does not match its fields)", 0, 0};
   if (remote.id.hash_algorithm != local.id.hash_algorithm) return S{E, "hash_algorithm", 0, 0};
   if (remote.id.hash_seed != local.id.hash_seed)
-    return S{E, "hash_seed", std::int64_t(remote.id.hash_seed & INT64_MAX), std::int64_t(local.id.hash_seed & INT64_MAX)};
+    return S{E, "hash_seed", std::int64_t(remote.id.hash_seed), std::int64_t(local.id.hash_seed)}.hex();
   if (remote.groups.size() != local.groups.size())
     return S{E, "groups", std::int64_t(remote.groups.size()), std::int64_t(local.groups.size())};
   for (std::size_t i = 0; i < local.groups.size(); ++i) {
     const GroupLayout &a = local.groups[i], &b = remote.groups[i];
-    if (b.kind != a.kind) return S{E, "kind", std::int64_t(b.kind), std::int64_t(a.kind)};
+    if (b.kind != a.kind) return S{E, "kind", std::int64_t(b.kind), std::int64_t(a.kind)}.named(attention_kind_name);
     if (b.layers != a.layers) return S{E, "layers", b.layers, a.layers};
     if (b.block_size != a.block_size) return S{E, "block_size", b.block_size, a.block_size};
     if (b.head_dim != a.head_dim) return S{E, "head_dim", b.head_dim, a.head_dim};
     if (b.v_head_dim != a.v_head_dim) return S{E, "v_head_dim", b.v_head_dim, a.v_head_dim};
-    if (b.dtype != a.dtype) return S{E, "dtype", std::int64_t(b.dtype), std::int64_t(a.dtype)};
+    if (b.dtype != a.dtype) return S{E, "dtype", std::int64_t(b.dtype), std::int64_t(a.dtype)}.named(dtype_name);
     if (auto st = detail::compare_format(b.format.k, a.format.k, true); !st) return st;
     if (auto st = detail::compare_format(b.format.v, a.format.v, false); !st) return st;
-    if (b.layout != a.layout) return S{E, "layout", std::int64_t(b.layout), std::int64_t(a.layout)};
+    if (b.layout != a.layout) return S{E, "layout", std::int64_t(b.layout), std::int64_t(a.layout)}.named(layout_name);
     if (b.window != a.window) return S{E, "window", b.window, a.window};
     if (b.chunk != a.chunk) return S{E, "chunk", b.chunk, a.chunk};
     if (b.num_kv_heads == a.num_kv_heads) continue;
@@ -245,7 +250,8 @@ inline Status check_compatible(const LayoutHandshake& local, const LayoutHandsha
     if (a.kind == AttentionKind::mla || all_a != all_b) return S{E, "num_kv_heads (over every rank)", all_b, all_a};
     if (a.num_kv_heads > b.num_kv_heads || b.num_kv_heads % a.num_kv_heads != 0)
       return S{E, "num_kv_heads (a reader takes a slice of one peer rank's heads)", b.num_kv_heads, a.num_kv_heads};
-    if (a.layout != Layout::HND) return S{E, "layout (a head slice needs HND)", std::int64_t(a.layout), std::int64_t(Layout::HND)};
+    if (a.layout != Layout::HND)
+      return S{E, "layout (a head slice needs HND)", std::int64_t(a.layout), std::int64_t(Layout::HND)}.named(layout_name);
     const std::int32_t readers = b.num_kv_heads / a.num_kv_heads;
     if (remote.id.tp_rank != local.id.tp_rank / readers)
       return S{E, "tp_rank (the peer rank whose heads this rank reads)", remote.id.tp_rank, local.id.tp_rank / readers};

@@ -9,8 +9,10 @@
 //
 // Optional: this header needs NIXL's C++ headers and libnixl, which the PyPI
 // wheels do not ship; kvcache.hpp does not include it, and CMake builds its
-// test only where it finds nixl.h. Not thread-safe (as NIXL's agent with
-// its default synchronization); the engine polls.
+// test only where it finds nixl.h. The agent runs NIXL's progress thread by
+// default, as NIXL's Python agent (and so vLLM) does: a READ completes while
+// the peer's process does not poll. NixlLink itself is not thread-safe: the
+// engine calls it from one thread.
 #pragma once
 
 #if !__has_include(<nixl.h>)
@@ -52,10 +54,17 @@ class NixlLink {
   /// An agent named `name` (empty: the handshake's engine_id) with one
   /// backend ("UCX"; `params` its init parameters, e.g.
   /// {"ucx_error_handling_mode", "none"} for shared memory on one machine),
-  /// every region of mine.memory registered once. status() says whether it worked.
+  /// every region of mine.memory registered once (each by its MemoryKind:
+  /// a host pool must say so in LayoutIdentity::memory, or NIXL registers it
+  /// as device memory and fails). progress_thread: NIXL's own thread moves
+  /// transfers forward (the default, as NIXL's Python nixl_agent_config);
+  /// without it a peer's READ of this rank's blocks waits until this rank
+  /// polls. status() says whether it worked.
   explicit NixlLink(const LayoutHandshake& mine, std::string name = {}, const std::string& backend = "UCX",
-                    const nixl_b_params_t& params = {})
-      : mine_(mine), name_(name.empty() ? mine.id.engine_id : std::move(name)), agent_(name_, nixlAgentConfig()) {
+                    const nixl_b_params_t& params = {}, bool progress_thread = true)
+      : mine_(mine),
+        name_(name.empty() ? mine.id.engine_id : std::move(name)),
+        agent_(name_, nixlAgentConfig(progress_thread)) {
     nixlBackendH* b = nullptr;
     if (auto st = call("nixl createBackend", agent_.createBackend(backend, params, b)); !st) {
       status_ = st;

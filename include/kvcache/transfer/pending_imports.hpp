@@ -60,6 +60,7 @@ class PendingImports {
     std::int32_t tokens = 0;  ///< The prompt's tokens.
     std::int32_t cached = 0;  ///< Of which the local prefix cache served.
     std::uint64_t hold = 0;  ///< A cache hold the import keeps beside its row (0: none; HybridCache's window hits).
+    BlockHash digest{};  ///< prompt_digest of the prompt imported (Cache<>: its commit must name the same tokens).
     friend constexpr bool operator==(const Entry&, const Entry&) = default;
   };
 
@@ -72,8 +73,8 @@ class PendingImports {
   /// The imports in flight, oldest first.
   const std::vector<Entry>& entries() const noexcept { return entries_; }
   /// Records an import; returns its id (capacity is the caller's: one per handle).
-  std::uint64_t add(SeqId s, std::int32_t tokens, std::int32_t cached, std::uint64_t hold = 0) noexcept {
-    entries_.push_back({++next_, s, tokens, cached, hold});  // within the reserved capacity
+  std::uint64_t add(SeqId s, std::int32_t tokens, std::int32_t cached, std::uint64_t hold = 0, const BlockHash& digest = {}) noexcept {
+    entries_.push_back({++next_, s, tokens, cached, hold, digest});  // within the reserved capacity
     return next_;
   }
   /// The entry of `id`, or unknown_job naming it.

@@ -159,7 +159,9 @@ class MsgpackReader {
     std::uint64_t bits = 0;
     bool negative = false;
   };
-  Status fail(const char* what) const noexcept { return Status{Errc::invalid_argument, what, std::int64_t(at_), std::int64_t(b_.size())}; }
+  Status fail(const char* what) const noexcept {
+    return Status{Errc::invalid_argument, what, std::int64_t(at_), std::int64_t(b_.size())}.at_byte();
+  }
   bool have(std::size_t n) const noexcept { return b_.size() - at_ >= n; }
   std::uint64_t read_big(std::size_t from, int n) const noexcept {
     std::uint64_t v = 0;
