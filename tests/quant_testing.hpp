@@ -7,12 +7,41 @@
 #include <kvcache/kernels/quant.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "kernel_testing.hpp"
 
 namespace kvtest {
+
+// The entry types' values, ascending, to round group scales and minima
+// without the library's bit arithmetic: every finite f16 (and fp8 e4m3).
+inline const std::vector<float>& finite_values(kv::DType t) {
+  static const std::vector<float> f16 = [] {
+    std::vector<float> v;
+    for (std::uint32_t b = 0; b < 0x10000u; ++b)
+      if (const float x = kv::cvt::f16_to_f32(static_cast<std::uint16_t>(b)); std::isfinite(x)) v.push_back(x);
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    return v;
+  }();
+  static const std::vector<float> e4m3 = [] {
+    std::vector<float> v;
+    for (std::uint32_t b = 0; b < 0x100u; ++b)
+      if (const float x = kv::cvt::e4m3_to_f32(static_cast<std::uint8_t>(b)); std::isfinite(x)) v.push_back(x);
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    return v;
+  }();
+  return t == kv::DType::fp8_e4m3 ? e4m3 : f16;
+}
+// The smallest value of t at least x (x no more than t's largest), and the largest at most x (at least t's smallest).
+inline float round_up_to(kv::DType t, float x) { return *std::lower_bound(finite_values(t).begin(), finite_values(t).end(), x); }
+inline float round_down_to(kv::DType t, float x) {
+  const auto& v = finite_values(t);
+  return x < v.front() ? v.front() : *(std::upper_bound(v.begin(), v.end(), x) - 1);
+}
 
 // The bytes a row must hold: its codes, then its group entries (none for an engine-held scale).
 struct RowBytes {

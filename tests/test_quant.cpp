@@ -133,6 +133,12 @@ TEST_CASE("group codecs: codes are packed low nibble first, signed or offset by 
   CHECK(codes[0] == 0xF7);
   quant::dequantize_group(codes, e3, 16, DType::fp4_e2m1, false, y);
   for (int i = 0; i < 16; ++i) CHECK(y[i] == f[i]);
+  // -0 keeps its sign, as a negative that rounds to zero does (issue 62: f32_to_e2m1(-0.0f) gave +0).
+  CHECK(quant::f32_to_e2m1(-0.0f) == 8u);
+  CHECK(quant::f32_to_e2m1(-0.1f) == 8u);
+  CHECK(quant::f32_to_e2m1(0.0f) == 0u);
+  CHECK(quant::f32_to_e2m1(-std::numeric_limits<float>::quiet_NaN()) == 0u);
+  CHECK(std::signbit(quant::e2m1_to_f32(quant::f32_to_e2m1(-0.0f))));
   // int2: four a byte, element 4i + j in bits 2j; symmetric codes -1, 0, 1 (scale 2 here), or 0..3 above the minimum.
   float t[16] = {2, -2, 0, 2, -2, -2, 0, 0, 2, 2, 2, 2, 0, -2, 0, 2};
   const auto s2 = quant::quantize_group(t, 16, DType::int2, false, codes, entry);

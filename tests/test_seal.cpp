@@ -48,14 +48,16 @@ std::vector<float> keys_with_outliers(std::mt19937_64& rng, std::int64_t tokens,
 float f16(float v) { return cvt::f16_to_f32(cvt::f32_to_f16(v)); }
 
 // The plain reference of one channel: its range over the block's tokens,
-// the scale (range / code max, or max |x| / code max) and minimum as f16
-// holds them, codes rounded to nearest even and clamped, read back with one fma.
+// the minimum as the largest f16 at most its lowest value, the scale (range
+// above the minimum / code max, or max |x| / code max) as the smallest f16
+// at least that, codes rounded to nearest even and clamped, read back with one fma.
 std::vector<float> reference_channel(const std::vector<float>& col, DType code, bool minimum) {
   const float lo = *std::min_element(col.begin(), col.end()), hi = *std::max_element(col.begin(), col.end());
   float amax = 0.0f;
   for (float v : col) amax = std::max(amax, std::fabs(v));
   const float qmax = quant::code_max(code, minimum);
-  const float scale = f16(std::min((minimum ? hi - lo : amax) / qmax, 65504.0f)), m = minimum ? f16(lo) : 0.0f;
+  const float m = minimum ? kvtest::round_down_to(DType::f16, lo) : 0.0f;
+  const float scale = kvtest::round_up_to(DType::f16, std::min((minimum ? hi - m : amax) / qmax, 65504.0f));
   const float inv = scale > 0.0f ? 1.0f / scale : 0.0f, qlo = minimum ? 0.0f : -qmax;
   std::vector<float> out;
   for (float v : col) {

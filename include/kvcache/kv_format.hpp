@@ -105,6 +105,30 @@ struct KvFormat {
   friend constexpr bool operator==(const KvFormat&, const KvFormat&) = default;
 };
 
+/// The error bound of stored scales (group and channel), what test_quant_bounds
+/// checks over every f16 and bf16 input. A group (or channel) holds values x
+/// with largest |x| = amax, or spanning [lo, hi] with a minimum; q is the
+/// largest code (code_max). The minimum is lo rounded down to f16 (never
+/// below -65504), the scale s the range above it (or amax) over q rounded
+/// up to its type, so no value maps past the codes:
+///   s <= want (1 + 2^-10) + 2^-24   (f16 scales)
+///   s <= want (1 + 2^-3) + 2^-9     (e4m3 scales: fp4)
+/// with want = amax / q, or (hi - lo + u(lo)) / q, u(lo) the f16 spacing at lo.
+/// Each value reads back within
+///   s / 2                           integer codes (int8, int4, int2; with or without a minimum)
+///   2^-4 |x| + 2^-10 s              fp8 e4m3 codes
+///   2^-3 |x| + 2^-17 s              fp8 e5m2 codes
+///   max(s / 4, |x| / 4)             fp4 e2m1 codes
+/// plus a few ulps of float arithmetic. The 2^-24 and 2^-9 terms are the
+/// entry types' smallest steps: below them a group's values lose precision
+/// absolutely, not relatively (f16 scales: |error| <= 2^-25 + ...; fp4 at
+/// k_scale 1: values below about 2^-11 read back 0; set k_scale to the
+/// tensor's range, as NVFP4's per-tensor scale does). The bound holds for
+/// every finite input within the entry type's range: |x| <= 65504 q
+/// (symmetric f16 scales), 448 q (fp4), and lo, hi in [-65504, 65504] with a
+/// minimum. Past it values saturate at the largest scale or the clamped
+/// minimum, and read back finite.
+///
 /// Type of a stored group scale: e4m3 for fp4 (as NVFP4), f16 otherwise (as llama.cpp's q8_0 / q4_0).
 KVCACHE_HOST_DEVICE constexpr DType group_scale_dtype(DType code) noexcept {
   return code == DType::fp4_e2m1 ? DType::fp8_e4m3 : DType::f16;

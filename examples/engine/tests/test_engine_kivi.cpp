@@ -34,14 +34,21 @@ namespace {
 
 const kv::KvFormat kKivi{{.scales = kv::Scales::channel, .minimum = true}, {.scales = kv::Scales::group, .group = 32, .minimum = true}};
 
-float f16(float x) { return kv::cvt::f16_to_f32(kv::cvt::f32_to_f16(x)); }
+// x in f16, rounded down (dir -1) or up (+1): the nearest, then one step the other way when it went past.
+float f16(float x, int dir) {
+  std::uint16_t b = kv::cvt::f32_to_f16(x);
+  const float r = kv::cvt::f16_to_f32(b);
+  if ((dir < 0 && r > x) || (dir > 0 && r < x)) b = std::uint16_t((b & 0x8000u) ? b - dir : b + dir);
+  return kv::cvt::f16_to_f32(b);
+}
 
 // KIVI's 2-bit key channel, written out: the range over the block's tokens,
-// scale and minimum as f16 holds them, codes to nearest and clamped to [0, 3].
+// the minimum as f16 holds it (rounded down), the scale the range above it
+// over 3 (rounded up: no value past the codes), codes to nearest and clamped to [0, 3].
 void round_trip_channel(float* x, std::int32_t n, std::int64_t stride) {
   float lo = x[0], hi = x[0];
   for (std::int32_t t = 1; t < n; ++t) lo = std::min(lo, x[t * stride]), hi = std::max(hi, x[t * stride]);
-  const float scale = f16((hi - lo) / 3.0f), m = f16(lo), inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  const float m = f16(lo, -1), scale = f16((hi - m) / 3.0f, +1), inv = scale > 0.0f ? 1.0f / scale : 0.0f;
   for (std::int32_t t = 0; t < n; ++t)
     x[t * stride] = std::fma(std::clamp(std::nearbyint((x[t * stride] - m) * inv), 0.0f, 3.0f), scale, m);
 }

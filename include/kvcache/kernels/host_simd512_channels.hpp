@@ -61,12 +61,10 @@ KVCACHE_AVX512 inline void channel_entries(const float* x, std::int32_t rows, st
         const I key = order_keys<32>(bits(_mm512_loadu_ps(col + std::int64_t{t} * d)));
         kmin = _mm512_min_epi32(kmin, key), kmax = _mm512_max_epi32(kmax, key);
       }
-      lo = from_bits(order_keys<32>(kmin));
+      const I lh = f16_at_most(from_bits(order_keys<32>(kmin)));  // the minimum first: the scale spans from it
+      lo = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(lh));
       group_scales(sub(from_bits(order_keys<32>(kmax)), lo), code_max, entry, iv);
-      const __m256i lh = f16_codes<true>(lo);
-      _mm512_storeu_si512(entries + 4 * std::int64_t{c},
-                          _mm512_or_si512(entry, _mm512_slli_epi32(_mm512_cvtepu16_epi32(lh), 16)));
-      lo = _mm512_cvtph_ps(lh);
+      _mm512_storeu_si512(entries + 4 * std::int64_t{c}, _mm512_or_si512(entry, _mm512_slli_epi32(lh, 16)));
     } else {
       I amax = _mm512_setzero_si512();  // |x|'s bits are below 2^31: a signed max orders them
       for (std::int32_t t = 0; t < rows; ++t)

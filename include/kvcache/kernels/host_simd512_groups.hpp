@@ -80,26 +80,40 @@ KVCACHE_AVX512_INLINE inline V e4m3_values(I q) noexcept {
   return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
 }
 
+// The values of sixteen entries' bits (32-bit lanes): f16, or e4m3 (fp4's scales).
+template <DType E>
+KVCACHE_AVX512_INLINE inline V entry_values(I e) noexcept {
+  if constexpr (E == DType::f16) return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(e));
+  else return e4m3_values(e);
+}
+
 // avx2::group_scales for sixteen groups (the same operations, so its bits):
 // amax / code_max saturated at the entry type's largest (a NaN stays NaN),
 // the entry's bits (f16: a NaN made sign | 0x7e00; e4m3, fp4's: its NaN
-// code), inv = 1 / scale where scale > 0.
+// code), one step up where they rounded below want, inv = 1 / scale where scale > 0.
 template <DType E = DType::f16>
 KVCACHE_AVX512_INLINE inline void group_scales(V amax, float code_max, I& entry, V& inv) noexcept {
   static_assert(E == DType::f16 || E == DType::fp8_e4m3);
   const V type_max = _mm512_set1_ps(E == DType::f16 ? cvt::kF16Max : cvt::kE4m3Max);
   V want = _mm512_div_ps(amax, _mm512_set1_ps(code_max));
   want = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(want, type_max, _CMP_GT_OQ), want, type_max);
-  V scale;
-  if constexpr (E == DType::f16) {
-    const __m256i h = f16_codes<true>(want);
-    entry = _mm512_cvtepu16_epi32(h);
-    scale = _mm512_cvtph_ps(h);
-  } else {
-    entry = codes<DType::fp8_e4m3>(want);
-    scale = e4m3_values(entry);
-  }
+  want = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(want, _mm512_setzero_ps(), _CMP_LT_OQ), want, _mm512_setzero_ps());  // (as avx2's)
+  entry = E == DType::f16 ? _mm512_cvtepu16_epi32(f16_codes<true>(want)) : codes<DType::fp8_e4m3>(want);
+  entry = _mm512_mask_add_epi32(entry, _mm512_cmp_ps_mask(entry_values<E>(entry), want, _CMP_LT_OQ), entry, k(1u));
+  const V scale = entry_values<E>(entry);
   inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(scale, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), scale);
+}
+
+// avx2::f16_at_most for sixteen minima: f16 bits (in 32-bit lanes) of lo
+// rounded down, an infinity made the largest finite of its sign.
+KVCACHE_AVX512_INLINE inline I f16_at_most(V lo) noexcept {
+  I b = _mm512_cvtepu16_epi32(f16_codes<true>(lo));
+  const __mmask16 above = _mm512_cmp_ps_mask(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(b)), lo, _CMP_GT_OQ);
+  const __mmask16 negative = _mm512_test_epi32_mask(b, k(0x8000u));
+  b = _mm512_mask_add_epi32(b, above & negative, b, k(1u));  // one step down
+  b = _mm512_mask_sub_epi32(b, above & static_cast<__mmask16>(~negative), b, k(1u));
+  const __mmask16 inf = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, k(0x7fffu)), k(0x7c00u));
+  return _mm512_mask_or_epi32(b, inf, _mm512_and_si512(b, k(0x8000u)), k(0x7bffu));
 }
 
 // The largest |x|'s bits of a group of G values of S, in

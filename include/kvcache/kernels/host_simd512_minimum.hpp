@@ -159,14 +159,15 @@ KVCACHE_AVX512 inline void quantize_groups_min(std::byte* dst, std::byte* entrie
     // The products' range: mul < 0 swaps the ends.
     const V a = _mm512_mul_ps(key_values<S>(klo), m), z = _mm512_mul_ps(key_values<S>(khi), m);
     const V vlo = mul < 0.0f ? z : a, vhi = mul < 0.0f ? a : z;
+    const I mh = f16_at_most(vlo);  // the minimum first: the scale spans from it
+    const V mv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(mh));
     I entry;
     V iv;
-    group_scales(sub(vhi, vlo), qmax, entry, iv);
-    const __m256i mh = f16_codes<false>(vlo);  // no NaN here
+    group_scales(sub(vhi, mv), qmax, entry, iv);
     _mm512_mask_storeu_epi32(entries + 4 * b, static_cast<__mmask16>((1u << nb) - 1u),
-                             _mm512_or_si512(entry, _mm512_slli_epi32(_mm512_cvtepu16_epi32(mh), 16)));
+                             _mm512_or_si512(entry, _mm512_slli_epi32(mh, 16)));
     _mm512_store_ps(inv, iv);
-    _mm512_store_ps(minimum, _mm512_cvtph_ps(mh));
+    _mm512_store_ps(minimum, mv);
     const MinimumCodes<S> f{in, m, _mm512_set1_ps(qmax), minimum, inv, lg};
     for (std::int32_t i = 0; i < n; i += 64) {
       const I zero = _mm512_setzero_si512();

@@ -42,7 +42,7 @@ namespace avx512 {
 //   f32_to_e2m1's tie rule; the sum's bits less magic's are the steps,
 //   plus the binade's first code (0, 2, 4: `less` is magic less it, both
 //   looked up by e's low four bits). A NaN is code 0, and the sign bit (8)
-//   is set where v < 0 (not for -0), as f32_to_e2m1 gives.
+//   is set where v's is (-0 included; not for a NaN), as f32_to_e2m1 gives.
 // Ten operations for sixteen fp4 codes; the AVX2 loop's seven compares
 // took eighteen for eight.
 template <DType C>
@@ -55,7 +55,7 @@ KVCACHE_AVX512_INLINE inline I packed_codes(V v) noexcept {
     const I e = _mm512_srli_epi32(_mm512_max_epi32(bits(c), k(127u << 23)), 23);
     const I sum = bits(_mm512_add_ps(c, from_bits(_mm512_permutexvar_epi32(e, magic))));
     const I code = _mm512_maskz_sub_epi32(number, sum, _mm512_permutexvar_epi32(e, less));
-    return _mm512_mask_or_epi32(code, _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ), code, k(8u));
+    return _mm512_mask_or_epi32(code, number & _mm512_test_epi32_mask(bits(v), k(0x80000000u)), code, k(8u));
   } else {
     static_assert(C == DType::int8 || C == DType::int4 || C == DType::int2);
     const V bound = _mm512_set1_ps(C == DType::int8 ? 127.0f : C == DType::int4 ? 7.0f : 1.0f);

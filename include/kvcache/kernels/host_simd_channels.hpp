@@ -48,8 +48,8 @@ KVCACHE_AVX2 inline void channel_entries(const float* x, std::int32_t rows, std:
         kmin = _mm256_min_epi32(kmin, key), kmax = _mm256_max_epi32(kmax, key);
       }
       const __m256 lo = from_bits(order_key(kmin)), hi = from_bits(order_key(kmax));
-      group_scales(_mm256_sub_ps(hi, lo), code_max, h, iv);
-      lo_bits = f32_to_f16(lo);
+      lo_bits = f16_at_most(lo);  // the minimum first: the scale spans from it
+      group_scales(_mm256_sub_ps(hi, f16_to_f32(lo_bits)), code_max, h, iv);
       // (scale, minimum) f16 pairs: a 32-bit lane per channel, scale low.
       _mm256_storeu_si256(reinterpret_cast<I*>(entries + 4 * c), _mm256_or_si256(h, _mm256_slli_epi32(lo_bits, 16)));
     } else {

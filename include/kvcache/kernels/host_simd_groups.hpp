@@ -11,11 +11,12 @@
 // from L1 (its range, then its codes) instead of being staged. The bits
 // are quantize_group's and dequantize_group's: the same IEEE operations in
 // the same order (x = load * mul; amax of |x|'s bits; scale = entry(amax /
-// code_max), saturated; inv = 1 / scale or 0; code = encode(x * inv)),
+// code_max), saturated, rounded up; inv = 1 / scale or 0; code = encode(x * inv)),
 // which test_host_simd checks against the scalar code. With a minimum the
-// range is the order keys' min and max (as key_range), scale = f16((hi -
-// lo) / code_max), minimum = f16(lo), code = to_int((x - minimum) * inv, 0,
-// code_max), and back fmaf(code, scale, minimum)'s bits (PackedCodes).
+// range is the order keys' min and max (as key_range), minimum = lo rounded
+// down to f16, scale = f16((hi - minimum) / code_max) rounded up, code =
+// to_int((x - minimum) * inv, 0, code_max), and back fmaf(code, scale,
+// minimum)'s bits (PackedCodes).
 // Sub-byte codes are packed and read by host_simd_packed.hpp. CUDA
 // translation units and other CPUs compile none of this.
 #pragma once
@@ -36,20 +37,42 @@ namespace simd {
 #if KVCACHE_HOST_SIMD
 namespace avx2 {
 
-// group_scale for eight groups' abs maxima: amax / code_max, saturated at
-// the entry type's largest (an ordered compare: a NaN stays NaN, as `want >
-// max ?` leaves it), then through the entry type and back (the bit codes,
-// whose bits are cvt's): f16, or e4m3 for fp4 (NVFP4's scales). The entry
-// bits go to the entries; inv = 1 / scale where scale > 0.
+// group_scale for eight groups' abs maxima (or ranges above their
+// minima): amax / code_max, saturated at the entry type's largest (an
+// ordered compare: a NaN stays NaN, as `want > max ?` leaves it), then
+// through the entry type and back (the bit codes, whose bits are cvt's):
+// f16, or e4m3 for fp4 (NVFP4's scales), one step up where that rounded
+// below want (quant::entry_at_least). The entry bits go to the entries;
+// inv = 1 / scale where scale > 0.
+template <DType E>
+KVCACHE_AVX2_INLINE inline __m256 entry_values(I b) noexcept {  // (a function, not a lambda: a lambda has no target)
+  if constexpr (E == DType::f16) return f16_to_f32(b);
+  else return e4m3_to_f32(b);
+}
 template <DType E = DType::f16>
 KVCACHE_AVX2_INLINE inline void group_scales(__m256 amax, float code_max, I& entry_bits, __m256& inv) noexcept {
   static_assert(E == DType::f16 || E == DType::fp8_e4m3);
   __m256 want = _mm256_div_ps(amax, _mm256_set1_ps(code_max));
   const __m256 type_max = _mm256_set1_ps(E == DType::f16 ? cvt::kF16Max : cvt::kE4m3Max);
   want = _mm256_blendv_ps(want, type_max, _mm256_cmp_ps(want, type_max, _CMP_GT_OQ));
+  want = _mm256_andnot_ps(_mm256_cmp_ps(want, _mm256_setzero_ps(), _CMP_LT_OQ), want);  // below 0 (under a clamped minimum): 0
   entry_bits = codes<E>(want);
-  const __m256 scale = E == DType::f16 ? f16_to_f32(entry_bits) : e4m3_to_f32(entry_bits);
+  // Below want: one step up (a compare's all-ones lane is -1).
+  entry_bits = _mm256_sub_epi32(entry_bits, _mm256_castps_si256(_mm256_cmp_ps(entry_values<E>(entry_bits), want, _CMP_LT_OQ)));
+  const __m256 scale = entry_values<E>(entry_bits);
   inv = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), scale), _mm256_cmp_ps(scale, _mm256_setzero_ps(), _CMP_GT_OQ));
+}
+
+// quant::f16_at_most for eight minima: f16 bits of lo rounded down, an
+// infinity made the largest finite of its sign, a NaN kept.
+KVCACHE_AVX2_INLINE inline I f16_at_most(__m256 lo) noexcept {
+  I b = f32_to_f16(lo);
+  const I above = _mm256_castps_si256(_mm256_cmp_ps(f16_to_f32(b), lo, _CMP_GT_OQ));
+  const I negative = _mm256_cmpgt_epi32(_mm256_and_si256(b, k(0x8000u)), _mm256_setzero_si256());
+  const I step = _mm256_or_si256(_mm256_andnot_si256(negative, k(0xffffffffu)), k(1u));  // +1 on a negative's bits, -1 on a positive's
+  b = _mm256_add_epi32(b, _mm256_and_si256(above, step));  // one step down
+  const I inf = _mm256_cmpeq_epi32(_mm256_and_si256(b, k(0x7fffu)), k(0x7c00u));
+  return _mm256_blendv_epi8(b, _mm256_or_si256(_mm256_and_si256(b, k(0x8000u)), k(0x7bffu)), inf);
 }
 
 // A group's symmetric packed codes from element i: packed_codes of x(i)
@@ -169,16 +192,17 @@ KVCACHE_AVX2 inline void quantize_groups_min(std::byte* codes, std::byte* entrie
     }
     const __m256 vlo = from_bits(order_key(_mm256_load_si256(reinterpret_cast<const I*>(lo))));
     const __m256 vhi = from_bits(order_key(_mm256_load_si256(reinterpret_cast<const I*>(hi))));
+    const I mh = f16_at_most(vlo);  // the minimum first: the scale spans from it
+    const __m256 mv = f16_to_f32(mh);
     I h;
     __m256 inv;
-    group_scales(_mm256_sub_ps(vhi, vlo), qmax, h, inv);
-    const I mh = f32_to_f16(vlo);
+    group_scales(_mm256_sub_ps(vhi, mv), qmax, h, inv);
     alignas(32) std::uint32_t hb[8], mb[8];
     alignas(32) float ib[8], mf[8];
     _mm256_store_si256(reinterpret_cast<I*>(hb), h);
     _mm256_store_si256(reinterpret_cast<I*>(mb), mh);
     _mm256_store_ps(ib, inv);
-    _mm256_store_ps(mf, f16_to_f32(mh));
+    _mm256_store_ps(mf, mv);
     for (std::int32_t j = 0; j < nb; ++j) {
       const std::uint16_t e[2] = {static_cast<std::uint16_t>(hb[j]), static_cast<std::uint16_t>(mb[j])};
       std::memcpy(entries + 4 * (b + j), e, 4);

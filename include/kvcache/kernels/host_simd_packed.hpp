@@ -30,8 +30,9 @@ KVCACHE_AVX2_INLINE inline I past(I m, __m256 a, float at) noexcept {
 // lane (quant::encode's bits): int4 and int2 by to_int with their bounds,
 // masked to the code's bits; fp4 e2m1's magnitude code counts the
 // midpoints |v| passes (> at an even code's upper midpoint, >= at an odd
-// one's: ties go to the even code), its sign bit set where v < 0. A NaN
-// fails every compare: code 0, as f32_to_e2m1 gives.
+// one's: ties go to the even code), its sign bit set where v's is (-0
+// included). A NaN fails every compare and takes no sign: code 0, as
+// f32_to_e2m1 gives.
 template <DType C>
 KVCACHE_AVX2_INLINE inline I packed_codes(__m256 v) noexcept {
   if constexpr (C == DType::fp4_e2m1) {
@@ -41,7 +42,8 @@ KVCACHE_AVX2_INLINE inline I packed_codes(__m256 v) noexcept {
     m = past<_CMP_GT_OQ>(m, a, 1.25f), m = past<_CMP_GE_OQ>(m, a, 1.75f);
     m = past<_CMP_GT_OQ>(m, a, 2.5f), m = past<_CMP_GE_OQ>(m, a, 3.5f);
     m = past<_CMP_GT_OQ>(m, a, 5.0f);
-    const I sign = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ)), k(8u));
+    const I ordered = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q));
+    const I sign = _mm256_and_si256(_mm256_and_si256(_mm256_srai_epi32(_mm256_castps_si256(v), 31), ordered), k(8u));
     return _mm256_or_si256(m, sign);
   } else {
     const float hi = C == DType::int4 ? 7.0f : 1.0f;

@@ -4,9 +4,15 @@
 //
 // The scale is rounded to its stored type (f16, or e4m3 for fp4) before the
 // codes are computed, and the codes are computed from that stored scale: the
-// reader multiplies by exactly what the writer divided by. A value the
-// rounded scale cannot reach saturates (at most 2^-11 of the group's range
-// for an f16 scale).
+// reader multiplies by exactly what the writer divided by. The scale is
+// rounded up, never down, and a minimum down, never up, so no value of the
+// group lies beyond the codes' reach: none saturates. The error bound that
+// follows (kv_format.hpp states it per format) holds for every finite input
+// within the entry type's range. A code is the rounding of x * (1 / s), the
+// reciprocal rounded once per group, not of x / s: the two differ by one
+// code where x / s lies within an ulp of a rounding midpoint (an exact tie
+// included). The bound allows for it; codes that are exactly the rounding of
+// x / s (as vLLM's per-tensor fp8 write, fp8(x / scale)) are not done yet.
 #pragma once
 
 #include <cmath>
@@ -37,10 +43,11 @@ KVCACHE_HOST_DEVICE inline float e2m1_to_f32(std::uint32_t q) noexcept {
   const float m = mag[q & 7u];
   return (q & 8u) ? -m : m;
 }
-/// Float to the nearest e2m1 code (ties to the even code), saturating at 6; NaN gives +0.
+/// Float to the nearest e2m1 code (ties to the even code), saturating at 6;
+/// the sign kept (-0 gives -0, code 8); NaN gives +0.
 KVCACHE_HOST_DEVICE inline std::uint32_t f32_to_e2m1(float v) noexcept {
   if (!(v == v)) return 0;
-  const std::uint32_t sign = v < 0.0f ? 8u : 0u;
+  const std::uint32_t sign = (cvt::bits(v) >> 31) != 0 ? 8u : 0u;
   const float a = v < 0.0f ? -v : v;
   // Midpoints between consecutive magnitudes; at a midpoint the even code
   // (mantissa bit 0) wins: 0.25->0, 0.75->1.0, 1.25->1.0, 1.75->2.0, 2.5->2, 3.5->4, 5->4.
@@ -167,22 +174,45 @@ KVCACHE_HOST_DEVICE inline void key_range(const float* x, std::int32_t n, std::i
   }
 }
 
+/// f16 bits of the largest f16 value at most lo (lo rounded down), within
+/// the finite range: a minimum below -65504 is -65504, never -inf (its
+/// group's values below it saturate at code 0); a NaN stays a NaN.
+KVCACHE_HOST_DEVICE inline std::uint16_t f16_at_most(float lo) noexcept {
+  std::uint32_t b = cvt::f32_to_f16(lo);
+  if (cvt::f16_to_f32(static_cast<std::uint16_t>(b)) > lo) b = (b & 0x8000u) ? b + 1u : b - 1u;  // one step down
+  if ((b & 0x7fffu) == 0x7c00u) b = (b & 0x8000u) | 0x7bffu;  // an infinity: the largest finite of its sign
+  return static_cast<std::uint16_t>(b);
+}
+
+/// Entry bits (f16, or e4m3 for fp4) of the smallest entry value at least
+/// want (want >= 0 and at most the type's largest: rounded up), so that no
+/// value of the group maps past code_max; a NaN stays a NaN.
+KVCACHE_HOST_DEVICE inline std::uint32_t entry_at_least(DType code, float want) noexcept {
+  if (code == DType::fp4_e2m1) {
+    const std::uint32_t b = cvt::f32_to_e4m3(want);
+    return b + (cvt::e4m3_to_f32(static_cast<std::uint8_t>(b)) < want ? 1u : 0u);  // one step up: never past 448, want is at most it
+  }
+  const std::uint32_t b = cvt::f32_to_f16(want);
+  return b + (cvt::f16_to_f32(static_cast<std::uint16_t>(b)) < want ? 1u : 0u);  // never past 65504 either
+}
+
 /// What a group whose values span [lo, hi] (minimum formats) or whose
 /// largest magnitude is amax stores: its scale and minimum rounded to the
 /// entry type, as the reader will see them (storing them again is exact).
-/// Every writer of a group, host or CUDA, one thread or many, calls this.
+/// The minimum is lo rounded down (f16_at_most), the scale (hi - minimum) /
+/// code_max or amax / code_max rounded up (entry_at_least), saturated at
+/// the entry type's largest. Every writer of a group, host or CUDA, one
+/// thread or many, calls this (the host's vector loops do the same
+/// operations in the same order).
 KVCACHE_HOST_DEVICE inline GroupScale group_scale(DType code, bool minimum, float lo, float hi, float amax) noexcept {
   const float type_max = group_scale_dtype(code) == DType::f16 ? cvt::kF16Max : cvt::kE4m3Max;
-  float want = (minimum ? hi - lo : amax) / code_max(code, minimum);
+  GroupScale g{};
+  if (minimum) g.minimum = cvt::f16_to_f32(f16_at_most(lo));
+  float want = (minimum ? hi - g.minimum : amax) / code_max(code, minimum);
   want = want > type_max ? type_max : want;  // a scale past its type saturates, never inf
-  // Through the entry type and back: the value its bits hold.
-  std::uint16_t bits[2] = {0, 0};
-  store_entry_value(code, bits, 0, want);
-  GroupScale g{load_entry_value(code, bits, 0), 0.0f};
-  if (minimum) {
-    store_entry_value(code, bits, 1, lo);
-    g.minimum = load_entry_value(code, bits, 1);
-  }
+  want = want < 0.0f ? 0.0f : want;  // every value below a minimum clamped at -65504: they saturate at code 0
+  const std::uint32_t e = entry_at_least(code, want);
+  g.scale = code == DType::fp4_e2m1 ? cvt::e4m3_to_f32(static_cast<std::uint8_t>(e)) : cvt::f16_to_f32(static_cast<std::uint16_t>(e));
   return g;
 }
 
