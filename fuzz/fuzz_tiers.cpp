@@ -14,8 +14,9 @@ namespace kv = kvcache;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   fuzz_input::Bytes in{data, size};
-  const kv::TiersConfig cfg{.host_blocks = 1 + in.pick(16), .disk_blocks = in.pick(20), .block_size = 1 + in.pick(8),
-                            .max_jobs = 1 + in.pick(8)};
+  // Absent tiers too: no host tier (device only), no disk tier (a disk tier needs a host tier).
+  const std::int32_t host = in.pick(17), disk = host > 0 ? in.pick(20) : 0;
+  const kv::TiersConfig cfg{.host_blocks = host, .disk_blocks = disk, .block_size = 1 + in.pick(8), .max_jobs = 1 + in.pick(8)};
   const auto pick = [&in](std::int32_t n) { return in.pick(n); };
   const auto need = fuzz_input::need_for("fuzz_tiers");
   kvtest::TiersHarness<decltype(pick), decltype(need)> h(pick, need, cfg);

@@ -17,23 +17,18 @@ namespace kvtest {
 
 // The entry types' values, ascending, to round group scales and minima
 // without the library's bit arithmetic: every finite f16 (and fp8 e4m3).
+template <class Decode>
+std::vector<float> sorted_finite(std::uint32_t codes, Decode decode) {
+  std::vector<float> v;
+  for (std::uint32_t b = 0; b < codes; ++b)
+    if (const float x = decode(b); std::isfinite(x)) v.push_back(x);
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
 inline const std::vector<float>& finite_values(kv::DType t) {
-  static const std::vector<float> f16 = [] {
-    std::vector<float> v;
-    for (std::uint32_t b = 0; b < 0x10000u; ++b)
-      if (const float x = kv::cvt::f16_to_f32(static_cast<std::uint16_t>(b)); std::isfinite(x)) v.push_back(x);
-    std::sort(v.begin(), v.end());
-    v.erase(std::unique(v.begin(), v.end()), v.end());
-    return v;
-  }();
-  static const std::vector<float> e4m3 = [] {
-    std::vector<float> v;
-    for (std::uint32_t b = 0; b < 0x100u; ++b)
-      if (const float x = kv::cvt::e4m3_to_f32(static_cast<std::uint8_t>(b)); std::isfinite(x)) v.push_back(x);
-    std::sort(v.begin(), v.end());
-    v.erase(std::unique(v.begin(), v.end()), v.end());
-    return v;
-  }();
+  static const std::vector<float> f16 = sorted_finite(0x10000u, [](std::uint32_t b) { return kv::cvt::f16_to_f32(std::uint16_t(b)); });
+  static const std::vector<float> e4m3 = sorted_finite(0x100u, [](std::uint32_t b) { return kv::cvt::e4m3_to_f32(std::uint8_t(b)); });
   return t == kv::DType::fp8_e4m3 ? e4m3 : f16;
 }
 // The smallest value of t at least x (x no more than t's largest), and the largest at most x (at least t's smallest).

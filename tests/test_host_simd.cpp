@@ -62,7 +62,7 @@ std::vector<std::uint8_t> inputs(DType t, std::mt19937_64& rng) {
 // elements of a row of n each should do.
 struct Backend {
   const char* name;
-  std::int32_t (*rows)(void*, DType, const void*, DType, std::int32_t, float, bool);
+  std::int32_t (*rows)(void*, DType, const void*, DType, std::int32_t, float, bool, bool);
   std::int32_t (*expect)(DType, DType, float, std::int32_t);
 };
 std::vector<Backend> backends() {
@@ -135,12 +135,81 @@ TEST_CASE("move_row's AVX2 and AVX-512 loops give the scalar conversions' bits, 
           for (bool stream : {false, true}) {
             CAPTURE(b.name, stream);
             std::fill(buf.begin(), buf.end(), 0xa5);
-            const std::int32_t done = b.rows(line, dt, in.data(), st, n, mul, stream);
+            const std::int32_t done = b.rows(line, dt, in.data(), st, n, mul, stream, false);
             stream_fence();
             REQUIRE(done == b.expect(dt, st, mul, n));
             move_row(line + row_bytes(dt, done), dt, in.data() + row_bytes(st, done), st, n - done, mul, 0, 1);
             REQUIRE(std::memcmp(line, want.data(), want.size()) == 0);
           }
+        }
+      }
+  }
+}
+
+TEST_CASE("a write's division by its scale: every backend gives x / d's bits (vLLM's fp8(x / scale)), every float source") {
+  // Issue 62: writes computed x * (1 / d), which differs from x / d near
+  // rounding midpoints (x = 0x3ad734d6, d = 0.0731: vLLM's e4m3 0x0b,
+  // kvcache's 0x0c). The 512-bit loops correct the product by its FMA
+  // residual where that is exact, and divide elsewhere (a divisor outside
+  // [2^-60, 2^60], a bf16 or f32 destination).
+  std::mt19937_64 rng(Catch::rngSeed() + 307);
+  volatile float divs[] = {0.0731f, 1.0f, 3.1f, 1.0f / 448.0f, 127.0f / 20.0f, 0.375f, 1e-30f, 0x1p70f, 2.5e-5f};
+  {
+    const float x = cvt::from_bits(0x3ad734d6u), d = divs[0];
+    std::uint8_t q = 0;
+    move_row(&q, DType::fp8_e4m3, &x, DType::f32, 1, d, 0, 1, false, false, true);
+    CHECK(q == 0x0b);
+    CHECK(q == cvt::f32_to_e4m3(x / d));
+  }
+  for (DType st : {DType::f32, DType::f16, DType::bf16}) {
+    const std::vector<std::uint8_t> in = inputs(st, rng);
+    const auto n = static_cast<std::int32_t>(in.size() / static_cast<std::size_t>(dtype_bytes(st)));
+    for (DType dt : kTypes)
+      for (std::size_t m = 0; m < std::size(divs); ++m) {
+        const float d = divs[m];
+        if (raw_move(dt, st, d)) continue;
+        CAPTURE(static_cast<int>(st), static_cast<int>(dt), d);
+        std::vector<std::uint8_t> want(static_cast<std::size_t>(row_bytes(dt, n))), got(want.size(), 0xa5);
+        for (std::int32_t i = 0; i < n; ++i) store_elem(dt, want.data(), i, load_elem(st, in.data(), i) / d);
+        for (std::int32_t len : {n, 8, 40, 77}) {
+          std::fill(got.begin(), got.end(), 0xa5);
+          for (std::int32_t at = 0; at < n; at += len) {
+            const std::int32_t k = n - at < len ? n - at : len;
+            move_row(got.data() + row_bytes(dt, at), dt, in.data() + row_bytes(st, at), st, k, d, 0, 1, false, false, true);
+          }
+          CAPTURE(len);
+          REQUIRE(std::memcmp(got.data(), want.data(), got.size()) == 0);
+        }
+        for (const Backend& b : backends()) {
+          CAPTURE(b.name);
+          std::fill(got.begin(), got.end(), 0xa5);
+          const std::int32_t done = b.rows(got.data(), dt, in.data(), st, n, d, false, true);
+          move_row(got.data() + row_bytes(dt, done), dt, in.data() + row_bytes(st, done), st, n - done, d, 0, 1, false, false, true);
+          REQUIRE(std::memcmp(got.data(), want.data(), got.size()) == 0);
+        }
+      }
+  }
+}
+
+TEST_CASE("the FMA quotient of the 512-bit loops is x / d's code for every f16 and bf16 value and many divisors") {
+  // Every 16-bit pattern (NaN, inf, subnormals included) by 400 divisors,
+  // random over [2^-60, 2^60] and calibration-like (amax / 448): the codes
+  // (e4m3, e5m2, int8, f16) are those of the correctly rounded quotient.
+  std::mt19937_64 rng(Catch::rngSeed() + 401);
+  std::vector<float> ds;
+  for (int i = 0; i < 200; ++i) ds.push_back(std::ldexp(1.0f + float(rng() % 1000000) / 1e6f, int(rng() % 121) - 60));
+  for (int i = 0; i < 200; ++i) ds.push_back((0.5f + float(rng() % 100000) / 1e4f) / 448.0f);
+  for (DType st : {DType::f16, DType::bf16}) {
+    std::vector<std::uint16_t> in(65536);
+    for (std::uint32_t b = 0; b < 65536; ++b) in[b] = std::uint16_t(b);
+    for (DType dt : {DType::fp8_e4m3, DType::fp8_e5m2, DType::int8, DType::f16})
+      for (const float d : ds) {
+        std::vector<std::uint8_t> want(static_cast<std::size_t>(row_bytes(dt, 65536))), got(want.size());
+        for (std::int32_t i = 0; i < 65536; ++i) store_elem(dt, want.data(), i, load_elem(st, in.data(), i) / d);
+        move_row(got.data(), dt, in.data(), st, 65536, d, 0, 1, false, false, true);
+        if (std::memcmp(got.data(), want.data(), got.size()) != 0) {
+          CAPTURE(static_cast<int>(st), static_cast<int>(dt), d);
+          REQUIRE(std::memcmp(got.data(), want.data(), got.size()) == 0);
         }
       }
   }
@@ -235,29 +304,33 @@ TEST_CASE("rows stream only as whole lines from a line-aligned start, and a stre
 namespace {
 // Group quantization written out with the scalar conversions only (no
 // fast_rows, no fast_abs_max_bits): what quant::quantize_group stores.
-void reference_quantize(const std::uint8_t* src, DType st, DType code, std::int32_t group, std::int32_t groups, float mul,
+void reference_quantize(const std::uint8_t* src, DType st, DType code, std::int32_t group, std::int32_t groups, float div,
                         std::uint8_t* codes, std::uint8_t* entries) {
   for (std::int32_t g = 0; g < groups; ++g) {
     std::vector<float> x(static_cast<std::size_t>(group));
     std::uint32_t m = 0;
     for (std::int32_t i = 0; i < group; ++i) {
-      x[static_cast<std::size_t>(i)] = load_elem(st, src, std::int64_t{g} * group + i) * mul;
+      x[static_cast<std::size_t>(i)] = load_elem(st, src, std::int64_t{g} * group + i) / div;
       m = std::max(m, cvt::bits(x[static_cast<std::size_t>(i)]) & 0x7fffffffu);
     }
     const quant::GroupScale s = quant::group_scale(code, false, 0.0f, 0.0f, cvt::from_bits(m));
     const std::uint16_t e = cvt::f32_to_f16(s.scale);
     std::memcpy(entries + 2 * g, &e, 2);
-    const float inv = s.scale > 0.0f ? 1.0f / s.scale : 0.0f;
-    for (std::int32_t i = 0; i < group; ++i)
-      codes[g * group + i] = static_cast<std::uint8_t>(quant::encode(code, false, x[static_cast<std::size_t>(i)] * inv));
+    // The code rounds x / scale (x * 0 for a zero or NaN scale: a group of zeros, or one holding a NaN).
+    for (std::int32_t i = 0; i < group; ++i) {
+      const float v = x[static_cast<std::size_t>(i)];
+      codes[g * group + i] = static_cast<std::uint8_t>(quant::encode(code, false, s.scale > 0.0f ? v / s.scale : v * 0.0f));
+    }
   }
 }
 }  // namespace
 
 TEST_CASE("the host's group loops give quantize_group's and dequantize_group's bits, every format") {
   std::mt19937_64 rng(Catch::rngSeed() + 211);
-  // A negative multiplier, and ones the 512-bit loops leave to the AVX2 ones (0, inf).
-  volatile float muls[] = {1.0f, 0.375f, 1.0f / 3.0f, -0.375f, 0.0f, std::numeric_limits<float>::infinity()};
+  // Writes divide by the call's scale (mul: what the source is divided by on
+  // the way in, and multiplied by on the way out). A negative one, and ones
+  // the 512-bit loops leave to the AVX2 ones (0, inf).
+  volatile float muls[] = {1.0f, 0.375f, 1.0f / 3.0f, -0.375f, 0.0f, std::numeric_limits<float>::infinity(), 0.0731f};
   const DType floats[] = {DType::f32, DType::f16, DType::bf16};
   const std::uint32_t specials[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffc12345u, 0x00000001u, 0x80000000u,
                                     0x477ff000u, 0x477fefffu, 0x7f7fffffu, 0xff7fffffu, 0x00800000u, 0x33800000u, 0xc7800000u};
@@ -303,7 +376,7 @@ TEST_CASE("the host's group loops give quantize_group's and dequantize_group's b
               reference_quantize(src.data(), st, code, group, groups, mul, want_codes.data(), want_entries.data());
             } else {
               for (std::int32_t g = 0; g < groups; ++g) {
-                for (std::int32_t i = 0; i < group; ++i) x[static_cast<std::size_t>(i)] = load_elem(st, src.data(), g * group + i) * mul;
+                for (std::int32_t i = 0; i < group; ++i) x[static_cast<std::size_t>(i)] = load_elem(st, src.data(), g * group + i) / mul;
                 quant::quantize_group(x.data(), group, code, minimum, want_codes.data() + row_bytes(code, std::int64_t{g} * group),
                                       want_entries.data() + entry_bytes * g);
               }

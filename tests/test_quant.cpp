@@ -366,7 +366,7 @@ TEST_CASE("engine-held scales per layer and per (layer, head) scale each row the
             const std::byte* row = &pool[std::size_t(st.offset(slots[t] / B, l, kv, slots[t] % B, h))];
             for (int i = 0; i < D; ++i) {
               std::uint8_t want[4] = {};  // store_elem's widest element, though d takes one byte
-              store_elem(d, want, 0, x[i] * (1.0f / scale));
+              store_elem(d, want, 0, x[i] / scale);
               REQUIRE(std::to_integer<std::uint8_t>(row[i]) == want[0]);
             }
           }

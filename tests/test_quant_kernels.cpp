@@ -66,8 +66,8 @@ TEST_CASE("quantized scatter, gather and compaction against the group codecs, ev
       for (int l = 0; l < L; ++l)
         for (int kv = 0; kv < 2; ++kv)
           for (int h = 0; h < H; ++h) {
-            const float mul = 1.0f / (kv ? v_scale : k_scale);
-            for (int d = 0; d < D; ++d) x[std::size_t(d)] = load_elem(in, src.row(kv, l, t, h), d) * mul;
+            const float div = kv ? v_scale : k_scale;  // a write divides by its scale (vLLM's fp8(x / scale))
+            for (int d = 0; d < D; ++d) x[std::size_t(d)] = load_elem(in, src.row(kv, l, t, h), d) / div;
             const RowBytes want = reference_row(pool.g, kv, x.data());
             INFO("token " << t << " layer " << l << " kv " << kv << " head " << h);
             REQUIRE(std::memcmp(&pool.bytes[pool.codes_at(b, l, kv, off, h)], want.codes.data(), want.codes.size()) == 0);

@@ -280,7 +280,7 @@ TEST_CASE("ring write quantizes into ring slots and promotes replaced rows with 
                           &want[pool.entries_at(pb, l, kv, pt, h)]);
             }
             std::vector<float> x(static_cast<std::size_t>(D));
-            for (int d = 0; d < D; ++d) x[std::size_t(d)] = (kv ? v : k)[std::size_t((t * H + h) * D + d)] * (1.0f / (kv ? v_scale : k_scale));
+            for (int d = 0; d < D; ++d) x[std::size_t(d)] = (kv ? v : k)[std::size_t((t * H + h) * D + d)] / (kv ? v_scale : k_scale);
             const kvtest::RowBytes r = reference_row(pool.g, kv, x.data());
             std::copy(r.codes.begin(), r.codes.end(), reinterpret_cast<std::uint8_t*>(&want[pool.codes_at(rb, l, kv, rt, h)]));
             std::copy(r.entries.begin(), r.entries.end(), reinterpret_cast<std::uint8_t*>(&want[pool.entries_at(rb, l, kv, rt, h)]));

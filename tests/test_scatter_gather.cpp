@@ -43,7 +43,7 @@ float input_value(const Input& in, int kv, int layer, std::int64_t t, int h, int
 // What the cache must hold for an input value.
 float stored(DType cache, float x, float scale) {
   std::byte buf[4];
-  store_elem(cache, buf, 0, x * (1.0f / scale));
+  store_elem(cache, buf, 0, x / scale);
   return load_elem(cache, buf, 0);
 }
 
@@ -269,7 +269,7 @@ TEST_CASE("calls past kStreamBytes stream whole-line rows: the same bytes as the
             for (int h = 0; h < 8; ++h)
               for (int d = 0; d < 128; ++d)
                 store_elem(dtype, ref.row(slots[std::size_t(t)] / 16, 0, kv, slots[std::size_t(t)] % 16, h), d,
-                           input_value(in, kv, 0, t, h, d) * (1.0f / scale));
+                           input_value(in, kv, 0, t, h, d) / scale);
         REQUIRE(first_difference(view.base, ref.base, pool_bytes) == -1);
 
         // Gather it back in token order through a page table of the shuffled
@@ -294,4 +294,74 @@ TEST_CASE("calls past kStreamBytes stream whole-line rows: the same bytes as the
                            load_elem(dtype, ref.row(indices[std::size_t(t / 16)], 0, kv, int(t % 16), h), d) * scale);
         REQUIRE(first_difference(out_mem.data(), want.data(), out_mem.size()) == -1);
       }
+}
+
+namespace {
+// OCP e4m3 (E4M3FN) rounding written out, not cvt's bit tricks: the nearest
+// of the format's finite values, ties to the even code, saturating at 448
+// (CUDA's __nv_cvt_float_to_fp8 with __NV_SATFINITE, as vLLM's cache write
+// calls it). v is not NaN.
+std::uint8_t e4m3_satfinite(float v) {
+  static const std::vector<std::pair<double, std::uint8_t>> values = [] {
+    std::vector<std::pair<double, std::uint8_t>> out;
+    for (std::uint32_t c = 0; c < 0x7f; ++c) {  // 0x7f is NaN
+      const int e = int(c >> 3), m = int(c & 7);
+      out.push_back({e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7), std::uint8_t(c)});
+    }
+    return out;
+  }();
+  const double a = std::fabs(double(v));
+  std::uint8_t best = 0x7e;  // 448: anything past it saturates
+  if (a < 448.0) {
+    auto it = std::lower_bound(values.begin(), values.end(), a, [](const auto& p, double x) { return p.first < x; });
+    const auto lo = it == values.begin() ? it : it - 1;
+    const double dl = a - lo->first, dh = it->first - a;
+    best = dl < dh ? lo->second : dh < dl ? it->second : ((lo->second & 1) == 0 ? lo->second : it->second);
+  }
+  return std::uint8_t(best | (std::signbit(v) ? 0x80 : 0));
+}
+}  // namespace
+
+TEST_CASE("fp8 writes with a per-tensor scale are vLLM's fp8(x / scale) for every f16, bf16 and many f32 inputs (issue 62)") {
+  // vLLM's reshape_and_cache writes __nv_cvt_float_to_fp8(float(x) / k_scale,
+  // __NV_SATFINITE, E4M3). Before issue 62 kvcache multiplied by 1 / k_scale:
+  // at x = 0x3ad734d6, k_scale 0.0731 it wrote 0x0c where vLLM writes 0x0b.
+  const GeometrySpec g{.num_layers = 1, .num_kv_heads = 1, .head_dim = 256, .block_size = 1, .dtype = DType::fp8_e4m3};
+  const Geometry geo = *Geometry::make(g);
+  std::vector<std::byte> pool(std::size_t(*geo.pool_bytes(257)));
+  const PoolView view = *make_pool_view(geo, pool.data(), 257);
+  std::mt19937_64 rng(Catch::rngSeed() ^ 0xf8);
+  std::vector<float> scales{0.0731f, 1.0f, 0.5f, 3.7f, 1.0f / 448.0f};
+  for (int i = 0; i < 8; ++i) scales.push_back((0.1f + float(rng() % 100000) / 1e4f) / 448.0f);  // calibrated: amax / 448
+  for (const DType st : {DType::f16, DType::bf16, DType::f32}) {
+    // 65,536 inputs: every 16-bit pattern, or for f32 random patterns (and the issue's).
+    std::vector<std::uint8_t> src(std::size_t(row_bytes(st, 65536)));
+    for (std::uint32_t i = 0; i < 65536; ++i) {
+      if (st == DType::f32) {
+        const std::uint32_t u = i == 0 ? 0x3ad734d6u : std::uint32_t(rng());
+        std::memcpy(src.data() + 4 * i, &u, 4);
+      } else {
+        const auto u = std::uint16_t(i);
+        std::memcpy(src.data() + 2 * i, &u, 2);
+      }
+    }
+    // 256 tokens of one 256-value row each: token t is values [256 t, 256 t + 256).
+    std::vector<std::int32_t> slots(256);
+    std::iota(slots.begin(), slots.end(), 1);
+    const std::int64_t row = row_bytes(st, 256);
+    for (const float k : scales) {
+      CAPTURE(static_cast<int>(st), k);
+      const KvSource in{src.data(), src.data(), st, 0, row, row};
+      REQUIRE(scatter_host({view, in, TokenAddress{slots.data()}, 256, 0, 1, k, k}).ok());
+      for (std::int32_t i = 0; i < 65536; ++i) {
+        const float x = load_elem(st, src.data(), i);
+        if (std::isnan(x)) continue;  // only NaN-ness is vLLM's to define (0x7f or 0xff)
+        const std::uint8_t code = static_cast<std::uint8_t>(view.row(1 + i / 256, 0, 0, 0, 0)[i % 256]);
+        if (code != e4m3_satfinite(x / k)) {
+          CAPTURE(i, x);
+          REQUIRE(int(code) == int(e4m3_satfinite(x / k)));
+        }
+      }
+    }
+  }
 }

@@ -396,7 +396,9 @@ TEST_CASE("tiers property: every hash a tier serves points at a block holding ex
   };
   std::int64_t landed = 0, refused = 0, rejected = 0;
   for (int run = 0; run < 30; ++run) {
-    const TiersConfig cfg{.host_blocks = 3 + pick(8), .disk_blocks = pick(3) ? 3 + pick(10) : 0, .block_size = 4, .max_jobs = 6};
+    // Every tenth run has no host tier (and so no disk tier): every plan naming one is refused, changing nothing.
+    const std::int32_t host = run % 10 == 9 ? 0 : 3 + pick(8);
+    const TiersConfig cfg{.host_blocks = host, .disk_blocks = host > 0 && pick(3) ? 3 + pick(10) : 0, .block_size = 4, .max_jobs = 6};
     kvtest::TiersHarness<decltype(pick), decltype(need)> h(pick, need, cfg);
     for (int op = 0; op < 300; ++op) h.step();
     landed += h.landed, refused += h.refused, rejected += h.rejected;

@@ -175,6 +175,24 @@ KVCACHE_HOST_DEVICE inline void store_elem(DType t, void* p, std::int64_t i, flo
   }
 }
 
+/// Stores in[0, n) divided by d as elements [0, n) of p in type t: what a
+/// write with an engine-held scale d stores (the rounding of x / d, as
+/// vLLM's fp8 cache write computes it; not x * (1 / d), which differs near
+/// rounding midpoints).
+KVCACHE_HOST_DEVICE inline void store_row_divided(DType t, void* p, const float* in, float d, std::int32_t n) noexcept {
+  switch (t) {
+    case DType::fp8_e4m3:
+      for (std::int32_t i = 0; i < n; ++i) static_cast<std::uint8_t*>(p)[i] = cvt::f32_to_e4m3(in[i] / d);
+      return;
+    case DType::int8:
+      for (std::int32_t i = 0; i < n; ++i) static_cast<std::int8_t*>(p)[i] = static_cast<std::int8_t>(cvt::to_int(in[i] / d, -127, 127));
+      return;
+    default:
+      for (std::int32_t i = 0; i < n; ++i) store_elem(t, p, i, in[i] / d);
+      return;
+  }
+}
+
 /// Stores in[0, n) times mul as elements [0, n) of p in type t: store_elem
 /// with the type's switch outside the loop, so the loop can vectorize.
 KVCACHE_HOST_DEVICE inline void store_row(DType t, void* p, const float* in, float mul, std::int32_t n) noexcept {
@@ -205,14 +223,15 @@ KVCACHE_HOST_DEVICE inline void store_row(DType t, void* p, const float* in, flo
 }
 
 /// The first elements of store_row(dt, dst, load_row(st, src) times mul)
-/// by the host's AVX2 loops (host_simd.hpp), the same bits; returns how many
-/// (a multiple of 8; 0 on CUDA, without AVX2, or for packed types).
+/// (divide: store_row_divided(..., by mul)) by the host's vector loops
+/// (host_simd.hpp, host_simd512.hpp), the same bits; returns how many (a
+/// multiple of 8; 0 on CUDA, without AVX2, or for packed types).
 KVCACHE_HOST_DEVICE inline std::int32_t fast_rows(void* dst, DType dt, const void* src, DType st, std::int32_t n,
-                                                  float mul, bool stream = false) noexcept {
+                                                  float mul, bool stream = false, bool divide = false) noexcept {
 #if KVCACHE_HOST_SIMD
-  return simd::move_rows(dst, dt, src, st, n, mul, stream);
+  return simd::move_rows(dst, dt, src, st, n, mul, stream, divide);
 #else
-  (void)stream;
+  (void)stream, (void)divide;
   return 0;
 #endif
 }
@@ -262,7 +281,8 @@ inline void host_copy(void* dst, const void* src, std::size_t n) noexcept {
   if (n) std::memcpy(d, s, n);
 }
 
-/// dst[i] = convert(src[i] * mul) for the row's n elements; lane/nlanes split
+/// dst[i] = convert(src[i] * mul) for the row's n elements (divide:
+/// convert(src[i] / mul), a write's engine-held scale); lane/nlanes split
 /// the row among cooperating threads (host: 0/1). A raw move goes by 16-byte
 /// vectors when aligned; `by_elements` forces element units instead, so a
 /// kernel that rewrites a row it just read can give both passes the same
@@ -270,7 +290,7 @@ inline void host_copy(void* dst, const void* src, std::size_t n) noexcept {
 /// host stores whole-line rows non-temporally (kStreamBytes).
 KVCACHE_HOST_DEVICE inline void move_row(void* dst, DType dt, const void* src, DType st, std::int32_t n, float mul,
                                          std::int32_t lane, std::int32_t nlanes, bool by_elements = false,
-                                         bool stream = false) noexcept {
+                                         bool stream = false, bool divide = false) noexcept {
   const bool raw = raw_move(dt, st, mul);
   if (raw && !by_elements) {
     const std::int64_t bytes = std::int64_t{n} * dtype_bytes(dt);
@@ -301,16 +321,20 @@ KVCACHE_HOST_DEVICE inline void move_row(void* dst, DType dt, const void* src, D
     return;
   }
   if (nlanes == 1) {  // one thread: a head row at a time through a float buffer, each type's switch once
-    const std::int32_t done = fast_rows(dst, dt, src, st, n, mul, stream);
+    const std::int32_t done = fast_rows(dst, dt, src, st, n, mul, stream, divide);
     float buf[256];
     for (std::int32_t at = done; at < n; at += 256) {
       const std::int32_t m = n - at < 256 ? n - at : 256;
       load_row(st, static_cast<const std::byte*>(src) + row_bytes(st, at), buf, m);
-      store_row(dt, static_cast<std::byte*>(dst) + row_bytes(dt, at), buf, mul, m);
+      if (divide) store_row_divided(dt, static_cast<std::byte*>(dst) + row_bytes(dt, at), buf, mul, m);
+      else store_row(dt, static_cast<std::byte*>(dst) + row_bytes(dt, at), buf, mul, m);
     }
     return;
   }
-  for (std::int32_t i = lane; i < n; i += nlanes) store_elem(dt, dst, i, load_elem(st, src, i) * mul);
+  for (std::int32_t i = lane; i < n; i += nlanes) {
+    const float x = load_elem(st, src, i);
+    store_elem(dt, dst, i, divide ? x / mul : x * mul);
+  }
 }
 
 KVCACHE_END_NAMESPACE

@@ -32,11 +32,12 @@ inline bool groups_fast(DType code, bool minimum, std::int32_t group, DType othe
   return code_ok && other_ok && group % 8 == 0 && available();
 }
 
-/// quant::quantize_group of each of `groups` groups of src (st, times mul)
-/// into codes and entries (packed, as quantize_group writes them); false when
-/// groups_fast says no (nothing written).
+/// quant::quantize_group of each of `groups` groups of src (st, divided by
+/// div: the call's scale, finite and non-zero) into codes and entries
+/// (packed, as quantize_group writes them); false when groups_fast says no
+/// (nothing written).
 KVCACHE_HOST_KERNEL bool quantize_groups(std::byte* codes, std::byte* entries, const void* src, DType st, DType code,
-                                         bool minimum, std::int32_t group, std::int32_t groups, float mul,
+                                         bool minimum, std::int32_t group, std::int32_t groups, float div,
                                          float code_max) noexcept
 #if KVCACHE_HOST_KERNEL_DECLARED
     ;
@@ -45,17 +46,17 @@ KVCACHE_HOST_KERNEL bool quantize_groups(std::byte* codes, std::byte* entries, c
   if (!groups_fast(code, minimum, group, st)) return false;
   const auto* s = static_cast<const std::byte*>(src);
 #if !defined(KVCACHE_NO_AVX512)
-  if (minimum ? avx512::quantize_groups_min(codes, entries, s, st, code, group, groups, mul)
-              : avx512::quantize_groups(codes, entries, s, st, code, minimum, group, groups, mul, code_max))
+  if (minimum ? avx512::quantize_groups_min(codes, entries, s, st, code, group, groups, div)
+              : avx512::quantize_groups(codes, entries, s, st, code, minimum, group, groups, div, code_max))
     return true;
 #endif
   switch (st) {
     case DType::f32:
-      return avx2::quantize_to<DType::f32>(code, minimum, codes, entries, s, group, groups, mul, code_max);
+      return avx2::quantize_to<DType::f32>(code, minimum, codes, entries, s, group, groups, div, code_max);
     case DType::f16:
-      return avx2::quantize_to<DType::f16>(code, minimum, codes, entries, s, group, groups, mul, code_max);
+      return avx2::quantize_to<DType::f16>(code, minimum, codes, entries, s, group, groups, div, code_max);
     default:
-      return avx2::quantize_to<DType::bf16>(code, minimum, codes, entries, s, group, groups, mul, code_max);
+      return avx2::quantize_to<DType::bf16>(code, minimum, codes, entries, s, group, groups, div, code_max);
   }
 }
 #endif
@@ -104,14 +105,14 @@ KVCACHE_HOST_KERNEL bool dequantize_groups(void* out, DType ot, const std::byte*
 
 }  // namespace simd
 
-/// simd::quantize_groups on the host; false on CUDA or without AVX2.
+/// simd::quantize_groups on the host (the source divided by div); false on CUDA or without AVX2.
 KVCACHE_HOST_DEVICE inline bool fast_quantize_groups(std::byte* codes, std::byte* entries, const void* src, DType st,
                                                      DType code, bool minimum, std::int32_t group, std::int32_t groups,
-                                                     float mul, float code_max) noexcept {
+                                                     float div, float code_max) noexcept {
 #if KVCACHE_HOST_SIMD
-  return simd::quantize_groups(codes, entries, src, st, code, minimum, group, groups, mul, code_max);
+  return simd::quantize_groups(codes, entries, src, st, code, minimum, group, groups, div, code_max);
 #else
-  (void)codes, (void)entries, (void)src, (void)st, (void)code, (void)minimum, (void)group, (void)groups, (void)mul,
+  (void)codes, (void)entries, (void)src, (void)st, (void)code, (void)minimum, (void)group, (void)groups, (void)div,
       (void)code_max;
   return false;
 #endif

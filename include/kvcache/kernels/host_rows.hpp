@@ -16,28 +16,28 @@
 KVCACHE_BEGIN_NAMESPACE
 namespace simd {
 
-/// dst[i] = convert(src[i] * mul) for the first elements of a row of n, as
-/// move_row's scalar loop computes them; returns how many it did, a
-/// multiple of 8 (0: no AVX2 on this CPU, a packed type, or a row below 8).
-/// stream: non-temporal stores where the row is whole lines (the caller
-/// fences once its rows are written: stream_fence).
+/// dst[i] = convert(src[i] * mul) (divide: convert(src[i] / mul)) for the
+/// first elements of a row of n, as move_row's scalar loop computes them;
+/// returns how many it did, a multiple of 8 (0: no AVX2 on this CPU, a
+/// packed type, or a row below 8). stream: non-temporal stores where the
+/// row is whole lines (the caller fences once its rows are written: stream_fence).
 #if KVCACHE_HOST_SIMD
 KVCACHE_HOST_KERNEL std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, std::int32_t n, float mul,
-                                           bool stream = false) noexcept
+                                           bool stream = false, bool divide = false) noexcept
 #if KVCACHE_HOST_KERNEL_DECLARED
     ;
 #else
 {
   std::int32_t done = 0;
 #if !defined(KVCACHE_NO_AVX512)
-  done = avx512::move_rows(dst, dt, src, st, n, mul, stream);
+  done = avx512::move_rows(dst, dt, src, st, n, mul, stream, divide);
 #endif
   return done + avx2::move_rows(static_cast<std::byte*>(dst) + row_bytes(dt, done), dt,
-                                static_cast<const std::byte*>(src) + row_bytes(st, done), st, n - done, mul, stream);
+                                static_cast<const std::byte*>(src) + row_bytes(st, done), st, n - done, mul, stream, divide);
 }
 #endif
 #elif !defined(__CUDACC__)  // CUDA translation units have none (host_cpu.hpp)
-inline std::int32_t move_rows(void*, DType, const void*, DType, std::int32_t, float, bool = false) noexcept { return 0; }
+inline std::int32_t move_rows(void*, DType, const void*, DType, std::int32_t, float, bool = false, bool = false) noexcept { return 0; }
 #endif
 
 }  // namespace simd

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "host_cpu.hpp"
 #include "host_stream.hpp"
@@ -314,20 +315,61 @@ inline bool run_to(DType dt, std::byte* dst, const std::byte* src, std::int32_t 
   }
 }
 
-/// dst[i] = convert(src[i] * mul) for the first n - n % 8 elements of a
-/// row, as move_row's scalar loop computes them; returns how many it did
-/// (0: the CPU has no AVX2, or a type is packed). The caller does the rest
-/// (simd::move_rows, host_rows.hpp, runs the 512-bit loops first).
-/// stream: non-temporal stores where the row is whole lines (the caller
-/// fences once its rows are written: stream_fence).
+// Elements i.. of src (type S) divided by d: a write's engine-held scale
+// (store_row_divided's quotients, IEEE division as the scalar code's).
+template <DType S, bool Exact>
+struct Divided {
+  const std::byte* src;
+  __m256 d;
+  KVCACHE_AVX2_INLINE __m256 operator()(std::int32_t i) const noexcept { return _mm256_div_ps(load8<S, Exact>(src + row_bytes(S, i)), d); }
+};
+template <DType S, DType D, bool Stream>
+KVCACHE_AVX2 inline void run_divided(std::byte* dst, const std::byte* src, std::int32_t n8, float d) noexcept {
+  using F = Divided<S, D == DType::f32>;
+  store_each<D, F, Stream>(dst, n8, F{src, _mm256_set1_ps(d)});
+}
+template <DType S>
+inline bool divide_to(DType dt, std::byte* dst, const std::byte* src, std::int32_t n8, float d, bool stream) noexcept {
+  const auto run = [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    if (stream) run_divided<S, D, true>(dst, src, n8, d);
+    else run_divided<S, D, false>(dst, src, n8, d);
+    return true;
+  };
+  switch (dt) {
+    case DType::f32: return run(std::integral_constant<DType, DType::f32>{});
+    case DType::f16: return run(std::integral_constant<DType, DType::f16>{});
+    case DType::bf16: return run(std::integral_constant<DType, DType::bf16>{});
+    case DType::fp8_e4m3: return run(std::integral_constant<DType, DType::fp8_e4m3>{});
+    case DType::fp8_e5m2: return run(std::integral_constant<DType, DType::fp8_e5m2>{});
+    case DType::int8: return run(std::integral_constant<DType, DType::int8>{});
+    default: return false;
+  }
+}
+
+/// dst[i] = convert(src[i] * mul) (divide: convert(src[i] / mul)) for the
+/// first n - n % 8 elements of a row, as move_row's scalar loop computes
+/// them; returns how many it did (0: the CPU has no AVX2, or a type is
+/// packed). The caller does the rest (simd::move_rows, host_rows.hpp, runs
+/// the 512-bit loops first). stream: non-temporal stores where the row is
+/// whole lines (the caller fences once its rows are written: stream_fence).
 inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, std::int32_t n, float mul,
-                              bool stream = false) noexcept {
+                              bool stream = false, bool divide = false) noexcept {
   const std::int32_t n8 = n - n % 8;
   if (n8 == 0 || !available()) return 0;
   auto* d = static_cast<std::byte*>(dst);
   const auto* s = static_cast<const std::byte*>(src);
   stream = stream && streams_whole_lines(d, dt, n8);
   bool done = false;
+  if (divide) {  // a write: the engine's inputs are float types
+    switch (st) {
+      case DType::f32: done = divide_to<DType::f32>(dt, d, s, n8, mul, stream); break;
+      case DType::f16: done = divide_to<DType::f16>(dt, d, s, n8, mul, stream); break;
+      case DType::bf16: done = divide_to<DType::bf16>(dt, d, s, n8, mul, stream); break;
+      default: break;
+    }
+    return done ? n8 : 0;
+  }
   switch (st) {
     case DType::f32: done = run_to<DType::f32>(dt, d, s, n8, mul, stream); break;
     case DType::f16: done = run_to<DType::f16>(dt, d, s, n8, mul, stream); break;

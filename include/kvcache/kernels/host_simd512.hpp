@@ -190,6 +190,72 @@ struct E4m3Scaled {
   }
 };
 
+// x / d, rounded once: a write's quotient (store_row_divided's, or
+// quant::quotient's codes; d a finite divisor, or 0 with inv 0: x * 0).
+// With Fma, q = x * inv (inv = 1 / d) corrected by one residual, r = x - q d
+// (exact in an FMA), q + r inv: the correctly rounded quotient wherever r
+// does not underflow (|x| >= 2^-100, 2^-60 <= d <= 2^60, d positive), at a fraction of
+// vdivps's cost. Below that x / d is under 2^-40, whose codes (integers,
+// fp8, fp4, f16) are zero either way. q is clamped to +-2^100 (an x / d
+// past it, inf included, saturates those codes alike), and the residual is
+// taken as q d - x and subtracted, q - (q d - x) inv, so a zero quotient
+// keeps x's sign (x - q d would give +0 for x = -0) and a NaN its own.
+// Without Fma: vdivps.
+template <bool Fma>
+KVCACHE_AVX512_INLINE inline V divided(V x, V d, V inv) noexcept {
+  if constexpr (!Fma) {
+    (void)inv;
+    return _mm512_div_ps(x, d);
+  } else {
+    const V q = _mm512_range_ps(_mm512_mul_ps(x, inv), _mm512_set1_ps(0x1p100f), 0x02);  // |q| at most 2^100, q's sign
+    return _mm512_fnmadd_ps(_mm512_fmsub_ps(q, d, x), inv, q);
+  }
+}
+// Elements i.. of src (type S) divided by d (a write's engine-held scale).
+template <DType S, bool Fma>
+struct Divided {
+  const std::byte* src;
+  V d, inv;
+  KVCACHE_AVX512_INLINE void quad(std::int32_t i, V (&v)[4]) const noexcept {
+    for (int j = 0; j < 4; ++j) v[j] = divided<Fma>(load16<S>(src + row_bytes(S, i + 16 * j)), d, inv);
+  }
+};
+template <DType S, DType D, bool Stream, bool Fma>
+KVCACHE_AVX512 inline void run_divided(std::byte* dst, const std::byte* src, std::int32_t n64, float d) noexcept {
+  const Divided<S, Fma> f{src, _mm512_set1_ps(d), _mm512_set1_ps(1.0f / d)};
+  for (std::int32_t i = 0; i < n64; i += 64) {
+    V v[4];
+    f.quad(i, v);
+    store64<D, Stream, true>(dst + row_bytes(D, i), v);
+  }
+}
+// The FMA quotient where its codes are vdivps's (divided): the integer and
+// fp8 codes and f16, and a divisor in [2^-60, 2^60]; bf16 and f32 keep every
+// bit of a tiny quotient, so they divide.
+template <DType S, DType D>
+inline void divide(std::byte* dst, const std::byte* src, std::int32_t n64, float d, bool stream) noexcept {
+  constexpr bool codes = D == DType::int8 || D == DType::fp8_e4m3 || D == DType::fp8_e5m2 || D == DType::f16;
+  if (codes && d >= 0x1p-60f && d <= 0x1p60f) {
+    if (stream) run_divided<S, D, true, true>(dst, src, n64, d);
+    else run_divided<S, D, false, true>(dst, src, n64, d);
+  } else {
+    if (stream) run_divided<S, D, true, false>(dst, src, n64, d);
+    else run_divided<S, D, false, false>(dst, src, n64, d);
+  }
+}
+template <DType S>
+inline bool divide_to(DType dt, std::byte* dst, const std::byte* src, std::int32_t n64, float d, bool stream) noexcept {
+  switch (dt) {
+    case DType::f32: divide<S, DType::f32>(dst, src, n64, d, stream); return true;
+    case DType::f16: divide<S, DType::f16>(dst, src, n64, d, stream); return true;
+    case DType::bf16: divide<S, DType::bf16>(dst, src, n64, d, stream); return true;
+    case DType::fp8_e4m3: divide<S, DType::fp8_e4m3>(dst, src, n64, d, stream); return true;
+    case DType::fp8_e5m2: divide<S, DType::fp8_e5m2>(dst, src, n64, d, stream); return true;
+    case DType::int8: divide<S, DType::int8>(dst, src, n64, d, stream); return true;
+    default: return false;
+  }
+}
+
 template <DType D, bool Stream, bool Nan, class F>
 KVCACHE_AVX512 inline void run(std::byte* dst, const std::byte* src, std::int32_t n64, float mul) noexcept {
   const F f{src, _mm512_set1_ps(mul)};  // made here: a vector argument would pass through memory
@@ -256,17 +322,28 @@ inline void run_to(DType dt, std::byte* dst, const std::byte* src, std::int32_t 
   }
 }
 
-/// dst[i] = convert(src[i] * mul) for the first n - n % 64 elements of a
-/// row, as move_row's scalar loop computes them; returns how many it did
-/// (0: no AVX-512, or a pair wide() leaves to the AVX2 loops). stream:
-/// non-temporal stores where the row is whole lines (the caller fences).
+/// dst[i] = convert(src[i] * mul) (divide: convert(src[i] / mul), from a
+/// float type) for the first n - n % 64 elements of a row, as move_row's
+/// scalar loop computes them; returns how many it did (0: no AVX-512, or a
+/// pair wide() leaves to the AVX2 loops). stream: non-temporal stores where
+/// the row is whole lines (the caller fences).
 inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, std::int32_t n, float mul,
-                              bool stream = false) noexcept {
+                              bool stream = false, bool divide = false) noexcept {
   const std::int32_t n64 = n - n % 64;
-  if (n64 == 0 || !avx512_available() || !wide(dt, st, mul)) return 0;
+  if (n64 == 0 || !avx512_available() || !wide(dt, st, divide ? 1.0f : mul)) return 0;
   auto* d = static_cast<std::byte*>(dst);
   const auto* s = static_cast<const std::byte*>(src);
   stream = stream && (reinterpret_cast<std::uintptr_t>(d) & 63u) == 0;  // 64 elements are whole lines in every type
+  if (divide) {
+    bool done = false;
+    switch (st) {
+      case DType::f32: done = divide_to<DType::f32>(dt, d, s, n64, mul, stream); break;
+      case DType::f16: done = divide_to<DType::f16>(dt, d, s, n64, mul, stream); break;
+      case DType::bf16: done = divide_to<DType::bf16>(dt, d, s, n64, mul, stream); break;
+      default: break;
+    }
+    return done ? n64 : 0;
+  }
   switch (st) {
     case DType::f32:
       run_to<DType::f32>(dt, d, s, n64, mul, stream);

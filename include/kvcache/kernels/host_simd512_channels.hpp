@@ -37,20 +37,20 @@ namespace simd {
 #endif
 namespace avx512 {
 
-// x[0, n) = src (S) * mul, n a multiple of 16: a block's rows for the seal.
+// x[0, n) = src (S) / k (the call's scale), n a multiple of 16: a block's rows for the seal.
 template <DType S>
-KVCACHE_AVX512 inline void scaled_rows(float* x, const std::byte* src, std::int32_t n, float mul) noexcept {
-  const V m = _mm512_set1_ps(mul);
-  for (std::int32_t i = 0; i < n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(load16<S>(src + row_bytes(S, i)), m));
+KVCACHE_AVX512 inline void scaled_rows(float* x, const std::byte* src, std::int32_t n, float k) noexcept {
+  const V m = _mm512_set1_ps(k);
+  for (std::int32_t i = 0; i < n; i += 16) _mm512_storeu_ps(x + i, _mm512_div_ps(load16<S>(src + row_bytes(S, i)), m));
 }
 
 // avx2::channel_entries sixteen channels a vector: over `rows` rows of d
 // floats (d a multiple of 16), each channel's order-key range (Min) or
 // largest |x|, its entry (the f16 scale, and minimum as the pair's high
-// half), and inv and mn for channel_codes.
+// half), and each channel's scale (sc) and minimum (mn) for channel_codes.
 template <bool Min>
 KVCACHE_AVX512 inline void channel_entries(const float* x, std::int32_t rows, std::int32_t d, float code_max,
-                                           std::byte* entries, float* inv, float* mn) noexcept {
+                                           std::byte* entries, float* sc, float* mn) noexcept {
   for (std::int32_t c = 0; c < d; c += 16) {
     const float* col = x + c;
     I entry;
@@ -72,16 +72,18 @@ KVCACHE_AVX512 inline void channel_entries(const float* x, std::int32_t rows, st
       group_scales(from_bits(amax), code_max, entry, iv);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(entries + 2 * std::int64_t{c}), _mm512_cvtepi32_epi16(entry));
     }
-    _mm512_storeu_ps(inv + c, iv);
+    (void)iv;
+    _mm512_storeu_ps(sc + c, entry_values<DType::f16>(entry));
     _mm512_storeu_ps(mn + c, lo);  // no minimum: +0, which the scalar code subtracts too
   }
 }
 
-// One row's codes, 64 channels a store: (x - mn) * inv per channel,
-// coded as a group's values are (minimum_codes, or packed_codes without a
-// minimum) and packed as the seal packs them.
+// One row's codes, 64 channels a store: (x - mn) / sc per channel (integer
+// codes: a zero or NaN scale's NaN quotient is code 0, as quant::quotient's
+// x * 0 is), coded as a group's values are (minimum_codes, or packed_codes
+// without a minimum) and packed as the seal packs them.
 template <DType C, bool Min>
-KVCACHE_AVX512 inline void channel_codes(std::byte* out, const float* x, const float* inv, const float* mn,
+KVCACHE_AVX512 inline void channel_codes(std::byte* out, const float* x, const float* sc, const float* mn,
                                          std::int32_t d) noexcept {
   const V hi = _mm512_set1_ps(quant::code_max(C, Min));
   for (std::int32_t c0 = 0; c0 < d; c0 += 64) {
@@ -92,7 +94,7 @@ KVCACHE_AVX512 inline void channel_codes(std::byte* out, const float* x, const f
         q[j] = _mm512_setzero_si512();
         continue;
       }
-      const V v = _mm512_mul_ps(sub(_mm512_loadu_ps(x + c), _mm512_loadu_ps(mn + c)), _mm512_loadu_ps(inv + c));
+      const V v = _mm512_div_ps(sub(_mm512_loadu_ps(x + c), _mm512_loadu_ps(mn + c)), _mm512_loadu_ps(sc + c));
       q[j] = Min ? minimum_codes(v, hi) : packed_codes<C>(v);
     }
     const std::int32_t left = d - c0 < 64 ? d - c0 : 64;
@@ -152,40 +154,40 @@ inline void dequantize_channels_of(DType code, DType ot, std::byte* out, const s
 
 /// The seal of a (block, head)'s channels when d (a multiple of 16) and the
 /// source type (f32, f16, bf16) allow, with AVX-512: `rows` rows of the
-/// source (row t at src(t)) times mul into x, then the entries and each
+/// source (row t at src(t)) divided by k into x, then the entries and each
 /// row's codes (row t at out(t)), as seal_channels_host's AVX2 path writes
 /// them. False (nothing written) without AVX-512 or for other d. The
 /// caller has checked channels_fast(code, d, st).
 template <class Src, class Out>
 inline bool seal_channels(DType code, bool minimum, DType st, Src src, Out out, std::byte* entries, std::int32_t rows,
-                          std::int32_t d, float mul, float* x, float* inv, float* mn) noexcept {
+                          std::int32_t d, float k, float* x, float* sc, float* mn) noexcept {
   if (d % 16 != 0 || !avx512_available()) return false;
   for (std::int32_t t = 0; t < rows; ++t) {
     float* row = x + std::int64_t{t} * d;
     if (st == DType::f32)
-      scaled_rows<DType::f32>(row, src(t), d, mul);
+      scaled_rows<DType::f32>(row, src(t), d, k);
     else if (st == DType::f16)
-      scaled_rows<DType::f16>(row, src(t), d, mul);
+      scaled_rows<DType::f16>(row, src(t), d, k);
     else
-      scaled_rows<DType::bf16>(row, src(t), d, mul);
+      scaled_rows<DType::bf16>(row, src(t), d, k);
   }
   const float code_max = quant::code_max(code, minimum);
   if (minimum)
-    channel_entries<true>(x, rows, d, code_max, entries, inv, mn);
+    channel_entries<true>(x, rows, d, code_max, entries, sc, mn);
   else
-    channel_entries<false>(x, rows, d, code_max, entries, inv, mn);
+    channel_entries<false>(x, rows, d, code_max, entries, sc, mn);
   for (std::int32_t t = 0; t < rows; ++t) {
     const float* row = x + std::int64_t{t} * d;
     std::byte* o = out(t);
     if (code == DType::int8)
-      minimum ? channel_codes<DType::int8, true>(o, row, inv, mn, d)
-              : channel_codes<DType::int8, false>(o, row, inv, mn, d);
+      minimum ? channel_codes<DType::int8, true>(o, row, sc, mn, d)
+              : channel_codes<DType::int8, false>(o, row, sc, mn, d);
     else if (code == DType::int4)
-      minimum ? channel_codes<DType::int4, true>(o, row, inv, mn, d)
-              : channel_codes<DType::int4, false>(o, row, inv, mn, d);
+      minimum ? channel_codes<DType::int4, true>(o, row, sc, mn, d)
+              : channel_codes<DType::int4, false>(o, row, sc, mn, d);
     else
-      minimum ? channel_codes<DType::int2, true>(o, row, inv, mn, d)
-              : channel_codes<DType::int2, false>(o, row, inv, mn, d);
+      minimum ? channel_codes<DType::int2, true>(o, row, sc, mn, d)
+              : channel_codes<DType::int2, false>(o, row, sc, mn, d);
   }
   return true;
 }

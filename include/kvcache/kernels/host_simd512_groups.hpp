@@ -144,32 +144,49 @@ KVCACHE_AVX512_INLINE inline V abs_values(I a) noexcept {
   if constexpr (S == DType::bf16) return from_bits(_mm512_slli_epi32(a, 16));
 }
 
-// Elements i.. of a round's source, (x * mul) * inv of their group, as
-// avx2::Scaled<S, false, true> computes them.
+// The call's scale k the values are divided by: none (1), the FMA quotient
+// (k in [2^-60, 2^60], divided<true>: a positive divisor, so a zero
+// quotient's sign is x's), or vdivps.
+struct CallScale {
+  V k, inv;
+  enum : std::uint8_t { none, fma, div } how;
+  KVCACHE_AVX512_INLINE static CallScale of(float k) noexcept {
+    return {_mm512_set1_ps(k), _mm512_set1_ps(1.0f / k), k == 1.0f ? none : k >= 0x1p-60f && k <= 0x1p60f ? fma : div};
+  }
+  KVCACHE_AVX512_INLINE V apply(V x) const noexcept {
+    return how == none ? x : how == fma ? divided<true>(x, k, inv) : _mm512_div_ps(x, k);
+  }
+};
+
+// Elements i.. of a round's source divided by the call's scale, then by
+// their group's stored scale (quant::quotient's bits: the FMA quotient,
+// divided<true>, a group of zeros or NaN scale through x * 0).
 template <DType S>
-KVCACHE_AVX512_INLINE inline V scaled(const std::byte* in, std::int32_t i, V m, const float* inv,
+KVCACHE_AVX512_INLINE inline V scaled(const std::byte* in, std::int32_t i, const CallScale& k, const float* scale, const float* inv,
                                       int log2_group) noexcept {
-  return _mm512_mul_ps(_mm512_mul_ps(load16<S>(in + row_bytes(S, i)), m), _mm512_set1_ps(inv[i >> log2_group]));
+  const V x = k.apply(load16<S>(in + row_bytes(S, i)));
+  return divided<true>(x, _mm512_set1_ps(scale[i >> log2_group]), _mm512_set1_ps(inv[i >> log2_group]));
 }
 
 // quantize_groups' symmetric codes, for groups of G = 16, 32, 64 or 128
-// values, up to 16 groups a round. A group's largest |x * mul| is taken
-// as (its largest |x|) * |mul|: rounding is monotonic and symmetric, so for
-// a finite non-zero mul (ordered_multiplier) that is the same float, and a
-// NaN (any NaN: its entry is the entry type's NaN and its inv 0 whatever
-// the payload) where there is one. So the first read is the source's bits
+// values, up to 16 groups a round; k is the call's scale (the values are
+// divided by it). A group's largest |x / k| is taken as (its largest |x|) /
+// |k|: rounding is monotonic and symmetric, so for a finite non-zero k
+// (ordered_multiplier) that is the same float, and a NaN (any NaN: its
+// entry is the entry type's NaN and its inv 0 whatever the payload) where
+// there is one. So the first read is the source's bits
 // alone, 32 values an operation for 16-bit types; the second converts
 // them. Whole-byte codes are host_simd512.hpp's, sub-byte ones
 // host_simd512_packed.hpp's; fp4's scales are e4m3 bytes, the rest f16.
 template <DType S, DType C, int G>
 KVCACHE_AVX512 inline void quantize_groups(std::byte* dst, std::byte* entries, const std::byte* src,
-                                           std::int32_t groups, float mul, float code_max) noexcept {
+                                           std::int32_t groups, float k, float code_max) noexcept {
   static_assert(G >= 16 && (G & (G - 1)) == 0);
   constexpr std::int32_t group = G;
   constexpr DType E = group_scale_dtype(C);
-  const V m = _mm512_set1_ps(mul), abs_mul = _mm512_set1_ps(mul < 0.0f ? -mul : mul);
+  const CallScale m = CallScale::of(k), abs_k = CallScale::of(k < 0.0f ? -k : k);
   constexpr int lg = __builtin_ctz(static_cast<unsigned>(G));
-  alignas(64) float inv[16];
+  alignas(64) float inv[16], scale[16];
   for (std::int32_t b = 0; b < groups; b += 16) {
     const std::int32_t nb = groups - b < 16 ? groups - b : 16, n = nb * group;
     const std::byte* in = src + row_bytes(S, std::int64_t{b} * group);
@@ -178,7 +195,9 @@ KVCACHE_AVX512 inline void quantize_groups(std::byte* dst, std::byte* entries, c
       acc[j] = j < nb ? abs_bits<S, G>(in + row_bytes(S, std::int64_t{j} * group)) : _mm512_setzero_si512();
     I entry;
     V iv;
-    group_scales<E>(_mm512_mul_ps(abs_values<S>(max_each(acc)), abs_mul), code_max, entry, iv);
+    const V amax = abs_values<S>(max_each(acc));
+    group_scales<E>(abs_k.apply(amax), code_max, entry, iv);
+    _mm512_store_ps(scale, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(iv, _mm512_setzero_ps(), _CMP_NEQ_UQ), entry_values<E>(entry)));  // NaN: 0, quotient's x * 0
     const auto in_round = static_cast<__mmask16>((1u << nb) - 1u);
     if constexpr (E == DType::f16)
       _mm512_mask_cvtepi32_storeu_epi16(entries + 2 * b, in_round, entry);
@@ -189,19 +208,19 @@ KVCACHE_AVX512 inline void quantize_groups(std::byte* dst, std::byte* entries, c
     if constexpr (dtype_bits(C) == 8) {
       std::int32_t i = 0;
       for (; i + 64 <= n; i += 64) {
-        const V v[4] = {scaled<S>(in, i, m, inv, lg), scaled<S>(in, i + 16, m, inv, lg),
-                        scaled<S>(in, i + 32, m, inv, lg), scaled<S>(in, i + 48, m, inv, lg)};
+        const V v[4] = {scaled<S>(in, i, m, scale, inv, lg), scaled<S>(in, i + 16, m, scale, inv, lg),
+                        scaled<S>(in, i + 32, m, scale, inv, lg), scaled<S>(in, i + 48, m, scale, inv, lg)};
         store64<C, false, true>(out + i, v);
       }
       for (; i < n; i += 16)
         _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                         _mm512_cvtepi32_epi8(codes<C>(scaled<S>(in, i, m, inv, lg))));
+                         _mm512_cvtepi32_epi8(codes<C>(scaled<S>(in, i, m, scale, inv, lg))));
     } else {
       for (std::int32_t i = 0; i < n; i += 64) {
         const std::int32_t left = n - i;
         I c[4];
         for (std::int32_t j = 0; j < 4; ++j)
-          c[j] = 16 * j < left ? packed_codes<C>(scaled<S>(in, i + 16 * j, m, inv, lg)) : _mm512_setzero_si512();
+          c[j] = 16 * j < left ? packed_codes<C>(scaled<S>(in, i + 16 * j, m, scale, inv, lg)) : _mm512_setzero_si512();
         store_codes<C>(out + row_bytes(C, i), c[0], c[1], c[2], c[3],
                        static_cast<std::int32_t>(row_bytes(C, left < 64 ? left : 64)));
       }

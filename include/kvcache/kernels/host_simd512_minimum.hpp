@@ -2,18 +2,19 @@
 // and minimum a group: llama.cpp's q4_1 and KIVI's groups) sixteen lanes at
 // a time, in groups of 16, 32, 64 or 128 values, where the CPU has AVX-512
 // F, BW and DQ. The AVX2 loops (host_simd_groups.hpp) found a group's range
-// by converting and multiplying every value and ordering the products'
-// bits, then one horizontal min and max per group. Here, as for the
-// symmetric codes (host_simd512_groups.hpp), the range comes from the
-// source's own bits: the order keys of fp16 and bf16 values 32 to a vector
-// (signed 16-bit min and max), sixteen groups' minima and maxima by one
-// transposing reduction each, then times the multiplier: for a finite
-// non-zero mul the smallest product is the smallest value's (the largest's
-// when mul < 0), rounding being monotonic. A NaN is the one value whose
-// product does not order so (x86 keeps its sign and quiets its payload):
+// by converting and dividing every value by the call's scale k and
+// ordering the quotients' bits, then one horizontal min and max per group.
+// Here, as for the symmetric codes (host_simd512_groups.hpp), the range
+// comes from the source's own bits: the order keys of fp16 and bf16 values
+// 32 to a vector (signed 16-bit min and max), sixteen groups' minima and
+// maxima by one transposing reduction each, then divided by k: for a finite
+// non-zero k the smallest quotient is the smallest value's (the largest's
+// when k < 0), rounding being monotonic. A NaN is the one value whose
+// quotient does not order so (x86 keeps its sign and quiets its payload):
 // a round of groups holding one goes to the AVX2 loop. Codes are
-// to_int((x * mul - minimum) * inv, 0, code_max), 64 at a time, narrowed by
-// saturating packs and merged into nibbles or bit pairs by multiply-adds.
+// to_int(quant::quotient(x / k - minimum, scale), 0, code_max) (the FMA
+// quotient, divided<true>), 64 at a time, narrowed by saturating packs and
+// merged into nibbles or bit pairs by multiply-adds.
 // The bits are quantize_group's and dequantize_group's (test_host_simd).
 #pragma once
 
@@ -120,19 +121,21 @@ KVCACHE_AVX512_INLINE inline __mmask16 nan_keys(I lo, I hi) noexcept {
   return static_cast<__mmask16>(_mm512_cmpgt_epi32_mask(hi, k(inf)) | _mm512_cmplt_epi32_mask(lo, k(ninf)));
 }
 
-// Elements i.. of a round's source as codes: to_int((x * mul - minimum) *
-// inv, 0, code_max), the group's minimum and inv at i >> lg (a NaN, inf -
-// inf among them, is code 0: minimum_codes).
+// Elements i.. of a round's source as codes: to_int(quotient(x / k -
+// minimum, scale), 0, code_max) (by_k: k is not 1), the group's minimum,
+// scale and 1 / scale at i >> lg (a NaN, inf - inf among them, is code 0:
+// minimum_codes).
 template <DType S>
 struct MinimumCodes {
   const std::byte* in;
-  V mul, code_max;
-  const float *minimum, *inv;
+  CallScale k;
+  V code_max;
+  const float *minimum, *scale, *inv;
   int lg;
   KVCACHE_AVX512_INLINE I operator()(std::int32_t i) const noexcept {
-    const V x = _mm512_mul_ps(load16<S>(in + row_bytes(S, i)), mul);
-    const V v = _mm512_mul_ps(sub(x, _mm512_set1_ps(minimum[i >> lg])), _mm512_set1_ps(inv[i >> lg]));
-    return minimum_codes(v, code_max);
+    const V x = k.apply(load16<S>(in + row_bytes(S, i)));
+    const V t = sub(x, _mm512_set1_ps(minimum[i >> lg]));
+    return minimum_codes(divided<true>(t, _mm512_set1_ps(scale[i >> lg]), _mm512_set1_ps(inv[i >> lg])), code_max);
   }
 };
 
@@ -144,8 +147,8 @@ KVCACHE_AVX512 inline void quantize_groups_min(std::byte* dst, std::byte* entrie
                                                std::int32_t groups, float mul) noexcept {
   const std::int32_t group = 1 << lg;
   const float qmax = quant::code_max(C, true);
-  const V m = _mm512_set1_ps(mul);
-  alignas(64) float inv[16], minimum[16];
+  const CallScale m = CallScale::of(mul);  // mul: the call's scale k, the values are divided by
+  alignas(64) float inv[16], minimum[16], scale[16];
   for (std::int32_t b = 0; b < groups; b += 16) {
     const std::int32_t nb = groups - b < 16 ? groups - b : 16, n = nb * group;
     const std::byte* in = src + row_bytes(S, std::int64_t{b} * group);
@@ -156,8 +159,8 @@ KVCACHE_AVX512 inline void quantize_groups_min(std::byte* dst, std::byte* entrie
       avx2::quantize_groups_min<S, C>(out, entries + 4 * b, in, group, nb, mul);
       continue;
     }
-    // The products' range: mul < 0 swaps the ends.
-    const V a = _mm512_mul_ps(key_values<S>(klo), m), z = _mm512_mul_ps(key_values<S>(khi), m);
+    // The quotients' range (division is monotonic; k < 0 swaps the ends).
+    const V a = m.apply(key_values<S>(klo)), z = m.apply(key_values<S>(khi));
     const V vlo = mul < 0.0f ? z : a, vhi = mul < 0.0f ? a : z;
     const I mh = f16_at_most(vlo);  // the minimum first: the scale spans from it
     const V mv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(mh));
@@ -167,8 +170,9 @@ KVCACHE_AVX512 inline void quantize_groups_min(std::byte* dst, std::byte* entrie
     _mm512_mask_storeu_epi32(entries + 4 * b, static_cast<__mmask16>((1u << nb) - 1u),
                              _mm512_or_si512(entry, _mm512_slli_epi32(mh, 16)));
     _mm512_store_ps(inv, iv);
+    _mm512_store_ps(scale, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(iv, _mm512_setzero_ps(), _CMP_NEQ_UQ), entry_values<DType::f16>(entry)));  // NaN: 0
     _mm512_store_ps(minimum, mv);
-    const MinimumCodes<S> f{in, m, _mm512_set1_ps(qmax), minimum, inv, lg};
+    const MinimumCodes<S> f{in, m, _mm512_set1_ps(qmax), minimum, scale, inv, lg};
     for (std::int32_t i = 0; i < n; i += 64) {
       const I zero = _mm512_setzero_si512();
       const std::int32_t left = n - i;

@@ -30,13 +30,13 @@ namespace avx2 {
 
 // The channels' entries from `rows` rows of d floats (row-major, d a
 // multiple of 8): with a minimum, each channel's order-key range gives
-// scale = f16((hi - lo) / code_max) and minimum = f16(lo), stored as the
-// (scale, minimum) pair quant::group_scale stores; without, its largest
-// |x| gives the scale and the minimum is 0. inv (1 / scale, or 0) and mn
-// (the minimum's value) take one float a channel for the codes.
+// minimum = f16(lo) rounded down and scale = f16((hi - minimum) / code_max)
+// rounded up, stored as the (scale, minimum) pair quant::group_scale
+// stores; without, its largest |x| gives the scale and the minimum is 0. sc
+// (the scale's value) and mn (the minimum's) take one float a channel for the codes.
 template <bool Min>
 KVCACHE_AVX2 inline void channel_entries(const float* x, std::int32_t rows, std::int32_t d, float code_max, std::byte* entries,
-                                         float* inv, float* mn) noexcept {
+                                         float* sc, float* mn) noexcept {
   for (std::int32_t c = 0; c < d; c += 8) {
     const float* col = x + c;  // row t's eight channels at col + t * d (no lambda: it would not carry the target)
     I h, lo_bits = _mm256_setzero_si256();
@@ -59,26 +59,28 @@ KVCACHE_AVX2 inline void channel_entries(const float* x, std::int32_t rows, std:
       group_scales(from_bits(amax), code_max, h, iv);
       store_u16(entries + 2 * c, h);
     }
-    _mm256_storeu_ps(inv + c, iv);
+    (void)iv;
+    _mm256_storeu_ps(sc + c, f16_to_f32(h));
     _mm256_storeu_ps(mn + c, f16_to_f32(lo_bits));  // f16 0 is 0.0f: no minimum subtracts +0, as the scalar code does
   }
 }
 
-// One row's codes: to_int((x - mn) * inv) per channel, clamped to the
-// code's range [lo, hi], masked to its bits and packed as seal packs them.
+// One row's codes: to_int((x - mn) / sc) per channel (a zero or NaN
+// scale's NaN quotient is code 0, as quant::quotient's x * 0 is), clamped
+// to the code's range [lo, hi], masked to its bits and packed as seal packs them.
 struct ChannelQuant {
-  const float *x, *inv, *mn;
+  const float *x, *sc, *mn;
   float lo, hi;
   std::uint32_t mask;
   KVCACHE_AVX2_INLINE I operator()(std::int32_t c) const noexcept {
-    const __m256 q = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(mn + c)), _mm256_loadu_ps(inv + c));
+    const __m256 q = _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(mn + c)), _mm256_loadu_ps(sc + c));
     return _mm256_and_si256(to_int(q, lo, hi), k(mask));
   }
 };
 template <DType C>
-KVCACHE_AVX2 inline void channel_codes(std::byte* out, const float* x, const float* inv, const float* mn, std::int32_t d,
+KVCACHE_AVX2 inline void channel_codes(std::byte* out, const float* x, const float* sc, const float* mn, std::int32_t d,
                                        float lo, float hi) noexcept {
-  store_packed_each<C>(out, d, ChannelQuant{x, inv, mn, lo, hi, (1u << dtype_bits(C)) - 1u});
+  store_packed_each<C>(out, d, ChannelQuant{x, sc, mn, lo, hi, (1u << dtype_bits(C)) - 1u});
 }
 
 // Channels i.. of a row read back: (code * scale [+ minimum]) * mul with
@@ -129,23 +131,23 @@ inline bool channels_fast(DType code, std::int32_t channels, DType other) noexce
 
 /// The entries of `d` channels (a multiple of 8) from `rows` rows of x (f32,
 /// row-major), as seal_channel_unit computes them (quant::group_scale of
-/// each channel's range), stored at `entries`; inv and mn receive each
-/// channel's 1 / scale (or 0) and minimum (or 0) for channel_codes.
+/// each channel's range), stored at `entries`; sc and mn receive each
+/// channel's scale and minimum (or 0) for channel_codes.
 inline void channel_entries(DType code, bool minimum, const float* x, std::int32_t rows, std::int32_t d, std::byte* entries,
-                            float* inv, float* mn) noexcept {
+                            float* sc, float* mn) noexcept {
   const float code_max = quant::code_max(code, minimum);
-  if (minimum) avx2::channel_entries<true>(x, rows, d, code_max, entries, inv, mn);
-  else avx2::channel_entries<false>(x, rows, d, code_max, entries, inv, mn);
+  if (minimum) avx2::channel_entries<true>(x, rows, d, code_max, entries, sc, mn);
+  else avx2::channel_entries<false>(x, rows, d, code_max, entries, sc, mn);
 }
 
-/// One row of d channels' codes (packed), from x and channel_entries' inv and mn.
-inline void channel_codes(DType code, bool minimum, std::byte* out, const float* x, const float* inv, const float* mn,
+/// One row of d channels' codes (packed), from x and channel_entries' sc and mn.
+inline void channel_codes(DType code, bool minimum, std::byte* out, const float* x, const float* sc, const float* mn,
                           std::int32_t d) noexcept {
   const float hi = quant::code_max(code, minimum), lo = minimum ? 0.0f : -hi;
   switch (code) {
-    case DType::int8: avx2::channel_codes<DType::int8>(out, x, inv, mn, d, lo, hi); return;
-    case DType::int4: avx2::channel_codes<DType::int4>(out, x, inv, mn, d, lo, hi); return;
-    default: avx2::channel_codes<DType::int2>(out, x, inv, mn, d, lo, hi); return;
+    case DType::int8: avx2::channel_codes<DType::int8>(out, x, sc, mn, d, lo, hi); return;
+    case DType::int4: avx2::channel_codes<DType::int4>(out, x, sc, mn, d, lo, hi); return;
+    default: avx2::channel_codes<DType::int2>(out, x, sc, mn, d, lo, hi); return;
   }
 }
 

@@ -10,13 +10,14 @@
 // saturation and the entry type's round trip), and the row is read twice
 // from L1 (its range, then its codes) instead of being staged. The bits
 // are quantize_group's and dequantize_group's: the same IEEE operations in
-// the same order (x = load * mul; amax of |x|'s bits; scale = entry(amax /
-// code_max), saturated, rounded up; inv = 1 / scale or 0; code = encode(x * inv)),
-// which test_host_simd checks against the scalar code. With a minimum the
-// range is the order keys' min and max (as key_range), minimum = lo rounded
-// down to f16, scale = f16((hi - minimum) / code_max) rounded up, code =
-// to_int((x - minimum) * inv, 0, code_max), and back fmaf(code, scale,
-// minimum)'s bits (PackedCodes).
+// the same order (x = load / k, k the call's scale; amax of |x|'s bits;
+// scale = entry(amax / code_max), saturated, rounded up; code =
+// encode(quant::quotient(x, scale)): x / scale, or x * 0 for a zero or NaN
+// scale), which test_host_simd checks against the scalar code. With a
+// minimum the range is the order keys' min and max (as key_range), minimum
+// = lo rounded down to f16, scale = f16((hi - minimum) / code_max) rounded
+// up, code = to_int(quotient(x - minimum, scale), 0, code_max), and back
+// fmaf(code, scale, minimum)'s bits (PackedCodes).
 // Sub-byte codes are packed and read by host_simd_packed.hpp. CUDA
 // translation units and other CPUs compile none of this.
 #pragma once
@@ -75,37 +76,58 @@ KVCACHE_AVX2_INLINE inline I f16_at_most(__m256 lo) noexcept {
   return _mm256_blendv_epi8(b, _mm256_or_si256(_mm256_and_si256(b, k(0x8000u)), k(0x7bffu)), inf);
 }
 
+// Elements i.. of a group divided by the call's scale k (by_k: k is not 1)
+// and then by the group's stored scale s: quant::quotient's bits (vdivps),
+// x * 0 where s is 0 or NaN (zero).
+template <DType S>
+struct Quotients {
+  const std::byte* src;
+  __m256 k, s;
+  bool by_k, zero;
+  KVCACHE_AVX2_INLINE __m256 operator()(std::int32_t i) const noexcept {
+    __m256 x = load8<S, false>(src + row_bytes(S, i));
+    if (by_k) x = _mm256_div_ps(x, k);
+    return zero ? _mm256_mul_ps(x, _mm256_setzero_ps()) : _mm256_div_ps(x, s);
+  }
+};
 // A group's symmetric packed codes from element i: packed_codes of x(i)
-// (the values times mul, times 1 / scale).
+// (the values divided by k, then by the scale).
 template <DType C, class X>
 struct SymmetricCodes {
   X x;
   KVCACHE_AVX2_INLINE I operator()(std::int32_t i) const noexcept { return packed_codes<C>(x(i)); }
 };
-// A group's codes with a minimum from element i: to_int((x * mul - minimum) * inv, 0, code_max).
+// A group's codes with a minimum from element i: to_int(quotient(x / k - minimum, scale), 0, code_max).
 template <DType S>
 struct MinimumCodes {
   const std::byte* src;
-  __m256 mul, minimum, inv;
+  __m256 k, minimum, s;
+  bool by_k, zero;
   float code_max;
   KVCACHE_AVX2_INLINE I operator()(std::int32_t i) const noexcept {
-    const __m256 x = _mm256_mul_ps(load8<S, false>(src + row_bytes(S, i)), mul);
-    return to_int(_mm256_mul_ps(_mm256_sub_ps(x, minimum), inv), 0.0f, code_max);
+    __m256 x = load8<S, false>(src + row_bytes(S, i));
+    if (by_k) x = _mm256_div_ps(x, k);
+    const __m256 t = _mm256_sub_ps(x, minimum);
+    return to_int(zero ? _mm256_mul_ps(t, _mm256_setzero_ps()) : _mm256_div_ps(t, s), 0.0f, code_max);
   }
 };
 
 template <DType S, DType C>
 KVCACHE_AVX2 inline void quantize_groups(std::byte* codes, std::byte* entries, const std::byte* src, std::int32_t group,
-                                         std::int32_t groups, float mul, float code_max) noexcept {
-  const __m256 m = _mm256_set1_ps(mul);
+                                         std::int32_t groups, float div, float code_max) noexcept {
+  const __m256 m = _mm256_set1_ps(div);
+  const bool by_k = div != 1.0f;
   for (std::int32_t b = 0; b < groups; b += 8) {
     const std::int32_t nb = groups - b < 8 ? groups - b : 8;
     alignas(32) std::uint32_t amax[8] = {};
     for (std::int32_t j = 0; j < nb; ++j) {
       const std::byte* in = src + row_bytes(S, std::int64_t{b + j} * group);
       I a = _mm256_setzero_si256();
-      for (std::int32_t i = 0; i < group; i += 8)
-        a = _mm256_max_epi32(a, _mm256_and_si256(bits(_mm256_mul_ps(load8<S, false>(in + row_bytes(S, i)), m)), k(0x7fffffffu)));
+      for (std::int32_t i = 0; i < group; i += 8) {
+        __m256 x = load8<S, false>(in + row_bytes(S, i));
+        if (by_k) x = _mm256_div_ps(x, m);
+        a = _mm256_max_epi32(a, _mm256_and_si256(bits(x), k(0x7fffffffu)));
+      }
       amax[j] = hmax_epi32(a);
     }
     I h;
@@ -115,7 +137,7 @@ KVCACHE_AVX2 inline void quantize_groups(std::byte* codes, std::byte* entries, c
     alignas(32) std::uint32_t hb[8];
     alignas(32) float ib[8];
     _mm256_store_si256(reinterpret_cast<I*>(hb), h);
-    _mm256_store_ps(ib, inv);
+    _mm256_store_ps(ib, entry_values<group_scale_dtype(C)>(h));  // each group's scale
     for (std::int32_t j = 0; j < nb; ++j) {
       if constexpr (C == DType::fp4_e2m1) {
         entries[b + j] = static_cast<std::byte>(hb[j]);
@@ -125,11 +147,11 @@ KVCACHE_AVX2 inline void quantize_groups(std::byte* codes, std::byte* entries, c
       }
       const std::byte* in = src + row_bytes(S, std::int64_t{b + j} * group);
       std::byte* out = codes + row_bytes(C, std::int64_t{b + j} * group);
-      const Scaled<S, false, true> x{in, m, _mm256_set1_ps(ib[j])};
+      const Quotients<S> x{in, m, _mm256_set1_ps(ib[j]), by_k, !(ib[j] > 0.0f)};
       if constexpr (dtype_bits(C) == 8) {
         store_each<C>(out, group, x);
       } else {
-        store_packed_each<C>(out, group, SymmetricCodes<C, Scaled<S, false, true>>{x});
+        store_packed_each<C>(out, group, SymmetricCodes<C, Quotients<S>>{x});
       }
     }
   }
@@ -175,8 +197,9 @@ KVCACHE_AVX2_INLINE inline I order_key(I u) noexcept {
 // quantize_group packs them).
 template <DType S, DType C>
 KVCACHE_AVX2 inline void quantize_groups_min(std::byte* codes, std::byte* entries, const std::byte* src, std::int32_t group,
-                                             std::int32_t groups, float mul) noexcept {
-  const __m256 m = _mm256_set1_ps(mul);
+                                             std::int32_t groups, float div) noexcept {
+  const __m256 m = _mm256_set1_ps(div);
+  const bool by_k = div != 1.0f;
   const float qmax = quant::code_max(C, true);
   for (std::int32_t b = 0; b < groups; b += 8) {
     const std::int32_t nb = groups - b < 8 ? groups - b : 8;
@@ -185,7 +208,9 @@ KVCACHE_AVX2 inline void quantize_groups_min(std::byte* codes, std::byte* entrie
       const std::byte* in = src + row_bytes(S, std::int64_t{b + j} * group);
       I kmin = k(0x7fffffffu), kmax = k(0x80000000u);
       for (std::int32_t i = 0; i < group; i += 8) {
-        const I key = order_key(bits(_mm256_mul_ps(load8<S, false>(in + row_bytes(S, i)), m)));
+        __m256 x = load8<S, false>(in + row_bytes(S, i));
+        if (by_k) x = _mm256_div_ps(x, m);
+        const I key = order_key(bits(x));
         kmin = _mm256_min_epi32(kmin, key), kmax = _mm256_max_epi32(kmax, key);
       }
       lo[j] = hmin_epi32(kmin), hi[j] = static_cast<std::int32_t>(hmax_epi32(kmax));
@@ -201,15 +226,15 @@ KVCACHE_AVX2 inline void quantize_groups_min(std::byte* codes, std::byte* entrie
     alignas(32) float ib[8], mf[8];
     _mm256_store_si256(reinterpret_cast<I*>(hb), h);
     _mm256_store_si256(reinterpret_cast<I*>(mb), mh);
-    _mm256_store_ps(ib, inv);
+    _mm256_store_ps(ib, f16_to_f32(h));  // each group's scale
     _mm256_store_ps(mf, mv);
     for (std::int32_t j = 0; j < nb; ++j) {
       const std::uint16_t e[2] = {static_cast<std::uint16_t>(hb[j]), static_cast<std::uint16_t>(mb[j])};
       std::memcpy(entries + 4 * (b + j), e, 4);
       const std::byte* in = src + row_bytes(S, std::int64_t{b + j} * group);
-      const __m256 mn = _mm256_set1_ps(mf[j]), iv = _mm256_set1_ps(ib[j]);
+      const __m256 mn = _mm256_set1_ps(mf[j]), sv = _mm256_set1_ps(ib[j]);
       std::byte* out = codes + row_bytes(C, std::int64_t{b + j} * group);
-      store_packed_each<C>(out, group, MinimumCodes<S>{in, m, mn, iv, qmax});
+      store_packed_each<C>(out, group, MinimumCodes<S>{in, m, mn, sv, by_k, !(ib[j] > 0.0f), qmax});
     }
   }
 }

@@ -8,11 +8,12 @@
 // rounded up, never down, and a minimum down, never up, so no value of the
 // group lies beyond the codes' reach: none saturates. The error bound that
 // follows (kv_format.hpp states it per format) holds for every finite input
-// within the entry type's range. A code is the rounding of x * (1 / s), the
-// reciprocal rounded once per group, not of x / s: the two differ by one
-// code where x / s lies within an ulp of a rounding midpoint (an exact tie
-// included). The bound allows for it; codes that are exactly the rounding of
-// x / s (as vLLM's per-tensor fp8 write, fp8(x / scale)) are not done yet.
+// within the entry type's range. A code is the rounding of the quotient
+// x / s (one IEEE division: quotient()), not of x * (1 / s), which differs
+// by a code near rounding midpoints; the host's vector loops compute the
+// same quotients (a divide, or a product corrected by its FMA residual where
+// that is exact), as an engine-held scale's writes do (store_row_divided:
+// vLLM's fp8(x / scale) bit for bit).
 #pragma once
 
 #include <cmath>
@@ -216,6 +217,11 @@ KVCACHE_HOST_DEVICE inline GroupScale group_scale(DType code, bool minimum, floa
   return g;
 }
 
+/// What a code rounds: t / s (t a value, or a value less the minimum; s the
+/// group's stored scale), one IEEE division, or t * 0 where s is 0 (a group
+/// of zeros: every code 0) or NaN. Every writer, host or CUDA, divides.
+KVCACHE_HOST_DEVICE inline float quotient(float t, float s) noexcept { return s > 0.0f ? t / s : t * 0.0f; }
+
 /// Quantizes x[0, n) (a whole group: 16 to 128 values) into codes (n elements of
 /// `code`, from a byte boundary) and entry; returns what was stored.
 KVCACHE_HOST_DEVICE inline GroupScale quantize_group(const float* x, std::int32_t n, DType code, bool minimum, void* codes,
@@ -240,25 +246,25 @@ KVCACHE_HOST_DEVICE inline GroupScale quantize_group(const float* x, std::int32_
   const GroupScale g = group_scale(code, minimum, lo, hi, amax);
   store_entry_value(code, entry, 0, g.scale);
   if (minimum) store_entry_value(code, entry, 1, g.minimum);
-  const float inv = g.scale > 0.0f ? 1.0f / g.scale : 0.0f, m = g.minimum;
+  const float s = g.scale, m = g.minimum;
   auto* b = static_cast<std::uint8_t*>(codes);
-  // Whole-byte symmetric codes are store_elem of x * inv: the host's AVX2 loops when it has them.
-  if (!minimum && dtype_bits(code) == 8 && fast_rows(codes, code, x, DType::f32, n, inv) == n) return g;
+  // Whole-byte symmetric codes are store_elem of x / s: the host's vector loops when it has them.
+  if (!minimum && dtype_bits(code) == 8 && s > 0.0f && fast_rows(codes, code, x, DType::f32, n, s, false, true) == n) return g;
   // One loop per code, the switch outside it: the host compiler vectorizes them.
   switch (code) {
     case DType::int8:
       if (minimum) {
-        for (std::int32_t i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>(cvt::to_int((x[i] - m) * inv, 0, 255));
+        for (std::int32_t i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>(cvt::to_int(quotient(x[i] - m, s), 0, 255));
       } else {
         for (std::int32_t i = 0; i < n; ++i)
-          b[i] = static_cast<std::uint8_t>(static_cast<std::uint32_t>(cvt::to_int(x[i] * inv, -127, 127)) & 0xffu);
+          b[i] = static_cast<std::uint8_t>(static_cast<std::uint32_t>(cvt::to_int(quotient(x[i], s), -127, 127)) & 0xffu);
       }
       return g;
     case DType::int4:
     case DType::int2: {  // encode's integers, then packed: two loops the host vectorizes (encode's switch per value did not)
       const auto qhi = static_cast<std::int32_t>(code_max(code, minimum)), qlo = minimum ? 0 : -qhi;
       std::uint32_t q[128];
-      for (std::int32_t i = 0; i < n; ++i) q[i] = static_cast<std::uint32_t>(cvt::to_int((x[i] - m) * inv, qlo, qhi));
+      for (std::int32_t i = 0; i < n; ++i) q[i] = static_cast<std::uint32_t>(cvt::to_int(quotient(x[i] - m, s), qlo, qhi));
       if (code == DType::int4)
         for (std::int32_t i = 0; i < n; i += 2) b[i >> 1] = static_cast<std::uint8_t>((q[i] & 15u) | ((q[i + 1] & 15u) << 4));
       else
@@ -268,13 +274,13 @@ KVCACHE_HOST_DEVICE inline GroupScale quantize_group(const float* x, std::int32_
     }
     case DType::fp4_e2m1:
       for (std::int32_t i = 0; i < n; i += 2)
-        b[i >> 1] = static_cast<std::uint8_t>(f32_to_e2m1(x[i] * inv) | (f32_to_e2m1(x[i + 1] * inv) << 4));
+        b[i >> 1] = static_cast<std::uint8_t>(f32_to_e2m1(quotient(x[i], s)) | (f32_to_e2m1(quotient(x[i + 1], s)) << 4));
       return g;
     case DType::fp8_e4m3:
-      for (std::int32_t i = 0; i < n; ++i) b[i] = cvt::f32_to_e4m3(x[i] * inv);
+      for (std::int32_t i = 0; i < n; ++i) b[i] = cvt::f32_to_e4m3(quotient(x[i], s));
       return g;
     default:
-      for (std::int32_t i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>(encode(code, minimum, (x[i] - m) * inv));
+      for (std::int32_t i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>(encode(code, minimum, quotient(x[i] - m, s)));
       return g;
   }
 }

@@ -118,29 +118,30 @@ __device__ inline std::uint32_t f32x2_to_f16x2(float a, float b) {
 }
 
 /// The chunk (8 elements) of the caller's at `from` (type st, a float
-/// type), times mul, as floats: load_row's conversions, each type with its
-/// own fixed-size buffer so the buffers stay in registers.
+/// type), divided by div (the write's scale: x / div, one IEEE division, as
+/// the host's store_row_divided), as floats: load_row's conversions, each
+/// type with its own fixed-size buffer so the buffers stay in registers.
 template <bool Aligned>
-__device__ inline void read_chunk(const std::byte* from, DType st, float mul, float* x) {
+__device__ inline void read_chunk(const std::byte* from, DType st, float div, float* x) {
   if (st == DType::f32) {
     alignas(16) float w[kChunk];
     move_bytes<32, Aligned>(w, from, from);
-    for (std::int32_t i = 0; i < kChunk; ++i) x[i] = w[i] * mul;
+    for (std::int32_t i = 0; i < kChunk; ++i) x[i] = __fdiv_rn(w[i], div);
     return;
   }
   alignas(16) std::uint16_t w[kChunk];
   move_bytes<16, Aligned>(w, from, from);
-  for (std::int32_t i = 0; i < kChunk; ++i) x[i] = (st == DType::f16 ? f16_to_f32(w[i]) : cvt::bf16_to_f32(w[i])) * mul;
+  for (std::int32_t i = 0; i < kChunk; ++i) x[i] = __fdiv_rn(st == DType::f16 ? f16_to_f32(w[i]) : cvt::bf16_to_f32(w[i]), div);
 }
 
-/// x (chunk c of one row of side kv, already times the row's multiplier)
+/// x (chunk c of one row of side kv, already divided by the row's scale)
 /// quantized into codes (the row's) and, with group scales, the row's
 /// entries. Every thread of the chunk's group must call it (shuffles).
 template <DType C, bool Aligned>
 __device__ inline void quantize_chunk_as(const PoolView& v, std::int32_t kv, std::byte* codes, std::byte* entries, const float* x,
                                       std::int32_t c) {
   const SideFormat& f = side_format(v, kv);
-  float inv = 1.0f, m = 0.0f;
+  float s = 1.0f, m = 0.0f;
   if (f.scales == Scales::group) {
     const std::int32_t width = f.group / kChunk;
     const unsigned mask = segment_mask(width);
@@ -164,7 +165,7 @@ __device__ inline void quantize_chunk_as(const PoolView& v, std::int32_t kv, std
       quant::store_entry_value(C, e, 0, g.scale);
       if (f.minimum) quant::store_entry_value(C, e, 1, g.minimum);
     }
-    inv = g.scale > 0.0f ? 1.0f / g.scale : 0.0f;
+    s = g.scale;
     m = g.minimum;
   }
   // Codes as quant::quantize_group (group scales) or store_elem / the 4-bit
@@ -172,7 +173,7 @@ __device__ inline void quantize_chunk_as(const PoolView& v, std::int32_t kv, std
   const bool grouped = f.scales == Scales::group;
   std::uint32_t q[kChunk];
   for (std::int32_t i = 0; i < kChunk; ++i)
-    q[i] = quant::encode(C, f.minimum, !grouped ? x[i] : f.minimum ? (x[i] - m) * inv : x[i] * inv);
+    q[i] = quant::encode(C, f.minimum, !grouped ? x[i] : quant::quotient(f.minimum ? x[i] - m : x[i], s));
   constexpr std::int32_t bits = dtype_bits(C);
   // Element i at bit i * bits of a little-endian word: byte j holds
   // elements 8j / bits onwards, low bits first, as the pool packs them.

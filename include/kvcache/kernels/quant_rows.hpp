@@ -85,11 +85,12 @@ KVCACHE_HOST_DEVICE inline float load_channel_elem(DType code, const SideFormat&
 }
 
 /// Writes `rows` adjacent rows of side kv (heads_in_one_run; usually one):
-/// src (rows * head_dim elements of st) times mul, quantized into codes
-/// `dst` and entries `entries`. Lane units are groups (group scales) or
-/// bytes (two 4-bit codes).
+/// src (rows * head_dim elements of st) divided by the call's scale `div`
+/// (the engine's k_scale / v_scale, times an engine-held scale), quantized
+/// into codes `dst` and entries `entries`. Lane units are groups (group
+/// scales) or bytes (two 4-bit codes).
 KVCACHE_HOST_DEVICE inline void store_quantized_row(const PoolView& v, std::int32_t kv, std::byte* dst, std::byte* entries,
-                                                    const void* src, DType st, float mul, std::int32_t lane,
+                                                    const void* src, DType st, float div, std::int32_t lane,
                                                     std::int32_t nlanes, std::int32_t rows = 1) noexcept {
   const SideFormat& f = side_format(v, kv);
   const std::int32_t n = rows * v.head_dim;
@@ -97,15 +98,15 @@ KVCACHE_HOST_DEVICE inline void store_quantized_row(const PoolView& v, std::int3
   if (f.scales == Scales::group) {
     // One thread, whole-byte symmetric codes: the host's group loops (the same bits).
     if (nlanes == 1 &&
-        fast_quantize_groups(dst, entries, src, st, v.dtype, f.minimum, f.group, n / f.group, mul, quant::code_max(v.dtype, false)))
+        fast_quantize_groups(dst, entries, src, st, v.dtype, f.minimum, f.group, n / f.group, div, quant::code_max(v.dtype, false)))
       return;
     float x[128];  // a group is at most 128 values
     const std::int64_t eb = group_entry_bytes(v.dtype, f);
     for (std::int32_t g = lane; g * f.group < n; g += nlanes) {
       const std::byte* in = static_cast<const std::byte*>(src) + row_bytes(st, std::int64_t{g} * f.group);
-      const std::int32_t done = fast_rows(x, DType::f32, in, st, f.group, mul);
+      const std::int32_t done = fast_rows(x, DType::f32, in, st, f.group, div, false, true);
       load_row(st, in + row_bytes(st, done), x + done, f.group - done);
-      for (std::int32_t i = done; i < f.group; ++i) x[i] *= mul;
+      for (std::int32_t i = done; i < f.group; ++i) x[i] /= div;
       quant::quantize_group(x, f.group, v.dtype, f.minimum, dst + row_bytes(v.dtype, std::int64_t{g} * f.group),
                             entries + g * eb);
     }
@@ -114,8 +115,8 @@ KVCACHE_HOST_DEVICE inline void store_quantized_row(const PoolView& v, std::int3
   // A 4-bit type with an engine-held scale: a byte holds elements 2i and 2i + 1.
   auto* b = reinterpret_cast<std::uint8_t*>(dst);
   for (std::int32_t i = lane; 2 * i < n; i += nlanes)
-    b[i] = static_cast<std::uint8_t>(quant::encode(v.dtype, false, load_elem(st, src, 2 * i) * mul) |
-                                     (quant::encode(v.dtype, false, load_elem(st, src, 2 * i + 1) * mul) << 4));
+    b[i] = static_cast<std::uint8_t>(quant::encode(v.dtype, false, load_elem(st, src, 2 * i) / div) |
+                                     (quant::encode(v.dtype, false, load_elem(st, src, 2 * i + 1) / div) << 4));
 }
 
 /// Reads `rows` adjacent rows of side kv (usually one) into out (rows *

@@ -23,7 +23,7 @@ struct RingWriteRow {
 inline cudaError_t ring_write_cuda(const RingWriteParams& p, cudaStream_t stream) {
   if (auto st = check_ring_write_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_tokens == 0) return cudaSuccess;
-  const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale, p.cache.head_dim);
+  const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.src.dtype, p.k_scale, p.cache.head_dim);
   return cuda_detail::launch_kv_rows(cuda_detail::RingWriteRow{p}, std::int64_t{p.num_layers} * p.num_tokens,
                                      p.cache.num_kv_heads, lanes, stream, p.cache.kv_planes);
 }

@@ -42,8 +42,8 @@ KVCACHE_HOST_DEVICE inline void ring_write_row(const RingWriteParams& p, std::in
   if (ring < 0 || ring >= pool_slots) return;
   const std::int32_t cache_layer = p.first_layer + layer;
   std::byte* ring_row = p.cache.row(ring / b, cache_layer, kv, static_cast<std::int32_t>(ring % b), head);
-  const float mul =
-      1.0f / ((kv == 0 ? p.k_scale : p.v_scale) * held_scale(p.cache, kv, kv == 0 ? p.k_scales : p.v_scales, cache_layer, head));
+  // What the row's inputs are divided by: the call's scale times the engine-held one (the rounding of x / d, as vLLM's writes).
+  const float div = (kv == 0 ? p.k_scale : p.v_scale) * held_scale(p.cache, kv, kv == 0 ? p.k_scales : p.v_scales, cache_layer, head);
   const std::int64_t promote = p.promote_slots ? p.promote_slots[token] : -1;
   if (quantized_side(p.cache, kv)) {
     std::byte* ring_entries = row_entries(p.cache, ring / b, cache_layer, kv, static_cast<std::int32_t>(ring % b), head);
@@ -52,16 +52,16 @@ KVCACHE_HOST_DEVICE inline void ring_write_row(const RingWriteParams& p, std::in
       copy_quantized_row(p.cache, kv, p.cache.row(promote / b, cache_layer, kv, pt, head),
                          row_entries(p.cache, promote / b, cache_layer, kv, pt, head), ring_row, ring_entries, lane, nlanes);
     }
-    store_quantized_row(p.cache, kv, ring_row, ring_entries, p.src.row(kv, layer, token, head), p.src.dtype, mul, lane,
+    store_quantized_row(p.cache, kv, ring_row, ring_entries, p.src.row(kv, layer, token, head), p.src.dtype, div, lane,
                         nlanes);
     return;
   }
-  const bool by_elements = !raw_move(p.cache.dtype, p.src.dtype, mul);  // same partition in both passes
+  const bool by_elements = !raw_move(p.cache.dtype, p.src.dtype, div);  // same partition in both passes
   if (promote >= 0 && promote < pool_slots)
     move_row(p.cache.row(promote / b, cache_layer, kv, static_cast<std::int32_t>(promote % b), head), p.cache.dtype,
              ring_row, p.cache.dtype, p.cache.head_dim, 1.0f, lane, nlanes, by_elements);
-  move_row(ring_row, p.cache.dtype, p.src.row(kv, layer, token, head), p.src.dtype, p.cache.head_dim, mul, lane,
-           nlanes, by_elements);
+  move_row(ring_row, p.cache.dtype, p.src.row(kv, layer, token, head), p.src.dtype, p.cache.head_dim, div, lane,
+           nlanes, by_elements, false, true);
 }
 
 /// What the host can see (shapes, layers, scales); shared by both launchers.

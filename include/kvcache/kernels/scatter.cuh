@@ -35,7 +35,7 @@ struct ScatterPtrs {
 // Item = (layer, token); lane = chunk. A skipped token skips the whole item,
 // so a group's threads always shuffle together. Th: the thread's source
 // chunk, code row and entry row at layer 0, token 0 (block 0), and its
-// multiplier at layer 0; an item adds its layer, token and slot.
+// scale at layer 0 (scatter_div); an item adds its layer, token and slot.
 template <bool Aligned>
 struct ScatterChunks {
   ScatterParams p;
@@ -45,7 +45,7 @@ struct ScatterChunks {
     std::byte* codes;
     std::byte* entries;  // null without group scales
     std::int64_t entry_token;  // entry bytes a token apart
-    float mul;
+    float div;
     std::int32_t kv, head, chunk;
   };
   __device__ Th thread(std::int32_t kv, std::int32_t head, std::int32_t chunk) const {
@@ -53,7 +53,7 @@ struct ScatterChunks {
             p.cache.row(0, p.first_layer, kv, 0, head),
             rows.at(p.cache, 0, p.first_layer, kv, 0, head),
             rows.token * row_entry_bytes(p.cache, kv),
-            scatter_mul(p, 0, kv, head),
+            scatter_div(p, 0, kv, head),
             kv,
             head,
             chunk};
@@ -61,7 +61,7 @@ struct ScatterChunks {
   __device__ DType code() const { return p.cache.dtype; }
   template <DType C>
   __device__ void item(const Th& th, std::int64_t item) const {
-    const bool one = p.num_layers == 1;  // no 64-bit division, no multiplier, per item
+    const bool one = p.num_layers == 1;  // no 64-bit division, no scale, per item
     const auto layer = one ? 0 : static_cast<std::int32_t>(item / p.num_tokens);
     const std::int64_t token = one ? item : item % p.num_tokens;
     std::int64_t block = 0;
@@ -71,7 +71,7 @@ struct ScatterChunks {
     const std::int64_t at = block * s.block + std::int64_t{layer} * s.layer;
     float x[kChunk];
     read_chunk<Aligned>(th.src + layer * p.src.layer_stride + token * p.src.token_stride, p.src.dtype,
-                        one ? th.mul : scatter_mul(p, layer, th.kv, th.head), x);
+                        one ? th.div : scatter_div(p, layer, th.kv, th.head), x);
     quantize_chunk_as<C, Aligned>(p.cache, th.kv, th.codes + at + std::int64_t{offset} * s.token,
                                   th.entries ? th.entries + at + offset * th.entry_token : nullptr, x, th.chunk);
   }
@@ -90,7 +90,7 @@ inline bool scatter_chunks_aligned(const ScatterParams& p) {
 inline bool scatter_vectorizable(const ScatterParams& p, std::int32_t rows, std::int32_t vecs) {
   const std::int64_t head_bytes = std::int64_t{p.cache.head_dim} * dtype_bytes(p.cache.dtype);
   const Strides& c = p.cache.strides;
-  return !quantized_pool(p.cache) && !p.k_scales && !p.v_scales && raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale) && raw_move(p.cache.dtype, p.src.dtype, 1.0f / p.v_scale) &&
+  return !quantized_pool(p.cache) && !p.k_scales && !p.v_scales && raw_move(p.cache.dtype, p.src.dtype, p.k_scale) && raw_move(p.cache.dtype, p.src.dtype, p.v_scale) &&
          aligned16(head_bytes) && aligned16(p.cache.base) && aligned16(p.src.k) &&
          (p.cache.kv_planes == 1 || aligned16(p.src.v)) &&
          aligned16(c.block | c.layer | c.kv | c.token | c.head) &&
@@ -115,7 +115,7 @@ inline cudaError_t scatter_cuda(const ScatterParams& p, cudaStream_t stream) {
                                           cuda_detail::scatter_chunks_aligned(p), items, p.cache.num_kv_heads,
                                           p.cache.head_dim / cuda_detail::kChunk, p.cache.kv_planes, stream);
   }
-  const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale, p.cache.head_dim);
+  const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.src.dtype, p.k_scale, p.cache.head_dim);
   return cuda_detail::launch_kv_rows(cuda_detail::ScatterRow{p}, items, p.cache.num_kv_heads, lanes, stream,
                                      p.cache.kv_planes);
 }

@@ -98,12 +98,12 @@ KVCACHE_HOST_DEVICE inline bool scatter_ptrs(const ScatterParams& p, std::int32_
   return true;
 }
 
-/// What a (layer, K|V, head) row's inputs are multiplied by: 1 / (the call's
-/// scale times the engine-held one).
-KVCACHE_HOST_DEVICE inline float scatter_mul(const ScatterParams& p, std::int32_t layer, std::int32_t kv,
+/// What a (layer, K|V, head) row's inputs are divided by: the call's scale
+/// times the engine-held one (a code is the rounding of x / that, as
+/// vLLM's fp8 write computes it; with no held scale, x / k_scale exactly).
+KVCACHE_HOST_DEVICE inline float scatter_div(const ScatterParams& p, std::int32_t layer, std::int32_t kv,
                                              std::int32_t head) noexcept {
-  return 1.0f / ((kv == 0 ? p.k_scale : p.v_scale) *
-                 held_scale(p.cache, kv, kv == 0 ? p.k_scales : p.v_scales, p.first_layer + layer, head));
+  return (kv == 0 ? p.k_scale : p.v_scale) * held_scale(p.cache, kv, kv == 0 ? p.k_scales : p.v_scales, p.first_layer + layer, head);
 }
 
 /// Writes one row whose addresses are known: source row src into pool row
@@ -114,13 +114,13 @@ KVCACHE_HOST_DEVICE inline void scatter_row_at(const ScatterParams& p, std::int3
                                              std::int64_t block, std::int32_t offset, std::byte* dst, const std::byte* src,
                                              std::int32_t lane, std::int32_t nlanes, std::int32_t rows = 1,
                                              bool stream = false) noexcept {
-  const float mul = scatter_mul(p, layer, kv, head);
+  const float div = scatter_div(p, layer, kv, head);
   if (quantized_side(p.cache, kv)) {  // quantized on write: codes and the rows' group entries in one pass
     store_quantized_row(p.cache, kv, dst, row_entries(p.cache, block, p.first_layer + layer, kv, offset, head), src,
-                        p.src.dtype, mul, lane, nlanes, rows);
+                        p.src.dtype, div, lane, nlanes, rows);
     return;
   }
-  move_row(dst, p.cache.dtype, src, p.src.dtype, rows * p.cache.head_dim, mul, lane, nlanes, false, stream);
+  move_row(dst, p.cache.dtype, src, p.src.dtype, rows * p.cache.head_dim, div, lane, nlanes, false, stream, true);
 }
 
 /// Writes one (layer, token, K|V, head) row; lanes split the row (shared by both backends).

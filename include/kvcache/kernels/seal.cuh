@@ -26,7 +26,7 @@ struct SealRow {
 inline cudaError_t seal_blocks_cuda(const SealParams& p, cudaStream_t stream) {
   if (auto st = check_seal_shape(p); !st) return cuda_detail::invalid(st);
   if (p.num_blocks == 0) return cudaSuccess;
-  const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.src.dtype, 1.0f / p.k_scale, p.cache.head_dim);
+  const std::int32_t lanes = cuda_detail::lanes_for(p.cache.dtype, p.src.dtype, p.k_scale, p.cache.head_dim);
   return cuda_detail::launch_kv_rows(cuda_detail::SealRow{p}, seal_items(p), p.cache.num_kv_heads, lanes, stream,
                                      p.cache.kv_planes);
 }

@@ -54,17 +54,17 @@ KVCACHE_HOST_DEVICE inline void seal_channel_unit(const SealParams& p, std::int3
   const SideFormat& f = side_format(v, kv);
   const std::int32_t n = seal_unit(v), bits = dtype_bits(v.dtype), B = v.block_size, c0 = unit * n;
   const std::int64_t block = p.blocks[i], first = std::int64_t{i} * B;
-  const float mul = 1.0f / (kv == 0 ? p.k_scale : p.v_scale);
+  const float div = kv == 0 ? p.k_scale : p.v_scale;  // the values are divided by it, as scatter divides
   std::byte* entries = row_entries(v, block, p.first_layer + layer, kv, 0, head);
   const std::int64_t eb = group_entry_bytes(v.dtype, f);
-  float inv[4], minimum[4];
+  float scale[4], minimum[4];
   for (std::int32_t j = 0; j < n; ++j) {
     // The channel's range, as quantize_group finds a group's (order keys, so
     // NaN and -0 rank as they do there).
     std::int32_t kmin = 0, kmax = 0;
     std::uint32_t amax = 0;
     for (std::int32_t t = 0; t < B; ++t) {
-      const float x = load_elem(p.src.dtype, p.src.row(kv, layer, first + t, head), c0 + j) * mul;
+      const float x = load_elem(p.src.dtype, p.src.row(kv, layer, first + t, head), c0 + j) / div;
       const std::int32_t k = quant::order_key(x);
       kmin = t == 0 || k < kmin ? k : kmin;
       kmax = t == 0 || k > kmax ? k : kmax;
@@ -76,14 +76,15 @@ KVCACHE_HOST_DEVICE inline void seal_channel_unit(const SealParams& p, std::int3
     std::byte* entry = entries + (c0 + j) * eb;
     quant::store_entry_value(v.dtype, entry, 0, g.scale);
     if (f.minimum) quant::store_entry_value(v.dtype, entry, 1, g.minimum);
-    inv[j] = g.scale > 0.0f ? 1.0f / g.scale : 0.0f;
+    scale[j] = g.scale;
     minimum[j] = g.minimum;
   }
   for (std::int32_t t = 0; t < B; ++t) {
     const std::byte* in = p.src.row(kv, layer, first + t, head);
     std::uint32_t byte = 0;
     for (std::int32_t j = 0; j < n; ++j)
-      byte |= quant::encode(v.dtype, f.minimum, (load_elem(p.src.dtype, in, c0 + j) * mul - minimum[j]) * inv[j]) << (bits * j);
+      byte |= quant::encode(v.dtype, f.minimum, quant::quotient(load_elem(p.src.dtype, in, c0 + j) / div - minimum[j], scale[j]))
+              << (bits * j);
     *reinterpret_cast<std::uint8_t*>(v.row(block, p.first_layer + layer, kv, t, head) + unit) = static_cast<std::uint8_t>(byte);
   }
 }
@@ -137,7 +138,7 @@ inline constexpr std::int32_t kSealHostFloats = 8192;
 inline constexpr std::int32_t kSealHostDim = 512;
 /// The host seal's buffers, on the caller's stack (no allocation).
 struct SealScratch {
-  float x[kSealHostFloats + 2 * kSealHostDim];  ///< The block's rows, then each channel's 1 / scale and minimum.
+  float x[kSealHostFloats + 2 * kSealHostDim];  ///< The block's rows, then each channel's scale and minimum.
   std::int32_t n[4 * kSealHostDim];  ///< Each channel's smallest and largest order key and largest |x| bits; a row's codes.
 };
 /// True when a (block, head) of v fits SealScratch: seal_blocks_host then
@@ -146,15 +147,15 @@ inline bool seal_host_fits(const PoolView& v) noexcept {
   return v.head_dim <= kSealHostDim && std::int64_t{v.block_size} * v.head_dim <= kSealHostFloats;
 }
 /// Where a (block i, layer, side kv, kv-head head) of a seal is: the pool
-/// block, its first source token, the factor its values take (1 / the
+/// block, its first source token, what its values are divided by (the
 /// side's tensor scale), and SealScratch's parts: the block's rows as
-/// floats (x), each channel's 1 / scale (inv) and minimum (mn).
+/// floats (x), each channel's scale (sc) and minimum (mn).
 struct SealHostBlock {
   std::int64_t block;  ///< The pool block.
   std::int64_t first;  ///< Its first source token.
-  float mul;  ///< 1 / the side's tensor scale.
+  float div;  ///< The side's tensor scale: the values are divided by it.
   float* x;  ///< block_size x head_dim floats: the block's rows.
-  float* inv;  ///< head_dim: each channel's 1 / scale.
+  float* sc;  ///< head_dim: each channel's scale.
   float* mn;  ///< head_dim: each channel's minimum.
 };
 /// Block i's side kv as seal_channels_host sees it, its buffers in scratch
@@ -162,10 +163,10 @@ struct SealHostBlock {
 inline SealHostBlock seal_host_block(const SealParams& p, std::int32_t i, std::int32_t kv, SealScratch& scratch) noexcept {
   const std::int32_t B = p.cache.block_size, D = p.cache.head_dim;
   float* x = scratch.x;
-  return {p.blocks[i], std::int64_t{i} * B, 1.0f / (kv == 0 ? p.k_scale : p.v_scale), x, x + std::int64_t{B} * D,
+  return {p.blocks[i], std::int64_t{i} * B, kv == 0 ? p.k_scale : p.v_scale, x, x + std::int64_t{B} * D,
           x + std::int64_t{B} * D + D};
 }
-/// Block u's source rows into u.x as floats: load_elem(src) * mul, as the
+/// Block u's source rows into u.x as floats: load_elem(src) / div, as the
 /// scatter rows compute it.
 inline void seal_host_rows(const SealParams& p, const SealHostBlock& u, std::int32_t layer, std::int32_t kv,
                            std::int32_t head) noexcept {
@@ -173,9 +174,9 @@ inline void seal_host_rows(const SealParams& p, const SealHostBlock& u, std::int
   for (std::int32_t t = 0; t < p.cache.block_size; ++t) {
     const std::byte* in = p.src.row(kv, layer, u.first + t, head);
     float* row = u.x + std::int64_t{t} * D;
-    const std::int32_t done = fast_rows(row, DType::f32, in, p.src.dtype, D, u.mul);
+    const std::int32_t done = fast_rows(row, DType::f32, in, p.src.dtype, D, u.div, false, true);
     load_row(p.src.dtype, in + row_bytes(p.src.dtype, done), row + done, D - done);
-    for (std::int32_t d = done; d < D; ++d) row[d] *= u.mul;
+    for (std::int32_t d = done; d < D; ++d) row[d] /= u.div;
   }
 }
 
@@ -202,15 +203,15 @@ KVCACHE_HOST_KERNEL bool seal_block_channels(const SealParams& p, std::int32_t i
     const auto src = [&](std::int32_t t) { return p.src.row(kv, layer, u.first + t, head); };
     const auto out = [&](std::int32_t t) { return v.row(u.block, p.first_layer + layer, kv, t, head); };
     if (channels_fast(v.dtype, D, p.src.dtype) &&
-        avx512::seal_channels(v.dtype, f.minimum, p.src.dtype, src, out, entries, B, D, u.mul, u.x, u.inv, u.mn))
+        avx512::seal_channels(v.dtype, f.minimum, p.src.dtype, src, out, entries, B, D, u.div, u.x, u.sc, u.mn))
       return true;
   }
 #endif
   if (!channels_fast(v.dtype, D, DType::f32)) return false;
   seal_host_rows(p, u, layer, kv, head);
-  channel_entries(v.dtype, f.minimum, u.x, B, D, entries, u.inv, u.mn);
+  channel_entries(v.dtype, f.minimum, u.x, B, D, entries, u.sc, u.mn);
   for (std::int32_t t = 0; t < B; ++t)
-    channel_codes(v.dtype, f.minimum, v.row(u.block, p.first_layer + layer, kv, t, head), u.x + std::int64_t{t} * D, u.inv,
+    channel_codes(v.dtype, f.minimum, v.row(u.block, p.first_layer + layer, kv, t, head), u.x + std::int64_t{t} * D, u.sc,
                   u.mn, D);
   return true;
 }
@@ -233,7 +234,7 @@ inline void seal_channels_host(const SealParams& p, std::int32_t i, std::int32_t
   const std::int32_t B = v.block_size, D = v.head_dim;
   const SealHostBlock u = seal_host_block(p, i, kv, scratch);
   const std::int64_t block = u.block;
-  float *x = u.x, *inv = u.inv, *mn = u.mn;
+  float *x = u.x, *sc = u.sc, *mn = u.mn;
   std::int32_t *kmin = scratch.n, *kmax = kmin + D, *amax = kmax + D, *q = amax + D;  // amax: |x|'s bits, below 2^31
   seal_host_rows(p, u, layer, kv, head);
   for (std::int32_t d = 0; d < D; ++d) kmin[d] = kmax[d] = quant::order_key(x[d]), amax[d] = 0;
@@ -254,7 +255,7 @@ inline void seal_channels_host(const SealParams& p, std::int32_t i, std::int32_t
                             cvt::from_bits(static_cast<std::uint32_t>(amax[d])));
     quant::store_entry_value(v.dtype, entries + d * eb, 0, g.scale);
     if (f.minimum) quant::store_entry_value(v.dtype, entries + d * eb, 1, g.minimum);
-    inv[d] = g.scale > 0.0f ? 1.0f / g.scale : 0.0f;
+    sc[d] = g.scale;
     mn[d] = g.minimum;
   }
   const auto cmax = static_cast<std::int32_t>(quant::code_max(v.dtype, f.minimum));
@@ -262,7 +263,7 @@ inline void seal_channels_host(const SealParams& p, std::int32_t i, std::int32_t
   const std::uint32_t mask = (1u << bits) - 1u;
   for (std::int32_t t = 0; t < B; ++t) {
     const float* row = x + std::int64_t{t} * D;
-    for (std::int32_t d = 0; d < D; ++d) q[d] = cvt::to_int((row[d] - mn[d]) * inv[d], lo, cmax);  // encode's integer
+    for (std::int32_t d = 0; d < D; ++d) q[d] = cvt::to_int(quant::quotient(row[d] - mn[d], sc[d]), lo, cmax);  // encode's integer
     auto* out = reinterpret_cast<std::uint8_t*>(v.row(block, p.first_layer + layer, kv, t, head));
     for (std::int32_t b = 0; b * 8 < D * bits; ++b) {
       std::uint32_t byte = 0;
