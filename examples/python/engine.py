@@ -53,6 +53,14 @@ def heldout_window(context):
     return list((MODEL_DIR / "heldout.bin").read_bytes())[-context:]
 
 
+def calibration_window(model):
+    """The tokens a calibrated format's scales are measured on: the model's
+    `calibration_tokens` when it has them (a pretrained model: its own
+    tokenizer's), else the tiny model's held-out window."""
+    given = getattr(model, "calibration_tokens", None)
+    return list(given) if given is not None else heldout_window(model.c["context"])
+
+
 class _AmaxKv:
     """A plain store for one forward call over a calibration window; keeps
     each (layer, kv-head)'s largest |K| and |V|."""
@@ -97,9 +105,12 @@ class EngineConfig:
     grouping: str = "heads"    # token policies' groups: all, heads, layers or layer_heads
     observe_window: int = 0    # SnapKV: the prompt's last queries that score it
     layer_streams: bool = False  # one stream per (request, layer): block policies choose per layer
-    window: int = 0            # > 0: a hybrid cache, odd layers a sliding window of this many tokens (keep_all)
+    window: int = 0            # > 0: a hybrid cache, the model's window layers (the tiny model: its odd layers) a
+    #                            sliding window of this many tokens (keep_all)
+    prefix_caching: bool = False  # admit through the prefix cache: a prompt's cached blocks are not computed again
     kv_format: str = "f32"     # how the pool stores K/V: a name in KV_FORMATS
     kv_scales: tuple = None    # a calibrated format's (k, v) scales, [layers * kv_heads] each; None: calibrate
+    keep_logits: bool = False  # every position's logits, each chunk's in Request.chunk_logits (for the dense checks)
 
     def __post_init__(self):  # a format that groups over blocks sets the block size (kv_formats.hpp's with_kv_format)
         if self.kv_format in KV_FORMATS and KV_FORMATS[self.kv_format][3]:
@@ -114,6 +125,7 @@ class Request:
     priority: int = 0  # a larger priority is preempted last
     output: list = dataclasses.field(default_factory=list)
     logits: list = dataclasses.field(default_factory=list)  # each output token's logits [vocab]
+    chunk_logits: list = dataclasses.field(default_factory=list)  # keep_logits: (first position, logits [n, vocab])
     fed: int = 0       # tokens of prompt + output in the cache
     running: bool = False
     done: bool = False
@@ -324,14 +336,14 @@ class PagedKv:
 class HybridKv:
     """One request's view of a hybrid pool (hybrid_backend.hpp's HybridKv): each
     layer is written through its group's view at the group's slots and read
-    back through the group's CSR over its live blocks; odd layers mask keys W
-    or more behind the query."""
+    back through the group's CSR over its live blocks; a window group's layers
+    mask keys W or more behind the query."""
 
     def __init__(self, eng, r, slots):
         self.e, self.seq, self.slots = eng, r.seqs[0], slots
 
     def window(self, layer):
-        return self.e.cfg.window if self.e.groups.layer_slot(layer)[0] == 1 else 0
+        return self.e.group_window[self.e.groups.layer_slot(layer)[0]]
 
     def write(self, layer, k, v):
         g, index = self.e.groups.layer_slot(layer)
@@ -354,18 +366,22 @@ class Engine:
     def __init__(self, model, cfg, policy):
         c = model.c
         self.m, self.c, self.cfg, self.fwd = model, c, cfg, Forward(model)
-        self.heads, self.head_dim = c["kv_heads"], c["dim"] // c["q_heads"]
+        self.heads, self.head_dim = c["kv_heads"], c.get("head_dim", c["dim"] // c["q_heads"])
         self.token_policy = isinstance(policy, TOKEN_POLICIES)
         self.observes = self.token_policy or isinstance(policy, kv.BlockScores)
         if self.token_policy and cfg.layer_streams:
             raise ValueError("layer_streams: token policies choose per layer through their groups")
         self.streams = c["layers"] if cfg.layer_streams else 1
         self.stats = Stats()
+        self.prefix_hit_tokens = 0  # prompt tokens the prefix cache served (prefix_caching; not in Stats: the C++ twin has none)
         self.hybrid = cfg.window > 0
         self.scales = None  # a calibrated format's (k, v): float32 arrays [layers, kv_heads]
         self.residual = None  # a channel-scaled pool's open blocks (KIVI)
         if self.hybrid and cfg.kv_format != "f32":
             raise ValueError("window: the hybrid engine stores f32")
+        if cfg.prefix_caching and (self.hybrid or self.token_policy or cfg.layer_streams):
+            raise ValueError("prefix_caching: one stream per request under keep_all or a block policy "
+                             "(a token policy's compaction rewrites the rows a hit would share)")
         if self.hybrid:
             self._init_hybrid(policy)
             return
@@ -373,7 +389,7 @@ class Engine:
             raise ValueError(f"unknown KV format '{cfg.kv_format}' (one of: {', '.join(KV_FORMATS)})")
         dtype, fmt, calibrated, _ = KV_FORMATS[cfg.kv_format]
         if calibrated:
-            given = cfg.kv_scales or calibrate_kv_scales(model, heldout_window(c["context"]), dtype)
+            given = cfg.kv_scales or calibrate_kv_scales(model, calibration_window(model), dtype)
             self.scales = tuple(np.asarray(s, dtype=np.float32) for s in given)
             cells = c["layers"] * self.heads
             for side, s in zip("kv", self.scales):
@@ -392,7 +408,8 @@ class Engine:
         self.pool = kv.PoolView(self.geometry, self.memory, self.blocks)
         self.max_blocks_per_stream = c["context"] // cfg.block_size + 2
         self.cache = kv.Cache(self.geometry, num_blocks=self.blocks, max_sequences=cfg.max_batch * self.streams,
-                              max_blocks_per_sequence=self.max_blocks_per_stream, eviction=policy)
+                              max_blocks_per_sequence=self.max_blocks_per_stream, eviction=policy,
+                              publish_on_reserve=cfg.prefix_caching)
         self.groups = policy.groups if self.token_policy else 1
         self.grouping = "all" if self.groups == 1 else cfg.grouping
         L, H = c["layers"], self.heads
@@ -404,29 +421,57 @@ class Engine:
             self.residual = ChannelResidual(self.pool, self.geometry.num_layers, cfg.block_size, self.heads, self.head_dim)
 
     def _init_hybrid(self, policy):
-        """Layers in two groups of one pool: even ones full attention, odd ones the window (hybrid_backend.hpp)."""
-        c, cfg = self.c, self.cfg
+        """The layers in groups of one pool (hybrid_backend.hpp): the full-attention
+        layers in one group, the window layers in groups of as many layers (as
+        vLLM's hybrid manager groups them, so every group's page is the same
+        size). The window layers are the model's own (Gemma 3's), or, for a
+        model with none, the odd layers."""
+        c, cfg, L = self.c, self.cfg, self.c["layers"]
         if not isinstance(policy, kv.KeepAll) or cfg.optimistic or cfg.layer_streams or not cfg.evict_in_prefill:
             raise ValueError("window: keep_all, admitted by its lifetime, every chunk marked computed")
-        f32 = kv.DType.f32
-        self.groups = kv.LayerGroups(
-            [kv.LayerGroup("full", list(range(0, c["layers"], 2)), num_kv_heads=self.heads, head_dim=self.head_dim, dtype=f32),
-             kv.LayerGroup("sliding_window", list(range(1, c["layers"], 2)), num_kv_heads=self.heads,
-                           head_dim=self.head_dim, window=cfg.window, dtype=f32)], block_size=cfg.block_size)
-        self.blocks = 2 * (cfg.max_kv_tokens // cfg.block_size) + 1  # the bytes of max_kv_tokens tokens of every layer
+        own = [self.m.window(layer) for layer in range(L)]
+        if any(own):
+            if set(own) - {0} != {cfg.window}:
+                raise ValueError(f"window {cfg.window}: the model's window layers attend to {max(own)} tokens")
+            full, windowed = [i for i in range(L) if own[i] == 0], [i for i in range(L) if own[i] > 0]
+        else:
+            full, windowed = list(range(0, L, 2)), list(range(1, L, 2))
+        size = len(full)
+        shape = dict(num_kv_heads=self.heads, head_dim=self.head_dim, dtype=kv.DType.f32)
+        groups = [kv.LayerGroup("full", full, **shape)]
+        groups += [kv.LayerGroup("sliding_window", windowed[i:i + size], window=cfg.window, **shape)
+                   for i in range(0, len(windowed), size)]
+        self.groups = kv.LayerGroups(groups, block_size=cfg.block_size)
+        self.group_window = [0] + [cfg.window] * (len(groups) - 1)
+        self.group_layers = [len(g.layers) for g in groups]
+        # The bytes of max_kv_tokens tokens of every layer, and the null block.
+        self.blocks = len(groups) * (cfg.max_kv_tokens // cfg.block_size) + 1
         self.memory = torch.zeros(self.blocks * self.groups.page_bytes, dtype=torch.uint8)
-        self.views = [kv.PoolView.of_group(self.groups, g, self.memory, self.blocks) for g in range(2)]
+        self.views = [kv.PoolView.of_group(self.groups, g, self.memory, self.blocks) for g in range(len(groups))]
         self.cache = kv.HybridCache(self.groups, num_blocks=self.blocks, max_sequences=cfg.max_batch,
                                     max_tokens=c["context"] + 256, prefill_chunk=cfg.chunk, prefix_caching=False)
         self.token_policy = self.observes = self.last_query = False
+
+    def kv_bytes(self, tokens):
+        """(bytes one request of `tokens` tokens holds at its peak in this
+        engine's layout, bytes it would hold with every layer keeping every
+        token). A hybrid's window groups hold their window and a chunk."""
+        B = self.cfg.block_size
+        blocks = -(-tokens // B)
+        if self.hybrid:
+            page = self.groups.page_bytes
+            return self.groups.blocks_needed(tokens, self.cfg.chunk) * page, len(self.group_layers) * blocks * page
+        per_block = self.geometry.pool_bytes(self.blocks) // self.blocks
+        return blocks * per_block * self.streams, blocks * per_block * self.streams
 
     def group_of(self, layer, head):
         return layer * self.layout[0] + head * self.layout[1]
 
     # Bookkeeping.
-    def held(self, r):  # one stream per layer: their mean, rounded up (a hybrid: its two groups')
+    def held(self, r):  # one stream per layer: their mean, rounded up (a hybrid: its layers')
         if self.hybrid:
-            return (self.cache.tokens_held(r.seqs[0], 0) + self.cache.tokens_held(r.seqs[0], 1) + 1) // 2
+            held = sum(self.cache.tokens_held(r.seqs[0], g) * n for g, n in enumerate(self.group_layers))
+            return -(-held // self.c["layers"])
         return (sum(self.cache.tokens_held(s) for s in r.seqs) + self.streams - 1) // self.streams
 
     def blocks_needed(self, tokens, new_tokens, chunk):
@@ -455,7 +500,12 @@ class Engine:
         """n slots in each of r's streams, [streams, n]; all or nothing (raises kv.OutOfBlocks)."""
         if self.hybrid:
             return self.cache.reserve(r.seqs[0], n)  # [groups, n]
-        if len(r.seqs) == 1:
+        if self.cfg.prefix_caching:  # the tokens' ids go with their slots: full blocks publish themselves
+            seq = r.prompt + r.output
+            slots, _, copy = self.cache.reserve(r.seqs[0], np.asarray(seq[r.fed:r.fed + n], dtype=np.int32))
+            copies = copy[0] >= 0
+            slots = slots[None]
+        elif len(r.seqs) == 1:
             slots, _, copy = self.cache.reserve(r.seqs[0], n)
             copies = copy[0] >= 0
             slots = slots[None]
@@ -500,6 +550,15 @@ class Engine:
             except kv.Error:
                 break
             c = self.cache
+            if self.cfg.prefix_caching:  # the ledger counts the hit: what the prompt's cached blocks save
+                tokens = np.asarray(r.prompt + r.output, dtype=np.int32)
+                plan = dict(max_new=0 if self.cfg.optimistic else remaining, prefill_chunk=chunk)
+                if c.free_sequences < 1 or not c.can_admit_prompt(tokens, **plan):
+                    break
+                a = c.admit(tokens, reserve=0, **plan)
+                r.seqs, r.running, r.fed = [a.seq], True, a.cached_tokens
+                self.prefix_hit_tokens += a.cached_tokens
+                continue
             if c.free_sequences < self.streams or need > c.free_blocks - c.promised_blocks:
                 break
             self._add_streams(r)
@@ -520,7 +579,11 @@ class Engine:
         seq = r.prompt + r.output
         trace = None if self.hybrid else Trace(ragged=self.streams > 1)  # a hybrid feeds no policy
         store = HybridKv(self, r, slots) if self.hybrid else PagedKv(self, r, slots, r.fed)
-        logits = self.fwd.run(store, seq[r.fed:r.fed + n], r.fed, True, trace, self.cfg.observe_window)
+        logits = self.fwd.run(store, seq[r.fed:r.fed + n], r.fed, not self.cfg.keep_logits, trace,
+                              self.cfg.observe_window)
+        if self.cfg.keep_logits:
+            r.chunk_logits.append((r.fed, logits))
+            logits = logits[-1:]
         r.fed += n
         r.peak_kv = max(r.peak_kv, self.held(r))
         prefill_done = r.fed >= total

@@ -41,45 +41,41 @@ class Trace:
 
 
 class Forward:
+    """Runs a model one chunk of one request at a time against a K/V store. The
+    model gives embed_tokens(ids), blocks[i].qkv(x, positions) (roped q, k, v),
+    blocks[i].finish(x, attention output), window(layer) (0: full attention)
+    and logits(x): train.Model (the tiny model, SmolLM2) and pretrained.Gemma3."""
+
     def __init__(self, model):
         self.m = model
         c = model.c
         self.c = c
-        self.hd = c["dim"] // c["q_heads"]
+        self.hd = c.get("head_dim", c["dim"] // c["q_heads"])
         self.rep = c["q_heads"] // c["kv_heads"]
         self.scale = torch.tensor(1.0 / float(self.hd) ** 0.5, dtype=torch.float32)
-        self.cos, self.sin = model.cos, model.sin  # [context, head_dim / 2], angles taken in float64
-
-    def _rope(self, x, pos):  # x [n, heads, head_dim]; NeoX pairing (i with i + head_dim / 2)
-        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
-        return train.apply_rope(x, cos, sin)
 
     @torch.no_grad()
     def run(self, store, tokens, first_pos, last_only, trace=None, observe_last=0):
         """Logits [n or 1, vocab] of `tokens` at positions first_pos..; the store
         already has room for the chunk (its slots)."""
-        c, hd = self.c, self.hd
+        c = self.c
         n = len(tokens)
         pos = torch.arange(first_pos, first_pos + n)
-        x = self.m.embed(torch.as_tensor(tokens, dtype=torch.long))
+        x = self.m.embed_tokens(torch.as_tensor(tokens, dtype=torch.long))
         observed = max(0, n - observe_last) if observe_last > 0 else 0
         if trace is not None:
             trace.layer_sums = [None] * c["layers"]
         for layer, blk in enumerate(self.m.blocks):
-            h = blk.attn_norm(x)
-            q = self._rope(blk.wq(h).view(n, c["q_heads"], hd), pos)
-            k = self._rope(blk.wk(h).view(n, c["kv_heads"], hd), pos)
-            v = blk.wv(h).view(n, c["kv_heads"], hd)
+            q, k, v = blk.qkv(x, pos)
             store.write(layer, k.contiguous(), v.contiguous())
             keys, values, key_pos = store.read(layer)  # [kv_heads, held, hd] x2, [kv_heads, held]
-            window = store.window(layer) if hasattr(store, "window") else 0  # a hybrid's window layers
+            # The model's sliding-window layers, or a hybrid engine's window over the tiny model's odd layers.
+            window = self.m.window(layer) or (store.window(layer) if hasattr(store, "window") else 0)
             a = self._attention(q, keys, values, key_pos, pos, layer, trace, observed, window)
-            x = x + blk.wo(a.reshape(n, -1))
-            h = blk.mlp_norm(x)
-            x = x + blk.w_down(torch.nn.functional.silu(blk.w_gate(h)) * blk.w_up(h))
+            x = blk.finish(x, a.reshape(n, -1))
         if last_only:
             x = x[-1:]
-        return self.m.out(self.m.norm(x))
+        return self.m.logits(x)
 
     def _attention(self, q, keys, values, key_pos, pos, layer, trace, observed, window=0):
         c, rep = self.c, self.rep
@@ -109,3 +105,70 @@ class Forward:
                 trace.last_query += last / c["layers"]
                 trace.layer_last_query[layer] = last
         return out.permute(2, 0, 1, 3)  # [n, kv_heads, rep, hd] = [n, q_heads, hd]
+
+
+@torch.no_grad()
+def reference_logits(model, tokens, round_trip=None):
+    """The dense reference: the whole sequence in one pass with no cache at all
+    (K and V used as computed, causal by index, the model's windows), logits
+    [len(tokens), vocab]. The engines' outputs are checked against it.
+    round_trip(layer, k, v) -> (k, v), when given, passes each layer's K and V
+    through a KV format first."""
+    n = len(tokens)
+    c = model.c
+    hd = c.get("head_dim", c["dim"] // c["q_heads"])
+    rep = c["q_heads"] // c["kv_heads"]
+    pos = torch.arange(n)
+    x = model.embed_tokens(torch.as_tensor(tokens, dtype=torch.long))
+    back = pos[:, None] - pos[None, :]  # query i, key j: i - j
+    for layer, blk in enumerate(model.blocks):
+        q, k, v = blk.qkv(x, pos)
+        if round_trip is not None:
+            k, v = round_trip(layer, k, v)
+        w = model.window(layer)
+        hidden = (back < 0) | ((back >= w) if w > 0 else torch.zeros_like(back, dtype=torch.bool))
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # q-head j reads kv-head j // rep
+        s = torch.einsum("qhd,khd->hqk", q, k) / float(hd) ** 0.5
+        a = torch.einsum("hqk,khd->qhd", torch.softmax(s.masked_fill(hidden, float("-inf")), dim=-1), v)
+        x = blk.finish(x, a.reshape(n, -1))
+    return model.logits(x)
+
+
+class DenseKv:
+    """What a cache would hold, with no cache: each layer's K and V rows in plain
+    tensors, in position order (round_trip(layer, k, v), when given, stores
+    them through a KV format). A store for Forward.run, as engine.PagedKv is."""
+
+    def __init__(self, layers, round_trip=None):
+        self.k, self.v = [None] * layers, [None] * layers
+        self.round_trip = round_trip
+
+    def write(self, layer, k, v):  # [n, kv_heads, head_dim]
+        if self.round_trip is not None:
+            k, v = self.round_trip(layer, k, v)
+        self.k[layer] = k if self.k[layer] is None else torch.cat([self.k[layer], k])
+        self.v[layer] = v if self.v[layer] is None else torch.cat([self.v[layer], v])
+
+    def read(self, layer):
+        n, heads = self.k[layer].shape[:2]
+        return self.k[layer].transpose(0, 1), self.v[layer].transpose(0, 1), torch.arange(n).expand(heads, n)
+
+    def truncate(self, n):  # keep the first n positions
+        self.k = [t[:n] for t in self.k]
+        self.v = [t[:n] for t in self.v]
+
+
+@torch.no_grad()
+def replay_logits(model, steps, round_trip=None):
+    """The engine's computation replayed on a DenseKv: steps are (first
+    position, tokens) chunks in the order they ran, or ("truncate", n). The
+    same chunk shapes give the same float sums, so a quantized format's codes
+    are the engine's own and the logits must be equal, bit for bit, wherever
+    the cache served the right K/V. Returns each chunk's logits [n, vocab]."""
+    store, fwd, out = DenseKv(model.c["layers"], round_trip), Forward(model), []
+    for first, tokens in steps:
+        if first == "truncate":
+            store.truncate(tokens)
+            continue
+        out.append(fwd.run(store, tokens, first, False))
+    return out

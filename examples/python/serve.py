@@ -4,6 +4,11 @@ the PyTorch engine: the Python twin of kvcache_serve (examples/engine/serve.cpp)
 with the same flags and the same JSON.
 
   python3 examples/python/serve.py --policy sliding_window --budget 128 --requests 4 --prompt 160 --new 32
+
+--model smollm2 or gemma3 serves a pretrained model instead (pretrained.py;
+scripts/models installs them): the same held-out text, in its tokens.
+
+  python3 examples/python/serve.py --model gemma3 --window 512 --prompt 600 --new 32
 """
 import argparse
 import json
@@ -19,8 +24,10 @@ import engine as eng  # noqa: E402
 import model as mdl  # noqa: E402
 
 
-def heldout():
-    return list((mdl.MODEL_DIR / "heldout.bin").read_bytes())
+def heldout(tok=None):
+    """The held-out KJV text's tokens: its bytes for the tiny model, else tok's."""
+    data = (mdl.MODEL_DIR / "heldout.bin").read_bytes()
+    return list(data) if tok is None else tok.encode(data.decode("latin-1"), bos=False)
 
 
 def workload(text, n, prompt, max_new):
@@ -53,6 +60,8 @@ def to_json(e, name, budget, reqs):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policy", default="keep_all", choices=eng.POLICY_NAMES)
+    ap.add_argument("--model", default="tiny", choices=["tiny", "smollm2", "gemma3"],
+                    help="the shipped tiny model, or a pretrained one (pretrained.py)")
     for flag, default in (("budget", 256), ("requests", 4), ("prompt", 512), ("new", 128), ("pool", 8192),
                           ("chunk", 64), ("batch", 8), ("block", None)):
         ap.add_argument(f"--{flag}", type=int, default=default)
@@ -79,15 +88,25 @@ def main():
         ap.error("--window: the hybrid engine stores f32")
     cfg = eng.EngineConfig(max_kv_tokens=a.pool, block_size=a.block, chunk=a.chunk, max_batch=a.batch,
                            optimistic=a.optimistic, window=a.window, kv_format=a.kv_format)
+    if a.model == "tiny":
+        model, tok = mdl.load(), None
+    else:
+        import pretrained
+        model, tok = pretrained.load(a.model)
     t0 = time.perf_counter()
-    e, reqs = serve(mdl.load(), a.policy, a.budget, cfg, workload(heldout(), a.requests, a.prompt, a.new))
+    e, reqs = serve(model, a.policy, a.budget, cfg, workload(heldout(tok), a.requests, a.prompt, a.new))
     s = e.stats
     print(f"{a.policy} at {a.budget}, KV {a.kv_format}: {s.steps} steps, {s.tokens_generated} tokens generated, {s.preemptions} "
           f"preemptions, {s.reprefilled} re-prefilled, high-water {s.kv_high_water} tokens "
           f"({s.tokens_generated / (time.perf_counter() - t0):.0f} tokens/s)")
+    text = (lambda ids: bytes(ids).decode("latin-1")) if tok is None else tok.decode
     for r in reqs:
-        print(f"request {r.id}: ...{bytes(r.prompt[-40:]).decode('latin-1')!r}\n  -> "
-              f"{bytes(r.output).decode('latin-1')!r}")
+        print(f"request {r.id}: ...{text(r.prompt[-40 if tok is None else -12:])!r}\n  -> {text(r.output)!r}")
+    if tok is not None:  # the layout's bytes against every layer holding every token (a hybrid's saving)
+        for n in (4096, 32768):
+            held, full = e.kv_bytes(n)
+            print(f"KV bytes of one {n}-token request: {held / 2**20:.1f} MiB, every layer full "
+                  f"{full / 2**20:.1f} MiB ({full / held:.2f}x)")
     if a.json:
         a.json.write_text(json.dumps(to_json(e, a.policy, a.budget, reqs)))
 

@@ -4,6 +4,9 @@ import contextlib
 import io
 import pathlib
 import re
+import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
@@ -12,8 +15,24 @@ BLOCKS = [block for page in PAGES
 
 
 def test_there_are_python_snippets():
-    assert [name for name, _ in BLOCKS] == ["python_hybrid", "python_quickstart", "python_composed", "python_quant",
-                                            "python_scale_out", "python_tiers"]
+    assert [name for name, _ in BLOCKS] == ["python_hybrid", "python_pretrained", "python_quickstart", "python_composed",
+                                            "python_quant", "python_scale_out", "python_tiers"]
+
+
+def test_pretrained_serves_smollm2(monkeypatch):
+    """Run from the repository's root, as the page says; skipped without the model."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "examples" / "python"))
+    import pretrained
+    try:
+        pretrained.gguf_path("smollm2")
+    except pretrained.NotInstalled as e:
+        pytest.skip(str(e))
+    monkeypatch.chdir(ROOT)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(dict(BLOCKS)["python_pretrained"], "docs/pretrained-models.md:python_pretrained", "exec"), {})
+    assert out.getvalue() == " Paris.\n\n\n"
 
 
 def test_quickstart_runs_and_prints_the_error():

@@ -104,6 +104,20 @@ class Block(nn.Module):
         h = self.mlp_norm(x)
         return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
 
+    # One request's tokens at a time, [n, dim] (model.Forward's interface, shared with pretrained.py's Gemma 3).
+    def qkv(self, x, pos):
+        n = x.shape[0]
+        h = self.attn_norm(x)
+        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
+        q = apply_rope(self.wq(h).view(n, self.hq, self.hd), cos, sin)
+        k = apply_rope(self.wk(h).view(n, self.hkv, self.hd), cos, sin)
+        return q, k, self.wv(h).view(n, self.hkv, self.hd)
+
+    def finish(self, x, a):  # a: the attention's output, [n, q_heads * head_dim]
+        x = x + self.wo(a)
+        h = self.mlp_norm(x)
+        return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
+
     @staticmethod
     def _attention(q, k, v):
         T = q.shape[2]
@@ -123,9 +137,20 @@ class Model(nn.Module):
         cos, sin = rope_tables(c["dim"] // c["q_heads"], c["context"], c["rope_theta"])
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        for b in self.blocks:  # the per-token interface's tables (shared, not copied)
+            b.cos, b.sin = cos, sin
         for p in self.parameters():
             if p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
+
+    def embed_tokens(self, idx):
+        return self.embed(idx)
+
+    def window(self, layer):  # every layer attends to the whole context
+        return 0
+
+    def logits(self, x):
+        return self.out(self.norm(x))
 
     def forward(self, idx):
         x = self.embed(idx)
