@@ -1,6 +1,7 @@
-// The example engine's model: a llama-style byte-level decoder (RMSNorm,
-// NeoX RoPE, grouped-query attention, SwiGLU) whose weights train/train.py
-// writes. This file loads them; forward.hpp runs them.
+// The example engine's model: a llama-style decoder (RMSNorm, NeoX RoPE,
+// grouped-query attention, SwiGLU): the byte-level tiny model whose weights
+// train/train.py writes, which this file loads, or a pretrained Llama from a
+// GGUF file (gguf.hpp). forward.hpp runs them.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +55,32 @@ class Model {
                                std::to_string(expected_floats()));
     data_.resize(floats);
     std::memcpy(data_.data(), bytes.data() + kHeader, floats * 4);
+    bind();
+  }
+
+  // Weights already in this layout (gguf.hpp): embed [vocab][dim]; per layer attn_norm, wq, wk, wv, wo,
+  // mlp_norm, w_gate, w_up, w_down ([out][in]); final norm; out [vocab][dim].
+  Model(const ModelConfig& c, std::vector<float> data, const std::string& path) : c_(c), data_(std::move(data)) {
+    if (data_.size() != expected_floats())
+      throw std::runtime_error(path + ": " + std::to_string(data_.size()) + " floats, the shape implies " +
+                               std::to_string(expected_floats()));
+    bind();
+  }
+
+  // The weight pointers point into data_: a move keeps them (the buffer moves), a copy would not.
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+  Model(Model&&) = default;
+  Model& operator=(Model&&) = default;
+
+  const ModelConfig& config() const { return c_; }
+  const float* embedding(std::int32_t token) const { return embed_ + std::size_t(token) * std::size_t(c_.dim); }
+  const LayerWeights& layer(std::int32_t l) const { return layers_[std::size_t(l)]; }
+  const float* final_norm() const { return norm_; }
+  const float* output() const { return out_; }
+
+ private:
+  void bind() {
     const float* p = data_.data();
     auto take = [&](std::size_t n) {
       const float* t = p;
@@ -69,14 +96,6 @@ class Model {
     norm_ = take(d);
     out_ = take(std::size_t(c_.vocab) * d);
   }
-
-  const ModelConfig& config() const { return c_; }
-  const float* embedding(std::int32_t token) const { return embed_ + std::size_t(token) * std::size_t(c_.dim); }
-  const LayerWeights& layer(std::int32_t l) const { return layers_[std::size_t(l)]; }
-  const float* final_norm() const { return norm_; }
-  const float* output() const { return out_; }
-
- private:
   std::size_t expected_floats() const {
     const std::size_t d = std::size_t(c_.dim), kv = std::size_t(c_.kv_heads) * std::size_t(c_.head_dim()),
                       h = std::size_t(c_.hidden);

@@ -213,3 +213,28 @@ def test_gemma3_full_layers_engine(gemma3):
     r = request(0, [tok.bos] + text_tokens(tok, 7000, 120))
     e.run([r])
     check_dense(m, r)
+
+
+def test_smollm2_cpp_engine(smollm2, tmp_path):
+    """The C++ engine (kvcache_serve --model the GGUF file) on SmolLM2: its own
+    dense reference in its process, and the Python engine's tokens here."""
+    import json
+    import subprocess
+    from engine_binaries import binary
+    m, tok = smollm2
+    prompts = [text_tokens(tok, 4000, 64)]  # its forward pass is plain loops: 0.1 s a token on this machine
+    (tmp_path / "prompts.txt").write_text("".join(" ".join(map(str, p)) + "\n" for p in prompts))
+    out = tmp_path / "served.json"
+    subprocess.run([binary("KVCACHE_SERVE", "kvcache_serve"), "--model", str(pretrained.gguf_path("smollm2")),
+                    "--prompts", str(tmp_path / "prompts.txt"), "--new", str(NEW), "--chunk", "24", "--pool", "512",
+                    "--reference", "--json", str(out)], check=True, capture_output=True)
+    served = json.loads(out.read_text())
+    for ref in served["reference"]:  # C++ against its own one-pass reference: its loops sum a row alike in any chunk
+        assert ref["max_logit_diff"] == 0 and ref["greedy_equal"]
+    cfg = eng.EngineConfig(max_kv_tokens=512, chunk=24)
+    reqs = [eng.Request(id=i, prompt=p, max_new=NEW, priority=i % 3) for i, p in enumerate(prompts)]
+    eng.Engine(m, cfg, kv.KeepAll()).run(reqs)
+    for r, got in zip(reqs, served["requests"]):  # and the PyTorch engine's tokens and logits
+        assert got["output"] == r.output
+        diff = np.abs(np.array(got["logits"], dtype=np.float32) - torch.stack(r.logits).flatten().numpy()).max()
+        assert diff <= LOGIT_TOLERANCE, f"request {r.id}: C++ and PyTorch logits differ by {diff}"
