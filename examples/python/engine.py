@@ -373,7 +373,8 @@ class Engine:
             raise ValueError("layer_streams: token policies choose per layer through their groups")
         self.streams = c["layers"] if cfg.layer_streams else 1
         self.stats = Stats()
-        self.prefix_hit_tokens = 0  # prompt tokens the prefix cache served (prefix_caching; not in Stats: the C++ twin has none)
+        # Prompt tokens the prefix cache served (prefix_caching; not in Stats: the C++ twin has none).
+        self.prefix_hit_tokens = 0
         self.hybrid = cfg.window > 0
         self.scales = None  # a calibrated format's (k, v): float32 arrays [layers, kv_heads]
         self.residual = None  # a channel-scaled pool's open blocks (KIVI)

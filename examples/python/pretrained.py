@@ -94,7 +94,8 @@ def _field(r, key):
 def _tensors(r):
     """Every tensor dequantized to float32, numpy's [rows][row length] (GGUF lists the row length first)."""
     import gguf
-    return {t.name: torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)) for t in r.tensors}
+    return {t.name: torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+            for t in r.tensors}
 
 
 def _set(param, value):

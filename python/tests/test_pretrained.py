@@ -238,3 +238,23 @@ def test_smollm2_cpp_engine(smollm2, tmp_path):
         assert got["output"] == r.output
         diff = np.abs(np.array(got["logits"], dtype=np.float32) - torch.stack(r.logits).flatten().numpy()).max()
         assert diff <= LOGIT_TOLERANCE, f"request {r.id}: C++ and PyTorch logits differ by {diff}"
+
+
+def test_smollm2_passkey_prompts(smollm2):
+    """eval_pretrained's passkey prompts: exactly the length asked, the needle at
+    its depth of the filler, the same prompt for every row; one sample runs."""
+    import random
+    import eval_pretrained as ev
+    m, tok = smollm2
+    filler = ev.Filler(tok)
+    for length, depth in ((512, 0.1), (512, 0.9), (1024, 0.5)):
+        prompt, key = ev.passkey(tok, filler, random.Random(f"{length} {depth}"), length, depth)
+        again, key2 = ev.passkey(tok, filler, random.Random(f"{length} {depth}"), length, depth)
+        assert len(prompt) == length and (prompt, key) == (again, key2) and len(key) == 5
+        text = tok.decode(prompt)
+        at = text.index(f"The pass key is {key}.")
+        start, end = len(ev.PREAMBLE), len(text) - len("\nWhat is the pass key? The pass key is")
+        assert abs((at - start) / (end - start) - depth) < 0.1, f"needle at {(at - start) / (end - start):.2f}"
+        assert text.endswith("What is the pass key? The pass key is")
+    ok, peak, out = ev.run_sample(m, tok, "h2o:0.25", prompt, key)
+    assert 0 < peak <= 0.25 * 1024 + 2 * 64 and isinstance(ok, bool) and out
