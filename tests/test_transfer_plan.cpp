@@ -8,6 +8,7 @@
 #include <kvcache/transfer/transfer_plan.hpp>
 
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -122,6 +123,12 @@ TEST_CASE("handshake: msgpack round trip, and every malformed byte string is an 
   // A region that points outside its registration is refused.
   LayoutHandshake out = h;
   out.regions[2].base += std::uint64_t(out.memory[0].bytes);
+  bytes.clear();
+  to_msgpack(out, bytes);
+  CHECK(from_msgpack(bytes).status().what() == std::string("region (outside its memory)"));
+  // K and V pieces whose sum overflows int64 (found by fuzz_wire): refused, not undefined behaviour.
+  out = h;
+  out.regions[2].k_bytes = out.regions[2].v_bytes = std::numeric_limits<std::int64_t>::max();
   bytes.clear();
   to_msgpack(out, bytes);
   CHECK(from_msgpack(bytes).status().what() == std::string("region (outside its memory)"));

@@ -165,9 +165,8 @@ inline Result<LayoutHandshake> from_msgpack(std::span<const std::uint8_t> bytes)
       return Status{Errc::invalid_argument, "layer", g.layer, h.groups[std::size_t(g.group)].layers - 1};
     // Every block's piece lies inside the region's registration.
     const MemoryRegion& m = h.memory[std::size_t(g.memory)];
-    const std::int64_t piece = g.k_bytes + g.v_bytes;
-    std::int64_t last = 0;
-    if (piece < 1 || __builtin_mul_overflow(h.num_blocks - 1, g.block_stride, &last) || __builtin_add_overflow(last, piece, &last) ||
+    std::int64_t piece = 0, last = 0;  // k_bytes + v_bytes may overflow: each field alone fits int64
+    if (__builtin_add_overflow(g.k_bytes, g.v_bytes, &piece) || piece < 1 || __builtin_mul_overflow(h.num_blocks - 1, g.block_stride, &last) || __builtin_add_overflow(last, piece, &last) ||
         g.base < m.addr || g.base - m.addr > std::uint64_t(m.bytes) || std::uint64_t(last) > std::uint64_t(m.bytes) - (g.base - m.addr))
       return Status{Errc::invalid_argument, "region (outside its memory)", std::int64_t(&g - h.regions.data()), std::int64_t(n)};
   }
