@@ -91,10 +91,10 @@ std::vector<engine::Request> read_prompts(const std::string& path, std::int32_t 
 std::vector<std::pair<double, bool>> check_reference(const engine::Model& model, const engine::Served& s) {
   const std::int32_t vocab = model.config().vocab;
   std::vector<std::pair<double, bool>> out;
+  engine::Forward fwd(model);  // once: it transposes every weight matrix
   for (const auto& r : s.reqs) {
     std::vector<std::int32_t> seq = r.prompt;
     seq.insert(seq.end(), r.output.begin(), r.output.end() - 1);
-    engine::Forward fwd(model);
     engine::ContiguousKv store(model.config(), std::int32_t(seq.size()));
     std::vector<float> logits;
     fwd.run(store, seq, 0, logits, false);

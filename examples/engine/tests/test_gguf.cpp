@@ -23,7 +23,7 @@ constexpr std::uint32_t kF32 = 0, kF16 = 1, kQ4_1 = 3, kQ8_0 = 8;
 constexpr std::int32_t kVocab = 4, kDim = 64, kHeads = 2, kKvHeads = 1, kHidden = 32, kHd = kDim / kHeads;
 
 struct Writer {
-  std::vector<char> head, data;
+  std::vector<char> data;
   std::uint64_t tensors = 0, kvs = 0;
   template <class T>
   static void put(std::vector<char>& b, T x) {
