@@ -101,6 +101,8 @@ class EngineConfig:
     chunk: int = 64            # prefill chunk
     max_batch: int = 8         # running requests at most
     evict_in_prefill: bool = True
+    observe_prefill: bool = False  # evict_in_prefill off: every chunk's attention still scores (H2O's and the
+    #                                averaging policies' whole-prompt sums; SnapKV keeps its window alone)
     optimistic: bool = False   # admit when the prefill fits now; preempt when decoding runs out
     grouping: str = "heads"    # token policies' groups: all, heads, layers or layer_heads
     observe_window: int = 0    # SnapKV: the prompt's last queries that score it
@@ -111,6 +113,8 @@ class EngineConfig:
     kv_format: str = "f32"     # how the pool stores K/V: a name in KV_FORMATS
     kv_scales: tuple = None    # a calibrated format's (k, v) scales, [layers * kv_heads] each; None: calibrate
     keep_logits: bool = False  # every position's logits, each chunk's in Request.chunk_logits (for the dense checks)
+    quest_budget: int = 0      # > 0: Quest selection, each decoded query reads about this many tokens per kv-head
+    #                            (its pages with the best bound; the first two layers dense, as its paper runs it)
 
     def __post_init__(self):  # a format that groups over blocks sets the block size (kv_formats.hpp's with_kv_format)
         if self.kv_format in KV_FORMATS and KV_FORMATS[self.kv_format][3]:
@@ -298,6 +302,8 @@ class PagedKv:
             e.residual.write(self._pool_layer(layer), slots, k, v)
         else:
             kv.scatter(e.pool, k, v, slots, first_layer=self._pool_layer(layer), **held_scales(e, layer, len(self.r.seqs)))
+        if getattr(e, "quest", None):  # the written pages' key bounds, which Quest ranks them by
+            kv.page_bounds_update(e.pool, layer, slots, e.cache.page_bounds(layer))
         if layer == 0 or len(self.r.seqs) > 1:  # one position table per group (all groups see the same write)
             e.positions[:, torch.from_numpy(slots).long()] = torch.arange(self.first, self.first + len(slots))
             self.mapped = -1
@@ -331,6 +337,24 @@ class PagedKv:
         values = self.v[self.front:].transpose(0, 1)
         groups = [e.group_of(layer, h) for h in range(e.heads)]
         return keys, values, self.pos[groups]
+
+    def select(self, layer, q, key_pos):
+        """Quest: a decoded query's kv-heads read only the pages the cache
+        selects for it; the others' rows are masked as if in the future.
+        Prefill chunks read everything (Quest selects for decoding)."""
+        e = self.e
+        if not getattr(e, "quest", None) or q.shape[0] != 1:
+            return key_pos
+        rep = q.shape[1] // e.heads
+        queries = q.reshape(1, e.heads, rep, e.head_dim).contiguous().numpy()
+        indptr, picked, _ = e.cache.select(np.array(self.r.seqs, dtype=np.uint64), layer, queries)
+        B = e.cfg.block_size
+        row_block = torch.from_numpy(self.indices).long()[torch.arange(self.front, self.front + self.held) // B]
+        hidden = key_pos.clone()
+        for h in range(e.heads):
+            keep = torch.from_numpy(picked[indptr[h]:indptr[h + 1]]).long()
+            hidden[h, ~torch.isin(row_block, keep)] = torch.iinfo(torch.long).max
+        return hidden
 
 
 class HybridKv:
@@ -380,6 +404,8 @@ class Engine:
         self.residual = None  # a channel-scaled pool's open blocks (KIVI)
         if self.hybrid and cfg.kv_format != "f32":
             raise ValueError("window: the hybrid engine stores f32")
+        if self.hybrid and cfg.quest_budget:
+            raise ValueError(f"quest_budget {cfg.quest_budget}: the hybrid engine selects nothing (window {cfg.window})")
         if cfg.prefix_caching and (self.hybrid or self.token_policy or cfg.layer_streams):
             raise ValueError("prefix_caching: one stream per request under keep_all or a block policy "
                              "(a token policy's compaction rewrites the rows a hit would share)")
@@ -408,9 +434,15 @@ class Engine:
         self.memory = torch.zeros(self.geometry.pool_bytes(self.blocks), dtype=torch.uint8)
         self.pool = kv.PoolView(self.geometry, self.memory, self.blocks)
         self.max_blocks_per_stream = c["context"] // cfg.block_size + 2
+        self.quest = None
+        if cfg.quest_budget:
+            if cfg.kv_format != "f32" or cfg.layer_streams:
+                raise ValueError(f"quest_budget {cfg.quest_budget}: Quest reads its bounds from an f32 pool of one "
+                                 f"stream per request (kv_format {cfg.kv_format}, layer_streams {cfg.layer_streams})")
+            self.quest = kv.Quest(token_budget=cfg.quest_budget, query_group=c["q_heads"] // c["kv_heads"])
         self.cache = kv.Cache(self.geometry, num_blocks=self.blocks, max_sequences=cfg.max_batch * self.streams,
                               max_blocks_per_sequence=self.max_blocks_per_stream, eviction=policy,
-                              publish_on_reserve=cfg.prefix_caching)
+                              publish_on_reserve=cfg.prefix_caching, selection=self.quest)
         self.groups = policy.groups if self.token_policy else 1
         self.grouping = "all" if self.groups == 1 else cfg.grouping
         L, H = c["layers"], self.heads
@@ -590,6 +622,8 @@ class Engine:
         prefill_done = r.fed >= total
         if self.cfg.evict_in_prefill or prefill_done:
             self._feed_and_evict(r, trace)
+        elif self.cfg.observe_prefill and not self.cfg.observe_window:
+            self._feed_and_evict(r, trace, evict=False)
         if prefill_done:
             r.logits.append(logits[0])
             r.output.append(int(torch.argmax(logits[0])))
@@ -613,7 +647,7 @@ class Engine:
         return victim is not keep
 
     # Eviction.
-    def _feed_and_evict(self, r, trace):
+    def _feed_and_evict(self, r, trace, evict=True):
         c, cache = self.c, self.cache
         if self.hybrid:  # the chunk is computed: a later reserve may free what left the window
             cache.computed(r.seqs[0], cache.tokens(r.seqs[0]))
@@ -621,7 +655,8 @@ class Engine:
         if self.streams > 1:  # one stream per layer, scored by that layer's attention
             for layer, seq in enumerate(r.seqs):
                 cache.observe(seq, trace.layer_sums[layer].contiguous(), "attention_sums")
-                cache.evict(seq)
+                if evict:
+                    cache.evict(seq)
             return
         seq = r.seqs[0]
         if self.observes:
@@ -637,6 +672,8 @@ class Engine:
                 cache.observe(seq, trace.head_sums, "head_attention_sums")
             else:
                 cache.observe(seq, trace.head_sums.sum(0), "attention_sums")
+        if not evict:
+            return
         before, held = (self._blocks(seq), cache.tokens_held(seq)) if self.residual else (None, 0)
         self.channel_moves = []
         out = cache.evict(seq)
@@ -644,6 +681,11 @@ class Engine:
             self._compact(out[1], out[2])
         if self.residual and self.token_policy and (out[0].moves > 0 or cache.tokens_held(seq) != held):
             self.residual.compact(before, held, self._blocks(seq), cache.tokens_held(seq), self.channel_moves)
+        if self.quest:  # the pages a compaction rewrote get their bounds again
+            pages, fill, listed = cache.stale_pages(np.array(r.seqs, dtype=np.uint64))
+            for layer in range(self.geometry.num_layers):
+                if listed:
+                    kv.page_bounds(self.pool, layer, pages[:listed], fill[:listed], cache.page_bounds(layer))
 
     def _compact(self, moves, group_moves):
         """Moves each group's surviving rows (its layers, its kv-heads) and their positions."""

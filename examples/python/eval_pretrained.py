@@ -1,30 +1,44 @@
 #!/usr/bin/env python3
-"""Retrieval on a pretrained model through kvcache (pretrained.py), one request
-a sample through the PyTorch engine: the first part of the fidelity study on
-real models (issue 63; scripts/eval keeps the tiny model as its default).
+"""The fidelity study on a pretrained model through kvcache (pretrained.py):
+each sample one request through the PyTorch engine, every row a way of
+holding its KV (scripts/eval --model runs it; the tiny model stays the
+default there).
 
-Passkey retrieval, as NVIDIA's kvpress and the papers run it: a raw completion
-prompt (no chat template) of KJV filler (the held-out text the tiny model
-ships, whole lines from random places), "The pass key is 48213. Remember it.
-48213 is the pass key." at a depth of 10, 30, 50, 70 or 90 % of the filler,
-and at the end "What is the pass key? The pass key is". Greedy; correct when
-the output's first digits are the key. The prompt's length counts the
-model's tokens. A policy's budget is a fraction of the prompt; every policy
-evicts as the engine runs it (after each prefill chunk of 64; SnapKV once
-after the prompt, its 32-query observation window holding the question, as
-its paper runs it).
+Tasks (eval_prompts.py): passkey and two_keys, retrieval at a length and a
+depth, and ppl, perplexity and greedy agreement with the full cache over
+windows of Python's Language Reference.
 
-Results go to a CSV, one line a sample, and a rerun skips what is there, so
-a long study can run in parts:
+Rows: `full`; `NAME:FRACTION`, an eviction policy holding that fraction of
+the prompt (engine.policy_by_name); `quest:FRACTION`, Quest selection, each
+decoded query reading that fraction of the prompt; `format=NAME`, a KV
+format; `layer_groups`, a hybrid model's window layers in sliding-window
+groups; parts joined by commas (`tova:0.25,format=int8`).
 
-  python3 examples/python/eval_pretrained.py --model smollm2 --lengths 1024 2048 --samples 4 \\
-      --rows full h2o:0.25 tova:0.25 snapkv:0.25 --out build/eval/smollm2.csv
+Protocols. Retrieval compresses the prompt once, after the last chunk (the
+question inside it), from the attention of the whole prompt (H2O, average
+attention, block scores: every query's; TOVA: the last query's; SnapKV: its
+32-query window's), as kvpress and the policies' papers run a prompt; add
+`stream` to a row to evict after every chunk of 64 instead, the engine's
+bounded-memory default. Perplexity always streams (a policy that compresses
+once, SnapKV, or that selects for decoding, Quest, changes nothing there and
+has no ppl row).
+
+Every eviction row of a retrieval sample shares one prefill: no row evicts
+before the prompt's last chunk, so the chunks before it hold the same K/V and
+the same attention under every policy (f32). The first row computes them and
+the others replay them through the engine's own writes and observations
+(SharedPrefill, checked against a computed row in test_pretrained).
+
+Results go to a CSV, one line a sample and row; a rerun skips what is there:
+
+  python3 examples/python/eval_pretrained.py --model smollm2 --task passkey --lengths 1024 2048 \\
+      --samples 3 --rows full tova:0.25 snapkv:0.25 --out build/eval/smollm2.csv
 """
 import argparse
+import contextlib
 import csv
 import math
 import pathlib
-import random
 import sys
 import time
 
@@ -32,82 +46,149 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import engine as eng  # noqa: E402
-import model as mdl  # noqa: E402
+import eval_prompts as prompts  # noqa: E402
 import pretrained  # noqa: E402
-
-import kvcache as kv  # noqa: E402
+from model import Forward, Trace  # noqa: E402
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
-FIELDS = ["row", "task", "length", "depth", "sample", "correct", "prompt_tokens", "peak_kv", "output", "seconds"]
-
-
-class Filler:
-    """Whole lines of the held-out KJV text, in the model's tokens."""
-
-    def __init__(self, tok):
-        text = (mdl.MODEL_DIR / "heldout.bin").read_bytes().decode("latin-1")
-        self.lines = [tok.encode(line + "\n", bos=False) for line in text.split("\n") if line.strip()]
-
-    def take(self, rng, n):
-        """Exactly n tokens: whole lines from a random place (the last one cut)."""
-        out, at = [], rng.randrange(len(self.lines))
-        while len(out) < n:
-            out += self.lines[at % len(self.lines)]
-            at += 1
-        return out[:n]
-
-
-# The passkey test's own opening (Mohtashami and Jaggi, 2023), as long-context evaluations run it.
-PREAMBLE = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
-            "I will quiz you about the important information there.\n\n")
-
-
-def passkey(tok, filler, rng, length, depth):
-    """(prompt tokens, answer) of `length` tokens with the needle at `depth` of the filler."""
-    key = str(rng.randrange(10000, 100000))
-    needle = tok.encode(f"The pass key is {key}. Remember it. {key} is the pass key.\n", bos=False)
-    question = tok.encode("\nWhat is the pass key? The pass key is", bos=False)
-    head = ([tok.bos] if tok.bos is not None else []) + tok.encode(PREAMBLE, bos=False)
-    room = length - len(head) - len(needle) - len(question)
-    before = int(room * depth)
-    body = filler.take(rng, room)
-    return head + body[:before] + needle + body[before:] + question, key
+FIELDS = ["row", "task", "length", "depth", "sample", "correct", "nll", "agree", "tokens", "prompt_tokens",
+          "peak_kv", "output", "seconds"]
+CHUNK = 64
+POLICIES = ("sliding_window", "sink_window", "h2o", "tova", "snapkv", "average_attention", "block_scores")
+FRACTIONS = (0.125, 0.25, 0.5)
+FORMATS = ("f16", "fp8_e4m3_head", "int8_g32", "int4_g32_min", "fp4_g16", "int2_kivi")
+EVICTION = ["full"] + [f"{p}:{f}" for p in POLICIES for f in FRACTIONS] + [f"quest:{f}" for f in FRACTIONS]
+BEST = "tova:0.25"  # the best policy at a quarter of the prompt on passkey (measured first): the combined rows'
+COMBINED = [f"{BEST},format={f}" for f in ("int8_g32", "int4_g32_min", "int2_kivi")]
+# The studies scripts/eval --model runs, part by part (task, lengths, samples, rows); each part's CSV resumes.
+STUDIES = {
+    "smollm2": [
+        ("passkey", [1024, 2048], 3, EVICTION),
+        ("two_keys", [1024, 2048], 3, EVICTION),
+        ("passkey", [4096], 1, EVICTION),
+        ("ppl", [2048], 1, EVICTION + [f"format={f}" for f in FORMATS] + COMBINED),
+        ("passkey", [1024], 2, [f"format={f}" for f in FORMATS] + COMBINED),
+    ],
+    "gemma3": [
+        ("passkey", [256, 1024], 2, ["full", "layer_groups"]),
+        ("passkey", [4096], 1, ["full", "layer_groups"]),
+    ],
+}
 
 
 def parse_row(text):
-    """'full'; 'NAME:FRACTION' (a policy at a fraction of the prompt); 'format=NAME'; 'layer_groups' (a
-    hybrid model's window layers in sliding-window groups); 'once' (the policy evicts once, after the
-    whole prompt, from the last chunk's attention: kvpress's protocol; by default it evicts after every
-    chunk, and the prompt never holds more than the budget and a chunk); or parts of these joined by commas."""
-    name, frac, fmt, groups, once = "keep_all", 1.0, "f32", False, False
+    """The row's parts: (policy, fraction, quest, format, layer_groups, stream)."""
+    name, frac, quest, fmt, groups, stream = "keep_all", 1.0, False, "f32", False, False
     for part in text.split(","):
         if part.startswith("format="):
             fmt = part.split("=", 1)[1]
         elif part == "layer_groups":
             groups = True
-        elif part == "once":
-            once = True
+        elif part == "stream":
+            stream = True
         elif part != "full":
             name, f = part.split(":")
             frac = float(f)
-    return name, frac, fmt, groups, once
+            if not 0 < frac <= 1:
+                raise ValueError(f"row '{text}': fraction {f} not in (0, 1]")
+            if name == "quest":
+                name, quest = "keep_all", True
+    return name, frac, quest, fmt, groups, stream
 
 
-def run_sample(m, tok, row, prompt, answer, chunk=64):
-    name, frac, fmt, groups, once = parse_row(row)
-    n = len(prompt)
+def make_engine(m, row, n, task, keep_logits=False):
+    """The engine for one request of `n` tokens under `row`, and whether its prefill may be shared."""
+    name, frac, quest, fmt, groups, stream = parse_row(row)
     window = max(m.window(layer) for layer in range(m.c["layers"])) if groups else 0
-    cfg = eng.EngineConfig(max_kv_tokens=n + 64, chunk=chunk, max_batch=1, kv_format=fmt, window=window)
+    cfg = eng.EngineConfig(max_kv_tokens=n + 64, chunk=CHUNK, max_batch=1, kv_format=fmt, window=window,
+                           keep_logits=keep_logits)
     budget = max(96, int(n * frac))
     policy, cfg = eng.policy_by_name(name, budget, m.c, cfg)
+    if quest:
+        cfg.quest_budget = budget
+    once = task != "ppl" and not stream and not groups
     if once:
-        cfg.evict_in_prefill = False
-    e = eng.Engine(m, cfg, policy)
+        cfg.evict_in_prefill, cfg.observe_prefill = False, True
+    return eng.Engine(m, cfg, policy), once and fmt == "f32"
+
+
+class SharedPrefill:
+    """The engine's forward for the rows of one prompt: the first run
+    computes each chunk before the prompt's last and records its K/V and
+    attention; later runs write and observe the recorded ones through the
+    engine's own store (a chunk of another size is computed)."""
+
+    def __init__(self, model, prompt_len):
+        self.fwd = Forward(model)
+        self.end = prompt_len
+        self.chunks = {}  # (first position, tokens) -> (K, V per layer, trace)
+        self.replayed = 0
+
+    def run(self, store, tokens, first_pos, last_only, trace=None, observe_last=0):
+        n = len(tokens)
+        if first_pos + n >= self.end:  # the last chunk: every row computes it (and evicts after it)
+            return self.fwd.run(store, tokens, first_pos, last_only, trace, observe_last)
+        held = store.e.cache.tokens_held(store.r.seqs[0])
+        if held != first_pos + n:
+            raise RuntimeError(f"shared prefill: the row holds {held} tokens, not {first_pos + n} (it evicted)")
+        got = self.chunks.get((first_pos, n))
+        if got is None:
+            rec = _Recorder(store)
+            t = Trace()
+            out = self.fwd.run(rec, tokens, first_pos, last_only, t, 0)
+            self.chunks[(first_pos, n)] = got = (rec.k, rec.v, t)
+            if trace is None:
+                return out
+        else:
+            for layer, (k, v) in enumerate(zip(got[0], got[1])):
+                store.write(layer, k, v)
+            self.replayed += 1
+        if trace is not None:
+            t = got[2]
+            trace.layer_sums = t.layer_sums
+            if not trace.ragged:
+                trace.head_sums, trace.last_query = t.head_sums, t.last_query
+                trace.layer_head_sums, trace.layer_last_query = t.layer_head_sums, t.layer_last_query
+        return torch.zeros(1, 1)  # a chunk before the last: the engine reads no logits
+
+
+class _Recorder:
+    """The store, with each layer's written K/V kept."""
+
+    def __init__(self, store):
+        self.store, self.k, self.v = store, [], []
+
+    def write(self, layer, k, v):
+        self.k.append(k.clone())
+        self.v.append(v.clone())
+        self.store.write(layer, k, v)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def run_retrieval(m, tok, row, prompt, answer, shared):
+    e, shareable = make_engine(m, row, len(prompt), "retrieval")
+    if shareable and shared is not None:
+        e.fwd = shared
     r = eng.Request(id=0, prompt=prompt, max_new=len(tok.encode(" " + answer, bos=False)) + 1)
-    e.run([r])
+    while not r.done and (not r.output or prompts.verdict(tok.decode(r.output), answer) is None):
+        e.step([r])  # until the answer is decided
     out = tok.decode(r.output)
-    digits = "".join(ch for ch in out.strip().split(".")[0] if ch.isdigit())
-    return digits == answer, r.peak_kv, out
+    return dict(correct=int(prompts.answered(out, answer)), peak_kv=r.peak_kv, output=out)
+
+
+def run_ppl(m, row, text, full_argmax):
+    """Mean negative log-likelihood over the window, and agreement with the full cache's greedy token."""
+    e, _ = make_engine(m, row, len(text), "ppl", keep_logits=True)
+    r = eng.Request(id=0, prompt=text, max_new=1)
+    e.run([r])
+    logits = torch.cat([lg for _, lg in r.chunk_logits])[:len(text) - 1]
+    target = torch.as_tensor(text[1:], dtype=torch.long)
+    nll = torch.nn.functional.cross_entropy(logits, target, reduction="sum").item()
+    greedy = logits.argmax(-1)
+    agree = int((greedy == full_argmax).sum()) if full_argmax is not None else len(target)
+    return dict(nll=f"{nll:.4f}", agree=agree, tokens=len(target), peak_kv=r.peak_kv), greedy
 
 
 def wilson(k, n, z=1.96):
@@ -119,20 +200,39 @@ def wilson(k, n, z=1.96):
     return max(0.0, mid - half), min(1.0, mid + half)
 
 
-def table(path, lengths):
-    rows = {}
+def _cell(got):
+    if not got:
+        return "-"
+    lo, hi = wilson(sum(got), len(got))
+    return f"{sum(got)}/{len(got)} [{lo:.2f}, {hi:.2f}]"
+
+
+def table(path, task):
+    """The task's table from the CSV: retrieval by length, all lengths and by depth; ppl by row."""
+    rows, lengths = {}, set()
     with open(path) as f:
         for s in csv.DictReader(f):
-            rows.setdefault(s["row"], []).append(s)
+            if s["task"] == task:
+                rows.setdefault(s["row"], []).append(s)
+                lengths.add(int(s["length"]))
+    lengths = sorted(lengths)
+    if task == "ppl":
+        full = rows.get("full")
+        base = sum(float(s["nll"]) for s in full) / sum(int(s["tokens"]) for s in full) if full else None
+        print(f"| row | perplexity ({', '.join(map(str, lengths))} tokens) | ratio to full | greedy agreement |")
+        print("| --- | ---: | ---: | ---: |")
+        for row, samples in rows.items():
+            nll = sum(float(s["nll"]) for s in samples) / sum(int(s["tokens"]) for s in samples)
+            agree = sum(int(s["agree"]) for s in samples) / sum(int(s["tokens"]) for s in samples)
+            ratio = f"{math.exp(nll - base):.3f}" if base is not None else "-"
+            print(f"| {row} | {math.exp(nll):.2f} | {ratio} | {agree:.1%} |")
+        return
     depths = "/".join(f"{d:.0%}" for d in DEPTHS)
-    print(f"| row | {' | '.join(f'passkey at {n}' for n in lengths)} | by depth {depths}, all lengths |")
-    print("| --- |" + " ---: |" * len(lengths) + " --- |")
+    print(f"| row | {' | '.join(f'{task} at {n}' for n in lengths)} | all | by depth {depths} |")
+    print("| --- |" + " ---: |" * (len(lengths) + 1) + " --- |")
     for row, samples in rows.items():
-        cells = []
-        for n in lengths:
-            got = [int(s["correct"]) for s in samples if int(s["length"]) == n]
-            lo, hi = wilson(sum(got), len(got))
-            cells.append(f"{sum(got)}/{len(got)} [{lo:.2f}, {hi:.2f}]")
+        cells = [_cell([int(s["correct"]) for s in samples if int(s["length"]) == n]) for n in lengths]
+        cells.append(_cell([int(s["correct"]) for s in samples]))
         depth = [[int(s["correct"]) for s in samples if float(s["depth"]) == d] for d in DEPTHS]
         print(f"| {row} | {' | '.join(cells)} | {' / '.join(f'{sum(d)}/{len(d)}' for d in depth)} |")
 
@@ -140,14 +240,42 @@ def table(path, lengths):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2", choices=list(pretrained.MODELS))
+    ap.add_argument("--task", default="passkey", choices=[*prompts.TASKS, "ppl"])
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
-    ap.add_argument("--samples", type=int, default=4, help="per length and depth")
+    ap.add_argument("--samples", type=int, default=3, help="per length and depth (ppl: windows per length)")
     ap.add_argument("--rows", nargs="+", default=["full"])
-    ap.add_argument("--out", type=pathlib.Path, required=True)
+    ap.add_argument("--out", type=pathlib.Path, help="the CSV (resumed)")
+    ap.add_argument("--study", choices=list(STUDIES), help="run the model's whole study into --out-dir")
+    ap.add_argument("--out-dir", type=pathlib.Path, default=pathlib.Path("build/eval/pretrained"))
+    ap.add_argument("--part", type=int, nargs="+", help="with --study: only these parts (0, 1, ...: two at once "
+                    "share 2 cores best with OPENBLAS_NUM_THREADS=1 each)")
+    ap.add_argument("--table", action="store_true", help="print the CSV's table and run nothing")
     a = ap.parse_args()
+    if a.study:
+        return study(a.study, a.out_dir, a.part)
+    if a.out is None:
+        ap.error("--out (or --study)")
+    if a.table:
+        return table(a.out, a.task)
+    run_part(a)
+
+
+def study(model, out_dir, parts=None):
+    """Every part of the model's study, into out_dir/MODEL_TASK.csv (resumed),
+    then each task's table into out_dir/MODEL_TASK.md."""
+    for k, (task, lengths, samples, rows) in enumerate(STUDIES[model]):
+        if parts is not None and k not in parts:
+            continue
+        run_part(argparse.Namespace(model=model, task=task, lengths=lengths, samples=samples, rows=rows,
+                                    out=out_dir / f"{model}_{task}.csv"))
+    for task in dict.fromkeys(t for t, *_ in STUDIES[model]):
+        with open(out_dir / f"{model}_{task}.md", "w") as f, contextlib.redirect_stdout(f):
+            table(out_dir / f"{model}_{task}.csv", task)
+
+
+def run_part(a):
     torch.set_num_threads(1)  # OpenBLAS threads the products
     m, tok = pretrained.load(a.model)
-    filler = Filler(tok)
     done = set()
     if a.out.exists():
         with open(a.out) as f:
@@ -158,23 +286,50 @@ def main():
         w = csv.DictWriter(f, FIELDS)
         if new:
             w.writeheader()
+
+        def emit(row, length, depth, i, prompt_tokens, t0, got):
+            got.update(row=row, task=a.task, length=length, depth=depth, sample=i, prompt_tokens=prompt_tokens,
+                       seconds=f"{time.perf_counter() - t0:.1f}")
+            w.writerow(got)
+            f.flush()
+            shown = got.get("output", f"nll {got.get('nll')} agree {got.get('agree')}/{got.get('tokens')}")
+            print(f"{row} {a.task} {length} {depth} #{i}: {got.get('correct', '')} {shown!r} ({got['seconds']} s)",
+                  flush=True)
+
+        if a.task == "ppl":
+            skipped = [r for r in a.rows if "snapkv" in r or "quest" in r]
+            if skipped:
+                print(f"no ppl row for {', '.join(skipped)}: they change nothing while a text streams", flush=True)
+            a.rows = [r for r in a.rows if r not in skipped]
+            for length in a.lengths:
+                for i, text in enumerate(prompts.text_windows(tok, length, a.samples)):
+                    todo = [row for row in a.rows if (row, "ppl", str(length), "", str(i)) not in done]
+                    if not todo:
+                        continue
+                    full = None
+                    for row in ["full"] + [r for r in todo if r != "full"]:
+                        t0 = time.perf_counter()
+                        got, greedy = run_ppl(m, row, text, full)
+                        if row == "full":
+                            full = greedy
+                        if row in todo:
+                            emit(row, length, "", i, len(text), t0, got)
+            return table(a.out, "ppl")
+        make = prompts.TASKS[a.task]
+        filler = prompts.Filler(tok)
         for length in a.lengths:
             for depth in DEPTHS:
                 for i in range(a.samples):
-                    rng = random.Random(f"passkey {length} {depth} {i}")  # the same prompt for every row
-                    prompt, key = passkey(tok, filler, rng, length, depth)
-                    for row in a.rows:
-                        if (row, "passkey", str(length), str(depth), str(i)) in done:
-                            continue
+                    todo = [row for row in a.rows if (row, a.task, str(length), str(depth), str(i)) not in done]
+                    if not todo:
+                        continue
+                    prompt, answer = make(tok, filler, prompts.sample_rng(a.task, length, depth, i), length, depth)
+                    shared = SharedPrefill(m, len(prompt))
+                    for row in todo:
                         t0 = time.perf_counter()
-                        ok, peak, out = run_sample(m, tok, row, prompt, key)
-                        w.writerow(dict(row=row, task="passkey", length=length, depth=depth, sample=i, correct=int(ok),
-                                        prompt_tokens=len(prompt), peak_kv=peak, output=out,
-                                        seconds=f"{time.perf_counter() - t0:.1f}"))
-                        f.flush()
-                        print(f"{row} passkey {length} depth {depth} #{i}: {'ok' if ok else 'MISS'} {out!r} "
-                              f"({time.perf_counter() - t0:.1f} s)", flush=True)
-    table(a.out, a.lengths)
+                        got = run_retrieval(m, tok, row, prompt, answer, shared)
+                        emit(row, length, depth, i, len(prompt), t0, got)
+    table(a.out, a.task)
 
 
 if __name__ == "__main__":

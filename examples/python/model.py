@@ -69,6 +69,8 @@ class Forward:
             q, k, v = blk.qkv(x, pos)
             store.write(layer, k.contiguous(), v.contiguous())
             keys, values, key_pos = store.read(layer)  # [kv_heads, held, hd] x2, [kv_heads, held]
+            if hasattr(store, "select"):  # a selecting store hides what this chunk's queries do not read
+                key_pos = store.select(layer, q, key_pos)
             # The model's sliding-window layers, or a hybrid engine's window over the tiny model's odd layers.
             window = self.m.window(layer) or (store.window(layer) if hasattr(store, "window") else 0)
             a = self._attention(q, keys, values, key_pos, pos, layer, trace, observed, window)

@@ -185,6 +185,49 @@ def test_compaction_keeps_positions(model, policy):
     assert all(len(r.output) == WORKLOAD["new"] for r in reqs)
 
 
+class CountingCache:
+    """The engine's cache, with its observe and evict calls counted."""
+
+    def __init__(self, cache):
+        self.cache, self.observed, self.evicted = cache, 0, 0
+
+    def observe(self, *args):
+        self.observed += 1
+        return self.cache.observe(*args)
+
+    def evict(self, *args):
+        self.evicted += 1
+        return self.cache.evict(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.cache, name)
+
+
+@pytest.mark.parametrize("policy", ["h2o", "average_attention", "snapkv"])
+def test_observe_prefill_scores_every_chunk_and_evicts_once(model, policy):
+    """Compressing once (evict_in_prefill off): with observe_prefill every
+    prefill chunk's attention is observed, without it the last chunk's alone;
+    either way the prompt is evicted once, after its last chunk. SnapKV
+    observes its window only. What each keeps differs for the summing
+    policies: the whole prompt's attention is not the last chunk's."""
+    prompt = serve.heldout()[:300]
+    kept = {}
+    for observe in (False, True):
+        cfg = eng.EngineConfig(max_kv_tokens=512, chunk=64, max_batch=1, evict_in_prefill=False,
+                               observe_prefill=observe)
+        pol, cfg = eng.policy_by_name(policy, 96, model.c, cfg)
+        e = eng.Engine(model, cfg, pol)
+        e.cache = counting = CountingCache(e.cache)
+        r = eng.Request(id=0, prompt=prompt, max_new=1)
+        while not r.output:
+            e.step([r])
+        chunks = e.stats.steps
+        assert counting.evicted == 1 and e.held(r) <= 96 + 64
+        assert counting.observed == (chunks if observe and policy != "snapkv" else 1), (policy, observe)
+        kept[observe] = sorted(e.positions[0][e.positions[0] >= 0].tolist())
+    assert (kept[False] == kept[True]) == (policy == "snapkv")
+
+
 def test_forward_matches_pytorch_reference(model):
     """The paged forward pass against train.py's dense one (reference.bin: logits of a 64-token prompt)."""
     blob = (mdl.MODEL_DIR / "reference.bin").read_bytes()

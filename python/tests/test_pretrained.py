@@ -17,6 +17,7 @@ The models' wheels are installed by scripts/python; without them these
 tests are skipped, never passed.
 """
 import pathlib
+import re
 import sys
 
 import numpy as np
@@ -240,21 +241,108 @@ def test_smollm2_cpp_engine(smollm2, tmp_path):
         assert diff <= LOGIT_TOLERANCE, f"request {r.id}: C++ and PyTorch logits differ by {diff}"
 
 
-def test_smollm2_passkey_prompts(smollm2):
-    """eval_pretrained's passkey prompts: exactly the length asked, the needle at
-    its depth of the filler, the same prompt for every row; one sample runs."""
-    import random
+def _kjv_filler(tok):
+    import eval_prompts as pr
+    try:
+        return pr.Filler(tok)
+    except pr.MissingCorpus as e:  # scripts/python installs it
+        pytest.skip(str(e))
+
+
+def test_smollm2_retrieval_prompts(smollm2):
+    """eval_prompts' retrieval prompts: exactly the length asked, every needle
+    between two lines at its depth of the filler, the question last, the same
+    prompt again from the same seed."""
+    import eval_prompts as pr
+    m, tok = smollm2
+    filler = _kjv_filler(tok)
+    for task, make in pr.TASKS.items():
+        for length, depth in ((512, 0.1), (512, 0.9), (1024, 0.5)):
+            prompt, key = make(tok, filler, pr.sample_rng(task, length, depth, 0), length, depth)
+            again = make(tok, filler, pr.sample_rng(task, length, depth, 0), length, depth)
+            assert len(prompt) == length and (prompt, key) == again and len(key) == 5
+            text = tok.decode(prompt)
+            at = text.index(f" is {key}. Remember it.")
+            line = text.rfind("\n", 0, at) + 1
+            assert text[line:at].startswith("The pass key")  # the needle opens its own line
+            start = len(pr.PREAMBLE)
+            end = text.rindex("\nWhat is the pass key")
+            assert abs((line - start) / (end - start) - depth) < 0.1, f"{task}: needle at {(line - start) / (end - start):.2f}"
+            if task == "two_keys":  # two doors, two keys; the question names the door whose key answers
+                needles = re.findall(r"The pass key of the (\w+) door is (\d+)\. Remember it\.", text)
+                assert len(needles) == 2 and needles[0][0] != needles[1][0] and needles[0][1] != needles[1][1]
+                asked = text[line:at].split(" door")[0].rsplit(" ", 1)[1]
+                assert text.endswith(f"What is the pass key of the {asked} door? The pass key of the {asked} door is")
+            else:
+                assert text.endswith("What is the pass key? The pass key is")
+    assert pr.answered(" 12345. The", "12345") and pr.answered(" 12345", "12345")
+    assert not any(pr.answered(o, "12345") for o in (" 1234", " 123456", " 1234 5", " the 12345", ""))
+    assert pr.verdict(" 123", "12345") is None and pr.verdict(" 124", "12345") is False
+
+
+def test_smollm2_shared_prefill_is_the_computed_one(smollm2):
+    """Rows that replay the first row's prefill chunks serve exactly the
+    tokens and logits of the same rows computed from scratch; a row that
+    evicts before the prompt's last chunk cannot replay."""
+    import eval_pretrained as ev
+    import eval_prompts as pr
+    m, tok = smollm2
+    prompt, key = pr.passkey(tok, _kjv_filler(tok), pr.sample_rng("passkey", 448, 0.5, 0), 448, 0.5)
+    shared = ev.SharedPrefill(m, len(prompt))
+
+    def serve(row, fwd):
+        e, shareable = ev.make_engine(m, row, len(prompt), "retrieval")
+        if fwd is not None:
+            assert shareable
+            e.fwd = fwd
+        r = eng.Request(id=0, prompt=prompt, max_new=4)
+        e.run([r])
+        return r
+
+    for row in ("full", "h2o:0.25", "tova:0.125", "snapkv:0.25", "quest:0.25", "block_scores:0.5"):
+        got, want = serve(row, shared), serve(row, None)
+        assert got.output == want.output and got.peak_kv == want.peak_kv, row
+        assert all(torch.equal(a, b) for a, b in zip(got.logits, want.logits)), row
+    assert shared.replayed >= 5 * (448 // ev.CHUNK - 1)
+    e, shareable = ev.make_engine(m, "h2o:0.25,stream", len(prompt), "retrieval")
+    assert not shareable
+    e.fwd = shared
+    with pytest.raises(RuntimeError, match="evicted"):
+        e.run([eng.Request(id=0, prompt=prompt, max_new=1)])
+
+
+def test_smollm2_quest_reads_its_budget(smollm2, monkeypatch):
+    """Quest in the engine: a budget past the prompt reads everything (the
+    full cache's logits, bit for bit); a small one hides from each decoded
+    query all but the pages the cache selected, past the dense layers."""
     import eval_pretrained as ev
     m, tok = smollm2
-    filler = ev.Filler(tok)
-    for length, depth in ((512, 0.1), (512, 0.9), (1024, 0.5)):
-        prompt, key = ev.passkey(tok, filler, random.Random(f"{length} {depth}"), length, depth)
-        again, key2 = ev.passkey(tok, filler, random.Random(f"{length} {depth}"), length, depth)
-        assert len(prompt) == length and (prompt, key) == (again, key2) and len(key) == 5
-        text = tok.decode(prompt)
-        at = text.index(f"The pass key is {key}.")
-        start, end = len(ev.PREAMBLE), len(text) - len("\nWhat is the pass key? The pass key is")
-        assert abs((at - start) / (end - start) - depth) < 0.1, f"needle at {(at - start) / (end - start):.2f}"
-        assert text.endswith("What is the pass key? The pass key is")
-    ok, peak, out = ev.run_sample(m, tok, "h2o:0.25", prompt, key)
-    assert 0 < peak <= 0.25 * 1024 + 2 * 64 and isinstance(ok, bool) and out
+    prompt = text_tokens(tok, 0, 300)
+    full, _ = ev.make_engine(m, "full", len(prompt), "retrieval")
+    wide = eng.Engine(m, eng.EngineConfig(max_kv_tokens=400, max_batch=1, quest_budget=512), kv.KeepAll())
+    reads = []
+    select = eng.PagedKv.select
+
+    def counting(self, layer, q, key_pos):
+        out = select(self, layer, q, key_pos)
+        if q.shape[0] == 1:
+            reads.append((layer, (out < torch.iinfo(torch.long).max).sum(1).tolist(), key_pos.shape[1]))
+        return out
+
+    monkeypatch.setattr(eng.PagedKv, "select", counting)
+    a, b = eng.Request(id=0, prompt=prompt, max_new=3), eng.Request(id=0, prompt=prompt, max_new=3)
+    full.run([a])
+    wide.run([b])
+    assert a.output == b.output and all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
+    reads.clear()
+    narrow, _ = ev.make_engine(m, "quest:0.125", len(prompt), "retrieval")  # 96 tokens: 6 pages of 16
+    narrow.run([eng.Request(id=0, prompt=prompt, max_new=3)])
+    assert reads
+    for bad in (dict(kv_format="int8_g32"), dict(layer_streams=True), dict(window=64)):
+        with pytest.raises(ValueError, match="quest_budget 64"):
+            eng.Engine(m, eng.EngineConfig(max_kv_tokens=400, max_batch=1, quest_budget=64, **bad), kv.KeepAll())
+    for layer, per_head, held in reads:
+        if layer < 2:
+            assert per_head == [held] * len(per_head)
+        else:
+            assert all(16 * 5 < n <= 96 for n in per_head), (layer, per_head)

@@ -15,8 +15,9 @@ BLOCKS = [block for page in PAGES
 
 
 def test_there_are_python_snippets():
-    assert [name for name, _ in BLOCKS] == ["python_hybrid", "python_pretrained", "python_quickstart", "python_composed",
-                                            "python_quant", "python_scale_out", "python_tiers"]
+    assert [name for name, _ in BLOCKS] == ["python_fidelity_pretrained", "python_hybrid", "python_pretrained",
+                                            "python_quickstart", "python_composed", "python_quant", "python_scale_out",
+                                            "python_tiers"]
 
 
 def test_pretrained_serves_smollm2(monkeypatch):
@@ -33,6 +34,24 @@ def test_pretrained_serves_smollm2(monkeypatch):
     with contextlib.redirect_stdout(out):
         exec(compile(dict(BLOCKS)["python_pretrained"], "docs/pretrained-models.md:python_pretrained", "exec"), {})
     assert out.getvalue() == " Paris.\n\n\n"
+
+
+def test_fidelity_pretrained_retrieves_through_three_rows(monkeypatch):
+    """Skipped without the model or the filler's package (scripts/python installs both)."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "examples" / "python"))
+    import eval_prompts
+    import pretrained
+    try:
+        pretrained.gguf_path("smollm2")
+        eval_prompts.kjv_lines()
+    except (pretrained.NotInstalled, eval_prompts.MissingCorpus) as e:
+        pytest.skip(str(e))
+    monkeypatch.chdir(ROOT)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(dict(BLOCKS)["python_fidelity_pretrained"], "docs/fidelity-pretrained.md", "exec"), {})
+    assert out.getvalue() == "full 1 ' 28547.'\ntova:0.25 1 ' 28547.'\nsink_window:0.25 0 ' 1'\n"
 
 
 def test_quickstart_runs_and_prints_the_error():
