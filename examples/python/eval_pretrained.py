@@ -4,11 +4,12 @@ each sample one request through the PyTorch engine, every row a way of
 holding its KV (scripts/eval --model runs it; the tiny model stays the
 default there).
 
-Tasks (eval_prompts.py): passkey and two_keys, retrieval at a length and a
-depth, and ppl, perplexity and greedy agreement with the full cache over
+Tasks (eval_prompts.py): passkey, passkey_grass and two_keys, retrieval at a
+length and a depth, and ppl, perplexity and greedy agreement with the full cache over
 windows of Python's Language Reference.
 
-Rows: `full`; `NAME:FRACTION`, an eviction policy holding that fraction of
+Rows: `full`; `dense`, the dense reference (no cache at all: one pass over
+the whole sequence a token); `NAME:FRACTION`, an eviction policy holding that fraction of
 the prompt (engine.policy_by_name); `quest:FRACTION`, Quest selection, each
 decoded query reading that fraction of the prompt; `format=NAME`, a KV
 format; `layer_groups`, a hybrid model's window layers in sliding-window
@@ -47,6 +48,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import engine as eng  # noqa: E402
 import eval_prompts as prompts  # noqa: E402
+import model as mdl  # noqa: E402
 import pretrained  # noqa: E402
 from model import Forward, Trace  # noqa: E402
 
@@ -68,6 +70,8 @@ STUDIES = {
         ("passkey", [4096], 1, EVICTION),
         ("ppl", [2048], 1, EVICTION + [f"format={f}" for f in FORMATS] + COMBINED),
         ("passkey", [1024], 2, [f"format={f}" for f in FORMATS] + COMBINED),
+        ("passkey", [1024], 1, ["dense"]),  # the full rows' ceiling, from the reference itself
+        ("passkey_grass", [4096], 2, EVICTION),
     ],
     "gemma3": [
         ("passkey", [256, 1024], 2, ["full", "layer_groups"]),
@@ -167,7 +171,22 @@ class _Recorder:
         return getattr(self.store, name)
 
 
+@torch.no_grad()
+def dense_answer(m, tok, prompt, answer):
+    """The dense reference's greedy answer: every token from one pass over
+    the whole sequence with no cache at all (model.reference_logits)."""
+    out = []
+    while len(out) < len(tok.encode(" " + answer, bos=False)) + 1:
+        out.append(int(torch.argmax(mdl.reference_logits(m, prompt + out)[-1])))
+        if prompts.verdict(tok.decode(out), answer) is not None:
+            break
+    text = tok.decode(out)
+    return dict(correct=int(prompts.answered(text, answer)), peak_kv=0, output=text)
+
+
 def run_retrieval(m, tok, row, prompt, answer, shared):
+    if row == "dense":
+        return dense_answer(m, tok, prompt, answer)
     e, shareable = make_engine(m, row, len(prompt), "retrieval")
     if shareable and shared is not None:
         e.fwd = shared
@@ -209,10 +228,12 @@ def _cell(got):
 
 def table(path, task):
     """The task's table from the CSV: retrieval by length, all lengths and by depth; ppl by row."""
-    rows, lengths = {}, set()
+    rows, lengths, seen = {}, set(), set()
     with open(path) as f:
         for s in csv.DictReader(f):
-            if s["task"] == task:
+            key = (s["row"], s["task"], s["length"], s["depth"], s["sample"])
+            if s["task"] == task and key not in seen:  # two runs of one part may both finish a sample
+                seen.add(key)
                 rows.setdefault(s["row"], []).append(s)
                 lengths.add(int(s["length"]))
     lengths = sorted(lengths)
@@ -228,13 +249,16 @@ def table(path, task):
             print(f"| {row} | {math.exp(nll):.2f} | {ratio} | {agree:.1%} |")
         return
     depths = "/".join(f"{d:.0%}" for d in DEPTHS)
-    print(f"| row | {' | '.join(f'{task} at {n}' for n in lengths)} | all | by depth {depths} |")
-    print("| --- |" + " ---: |" * (len(lengths) + 1) + " --- |")
+    print(f"| row | {' | '.join(f'{task} at {n}' for n in lengths)} | all | by depth {depths} | "
+          f"peak KV at {lengths[-1]} (tokens a layer) |")
+    print("| --- |" + " ---: |" * (len(lengths) + 1) + " --- | ---: |")
     for row, samples in rows.items():
         cells = [_cell([int(s["correct"]) for s in samples if int(s["length"]) == n]) for n in lengths]
         cells.append(_cell([int(s["correct"]) for s in samples]))
         depth = [[int(s["correct"]) for s in samples if float(s["depth"]) == d] for d in DEPTHS]
-        print(f"| {row} | {' | '.join(cells)} | {' / '.join(f'{sum(d)}/{len(d)}' for d in depth)} |")
+        peak = [int(s["peak_kv"]) for s in samples if int(s["length"]) == lengths[-1]]
+        peak = f"{sum(peak) / len(peak):.0f}" if peak else "-"
+        print(f"| {row} | {' | '.join(cells)} | {' / '.join(f'{sum(d)}/{len(d)}' for d in depth)} | {peak} |")
 
 
 def main():
@@ -250,6 +274,8 @@ def main():
     ap.add_argument("--part", type=int, nargs="+", help="with --study: only these parts (0, 1, ...: two at once "
                     "share 2 cores best with OPENBLAS_NUM_THREADS=1 each)")
     ap.add_argument("--table", action="store_true", help="print the CSV's table and run nothing")
+    ap.add_argument("--reverse", action="store_true", help="the depths from the deepest (a second process on the "
+                    "same part meets the first in the middle)")
     a = ap.parse_args()
     if a.study:
         return study(a.study, a.out_dir, a.part)
@@ -276,10 +302,13 @@ def study(model, out_dir, parts=None):
 def run_part(a):
     torch.set_num_threads(1)  # OpenBLAS threads the products
     m, tok = pretrained.load(a.model)
-    done = set()
-    if a.out.exists():
+    def finished():  # read again before each sample: another process may run the same part
+        if not a.out.exists():
+            return set()
         with open(a.out) as f:
-            done = {(s["row"], s["task"], s["length"], s["depth"], s["sample"]) for s in csv.DictReader(f)}
+            return {(s["row"], s["task"], s["length"], s["depth"], s["sample"]) for s in csv.DictReader(f)}
+
+    done = finished()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     new = not a.out.exists()
     with open(a.out, "a", newline="") as f:
@@ -315,11 +344,12 @@ def run_part(a):
                         if row in todo:
                             emit(row, length, "", i, len(text), t0, got)
             return table(a.out, "ppl")
-        make = prompts.TASKS[a.task]
-        filler = prompts.Filler(tok)
+        make, lines = prompts.TASKS[a.task]
+        filler = prompts.Filler(tok, lines())
         for length in a.lengths:
-            for depth in DEPTHS:
+            for depth in (DEPTHS[::-1] if getattr(a, "reverse", False) else DEPTHS):
                 for i in range(a.samples):
+                    done = finished()
                     todo = [row for row in a.rows if (row, a.task, str(length), str(depth), str(i)) not in done]
                     if not todo:
                         continue

@@ -8,6 +8,8 @@ needle between two lines at a given depth, and a question at the end.
 - passkey: "The pass key is 48213. Remember it. 48213 is the pass key."; the
   question "What is the pass key? The pass key is"; correct when the answer's
   first digits are the key.
+- passkey_grass: the passkey in the passkey test's own filler, one line
+  repeated (the KJV defeats SmolLM2 at 4,096 tokens).
 - two_keys: two doors, each with its own five-digit key, one needle at the
   depth asked and the other elsewhere; the question names one door. A wrong
   door's key is as wrong as no key, so it ranks what a policy keeps more
@@ -99,7 +101,17 @@ def two_keys(tok, filler, rng, length, depth):
     return _assemble(tok, filler, rng, length, needles, question), str(keys[0])
 
 
-TASKS = {"passkey": passkey, "two_keys": two_keys}
+# The passkey test's own filler (Mohtashami and Jaggi), one line again and again: at 4,096 tokens SmolLM2
+# finds the key in it, where the KJV's 4,096 tokens defeat it even with the full cache.
+GRASS = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+
+
+def grass_lines():
+    return [GRASS]
+
+
+# Each task: (prompt maker, filler lines).
+TASKS = {"passkey": (passkey, kjv_lines), "two_keys": (two_keys, kjv_lines), "passkey_grass": (passkey, grass_lines)}
 
 
 def verdict(output, answer):

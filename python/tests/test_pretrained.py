@@ -255,8 +255,10 @@ def test_smollm2_retrieval_prompts(smollm2):
     prompt again from the same seed."""
     import eval_prompts as pr
     m, tok = smollm2
-    filler = _kjv_filler(tok)
-    for task, make in pr.TASKS.items():
+    kjv = _kjv_filler(tok)
+    grass = pr.Filler(tok, pr.grass_lines())
+    for task, (make, lines) in pr.TASKS.items():
+        filler = grass if lines is pr.grass_lines else kjv
         for length, depth in ((512, 0.1), (512, 0.9), (1024, 0.5)):
             prompt, key = make(tok, filler, pr.sample_rng(task, length, depth, 0), length, depth)
             again = make(tok, filler, pr.sample_rng(task, length, depth, 0), length, depth)
@@ -346,3 +348,19 @@ def test_smollm2_quest_reads_its_budget(smollm2, monkeypatch):
             assert per_head == [held] * len(per_head)
         else:
             assert all(16 * 5 < n <= 96 for n in per_head), (layer, per_head)
+
+
+def test_smollm2_demo_prints_four_rows(smollm2):
+    """scripts/demo's last table: the four rows, each holding the bytes its
+    policy and format imply (TOVA a quarter of the prompt, int8 a quarter of
+    f32 and its group scales), and the full cache's passkey found."""
+    import subprocess
+    _kjv_filler(smollm2[1])
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "python" / "demo_pretrained.py"), "--length", "512",
+                          "--new-tokens", "4"], check=True, capture_output=True, text=True).stdout
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| ") and "MiB" in line]
+    assert [r[1].strip() for r in rows] == ["full", "tova:0.25", "format=int8_g32", "tova:0.25,format=int8_g32"]
+    mib = [float(r[2].split()[0]) for r in rows]
+    assert abs(mib[1] / mib[0] - 0.25) < 0.05 and 0.25 < mib[2] / mib[0] < 0.3 and abs(mib[3] / mib[2] - 0.25) < 0.05
+    assert rows[0][5].strip().startswith("right")
+    assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows)
