@@ -6,7 +6,7 @@ KV format, and the two together. Each row prints the KV bytes the request
 holds while it decodes, prefill and decode tokens/s on this machine, and the
 passkey it answers (docs/pretrained-models.md has the study behind it).
 
-  build/python-venv/bin/python examples/python/demo_pretrained.py [--length 2048] [--depth 0.5]
+  build/python-venv/bin/python examples/python/demo_pretrained.py [--length 1024] [--depth 0.5]
 """
 import argparse
 import pathlib
@@ -44,7 +44,7 @@ def serve(m, tok, row, prompt, answer, new_tokens):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--length", type=int, default=2048)
+    ap.add_argument("--length", type=int, default=1024)
     ap.add_argument("--depth", type=float, default=0.5)
     ap.add_argument("--new-tokens", type=int, default=16)
     a = ap.parse_args()
@@ -57,7 +57,8 @@ def main():
     prompt, answer = prompts.passkey(tok, filler, prompts.sample_rng("passkey", a.length, a.depth, 0), a.length,
                                      a.depth)
     print(f"SmolLM2-135M-Instruct through kvcache: a {len(prompt)}-token passkey prompt (the key {answer} at "
-          f"{a.depth:.0%} of it), greedy; the policy evicts once, after the prompt")
+          f"{a.depth:.0%} of it), greedy; the policy evicts once, after the prompt. One prompt: "
+          f"docs/fidelity-pretrained.md has the rates over 30")
     print(f"| {'row':<36} | {'KV held decoding':>16} | {'prefill tok/s':>13} | {'decode tok/s':>12} | answer")
     print(f"| {'-' * 36} | {'-' * 15}: | {'-' * 12}: | {'-' * 11}: | ---")
     for row in ROWS:

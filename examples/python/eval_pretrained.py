@@ -56,6 +56,7 @@ DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 FIELDS = ["row", "task", "length", "depth", "sample", "correct", "nll", "agree", "tokens", "prompt_tokens",
           "peak_kv", "output", "seconds"]
 CHUNK = 64
+_SCALES = {}  # (model, format) -> the calibrated format's (k, v) scales
 POLICIES = ("sliding_window", "sink_window", "h2o", "tova", "snapkv", "average_attention", "block_scores")
 FRACTIONS = (0.125, 0.25, 0.5)
 FORMATS = ("f16", "fp8_e4m3_head", "int8_g32", "int4_g32_min", "fp4_g16", "int2_kivi")
@@ -106,6 +107,11 @@ def make_engine(m, row, n, task, keep_logits=False):
     window = max(m.window(layer) for layer in range(m.c["layers"])) if groups else 0
     cfg = eng.EngineConfig(max_kv_tokens=n + 64, chunk=CHUNK, max_batch=1, kv_format=fmt, window=window,
                            keep_logits=keep_logits)
+    if eng.KV_FORMATS[fmt][2]:  # a calibrated format: one calibration a model (a forward pass over its window)
+        key = (id(m), fmt)
+        if key not in _SCALES:
+            _SCALES[key] = eng.calibrate_kv_scales(m, eng.calibration_window(m), eng.KV_FORMATS[fmt][0])
+        cfg.kv_scales = _SCALES[key]
     budget = max(96, int(n * frac))
     policy, cfg = eng.policy_by_name(name, budget, m.c, cfg)
     if quest:

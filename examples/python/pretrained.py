@@ -292,4 +292,9 @@ def load(name):
     r = _reader(gguf_path(name))
     m = _load_gemma3(r) if name == "gemma3" else _load_llama(r)
     m.name = name
-    return m, _tokenizer(r)
+    tok = _tokenizer(r)
+    # A calibrated KV format's scales are measured on these (engine.calibration_window): the last 512 of the
+    # held-out text's tokens in this model's own tokenizer (what the tiny model calibrates on, in its bytes).
+    text = (mdl.MODEL_DIR / "heldout.bin").read_bytes().decode("latin-1")
+    m.calibration_tokens = tok.encode(text[-8 * 512:], bos=False)[-512:]
+    return m, tok

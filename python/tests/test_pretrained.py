@@ -364,3 +364,13 @@ def test_smollm2_demo_prints_four_rows(smollm2):
     assert abs(mib[1] / mib[0] - 0.25) < 0.05 and 0.25 < mib[2] / mib[0] < 0.3 and abs(mib[3] / mib[2] - 0.25) < 0.05
     assert rows[0][5].strip().startswith("right")
     assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows)
+
+
+def test_smollm2_calibrates_on_its_own_tokens(smollm2):
+    """A calibrated format (fp8 with a scale per head) measures the model's K
+    and V over the held-out text in the model's own tokens, not the tiny
+    model's bytes."""
+    m, tok = smollm2
+    text = (mdl.MODEL_DIR / "heldout.bin").read_bytes().decode("latin-1")
+    assert len(m.calibration_tokens) == 512 and tok.decode(m.calibration_tokens) in text
+    assert eng.calibration_window(m) == list(m.calibration_tokens)
