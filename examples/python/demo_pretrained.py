@@ -28,7 +28,7 @@ ROWS = ["full", ev.BEST, f"format={FORMAT}", f"{ev.BEST},format={FORMAT}"]
 def serve(m, tok, row, prompt, answer, new_tokens):
     """(KV bytes held while decoding, prefill tokens/s, decode tokens/s, output, correct)."""
     e, _ = ev.make_engine(m, row, len(prompt), "retrieval")
-    r = eng.Request(id=0, prompt=prompt, max_new=max(new_tokens, len(tok.encode(" " + answer, bos=False)) + 1))
+    r = eng.Request(id=0, prompt=prompt, max_new=max(new_tokens, prompts.answer_tokens(tok, answer)))
     t0 = time.perf_counter()
     while not r.output:
         e.step([r])

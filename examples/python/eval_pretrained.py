@@ -182,7 +182,7 @@ def dense_answer(m, tok, prompt, answer):
     """The dense reference's greedy answer: every token from one pass over
     the whole sequence with no cache at all (model.reference_logits)."""
     out = []
-    while len(out) < len(tok.encode(" " + answer, bos=False)) + 1:
+    while len(out) < prompts.answer_tokens(tok, answer):
         out.append(int(torch.argmax(mdl.reference_logits(m, prompt + out)[-1])))
         if prompts.verdict(tok.decode(out), answer) is not None:
             break
@@ -196,7 +196,7 @@ def run_retrieval(m, tok, row, prompt, answer, shared):
     e, shareable = make_engine(m, row, len(prompt), "retrieval")
     if shareable and shared is not None:
         e.fwd = shared
-    r = eng.Request(id=0, prompt=prompt, max_new=len(tok.encode(" " + answer, bos=False)) + 1)
+    r = eng.Request(id=0, prompt=prompt, max_new=prompts.answer_tokens(tok, answer))
     while not r.done and (not r.output or prompts.verdict(tok.decode(r.output), answer) is None):
         e.step([r])  # until the answer is decided
     out = tok.decode(r.output)

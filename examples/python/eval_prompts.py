@@ -114,6 +114,11 @@ def grass_lines():
 TASKS = {"passkey": (passkey, kjv_lines), "two_keys": (two_keys, kjv_lines), "passkey_grass": (passkey, grass_lines)}
 
 
+def answer_tokens(tok, answer):
+    """Tokens to decode for an answer: its own (after a space) and one more, which shows where its digits end."""
+    return len(tok.encode(" " + answer, bos=False)) + 1
+
+
 def verdict(output, answer):
     """Whether the output's first digits are the answer: True, False, or None
     while the digits so far could still become it (decoding may stop at a verdict)."""

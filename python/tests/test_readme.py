@@ -20,6 +20,14 @@ def test_there_are_python_snippets():
                                             "python_tiers"]
 
 
+def printed(name, where):
+    """What snippet `name` (of page `where`) prints, run as written."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(dict(BLOCKS)[name], f"{where}:{name}", "exec"), {})
+    return out.getvalue()
+
+
 def test_pretrained_serves_smollm2(monkeypatch):
     """Run from the repository's root, as the page says; skipped without the model."""
     pytest.importorskip("torch")
@@ -30,10 +38,8 @@ def test_pretrained_serves_smollm2(monkeypatch):
     except pretrained.NotInstalled as e:
         pytest.skip(str(e))
     monkeypatch.chdir(ROOT)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(dict(BLOCKS)["python_pretrained"], "docs/pretrained-models.md:python_pretrained", "exec"), {})
-    assert out.getvalue() == " Paris.\n\n\n"
+    out = printed("python_pretrained", "docs/pretrained-models.md")
+    assert out == " Paris.\n\n\n"
 
 
 def test_fidelity_pretrained_retrieves_through_three_rows(monkeypatch):
@@ -48,52 +54,38 @@ def test_fidelity_pretrained_retrieves_through_three_rows(monkeypatch):
     except (pretrained.NotInstalled, eval_prompts.MissingCorpus) as e:
         pytest.skip(str(e))
     monkeypatch.chdir(ROOT)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(dict(BLOCKS)["python_fidelity_pretrained"], "docs/fidelity-pretrained.md", "exec"), {})
-    assert out.getvalue() == "full 1 ' 28547.'\ntova:0.25 1 ' 28547.'\nsink_window:0.25 0 ' 1'\n"
+    out = printed("python_fidelity_pretrained", "docs/fidelity-pretrained.md")
+    assert out == "full 1 ' 28547.'\ntova:0.25 1 ' 28547.'\nsink_window:0.25 0 ' 1'\n"
 
 
 def test_quickstart_runs_and_prints_the_error():
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(dict(BLOCKS)["python_quickstart"], "docs/python.md:python_quickstart", "exec"), {})
-    assert out.getvalue() == "invalid_argument: n_tokens=-1 (limit 0)\n"
+    out = printed("python_quickstart", "docs/python.md")
+    assert out == "invalid_argument: n_tokens=-1 (limit 0)\n"
 
 
 def test_composed_runs_and_prints_a_head_row():
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(dict(BLOCKS)["python_composed"], "docs/python.md:python_composed", "exec"), {})
-    held, pages = out.getvalue().split(" ", 1)
+    out = printed("python_composed", "docs/python.md")
+    held, pages = out.split(" ", 1)
     assert int(held) >= 32 and pages.strip() == "[3, 3]"  # the ring's 32 tokens and admitted ones; 2 ring pages + 1
 
 
 def test_hybrid_runs_and_prints_what_each_group_holds():
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(dict(BLOCKS)["python_hybrid"], "docs/hybrid.md:python_hybrid", "exec"), {})
+    out = printed("python_hybrid", "docs/hybrid.md")
     # 128 tokens in the full layers; the window's next query (at 64) reads 1 on: blocks 0 .. 7, 8 held;
     # none freed yet (the first reserve after computed 64 frees below first_read(64) = 1, i.e. nothing whole)
-    assert out.getvalue() == "128 8 (8, 0)\n"
+    assert out == "128 8 (8, 0)\n"
 
 
 def test_tiers_runs_and_prints_the_host_hits():
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(dict(BLOCKS)["python_tiers"], "docs/tiers.md:python_tiers", "exec"), {})
-    assert out.getvalue() == "(0, 4, 0, ['host', 'host', 'host', 'host'])\n"
+    out = printed("python_tiers", "docs/tiers.md")
+    assert out == "(0, 4, 0, ['host', 'host', 'host', 'host'])\n"
 
 
 def test_scale_out_runs_and_prints_the_imported_sequence():
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(dict(BLOCKS)["python_scale_out"], "docs/scale-out.md:python_scale_out", "exec"), {})
-    assert out.getvalue() == "14 3 3\n"
+    out = printed("python_scale_out", "docs/scale-out.md")
+    assert out == "14 3 3\n"
 
 
 def test_quant_runs_and_prints_the_bytes_per_token():
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(dict(BLOCKS)["python_quant"], "docs/quantization.md:python_quant", "exec"), {})
-    assert out.getvalue() == "272 True\n"  # 2 planes x 2 heads x (64 codes + 2 groups x 2 bytes)
+    out = printed("python_quant", "docs/quantization.md")
+    assert out == "272 True\n"  # 2 planes x 2 heads x (64 codes + 2 groups x 2 bytes)
