@@ -1,6 +1,9 @@
 // After construction, no cache operation touches the heap: global operator
-// new is counted while a mixed workload (hits, misses, errors) runs.
+// new is counted while a mixed workload (hits, misses, errors) runs, on the
+// token-paged cache with each kind of policy and on a hybrid cache.
+// (Holds are the exception: BlockHolds keeps each hold's blocks in a map.)
 #include <kvcache/cache.hpp>
+#include <kvcache/cache/hybrid.hpp>
 #include <kvcache/eviction/h2o.hpp>
 #include <kvcache/eviction/sliding_window.hpp>
 #include <kvcache/selection/quest.hpp>
@@ -146,9 +149,66 @@ int main() {
   }
   const long during_prefix = g_allocations - before_prefix;
   if (pc.prefix_stats().hit_tokens == 0 || pc.prefix_stats().pool.recycled == 0) ++bad;  // hits and recycling ran
-  const long during = during_core + during_eviction + during_selection + during_prefix;
-  std::printf("heap allocations during the workload: %ld (eviction part: %ld, selection part: %ld, prefix part: %ld); "
-              "unexpected results: %ld\n",
-              during, during_eviction, during_selection, during_prefix, bad);
+  // A hybrid cache (Gemma's full + sliding-window groups, two block sizes):
+  // admission with hits, chunked prefill, decode steps that publish and free
+  // what left the window, rollback, exports, events with ids, imports.
+  const std::vector<std::int32_t> hl0{0, 2}, hl1{1, 3};
+  const LayerGroupSpec hspec[] = {
+      {.kind = AttentionKind::full, .layers = hl0, .num_kv_heads = 2, .head_dim = 64},
+      {.kind = AttentionKind::sliding_window, .layers = hl1, .num_kv_heads = 4, .head_dim = 64, .window = 48}};
+  const LayerGroups hlg = *LayerGroups::make({.groups = hspec, .block_size = 8});
+  HybridCache<> hy({.groups = hlg, .num_blocks = 400, .max_sequences = 8, .max_tokens = 512, .prefill_chunk = 64,
+                    .event_capacity = 256});
+  std::vector<std::int32_t> hslots(2 * 512), hindptr(9), hindices(8 * 64), hfirst(8), hids(events.size() * std::size_t(hy.tokens_per_event()));
+  std::vector<SeqId> hseqs(8);
+  const long before_hybrid = g_allocations;
+  for (int round = 0; round < 40; ++round) {
+    std::size_t n = 0;
+    for (; n < 4; ++n) {
+      const auto p = std::span(prompt).subspan(std::size_t(round % 2), 150 + 40 * n);  // shared stems: hits and misses
+      auto a = hy.admit(p, hslots);
+      if (!a) break;
+      hseqs[n] = a->seq;
+      for (std::int64_t done = a->cached_tokens + a->reserved; done < std::int64_t(p.size());) {  // the prompt, chunk by chunk
+        const auto chunk = std::min<std::int64_t>(64, std::int64_t(p.size()) - done);
+        if (!hy.advance(a->seq, p.subspan(std::size_t(done), std::size_t(chunk)), hslots).ok()) ++bad;
+        done += chunk;
+      }
+    }
+    for (int step = 0; step < 30; ++step)
+      for (std::size_t k = 0; k < n; ++k) {
+        const std::int32_t next[] = {round * 100 + step};
+        if (!hy.advance(hseqs[k], next, hslots).ok()) ++bad;
+      }
+    for (std::int32_t group = 0; group < 2; ++group)
+      if (!hy.export_csr(group, std::span(hseqs).first(n), hindptr, hindices, hfirst).ok()) ++bad;
+    if (n > 1 && !hy.truncate(hseqs[1], 1).ok()) ++bad;
+    if (hy.advance(hseqs[0], std::span(prompt).first(100), hslots).ok()) ++bad;  // past prefill_chunk: must fail, without allocating
+    if (!hy.drain_events(events, hids).ok()) ++bad;
+    for (std::size_t k = 0; k < n; ++k)
+      if (!hy.free(hseqs[k]).ok()) ++bad;
+    // A peer's prefill of a prompt with no hit: imported, then committed or aborted.
+    const auto fresh = std::span(prompt).subspan(300, 100);
+    auto imp = hy.import(fresh, {.key = {.salt = std::uint64_t(round) + 1}});
+    if (!imp) {
+      ++bad;
+      continue;
+    }
+    SeqId imported{};
+    if (round % 2) {
+      auto c = hy.commit_import(imp->id);
+      c ? imported = c->seq : (++bad, imported);
+    } else {
+      auto c = hy.abort_import(imp->id);
+      c ? imported = c->seq : (++bad, imported);
+    }
+    if (!hy.free(imported).ok()) ++bad;
+  }
+  const long during_hybrid = g_allocations - before_hybrid;
+  if (!hy.check_invariants().ok() || hy.free_sequences() != 8 || hy.pool().counters().stored == 0) ++bad;  // it ran, and ends clean
+  const long during = during_core + during_eviction + during_selection + during_prefix + during_hybrid;
+  std::printf("heap allocations during the workload: %ld (eviction part: %ld, selection part: %ld, prefix part: %ld, "
+              "hybrid part: %ld); unexpected results: %ld\n",
+              during, during_eviction, during_selection, during_prefix, during_hybrid, bad);
   return during == 0 && bad == 0 ? 0 : 1;
 }

@@ -39,6 +39,8 @@ struct StoredBlock {
   /// A block known to hold the parent hash (the row's previous block), PrefixIndex::kChainRoot for a chain's
   /// first block, or PrefixIndex::kUnknownParent: saves the pool a lookup.
   std::int32_t parent_block = PrefixIndex::kUnknownParent;
+  std::int32_t block_size = 0;  ///< Tokens in the block (0: the pool's event_tokens).
+  std::int32_t group = -1;      ///< The layer group the block belongs to (-1: none); its events name it.
 };
 
 /// Lifetime counters of a pool's cached content.
@@ -67,6 +69,7 @@ class BlockPool {
         prefix_(num_blocks),
         events_(event_capacity, event_tokens, medium),
         marks_{std::vector<std::uint32_t>(static_cast<std::size_t>(num_blocks), 0u)},
+        group_(event_capacity > 0 ? static_cast<std::size_t>(num_blocks) : 0, -1),
         sentinel_(num_blocks) {
     prev_[ix(sentinel_)] = next_[ix(sentinel_)] = sentinel_;
     for (BlockId b = 1; b < num_blocks; ++b) link_before(sentinel_, b);
@@ -194,9 +197,11 @@ class BlockPool {
       return false;
     }
     ++counters_.stored;
+    if (!group_.empty()) group_[ix(b)] = static_cast<std::int16_t>(info.group);  // what its removed event names
     events_.push(BlockEvent{.kind = EventKind::stored, .block = b, .hash = h, .parent = parent,
                             .first = prefix_.is_root(b), .key = info.key, .block_extra = info.block_extra,
-                            .block_size = events_.tokens_per_event()},
+                            .block_size = info.block_size > 0 ? info.block_size : events_.tokens_per_event(),
+                            .group = info.group},
                  info.tokens);
     return true;
   }
@@ -301,7 +306,9 @@ class BlockPool {
   // they move to the front of the queue, to be reused first.
   void drop(BlockId b) noexcept {
     prefix_.erase(b, [&](BlockId x, bool gone) {
-      if (gone) events_.push(BlockEvent{.kind = EventKind::removed, .block = x, .hash = prefix_.hash(x)});
+      if (gone)
+        events_.push(BlockEvent{.kind = EventKind::removed, .block = x, .hash = prefix_.hash(x),
+                                .group = group_.empty() ? -1 : std::int32_t{group_[ix(x)]}});
       if (x != b) ++counters_.invalidated;
       if (ref_[ix(x)] == 0) {  // free-but-cached (a cascade, or a redundant twin)
         unlink(x);
@@ -328,6 +335,7 @@ class BlockPool {
   PrefixIndex prefix_;
   EventQueue events_;
   mutable Marks marks_;
+  std::vector<std::int16_t> group_;  // [block]: the group its stored event named (only with events)
   PoolCounters counters_{};
   BlockId sentinel_;
   std::int32_t num_free_ = 0;

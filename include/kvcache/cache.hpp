@@ -23,6 +23,7 @@
 #include "kvcache/admission/admit_all.hpp"
 #include "kvcache/block_hash.hpp"
 #include "kvcache/block_pool.hpp"
+#include "kvcache/cache/contract.hpp"
 #include "kvcache/cache/core.hpp"
 #include "kvcache/cache/head_paged.hpp"
 #include "kvcache/cache/token_paged.hpp"
@@ -82,5 +83,7 @@ struct SelectionArg {
 template <BlockAllocator Pool = BlockPool, BlockTableFor<Pool> Table = PageTable, AdmissionPolicy Admission = AdmitAll,
           SelectionPolicy Selection = SelectAll, EvictionPolicy Eviction = KeepAll, BlockHasher Hasher = FastBlockHasher>
 using Cache = typename CacheFor<Pool, Table, Admission, Selection, Eviction, Hasher>::type;
+
+static_assert(SequenceHolds<Cache<>>, "kvcache::Cache<> keeps the sequence-cache contract (cache/contract.hpp)");
 
 KVCACHE_END_NAMESPACE

@@ -38,6 +38,9 @@ struct BlockEvent {
   std::int32_t block_size = 0;  ///< stored: tokens per block.
   std::int32_t num_tokens = 0;  ///< stored: token ids copied to the drain buffer (block_size, or 0 when none were kept).
   Medium medium = Medium::gpu;  ///< The pool's tier.
+  /// The layer group whose block it is (a HybridCache's pool; its hash is
+  /// already keyed by the group), or -1: a single-group cache's.
+  std::int32_t group = -1;
   friend constexpr bool operator==(const BlockEvent&, const BlockEvent&) = default;
 };
 

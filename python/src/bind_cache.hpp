@@ -251,41 +251,6 @@ void bind_cache(nb::module_& m, const char* name) {
             return out;
           },
           nb::arg("tokens"), nb::arg("salt") = 0, nb::arg("extra") = 0)
-      .def(
-          "drain_events",
-          [](C& self, std::int32_t max_events) {
-            std::vector<kv::BlockEvent> ev(std::size_t(std::max(max_events, 0)));
-            std::vector<std::int32_t> ids(ev.size() * std::size_t(self.block_size()));
-            const auto n = check(self.drain_events(ev, ids));
-            nb::list out;
-            for (std::int32_t i = 0; i < n; ++i) {
-              const auto& e = ev[std::size_t(i)];
-              nb::dict d;
-              d["kind"] = e.kind == kv::EventKind::stored ? "stored" : e.kind == kv::EventKind::removed ? "removed" : "all_cleared";
-              d["block"] = e.block, d["hash"] = std::make_pair(e.hash.lo, e.hash.hi);
-              d["parent"] = std::make_pair(e.parent.lo, e.parent.hi), d["first"] = e.first;
-              d["salt"] = e.key.salt, d["extra"] = e.key.extra, d["block_extra"] = e.block_extra;
-              const auto b = std::size_t(i) * std::size_t(self.block_size());
-              d["token_ids"] = std::vector<std::int32_t>(ids.begin() + std::ptrdiff_t(b),
-                                                         ids.begin() + std::ptrdiff_t(b) + e.num_tokens);
-              out.append(d);
-            }
-            return out;
-          },
-          nb::arg("max_events") = 1024)
-      .def(
-          "drain_kv_events",  // the drained events as vLLM's msgpack KVEventBatch (bytes), None when there were none
-          [](C& self, double ts, std::int32_t dp_rank, std::int32_t group, std::int32_t max_events) -> nb::object {
-            std::vector<kv::BlockEvent> ev(std::size_t(std::max(max_events, 0)));
-            std::vector<std::int32_t> ids(ev.size() * std::size_t(self.block_size()));
-            const auto n = std::size_t(check(self.drain_events(ev, ids)));
-            if (n == 0) return nb::none();
-            std::vector<std::uint8_t> out;
-            check(kv::encode_kv_events(std::span(ev).first(n), std::span(ids).first(n * std::size_t(self.block_size())),
-                                       self.block_size(), {ts, dp_rank, group}, out));
-            return nb::bytes(reinterpret_cast<const char*>(out.data()), out.size());
-          },
-          nb::arg("ts"), nb::arg("dp_rank") = 0, nb::arg("group") = -1, nb::arg("max_events") = 1024)
       // Imports: a prompt a peer prefilled (transfer/pending_imports.hpp).
       .def(
           "import_prompt",  // (id, cached_tokens, skip, blocks int32 [num_blocks]): blocks to receive, pending

@@ -67,8 +67,10 @@ struct Groups {
   kv::LayerGroups groups;
 };
 
-// Every cache, HybridCache too: its pool, read only (a WritePolicy reads
-// it), and the holds transfers keep on its blocks.
+// Every cache, HybridCache too (the sequence-cache contract's pool part):
+// its pool, read only (a WritePolicy reads it), the holds transfers keep on
+// its blocks, and its block events (each event's token ids: the pool's
+// tokens_per_event, a hybrid cache's largest group block size).
 template <class C>
 void bind_holds(nb::class_<C>& c) {
   c.def_prop_ro("pool", [](const C& self) -> const kv::BlockPool& { return self.pool(); }, nb::rv_policy::reference_internal)
@@ -80,7 +82,45 @@ void bind_holds(nb::class_<C>& c) {
            },
            nb::arg("blocks"))
       .def("release_hold", [](C& self, std::uint64_t id) { check(self.release_hold(id)); }, nb::arg("hold"))
-      .def_prop_ro("holds", [](const C& self) { return self.holds().size(); });
+      .def_prop_ro("holds", [](const C& self) { return self.holds().size(); })
+      .def(
+          "drain_events",
+          [](C& self, std::int32_t max_events) {
+            const auto per = std::size_t(self.pool().events().tokens_per_event());
+            std::vector<kv::BlockEvent> ev(std::size_t(std::max(max_events, 0)));
+            std::vector<std::int32_t> ids(ev.size() * per);
+            const auto n = check(self.drain_events(ev, ids));
+            nb::list out;
+            for (std::int32_t i = 0; i < n; ++i) {
+              const auto& e = ev[std::size_t(i)];
+              nb::dict d;
+              d["kind"] = e.kind == kv::EventKind::stored ? "stored" : e.kind == kv::EventKind::removed ? "removed" : "all_cleared";
+              d["block"] = e.block, d["hash"] = std::make_pair(e.hash.lo, e.hash.hi);
+              d["parent"] = std::make_pair(e.parent.lo, e.parent.hi), d["first"] = e.first;
+              d["salt"] = e.key.salt, d["extra"] = e.key.extra, d["block_extra"] = e.block_extra;
+              d["block_size"] = e.block_size, d["group"] = e.group;  // group: a HybridCache's layer group, -1 otherwise
+              const auto b = std::size_t(i) * per;
+              d["token_ids"] = std::vector<std::int32_t>(ids.begin() + std::ptrdiff_t(b),
+                                                         ids.begin() + std::ptrdiff_t(b) + e.num_tokens);
+              out.append(d);
+            }
+            return out;
+          },
+          nb::arg("max_events") = 1024)
+      .def(
+          "drain_kv_events",  // the drained events as vLLM's msgpack KVEventBatch (bytes), None when there were none
+          [](C& self, double ts, std::int32_t dp_rank, std::int32_t group, std::int32_t max_events) -> nb::object {
+            const auto per = std::size_t(self.pool().events().tokens_per_event());
+            std::vector<kv::BlockEvent> ev(std::size_t(std::max(max_events, 0)));
+            std::vector<std::int32_t> ids(ev.size() * per);
+            const auto n = std::size_t(check(self.drain_events(ev, ids)));
+            if (n == 0) return nb::none();
+            std::vector<std::uint8_t> out;
+            check(kv::encode_kv_events(std::span(ev).first(n), std::span(ids).first(n * per),
+                                       std::int32_t(per), {ts, dp_rank, group}, out));
+            return nb::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+          },
+          nb::arg("ts"), nb::arg("dp_rank") = 0, nb::arg("group") = -1, nb::arg("max_events") = 1024);
 }
 
 template <class C>

@@ -129,16 +129,17 @@ void register_hybrid(nb::module_& m) {
       .def(
           "__init__",
           [](Hybrid* self, const Groups& g, std::int32_t num_blocks, std::int32_t max_sequences, std::int32_t max_tokens,
-             std::int32_t prefill_chunk, bool prefix_caching) {
+             std::int32_t prefill_chunk, bool prefix_caching, std::int32_t event_capacity) {
             try {
               new (self) Hybrid({.groups = g.groups, .num_blocks = num_blocks, .max_sequences = max_sequences,
-                                 .max_tokens = max_tokens, .prefill_chunk = prefill_chunk, .prefix_caching = prefix_caching});
+                                 .max_tokens = max_tokens, .prefill_chunk = prefill_chunk, .prefix_caching = prefix_caching,
+                                 .event_capacity = event_capacity});
             } catch (const kv::ConfigError& e) {
               check(e.status());
             }
           },
           nb::arg("groups"), nb::arg("num_blocks"), nb::arg("max_sequences"), nb::arg("max_tokens"),
-          nb::arg("prefill_chunk") = 0, nb::arg("prefix_caching") = true)
+          nb::arg("prefill_chunk") = 0, nb::arg("prefix_caching") = true, nb::arg("event_capacity") = 0)
       .def_prop_ro("groups", &Hybrid::groups)
       .def_prop_ro("free_blocks", &Hybrid::free_blocks)
       .def_prop_ro("free_sequences", &Hybrid::free_sequences)

@@ -61,6 +61,24 @@ def test_a_window_hit_needs_only_the_blocks_its_next_query_reads():
     c.check_invariants()
 
 
+def test_block_events_name_their_group_and_reach_the_wire():
+    c = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64, event_capacity=32)
+    prompt = np.arange(100, 110, dtype=np.int32)
+    seq, _, _, _ = c.admit(prompt)
+    c.computed(seq, 10)
+    events = c.drain_events()
+    assert [(e["kind"], e["group"], e["block_size"]) for e in events] == [("stored", 0, 4)] * 2 + [("stored", 1, 4)] * 2
+    assert events[0]["token_ids"] == list(range(100, 104)) and events[3]["token_ids"] == list(range(104, 108))
+    assert events[0]["hash"] != events[2]["hash"]  # one chain, keyed by group
+    c.free(seq)
+    seq, _, _, _ = c.admit(prompt + 1)
+    c.computed(seq, 10)
+    wire = c.drain_kv_events(ts=1.0)
+    assert wire is not None and b"BlockStored" in wire
+    with pytest.raises(kv.InvalidArgument, match="event_capacity=-1"):
+        kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64, event_capacity=-1)
+
+
 def test_the_window_frees_on_computed_tokens_only():
     c = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64, prefill_chunk=24)
     t = np.arange(40, dtype=np.int32)

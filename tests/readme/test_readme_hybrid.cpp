@@ -59,6 +59,20 @@ TEST_CASE_METHOD(Hybrid, "docs hybrid: a Gemma-3-shaped and a DeepSeek-shaped ca
   CHECK(latent.check_invariants().ok());
 }
 
+TEST_CASE("docs hybrid_events: a hybrid cache's block events name their group, and reach vLLM's wire") {
+#include "snippets/hybrid_events.inc"
+  REQUIRE(n == 4);
+  REQUIRE(batch.ok());
+  CHECK(*batch == 3);  // the full group's chain merges; the window's two blocks are roots
+  CHECK(events[0].group == 0);
+  CHECK(events[2].group == 1);
+  CHECK(events[0].block_size == 16);
+  CHECK(ids[0] == 1000);
+  CHECK(ids[std::size_t(cache.tokens_per_event())] == 1016);
+  kv::MsgpackReader r(wire);
+  CHECK(*r.array("batch") == 3);
+}
+
 TEST_CASE("docs unitary: one full group compiles to Cache<> over the same pages") {
 #include "snippets/unitary.inc"
   CHECK(dense.geometry().block_bytes() == one.page_bytes());

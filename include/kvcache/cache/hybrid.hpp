@@ -20,8 +20,10 @@
 #include "kvcache/block_hash.hpp"
 #include "kvcache/block_holds.hpp"
 #include "kvcache/block_pool.hpp"
+#include "kvcache/cache/contract.hpp"
 #include "kvcache/cache/hybrid_accounting.hpp"
 #include "kvcache/cache/hybrid_imports.hpp"
+#include "kvcache/cache/hybrid_prefix.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/groups/group_exports.hpp"
 #include "kvcache/groups/group_hits.hpp"
@@ -57,17 +59,22 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   /// An empty cache; ConfigError names a bad field of cfg.
   explicit HybridCache(const HybridConfig& cfg, Hasher hasher = {})
       : cfg_(checked_hybrid_config(cfg)),
-        pool_(cfg.num_blocks),
+        pool_(cfg.num_blocks, cfg.event_capacity, max_block_size(cfg.groups), cfg.medium),
         hits_(cfg.groups, cfg.max_tokens, hasher),
         owner_(std::size_t(cfg.num_blocks), -1),
         seqs_(std::size_t(cfg.max_sequences)) {
+    std::size_t longest = 0;
     for (std::int32_t g = 0; g < groups(); ++g) {
       const GroupRule r = GroupRule::of(cfg.groups, g);
       rows_.emplace_back(r, cfg.max_sequences, std::int32_t(r.row_blocks(cfg.max_tokens)));
+      longest = std::max(longest, std::size_t(r.row_blocks(cfg.max_tokens)));
     }
+    prefix_ = HybridPrefix(rows_, [&](std::int32_t g) { return hits_.chain_owner(g); }, cfg.max_sequences, cfg.num_blocks,
+                           cfg.prefix_caching);
     for (std::int32_t i = cfg.max_sequences - 1; i >= 0; --i) free_.push_back(std::uint32_t(i));
-    chain_.resize(std::size_t(groups()) * seqs_.size());
-    published_.resize(chain_.size());
+    scratch_.reserve(longest);  // the most blocks one call hands one group
+    held_.reserve(std::size_t(groups()) * longest);
+    idx_.reserve(seqs_.size());
     this->imports_ = PendingImports(cfg.max_sequences);
   }
 
@@ -79,14 +86,14 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   std::int32_t free_sequences() const noexcept { return std::int32_t(free_.size()); }  ///< Handles free.
 
   /// A new, empty sequence; `key` salts its hash chains (tenant, LoRA).
-  Result<SeqId> add_sequence(const PrefixKey& key = {}) {
+  Result<SeqId> add_sequence(const PrefixKey& key = {}) noexcept {
     if (free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", cfg_.max_sequences, cfg_.max_sequences};
     const std::uint32_t i = free_.back();
     free_.pop_back();
     Seq& s = seqs_[i];
-    s.live = true, s.sealed = false, s.reserved = s.computed = s.promised = 0, s.key = key, s.tokens.clear(), s.tokens_from = 0;
+    s.live = true, s.sealed = false, s.reserved = s.computed = s.promised = 0, s.key = key;
     s.ahead = cfg_.prefill_chunk > 0 ? cfg_.prefill_chunk : cfg_.max_tokens;  // admit() and import() bound it by the prompt
-    for (std::int32_t g = 0; g < groups(); ++g) published(g, i) = 0, chain(g, i) = chain_root(key);
+    prefix_.start(i, chain_root(key));
     return SeqId{i, s.generation};
   }
 
@@ -142,13 +149,11 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
         scratch_.push_back(hits_.block(g, j));
       }
       rows_[std::size_t(g)].adopt(id.index, std::int32_t(first), scratch_);
-      published(g, id.index) = std::int32_t(h / r.block_size);
-      if (h > 0) chain(g, id.index) = hits_.chain(g, s.key);
+      prefix_.adopt(g, id.index, std::int32_t(h / r.block_size), hits_.chain(g, s.key));
     }
-    s.computed = s.reserved = s.tokens_from = h;
+    s.computed = s.reserved = h;
     if (cfg_.prefill_chunk == 0) s.ahead = len;  // a whole prompt at once: what blocks_needed assumed
-    grow(id.index, n, slots, stride);
-    if (cfg_.prefix_caching) s.tokens.assign(prompt.begin() + h, prompt.begin() + h + n);
+    grow(id.index, n, prompt.subspan(std::size_t(h), std::size_t(n)), slots, stride);
     return HybridAdmitResult{id, std::int32_t(h), n};
   }
 
@@ -192,15 +197,14 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
     if (auto st = validate(id); !st) return st;
     Seq& s = seqs_[id.index];
     if (n < 0 || n > s.reserved - s.computed) return Status{Errc::truncate_too_many, "n", n, s.reserved - s.computed};
-    s.reserved -= n;
+    s.reserved -= n;  // the ids of the tokens left stay in their slots (hybrid_prefix.hpp)
     for (GroupRows& rows : rows_)
       if (rows.rule().caches()) rows.cut(pool_, id.index, std::int32_t(rows.rule().blocks_for(s.reserved)));
-    if (cfg_.prefix_caching) s.tokens.resize(std::size_t(s.reserved - s.tokens_from));
     return {};
   }
 
   /// Frees every block of sequence id (last index first, into the cached-free LRU) and its handle.
-  Status free(SeqId id) {
+  Status free(SeqId id) noexcept {
     if (auto st = validate(id); !st) return st;
     for (GroupRows& rows : rows_) rows.cut(pool_, id.index, 0), rows.clear(id.index);
     Seq& s = seqs_[id.index];
@@ -214,10 +218,33 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   /// release_hold(), for a transfer that outlives their sequence (as
   /// Cache<>::hold: block_holds.hpp). All or nothing; returns the hold's id.
   Result<std::uint64_t> hold(std::span<const BlockId> blocks) { return holds_.hold(pool_, blocks); }
+  /// hold() of every group's live blocks of sequence id (what a sender pins
+  /// so that id can be freed before its consumers have read it).
+  Result<std::uint64_t> hold(SeqId id) {
+    if (auto st = validate(id); !st) return st;
+    held_.clear();
+    for (const GroupRows& rows : rows_) {
+      const auto row = rows.row(id.index);
+      held_.insert(held_.end(), row.begin() + rows.first_live(id.index), row.end());
+    }
+    return holds_.hold(pool_, held_);
+  }
   /// Ends hold `id` (unknown_job for an id never given or already released).
   Status release_hold(std::uint64_t id) noexcept { return holds_.release(pool_, id); }
   /// The holds not yet released.
   const BlockHolds& holds() const noexcept { return holds_; }
+
+  /// Moves pending block events (stored / removed / all_cleared, each naming
+  /// its group; HybridConfig::event_capacity) into out; returns how many.
+  std::int32_t drain_events(std::span<BlockEvent> out) noexcept { return pool_.drain_events(out); }
+  /// drain_events() with each stored block's token ids: event i's
+  /// block_size ids at token_ids[i * tokens_per_event()] (the largest group
+  /// block size: token_ids holds out.size() times it).
+  Result<std::int32_t> drain_events(std::span<BlockEvent> out, std::span<std::int32_t> token_ids) noexcept {
+    return pool_.drain_events(out, token_ids);
+  }
+  /// Token ids a drained event keeps at most: the largest group block size.
+  std::int32_t tokens_per_event() const noexcept { return prefix_.max_block_size(); }
 
   /// Group g's dense block table of `seqs` (export_group_table: null ids where blocks were skipped).
   Status export_block_table(std::int32_t g, std::span<const SeqId> seqs, std::span<std::int32_t> out,
@@ -243,7 +270,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   /// Equal state (the hit finder's scratch aside): what error paths are tested against.
   friend bool operator==(const HybridCache& a, const HybridCache& b) {
     return a.pool_ == b.pool_ && a.rows_ == b.rows_ && a.owner_ == b.owner_ && a.seqs_ == b.seqs_ && a.free_ == b.free_ &&
-           a.chain_ == b.chain_ && a.published_ == b.published_ && a.holds_ == b.holds_ && a.imports_ == b.imports_;
+           a.prefix_ == b.prefix_ && a.holds_ == b.holds_ && a.imports_ == b.imports_;
   }
 
  private:
@@ -254,40 +281,23 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
     std::int64_t reserved = 0, computed = 0, promised = 0;
     std::int64_t ahead = 0;  // the most tokens it may hold reserved and not computed (HybridConfig::prefill_chunk)
     PrefixKey key{};
-    std::vector<std::int32_t> tokens;  // ids from tokens_from to reserved: what a later publish hashes
-    std::int64_t tokens_from = 0;
   };
+  static std::int32_t max_block_size(const LayerGroups& lg) noexcept {
+    std::int32_t m = 1;
+    for (std::int32_t g = 0; g < lg.num_groups(); ++g) m = std::max(m, GroupRule::of(lg, g).block_size);
+    return m;
+  }
   Status validate(SeqId id) const noexcept {
     if (id.index >= seqs_.size() || !seqs_[id.index].live || seqs_[id.index].generation != id.generation)
       return Status{Errc::unknown_sequence, "seq", id.index, std::int64_t(seqs_.size())};
     if (seqs_[id.index].sealed) return Status{Errc::unknown_sequence, "seq (an import in flight)", id.index, std::int64_t(seqs_.size())};
     return {};
   }
-  // After the checks: tokens [0, tokens) are computed; publishes the full blocks of every caching group.
-  Status mark_computed(std::uint32_t i, std::int64_t tokens) {
-    Seq& s = seqs_[i];
-    s.computed = tokens;
+  // After the checks: tokens [0, tokens) are computed; every caching group publishes its full blocks there.
+  Status mark_computed(std::uint32_t i, std::int64_t tokens) noexcept {
+    seqs_[i].computed = tokens;
     if (!cfg_.prefix_caching) return {};
-    std::int64_t keep = s.computed;  // the first token a later publish still hashes
-    for (std::int32_t g = 0; g < groups(); ++g) {
-      const GroupRows& rows = rows_[std::size_t(g)];
-      const GroupRule& r = rows.rule();
-      if (!r.caches()) continue;
-      for (std::int32_t& j = published(g, i); std::int64_t(j + 1) * r.block_size <= s.computed; ++j) {
-        const auto from = std::size_t(std::int64_t(j) * r.block_size - s.tokens_from);
-        const BlockHash parent = chain(g, i);
-        chain(g, i) = hits_.hash(parent, std::span(s.tokens).subspan(from, std::size_t(r.block_size)), s.key.extra);
-        const BlockId b = rows.row(i)[std::size_t(j)];
-        if (b == BlockPool::null_block) continue;  // an import's window block never received: chained, not published
-        const std::int32_t up = r.chained() && j > 0 ? rows.row(i)[std::size_t(j - 1)] : PrefixIndex::kChainRoot;
-        if (auto p = pool_.publish(b, group_key(chain(g, i), g), group_key(parent, g), StoredBlock{.parent_block = up}); !p)
-          return p.status();
-      }
-      keep = std::min(keep, std::int64_t(published(g, i)) * r.block_size);
-    }
-    s.tokens.erase(s.tokens.begin(), s.tokens.begin() + (keep - s.tokens_from));
-    s.tokens_from = keep;
-    return {};
+    return prefix_.publish(pool_, rows_, hits_, i, tokens, seqs_[i].key);
   }
   // reserve() and advance() (which first counts every reserved token as computed).
   // Freeing and the room it makes are counted on the computed tokens after
@@ -315,12 +325,11 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
     if (advance && done > s.computed)
       if (auto st = mark_computed(id.index, done); !st) return st;
     if (in_place) {
-      write_slots(id.index, n, slots, n);
+      write_slots(id.index, n, tokens, slots, n);
     } else {
       for (GroupRows& rows : rows_) rows.free_below(pool_, id.index, std::int32_t(rows.rule().skipped_blocks(done)));
-      grow(id.index, n, slots, n);
+      grow(id.index, n, tokens, slots, n);
     }
-    if (cfg_.prefix_caching) s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
     return n;
   }
 
@@ -337,9 +346,6 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   auto owner_of() const noexcept {
     return [this](BlockId b) { return std::int32_t(owner_[std::size_t(b)]); };
   }
-  std::int32_t& published(std::int32_t g, std::uint32_t i) noexcept { return published_[std::size_t(g) * seqs_.size() + i]; }
-  std::int32_t published(std::int32_t g, std::uint32_t i) const noexcept { return published_[std::size_t(g) * seqs_.size() + i]; }
-  BlockHash& chain(std::int32_t g, std::uint32_t i) noexcept { return chain_[std::size_t(g) * seqs_.size() + i]; }
   // n more tokens of row i land in blocks every group already holds, and no
   // group has a block to free: reserve() has nothing to count or change but the slots.
   bool fits_in_place(std::uint32_t i, std::int32_t n, std::int64_t computed) const noexcept {
@@ -353,7 +359,8 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   }
   // After the checks: n more tokens in every group (a cross group takes its
   // encoder's blocks on the first call), their slots at slots[g * stride].
-  void grow(std::uint32_t i, std::int32_t n, std::span<std::int32_t> slots, std::int32_t stride) {
+  void grow(std::uint32_t i, std::int32_t n, std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
+            std::int32_t stride) noexcept {
     Seq& s = seqs_[i];
     for (std::int32_t g = 0; g < groups(); ++g) {
       GroupRows& rows = rows_[std::size_t(g)];
@@ -365,11 +372,14 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
         rows.append(i, scratch_);
       }
     }
-    write_slots(i, n, slots, stride);
+    write_slots(i, n, ids, slots, stride);
   }
-  // The slots of row i's next n tokens (-1 up to stride, and in cross groups); reserved += n.
-  void write_slots(std::uint32_t i, std::int32_t n, std::span<std::int32_t> slots, std::int32_t stride) noexcept {
+  // The slots of row i's next n tokens (-1 up to stride, and in cross groups),
+  // and their ids beside them (what publishing hashes); reserved += n.
+  void write_slots(std::uint32_t i, std::int32_t n, std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
+                   std::int32_t stride) noexcept {
     Seq& s = seqs_[i];
+    const bool keep = cfg_.prefix_caching && !ids.empty();
     for (std::int32_t g = 0; g < groups(); ++g) {
       const GroupRows& rows = rows_[std::size_t(g)];
       const GroupRule& r = rows.rule();
@@ -378,7 +388,9 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
       const std::int32_t m = r.caches() ? n : 0;
       for (std::int32_t t = 0; t < m; ++t) {
         const std::int64_t p = s.reserved + t;
-        out[t] = row[r.div(p)] * r.block_size + r.mod(p);
+        const BlockId b = row[r.div(p)];
+        out[t] = b * r.block_size + r.mod(p);
+        if (keep) prefix_.keep(b, r.mod(p), ids[std::size_t(t)]);
       }
       std::fill(out + m, out + stride, -1);
     }
@@ -393,10 +405,12 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   std::vector<std::int8_t> owner_;  // [block]: the group that last allocated it
   std::vector<Seq> seqs_;
   std::vector<std::uint32_t> free_;
-  std::vector<BlockHash> chain_;  // [group][seq]: the chain hash of the last published block
-  std::vector<std::int32_t> published_;  // [group][seq]: blocks published (a hit's count as published)
+  HybridPrefix prefix_;  // what is published, and the ids it is hashed from
   std::vector<BlockId> scratch_;
+  std::vector<BlockId> held_;            // import(): the window hits its hold keeps
   mutable std::vector<std::uint32_t> idx_;  // the rows an export reads
 };
+
+static_assert(SequenceHolds<HybridCache<>>, "kvcache::HybridCache keeps the sequence-cache contract (cache/contract.hpp)");
 
 KVCACHE_END_NAMESPACE

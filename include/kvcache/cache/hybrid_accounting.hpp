@@ -35,6 +35,10 @@ struct HybridConfig {
   /// admission (blocks_needed) and pool sizing (hybrid_pool_blocks) read the same bound.
   std::int32_t prefill_chunk = 0;
   bool prefix_caching = true;  ///< Publish full computed blocks and serve hits.
+  /// Block events kept for routers (stored / removed, each naming its group;
+  /// drain_events()); 0: no events. As CacheConfig::event_capacity.
+  std::int32_t event_capacity = 0;
+  Medium medium = Medium::gpu;  ///< The tier block events name.
 };
 
 /// cfg, or ConfigError naming its first bad field.
@@ -47,6 +51,7 @@ inline const HybridConfig& checked_hybrid_config(const HybridConfig& c) {
   if (c.max_sequences < 1) fail("max_sequences", c.max_sequences, 1);
   if (c.max_tokens < 1) fail("max_tokens", c.max_tokens, 1);
   if (c.prefill_chunk < 0) fail("prefill_chunk", c.prefill_chunk, 0);
+  if (c.event_capacity < 0) fail("event_capacity", c.event_capacity, 0);
   return c;
 }
 
@@ -195,7 +200,7 @@ class HybridAccounting {
           if (self().owner_[std::size_t(row[j])] != g) return Status{Errc::invariant_violated, "owner", row[j], g};
         }
         if (r.caches() && self().cfg_.prefix_caching) {
-          const std::int32_t pub = self().published(g, i);
+          const std::int32_t pub = self().prefix_.published(g, i);
           if (std::int64_t(pub) * r.block_size > s.computed) return Status{Errc::invariant_violated, "published", g, pub};
           for (std::int32_t j = rows.first_live(i); j < pub; ++j)
             if (!pool.has_hash(row[std::size_t(j)])) return Status{Errc::invariant_violated, "unhashed", g, j};

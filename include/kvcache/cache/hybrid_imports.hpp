@@ -71,12 +71,12 @@ class HybridImports {
     if (need > c.pool_.num_free()) return Status{Errc::out_of_blocks, "n_blocks", need, c.pool_.num_free()};
 
     // Window hits past which the window lies go into one hold (group order), the rest into the rows.
-    std::vector<BlockId> held;
+    c.held_.clear();
     for (std::int32_t g = 0; g < c.groups(); ++g)
       if (const Span x = span_of(g, h, len); x.first > x.hits)
-        for (std::int64_t j = x.hit_first; j < x.hits; ++j) held.push_back(c.hits_.block(g, j));
+        for (std::int64_t j = x.hit_first; j < x.hits; ++j) c.held_.push_back(c.hits_.block(g, j));
     std::uint64_t hold = 0;
-    if (!held.empty()) hold = *c.holds_.hold(c.pool_, held);  // valid hits, retained: cannot fail
+    if (!c.held_.empty()) hold = *c.holds_.hold(c.pool_, c.held_);  // valid hits, retained: cannot fail
     const SeqId id = *c.add_sequence(opt.key);
     auto& s = c.seqs_[id.index];
     for (std::int32_t g = 0; g < c.groups(); ++g) {  // every group's hits retained before any allocation recycles one
@@ -97,16 +97,24 @@ class HybridImports {
       for (const BlockId b : c.scratch_) c.owner_[std::size_t(b)] = std::int8_t(g);
       rows.append(id.index, c.scratch_);
       fresh += std::int32_t(c.scratch_.size());
-      if (!rows.rule().caches()) continue;
-      c.published(g, id.index) = std::int32_t(x.hits);
-      if (h > 0) c.chain(g, id.index) = c.hits_.chain(g, s.key);
+      const GroupRule& r = rows.rule();
+      if (!r.caches()) continue;
+      c.prefix_.adopt(g, id.index, std::int32_t(x.hits), c.hits_.chain(g, s.key));
+      if (!c.cfg_.prefix_caching) continue;
+      const auto row = rows.row(id.index);  // the received tokens' ids, what commit publishes
+      for (std::int64_t p = x.first * r.block_size; p < len; ++p) c.prefix_.keep(row[std::size_t(r.div(p))], r.mod(p), prompt[std::size_t(p)]);
+      if (x.first > x.hits) {  // window blocks never received: their chain hashes now, from the prompt
+        BlockHash at = c.prefix_.chain(g, id.index);
+        for (std::int64_t j = x.hits; j < x.first; ++j)
+          at = c.hits_.hash(at, prompt.subspan(std::size_t(j * r.block_size), std::size_t(r.block_size)), s.key.extra);
+        c.prefix_.skip(g, id.index, std::int32_t(x.first), at);
+      }
     }
-    s.computed = s.tokens_from = h;
+    s.computed = h;
     s.reserved = len;
     if (c.cfg_.prefill_chunk == 0) s.ahead = len;  // as admit(): after an abort, the recompute is the prompt's
     s.promised = promise;
     s.sealed = true;
-    if (c.cfg_.prefix_caching) s.tokens.assign(prompt.begin() + h, prompt.end());
     return HybridImportPlan{imports_.add(id, std::int32_t(len), std::int32_t(h), hold), std::int32_t(h), fresh};
   }
 
@@ -170,7 +178,7 @@ class HybridImports {
     }
     s.sealed = false;
     s.reserved = e->cached;
-    s.tokens.clear();
+    c.prefix_.clear_gaps(i);
     end(*e);
     return ImportAbort{e->seq, e->cached, e->tokens - e->cached};
   }

@@ -123,6 +123,14 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
     if (st) notify(hooks::freed, s);
     return st;
   }
+  using Core::hold;
+  /// hold() of every block s's row holds: what a sender pins so that s can be
+  /// freed before its consumers have read it (transfer/transfer_holds.hpp).
+  Result<std::uint64_t> hold(SeqId s) {
+    auto blocks = table_.blocks(s);
+    if (!blocks) return blocks.status();
+    return Core::hold(*blocks);
+  }
 
   // --- imports: a peer computed the prompt (transfer/pending_imports.hpp) ---
   /// A sequence for `prompt` whose KV a peer computed: the cached prefix is

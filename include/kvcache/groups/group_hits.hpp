@@ -115,6 +115,8 @@ class GroupHits {
     const std::int64_t n = hit_ / x.rule.block_size;
     return n == 0 ? chain_root(key) : groups_[std::size_t(x.chain)].hashes[std::size_t(n - 1)];
   }
+  /// The group whose hash chain group g shares (the first caching group of its block size); -1 for a group that caches nothing.
+  std::int32_t chain_owner(std::int32_t g) const noexcept { return groups_[std::size_t(g)].chain; }
   /// Hash of one block continuing `parent` (the chain every group of this block size shares).
   BlockHash hash(const BlockHash& parent, std::span<const std::int32_t> tokens, std::uint64_t extra) const noexcept {
     return hasher_(parent, tokens, extra);

@@ -43,19 +43,15 @@ class TransferHolds {
     holds_[*id] = Entry{consumers, 0, deadline};
     return *id;
   }
-  /// hold() of sequence s's blocks: a token-paged cache's row, or every
-  /// group's live blocks of a hybrid cache (its live_blocks()).
+  /// hold() of sequence s's blocks (the cache's hold(SeqId): a token-paged
+  /// row, or every group's live blocks of a hybrid cache).
   template <class Cache>
   Result<std::uint64_t> hold(Cache& cache, SeqId s, std::int32_t consumers, std::int64_t deadline) {
-    if constexpr (requires { cache.table(); }) {
-      auto blocks = cache.table().blocks(s);
-      if (!blocks) return blocks.status();
-      return hold(cache, *blocks, consumers, deadline);
-    } else {
-      std::vector<std::int32_t> blocks;
-      if (auto st = cache.live_blocks(s, blocks); !st) return st;
-      return hold(cache, blocks, consumers, deadline);
-    }
+    if (consumers < 1 || consumers > max_consumers) return Status{Errc::invalid_argument, "consumers", consumers, max_consumers};
+    auto id = cache.hold(s);
+    if (!id) return id.status();
+    holds_[*id] = Entry{consumers, 0, deadline};
+    return *id;
   }
 
   /// Consumer `consumer` (0 .. consumers - 1) has read hold `id`: true when

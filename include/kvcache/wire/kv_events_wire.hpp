@@ -46,7 +46,9 @@ constexpr std::string_view medium_name(Medium m) noexcept {
 struct KvEventBatchInfo {
   double ts = 0;  ///< Seconds since the epoch (the engine's clock).
   std::int32_t dp_rank = 0;  ///< Data-parallel rank of the engine.
-  std::int32_t group = -1;  ///< The events' KV-cache group (group_idx); -1: omitted (nil).
+  /// The events' KV-cache group (group_idx) where an event names none (a
+  /// single-group cache's; a HybridCache's events name their own); -1: omitted (nil).
+  std::int32_t group = -1;
 };
 
 /// Appends a batch of drained events (with `token_ids` as drain() filled
@@ -67,7 +69,7 @@ inline Result<std::int32_t> encode_kv_events(std::span<const BlockEvent> events,
     if (a.kind == EventKind::all_cleared) return j;
     for (; j < events.size(); ++j) {
       const BlockEvent &p = events[j - 1], &e = events[j];
-      if (e.kind != a.kind || e.medium != a.medium) break;
+      if (e.kind != a.kind || e.medium != a.medium || e.group != a.group) break;
       if (a.kind == EventKind::stored && (e.first || e.parent != p.hash || e.key != a.key || e.block_size != a.block_size)) break;
     }
     return j;
@@ -78,10 +80,13 @@ inline Result<std::int32_t> encode_kv_events(std::span<const BlockEvent> events,
   w.array(3);
   w.float64(info.ts);
   w.array(runs);
-  const auto group = [&] { info.group < 0 ? w.nil() : w.sint(info.group); };
   for (std::size_t i = 0; i < events.size();) {
     const std::size_t j = run_end(i);
     const BlockEvent& a = events[i];
+    const auto group = [&] {
+      const std::int32_t g = a.group >= 0 ? a.group : info.group;
+      g < 0 ? w.nil() : w.sint(g);
+    };
     if (a.kind == EventKind::all_cleared) {
       w.array(1), w.str("AllBlocksCleared");
     } else if (a.kind == EventKind::removed) {

@@ -1,0 +1,54 @@
+// The contract every cache keeps, whatever its rows (token-paged,
+// head-paged, layer groups): the calls a scheduler makes to run sequences
+// over a shared pool, hold blocks for transfers, follow the pool's events
+// and keep the admission ledger. Each is the same name, arguments and result
+// on every cache; static_asserts beside each cache (cache.hpp, hybrid.hpp)
+// keep it so. What differs is the rows: how tokens get slots (reserve,
+// write, advance) and how a kernel reads them (the exports).
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+
+#include "kvcache/block_holds.hpp"
+#include "kvcache/block_pool.hpp"
+#include "kvcache/config.hpp"
+#include "kvcache/events.hpp"
+#include "kvcache/sequence_id.hpp"
+#include "kvcache/status.hpp"
+
+KVCACHE_BEGIN_NAMESPACE
+
+/// A cache of sequences over one block pool (Cache<>, HybridCache<>, the head-paged Cache<WriteGate...>).
+template <class C>
+concept SequenceCache = requires(C& c, const C& cc, SeqId s, std::span<const BlockId> blocks, std::uint64_t id,
+                                 std::span<BlockEvent> events, std::span<std::int32_t> token_ids, std::int64_t n) {
+  // sequences
+  { c.add_sequence() } -> std::same_as<Result<SeqId>>;  ///< a new, empty sequence
+  { c.free(s) } -> std::same_as<Status>;                ///< its blocks back to the pool, the handle dead
+  { cc.free_sequences() } -> std::same_as<std::int32_t>;
+  { cc.blocks_held(s) } -> std::same_as<Result<std::int32_t>>;
+  // the pool
+  { cc.pool() } -> std::same_as<const BlockPool&>;
+  { cc.free_blocks() } -> std::same_as<std::int32_t>;
+  { c.drain_events(events) } -> std::same_as<std::int32_t>;
+  { c.drain_events(events, token_ids) } -> std::same_as<Result<std::int32_t>>;
+  // holds: blocks a transfer keeps after their rows let go
+  { c.hold(blocks) } -> std::same_as<Result<std::uint64_t>>;
+  { c.release_hold(id) } -> std::same_as<Status>;
+  { cc.holds() } -> std::same_as<const BlockHolds&>;
+  // the admission ledger: lifetime need, promises, room
+  { cc.blocks_needed(n, n) } -> std::same_as<Result<std::int64_t>>;
+  { cc.can_admit(n, n) } -> std::same_as<bool>;
+  { cc.promised_blocks() } -> std::same_as<std::int64_t>;
+  { cc.check_invariants() } -> std::same_as<Status>;
+};
+
+/// A sequence cache a disaggregated sender holds a whole sequence of (transfer/transfer_holds.hpp).
+template <class C>
+concept SequenceHolds = SequenceCache<C> && requires(C& c, SeqId s) {
+  { c.hold(s) } -> std::same_as<Result<std::uint64_t>>;
+};
+
+KVCACHE_END_NAMESPACE

@@ -1,0 +1,187 @@
+// One engine, written once against the sequence-cache contract
+// (cache/contract.hpp), runs over each cache: token-paged (Cache<>),
+// head-paged (Cache<..., WriteGate>) and layer groups (HybridCache). Only
+// growing a sequence by n tokens is the cache's own call (its rows); the
+// admission ledger, frees, holds that outlive their sequence, events and
+// invariants go through the contract alone. After every step the invariants
+// hold; at the end every block and handle is back, and the contract's errors
+// name their value and change nothing.
+#include <catch2/catch.hpp>
+
+#include <kvcache/admission/write_gate.hpp>
+#include <kvcache/cache.hpp>
+#include <kvcache/cache/contract.hpp>
+#include <kvcache/cache/hybrid.hpp>
+
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace kvcache;
+
+namespace {
+
+using GateCache = Cache<BlockPool, PageTable, WriteGate>;
+static_assert(SequenceHolds<Cache<>>);
+static_assert(SequenceHolds<HybridCache<>>);
+static_assert(SequenceCache<GateCache>);  // a head-paged row is per (layer, head): no whole-sequence hold yet
+
+struct Outcome {
+  std::int32_t finished = 0, held = 0, events = 0, peak_running = 0;
+};
+
+// The engine: admits requests while the ledger has room (its lifetime need
+// beside what running requests may still take), decodes one token a step for
+// each, and frees a finished request at once, every third one behind a hold
+// that a transfer releases two steps later.
+template <SequenceCache C, class Grow>
+Outcome run_engine(C& cache, Grow grow, std::int32_t requests) {
+  const std::int32_t blocks0 = cache.free_blocks(), handles0 = cache.free_sequences();
+  std::mt19937 rng(7);
+  struct Running {
+    SeqId seq;
+    std::int64_t need = 0, tokens = 0, length = 0;
+  };
+  std::vector<Running> running;
+  std::vector<std::pair<std::uint64_t, std::int32_t>> holds;  // (hold, release at step)
+  std::vector<BlockEvent> events(512);
+  Outcome out;
+  std::int32_t admitted = 0;
+  for (std::int32_t step = 0; out.finished < requests; ++step) {
+    REQUIRE(step < 10000);
+    for (; admitted < requests; ++admitted) {  // admission by lifetime need
+      const std::int64_t prompt = 6 + std::int64_t(rng() % 20), max_new = 2 + std::int64_t(rng() % 10);
+      const auto need = cache.blocks_needed(prompt, max_new);
+      REQUIRE(need.ok());
+      std::int64_t owed = 0;
+      for (const Running& r : running) owed += r.need - *cache.blocks_held(r.seq);
+      if (!cache.can_admit(prompt, max_new) || *need + owed > cache.free_blocks()) break;
+      const auto s = cache.add_sequence();
+      REQUIRE(s.ok());
+      REQUIRE(grow(cache, *s, 0, prompt));
+      running.push_back({*s, *need, prompt, prompt + max_new});
+    }
+    out.peak_running = std::max(out.peak_running, std::int32_t(running.size()));
+    for (auto it = running.begin(); it != running.end();) {  // a decode step, or the end
+      if (it->tokens < it->length) {
+        REQUIRE(grow(cache, it->seq, it->tokens, 1));
+        ++it->tokens;
+        ++it;
+        continue;
+      }
+      if constexpr (SequenceHolds<C>) {
+        if (out.finished % 3 == 0) {
+          const auto h = cache.hold(it->seq);
+          REQUIRE(h.ok());
+          holds.push_back({*h, step + 2});
+          ++out.held;
+        }
+      }
+      REQUIRE(cache.free(it->seq).ok());
+      it = running.erase(it);
+      ++out.finished;
+    }
+    for (auto h = holds.begin(); h != holds.end();) {
+      if (h->second > step) {
+        ++h;
+        continue;
+      }
+      REQUIRE(cache.release_hold(h->first).ok());
+      h = holds.erase(h);
+    }
+    out.events += cache.drain_events(events);
+    REQUIRE(cache.check_invariants().ok());
+  }
+  for (const auto& h : holds) REQUIRE(cache.release_hold(h.first).ok());
+  CHECK(cache.free_blocks() == blocks0);
+  CHECK(cache.free_sequences() == handles0);
+  CHECK(cache.holds().size() == 0);
+  CHECK(cache.promised_blocks() == 0);
+  CHECK(cache.check_invariants().ok());
+  return out;
+}
+
+// The contract's errors, on a cache the engine has run: typed, naming the value, changing nothing.
+template <SequenceCache C>
+void contract_errors(C& cache) {
+  const auto s = cache.add_sequence();
+  REQUIRE(s.ok());
+  REQUIRE(cache.free(*s).ok());
+  const C before = cache;
+  CHECK(cache.free(*s).code() == Errc::unknown_sequence);  // a stale handle
+  CHECK(cache.blocks_held(*s).status().code() == Errc::unknown_sequence);
+  CHECK(cache.release_hold(999999).code() == Errc::unknown_job);
+  const BlockId bad[] = {cache.pool().capacity() + 3};
+  CHECK(cache.hold(bad).status() == Status{Errc::invalid_argument, "block", bad[0], cache.pool().capacity() - 1});
+  CHECK(cache.blocks_needed(-1, 0).status().code() == Errc::invalid_argument);
+  CHECK(cache.blocks_needed(4, -1).status().code() == Errc::invalid_argument);
+  CHECK(!cache.can_admit(-1, 0));
+  std::vector<BlockEvent> events(1);
+  std::vector<std::int32_t> ids(0);
+  if (cache.pool().events().tokens_per_event() > 0)
+    CHECK(cache.drain_events(events, ids).status().code() == Errc::buffer_too_small);
+  CHECK(cache == before);
+}
+
+std::int32_t token_at(std::int64_t pos) { return std::int32_t((pos * 7919) % 50021); }
+
+}  // namespace
+
+TEST_CASE("one engine over each cache: the contract's calls, and only growing a sequence is the cache's own") {
+  const auto g = *Geometry::make({.num_layers = 2, .num_kv_heads = 2, .head_dim = 8, .block_size = 4, .dtype = DType::f32});
+
+  SECTION("token-paged: Cache<> publishing on reserve, with events") {
+    Cache<> cache({.geometry = g, .num_blocks = 40, .max_sequences = 6, .max_blocks_per_sequence = 10, .event_capacity = 512,
+                   .publish_on_reserve = true});
+    std::vector<std::int32_t> ids, slots(64);
+    const auto grow = [&](Cache<>& c, SeqId s, std::int64_t at, std::int64_t n) {
+      ids.resize(std::size_t(n));
+      for (std::int64_t i = 0; i < n; ++i) ids[std::size_t(i)] = token_at(at + i);
+      return c.reserve(s, ids, slots).ok();
+    };
+    const Outcome o = run_engine(cache, grow, 24);
+    CHECK(o.finished == 24);
+    CHECK(o.held == 8);
+    CHECK(o.events > 0);
+    CHECK(o.peak_running > 1);
+    contract_errors(cache);
+  }
+  SECTION("head-paged: Cache<..., WriteGate>, every token admitted") {
+    const auto one = *Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 2, .dtype = DType::f32});
+    GateCache cache({.geometry = one, .num_blocks = 400, .max_sequences = 6, .max_blocks_per_sequence = 20},
+                    WriteGateConfig{.num_layers = 2, .num_kv_heads = 2, .local_window = 4, .tau = 0.5f, .global_cap = 36});
+    std::vector<float> gates;
+    std::vector<std::int32_t> slots(256);
+    std::vector<SlotMove> moves(256);
+    const auto grow = [&](GateCache& c, SeqId s, std::int64_t, std::int64_t n) {
+      gates.assign(std::size_t(2 * n), 1.0f);
+      for (std::int32_t l = 0; l < 2; ++l)
+        if (!c.write(s, l, gates, {.slots = slots, .moves = moves}).ok()) return false;
+      return true;
+    };
+    const Outcome o = run_engine(cache, grow, 24);
+    CHECK(o.finished == 24);
+    CHECK(o.peak_running > 1);
+    contract_errors(cache);
+  }
+  SECTION("layer groups: HybridCache, full attention + a sliding window, with events") {
+    const std::vector<std::int32_t> l0{0}, l1{1};
+    const LayerGroupSpec specs[] = {
+        {.kind = AttentionKind::full, .layers = l0, .num_kv_heads = 2, .head_dim = 8},
+        {.kind = AttentionKind::sliding_window, .layers = l1, .num_kv_heads = 2, .head_dim = 8, .window = 8}};
+    HybridCache<> cache({.groups = *LayerGroups::make({.groups = specs, .block_size = 4}), .num_blocks = 60, .max_sequences = 6,
+                         .max_tokens = 40, .event_capacity = 512});
+    std::vector<std::int32_t> ids, slots(128);
+    const auto grow = [&](HybridCache<>& c, SeqId s, std::int64_t at, std::int64_t n) {
+      ids.resize(std::size_t(n));
+      for (std::int64_t i = 0; i < n; ++i) ids[std::size_t(i)] = token_at(at + i);
+      return c.advance(s, ids, slots).ok();
+    };
+    const Outcome o = run_engine(cache, grow, 24);
+    CHECK(o.finished == 24);
+    CHECK(o.held == 8);
+    CHECK(o.events > 0);
+    CHECK(o.peak_running > 1);
+    contract_errors(cache);
+  }
+}
