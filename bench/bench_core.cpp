@@ -96,6 +96,26 @@ void BM_decode_step_256(benchmark::State& state) {
   state.counters["seqs"] = kDecodeSeqs;
 }
 
+// The export half alone: the CSR of 256 sequences of 509 tokens (32 blocks
+// each; issue 64 measured it against release 0.2.0's build of this file).
+void BM_export_csr_256(benchmark::State& state) {
+  constexpr std::int32_t per_seq = kDecodeContext / 16 + 1;
+  auto cache = make_cache(kDecodeSeqs * per_seq + 1, kDecodeSeqs, per_seq);
+  std::vector<kv::SeqId> seqs(kDecodeSeqs);
+  std::vector<std::int32_t> slots(kDecodeContext), indptr(kDecodeSeqs + 1), indices(std::size_t(kDecodeSeqs) * per_seq),
+      last(kDecodeSeqs);
+  for (auto& s : seqs) {
+    s = *cache.add_sequence();
+    if (!cache.reserve(s, kDecodeContext - 3, slots).ok()) state.SkipWithError("reserve failed");
+  }
+  for (auto _ : state) {
+    auto nnz = cache.export_csr(seqs, indptr, indices, last);
+    benchmark::DoNotOptimize(nnz);
+    benchmark::ClobberMemory();
+  }
+  state.counters["out_bytes"] = double(4 * (kDecodeSeqs + (kDecodeSeqs + 1) + kDecodeSeqs * 32));
+}
+
 // The reserve half of the decode step alone, batched and as 256 single
 // reserve() calls on the same state: the batch path must not be slower.
 template <bool Batched>
@@ -163,7 +183,7 @@ void BM_prefix_match_1000(benchmark::State& state, Hasher hasher) {
 
 }  // namespace
 
-BENCHMARK(BM_memcpy)->Arg(64 << 20)->Arg(decode_out_bytes())->Arg(kDecodeSeqs * 4)->Arg(8192 * 4)->Arg(16000 * 4);
+BENCHMARK(BM_memcpy)->Arg(64 << 20)->Arg(decode_out_bytes())->Arg(4 * (kDecodeSeqs + (kDecodeSeqs + 1) + kDecodeSeqs * 32))->Arg(kDecodeSeqs * 4)->Arg(8192 * 4)->Arg(16000 * 4);
 BENCHMARK(BM_allocate_free_one);
 BENCHMARK(BM_allocate_free_64);
 BENCHMARK(BM_decode_step_256<Caching::off>)->Name("BM_decode_step_256")->Iterations(kDecodeSteps)->Unit(benchmark::kMicrosecond);
@@ -175,6 +195,7 @@ BENCHMARK(BM_decode_step_256<Caching::with_events>)
     ->Name("BM_decode_step_256_publish_and_events")
     ->Iterations(kDecodeSteps)
     ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_export_csr_256);
 BENCHMARK(BM_reserve_256x1<true>)->Name("BM_reserve_batch_256x1")->Iterations(kDecodeSteps)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_reserve_256x1<false>)->Name("BM_reserve_single_256x1")->Iterations(kDecodeSteps)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_reserve_8k_prompt)->Unit(benchmark::kMicrosecond);

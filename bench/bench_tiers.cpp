@@ -30,10 +30,19 @@ namespace {
 
 constexpr std::int32_t kRequests = 256, kBlocks = 64, kHostBlocks = 10000, kTokens = 16;
 
+// Request r's chain of kBlocks hashes, into c (the timed loops reuse one buffer).
+void fill_chain(std::int32_t r, std::vector<kv::BlockHash>& c) {
+  c.resize(kBlocks);
+  for (std::int32_t i = 0; i < kBlocks; ++i) c[std::size_t(i)] = {std::uint64_t(r) * 1000003u + std::uint64_t(i) + 1, 5};
+}
 std::vector<kv::BlockHash> chain(std::int32_t r) {
   std::vector<kv::BlockHash> c;
-  for (std::int32_t i = 0; i < kBlocks; ++i) c.push_back({std::uint64_t(r) * 1000003u + std::uint64_t(i) + 1, 5});
+  fill_chain(r, c);
   return c;
+}
+// Time per unit of work: per lookup, per block planned (Google Benchmark prints seconds with SI prefixes).
+benchmark::Counter per(double units) {
+  return benchmark::Counter(units, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 std::int64_t move_list_bytes() { return std::int64_t{kRequests} * kBlocks * std::int64_t(sizeof(kv::BlockMove)); }
 
@@ -60,6 +69,7 @@ void BM_tiers_lookup_256x64(benchmark::State& state) {
   }
   state.counters["host_hits"] = double(hits);
   state.counters["out_bytes"] = double(move_list_bytes());
+  state.counters["per_lookup"] = per(kRequests);
 }
 
 void BM_tiers_onboard_256x64(benchmark::State& state) {
@@ -77,20 +87,23 @@ void BM_tiers_onboard_256x64(benchmark::State& state) {
   }
   state.counters["moves"] = double(moved);
   state.counters["out_bytes"] = double(move_list_bytes());
+  state.counters["per_block"] = per(double(moved));
 }
 
 void BM_tiers_offload_256x64(benchmark::State& state) {
   Warm w;
   std::int32_t round = 0;
+  std::vector<kv::BlockHash> c;
   for (auto _ : state) {  // new chains every step: each store recycles the least recently used blocks
     ++round;
     for (std::int32_t r = 0; r < kRequests; ++r) {
-      auto c = chain(round * kRequests + r + 1000);
+      fill_chain(round * kRequests + r + 1000, c);
       const auto j = *w.tiers.plan_store(kv::Tier::device, kv::Tier::host, c, w.device);
       benchmark::DoNotOptimize(w.tiers.complete(j.id));
     }
   }
   state.counters["out_bytes"] = double(move_list_bytes());
+  state.counters["per_block"] = per(double(kRequests) * kBlocks);
 }
 
 // The step without tiers: the device prefix cache matching the same 256 prompts (64 cached blocks each).

@@ -60,6 +60,8 @@ class PageTableRows {
 
   /// Tokens per block.
   std::int32_t block_size() const noexcept { return block_size_; }
+  /// Division by the block size (a shift when it is a power of two): what per-sequence loops use.
+  BlockMath block_math() const noexcept { return math(); }
   /// Rows (handles) the table has.
   std::int32_t max_streams() const noexcept { return max_streams_; }
   /// Most tokens one row holds (max blocks x block size).
@@ -92,6 +94,9 @@ class PageTableRows {
     if (st_[s.index].alive != 1) return Status{Errc::unknown_sequence, "seq (an import in flight)", s.index, 0};
     return {};
   }
+
+  /// validate(s) out of line: what a per-sequence loop returns once live(s) said no.
+  KVCACHE_NOINLINE Status rejected(SeqId s) const noexcept { return validate(s); }
 
   /// Unchecked accessors (call validate first): the hot paths of exporters.
   std::int32_t tokens_unchecked(SeqId s) const noexcept { return st_[s.index].tokens; }

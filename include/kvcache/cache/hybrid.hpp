@@ -69,6 +69,11 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
       rows_.emplace_back(r, cfg.max_sequences, std::int32_t(r.row_blocks(cfg.max_tokens)));
       longest = std::max(longest, std::size_t(r.row_blocks(cfg.max_tokens)));
     }
+    for (std::int32_t g = 0; g < groups(); ++g) {
+      bool seen = false;
+      for (const std::int32_t o : distinct_) seen = seen || rows_[std::size_t(o)].rule() == rows_[std::size_t(g)].rule();
+      if (!seen) distinct_.push_back(g);
+    }
     prefix_ = HybridPrefix(rows_, [&](std::int32_t g) { return hits_.chain_owner(g); }, cfg.max_sequences, cfg.num_blocks,
                            cfg.prefix_caching);
     for (std::int32_t i = cfg.max_sequences - 1; i >= 0; --i) free_.push_back(std::uint32_t(i));
@@ -350,7 +355,8 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   // group has a block to free: reserve() has nothing to count or change but the slots.
   bool fits_in_place(std::uint32_t i, std::int32_t n, std::int64_t computed) const noexcept {
     const Seq& s = seqs_[i];
-    for (const GroupRows& rows : rows_) {
+    for (const std::int32_t g : distinct_) {  // groups of one rule have rows of one shape: one check each
+      const GroupRows& rows = rows_[std::size_t(g)];
       const GroupRule& r = rows.rule();
       if (r.row_blocks(s.reserved + n) > std::int64_t(rows.row(i).size())) return false;
       if (r.frees() && r.skipped_blocks(computed) > rows.first_live(i)) return false;
@@ -379,7 +385,8 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   void write_slots(std::uint32_t i, std::int32_t n, std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
                    std::int32_t stride) noexcept {
     Seq& s = seqs_[i];
-    const bool keep = cfg_.prefix_caching && !ids.empty();
+    std::int32_t* kept = cfg_.prefix_caching && !ids.empty() ? prefix_.kept() : nullptr;
+    const std::int32_t per_page = prefix_.max_block_size();
     for (std::int32_t g = 0; g < groups(); ++g) {
       const GroupRows& rows = rows_[std::size_t(g)];
       const GroupRule& r = rows.rule();
@@ -390,7 +397,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
         const std::int64_t p = s.reserved + t;
         const BlockId b = row[r.div(p)];
         out[t] = b * r.block_size + r.mod(p);
-        if (keep) prefix_.keep(b, r.mod(p), ids[std::size_t(t)]);
+        if (kept) kept[std::size_t(b) * std::size_t(per_page) + std::size_t(r.mod(p))] = ids[std::size_t(t)];
       }
       std::fill(out + m, out + stride, -1);
     }
@@ -406,6 +413,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   std::vector<Seq> seqs_;
   std::vector<std::uint32_t> free_;
   HybridPrefix prefix_;  // what is published, and the ids it is hashed from
+  std::vector<std::int32_t> distinct_;  // the first group of each rule (kind, block size, span)
   std::vector<BlockId> scratch_;
   std::vector<BlockId> held_;            // import(): the window hits its hold keeps
   mutable std::vector<std::uint32_t> idx_;  // the rows an export reads

@@ -74,6 +74,8 @@ class HybridPrefix {
   void keep(BlockId b, std::int64_t offset, std::int32_t id) noexcept {
     if (!ids_.empty()) ids_[std::size_t(b) * std::size_t(stride_) + std::size_t(offset)] = id;
   }
+  /// The kept ids, [page][max_block_size()] (null without prefix caching): the slot loop's direct keep().
+  std::int32_t* kept() noexcept { return ids_.empty() ? nullptr : ids_.data(); }
   /// Group g's row i never receives blocks [published, end) (an import's
   /// window); `hash` is the chain hash at end, taken from the prompt.
   void skip(std::int32_t g, std::uint32_t i, std::int32_t end, const BlockHash& hash) noexcept { gaps_[at(g, i)] = {end, hash}; }
@@ -94,6 +96,9 @@ class HybridPrefix {
     for (const Chain& ch : chains_) {
       const std::int32_t B = ch.block_size;
       const std::int64_t last = computed / B;
+      bool behind = false;  // the common decode step: no block of this size filled since the last call
+      for (const std::int32_t g : ch.groups) behind = behind || published_[at(g, i)] < last;
+      if (!behind) continue;
       std::int64_t j0 = last;
       BlockHash parent{};
       for (const std::int32_t g : ch.groups) {

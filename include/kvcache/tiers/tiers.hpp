@@ -23,59 +23,19 @@
 #include <optional>
 #include <span>
 #include <type_traits>
-#include <unordered_map>
 #include <vector>
 
 #include "kvcache/block_hash.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/events.hpp"
+#include "kvcache/job_table.hpp"
 #include "kvcache/status.hpp"
 #include "kvcache/tiers/disk_layout.hpp"
+#include "kvcache/tiers/tier_plan.hpp"
 #include "kvcache/tiers/tier_pool.hpp"
 #include "kvcache/tiers/write_policy.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
-
-/// Where a block lives: device memory (the cache's pool), pinned host memory, a disk file.
-enum class Tier : std::uint8_t { device, host, disk };
-
-/// The tiers' sizes. A tier of 0 blocks is absent; a disk tier needs a host tier.
-struct TiersConfig {
-  std::int32_t host_blocks = 0;  ///< Blocks of pinned host memory the engine allocated.
-  std::int32_t disk_blocks = 0;  ///< Blocks of the disk file.
-  std::int32_t block_size = 16;  ///< Tokens per block (a lookup leaves the last prompt token to compute).
-  std::int32_t max_jobs = 1024;  ///< Jobs in flight at most.
-  std::int32_t event_capacity = 0;  ///< Events kept per tier (0: none).
-};
-
-/// How far a prompt's chain of block hashes is cached: the hit is its
-/// first blocks() blocks, each served by the fastest tier holding it.
-/// Disk blocks may sit between host ones (lookup()'s `where` says which).
-struct TierHits {
-  std::int32_t device = 0;  ///< Leading blocks in the device cache (the caller's count).
-  std::int32_t host = 0;  ///< Blocks of the hit after them that host memory holds.
-  std::int32_t disk = 0;  ///< Blocks of the hit after them that only disk holds (staged through host memory).
-  std::int32_t blocks() const noexcept { return device + host + disk; }  ///< The whole hit.
-  friend constexpr bool operator==(const TierHits&, const TierHits&) = default;
-};
-
-/// One block to copy: its id in the source tier and in the target tier (a
-/// device block id, or a host or disk slot), and which block of the plan's chain it is.
-struct BlockMove {
-  std::int32_t src = -1;  ///< Source block.
-  std::int32_t dst = -1;  ///< Target block.
-  std::int32_t index = -1;  ///< Its place in the chain the plan was given.
-  friend constexpr bool operator==(const BlockMove&, const BlockMove&) = default;
-};
-
-/// A planned transfer. `moves` stays valid until the job is completed or the tiers are reset.
-struct TierJob {
-  std::uint64_t id = 0;  ///< What complete() takes.
-  Tier from = Tier::device;  ///< Source tier.
-  Tier to = Tier::host;  ///< Target tier.
-  std::span<const BlockMove> moves{};  ///< In chain order (a store leaves out the blocks it skips).
-  std::int32_t skipped = 0;  ///< Blocks left out: the target holds them or is already receiving them.
-};
 
 /// A host tier and a disk tier under the device pool, with the jobs in flight between them.
 class Tiers {
@@ -84,7 +44,8 @@ class Tiers {
   explicit Tiers(const TiersConfig& cfg)
       : cfg_(checked(cfg)),
         host_(make_tier(Medium::cpu, cfg.host_blocks, cfg.event_capacity)),
-        disk_(make_tier(Medium::disk, cfg.disk_blocks, cfg.event_capacity)) {}
+        disk_(make_tier(Medium::disk, cfg.disk_blocks, cfg.event_capacity)),
+        jobs_(cfg.max_jobs) {}
 
   const TiersConfig& config() const noexcept { return cfg_; }  ///< The configuration.
   bool has(Tier t) const noexcept { return t == Tier::device || tier(t) != nullptr; }  ///< Whether tier t exists.
@@ -209,7 +170,7 @@ class Tiers {
   Result<std::int32_t> complete(std::uint64_t id, std::span<const std::int32_t> failed = {}) {
     auto j = failed_moves(id, failed);
     if (!j) return j.status();
-    if ((*j)->second.from == Tier::disk)
+    if ((*j)->from == Tier::disk)
       return Status{Errc::invalid_argument, "job (a disk load: complete_disk_load checks its slots)", std::int64_t(id & 0xffffffffu), 0};
     return finish(*j);
   }
@@ -230,7 +191,7 @@ class Tiers {
                                           std::span<const std::int32_t> failed = {}) {
     auto j = failed_moves(id, failed);
     if (!j) return j.status();
-    Job& job = (*j)->second;
+    Job& job = **j;
     if (job.from != Tier::disk)
       return Status{Errc::invalid_argument, "job (not a disk load: complete() takes it)", std::int64_t(id & 0xffffffffu), 0};
     if (layout.num_blocks() < disk_->capacity())
@@ -264,11 +225,11 @@ class Tiers {
   /// copies): blocks being filled go back free and unseen, pins are dropped,
   /// and their later completions are unknown_job.
   void reset() noexcept {
-    for (auto& [id, j] : jobs_) {
+    jobs_.for_each([&](std::uint32_t, const Job& j) {
       if (TierPool* t = tier(j.to))
         for (std::size_t i = 0; i < j.moves.size(); ++i) t->abort_store(j.moves[i].dst, j.hashes[i]);
       release_sources(j);
-    }
+    });
     jobs_.clear();
     ++epoch_;
   }
@@ -281,14 +242,14 @@ class Tiers {
       if (auto st = p->check(); !st) return st;
       std::vector<std::int32_t> holds(std::size_t(p->capacity()), 0);
       std::int32_t fills = 0;
-      for (const auto& [id, j] : jobs_) {
+      jobs_.for_each([&](std::uint32_t, const Job& j) {
         for (const BlockMove& m : j.moves) {
           if (j.from == t) ++holds[std::size_t(m.src)];
           if (j.to == t) ++holds[std::size_t(m.dst)], ++fills;
         }
         if (j.to == t)
           for (const std::int32_t s : j.pins) ++holds[std::size_t(s)];
-      }
+      });
       for (std::int32_t s = 0; s < p->capacity(); ++s)
         if (holds[std::size_t(s)] != p->holders(s)) return Status{Errc::invariant_violated, "tier holders", s, p->holders(s)};
       if (fills != p->num_filling()) return Status{Errc::invariant_violated, "tier fills", fills, p->num_filling()};
@@ -299,7 +260,7 @@ class Tiers {
   /// Equal state: tiers, jobs, epoch (what error paths are tested against).
   friend bool operator==(const Tiers& a, const Tiers& b) {
     const auto same = [](const std::optional<TierPool>& x, const std::optional<TierPool>& y) { return x.has_value() == y.has_value() && (!x || *x == *y); };
-    return same(a.host_, b.host_) && same(a.disk_, b.disk_) && a.jobs_ == b.jobs_ && a.epoch_ == b.epoch_ && a.next_ == b.next_;
+    return same(a.host_, b.host_) && same(a.disk_, b.disk_) && a.jobs_ == b.jobs_ && a.epoch_ == b.epoch_;
   }
 
  private:
@@ -347,13 +308,15 @@ class Tiers {
     return t == Tier::host && host_ ? &*host_ : t == Tier::disk && disk_ ? &*disk_ : nullptr;
   }
   Status room_for_job() const noexcept {
-    if (std::int64_t(jobs_.size()) >= cfg_.max_jobs) return Status{Errc::capacity_exceeded, "max_jobs", cfg_.max_jobs, cfg_.max_jobs};
+    if (jobs_.full()) return Status{Errc::capacity_exceeded, "max_jobs", cfg_.max_jobs, cfg_.max_jobs};
     return {};
   }
+  // A job in a free slot (room_for_job() checked), its lists emptied with their capacity kept.
   Job& new_job(Tier from, Tier to) {
-    const std::uint64_t id = (std::uint64_t(epoch_) << 32) | ++next_;
-    Job& j = jobs_[id];
-    j.id = id, j.from = from, j.to = to;
+    const std::uint32_t serial = jobs_.add();
+    Job& j = *jobs_.find(serial);
+    j.id = (std::uint64_t(epoch_) << 32) | serial, j.from = from, j.to = to, j.skipped = 0;
+    j.moves.clear(), j.hashes.clear(), j.parents.clear(), j.pins.clear();
     return j;
   }
   static TierJob view(const Job& j) noexcept { return TierJob{j.id, j.from, j.to, j.moves, j.skipped}; }
@@ -367,11 +330,13 @@ class Tiers {
                             bool keep_pins = false) {
     // The blocks t already holds are pinned while the rest are allocated, so
     // the allocation cannot recycle a block this plan counts on.
-    held_.clear();
+    held_.clear(), state_.clear();
     std::int32_t need = 0;  // a hash twice in the chain counts twice here and is stored once below
     for (const BlockHash& h : chain) {
-      if (const std::int32_t s = t.find(h); s >= 0) held_.push_back(s);
-      else need += !t.filling(h);
+      std::int32_t s = t.find(h);  // each block's state, looked up once: its slot, or filling (-1), or new (-2)
+      if (s >= 0) held_.push_back(s);
+      else s = t.filling(h) ? -1 : -2, need += s == -2;
+      state_.push_back(s);
     }
     scratch_.assign(held_.begin(), held_.end());
     std::sort(scratch_.begin(), scratch_.end());
@@ -384,7 +349,7 @@ class Tiers {
     TierPool* s_tier = tier(from);
     for (std::size_t i = 0; i < chain.size(); ++i) {
       const BlockHash& h = chain[i];
-      if (t.find(h) >= 0 || t.filling(h)) continue;
+      if (state_[i] != -2 || t.filling(h)) continue;  // held, filling, or new but listed before in this chain
       if (s_tier) s_tier->pin(src[i]);
       j.moves.push_back({src[i], t.begin_store(h), std::int32_t(i)});
       j.hashes.push_back(h);
@@ -404,10 +369,10 @@ class Tiers {
   }
   // complete()'s and complete_disk_load()'s checks: the job in flight, and
   // bad_[i] set for each failed move (a valid index, each at most once).
-  Result<std::unordered_map<std::uint64_t, Job>::iterator> failed_moves(std::uint64_t id, std::span<const std::int32_t> failed) {
-    const auto it = jobs_.find(id);
-    if (it == jobs_.end() || std::uint32_t(id >> 32) != epoch_) return Status{Errc::unknown_job, "job", std::int64_t(id & 0xffffffffu), epoch_};
-    const auto n = std::int32_t(it->second.moves.size());
+  Result<Job*> failed_moves(std::uint64_t id, std::span<const std::int32_t> failed) {
+    Job* it = std::uint32_t(id >> 32) == epoch_ ? jobs_.find(std::uint32_t(id)) : nullptr;
+    if (it == nullptr) return Status{Errc::unknown_job, "job", std::int64_t(id & 0xffffffffu), epoch_};
+    const auto n = std::int32_t(it->moves.size());
     bad_.assign(std::size_t(n), 0);
     for (const std::int32_t f : failed) {
       if (n == 0) return Status{Errc::invalid_argument, "failed (the job has no moves)", f, 0};
@@ -420,8 +385,8 @@ class Tiers {
   // The job's moves landed but those bad_ marks: stored blocks are published
   // (failed ones go back free), a load's failed sources are dropped from
   // their tier, pins end. Returns the leading moves that landed.
-  std::int32_t finish(std::unordered_map<std::uint64_t, Job>::iterator it) {
-    Job& j = it->second;
+  std::int32_t finish(Job* it) {
+    Job& j = *it;
     const auto n = std::int32_t(j.moves.size());
     std::int32_t lead = 0;
     while (lead < n && !bad_[std::size_t(lead)]) ++lead;
@@ -436,15 +401,15 @@ class Tiers {
       for (std::int32_t i = 0; i < n; ++i)
         if (bad_[std::size_t(i)]) s->forget(j.moves[std::size_t(i)].src);
     release_sources(j);
-    jobs_.erase(it);
+    jobs_.remove(std::uint32_t(j.id));
     return lead;
   }
 
   TiersConfig cfg_;
   std::optional<TierPool> host_, disk_;
-  std::unordered_map<std::uint64_t, Job> jobs_;
-  std::uint32_t epoch_ = 0, next_ = 0;
-  std::vector<std::int32_t> scratch_, held_, off_src_;
+  JobTable<Job> jobs_;  // the jobs in flight: max_jobs slots, ids never given twice
+  std::uint32_t epoch_ = 0;
+  std::vector<std::int32_t> scratch_, held_, state_, off_src_;
   std::vector<char> bad_;  // complete()'s failed moves (scratch)
   std::vector<BlockHash> off_hash_, off_parent_;
 };
