@@ -42,6 +42,7 @@ class JobTable {
   }
   /// The entry of id in flight, or null.
   Entry* find(std::uint32_t id) noexcept { return slot(id) < 0 ? nullptr : &entries_[std::size_t(slot(id))]; }
+  /// The entry of id in flight, or null (read only).
   const Entry* find(std::uint32_t id) const noexcept { return slot(id) < 0 ? nullptr : &entries_[std::size_t(slot(id))]; }
   /// Entry id (in flight) is done: its slot's next id is a new one.
   void remove(std::uint32_t id) noexcept {
@@ -64,6 +65,7 @@ class JobTable {
     for (std::int32_t s = 0; s < capacity(); ++s)
       if (used_[std::size_t(s)]) f(serial_[std::size_t(s)], entries_[std::size_t(s)]);
   }
+  /// f(id, entry) for each entry in flight, in slot order, the entry writable.
   template <class F>
   void for_each(F&& f) {
     for (std::int32_t s = 0; s < capacity(); ++s)
