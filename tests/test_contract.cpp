@@ -14,6 +14,7 @@
 #include <kvcache/cache/hybrid.hpp>
 
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -123,7 +124,12 @@ void contract_errors(C& cache) {
   CHECK(cache == before);
 }
 
-std::int32_t token_at(std::int64_t pos) { return std::int32_t((pos * 7919) % 50021); }
+// The ids of positions [at, at + n): what a cache that publishes is given.
+std::span<const std::int32_t> ids_at(std::vector<std::int32_t>& ids, std::int64_t at, std::int64_t n) {
+  ids.resize(std::size_t(n));
+  for (std::int64_t i = 0; i < n; ++i) ids[std::size_t(i)] = std::int32_t(((at + i) * 7919) % 50021);
+  return ids;
+}
 
 }  // namespace
 
@@ -134,11 +140,7 @@ TEST_CASE("one engine over each cache: the contract's calls, and only growing a 
     Cache<> cache({.geometry = g, .num_blocks = 40, .max_sequences = 6, .max_blocks_per_sequence = 10, .event_capacity = 512,
                    .publish_on_reserve = true});
     std::vector<std::int32_t> ids, slots(64);
-    const auto grow = [&](Cache<>& c, SeqId s, std::int64_t at, std::int64_t n) {
-      ids.resize(std::size_t(n));
-      for (std::int64_t i = 0; i < n; ++i) ids[std::size_t(i)] = token_at(at + i);
-      return c.reserve(s, ids, slots).ok();
-    };
+    const auto grow = [&](Cache<>& c, SeqId s, std::int64_t at, std::int64_t n) { return c.reserve(s, ids_at(ids, at, n), slots).ok(); };
     const Outcome o = run_engine(cache, grow, 24);
     CHECK(o.finished == 24);
     CHECK(o.held == 8);
@@ -172,11 +174,7 @@ TEST_CASE("one engine over each cache: the contract's calls, and only growing a 
     HybridCache<> cache({.groups = *LayerGroups::make({.groups = specs, .block_size = 4}), .num_blocks = 60, .max_sequences = 6,
                          .max_tokens = 40, .event_capacity = 512});
     std::vector<std::int32_t> ids, slots(128);
-    const auto grow = [&](HybridCache<>& c, SeqId s, std::int64_t at, std::int64_t n) {
-      ids.resize(std::size_t(n));
-      for (std::int64_t i = 0; i < n; ++i) ids[std::size_t(i)] = token_at(at + i);
-      return c.advance(s, ids, slots).ok();
-    };
+    const auto grow = [&](HybridCache<>& c, SeqId s, std::int64_t at, std::int64_t n) { return c.advance(s, ids_at(ids, at, n), slots).ok(); };
     const Outcome o = run_engine(cache, grow, 24);
     CHECK(o.finished == 24);
     CHECK(o.held == 8);

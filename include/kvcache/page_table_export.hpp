@@ -23,7 +23,7 @@ inline Status export_block_table(const PageTable& t, std::span<const SeqId> seqs
   const std::int64_t need = std::int64_t(seqs.size()) * row_stride;
   if (std::int64_t(out.size()) < need) return Status{Errc::buffer_too_small, "out", std::int64_t(out.size()), need};
   for (const SeqId s : seqs) {
-    if (!t.live(s)) return t.rejected(s);
+    if (!t.live(s)) return t.validate(s);
     const auto n = std::int64_t(t.blocks_unchecked(s).size());
     if (n > row_stride) return Status{Errc::buffer_too_small, "row_stride", row_stride, n};
   }
@@ -49,7 +49,7 @@ inline Result<std::int32_t> export_csr(const PageTable& t, std::span<const SeqId
     return Status{Errc::buffer_too_small, "last_page_len", std::int64_t(last_page_len.size()), std::int64_t(seqs.size())};
   std::int64_t nnz = 0;
   for (const SeqId s : seqs) {
-    if (!t.live(s)) return t.rejected(s);
+    if (!t.live(s)) return t.validate(s);
     nnz += std::int64_t(t.blocks_unchecked(s).size());
   }
   if (std::int64_t(indices.size()) < nnz) return Status{Errc::buffer_too_small, "indices", std::int64_t(indices.size()), nnz};
@@ -72,7 +72,7 @@ inline Status export_lengths(const PageTable& t, std::span<const SeqId> seqs, st
   if (out.size() < seqs.size())
     return Status{Errc::buffer_too_small, "out", std::int64_t(out.size()), std::int64_t(seqs.size())};
   for (const SeqId s : seqs)
-    if (!t.live(s)) return t.rejected(s);
+    if (!t.live(s)) return t.validate(s);
   for (std::size_t k = 0; k < seqs.size(); ++k) out[k] = t.front_unchecked(seqs[k]) + t.tokens_unchecked(seqs[k]);
   return {};
 }

@@ -95,9 +95,6 @@ class PageTableRows {
     return {};
   }
 
-  /// validate(s) out of line: what a per-sequence loop returns once live(s) said no.
-  KVCACHE_NOINLINE Status rejected(SeqId s) const noexcept { return validate(s); }
-
   /// Unchecked accessors (call validate first): the hot paths of exporters.
   std::int32_t tokens_unchecked(SeqId s) const noexcept { return st_[s.index].tokens; }
   /// s's blocks, s assumed valid.

@@ -226,12 +226,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   /// hold() of every group's live blocks of sequence id (what a sender pins
   /// so that id can be freed before its consumers have read it).
   Result<std::uint64_t> hold(SeqId id) {
-    if (auto st = validate(id); !st) return st;
-    held_.clear();
-    for (const GroupRows& rows : rows_) {
-      const auto row = rows.row(id.index);
-      held_.insert(held_.end(), row.begin() + rows.first_live(id.index), row.end());
-    }
+    if (auto st = this->live_blocks(id, held_); !st) return st;  // held_ has room for every group's row
     return holds_.hold(pool_, held_);
   }
   /// Ends hold `id` (unknown_job for an id never given or already released).
