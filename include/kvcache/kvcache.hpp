@@ -34,6 +34,7 @@
 #include "kvcache/sequence_id.hpp"
 #include "kvcache/status.hpp"
 #include "kvcache/tiers/disk_layout.hpp"
+#include "kvcache/tiers/group_tiers.hpp"
 #include "kvcache/tiers/tiers.hpp"
 #include "kvcache/tiers/write_policy.hpp"
 #include "kvcache/transfer/handshake_wire.hpp"

@@ -165,7 +165,7 @@ void register_tiers(nb::module_& m) {
             require(ps.size() == h.size() && s.size() == h.size(), "parents (one per chain block)", std::int64_t(ps.size()),
                     std::int64_t(h.size()));
             std::vector<kv::Offload> o(h.size());
-            for (std::size_t i = 0; i < h.size(); ++i) o[i] = {s.data()[i], h[i], ps[i]};
+            for (std::size_t i = 0; i < h.size(); ++i) o[i] = {s.data()[i], h[i], ps[i], -1};
             return job_of(check(t.plan_store(tier_of(from), tier_of(to), o)));
           },
           nb::arg("from_tier"), nb::arg("to_tier"), nb::arg("chain"), nb::arg("src"), nb::arg("parents") = nb::none())

@@ -4,7 +4,9 @@
 #include <catch2/catch.hpp>
 
 #include <kvcache/cache.hpp>
+#include <kvcache/cache/hybrid.hpp>
 #include <kvcache/tiers/disk_layout.hpp>
+#include <kvcache/tiers/group_tiers.hpp>
 #include <kvcache/tiers/tiers.hpp>
 
 #include <algorithm>
@@ -144,4 +146,103 @@ TEST_CASE_METHOD(WriteBackPage, "docs tiers: write-back offloads what the next a
   for (std::size_t i = 0; i < 4; ++i) CHECK(std::find(host_has.begin(), host_has.end(), chain[i]) != host_has.end());
   CHECK(cache.check_invariants().ok());
   CHECK(tiers.check_invariants().ok());
+}
+
+namespace {
+// The hybrid section: full attention and a window of 8 in pages of 4 tokens.
+// A page is 4 words; the forward pass writes, at each slot, a value of its
+// group, its position and every token before it (as K/V is), so what a
+// query reads is checked against the prompt.
+struct GroupTiersPage {
+  std::vector<int32_t> full_layers{0}, window_layers{1};
+  kv::LayerGroupSpec specs[2] = {
+      {.kind = kv::AttentionKind::full, .layers = full_layers, .num_kv_heads = 1, .head_dim = 8},
+      {.kind = kv::AttentionKind::sliding_window, .layers = window_layers, .num_kv_heads = 1, .head_dim = 8, .window = 8}};
+  kv::LayerGroups groups = kv::LayerGroups::make({.groups = specs, .block_size = 4}).value();
+  kv::HybridCache<> cache{{.groups = groups, .num_blocks = 40, .max_sequences = 2, .max_tokens = 128, .prefill_chunk = 32}};
+  std::vector<std::int64_t> device = std::vector<std::int64_t>(40 * 4), host = std::vector<std::int64_t>(512 * 4);
+  std::vector<int32_t> conversation, next_prompt;
+  kv::SeqId seq{}, served{};
+  bool onboarded = false;
+
+  static std::int64_t value(int32_t g, std::span<const int32_t> t, int64_t p) {
+    std::uint64_t h = 0x9e37u + std::uint64_t(g);
+    for (int64_t i = 0; i <= p; ++i) h = (h ^ std::uint64_t(t[std::size_t(i)])) * 1099511628211ull;
+    return std::int64_t(h >> 1);
+  }
+  void copy_to_host(int32_t src, int32_t dst) { std::copy_n(device.begin() + src * 4, 4, host.begin() + dst * 4); }
+  void copy_to_device(int32_t src, int32_t dst) {
+    std::copy_n(host.begin() + src * 4, 4, device.begin() + dst * 4);
+    onboarded = true;
+  }
+  void write(std::span<const int32_t> t, int64_t from, int32_t n, std::span<const int32_t> slots, int32_t stride) {
+    for (int32_t g = 0; g < 2; ++g)
+      for (int32_t i = 0; i < n; ++i) device[std::size_t(slots[std::size_t(g * stride + i)])] = value(g, t, from + i);
+  }
+  // The rest of `t` from `have` on, a chunk at a time.
+  void prefill_of(kv::SeqId s, std::span<const int32_t> t, int64_t have) {
+    while (have < int64_t(t.size())) {
+      const auto n = int32_t(std::min<int64_t>(32, int64_t(t.size()) - have));
+      std::vector<int32_t> slots(2 * std::size_t(n));
+      REQUIRE(cache.reserve(s, t.subspan(std::size_t(have), std::size_t(n)), slots).ok());
+      write(t, have, n, slots, n);
+      have += n;
+      REQUIRE(cache.computed(s, have).ok());
+    }
+    served = s;
+  }
+  void prefill(kv::SeqId s, std::span<const int32_t> rest) { prefill_of(s, next_prompt, int64_t(next_prompt.size() - rest.size())); }
+  void admit_and_prefill(std::span<const int32_t> t) {
+    std::vector<int32_t> slots(2 * t.size());
+    const auto a = cache.admit(t, slots).value();
+    write(t, a.cached_tokens, a.reserved, slots, int32_t(t.size()));
+    REQUIRE(cache.computed(a.seq, a.cached_tokens + a.reserved).ok());
+    prefill_of(a.seq, t, a.cached_tokens + a.reserved);
+  }
+  GroupTiersPage() {
+    for (int32_t i = 0; i < 42; ++i) conversation.push_back(1000 + i * 7);
+    admit_and_prefill(conversation);
+    seq = served;
+    next_prompt = conversation;
+    for (int32_t i = 0; i < 10; ++i) next_prompt.push_back(3 + i);
+  }
+  // Other requests fill the device pool: its pages are recycled.
+  void other_traffic() {
+    std::vector<int32_t> other;
+    for (int32_t i = 0; i < 120; ++i) other.push_back(50000 + i);
+    admit_and_prefill(other);
+    REQUIRE(cache.free(served).ok());
+  }
+  // Every group's last query reads the prompt's values.
+  void check_reads(kv::SeqId s, std::span<const int32_t> t) {
+    for (int32_t g = 0; g < 2; ++g) {
+      const kv::GroupRule r = kv::GroupRule::of(groups, g);
+      const auto row = cache.blocks(s, g).value();
+      for (int64_t p = r.first_read(int64_t(t.size()) - 1); p < int64_t(t.size()); ++p)
+        CHECK(device[std::size_t(row[std::size_t(r.div(p))] * 4 + r.mod(p))] == value(g, t, p));
+    }
+  }
+};
+}  // namespace
+
+TEST_CASE_METHOD(GroupTiersPage, "docs group_tiers: a hybrid model's groups offloaded to host memory and onboarded on the next turn") {
+#include "snippets/group_tiers.inc"
+  CHECK(store.moves.size() == 10 + 2);  // the full group's 10 blocks; the window's that a hit at 40 reads (33 .. 39: blocks 8, 9)
+  SECTION("the device forgot: every group's blocks come back from host memory") {
+    other_traffic();
+#include "snippets/group_tiers_onboard.inc"
+    CHECK(hit.device_tokens == 0);
+    CHECK(hit.tokens == 40);
+    CHECK(hit.host == 12);
+    CHECK(onboarded);
+  }
+  SECTION("the device still holds them: admit() serves them") {
+#include "snippets/group_tiers_onboard.inc"
+    CHECK(hit.tokens == hit.device_tokens);
+    CHECK(hit.tokens == 40);
+    CHECK(!onboarded);
+  }
+  check_reads(served, next_prompt);
+  CHECK(cache.check_invariants().ok());
+  CHECK(tiers.tiers().check_invariants().ok());
 }

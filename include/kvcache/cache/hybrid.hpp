@@ -110,6 +110,22 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
     return hits_.find(pool_, prompt.first(std::min<std::size_t>(prompt.size(), std::size_t(cfg_.max_tokens))), key, owner_of());
   }
 
+  /// Group g's names of the full blocks of `tokens` (at most out.size())
+  /// under `key`: the keys its blocks are published under (its hasher, its
+  /// block size, keyed by g), in the pool and in every tier. Returns how many;
+  /// invalid_argument for a bad group, or one that caches nothing (cross).
+  Result<std::int32_t> hash_chain(std::int32_t g, std::span<const std::int32_t> tokens, const PrefixKey& key,
+                                  std::span<BlockHash> out) const noexcept {
+    if (g < 0 || g >= groups()) return Status{Errc::invalid_argument, "group", g, groups() - 1};
+    const GroupRule& r = rows_[std::size_t(g)].rule();
+    if (!r.caches()) return Status{Errc::invalid_argument, "group (cross-attention: its blocks are named by no prompt)", g, 0};
+    const auto n = std::min<std::size_t>(tokens.size() / std::size_t(r.block_size), out.size());
+    BlockHash parent = chain_root(key);
+    for (std::size_t j = 0; j < n; ++j)
+      out[j] = group_key(parent = hits_.hash(parent, tokens.subspan(j * std::size_t(r.block_size), std::size_t(r.block_size)), key.extra), g);
+    return std::int32_t(n);
+  }
+
   /// Atomic admission: a new sequence with the longest prefix of `prompt`
   /// every group serves from the cache, and its next uncached tokens reserved
   /// (all of them, or opt.reserve; by default at most the configured

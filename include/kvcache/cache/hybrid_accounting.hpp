@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kvcache/block_pool.hpp"
@@ -100,6 +101,12 @@ class HybridAccounting {
   Result<std::int32_t> blocks_held(SeqId s, std::int32_t g) const noexcept {
     if (auto st = check(s, g); !st) return st;
     return self().rows_[std::size_t(g)].live(s.index);
+  }
+  /// Group g's row of s: block j holds positions [j * block_size(g), ...),
+  /// the null block where a window or chunk freed it (Cache<>'s table().blocks(s)).
+  Result<std::span<const BlockId>> blocks(SeqId s, std::int32_t g) const noexcept {
+    if (auto st = check(s, g); !st) return st;
+    return self().rows_[std::size_t(g)].row(s.index);
   }
   /// Blocks s holds over every group.
   Result<std::int32_t> blocks_held(SeqId s) const noexcept {

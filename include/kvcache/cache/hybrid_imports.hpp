@@ -22,6 +22,7 @@
 
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
+#include "kvcache/groups/group_hits.hpp"
 #include "kvcache/groups/group_rows.hpp"
 #include "kvcache/groups/group_rule.hpp"
 #include "kvcache/sequence_id.hpp"
@@ -129,6 +130,34 @@ class HybridImports {
     if (g < 0 || g >= c.groups()) return Status{Errc::invalid_argument, "group", g, c.groups() - 1};
     const Span x = span_of(g, e->cached, e->tokens);
     return GroupBlocks{g, {}, c.rows_[std::size_t(g)].row(e->seq.index).subspan(std::size_t(x.first)), std::int32_t(x.first)};
+  }
+
+  /// The names of group g's blocks of import `id`, as import_blocks(id,
+  /// g).local lists them: the keys commit_import() publishes them under,
+  /// hashed from the prompt the import was given, so a tier load that finds
+  /// its sources by them (GroupTiers::plan_onboard) copies exactly what the
+  /// commit will name. Returns how many: every received full block (a last
+  /// partial block has no name; a cross group's blocks none). unknown_job for
+  /// an id not in flight; invalid_argument for a bad group or a cache without
+  /// prefix caching (nothing is named); buffer_too_small when out is shorter.
+  Result<std::int32_t> import_keys(std::uint64_t id, std::int32_t g, std::span<BlockHash> out) const {
+    const Cache& c = self();
+    auto e = imports_.find(id);
+    if (!e) return e.status();
+    if (g < 0 || g >= c.groups()) return Status{Errc::invalid_argument, "group", g, c.groups() - 1};
+    if (!c.cfg_.prefix_caching) return Status{Errc::invalid_argument, "prefix_caching (off: no block is named)", 0, 1};
+    const GroupRule& r = c.rows_[std::size_t(g)].rule();
+    if (!r.caches()) return 0;
+    const Span x = span_of(g, e->cached, e->tokens);
+    const std::int64_t n = std::max<std::int64_t>(0, e->tokens / r.block_size - x.first);
+    if (std::int64_t(out.size()) < n) return Status{Errc::buffer_too_small, "out", std::int64_t(out.size()), n};
+    const auto row = c.rows_[std::size_t(g)].row(e->seq.index);
+    BlockHash h = c.prefix_.resume(g, e->seq.index);
+    for (std::int64_t j = 0; j < n; ++j) {
+      h = c.hits_.hash(h, c.prefix_.ids(row[std::size_t(x.first + j)], r.block_size), c.seqs_[e->seq.index].key.extra);
+      out[std::size_t(j)] = group_key(h, g);
+    }
+    return std::int32_t(n);
   }
 
   /// The transfer of import `id` landed: the sequence (its tokens all

@@ -85,6 +85,16 @@ class HybridPrefix {
   }
   /// Group g's chain hash of row i where its published blocks end.
   const BlockHash& chain(std::int32_t g, std::uint32_t i) const noexcept { return chain_[at(g, i)]; }
+  /// Group g's chain hash of row i where the blocks it holds unpublished
+  /// begin: past an import's gap when it has one, else where its published ones end.
+  const BlockHash& resume(std::int32_t g, std::uint32_t i) const noexcept {
+    const Gap& x = gaps_[at(g, i)];
+    return x.end > 0 ? x.hash : chain_[at(g, i)];
+  }
+  /// The n token ids kept in page b (meaningful with prefix caching).
+  std::span<const std::int32_t> ids(BlockId b, std::int32_t n) const noexcept {
+    return std::span(ids_).subspan(std::size_t(b) * std::size_t(stride_), std::size_t(n));
+  }
 
   /// Row i's tokens [0, computed) were computed: each chain hashes its new
   /// full blocks once and every group of it publishes those it holds into
@@ -153,9 +163,6 @@ class HybridPrefix {
     BlockHash hash{};      // the chain hash at its end
   };
   std::size_t at(std::int32_t g, std::uint32_t i) const noexcept { return std::size_t(g) * std::size_t(sequences_) + i; }
-  std::span<const std::int32_t> ids(BlockId b, std::int32_t n) const noexcept {
-    return std::span(ids_).subspan(std::size_t(b) * std::size_t(stride_), std::size_t(n));
-  }
   // Block j of row i in a group of ch that has not published it yet; null when none holds it.
   BlockId holder(const std::vector<GroupRows>& rows, const Chain& ch, std::uint32_t i, std::int64_t j) const noexcept {
     for (const std::int32_t g : ch.groups)

@@ -32,7 +32,8 @@ class TierPool {
   /// event_capacity > 0 keeps stored/removed events naming the medium.
   /// ConfigError when num_blocks < 1.
   TierPool(Medium medium, std::int32_t num_blocks, std::int32_t event_capacity = 0)
-      : pool_(checked(num_blocks) + 1, event_capacity, 0, medium), filling_(num_blocks), medium_(medium) {}
+      : pool_(checked(num_blocks) + 1, event_capacity, 0, medium), filling_(num_blocks), group_(std::size_t(num_blocks), -1),
+        medium_(medium) {}
 
   Medium medium() const noexcept { return medium_; }  ///< The tier's medium.
   std::int32_t capacity() const noexcept { return pool_.capacity() - 1; }  ///< Blocks (slots) in the tier.
@@ -56,6 +57,8 @@ class TierPool {
   bool filling(const BlockHash& h) const noexcept { return filling_.find(h) >= 0; }
   /// Slot s's hash (meaningful when find() returned s).
   const BlockHash& hash(std::int32_t s) const noexcept { return pool_.hash(s + 1); }
+  /// The layer group of the block slot s holds (-1: none named; a restored block): what its events name.
+  std::int32_t group(std::int32_t s) const noexcept { return group_[std::size_t(s)]; }
 
   /// Moves up to out.size() pending events into out (block = the slot + 1: the pool's id), oldest first.
   std::int32_t drain_events(std::span<BlockEvent> out) noexcept { return pool_.drain_events(out); }
@@ -72,7 +75,7 @@ class TierPool {
     return st;
   }
   friend bool operator==(const TierPool& a, const TierPool& b) {
-    return a.pool_ == b.pool_ && a.filling_ == b.filling_ && a.medium_ == b.medium_;
+    return a.pool_ == b.pool_ && a.filling_ == b.filling_ && a.group_ == b.group_ && a.medium_ == b.medium_;
   }
 
   /// Rebuilds an unused tier from what survived a restart: slots[i] holds
@@ -106,10 +109,14 @@ class TierPool {
     (void)filling_.insert(h, b);
     return b - 1;
   }
-  /// The store of h into slot s completed: h becomes visible, the block ready.
-  void commit_store(std::int32_t s, const BlockHash& h, const BlockHash& parent) noexcept {
+  /// The store of h into slot s completed: h becomes visible, the block
+  /// ready; its events name `group` and its `block_size` tokens.
+  void commit_store(std::int32_t s, const BlockHash& h, const BlockHash& parent, std::int32_t group = -1,
+                    std::int32_t block_size = 0) noexcept {
     filling_.erase(h);
-    (void)pool_.publish(s + 1, h, parent, StoredBlock{.parent_block = PrefixIndex::kChainRoot});
+    group_[std::size_t(s)] = std::int16_t(group);
+    (void)pool_.publish(s + 1, h, parent,
+                        StoredBlock{.parent_block = PrefixIndex::kChainRoot, .block_size = block_size, .group = group});
     (void)pool_.release(s + 1);
   }
   /// The store of h into slot s failed or was abandoned: the block goes back free, never visible.
@@ -136,6 +143,7 @@ class TierPool {
   }
   BlockPool pool_;
   HashIndex filling_;  // stores in flight, by hash: sized once, no allocation per store
+  std::vector<std::int16_t> group_;  // [slot]: the layer group of the block it holds (its events name it)
   Medium medium_;
 };
 

@@ -40,12 +40,15 @@ KVCACHE_BEGIN_NAMESPACE
 /// A host tier and a disk tier under the device pool, with the jobs in flight between them.
 class Tiers {
  public:
-  /// ConfigError names a bad field of cfg.
-  explicit Tiers(const TiersConfig& cfg)
+  /// ConfigError names a bad field of cfg. `group_block_sizes` (GroupTiers
+  /// passes its layer groups'): the tokens of a block of each group, what
+  /// the events of a block stored with its group say (others: cfg.block_size).
+  explicit Tiers(const TiersConfig& cfg, std::span<const std::int32_t> group_block_sizes = {})
       : cfg_(checked(cfg)),
         host_(make_tier(Medium::cpu, cfg.host_blocks, cfg.event_capacity)),
         disk_(make_tier(Medium::disk, cfg.disk_blocks, cfg.event_capacity)),
-        jobs_(cfg.max_jobs) {}
+        jobs_(cfg.max_jobs),
+        group_sizes_(group_block_sizes.begin(), group_block_sizes.end()) {}
 
   const TiersConfig& config() const noexcept { return cfg_; }  ///< The configuration.
   bool has(Tier t) const noexcept { return t == Tier::device || tier(t) != nullptr; }  ///< Whether tier t exists.
@@ -99,16 +102,17 @@ class Tiers {
   /// out_of_blocks when they do not fit. `parent`: the hash before chain[0], for events.
   Result<TierJob> plan_store(Tier from, Tier to, std::span<const BlockHash> chain, std::span<const std::int32_t> src,
                              const BlockHash& parent = {}) {
-    return store(from, to, chain, src, parent, {});
+    return store(from, to, chain, src, parent, {}, {});
   }
 
   /// plan_store() of blocks from any chains (a WritePolicy's choice):
   /// blocks[i].block holds blocks[i].hash in tier `from`, and its parent
-  /// names the hash before it (for the target tier's events).
+  /// names the hash before it and its group the layer group (for the target tier's events).
   Result<TierJob> plan_store(Tier from, Tier to, std::span<const Offload> blocks) {
-    off_hash_.clear(), off_src_.clear(), off_parent_.clear();
-    for (const Offload& o : blocks) off_hash_.push_back(o.hash), off_src_.push_back(o.block), off_parent_.push_back(o.parent);
-    return store(from, to, off_hash_, off_src_, BlockHash{}, off_parent_);
+    off_hash_.clear(), off_src_.clear(), off_parent_.clear(), off_group_.clear();
+    for (const Offload& o : blocks)
+      off_hash_.push_back(o.hash), off_src_.push_back(o.block), off_parent_.push_back(o.parent), off_group_.push_back(o.group);
+    return store(from, to, off_hash_, off_src_, BlockHash{}, off_parent_, off_group_);
   }
 
   /// Onboard: copy the cached blocks of `chain` from tier `from` into tier
@@ -143,7 +147,7 @@ class Tiers {
     const std::span<const BlockHash> found = chain.first(scratch_.size());
     if (to == Tier::host) {
       const std::vector<std::int32_t> src(scratch_.begin(), scratch_.end());
-      return plan_into(*host_, from, to, found, src, parent, {}, true);
+      return plan_into(*host_, from, to, found, src, parent, {}, {}, true);
     }
     Job& j = new_job(from, to);
     for (std::size_t i = 0; i < found.size(); ++i) {
@@ -151,6 +155,7 @@ class Tiers {
       j.moves.push_back({scratch_[i], dst[i], std::int32_t(i)});
       j.hashes.push_back(found[i]);
       j.parents.push_back(i == 0 ? parent : found[i - 1]);
+      j.groups.push_back(src_tier.group(scratch_[i]));
     }
     return view(j);
   }
@@ -264,9 +269,10 @@ class Tiers {
   }
 
  private:
-  // plan_store(): each block's parent is parents[i], or (none given) the chain's previous hash.
+  // plan_store(): each block's parent is parents[i], or (none given) the
+  // chain's previous hash; its group groups[i], or (none given) the source tier's record.
   Result<TierJob> store(Tier from, Tier to, std::span<const BlockHash> chain, std::span<const std::int32_t> src,
-                             const BlockHash& parent, std::span<const BlockHash> parents) {
+                        const BlockHash& parent, std::span<const BlockHash> parents, std::span<const std::int32_t> groups) {
     if (!(from == Tier::device && to == Tier::host) && !(from == Tier::host && to == Tier::disk))
       return Status{Errc::invalid_argument, "route (stores go device to host, host to disk)", std::int64_t(from) * 3 + std::int64_t(to), 0};
     if (!has(from)) return Status{Errc::invalid_argument, "from (no such tier)", std::int64_t(from), 0};
@@ -277,13 +283,15 @@ class Tiers {
     if (from == Tier::host)  // sources must still hold their hashes
       for (std::size_t i = 0; i < n; ++i)
         if (src[i] < 0 || src[i] >= host_->capacity() || host_->find(chain[i]) != src[i]) n = i;
-    return plan_into(*tier(to), from, to, chain.first(n), src.first(n), parent, parents.first(std::min(n, parents.size())));
+    return plan_into(*tier(to), from, to, chain.first(n), src.first(n), parent, parents.first(std::min(n, parents.size())),
+                     groups.first(std::min(n, groups.size())));
   }
   struct Job {
     std::uint64_t id = 0;
     Tier from = Tier::device, to = Tier::host;
     std::vector<BlockMove> moves;
     std::vector<BlockHash> hashes, parents;  // of each move's block
+    std::vector<std::int32_t> groups;        // each move's layer group (-1: none), for the target's events
     std::vector<std::int32_t> pins;  // target blocks a staging load skipped, pinned until it completes
     std::int32_t skipped = 0;
     friend bool operator==(const Job&, const Job&) = default;
@@ -316,18 +324,22 @@ class Tiers {
     const std::uint32_t serial = jobs_.add();
     Job& j = *jobs_.find(serial);
     j.id = (std::uint64_t(epoch_) << 32) | serial, j.from = from, j.to = to, j.skipped = 0;
-    j.moves.clear(), j.hashes.clear(), j.parents.clear(), j.pins.clear();
+    j.moves.clear(), j.hashes.clear(), j.parents.clear(), j.groups.clear(), j.pins.clear();
     return j;
   }
   static TierJob view(const Job& j) noexcept { return TierJob{j.id, j.from, j.to, j.moves, j.skipped}; }
+  std::int32_t block_size_of(std::int32_t group) const noexcept {
+    return group >= 0 && std::size_t(group) < group_sizes_.size() ? group_sizes_[std::size_t(group)] : cfg_.block_size;
+  }
 
   // A store or a disk-to-host load into tier t: skip what t holds or is
   // receiving, pin the sources (host or disk), all-or-nothing on t's room.
-  // Each block's parent: parents[i], or (none given) the chain's previous hash.
+  // Each block's parent: parents[i], or (none given) the chain's previous
+  // hash; its group: groups[i], or (none given) what the source tier records.
   // keep_pins (a staging load): the blocks t holds stay pinned until the job completes.
   Result<TierJob> plan_into(TierPool& t, Tier from, Tier to, std::span<const BlockHash> chain,
                             std::span<const std::int32_t> src, const BlockHash& parent, std::span<const BlockHash> parents,
-                            bool keep_pins = false) {
+                            std::span<const std::int32_t> groups, bool keep_pins = false) {
     // The blocks t already holds are pinned while the rest are allocated, so
     // the allocation cannot recycle a block this plan counts on.
     held_.clear(), state_.clear();
@@ -354,6 +366,7 @@ class Tiers {
       j.moves.push_back({src[i], t.begin_store(h), std::int32_t(i)});
       j.hashes.push_back(h);
       j.parents.push_back(!parents.empty() ? parents[i] : i == 0 ? parent : chain[i - 1]);
+      j.groups.push_back(!groups.empty() ? groups[i] : s_tier ? s_tier->group(src[i]) : -1);
     }
     j.skipped = std::int32_t(chain.size() - j.moves.size());
     if (keep_pins) j.pins.assign(held_.begin(), held_.end());
@@ -394,7 +407,8 @@ class Tiers {
       for (std::int32_t i = n - 1; i >= 0; --i) {  // the chain's head ends most recent in the LRU
         const BlockMove& m = j.moves[std::size_t(i)];
         if (bad_[std::size_t(i)]) t->abort_store(m.dst, j.hashes[std::size_t(i)]);
-        else t->commit_store(m.dst, j.hashes[std::size_t(i)], j.parents[std::size_t(i)]);
+        else t->commit_store(m.dst, j.hashes[std::size_t(i)], j.parents[std::size_t(i)], j.groups[std::size_t(i)],
+                             block_size_of(j.groups[std::size_t(i)]));
       }
     // A block that could not be read back intact is not offered again.
     if (TierPool* s = tier(j.from); s && (j.to == Tier::device || j.from == Tier::disk))
@@ -409,7 +423,8 @@ class Tiers {
   std::optional<TierPool> host_, disk_;
   JobTable<Job> jobs_;  // the jobs in flight: max_jobs slots, ids never given twice
   std::uint32_t epoch_ = 0;
-  std::vector<std::int32_t> scratch_, held_, state_, off_src_;
+  std::vector<std::int32_t> scratch_, held_, state_, off_src_, off_group_;
+  std::vector<std::int32_t> group_sizes_;  // tokens of a block of each layer group (GroupTiers)
   std::vector<char> bad_;  // complete()'s failed moves (scratch)
   std::vector<BlockHash> off_hash_, off_parent_;
 };

@@ -48,6 +48,7 @@ struct Offload {
   BlockId block = -1;  ///< The device block.
   BlockHash hash{};  ///< Its hash: its name in every tier.
   BlockHash parent{};  ///< The hash its chain continues from.
+  std::int32_t group = -1;  ///< Its layer group (-1: none), what the tier's events name.
   friend constexpr bool operator==(const Offload&, const Offload&) = default;
 };
 
@@ -73,7 +74,7 @@ class WritePolicy {
     if (std::int64_t(out.size()) < n) return Status{Errc::buffer_too_small, "out", std::int64_t(out.size()), n};
     n = 0;
     for (const BlockEvent& e : events)
-      if (e.kind == EventKind::stored) out[std::size_t(n++)] = {e.block, e.hash, e.parent};
+      if (e.kind == EventKind::stored) out[std::size_t(n++)] = {e.block, e.hash, e.parent, e.group};
     return n;
   }
 
@@ -127,7 +128,7 @@ class WritePolicy {
     return c;
   }
   static Offload of(const BlockPool& pool, BlockId b) noexcept {  // the parent its stored event named
-    return {b, pool.hash(b), pool.prefix_index().parent(b)};
+    return {b, pool.hash(b), pool.prefix_index().parent(b), -1};
   }
 
   WritePolicyConfig cfg_;
