@@ -306,9 +306,9 @@ struct MultiTurnRun {
   TieredStats stats;
 };
 
-inline MultiTurnRun serve_multiturn(const Model& m, const TieredConfig& cfg, const std::vector<std::int32_t>& text,
-                                    const MultiTurn& w) {
-  TieredEngine e(m, cfg);
+// Serves workload w on engine e (TieredEngine, HybridTieredEngine).
+template <class Engine>
+MultiTurnRun serve_multiturn_on(Engine& e, const std::vector<std::int32_t>& text, const MultiTurn& w) {
   MultiTurnRun out;
   std::vector<std::vector<std::int32_t>> history(std::size_t(w.conversations));
   const auto cut = [&](std::size_t at, std::int32_t n) {
@@ -328,6 +328,12 @@ inline MultiTurnRun serve_multiturn(const Model& m, const TieredConfig& cfg, con
     }
   out.stats = e.stats();
   return out;
+}
+
+inline MultiTurnRun serve_multiturn(const Model& m, const TieredConfig& cfg, const std::vector<std::int32_t>& text,
+                                    const MultiTurn& w) {
+  TieredEngine e(m, cfg);
+  return serve_multiturn_on(e, text, w);
 }
 
 }  // namespace engine

@@ -5,13 +5,15 @@
 // the tokens recompute does: onboarded blocks hold exactly what recompute
 // would write. Host hits replace computed tokens one for one, the bytes
 // moved are whole blocks, and a host tier too small to take a store still
-// serves the right tokens.
+// serves the right tokens. The same on a hybrid model (tiered_hybrid.hpp):
+// every group's blocks come back, the window group's last window only.
 #include <catch2/catch.hpp>
 
 #include <vector>
 
 #include "engine_testing.hpp"
 #include "tiered.hpp"
+#include "tiered_hybrid.hpp"
 
 namespace kv = kvcache;
 using namespace engine_testing;
@@ -49,4 +51,29 @@ TEST_CASE("tiered engine: every write policy serves recompute's tokens, from hos
   const auto small = run(model, 3, kv::WriteMode::write_back);
   CHECK(small.outputs == base.outputs);
   CHECK(small.stats.host_hit_tokens <= 3 * 16 * std::int64_t(small.turns.size()));
+}
+
+TEST_CASE("tiered hybrid engine: host memory serves recompute's tokens, the window group moving only its last window") {
+  const engine::Model model(kDir + "/kjv-tiny.bin");
+  constexpr std::int32_t W = 32;
+  const auto run_hybrid = [&](std::int32_t host) {
+    engine::HybridTieredEngine e(model, {.device_blocks = 14, .host_blocks = host, .block_size = 16, .chunk = 1}, W);
+    return engine::serve_multiturn_on(e, heldout(65536), kTurns);  // the engine checks every invariant after each turn
+  };
+  const auto base = run_hybrid(0);
+  const auto tiered = run_hybrid(256);
+  CHECK(tiered.outputs == base.outputs);
+  const auto& s = tiered.stats;
+  CHECK(base.stats.host_hit_tokens == 0);
+  CHECK(s.host_hit_tokens > 0);
+  CHECK(s.device_hit_tokens + s.host_hit_tokens + s.computed_tokens == s.prompt_tokens);
+  CHECK(s.computed_tokens < base.stats.computed_tokens);
+  for (std::size_t t = 0; t < std::size_t(kTurns.conversations); ++t) CHECK(tiered.turns[t].host_hit == 0);
+  // Each onboarded hit moves the full group's blocks past the device hit and the window's last ceil((W - 1) / 16) = 2:
+  // fewer pages than two per block of the hit, which a full-attention model would move.
+  const std::int64_t pages = s.blocks_onboarded, hit_blocks = s.host_hit_tokens / 16;
+  CHECK(pages < 2 * hit_blocks);
+  CHECK(pages >= hit_blocks);
+  const auto& c = model.config();
+  CHECK(s.bytes_onboarded == pages * (c.layers / 2) * 2 * c.kv_heads * c.head_dim() * 16 * 4);
 }
