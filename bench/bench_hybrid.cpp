@@ -61,7 +61,7 @@ void BM_hybrid_decode_step_256(benchmark::State& state) {
       const std::int32_t id[] = {step * 7 + k};
       benchmark::DoNotOptimize(cache.advance(seqs[std::size_t(k)], id, one));
     }
-    for (std::int32_t g = 0; g < G; ++g) benchmark::DoNotOptimize(cache.export_csr(g, seqs, indptr, indices, first));
+    for (std::int32_t g = 0; g < G; ++g) benchmark::DoNotOptimize(cache.export_group_csr(g, seqs, indptr, indices, first));
     benchmark::ClobberMemory();
     ++step;
   }

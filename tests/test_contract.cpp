@@ -26,6 +26,8 @@ using GateCache = Cache<BlockPool, PageTable, WriteGate>;
 static_assert(SequenceHolds<Cache<>>);
 static_assert(SequenceHolds<HybridCache<>>);
 static_assert(SequenceCache<GateCache>);  // a head-paged row is per (layer, head): no whole-sequence hold yet
+static_assert(PrefixCache<Cache<>> && PrefixCache<HybridCache<>>);
+static_assert(!PrefixCache<GateCache>);  // its rows are per head: no prompt-level prefix cache
 
 struct Outcome {
   std::int32_t finished = 0, held = 0, events = 0, peak_running = 0;
@@ -124,6 +126,40 @@ void contract_errors(C& cache) {
   CHECK(cache == before);
 }
 
+// A prefix-caching engine, written once against PrefixCache: requests that
+// share a system prompt are admitted with AdmitOptions (a promise of their
+// lifetime need); each one's hit is what match() said before, its length is
+// the hit plus what admit reserved, later requests hit what earlier ones
+// published, and every promise, block and handle comes back.
+template <PrefixCache C, class Grow>
+void run_prefix_engine(C& cache, Grow grow) {
+  const std::int32_t blocks0 = cache.free_blocks();
+  std::mt19937 rng(3);
+  std::vector<std::int32_t> slots(512);
+  std::int64_t hits = 0;
+  for (std::int32_t r = 0; r < 12; ++r) {
+    std::vector<std::int32_t> prompt(16);
+    for (std::int32_t i = 0; i < 16; ++i) prompt[std::size_t(i)] = 100 + i;  // the shared system prompt
+    for (std::int32_t i = 0, n = 1 + std::int32_t(rng() % 6); i < n; ++i) prompt.push_back(std::int32_t(rng() % 50000));
+    const std::int64_t seen = cache.match(prompt, {});
+    const auto a = cache.admit(prompt, slots, {.max_new = 4});
+    REQUIRE(a.ok());
+    CHECK(a->cached_tokens == seen);
+    CHECK(*cache.tokens(a->seq) == a->cached_tokens + a->reserved);
+    CHECK(a->cached_tokens + a->reserved == std::int32_t(prompt.size()));
+    CHECK(a->promised == *cache.blocks_needed(std::int64_t(prompt.size()), 4));
+    CHECK(a->new_blocks <= *cache.blocks_held(a->seq));
+    hits += a->cached_tokens;
+    REQUIRE(grow(cache, a->seq, prompt));  // the prompt computed, then 4 tokens decoded
+    CHECK(*cache.tokens(a->seq) == std::int64_t(prompt.size()) + 4);
+    REQUIRE(cache.check_invariants().ok());
+    REQUIRE(cache.free(a->seq).ok());
+  }
+  CHECK(hits >= 11 * 12);  // every later request hits the system prompt's whole blocks (12 of its 16 tokens at least)
+  CHECK(cache.promised_blocks() == 0);
+  CHECK(cache.free_blocks() == blocks0);
+}
+
 // The ids of positions [at, at + n): what a cache that publishes is given.
 std::span<const std::int32_t> ids_at(std::vector<std::int32_t>& ids, std::int64_t at, std::int64_t n) {
   ids.resize(std::size_t(n));
@@ -181,5 +217,36 @@ TEST_CASE("one engine over each cache: the contract's calls, and only growing a 
     CHECK(o.events > 0);
     CHECK(o.peak_running > 1);
     contract_errors(cache);
+  }
+}
+
+TEST_CASE("one prefix-caching engine over Cache<> and HybridCache: admit, match and tokens are one vocabulary") {
+  SECTION("Cache<>, publishing on reserve") {
+    const auto g = *Geometry::make({.num_layers = 2, .num_kv_heads = 2, .head_dim = 8, .block_size = 4, .dtype = DType::f32});
+    Cache<> cache({.geometry = g, .num_blocks = 40, .max_sequences = 2, .max_blocks_per_sequence = 10, .publish_on_reserve = true});
+    std::vector<std::int32_t> slots(8);
+    run_prefix_engine(cache, [&](Cache<>& c, SeqId s, const std::vector<std::int32_t>& prompt) {
+      for (std::int32_t t = 0; t < 4; ++t) {
+        const std::int32_t tok[] = {7 + t};
+        if (!c.reserve(s, tok, slots).ok()) return false;
+      }
+      return c.publish(s, prompt).ok();
+    });
+  }
+  SECTION("HybridCache, full attention + a sliding window") {
+    const std::vector<std::int32_t> l0{0}, l1{1};
+    const LayerGroupSpec specs[] = {
+        {.kind = AttentionKind::full, .layers = l0, .num_kv_heads = 2, .head_dim = 8},
+        {.kind = AttentionKind::sliding_window, .layers = l1, .num_kv_heads = 2, .head_dim = 8, .window = 8}};
+    HybridCache<> cache({.groups = *LayerGroups::make({.groups = specs, .block_size = 4}), .num_blocks = 40, .max_sequences = 2,
+                         .max_tokens = 40});
+    std::vector<std::int32_t> slots(8);
+    run_prefix_engine(cache, [&](HybridCache<>& c, SeqId s, const std::vector<std::int32_t>&) {
+      for (std::int32_t t = 0; t < 4; ++t) {
+        const std::int32_t tok[] = {7 + t};
+        if (!c.advance(s, tok, slots).ok()) return false;
+      }
+      return c.computed(s, *c.tokens(s)).ok();
+    });
   }
 }

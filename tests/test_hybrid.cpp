@@ -40,7 +40,7 @@ struct Small {
 };
 
 // Admits a whole prompt and computes it: the new sequence and its hit.
-HybridAdmitResult prefill(HybridCache<>& c, const std::vector<std::int32_t>& prompt) {
+AdmitResult prefill(HybridCache<>& c, const std::vector<std::int32_t>& prompt) {
   std::vector<std::int32_t> slots(std::size_t(c.groups()) * prompt.size());
   auto a = c.admit(prompt, slots);
   REQUIRE(a.ok());
@@ -141,7 +141,7 @@ TEST_CASE("a sliding-window group frees what left the window, on computed tokens
   CHECK(table[1] == BlockPool::null_block);
   CHECK(table[2] != BlockPool::null_block);
   std::vector<std::int32_t> indptr(2), indices(8), first(1);
-  REQUIRE(*c.export_csr(1, one, indptr, indices, first) == 5);
+  REQUIRE(*c.export_group_csr(1, one, indptr, indices, first) == 5);
   CHECK(first[0] == 8);  // the first live token's position
   CHECK(std::vector(indices.begin(), indices.begin() + 5) == std::vector(table.begin() + 2, table.begin() + 7));
   CHECK(*c.tokens_held(s, 1) == 28 - 8);
@@ -451,10 +451,46 @@ TEST_CASE("hybrid cache errors name the value and change nothing") {
   CHECK(c.free(stale).code() == Errc::unknown_sequence);
   CHECK(c.blocks_needed(-1, 0).status() == Status{Errc::invalid_argument, "prompt_len", -1, 0});
   CHECK(c.blocks_needed(60, 8).status() == Status{Errc::invalid_argument, "max_new", 8, 4});
+  // The options every cache takes: what a hybrid cache cannot do is refused, naming it.
+  const ExtraKey image[] = {{.begin = 0, .end = 4, .key = 7}};
+  CHECK(c.admit(std::span(t).first(12), slots, {.extras = image}).status() ==
+        Status{Errc::invalid_argument, "extras (a hybrid cache hashes no multimodal inputs)", 1, 0});
+  CHECK(c.admit(std::span(t).first(12), slots, {.prefill_chunk = 4}).status() ==
+        Status{Errc::invalid_argument, "prefill_chunk (HybridConfig::prefill_chunk is the bound)", 4, 0});
+  CHECK(c.admit(std::span(t).first(12), slots, {.max_new = 60}).status().code() == Errc::invalid_argument);  // past max_tokens
   CHECK(c == before);
   // The rollback it allows: uncomputed tokens only.
   REQUIRE(c.truncate(s, 5).ok());
   CHECK(*c.tokens(s) == 3);
   CHECK(c.check_invariants().ok());
   CHECK_THROWS_AS(HybridCache<>(m.config(1)), ConfigError);
+}
+
+TEST_CASE("hybrid admit takes AdmitOptions: max_new promises the lifetime need, new_blocks counts what it allocated") {
+  Small m(8);
+  HybridCache<> c(m.config(24));
+  std::vector<std::int32_t> slots(128);
+  const auto t = tokens(60);
+  const std::int64_t life = *c.blocks_needed(12, 20);
+  const AdmitResult a = *c.admit(std::span(t).first(12), slots, {.max_new = 20});
+  CHECK(a.cached_tokens == 0);
+  CHECK(a.reserved == 12);
+  CHECK(a.new_blocks == *c.blocks_held(a.seq));
+  CHECK(a.promised == life);
+  CHECK(c.promised_blocks() == life - a.new_blocks);
+  // A promise that does not fit the free pool less the promises made is refused, naming max_new; nothing changes.
+  const auto before = c;
+  const std::int64_t room = c.free_blocks() - c.promised_blocks();
+  std::int64_t too_many = 0;
+  while (c.blocks_needed(8, too_many).ok() && *c.blocks_needed(8, too_many) <= room) ++too_many;
+  REQUIRE(c.blocks_needed(8, too_many).ok());  // the pool runs out before max_tokens does
+  const auto r = c.admit(std::span(t).first(8), slots, {.max_new = too_many});
+  INFO(r.status().message() << " room " << room << " too_many " << too_many);
+  CHECK(r.status() == Status{Errc::out_of_blocks, "max_new (the lifetime need past the free pool less promises)",
+                             *c.blocks_needed(8, too_many), room});
+  CHECK(c == before);
+  const auto ok = c.admit(std::span(t).first(8), slots, {.max_new = too_many - 1});
+  INFO(ok.status().message());
+  CHECK(ok.ok());
+  CHECK(c.check_invariants().ok());
 }

@@ -181,7 +181,7 @@ int main() {
         if (!hy.advance(hseqs[k], next, hslots).ok()) ++bad;
       }
     for (std::int32_t group = 0; group < 2; ++group)
-      if (!hy.export_csr(group, std::span(hseqs).first(n), hindptr, hindices, hfirst).ok()) ++bad;
+      if (!hy.export_group_csr(group, std::span(hseqs).first(n), hindptr, hindices, hfirst).ok()) ++bad;
     if (n > 1 && !hy.truncate(hseqs[1], 1).ok()) ++bad;
     if (hy.advance(hseqs[0], std::span(prompt).first(100), hslots).ok()) ++bad;  // past prefill_chunk: must fail, without allocating
     if (!hy.drain_events(events, hids).ok()) ++bad;

@@ -65,6 +65,7 @@ TEST_CASE("sliding window holds exactly the last W tokens in a ring of ceil(W/B)
       REQUIRE(r.ok());
       INFO("W=" << W << " appended=" << st.appended);
       REQUIRE(*cache.tokens_held(st.s) == std::min<std::int64_t>(st.appended, W));
+      REQUIRE(*cache.tokens(st.s) == st.appended);  // the length: what it was given, evicted or not
       REQUIRE(st.held() == iota(std::max<std::int64_t>(0, st.appended - W), st.appended));
       REQUIRE(*cache.blocks_held(st.s) <= (W + B - 1) / B + 1);
       REQUIRE(*cache.blocks_held(st.s) <= *cache.blocks_needed(st.appended, 0, 9));  // chunks of at most 9

@@ -63,7 +63,7 @@ class HybridKv {
   void gather(std::int32_t l, kvcache::LayerSlot at, const kvcache::PoolView& pool) {
     const kvcache::SeqId one[] = {seq_};
     indices_.resize(std::size_t(*cache_.blocks_held(seq_, at.group)));
-    if (auto r = cache_.export_csr(at.group, one, indptr_, indices_, first_); !r)
+    if (auto r = cache_.export_group_csr(at.group, one, indptr_, indices_, first_); !r)
       throw std::runtime_error("export_csr: " + r.status().message());
     const auto rows = std::int32_t(*cache_.tokens(seq_) - first_[0]), row = pool.num_kv_heads * pool.head_dim;
     k_.resize(std::size_t(rows) * std::size_t(row));

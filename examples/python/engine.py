@@ -377,7 +377,7 @@ class HybridKv:
         e = self.e
         g, index = e.groups.layer_slot(layer)
         seqs = np.array([self.seq], dtype=np.uint64)
-        indptr, indices, first_pos, _ = e.cache.export_csr(g, seqs)
+        indptr, indices, first_pos, _ = e.cache.export_group_csr(g, seqs)
         rows = e.cache.tokens(self.seq) - int(first_pos[0])
         k = torch.empty(rows, e.heads, e.head_dim)
         v = torch.empty_like(k)

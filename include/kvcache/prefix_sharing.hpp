@@ -53,20 +53,13 @@ struct PrefixSharing {
   static PrefixMatch match(const PageTable& t, const BlockPool& pool, std::span<const std::int32_t> tokens,
                            const PrefixKey& key, std::span<const ExtraKey> extras, const H& hasher,
                            std::span<BlockId> out) noexcept {
-    const std::int64_t B = t.block_size_;
-    const std::int64_t limit = std::min<std::int64_t>(
-        {tokens.empty() ? 0 : std::int64_t(tokens.size() - 1) / B, std::int64_t(out.size()), t.max_blocks_});
-    BlockHash parent = chain_root(key);
-    PrefixMatch m{};
-    for (; m.blocks < limit; ++m.blocks) {
-      const std::int64_t lo = m.blocks * B;
-      parent = hasher(parent, tokens.subspan(std::size_t(lo), std::size_t(B)), block_extra(key.extra, extras, lo, lo + B));
-      const BlockId b = pool.lookup(parent);
-      if (b < 0) break;
-      out[static_cast<std::size_t>(m.blocks)] = b;
-      m.free_blocks += pool.ref_count(b) == 0 ? 1 : 0;
-    }
-    return m;
+    return walk(t, pool, tokens, key, extras, hasher, std::int64_t(out.size()), [&](std::int32_t i, BlockId b) { out[std::size_t(i)] = b; });
+  }
+  /// match() counting the hit without writing its blocks.
+  template <BlockHasher H>
+  static PrefixMatch count(const PageTable& t, const BlockPool& pool, std::span<const std::int32_t> tokens,
+                           const PrefixKey& key, std::span<const ExtraKey> extras, const H& hasher) noexcept {
+    return walk(t, pool, tokens, key, extras, hasher, INT64_MAX, [](std::int32_t, BlockId) {});
   }
 
   /// A new row for `key` holding the hit blocks (retained): the sequence
@@ -154,6 +147,25 @@ struct PrefixSharing {
   }
 
  private:
+  // The hit's walk: block i of it is b (at most `room` blocks), reported to f.
+  template <BlockHasher H, class F>
+  static PrefixMatch walk(const PageTable& t, const BlockPool& pool, std::span<const std::int32_t> tokens, const PrefixKey& key,
+                          std::span<const ExtraKey> extras, const H& hasher, std::int64_t room, F&& f) noexcept {
+    const std::int64_t B = t.block_size_;
+    const std::int64_t limit =
+        std::min<std::int64_t>({tokens.empty() ? 0 : std::int64_t(tokens.size() - 1) / B, room, t.max_blocks_});
+    BlockHash parent = chain_root(key);
+    PrefixMatch m{};
+    for (; m.blocks < limit; ++m.blocks) {
+      const std::int64_t lo = m.blocks * B;
+      parent = hasher(parent, tokens.subspan(std::size_t(lo), std::size_t(B)), block_extra(key.extra, extras, lo, lo + B));
+      const BlockId b = pool.lookup(parent);
+      if (b < 0) break;
+      f(m.blocks, b);
+      m.free_blocks += pool.ref_count(b) == 0 ? 1 : 0;
+    }
+    return m;
+  }
   // After eviction the held tokens are no longer the written prefix: the row never publishes.
   static bool evicted(const PageTable::Stream& st) noexcept { return st.front != 0 || st.tokens != st.appended; }
   // Stream i's full blocks whose ids the store has (0 once it has evicted).

@@ -229,6 +229,14 @@ void bind_cache(nb::module_& m, const char* name) {
             return blocks;
           },
           nb::arg("tokens"), nb::arg("salt") = 0, nb::arg("extra") = 0)
+      .def(
+          "match",
+          [](const C& self, nb::handle tokens, std::uint64_t salt, std::uint64_t extra) {
+            Array<std::int32_t> t;
+            in_arg(t, tokens, "tokens");
+            return self.match(cspan(t), kv::PrefixKey{salt, extra});
+          },
+          nb::arg("tokens"), nb::arg("salt") = 0, nb::arg("extra") = 0)
       .def("reset_prefix_cache", [](C& self) { check(self.reset_prefix_cache()); })
       .def("prefix_stats", [](const C& self) {
         const kv::PrefixStats s = self.prefix_stats();
@@ -324,6 +332,7 @@ void bind_cache(nb::module_& m, const char* name) {
           nb::arg("seqs"), nb::arg("out") = nb::none())
       // Accounting.
       .def("tokens_held", [](const C& self, std::uint64_t s) { return check(self.tokens_held(unpack(s))); })
+      .def("tokens", [](const C& self, std::uint64_t s) { return check(self.tokens(unpack(s))); })
       .def("promise", [](C& self, std::uint64_t s, std::int64_t blocks) { check(self.promise(unpack(s), blocks)); })
       .def("shared_excess", [](const C& self, std::uint64_t s) { return check(self.shared_excess(unpack(s))); });
   bind_common(c);

@@ -53,6 +53,19 @@ nb::object reserve(Hybrid& self, std::uint64_t s, nb::handle n_or_ids, bool adva
   return obj;
 }
 
+// Group g's CSR over the live blocks of seqs: (indptr, indices, first_pos, nnz).
+nb::object group_csr(const Hybrid& self, std::int32_t g, nb::handle seqs) {
+  Array<std::uint64_t> sq;
+  in_arg(sq, seqs, "seqs");
+  std::size_t pages = 0;
+  for (const auto s : seq_span(sq)) pages += std::size_t(std::max(check(self.blocks_held(s, g)), 0));
+  Array<std::int32_t> ip, ix, fp;
+  nb::object a = out_arg(ip, nb::none(), sq.size() + 1, "indptr"), b = out_arg(ix, nb::none(), pages, "indices"),
+             c = out_arg(fp, nb::none(), sq.size(), "first_pos");
+  const auto nnz = check(self.export_group_csr(g, seq_span(sq), ip.span(), ix.span(), fp.span()));
+  return nb::make_tuple(a, b, c, nnz);
+}
+
 // A group index from Python: outside the groups is invalid_argument naming it (not an out-of-range read).
 std::int32_t group_at(const Groups& g, std::int32_t i) {
   require(i >= 0 && i < g.groups.num_groups(), "group", i, g.groups.num_groups() - 1);
@@ -155,17 +168,17 @@ void register_hybrid(nb::module_& m) {
            nb::arg("prompt"), nb::arg("salt") = 0, nb::arg("extra") = 0)
       .def(
           "admit",
-          [](Hybrid& self, nb::handle prompt, std::int32_t reserve, std::uint64_t salt, std::uint64_t extra) {
+          [](Hybrid& self, nb::handle prompt, std::int32_t reserve, std::uint64_t salt, std::uint64_t extra, std::int64_t max_new) {
             Array<std::int32_t> p;
             in_arg(p, prompt, "prompt");
             const auto stride = std::size_t(std::max<std::int64_t>(std::min<std::int64_t>(std::int64_t(p.size()), reserve), 0));
             auto slots = new_array<std::int32_t, 2>(std::size_t(self.groups()), stride);
             Array<std::int32_t> o;
             nb::object obj = out_arg(o, nb::cast(slots), std::size_t(self.groups()) * stride, "slots", stride ? stride : 1);
-            const auto a = check(self.admit(cspan(p), o.span(), {.key = {salt, extra}, .reserve = reserve}));
+            const auto a = check(self.admit(cspan(p), o.span(), {.key = {salt, extra}, .max_new = max_new, .reserve = reserve}));
             return std::make_tuple(pack(a.seq), a.cached_tokens, a.reserved, obj);
           },
-          nb::arg("prompt"), nb::arg("reserve") = INT32_MAX, nb::arg("salt") = 0, nb::arg("extra") = 0)
+          nb::arg("prompt"), nb::arg("reserve") = INT32_MAX, nb::arg("salt") = 0, nb::arg("extra") = 0, nb::arg("max_new") = -1)
       .def(
           "reserve", [](Hybrid& self, std::uint64_t s, nb::handle n_or_ids) { return reserve(self, s, n_or_ids, false); },
           nb::arg("seq"), nb::arg("n"))
@@ -189,18 +202,14 @@ void register_hybrid(nb::module_& m) {
             return obj;
           },
           nb::arg("group"), nb::arg("seqs"), nb::arg("row_stride"))
+      .def("export_group_csr", &group_csr, nb::arg("group"), nb::arg("seqs"))
       .def(
           "export_csr",
           [](const Hybrid& self, std::int32_t g, nb::handle seqs) {
-            Array<std::uint64_t> sq;
-            in_arg(sq, seqs, "seqs");
-            std::size_t pages = 0;
-            for (const auto s : seq_span(sq)) pages += std::size_t(std::max(check(self.blocks_held(s, g)), 0));
-            Array<std::int32_t> ip, ix, fp;
-            nb::object a = out_arg(ip, nb::none(), sq.size() + 1, "indptr"), b = out_arg(ix, nb::none(), pages, "indices"),
-                       c = out_arg(fp, nb::none(), sq.size(), "first_pos");
-            const auto nnz = check(self.export_csr(g, seq_span(sq), ip.span(), ix.span(), fp.span()));
-            return std::make_tuple(a, b, c, nnz);
+            if (PyErr_WarnEx(PyExc_DeprecationWarning,
+                             "HybridCache.export_csr is export_group_csr (its third array is first_pos, not last_page_len)", 1) < 0)
+              throw nb::python_error();
+            return group_csr(self, g, seqs);
           },
           nb::arg("group"), nb::arg("seqs"))
       .def(

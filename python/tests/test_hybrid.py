@@ -55,9 +55,27 @@ def test_a_window_hit_needs_only_the_blocks_its_next_query_reads():
     assert c.blocks_held(seq, 1) == 3 and c.blocks_held(seq, 0) == 9  # the window: blocks 6, 7 and the new one
     table = c.export_block_table(1, [seq], 9)
     assert list(table[0, :6]) == [0] * 6 and all(table[0, 6:] > 0)
-    indptr, indices, first_pos, nnz = c.export_csr(1, [seq])
+    indptr, indices, first_pos, nnz = c.export_group_csr(1, [seq])
     assert nnz == 3 and list(first_pos) == [24] and list(indices) == list(table[0, 6:])
     assert list(c.slot_mapping(1, seq, 32, 33)) == [int(slots[1, 0])]
+    c.check_invariants()
+
+
+def test_one_vocabulary_with_cache():
+    """admit's max_new promise, match and tokens mean on a hybrid cache what they mean on Cache."""
+    c = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64)
+    prompt = np.arange(100, 113, dtype=np.int32)
+    seq, cached, reserved, _ = c.admit(prompt, max_new=8)
+    assert c.tokens(seq) == cached + reserved == 13
+    assert c.promised_blocks == c.blocks_needed(13, 8) - c.blocks_held(seq, 0) - c.blocks_held(seq, 1)
+    with pytest.warns(DeprecationWarning, match="export_group_csr"):
+        old = c.export_csr(0, [seq])
+    assert [list(a) for a in old[:3]] == [list(a) for a in c.export_group_csr(0, [seq])[:3]]
+    g = kv.Geometry(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4, dtype=kv.DType.f32)
+    tp = kv.Cache(g, num_blocks=32, max_sequences=2, max_blocks_per_sequence=8, publish_on_reserve=True)
+    a = tp.admit(prompt)
+    assert tp.tokens(a.seq) == 13 and tp.match(prompt) == 12  # three whole blocks published on reserve
+    c.free(seq)
     c.check_invariants()
 
 

@@ -41,6 +41,16 @@ inline Status check_request_lengths(std::int64_t prompt_len, std::int64_t max_ne
 template <class Cache>
 class RowAccounting {
  public:
+  /// Tokens s was given over its life (reserved, whether computed or
+  /// evicted since): its length, the next token's position. The word every
+  /// cache has (HybridCache::tokens); tokens_held() is what it holds now.
+  Result<std::int64_t> tokens(SeqId s) const noexcept {
+    if constexpr (requires { self().table_.appended(s); }) {
+      return self().table_.appended(s);
+    } else {  // a table that keeps no count past what it holds
+      return tokens_held(s);
+    }
+  }
   /// Live tokens s holds.
   Result<std::int64_t> tokens_held(SeqId s) const noexcept {
     auto t = self().table_.tokens(s);

@@ -15,6 +15,7 @@
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/events.hpp"
+#include "kvcache/prefix_cache.hpp"
 #include "kvcache/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
@@ -39,10 +40,21 @@ concept SequenceCache = requires(C& c, const C& cc, SeqId s, std::span<const Blo
   { c.release_hold(id) } -> std::same_as<Status>;
   { cc.holds() } -> std::same_as<const BlockHolds&>;
   // the admission ledger: lifetime need, promises, room
-  { cc.blocks_needed(n, n) } -> std::same_as<Result<std::int64_t>>;
+  { cc.blocks_needed(n, n) } -> std::same_as<Result<std::int64_t>>;     ///< (prompt_len, max_new), the cache's chunking
+  { cc.blocks_needed(n, n, n) } -> std::same_as<Result<std::int64_t>>;  ///< ... with prefill_chunk
   { cc.can_admit(n, n) } -> std::same_as<bool>;
   { cc.promised_blocks() } -> std::same_as<std::int64_t>;
   { cc.check_invariants() } -> std::same_as<Status>;
+};
+
+/// A cache whose sequences have token rows and a prefix cache (Cache<>,
+/// HybridCache<>): admission with a hit, the sequence's length, the hit's length.
+template <class C>
+concept PrefixCache = SequenceCache<C> && requires(C& c, SeqId s, std::span<const std::int32_t> prompt, std::span<std::int32_t> slots,
+                                                   const AdmitOptions& opt, const PrefixKey& key) {
+  { c.admit(prompt, slots, opt) } -> std::same_as<Result<AdmitResult>>;  ///< a new sequence: the hit shared, the first chunk reserved
+  { c.match(prompt, key) } -> std::same_as<std::int64_t>;                ///< tokens the cache serves now
+  { c.tokens(s) } -> std::same_as<Result<std::int64_t>>;                 ///< the sequence's length
 };
 
 /// A sequence cache a disaggregated sender holds a whole sequence of (transfer/transfer_holds.hpp).

@@ -30,24 +30,16 @@
 #include "kvcache/groups/group_rows.hpp"
 #include "kvcache/groups/group_rule.hpp"
 #include "kvcache/groups/layer_groups.hpp"
+#include "kvcache/prefix_cache.hpp"
 #include "kvcache/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
-/// How HybridCache::admit() admits a prompt.
-struct HybridAdmitOptions {
-  PrefixKey key{};  ///< The sequence's salt (tenant, cache salt) and extra (LoRA id).
-  /// Uncached prompt tokens to reserve now (chunked prefill reserves one chunk; the rest through reserve()).
-  std::int32_t reserve = INT32_MAX;
-};
-
-/// What HybridCache::admit() did.
-struct HybridAdmitResult {
-  SeqId seq{};  ///< The new sequence.
-  std::int32_t cached_tokens = 0;  ///< Prompt tokens every group serves from the cache.
-  std::int32_t reserved = 0;  ///< Prompt tokens reserved after them.
-};
+/// HybridCache::admit() takes the AdmitOptions every cache takes (this name is kept for older code).
+using HybridAdmitOptions [[deprecated("kvcache: HybridCache::admit takes AdmitOptions")]] = AdmitOptions;
+/// HybridCache::admit() returns the AdmitResult every cache returns (this name is kept for older code).
+using HybridAdmitResult [[deprecated("kvcache: HybridCache::admit returns AdmitResult")]] = AdmitResult;
 
 /// Layer groups over one pool: all-or-nothing reserves across groups, per-group tables, hits and accounting.
 template <BlockHasher Hasher = FastBlockHasher>
@@ -135,11 +127,25 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   /// retained before anything is allocated. slots: [groups][stride], stride =
   /// min(prompt length, opt.reserve): group g's slot of reserved token i at
   /// slots[g * stride + i] (-1 past `reserved`, and in cross groups).
-  Result<HybridAdmitResult> admit(std::span<const std::int32_t> prompt, std::span<std::int32_t> slots,
-                                  const HybridAdmitOptions& opt = {}) {
+  /// The options are every cache's: opt.max_new >= 0 promises
+  /// blocks_needed(prompt, max_new) in the ledger, which must fit the free
+  /// pool less every earlier promise (out_of_blocks naming max_new);
+  /// opt.extras must be empty (a hybrid cache hashes no multimodal inputs);
+  /// opt.prefill_chunk is 0 or the configured one (HybridConfig's: one bound).
+  Result<AdmitResult> admit(std::span<const std::int32_t> prompt, std::span<std::int32_t> slots, const AdmitOptions& opt = {}) {
     const auto len = std::int64_t(prompt.size());
     if (len < 1 || len > cfg_.max_tokens) return Status{Errc::invalid_argument, "prompt (tokens)", len, cfg_.max_tokens};
     if (opt.reserve < 1) return Status{Errc::invalid_argument, "reserve", opt.reserve, 1};
+    if (!opt.extras.empty())
+      return Status{Errc::invalid_argument, "extras (a hybrid cache hashes no multimodal inputs)", std::int64_t(opt.extras.size()), 0};
+    if (opt.prefill_chunk != 0 && opt.prefill_chunk != cfg_.prefill_chunk)
+      return Status{Errc::invalid_argument, "prefill_chunk (HybridConfig::prefill_chunk is the bound)", opt.prefill_chunk, cfg_.prefill_chunk};
+    std::int64_t promise = 0;
+    if (opt.max_new >= 0) {
+      auto life = this->blocks_needed(len, opt.max_new);
+      if (!life) return life.status();
+      promise = *life;
+    }
     const auto stride = std::int32_t(std::min<std::int64_t>(len, opt.reserve));
     if (std::int64_t(slots.size()) < std::int64_t(groups()) * stride)
       return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), std::int64_t(groups()) * stride};
@@ -158,8 +164,19 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
       need += r.row_blocks(h + n) - hit_blocks;
     }
     if (need > pool_.num_free()) return Status{Errc::out_of_blocks, "n_blocks", need, pool_.num_free()};
+    if (opt.max_new >= 0) {  // hit blocks other sequences hold draw nothing from the free pool
+      std::int64_t shared = 0;
+      for (std::int32_t g = 0; g < groups(); ++g) {
+        const GroupRule& r = rows_[std::size_t(g)].rule();
+        for (std::int64_t j = r.hit_first_block(h); r.caches() && j < h / r.block_size; ++j) shared += pool_.ref_count(hits_.block(g, j)) > 0;
+      }
+      if (const std::int64_t room = pool_.num_free() - this->promised_blocks() + shared; promise > room)
+        return Status{Errc::out_of_blocks, "max_new (the lifetime need past the free pool less promises)", promise, room};
+    }
     const SeqId id = *add_sequence(opt.key);
     Seq& s = seqs_[id.index];
+    s.promised = promise;
+    std::int32_t fresh = 0;
     for (std::int32_t g = 0; g < groups(); ++g) {  // retain every group's hits, then allocate
       const GroupRule& r = rows_[std::size_t(g)].rule();
       if (!r.caches()) continue;
@@ -174,8 +191,10 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
     }
     s.computed = s.reserved = h;
     if (cfg_.prefill_chunk == 0) s.ahead = len;  // a whole prompt at once: what blocks_needed assumed
+    for (const GroupRows& rows : rows_) fresh -= rows.live(id.index);
     grow(id.index, n, prompt.subspan(std::size_t(h), std::size_t(n)), slots, stride);
-    return HybridAdmitResult{id, std::int32_t(h), n};
+    for (const GroupRows& rows : rows_) fresh += rows.live(id.index);
+    return AdmitResult{id, std::int32_t(h), n, fresh, promise};
   }
 
   /// The next tokens of sequence id (their ids: what computed() publishes),
@@ -268,11 +287,20 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
     if (auto st = rows_of(g, seqs); !st) return st;
     return export_group_table(rows_[std::size_t(g)], idx_, out, row_stride);
   }
-  /// Group g's CSR over the live blocks of `seqs`, with each row's first token position (export_group_csr).
+  /// Group g's CSR over the live blocks of `seqs`, with each row's first
+  /// token position (groups/group_exports.hpp): a window's row starts past
+  /// the blocks it freed. Named apart from Cache<>::export_csr, whose last
+  /// buffer is last_page_len.
+  Result<std::int32_t> export_group_csr(std::int32_t g, std::span<const SeqId> seqs, std::span<std::int32_t> indptr,
+                                        std::span<std::int32_t> indices, std::span<std::int32_t> first_pos) const {
+    if (auto st = rows_of(g, seqs); !st) return st;
+    return kvcache::export_group_csr(rows_[std::size_t(g)], idx_, indptr, indices, first_pos);
+  }
+  /// export_group_csr() under its old name, whose last buffer is first_pos, not Cache<>'s last_page_len.
+  [[deprecated("kvcache: HybridCache::export_csr is export_group_csr (its last buffer is first_pos)")]]
   Result<std::int32_t> export_csr(std::int32_t g, std::span<const SeqId> seqs, std::span<std::int32_t> indptr,
                                   std::span<std::int32_t> indices, std::span<std::int32_t> first_pos) const {
-    if (auto st = rows_of(g, seqs); !st) return st;
-    return export_group_csr(rows_[std::size_t(g)], idx_, indptr, indices, first_pos);
+    return export_group_csr(g, seqs, indptr, indices, first_pos);
   }
   /// Group g's slots of positions [begin, end) of sequence id (a cross group: encoder positions).
   Status slot_mapping(std::int32_t g, SeqId id, std::int64_t begin, std::int64_t end, std::span<std::int32_t> out) const {
@@ -430,6 +458,6 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   mutable std::vector<std::uint32_t> idx_;  // the rows an export reads
 };
 
-static_assert(SequenceHolds<HybridCache<>>, "kvcache::HybridCache keeps the sequence-cache contract (cache/contract.hpp)");
+static_assert(SequenceHolds<HybridCache<>> && PrefixCache<HybridCache<>>, "kvcache::HybridCache keeps the sequence-cache contract (cache/contract.hpp)");
 
 KVCACHE_END_NAMESPACE

@@ -115,8 +115,13 @@ class HybridAccounting {
   }
   /// Blocks a request of prompt_len then max_new tokens holds at most, summed
   /// over the groups, reserving at most the configured prefill chunk ahead of what is computed.
-  Result<std::int64_t> blocks_needed(std::int64_t prompt_len, std::int64_t max_new) const noexcept {
+  /// prefill_chunk: 0 or the configured one (the arguments every cache takes;
+  /// HybridConfig::prefill_chunk is the one bound), else invalid_argument naming it.
+  Result<std::int64_t> blocks_needed(std::int64_t prompt_len, std::int64_t max_new, std::int64_t prefill_chunk = 0) const noexcept {
     if (auto st = check_request_lengths(prompt_len, max_new, 0); !st) return st;
+    if (prefill_chunk != 0 && prefill_chunk != self().cfg_.prefill_chunk)
+      return Status{Errc::invalid_argument, "prefill_chunk (HybridConfig::prefill_chunk is the bound)", prefill_chunk,
+                    self().cfg_.prefill_chunk};
     const std::int64_t len = prompt_len + max_new;
     if (len > self().cfg_.max_tokens) return Status{Errc::invalid_argument, "max_new", max_new, self().cfg_.max_tokens - prompt_len};
     const std::int64_t chunk = self().cfg_.prefill_chunk;

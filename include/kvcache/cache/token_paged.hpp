@@ -272,6 +272,12 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
   std::int32_t match_prefix(std::span<const std::int32_t> tokens, const PrefixKey& key, std::span<BlockId> out) const noexcept {
     return PrefixSharing::match(table_, pool_, tokens, key, {}, hasher_, out).blocks;
   }
+  /// Prompt tokens the cache serves now, whole blocks of the longest
+  /// published prefix of `tokens` (at most its length - 1): the word every
+  /// cache has (HybridCache::match). A peek, as match_prefix() is.
+  std::int64_t match(std::span<const std::int32_t> tokens, const PrefixKey& key = {}) const noexcept {
+    return std::int64_t{PrefixSharing::count(table_, pool_, tokens, key, {}, hasher_).blocks} * this->block_size();
+  }
   /// match_prefix() of a prompt with multimodal inputs; bad extras are invalid_argument.
   Result<std::int32_t> match_prefix(std::span<const std::int32_t> tokens, const PrefixKey& key, std::span<BlockId> out,
                                     std::span<const ExtraKey> extras) const noexcept {
