@@ -6,6 +6,7 @@
 // References in the same run: the token-paged Cache<> that one full group
 // compiles to (LayerGroups::as_geometry) doing the same work (one reserve per
 // sequence, publishing on reserve, one CSR export), and memcpy of the bytes written.
+// BM_hybrid_match_2048: a prefix lookup per group count, beside Cache<>::match.
 // BM_gemma3_kv_share prints the memory table of docs/hybrid.md: Gemma 3 27B's
 // KV as the library accounts it (hybrid_blocks_needed x page bytes) over the
 // same model with every layer full attention, at 8K, 32K and 128K tokens.
@@ -102,6 +103,47 @@ void BM_cache_decode_step_256(benchmark::State& state) {
   state.counters["out_bytes"] = double(step_out_bytes(1));
 }
 
+// A prefix lookup of a 2,048-token prompt every group holds (published by an
+// earlier request): match() hashes the prompt once per block size and looks
+// each block up under every group's key. Reference in the same run: the
+// token-paged Cache<> that one full group compiles to, whose match() does one
+// hash and one lookup per block.
+constexpr std::int32_t kMatchTokens = 2048;
+
+void BM_hybrid_match_2048(benchmark::State& state) {
+  const auto G = std::int32_t(state.range(0));
+  std::vector<std::vector<std::int32_t>> layers;
+  const auto lg = layout(G, layers);
+  kv::HybridCache<> cache({.groups = lg, .num_blocks = std::int32_t(kv::hybrid_pool_blocks(lg, 2, kMatchTokens + 16, 0)),
+                           .max_sequences = 2, .max_tokens = kMatchTokens + 16});
+  std::vector<std::int32_t> prompt(kMatchTokens + 1), slots(static_cast<std::size_t>(G) * prompt.size());
+  std::iota(prompt.begin(), prompt.end(), 7);
+  auto a = cache.admit(prompt, slots);
+  if (!a || !cache.computed(a->seq, a->reserved).ok()) state.SkipWithError("admit failed");
+  std::int64_t hit = 0;
+  for (auto _ : state) benchmark::DoNotOptimize(hit = cache.match(prompt));
+  if (hit != kMatchTokens) state.SkipWithError("not a whole hit");
+  state.counters["groups"] = G;
+  state.counters["per_block"] = benchmark::Counter(double(kMatchTokens / 16), benchmark::Counter::kIsIterationInvariantRate |
+                                                                               benchmark::Counter::kInvert);
+}
+
+void BM_cache_match_2048(benchmark::State& state) {
+  std::vector<std::vector<std::int32_t>> layers;
+  constexpr std::int32_t per_seq = kMatchTokens / 16 + 2;
+  kv::Cache<> cache({.geometry = *layout(1, layers).as_geometry(), .num_blocks = 2 * per_seq + 1, .max_sequences = 2,
+                     .max_blocks_per_sequence = per_seq, .publish_on_reserve = true});
+  std::vector<std::int32_t> prompt(kMatchTokens + 1), slots(prompt.size());
+  std::iota(prompt.begin(), prompt.end(), 7);
+  if (!cache.admit(prompt, slots)) state.SkipWithError("admit failed");
+  std::int64_t hit = 0;
+  for (auto _ : state) benchmark::DoNotOptimize(hit = cache.match(prompt));
+  if (hit != kMatchTokens) state.SkipWithError("not a whole hit");
+  state.counters["groups"] = 1;
+  state.counters["per_block"] = benchmark::Counter(double(kMatchTokens / 16), benchmark::Counter::kIsIterationInvariantRate |
+                                                                               benchmark::Counter::kInvert);
+}
+
 // Gemma 3 27B: 62 layers, layer l full when l % 6 == 5 (10 of them), the
 // rest a 1,024-token window; 16 kv-heads of 128, fp16, pages of 16 window tokens.
 void BM_gemma3_kv_share(benchmark::State& state) {
@@ -133,6 +175,8 @@ void BM_gemma3_kv_share(benchmark::State& state) {
 BENCHMARK(BM_memcpy)->Arg(std::int32_t(step_out_bytes(1)))->Arg(std::int32_t(step_out_bytes(2)))->Arg(std::int32_t(step_out_bytes(6)));
 BENCHMARK(BM_cache_decode_step_256)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_hybrid_decode_step_256)->Arg(1)->Arg(2)->Arg(6)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_cache_match_2048);
+BENCHMARK(BM_hybrid_match_2048)->Arg(1)->Arg(2)->Arg(6);
 BENCHMARK(BM_gemma3_kv_share)->Arg(8192)->Arg(32768)->Arg(131072);
 
 BENCHMARK_MAIN();

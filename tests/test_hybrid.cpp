@@ -7,6 +7,7 @@
 #include <kvcache/cache/hybrid.hpp>
 
 #include <numeric>
+#include <random>
 #include <vector>
 
 using namespace kvcache;
@@ -493,4 +494,50 @@ TEST_CASE("hybrid admit takes AdmitOptions: max_new promises the lifetime need, 
   INFO(ok.status().message());
   CHECK(ok.ok());
   CHECK(c.check_invariants().ok());
+}
+
+TEST_CASE("match is the longest hit every group serves: a brute force over random pools agrees") {
+  for (const AttentionKind second : {AttentionKind::sliding_window, AttentionKind::chunked_local}) {
+    Small m(8, second);
+    HybridCache<> c(m.config(24));
+    std::mt19937 rng(second == AttentionKind::sliding_window ? 1 : 2);
+    std::vector<std::vector<std::int32_t>> stems(3, std::vector<std::int32_t>(64));
+    for (auto& s : stems)
+      for (auto& t : s) t = std::int32_t(rng() % 7);  // few token values: stems share blocks now and then
+    std::vector<SeqId> live;
+    std::vector<std::int32_t> slots(2 * 64);
+    std::int64_t hits = 0;
+    for (std::int32_t step = 0; step < 400; ++step) {
+      const auto& stem = stems[rng() % stems.size()];
+      const auto prompt = std::span(stem).first(2 + rng() % 60);
+      // The brute force: the longest h (a multiple of the alignment, below the length) whose every needed block is cached.
+      std::int64_t want = 0;
+      for (std::int64_t h = std::int64_t(prompt.size() - 1) / 4 * 4; h > 0 && want == 0; h -= 4) {
+        bool all = true;
+        for (std::int32_t g = 0; g < 2 && all; ++g) {
+          std::vector<BlockHash> keys(16);
+          const auto n = *c.hash_chain(g, prompt.first(std::size_t(h)), {}, keys);
+          const GroupRule r = GroupRule::of(m.lg, g);
+          for (std::int64_t j = r.hit_first_block(h); j < n && all; ++j) all = c.pool().lookup(keys[std::size_t(j)]) >= 0;
+        }
+        if (all) want = h;
+      }
+      REQUIRE(c.match(prompt) == want);
+      hits += want > 0;
+      if (live.size() < 3 && rng() % 2 == 0) {
+        auto a = c.admit(prompt, slots);
+        if (a) {
+          REQUIRE(a->cached_tokens == want);
+          REQUIRE(c.computed(a->seq, std::int64_t(prompt.size())).ok());
+          live.push_back(a->seq);
+        }
+      } else if (!live.empty()) {
+        const auto k = rng() % live.size();
+        REQUIRE(c.free(live[k]).ok());
+        live.erase(live.begin() + std::ptrdiff_t(k));
+      }
+      REQUIRE(c.check_invariants().ok());
+    }
+    CHECK(hits > 50);
+  }
 }

@@ -243,3 +243,40 @@ def test_quantized_layer_groups_take_a_format_and_round_trip_through_their_views
         kv.LayerGroups([kv.LayerGroup("full", [0], head_dim=64, dtype=kv.DType.int8)])
     with pytest.raises(kv.InvalidArgument, match=r"format.v.scales \(the group stores no V\)"):
         kv.LayerGroups([kv.LayerGroup("mla", [0], head_dim=64, dtype=kv.DType.int8, format=kv.KvFormat(g32, g32))])
+
+
+def test_group_tiers_bring_every_group_back_through_an_import():
+    c = kv.HybridCache(small(), num_blocks=40, max_sequences=2, max_tokens=64)
+    tiers = kv.GroupTiers(c, host_blocks=32, event_capacity=64)
+    prompt = np.arange(100, 141, dtype=np.int32)  # 41 tokens: a hit of 40 (10 full blocks, the window's last 2)
+    seq, _, _, _ = c.admit(prompt)
+    c.computed(seq, 41)
+    with pytest.raises(kv.InvalidArgument, match="not this sequence's"):
+        tiers.plan_offload(seq, prompt + 1)
+    job = tiers.plan_offload(seq, prompt)
+    assert job.from_tier == "device" and job.to_tier == "host" and len(job.moves) == 10 + 2
+    hold = c.hold(job.moves[:, 0])  # the engine copies job.moves (src, dst) here
+    c.free(seq)
+    tiers.tiers.complete(job.id)
+    c.release_hold(hold)
+    assert {(e["group"], e["block_size"]) for e in tiers.tiers.drain_events("host")} == {(0, 4), (1, 4)}
+    for k in range(3):  # other requests: the device pool recycles the prompt's pages
+        other, _, _, _ = c.admit(np.arange(5000 + 100 * k, 5060 + 100 * k, dtype=np.int32))
+        c.computed(other, 60)
+        c.free(other)
+    nxt = np.concatenate([prompt, np.array([7], dtype=np.int32)])
+    device_tokens, tokens, host, disk = tiers.lookup(nxt)
+    assert tokens == 40 and device_tokens < tokens and disk == 0
+    imp, cached, blocks = c.import_prompt(nxt[:tokens])
+    assert cached == device_tokens and blocks == host  # the import receives what host memory holds for it
+    load = tiers.plan_onboard(imp)
+    assert len(load.moves) == blocks
+    seq, committed, held = tiers.complete_onboard(load.id)
+    assert committed and held == 40 and c.tokens(seq) == 40
+    with pytest.raises(kv.UnknownJob):
+        tiers.complete_onboard(load.id)
+    c.free(seq)
+    c.check_invariants()
+    tiers.tiers.check_invariants()
+    with pytest.raises(kv.InvalidArgument, match="prefix_caching"):
+        kv.GroupTiers(kv.HybridCache(small(), num_blocks=8, max_sequences=1, max_tokens=16, prefix_caching=False), host_blocks=4)

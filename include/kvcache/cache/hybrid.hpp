@@ -22,10 +22,10 @@
 #include "kvcache/block_pool.hpp"
 #include "kvcache/cache/contract.hpp"
 #include "kvcache/cache/hybrid_accounting.hpp"
+#include "kvcache/cache/hybrid_exports.hpp"
 #include "kvcache/cache/hybrid_imports.hpp"
 #include "kvcache/cache/hybrid_prefix.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/groups/group_exports.hpp"
 #include "kvcache/groups/group_hits.hpp"
 #include "kvcache/groups/group_rows.hpp"
 #include "kvcache/groups/group_rule.hpp"
@@ -43,9 +43,12 @@ using HybridAdmitResult [[deprecated("kvcache: HybridCache::admit returns AdmitR
 
 /// Layer groups over one pool: all-or-nothing reserves across groups, per-group tables, hits and accounting.
 template <BlockHasher Hasher = FastBlockHasher>
-class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridImports<HybridCache<Hasher>> {
+class HybridCache : public HybridAccounting<HybridCache<Hasher>>,
+                    public HybridImports<HybridCache<Hasher>>,
+                    public HybridExports<HybridCache<Hasher>> {
   friend class HybridAccounting<HybridCache<Hasher>>;
   friend class HybridImports<HybridCache<Hasher>>;
+  friend class HybridExports<HybridCache<Hasher>>;
 
  public:
   /// An empty cache; ConfigError names a bad field of cfg.
@@ -71,7 +74,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
     for (std::int32_t i = cfg.max_sequences - 1; i >= 0; --i) free_.push_back(std::uint32_t(i));
     scratch_.reserve(longest);  // the most blocks one call hands one group
     held_.reserve(std::size_t(groups()) * longest);
-    idx_.reserve(seqs_.size());
+    this->idx_.reserve(seqs_.size());
     this->imports_ = PendingImports(cfg.max_sequences);
   }
 
@@ -281,35 +284,6 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   /// Token ids a drained event keeps at most: the largest group block size.
   std::int32_t tokens_per_event() const noexcept { return prefix_.max_block_size(); }
 
-  /// Group g's dense block table of `seqs` (export_group_table: null ids where blocks were skipped).
-  Status export_block_table(std::int32_t g, std::span<const SeqId> seqs, std::span<std::int32_t> out,
-                            std::int32_t row_stride) const {
-    if (auto st = rows_of(g, seqs); !st) return st;
-    return export_group_table(rows_[std::size_t(g)], idx_, out, row_stride);
-  }
-  /// Group g's CSR over the live blocks of `seqs`, with each row's first
-  /// token position (groups/group_exports.hpp): a window's row starts past
-  /// the blocks it freed. Named apart from Cache<>::export_csr, whose last
-  /// buffer is last_page_len.
-  Result<std::int32_t> export_group_csr(std::int32_t g, std::span<const SeqId> seqs, std::span<std::int32_t> indptr,
-                                        std::span<std::int32_t> indices, std::span<std::int32_t> first_pos) const {
-    if (auto st = rows_of(g, seqs); !st) return st;
-    return kvcache::export_group_csr(rows_[std::size_t(g)], idx_, indptr, indices, first_pos);
-  }
-  /// export_group_csr() under its old name, whose last buffer is first_pos, not Cache<>'s last_page_len.
-  [[deprecated("kvcache: HybridCache::export_csr is export_group_csr (its last buffer is first_pos)")]]
-  Result<std::int32_t> export_csr(std::int32_t g, std::span<const SeqId> seqs, std::span<std::int32_t> indptr,
-                                  std::span<std::int32_t> indices, std::span<std::int32_t> first_pos) const {
-    return export_group_csr(g, seqs, indptr, indices, first_pos);
-  }
-  /// Group g's slots of positions [begin, end) of sequence id (a cross group: encoder positions).
-  Status slot_mapping(std::int32_t g, SeqId id, std::int64_t begin, std::int64_t end, std::span<std::int32_t> out) const {
-    const SeqId one[] = {id};
-    if (auto st = rows_of(g, one); !st) return st;
-    const GroupRule& r = rows_[std::size_t(g)].rule();
-    const std::int64_t stored = r.caches() ? seqs_[id.index].reserved : rows_[std::size_t(g)].live(id.index) > 0 ? r.span : 0;
-    return export_group_slots(rows_[std::size_t(g)], id.index, stored, begin, end, out);
-  }
 
   /// Equal state (the hit finder's scratch aside): what error paths are tested against.
   friend bool operator==(const HybridCache& a, const HybridCache& b) {
@@ -377,16 +351,6 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
     return n;
   }
 
-  // idx_ = the rows of seqs, after checking g and every handle.
-  Status rows_of(std::int32_t g, std::span<const SeqId> seqs) const {
-    if (g < 0 || g >= groups()) return Status{Errc::invalid_argument, "group", g, groups() - 1};
-    idx_.clear();
-    for (const SeqId id : seqs) {
-      if (auto st = validate(id); !st) return st;
-      idx_.push_back(id.index);
-    }
-    return {};
-  }
   auto owner_of() const noexcept {
     return [this](BlockId b) { return std::int32_t(owner_[std::size_t(b)]); };
   }
@@ -455,7 +419,6 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>, public HybridI
   std::vector<std::int32_t> distinct_;  // the first group of each rule (kind, block size, span)
   std::vector<BlockId> scratch_;
   std::vector<BlockId> held_;            // import(): the window hits its hold keeps
-  mutable std::vector<std::uint32_t> idx_;  // the rows an export reads
 };
 
 static_assert(SequenceHolds<HybridCache<>> && PrefixCache<HybridCache<>>, "kvcache::HybridCache keeps the sequence-cache contract (cache/contract.hpp)");

@@ -14,6 +14,7 @@
 // only when it is cached in every one of them.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -51,6 +52,7 @@ class GroupHits {
       }
       if (x.chain == g) x.hashes.resize(x.found.size());
       if (x.lookup == g) x.misses.resize(x.found.size() + 1);
+      if (x.lookup >= 0) groups_[std::size_t(x.lookup)].members.push_back(g);
     }
   }
 
@@ -72,20 +74,26 @@ class GroupHits {
         for (std::int64_t j = 0; j < x.blocks; ++j)
           parent = x.hashes[std::size_t(j)] = hasher_(parent, prompt.subspan(std::size_t(j * B), std::size_t(B)), key.extra);
       }
-      const auto& hashes = groups_[std::size_t(x.chain)].hashes;
-      for (std::int64_t j = 0; j < x.blocks; ++j) {
-        const BlockId b = pool.lookup(group_key(hashes[std::size_t(j)], g));
-        x.found[std::size_t(j)] = b >= 0 && owner(b) == g ? b : -1;
+      if (!x.rule.chained()) {  // a window or chunk reads a few blocks before h: looked up when a candidate needs them
+        x.known = x.blocks;
+        continue;
       }
+      const auto& hashes = groups_[std::size_t(x.chain)].hashes;
+      std::int64_t j = 0;
+      for (; j < x.blocks; ++j) {  // prefix-closed: the blocks past its first miss serve no hit
+        const BlockId b = pool.lookup(group_key(hashes[std::size_t(j)], g));
+        if (b < 0 || owner(b) != g) break;
+        x.found[std::size_t(j)] = b;
+      }
+      std::fill(x.found.begin() + j, x.found.begin() + x.blocks, -1);
     }
     for (std::int32_t g = 0; g < std::int32_t(groups_.size()); ++g) {  // cached in every group of the lookup
       Group& x = groups_[std::size_t(g)];
-      if (x.lookup != g || !x.rule.caches()) continue;
+      if (x.lookup != g || !x.rule.caches() || !x.rule.chained()) continue;
       x.misses[0] = 0;
       for (std::int64_t j = 0; j < x.blocks; ++j) {
         bool all = true;
-        for (const Group& y : groups_)
-          if (&y - groups_.data() >= g && y.lookup == g) all = all && y.found[std::size_t(j)] >= 0;
+        for (const std::int32_t m : x.members) all = all && groups_[std::size_t(m)].found[std::size_t(j)] >= 0;
         x.misses[std::size_t(j) + 1] = x.misses[std::size_t(j)] + !all;
       }
     }
@@ -96,7 +104,7 @@ class GroupHits {
           const Group& x = groups_[std::size_t(g)];
           if (x.lookup != g || !x.rule.caches() || x.rule.chained() != (pass == 0)) continue;
           std::int64_t served = h;
-          while (served > 0 && !serves(x, served)) served -= align_;
+          while (served > 0 && !serves(g, served, pool, owner)) served -= align_;
           if (served < h) h = served, changed = true;
         }
     }
@@ -128,12 +136,33 @@ class GroupHits {
     std::int32_t chain = -1, lookup = -1;  // the group whose hashes it uses; whose lookup it joins
     std::int64_t blocks = 0;               // block indices looked up
     std::vector<BlockHash> hashes;         // its chain's hashes (chain owner only)
-    std::vector<BlockId> found;            // [block index]: the cached block, or -1
+    std::vector<BlockId> found;            // [block index]: the cached block, or -1 (a window's: from `known` on)
+    std::int64_t known = 0;                // a window's or chunk's blocks looked up: [known, blocks)
     std::vector<std::int32_t> misses;      // [j]: block indices below j not cached in every member (lookup owner only)
+    std::vector<std::int32_t> members;     // the groups whose lookup this one runs, itself first (lookup owner only)
   };
-  bool serves(const Group& x, std::int64_t h) const noexcept {
+  // Lookup group g (and the groups that join it) serves a hit of h tokens:
+  // a chained rule by its misses, any other by looking up (once) the few blocks h needs.
+  template <class Owner>
+  bool serves(std::int32_t g, std::int64_t h, const BlockPool& pool, Owner& owner) noexcept {
+    const Group& x = groups_[std::size_t(g)];
     const std::int64_t first = x.rule.hit_first_block(h), last = h / x.rule.block_size;
-    return first >= last || x.misses[std::size_t(last)] - x.misses[std::size_t(first)] == 0;
+    if (first >= last) return true;
+    if (x.rule.chained()) return x.misses[std::size_t(last)] - x.misses[std::size_t(first)] == 0;
+    const auto& hashes = groups_[std::size_t(x.chain)].hashes;
+    for (const std::int32_t m : x.members) {
+      Group& y = groups_[std::size_t(m)];
+      // found[j] is known for j >= y.known: candidates only fall, so what they read moves down.
+      for (std::int64_t j = last - 1; j >= first; --j) {  // the latest first: a later block goes missing first
+        if (j < y.known) {
+          const BlockId b = pool.lookup(group_key(hashes[std::size_t(j)], m));
+          y.found[std::size_t(j)] = b >= 0 && owner(b) == m ? b : -1;
+          y.known = j;
+        }
+        if (y.found[std::size_t(j)] < 0) return false;
+      }
+    }
+    return true;
   }
 
   Hasher hasher_{};
