@@ -348,6 +348,27 @@ TEST_CASE("group tiers: bad calls are typed errors that change nothing") {
   REQUIRE_OK(done);
   CHECK(done->committed);
   CHECK(w.tiers.complete_onboard(job->id).status().code() == Errc::unknown_job);
+  // An onboard completed behind GroupTiers' back (tiers().complete) is forgotten, and its import is the engine's to abort.
+  REQUIRE_OK(w.cache.free(done->seq));
+  auto imp3 = w.cache.import(std::span(c).first(28));
+  REQUIRE_OK(imp3);
+  auto job3 = w.tiers.plan_onboard(imp3->id);
+  REQUIRE_OK(job3);
+  REQUIRE_OK(w.tiers.tiers().complete(job3->id));
+  CHECK(w.tiers.complete_onboard(job3->id).status().code() == Errc::unknown_job);
+  CHECK(w.tiers.complete_onboard(job3->id).status().code() == Errc::unknown_job);
+  auto ab = w.cache.abort_import(imp3->id);
+  REQUIRE_OK(ab);
+  REQUIRE_OK(w.cache.free(ab->seq));
+  w.check();
+  auto imp4 = w.cache.import(std::span(c).first(28));  // the forgotten entry took no room: the next onboard plans
+  REQUIRE_OK(imp4);
+  auto job4 = w.tiers.plan_onboard(imp4->id);
+  REQUIRE_OK(job4);
+  auto done4 = w.tiers.complete_onboard(job4->id);
+  REQUIRE_OK(done4);
+  CHECK(done4->committed);
+  done = done4;
   // The received blocks are published under the names the load found them by.
   for (std::int32_t g = 0; g < w.cache.groups(); ++g) {
     std::vector<BlockHash> keys(32);

@@ -208,13 +208,17 @@ class GroupTiers {
   /// the indices in `failed` landed. When all landed the import is committed
   /// (its blocks published under their names); otherwise it is aborted: its
   /// sequence keeps the device hit, and the rest is recomputed. unknown_job
-  /// for a job that is not an onboard in flight; the job is completed either way
-  /// once known (Tiers::complete's errors for a bad `failed` change nothing).
+  /// for a job that is not an onboard in flight (one completed through
+  /// tiers().complete() or abandoned by tiers().reset() is forgotten then:
+  /// abort its import); Tiers::complete's errors for a bad `failed` change nothing.
   Result<OnboardResult> complete_onboard(std::uint64_t job, std::span<const std::int32_t> failed = {}) {
     const auto it = std::find_if(onboards_.begin(), onboards_.end(), [&](const Onboard& o) { return o.job == job; });
     if (it == onboards_.end()) return Status{Errc::unknown_job, "job (not an onboard in flight)", std::int64_t(job & 0xffffffffu), 0};
     auto landed = tiers_.complete(job, failed);
-    if (!landed) return landed.status();
+    if (!landed) {
+      if (landed.status().code() == Errc::unknown_job) onboards_.erase(it);  // completed through tiers(), or reset: forgotten
+      return landed.status();
+    }
     const std::uint64_t import = it->import;
     onboards_.erase(it);
     if (failed.empty()) {
