@@ -27,6 +27,24 @@
 
 namespace engine {
 
+// The hybrid layout of the shipped model: even layers full attention, odd
+// layers a sliding window of `window` tokens (layers[0] and layers[1] hold
+// the lists the groups point at), f32 pages of block_size tokens.
+inline kvcache::LayerGroups interleaved_groups(const Model& m, std::int32_t block_size, std::int32_t window,
+                                               std::array<std::vector<std::int32_t>, 2>& layers) {
+  const auto& c = m.config();
+  if (c.layers % 2 != 0) throw std::invalid_argument("hybrid: an even number of layers (full, window, ...)");
+  for (std::int32_t l = 0; l < c.layers; ++l) layers[std::size_t(l % 2)].push_back(l);
+  const kvcache::LayerGroupSpec g[] = {
+      {.kind = kvcache::AttentionKind::full, .layers = layers[0], .num_kv_heads = c.kv_heads, .head_dim = c.head_dim(),
+       .dtype = kvcache::DType::f32},
+      {.kind = kvcache::AttentionKind::sliding_window, .layers = layers[1], .num_kv_heads = c.kv_heads,
+       .head_dim = c.head_dim(), .window = window, .dtype = kvcache::DType::f32}};
+  auto lg = kvcache::LayerGroups::make({.groups = g, .block_size = block_size});
+  if (!lg) throw std::invalid_argument("hybrid layout: " + lg.status().message());
+  return *lg;
+}
+
 // One request's view for one forward call: the chunk's slots, [groups][n].
 class HybridKv {
  public:
@@ -102,7 +120,7 @@ class HybridBackend {
 
   HybridBackend(const Model& m, const EngineConfig& cfg, std::int32_t window)
       : window_(window),
-        groups_(layout(m, cfg, window, layers_)),
+        groups_(interleaved_groups(m, cfg.block_size, window, layers_)),
         pages_(2 * (cfg.max_kv_tokens / cfg.block_size) + 1),
         memory_(std::size_t(pages_) * std::size_t(groups_.page_bytes())),
         cache_({.groups = groups_, .num_blocks = pages_, .max_sequences = cfg.max_batch, .max_tokens = m.config().context + 256,
@@ -147,21 +165,6 @@ class HybridBackend {
   }
 
  private:
-  static kvcache::LayerGroups layout(const Model& m, const EngineConfig& cfg, std::int32_t window,
-                                     std::array<std::vector<std::int32_t>, 2>& layers) {
-    const auto& c = m.config();
-    if (c.layers % 2 != 0) throw std::invalid_argument("hybrid: an even number of layers (full, window, ...)");
-    for (std::int32_t l = 0; l < c.layers; ++l) layers[std::size_t(l % 2)].push_back(l);
-    const kvcache::LayerGroupSpec g[] = {
-        {.kind = kvcache::AttentionKind::full, .layers = layers[0], .num_kv_heads = c.kv_heads, .head_dim = c.head_dim(),
-         .dtype = kvcache::DType::f32},
-        {.kind = kvcache::AttentionKind::sliding_window, .layers = layers[1], .num_kv_heads = c.kv_heads,
-         .head_dim = c.head_dim(), .window = window, .dtype = kvcache::DType::f32}};
-    auto lg = kvcache::LayerGroups::make({.groups = g, .block_size = cfg.block_size});
-    if (!lg) throw std::invalid_argument("hybrid layout: " + lg.status().message());
-    return *lg;
-  }
-
   std::int32_t window_;
   std::array<std::vector<std::int32_t>, 2> layers_;
   kvcache::LayerGroups groups_;

@@ -55,7 +55,7 @@ class HybridTieredEngine {
         cfg_(cfg),
         window_(window),
         fwd_(m),
-        groups_(layout(m, cfg.block_size, window, layers_)),
+        groups_(interleaved_groups(m, cfg.block_size, window, layers_)),
         pages_(2 * cfg.device_blocks + 1),
         device_mem_(std::size_t(pages_) * std::size_t(groups_.page_bytes())),
         host_mem_(std::size_t(2 * cfg.host_blocks) * std::size_t(groups_.page_bytes())),
@@ -169,19 +169,6 @@ class HybridTieredEngine {
       stats_.bytes_offloaded += std::int64_t(job->moves.size()) * groups_.page_bytes();
     }
     if (auto st = cache_.release_hold(hold); !st) throw std::runtime_error("release_hold: " + st.message());
-  }
-  static kvcache::LayerGroups layout(const Model& m, std::int32_t block_size, std::int32_t window,
-                                     std::array<std::vector<std::int32_t>, 2>& layers) {
-    const auto& c = m.config();
-    for (std::int32_t l = 0; l < c.layers; ++l) layers[std::size_t(l % 2)].push_back(l);
-    const kvcache::LayerGroupSpec g[] = {
-        {.kind = kvcache::AttentionKind::full, .layers = layers[0], .num_kv_heads = c.kv_heads, .head_dim = c.head_dim(),
-         .dtype = kvcache::DType::f32},
-        {.kind = kvcache::AttentionKind::sliding_window, .layers = layers[1], .num_kv_heads = c.kv_heads,
-         .head_dim = c.head_dim(), .window = window, .dtype = kvcache::DType::f32}};
-    auto lg = kvcache::LayerGroups::make({.groups = g, .block_size = block_size});
-    if (!lg) throw std::invalid_argument("hybrid layout: " + lg.status().message());
-    return *lg;
   }
 
   const Model& m_;
