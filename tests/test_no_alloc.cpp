@@ -151,15 +151,21 @@ int main() {
   if (pc.prefix_stats().hit_tokens == 0 || pc.prefix_stats().pool.recycled == 0) ++bad;  // hits and recycling ran
   // A hybrid cache (Gemma's full + sliding-window groups, two block sizes):
   // admission with hits, chunked prefill, decode steps that publish and free
-  // what left the window, rollback, exports, events with ids, imports.
+  // what left the window, rollback, exports, Quest on the full layers,
+  // events with ids, imports.
   const std::vector<std::int32_t> hl0{0, 2}, hl1{1, 3};
   const LayerGroupSpec hspec[] = {
       {.kind = AttentionKind::full, .layers = hl0, .num_kv_heads = 2, .head_dim = 64},
       {.kind = AttentionKind::sliding_window, .layers = hl1, .num_kv_heads = 4, .head_dim = 64, .window = 48}};
   const LayerGroups hlg = *LayerGroups::make({.groups = hspec, .block_size = 8});
-  HybridCache<> hy({.groups = hlg, .num_blocks = 400, .max_sequences = 8, .max_tokens = 512, .prefill_chunk = 64,
-                    .event_capacity = 256});
+  // Quest on its full layers: stale pages listed, a decode query's pages selected.
+  std::vector<float> hbounds(std::size_t(QuestSelection::bounds_floats(*global_geometry(hlg), 400)), 0.0f);
+  HybridCache<FastBlockHasher, QuestSelection> hy(
+      {.groups = hlg, .num_blocks = 400, .max_sequences = 8, .max_tokens = 512, .prefill_chunk = 64, .event_capacity = 256},
+      QuestConfig{.token_budget = 64, .dense_layers = 0, .bounds = hbounds});
   std::vector<std::int32_t> hslots(2 * 512), hindptr(9), hindices(8 * 64), hfirst(8), hids(events.size() * std::size_t(hy.tokens_per_event()));
+  std::vector<std::int32_t> hstale(8 * 64), hfill(8 * 64), qindptr(8 * 2 + 1), qindices(8 * 2 * 64);
+  std::vector<float> hqueries(8 * 2 * 64, 0.5f);
   std::vector<SeqId> hseqs(8);
   const long before_hybrid = g_allocations;
   for (int round = 0; round < 40; ++round) {
@@ -182,6 +188,10 @@ int main() {
       }
     for (std::int32_t group = 0; group < 2; ++group)
       if (!hy.export_group_csr(group, std::span(hseqs).first(n), hindptr, hindices, hfirst).ok()) ++bad;
+    if (!hy.stale_pages(std::span(hseqs).first(n), {hstale, hfill}).ok()) ++bad;
+    for (const std::int32_t layer : hl0)
+      if (!hy.select(std::span(hseqs).first(n), layer, std::span(hqueries).first(n * 2 * 64), {qindptr, qindices}).ok()) ++bad;
+    if (hy.select(std::span(hseqs).first(n), 1, std::span(hqueries).first(n * 2 * 64), {qindptr, qindices}).ok()) ++bad;  // a window layer
     if (n > 1 && !hy.truncate(hseqs[1], 1).ok()) ++bad;
     if (hy.advance(hseqs[0], std::span(prompt).first(100), hslots).ok()) ++bad;  // past prefill_chunk: must fail, without allocating
     if (!hy.drain_events(events, hids).ok()) ++bad;

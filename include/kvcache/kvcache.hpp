@@ -29,6 +29,7 @@
 #include "kvcache/page_table_export.hpp"
 #include "kvcache/policy.hpp"
 #include "kvcache/prefix_sharing.hpp"
+#include "kvcache/selection/group_selection.hpp"
 #include "kvcache/selection/quest.hpp"
 #include "kvcache/selection/select_all.hpp"
 #include "kvcache/sequence_id.hpp"

@@ -3,10 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <kvcache/kernels/group_view.hpp>
+#include <kvcache/kernels/page_bounds.hpp>
+#include <kvcache/kernels/page_select.hpp>
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/kvcache.hpp>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -175,4 +178,84 @@ TEST_CASE_METHOD(GroupFormat, "docs group_format: an int8 full group and an fp8 
       CHECK(std::fabs(float(code) * scale - x[grp * 32 + i]) <= 0.51f * scale);
     }
   }
+}
+
+namespace {
+// A Gemma-3-shaped layout: layers 2 and 5 full (group 0), the rest a window
+// of 128 (group 1); 2 kv-heads of 32 fp32 elements. The engine's names: the
+// pool, the K/V it writes (kept here by layer and position), its queries.
+struct HybridQuest {
+  static constexpr int32_t H = 2, Dh = 32;
+  std::vector<int32_t> full_layers{2, 5}, window_layers{0, 1, 3, 4};
+  std::vector<kv::LayerGroupSpec> specs{
+      {.kind = kv::AttentionKind::full, .layers = full_layers, .num_kv_heads = H, .head_dim = Dh, .dtype = kv::DType::f32},
+      {.kind = kv::AttentionKind::sliding_window, .layers = window_layers, .num_kv_heads = H, .head_dim = Dh, .window = 128,
+       .dtype = kv::DType::f32}};
+  kv::LayerGroups groups = kv::LayerGroups::make({.groups = specs, .block_size = 16}).value();
+  int32_t pages = 160;
+  std::vector<std::byte> pool = std::vector<std::byte>(std::size_t(pages * groups.page_bytes()));
+  void* base = pool.data();
+  std::vector<int32_t> prompt = text(1000, 7);
+  std::vector<std::vector<float>> keys = std::vector<std::vector<float>>(6);  // [layer][position][head][dim]
+  std::vector<std::vector<float>> asked = std::vector<std::vector<float>>(6);
+  int32_t attention_calls = 0;
+
+  void write_kv(int32_t layer, const std::vector<int32_t>& slots) {
+    const kv::LayerSlot at = groups.layer_slot(layer);
+    const std::size_t n = prompt.size();
+    std::vector<float> k(n * H * Dh), v(k.size());
+    for (std::size_t i = 0; i < k.size(); ++i) k[i] = std::sin(float(i) * 0.37f + float(layer)) * (1.0f + float(i % 97) / 10.0f);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::cos(float(i) * 0.11f);
+    keys[std::size_t(layer)] = k;
+    const kv::PoolView view = kv::make_group_view(groups, at.group, base, pages).value();
+    REQUIRE(kv::scatter_host({.cache = view, .src = {k.data(), v.data(), kv::DType::f32, 0, H * Dh * 4, Dh * 4},
+                              .addr = {slots.data() + std::size_t(at.group) * n}, .num_tokens = int64_t(n), .first_layer = at.index})
+                .ok());
+  }
+  std::span<const float> queries(int32_t layer) {
+    auto& q = asked[std::size_t(layer)];
+    q.resize(H * 2 * Dh);
+    for (std::size_t i = 0; i < q.size(); ++i) q[i] = std::cos(float(i) * 1.3f + float(layer));
+    return q;
+  }
+  void attention(int32_t, const std::vector<int32_t>&, const std::vector<int32_t>&) { ++attention_calls; }
+};
+}  // namespace
+
+TEST_CASE_METHOD(HybridQuest, "docs hybrid_quest: Quest on a hybrid's global layers reads the best-bounded pages of the full group") {
+#include "snippets/hybrid_quest.inc"
+  REQUIRE(attention_calls == 1);
+  const int32_t B = groups.block_size(0);  // 32: the full group's two layers against the window's four
+  REQUIRE(B == 32);
+  const auto row = *cache.blocks(a.seq, 0);
+  REQUIRE(row.size() == 32);  // ceil(1000 / 32)
+  // The reference: each page's bounds from the keys written (by position), page_select's sum order.
+  std::vector<float> ref(std::size_t(pages) * H * 2 * Dh);
+  const auto& k5 = keys[5];
+  for (std::size_t j = 0; j < row.size(); ++j)
+    for (int32_t h = 0; h < H; ++h)
+      for (int32_t d = 0; d < Dh; ++d) {
+        float hi = -FLT_MAX, lo = FLT_MAX;
+        for (std::size_t t = j * B; t < std::min<std::size_t>(prompt.size(), (j + 1) * B); ++t)
+          hi = std::max(hi, k5[(t * H + std::size_t(h)) * Dh + std::size_t(d)] + 0.0f), lo = std::min(lo, k5[(t * H + std::size_t(h)) * Dh + std::size_t(d)] + 0.0f);
+        float* b = ref.data() + (std::size_t(row[j]) * H + std::size_t(h)) * 2 * Dh;
+        b[d] = hi, b[Dh + d] = lo;
+        REQUIRE(cache.page_bounds(5)->data()[(std::size_t(row[j]) * H + std::size_t(h)) * 2 * Dh + std::size_t(d)] == hi);
+      }
+  kv::PageSelectParams p{};
+  p.bounds = ref.data(), p.num_blocks = pages, p.num_kv_heads = H, p.head_dim = Dh, p.queries = asked[5].data(), p.group = 2;
+  for (int32_t h = 0; h < H; ++h) {
+    std::vector<std::pair<float, int32_t>> ranked;
+    for (int32_t j = 1; j + 1 < int32_t(row.size()); ++j) ranked.push_back({-kv::page_select_bound(p, 0, h, row[std::size_t(j)]), j});
+    std::sort(ranked.begin(), ranked.end());
+    std::vector<int32_t> want{row.front()};
+    std::vector<int32_t> mid;
+    for (int32_t c = 0; c < 256 / B - 2; ++c) mid.push_back(ranked[std::size_t(c)].second);
+    std::sort(mid.begin(), mid.end());
+    for (const int32_t j : mid) want.push_back(row[std::size_t(j)]);
+    want.push_back(row.back());
+    REQUIRE(std::vector<int32_t>(indices.begin() + indptr[std::size_t(h)], indices.begin() + indptr[std::size_t(h) + 1]) == want);
+  }
+  // A window layer takes no selection: its window is its retention.
+  REQUIRE(cache.select(seqs, 4, queries(4), {indptr, indices}).status().code() == kv::Errc::invalid_argument);
 }

@@ -11,6 +11,7 @@
 //   reserved(rows, s, n, copy)                  n tokens appended (copy-on-write in copy)
 //   reserved_batch(rows, seqs, counts, copies)  reserve_batch() of a step
 //   truncated(rows, s, n)                       a rollback of n tokens
+//   imported(rows, s, n)                        an import's n received tokens landed (commit)
 //   evicted(rows, s, result)                    the eviction policy ran on s
 // Head rows (head-paged caches), `heads` = HeadsRef:
 //   forked(heads, parent, child), freed(heads, s), truncated(heads, s)
@@ -62,6 +63,7 @@ KVCACHE_HOOK(freed);
 KVCACHE_HOOK(reserved);
 KVCACHE_HOOK(reserved_batch);
 KVCACHE_HOOK(truncated);
+KVCACHE_HOOK(imported);
 KVCACHE_HOOK(evicted);
 KVCACHE_HOOK(written);
 KVCACHE_HOOK(reconciled);

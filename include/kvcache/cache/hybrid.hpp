@@ -25,12 +25,15 @@
 #include "kvcache/cache/hybrid_exports.hpp"
 #include "kvcache/cache/hybrid_imports.hpp"
 #include "kvcache/cache/hybrid_prefix.hpp"
+#include "kvcache/cache/hybrid_selection.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/groups/group_hits.hpp"
 #include "kvcache/groups/group_rows.hpp"
 #include "kvcache/groups/group_rule.hpp"
 #include "kvcache/groups/layer_groups.hpp"
+#include "kvcache/policy.hpp"
 #include "kvcache/prefix_cache.hpp"
+#include "kvcache/selection/select_all.hpp"
 #include "kvcache/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
@@ -42,18 +45,36 @@ using HybridAdmitOptions [[deprecated("kvcache: HybridCache::admit takes AdmitOp
 using HybridAdmitResult [[deprecated("kvcache: HybridCache::admit returns AdmitResult")]] = AdmitResult;
 
 /// Layer groups over one pool: all-or-nothing reserves across groups, per-group tables, hits and accounting.
-template <BlockHasher Hasher = FastBlockHasher>
-class HybridCache : public HybridAccounting<HybridCache<Hasher>>,
-                    public HybridImports<HybridCache<Hasher>>,
-                    public HybridExports<HybridCache<Hasher>> {
-  friend class HybridAccounting<HybridCache<Hasher>>;
-  friend class HybridImports<HybridCache<Hasher>>;
-  friend class HybridExports<HybridCache<Hasher>>;
+/// Selection: a policy on the global layers (the full and MLA groups,
+/// selection/group_selection.hpp); the window and chunked groups keep their
+/// own retention. A page-bounds policy is given as its Config.
+template <BlockHasher Hasher = FastBlockHasher, SelectionPolicy Selection = SelectAll>
+class HybridCache : public HybridAccounting<HybridCache<Hasher, Selection>>,
+                    public HybridImports<HybridCache<Hasher, Selection>>,
+                    public HybridExports<HybridCache<Hasher, Selection>>,
+                    public HybridSelection<HybridCache<Hasher, Selection>, Selection> {
+  friend class HybridAccounting<HybridCache>;
+  friend class HybridImports<HybridCache>;
+  friend class HybridExports<HybridCache>;
+  friend class HybridSelection<HybridCache, Selection>;
+  static_assert(Selection::kind == SelectionKind::dense || Selection::kind == SelectionKind::page_bounds,
+                "kvcache::HybridCache: a selection policy on layer groups is dense or page_bounds (Quest)");
+  static_assert(Signals{Signals::page_key_bounds}.covers(Selection::required_signals),
+                "kvcache::HybridCache: the selection policy needs score signals a layer group does not provide "
+                "(its global layers keep page key bounds, nothing else)");
 
  public:
+  /// The selection policy reads key bounds per page of the global layers: the cache lists the stale ones.
+  static constexpr bool selects = GroupSelection<Selection>::selects;
+
   /// An empty cache; ConfigError names a bad field of cfg.
-  explicit HybridCache(const HybridConfig& cfg, Hasher hasher = {})
+  explicit HybridCache(const HybridConfig& cfg, Hasher hasher = {}) : HybridCache(cfg, typename GroupSelection<Selection>::Arg{}, hasher) {}
+  /// An empty cache with a selection policy on its global layers (a
+  /// page-bounds policy's Config); ConfigError names a bad field of cfg, or
+  /// of the policy for this layout (selection/group_selection.hpp).
+  HybridCache(const HybridConfig& cfg, const typename GroupSelection<Selection>::Arg& selection, Hasher hasher = {})
       : cfg_(checked_hybrid_config(cfg)),
+        selection_(selection),
         pool_(cfg.num_blocks, cfg.event_capacity, max_block_size(cfg.groups), cfg.medium),
         hits_(cfg.groups, cfg.max_tokens, hasher),
         owner_(std::size_t(cfg.num_blocks), -1),
@@ -76,6 +97,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>,
     held_.reserve(std::size_t(groups()) * longest);
     this->idx_.reserve(seqs_.size());
     this->imports_ = PendingImports(cfg.max_sequences);
+    if constexpr (selects) selection_.bind(cfg.groups, cfg.num_blocks, cfg.max_sequences, cfg.max_tokens);
   }
 
   const LayerGroups& layer_groups() const noexcept { return cfg_.groups; }  ///< The groups.
@@ -243,6 +265,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>,
     s.reserved -= n;  // the ids of the tokens left stay in their slots (hybrid_prefix.hpp)
     for (GroupRows& rows : rows_)
       if (rows.rule().caches()) rows.cut(pool_, id.index, std::int32_t(rows.rule().blocks_for(s.reserved)));
+    selection_.truncated(rows_, pool_, id.index, s.reserved);
     return {};
   }
 
@@ -250,6 +273,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>,
   Status free(SeqId id) noexcept {
     if (auto st = validate(id); !st) return st;
     for (GroupRows& rows : rows_) rows.cut(pool_, id.index, 0), rows.clear(id.index);
+    selection_.freed(id.index);
     Seq& s = seqs_[id.index];
     s.live = false;
     ++s.generation;
@@ -287,7 +311,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>,
 
   /// Equal state (the hit finder's scratch aside): what error paths are tested against.
   friend bool operator==(const HybridCache& a, const HybridCache& b) {
-    return a.pool_ == b.pool_ && a.rows_ == b.rows_ && a.owner_ == b.owner_ && a.seqs_ == b.seqs_ && a.free_ == b.free_ &&
+    return a.selection_ == b.selection_ && a.pool_ == b.pool_ && a.rows_ == b.rows_ && a.owner_ == b.owner_ && a.seqs_ == b.seqs_ && a.free_ == b.free_ &&
            a.prefix_ == b.prefix_ && a.holds_ == b.holds_ && a.imports_ == b.imports_;
   }
 
@@ -408,6 +432,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher>>,
   }
 
   HybridConfig cfg_;
+  [[no_unique_address]] GroupSelection<Selection> selection_;
   BlockPool pool_;
   BlockHolds holds_;  // blocks transfers keep after their rows let go
   GroupHits<Hasher> hits_;

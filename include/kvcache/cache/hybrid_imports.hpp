@@ -180,6 +180,7 @@ class HybridImports {
       if (c.rows_[std::size_t(g)].rule().caches())
         for (std::int64_t j = x.first; j < std::int64_t(row.size()); ++j) published += c.pool_.has_hash(row[std::size_t(j)]);
     }
+    c.selection_.received(c.rows_, i, e->cached);  // no page_bounds_update saw the received K
     end(*e);
     return ImportCommit{e->seq, published};
   }

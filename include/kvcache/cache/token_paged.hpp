@@ -167,7 +167,7 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
     PageTableEdits::unseal(table_, e->seq);
     auto published = publish(e->seq, prompt, extras);  // checked: it cannot fail now
     imports_.remove(id);
-    notify(hooks::reserved, e->seq, e->tokens - e->cached, BlockCopy{});  // selection: the received pages' bounds are stale
+    notify(hooks::imported, e->seq, e->tokens - e->cached);  // selection: the received pages' bounds are stale
     return ImportCommit{e->seq, published.value_or(0)};
   }
   /// The transfer of import `id` failed or timed out: its received blocks go

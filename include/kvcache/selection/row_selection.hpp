@@ -58,6 +58,11 @@ class RowSelection<S> : public BoundPageSelection<S> {
                       std::span<const BlockCopy> copies) noexcept {
     stale_rows::reserved(s_.stale(), r.table, seqs, counts, copies);
   }
+  /// An import's n received tokens landed: no page_bounds_update saw their keys.
+  template <class Rows>
+  void imported(const Rows& r, SeqId s, std::int32_t n) noexcept {
+    if (n > 0) s_.stale().mark(s.index, stale_rows::first_new_block(r.table, s, n));
+  }
   /// A rollback left a partial tail with the removed keys' extremes.
   template <class Rows>
   void truncated(const Rows& r, SeqId s, std::int32_t n) noexcept {
