@@ -191,6 +191,7 @@ MIN_AGREEMENT = {"f32": 1.0, "f16": 1.0, "fp8_e4m3_tensor": 0.9, "fp8_e4m3_head"
                  "int4_g32_min": 0.8, "fp4_g16": 0.7, "int2_g32_min": 0.5}
 
 
+@pytest.mark.xdist_group("gemma3")  # one worker loads the model (scripts/python runs a worker per core)
 def test_gemma3_layer_groups_past_the_window(gemma3):
     m, tok = gemma3
     prompt = [tok.bos] + text_tokens(tok, 0, 560)  # past the window of 512: the window groups free blocks
@@ -206,6 +207,7 @@ def test_gemma3_layer_groups_past_the_window(gemma3):
     check_dense(m, r)
 
 
+@pytest.mark.xdist_group("gemma3")
 def test_gemma3_full_layers_engine(gemma3):
     """Every layer stored whole (the paged engine), the window applied by attention alone: the same tokens."""
     m, tok = gemma3
