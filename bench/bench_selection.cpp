@@ -5,7 +5,9 @@
 // the step reads (out_bytes: every page's max and min per kv-head), same run.
 // The cache row runs the same step through Cache<..., QuestSelection>::select
 // (rows' CSR from the page table, output offsets, the host kernel): its
-// overhead over the bare kernel.
+// overhead over the bare kernel. The hybrid row runs it through
+// HybridCache<..., QuestSelection>::select on the full layer of a model
+// whose other layer is a 256-token window (Quest on its global layer).
 #include <kvcache/kernels/page_select.hpp>
 #include <kvcache/kvcache.hpp>
 
@@ -95,6 +97,39 @@ void BM_cache_select_256x8_at_4k(benchmark::State& state) {
   state.counters["out_bytes"] = bytes;
   state.counters["rows"] = double(seqs) * kHeads;
 }
+// The same step on a hybrid's global layer: layer 0 full (the rows Quest
+// ranks), layer 1 a 256-token window, one pool; the prompts went in by
+// chunks of 512, so each window row holds its last window.
+void BM_hybrid_select_256x8_at_4k(benchmark::State& state) {
+  constexpr std::int32_t seqs = 256, tokens = 4096, chunk = 512;
+  Step step(seqs, tokens);
+  const double bytes = step.metadata_bytes();
+  static const std::int32_t full[] = {0}, window[] = {1};
+  const kv::LayerGroupSpec specs[] = {
+      {.kind = kv::AttentionKind::full, .layers = full, .num_kv_heads = kHeads, .head_dim = kDim},
+      {.kind = kv::AttentionKind::sliding_window, .layers = window, .num_kv_heads = kHeads, .head_dim = kDim, .window = 256}};
+  const auto lg = *kv::LayerGroups::make({.groups = specs, .block_size = kBlock});
+  const auto blocks = std::int32_t(kv::hybrid_pool_blocks(lg, seqs, tokens, chunk));
+  step.bounds.resize(std::size_t(kv::QuestSelection::bounds_floats(*kv::global_geometry(lg), blocks)));
+  kv::HybridCache<kv::FastBlockHasher, kv::QuestSelection> cache(
+      {.groups = lg, .num_blocks = blocks, .max_sequences = seqs, .max_tokens = tokens, .prefill_chunk = chunk, .prefix_caching = false},
+      kv::QuestConfig{.token_budget = kBudget * kBlock, .dense_layers = 0, .query_group = kGroup, .bounds = step.bounds});
+  std::vector<kv::SeqId> ids;
+  std::vector<std::int32_t> slots(2 * chunk);
+  for (std::int32_t s = 0; s < seqs; ++s) {
+    ids.push_back(*cache.add_sequence());
+    for (std::int32_t at = 0; at < tokens; at += chunk)
+      if (!cache.advance(ids.back(), chunk, slots)) std::abort();
+  }
+  std::vector<std::int32_t> indptr(std::size_t(seqs) * kHeads + 1), out(std::size_t(seqs) * kHeads * kBudget);
+  for (auto _ : state) {
+    auto r = cache.select(ids, 0, step.queries, {indptr, out});
+    if (!r) state.SkipWithError("select failed");
+    benchmark::ClobberMemory();
+  }
+  state.counters["out_bytes"] = bytes;
+  state.counters["rows"] = double(seqs) * kHeads;
+}
 void BM_select_1x8_at_32k(benchmark::State& state) { run(state, 1, 32768); }
 }  // namespace
 
@@ -102,6 +137,7 @@ BENCHMARK(BM_memcpy)->Arg(std::int64_t{256} * 256 * kHeads * 2 * kDim * 4)->Arg(
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_select_256x8_at_4k)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_cache_select_256x8_at_4k)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_hybrid_select_256x8_at_4k)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_select_1x8_at_32k)->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

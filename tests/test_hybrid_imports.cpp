@@ -277,3 +277,29 @@ TEST_CASE("hybrid import: errors name the value and change nothing, and the pend
   CHECK(full.cache.import(prompt).status() == Status{Errc::capacity_exceeded, "max_sequences", 4, 4});
   CHECK(full.cache == all);
 }
+
+// Found by fuzz_hybrid: with a chunked prefill, an import whose local hit
+// lies well before the prompt's end holds, while it is in flight, the hit's
+// window (what an abort's recompute from the hit reads) beside the blocks
+// the query past the prompt reads: more than a row's bound for one chunk in
+// flight, and within it for the tokens it receives. Commit frees the first.
+TEST_CASE("hybrid import: an import's row holds the abort's window beside the received blocks, within the invariants") {
+  std::vector<std::int32_t> l0{0};
+  const LayerGroupSpec spec[] = {{.kind = AttentionKind::sliding_window, .layers = l0, .num_kv_heads = 1, .head_dim = 8, .window = 12}};
+  const LayerGroups lg = *LayerGroups::make({.groups = spec, .block_size = 4});
+  HybridCache<> cache({.groups = lg, .num_blocks = 40, .max_sequences = 3, .max_tokens = 35, .prefill_chunk = 8});
+  const auto prompt = tokens(30, 3);
+  std::vector<std::int32_t> slots(17);
+  auto a = *cache.admit(std::span(prompt).first(17), slots);  // 16 tokens computed and published: 4 blocks
+  for (std::int64_t done = a.reserved; done < 17; done += 8) REQUIRE(cache.advance(a.seq, std::span(prompt).subspan(std::size_t(done), std::min<std::size_t>(8, 17 - std::size_t(done))), slots).ok());
+  REQUIRE(cache.computed(a.seq, *cache.tokens(a.seq)).ok());
+  REQUIRE(cache.free(a.seq).ok());
+  auto imp = *cache.import(prompt);
+  REQUIRE(imp.cached_tokens == 16);
+  // Blocks 1 .. 3 for the query at 16 (an abort recomputes from there), 4 .. 7 received for the query at 30.
+  REQUIRE(cache.usage(0).held == 7);
+  REQUIRE(cache.check_invariants().ok());
+  auto c = *cache.commit_import(imp.id);
+  REQUIRE(*cache.blocks_held(c.seq, 0) == 4);  // the query at 30 reads 19 on: blocks 4 .. 7
+  REQUIRE(cache.check_invariants().ok());
+}

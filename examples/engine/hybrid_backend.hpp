@@ -7,6 +7,9 @@
 // pass writes each layer through its group's view of the pool and reads it
 // back through the group's CSR, a window layer masking what is W or more
 // behind the query (HeldKv's window, nothing admitted past it).
+// HybridEngine<QuestSelection> runs Quest on the full layers (the hybrid's
+// global layers): every write folds its keys into the page bounds, and a
+// decode query of a full layer reads only the pages the cache selects.
 #pragma once
 
 #include <array>
@@ -14,7 +17,9 @@
 #include <kvcache/cache/hybrid.hpp>
 #include <kvcache/kernels/gather.hpp>
 #include <kvcache/kernels/group_view.hpp>
+#include <kvcache/kernels/page_bounds.hpp>
 #include <kvcache/kernels/scatter.hpp>
+#include <kvcache/selection/quest.hpp>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -46,11 +51,13 @@ inline kvcache::LayerGroups interleaved_groups(const Model& m, std::int32_t bloc
 }
 
 // One request's view for one forward call: the chunk's slots, [groups][n].
+template <class Cache>
 class HybridKv {
  public:
-  HybridKv(kvcache::HybridCache<>& cache, std::span<const kvcache::PoolView> views, kvcache::SeqId seq,
-           std::span<const std::int32_t> slots, std::int32_t window, std::vector<std::uint8_t>& none)
-      : cache_(cache), views_(views), seq_(seq), slots_(slots), window_(window), none_(none) {}
+  HybridKv(Cache& cache, std::span<const kvcache::PoolView> views, kvcache::SeqId seq, std::span<const std::int32_t> slots,
+           std::int32_t window, std::vector<std::uint8_t>& none, KeyCounts* counts)
+      : cache_(cache), views_(views), seq_(seq), slots_(slots), window_(window), none_(none), counts_(counts),
+        decode_(slots.size() == std::size_t(cache.groups())) {}
 
   void write(std::int32_t l, const float* k, const float* v, std::int32_t n) {
     const auto at = cache_.layer_groups().layer_slot(l);
@@ -59,19 +66,64 @@ class HybridKv {
     const auto slots = slots_.subspan(std::size_t(at.group) * std::size_t(n), std::size_t(n));
     kvcache::ScatterParams p{pool, {k, v, kvcache::DType::f32, 0, row * 4, hd * 4}, {slots.data()}, n, at.index, 1};
     if (auto st = kvcache::scatter_host(p); !st) throw std::runtime_error("scatter: " + st.message());
+    if constexpr (Cache::selects) {
+      if (at.group == 0) {  // a full layer's keys enter their pages' bounds
+        kvcache::PageBoundsUpdateParams u{pool, at.index, slots.data(), n, cache_.page_bounds(l)->data()};
+        if (auto st = kvcache::page_bounds_update_host(u); !st) throw std::runtime_error("page_bounds_update: " + st.message());
+      }
+    }
     gathered_ = -1;
+  }
+  // A decode query (n == 1) of a full layer: the pages each kv-head reads,
+  // as a mask over the gathered rows (q: [q_heads][head_dim]).
+  void select(std::int32_t l, const float* q, std::int32_t n) {
+    if constexpr (Cache::selects) {
+      selected_ = -1;
+      const auto at = cache_.layer_groups().layer_slot(l);
+      if (n != 1 || at.group != 0) return;  // prefill reads densely; window layers read their window
+      const kvcache::PoolView& pool = views_[std::size_t(at.group)];
+      if (gathered_ != l) gather(l, at, pool);
+      const std::int32_t H = pool.num_kv_heads, B = pool.block_size, rows = std::int32_t(pos_.size());
+      const auto blocks = *cache_.blocks(seq_, 0);
+      indptr_sel_.resize(std::size_t(H) + 1);
+      chosen_.resize(std::size_t(H) * blocks.size());
+      const kvcache::SeqId one[] = {seq_};
+      const std::span<const float> queries(q, std::size_t(H) * std::size_t(cache_.selection().config().query_group) * std::size_t(pool.head_dim));
+      if (auto r = cache_.select(one, l, queries, {indptr_sel_, chosen_}); !r) throw std::runtime_error("select: " + r.status().message());
+      mask_.assign(std::size_t(H) * std::size_t(rows), 0);
+      ones_.assign(std::size_t(H), 0);
+      for (std::int32_t h = 0; h < H; ++h) {
+        std::size_t j = 0;  // both lists in logical order: one walk maps chosen blocks to rows
+        for (std::int32_t c = indptr_sel_[std::size_t(h)]; c < indptr_sel_[std::size_t(h) + 1]; ++c) {
+          while (blocks[j] != chosen_[std::size_t(c)]) ++j;
+          const std::int32_t lo = std::int32_t(j) * B, hi = std::min(rows, (std::int32_t(j) + 1) * B);
+          for (std::int32_t t = lo; t < hi; ++t) mask_[std::size_t(h) * std::size_t(rows) + std::size_t(t)] = 1;
+          ones_[std::size_t(h)] += hi - lo;
+        }
+      }
+      selected_ = l;
+    } else {
+      (void)l, (void)q, (void)n;
+    }
   }
   HeldKv read(std::int32_t l, std::int32_t head) {
     const auto at = cache_.layer_groups().layer_slot(l);
     const kvcache::PoolView& pool = views_[std::size_t(at.group)];
     if (gathered_ != l) gather(l, at, pool);
-    const std::int32_t row = pool.num_kv_heads * pool.head_dim;
+    const std::int32_t row = pool.num_kv_heads * pool.head_dim, rows = std::int32_t(pos_.size());
     HeldKv h{k_.data() + std::ptrdiff_t(head) * pool.head_dim, v_.data() + std::ptrdiff_t(head) * pool.head_dim, pos_.data(),
-             std::int32_t(pos_.size()), row};
+             rows, row};
     if (at.group == 1) {  // the window: nothing is admitted past it
       none_.assign(pos_.size(), 0);
       h.admitted = none_.data();
       h.window = window_;
+    }
+    const bool picked = selected_ == l;
+    if (picked) h.selected = mask_.data() + std::ptrdiff_t(head) * rows;
+    if (counts_ && at.group == 0 && decode_) {  // what a full layer's decode query reads
+      const std::int64_t read = picked ? ones_[std::size_t(head)] : rows;
+      counts_->read += read, counts_->dense += rows, ++counts_->reads;
+      if (picked) counts_->sparse_read += read, ++counts_->sparse_reads;
     }
     return h;
   }
@@ -95,36 +147,44 @@ class HybridKv {
     gathered_ = l;
   }
 
-  kvcache::HybridCache<>& cache_;
+  Cache& cache_;
   std::span<const kvcache::PoolView> views_;
   kvcache::SeqId seq_;
   std::span<const std::int32_t> slots_;
   std::int32_t window_;
   std::vector<std::uint8_t>& none_;
-  std::int32_t gathered_ = -1;
+  KeyCounts* counts_;
+  bool decode_;  // one token: a decode query
+  std::int32_t gathered_ = -1, selected_ = -1;
   std::array<std::int32_t, 2> indptr_{};
   std::array<std::int32_t, 1> first_{};
-  std::vector<std::int32_t> indices_;
+  std::vector<std::int32_t> indices_, indptr_sel_, chosen_, ones_;
+  std::vector<std::uint8_t> mask_;
   std::vector<float> k_, v_;
   std::vector<std::int64_t> pos_;
 };
 
 // Pages hold block_size tokens of one group's layers (half the model's), so
 // the pool has the bytes of EngineConfig::max_kv_tokens tokens of every layer:
-// twice as many pages as the full-attention engine's blocks.
+// twice as many pages as the full-attention engine's blocks. With
+// QuestSelection, EngineConfig::quest configures it (its bounds are the
+// backend's store, [full layers][pages][kv-heads][2][head dim]).
+template <class Selection = kvcache::SelectAll>
 class HybridBackend {
  public:
-  using Cache = kvcache::HybridCache<>;
-  static constexpr bool traces = false;          // no eviction policy to feed
-  static constexpr bool decode_selects = false;  // no page selection
+  using Cache = kvcache::HybridCache<kvcache::FastBlockHasher, Selection>;
+  static constexpr bool traces = false;                   // no eviction policy to feed
+  static constexpr bool decode_selects = Cache::selects;  // Quest serves the full layers' decode queries
 
   HybridBackend(const Model& m, const EngineConfig& cfg, std::int32_t window)
       : window_(window),
         groups_(interleaved_groups(m, cfg.block_size, window, layers_)),
         pages_(2 * (cfg.max_kv_tokens / cfg.block_size) + 1),
         memory_(std::size_t(pages_) * std::size_t(groups_.page_bytes())),
+        bounds_(Cache::selects ? std::size_t(kvcache::QuestSelection::bounds_floats(*kvcache::global_geometry(groups_), pages_)) : 0),
         cache_({.groups = groups_, .num_blocks = pages_, .max_sequences = cfg.max_batch, .max_tokens = m.config().context + 256,
-                .prefill_chunk = cfg.chunk, .prefix_caching = false}) {
+                .prefill_chunk = cfg.chunk, .prefix_caching = false},
+               selection_arg(cfg)) {
     if (cfg.optimistic) throw std::invalid_argument("optimistic: the hybrid backend admits by the lifetime bound");
     if (cfg.layer_streams) throw std::invalid_argument("layer_streams: not with layer groups");
     if (!cfg.evict_in_prefill) throw std::invalid_argument("evict_in_prefill: every chunk is marked computed (the window's bound)");
@@ -152,12 +212,25 @@ class HybridBackend {
     auto res = cache_.reserve(r.seqs[0], n, slots);
     return res ? kvcache::Status{} : res.status();
   }
-  HybridKv store(const Request& r, std::int64_t, std::span<const std::int32_t> slots, KeyCounts*) {
-    return {cache_, views_, r.seqs[0], slots, window_, none_};
+  HybridKv<Cache> store(const Request& r, std::int64_t, std::span<const std::int32_t> slots, KeyCounts* keys) {
+    return {cache_, views_, r.seqs[0], slots, window_, none_, keys};
   }
   // The chunk is computed: a later reserve may free what left the window.
+  // With Quest, pages whose bounds went stale (none in this engine's calls:
+  // it imports nothing and rolls nothing back) are recomputed first.
   void after_forward(Request& r, const AttentionTrace&) {
     if (auto st = cache_.computed(r.seqs[0], *cache_.tokens(r.seqs[0])); !st) throw std::runtime_error(st.message());
+    if constexpr (Cache::selects) {
+      stale_.resize(std::size_t(*cache_.blocks_held(r.seqs[0], 0)) + 1);
+      fill_.resize(stale_.size());
+      auto n = cache_.stale_pages(r.seqs, {stale_, fill_});
+      if (!n) throw std::runtime_error("stale_pages: " + n.status().message());
+      for (std::size_t i = 0; i < layers_[0].size() && *n > 0; ++i) {
+        kvcache::PageBoundsParams p{views_[0], std::int32_t(i), stale_.data(), fill_.data(), *n,
+                                    cache_.page_bounds(layers_[0][i])->data()};
+        if (auto st = kvcache::page_bounds_host(p); !st) throw std::runtime_error("page_bounds: " + st.message());
+      }
+    }
   }
   // Tokens held per layer, the mean of the two groups' (each has half the layers).
   std::int64_t held(const Request& r) const {
@@ -165,21 +238,36 @@ class HybridBackend {
   }
 
  private:
+  typename kvcache::GroupSelection<Selection>::Arg selection_arg(const EngineConfig& cfg) {
+    if constexpr (Cache::selects) {
+      kvcache::QuestConfig q = cfg.quest;
+      q.bounds = bounds_;
+      return q;
+    } else {
+      (void)cfg;
+      return {};
+    }
+  }
+
   std::int32_t window_;
   std::array<std::vector<std::int32_t>, 2> layers_;
   kvcache::LayerGroups groups_;
   std::int32_t pages_;
   std::vector<std::byte> memory_;
+  std::vector<float> bounds_;  // Quest's store: [full layers][pages][kv_heads][2][head_dim]
   Cache cache_;
   std::array<kvcache::PoolView, 2> views_{};
   std::vector<std::uint8_t> none_;  // a window layer's "admitted" flags: none
+  std::vector<std::int32_t> stale_, fill_;
 };
 
-// The scheduler over the hybrid backend: Gemma-style interleaved layers on the shipped model.
-class HybridEngine : public Scheduler<HybridBackend> {
+// The scheduler over the hybrid backend: Gemma-style interleaved layers on the
+// shipped model (HybridEngine<QuestSelection>: Quest on the full layers).
+template <class Selection = kvcache::SelectAll>
+class HybridEngine : public Scheduler<HybridBackend<Selection>> {
  public:
-  HybridEngine(const Model& m, const EngineConfig& cfg, std::int32_t window) : Scheduler<HybridBackend>(m, cfg, window) {}
-  const HybridBackend::Cache& cache() const { return backend().cache(); }
+  HybridEngine(const Model& m, const EngineConfig& cfg, std::int32_t window) : Scheduler<HybridBackend<Selection>>(m, cfg, window) {}
+  const typename HybridBackend<Selection>::Cache& cache() const { return this->backend().cache(); }
 };
 
 }  // namespace engine

@@ -136,7 +136,7 @@ class HybridTieredEngine {
   // Tokens [at, at + n) through the model: each group's K/V into its slots ([groups][n]), then computed.
   void forward(kvcache::SeqId seq, std::span<const std::int32_t> tokens, std::int32_t at, std::int32_t n,
                std::span<const std::int32_t> slots) {
-    HybridKv kv(cache_, views_, seq, slots, window_, none_);
+    HybridKv kv(cache_, views_, seq, slots, window_, none_, nullptr);
     fwd_.run(kv, tokens.subspan(std::size_t(at), std::size_t(n)), at, logits_, true);
     if (auto st = cache_.computed(seq, at + n); !st) throw std::runtime_error("computed: " + st.message());
   }

@@ -108,3 +108,43 @@ TEST_CASE("the hybrid backend refuses settings it cannot honour") {
   CHECK_THROWS_WITH(engine::HybridEngine(model, {.evict_in_prefill = false}, 64), Catch::Contains("evict_in_prefill"));
   CHECK_THROWS_WITH(engine::HybridEngine(model, {}, 0), Catch::Contains("window"));
 }
+
+TEST_CASE("Quest on the hybrid's full layers: a budget covering the context serves the dense hybrid's tokens, a tight one reads its budget") {
+  const engine::Model model(kDir + "/kjv-tiny.bin");
+  const auto& c = model.config();
+  constexpr std::int32_t W = 64, kBudget = 64;
+  const auto reqs = requests(heldout(4096), 3, 700, 300, 40, 40);
+  const engine::EngineConfig dense_cfg{.max_kv_tokens = 4096, .block_size = 16, .chunk = 64, .max_batch = 3, .keep_logits = true};
+  auto dense = reqs;
+  engine::HybridEngine(model, dense_cfg, W).run(dense);
+  auto quest = [&](std::int32_t budget) {
+    engine::EngineConfig cfg = dense_cfg;
+    cfg.quest = {.token_budget = budget, .dense_layers = 0, .query_group = c.q_heads / c.kv_heads};
+    engine::HybridEngine<kv::QuestSelection> e(model, cfg, W);
+    auto rs = reqs;
+    while (std::any_of(rs.begin(), rs.end(), [](const auto& r) { return !r.done; })) {
+      e.step(rs);
+      REQUIRE(e.cache().check_invariants().ok());
+    }
+    CHECK(e.cache().free_blocks() == e.cache().pool().capacity() - 1);  // every page back
+    return std::pair{rs, e.stats().keys};
+  };
+  // Every page within the budget: Quest reads them all, without an estimate.
+  const auto [wide, wide_keys] = quest(4096);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    CHECK(wide[i].output == dense[i].output);
+    CHECK(wide[i].logits == dense[i].logits);
+  }
+  CHECK(wide_keys.sparse_reads > 0);
+  CHECK(wide_keys.sparse_read == wide_keys.dense);
+  // 64 tokens (4 pages of 16) a query: the sink, the best-bounded two, the last. Only the full layers select.
+  const auto [tight, tight_keys] = quest(kBudget);
+  CHECK(tight_keys.sparse_reads == wide_keys.sparse_reads);  // one per (decode query, full layer, kv-head)
+  CHECK(tight_keys.sparse_read <= std::int64_t{kBudget} * tight_keys.sparse_reads);
+  CHECK(tight_keys.sparse_read * 4 < tight_keys.dense);  // prompts of 300 tokens and more: a fraction is read
+  float moved = 0.0f;
+  for (std::size_t i = 0; i < reqs.size(); ++i)
+    for (std::size_t j = 0; j < std::min(tight[i].logits.size(), dense[i].logits.size()); ++j)
+      moved = std::max(moved, std::fabs(tight[i].logits[j] - dense[i].logits[j]));
+  CHECK(moved > 1e-3f);  // what was left out moved the logits: the mask was applied
+}

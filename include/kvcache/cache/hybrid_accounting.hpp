@@ -193,13 +193,17 @@ class HybridAccounting {
       if (s.computed > s.reserved || s.reserved > self().cfg_.max_tokens) return Status{Errc::invariant_violated, "tokens", i, s.reserved};
       // Within the bound admission and pool sizing assumed (an import's row holds what its peer computed).
       if (!s.sealed && s.reserved - s.computed > s.ahead) return Status{Errc::invariant_violated, "tokens in flight", i, s.ahead};
+      // An import's row holds the hit's window for an abort's recompute (from
+      // the hit) beside the received blocks for the query past the prompt:
+      // what it receives is in flight.
+      const std::int64_t in_flight = s.sealed ? std::max(s.ahead, s.reserved - s.computed) : s.ahead;
       for (std::int32_t g = 0; g < self().groups(); ++g) {
         const auto& rows = self().rows_[std::size_t(g)];
         const GroupRule& r = rows.rule();
         const auto row = rows.row(i);
         const std::int64_t want = r.caches() ? r.blocks_for(s.reserved) : (row.empty() ? 0 : r.blocks_for(r.span));
         if (std::int64_t(row.size()) != want) return Status{Errc::invariant_violated, "row_length", g, std::int64_t(row.size())};
-        if (const std::int64_t live = rows.live(i); live > r.max_blocks(self().cfg_.max_tokens, s.ahead))
+        if (const std::int64_t live = rows.live(i); live > r.max_blocks(self().cfg_.max_tokens, in_flight))
           return Status{Errc::invariant_violated, "blocks past the group's bound", g, live};
         for (std::size_t j = 0; j < row.size(); ++j) {
           const bool live = std::int32_t(j) >= rows.first_live(i);

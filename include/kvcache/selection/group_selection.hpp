@@ -73,10 +73,9 @@ class GroupSelection {
   explicit GroupSelection(S policy) : s_(std::move(policy)) {}
   void bind(const LayerGroups&, std::int32_t, std::int32_t, std::int32_t) {}  ///< Nothing to bind.
   const S& policy() const noexcept { return s_; }  ///< The policy.
-  // The cache's edits: nothing to hear.
-  void freed(std::uint32_t) noexcept {}
-  void received(std::span<const GroupRows>, std::uint32_t, std::int64_t) noexcept {}
-  void truncated(std::span<const GroupRows>, const BlockPool&, std::uint32_t, std::int64_t) noexcept {}
+  void freed(std::uint32_t) noexcept {}  ///< A row ended: nothing to hear.
+  void received(std::span<const GroupRows>, std::uint32_t, std::int64_t) noexcept {}  ///< An import landed: nothing to hear.
+  void truncated(std::span<const GroupRows>, const BlockPool&, std::uint32_t, std::int64_t) noexcept {}  ///< A rollback: nothing to hear.
   friend bool operator==(const GroupSelection&, const GroupSelection&) { return true; }
 
  private:
