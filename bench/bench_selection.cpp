@@ -70,6 +70,19 @@ void run(benchmark::State& state, std::int32_t seqs, std::int32_t tokens) {
 
 void BM_select_256x8_at_4k(benchmark::State& state) { run(state, 256, 4096); }
 
+// A cache's select() on layer 0 of `ids`, timed; `bytes`: the metadata the step reads.
+template <class Cache>
+void time_select(benchmark::State& state, Cache& cache, std::span<const kv::SeqId> ids, std::span<const float> queries, double bytes) {
+  std::vector<std::int32_t> indptr(ids.size() * kHeads + 1), out(ids.size() * kHeads * kBudget);
+  for (auto _ : state) {
+    auto r = cache.select(ids, 0, queries, {indptr, out});
+    if (!r) state.SkipWithError("select failed");
+    benchmark::ClobberMemory();
+  }
+  state.counters["out_bytes"] = bytes;
+  state.counters["rows"] = double(ids.size()) * kHeads;
+}
+
 // The same step through the composed cache: 256 sequences of 4k tokens, the
 // store holding the step's bounds (block 0 is the pool's null block).
 void BM_cache_select_256x8_at_4k(benchmark::State& state) {
@@ -88,14 +101,7 @@ void BM_cache_select_256x8_at_4k(benchmark::State& state) {
     ids.push_back(*cache.add_sequence());
     if (!cache.reserve(ids.back(), tokens, slots)) std::abort();
   }
-  std::vector<std::int32_t> indptr(std::size_t(seqs) * kHeads + 1), out(std::size_t(seqs) * kHeads * kBudget);
-  for (auto _ : state) {
-    auto r = cache.select(ids, 0, step.queries, {indptr, out});
-    if (!r) state.SkipWithError("select failed");
-    benchmark::ClobberMemory();
-  }
-  state.counters["out_bytes"] = bytes;
-  state.counters["rows"] = double(seqs) * kHeads;
+  time_select(state, cache, ids, step.queries, bytes);
 }
 // The same step on a hybrid's global layer: layer 0 full (the rows Quest
 // ranks), layer 1 a 256-token window, one pool; the prompts went in by
@@ -121,14 +127,7 @@ void BM_hybrid_select_256x8_at_4k(benchmark::State& state) {
     for (std::int32_t at = 0; at < tokens; at += chunk)
       if (!cache.advance(ids.back(), chunk, slots)) std::abort();
   }
-  std::vector<std::int32_t> indptr(std::size_t(seqs) * kHeads + 1), out(std::size_t(seqs) * kHeads * kBudget);
-  for (auto _ : state) {
-    auto r = cache.select(ids, 0, step.queries, {indptr, out});
-    if (!r) state.SkipWithError("select failed");
-    benchmark::ClobberMemory();
-  }
-  state.counters["out_bytes"] = bytes;
-  state.counters["rows"] = double(seqs) * kHeads;
+  time_select(state, cache, ids, step.queries, bytes);
 }
 void BM_select_1x8_at_32k(benchmark::State& state) { run(state, 1, 32768); }
 }  // namespace

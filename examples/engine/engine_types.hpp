@@ -3,8 +3,10 @@
 // its running statistics.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <kvcache/kvcache.hpp>
+#include <span>
 #include <vector>
 
 namespace engine {
@@ -86,5 +88,18 @@ struct EngineStats {
   std::vector<std::int64_t> kv_over_time;  // tokens held by all requests after each step
   KeyCounts keys;  // what decode queries read (page selection reads fewer than all)
 };
+
+// What a cache's constructor takes for its selection (Arg): for a page-bounds
+// cache, the engine's QuestConfig over the backend's store `bounds`; else the dense policy.
+template <class Arg>
+Arg selection_arg(kvcache::QuestConfig q, std::span<float> bounds) {
+  if constexpr (std::same_as<Arg, kvcache::QuestConfig>) {
+    q.bounds = bounds;
+    return q;
+  } else {
+    (void)q, (void)bounds;
+    return {};
+  }
+}
 
 }  // namespace engine

@@ -52,7 +52,7 @@ class GatedBackend {
         bounds_(Cache::selects ? std::size_t(kvcache::QuestSelection::bounds_floats(geometry_, blocks_)) : 0),
         cache_({.geometry = geometry_, .num_blocks = blocks_, .max_sequences = cfg.max_batch, .max_blocks_per_sequence = row_blocks_},
                kvcache::WriteGateConfig{.num_layers = g.layers, .num_kv_heads = g.kv_heads, .local_window = g.window, .tau = g.tau},
-               selection_arg(cfg.quest), eviction),
+               selection_arg<typename kvcache::SelectionArg<Selection>::type>(cfg.quest, bounds_), eviction),
         adm_(std::size_t(cfg.max_batch)) {
     const auto& c = m.config();
     if (g.layers != c.layers || g.kv_heads != c.kv_heads || g.head_dim != c.head_dim())
@@ -118,15 +118,6 @@ class GatedBackend {
   }
 
  private:
-  typename kvcache::SelectionArg<Selection>::type selection_arg(kvcache::QuestConfig q) {
-    if constexpr (Cache::selects) {
-      q.bounds = bounds_;
-      return q;
-    } else {
-      (void)q;
-      return {};
-    }
-  }
   std::vector<std::uint8_t>& adm(const Request& r) { return adm_[std::size_t(r.seqs[0].index)]; }
   ChannelResidual* residual() { return ChannelResidual::needed(pool_) ? &residual_ : nullptr; }
   // The blocks of r's (layer, kv-head) row, logical order.

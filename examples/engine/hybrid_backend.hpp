@@ -184,7 +184,7 @@ class HybridBackend {
         bounds_(Cache::selects ? std::size_t(kvcache::QuestSelection::bounds_floats(*kvcache::global_geometry(groups_), pages_)) : 0),
         cache_({.groups = groups_, .num_blocks = pages_, .max_sequences = cfg.max_batch, .max_tokens = m.config().context + 256,
                 .prefill_chunk = cfg.chunk, .prefix_caching = false},
-               selection_arg(cfg)) {
+               selection_arg<typename kvcache::GroupSelection<Selection>::Arg>(cfg.quest, bounds_)) {
     if (cfg.optimistic) throw std::invalid_argument("optimistic: the hybrid backend admits by the lifetime bound");
     if (cfg.layer_streams) throw std::invalid_argument("layer_streams: not with layer groups");
     if (!cfg.evict_in_prefill) throw std::invalid_argument("evict_in_prefill: every chunk is marked computed (the window's bound)");
@@ -238,17 +238,6 @@ class HybridBackend {
   }
 
  private:
-  typename kvcache::GroupSelection<Selection>::Arg selection_arg(const EngineConfig& cfg) {
-    if constexpr (Cache::selects) {
-      kvcache::QuestConfig q = cfg.quest;
-      q.bounds = bounds_;
-      return q;
-    } else {
-      (void)cfg;
-      return {};
-    }
-  }
-
   std::int32_t window_;
   std::array<std::vector<std::int32_t>, 2> layers_;
   kvcache::LayerGroups groups_;

@@ -53,7 +53,7 @@ class PagedBackend {
                 .num_blocks = blocks_,
                 .max_sequences = cfg.max_batch * streams_,
                 .max_blocks_per_sequence = m.config().context / cfg.block_size + 2},
-               {}, selection_arg(cfg), policy),
+               {}, selection_arg<typename kvcache::SelectionArg<Selection>::type>(cfg.quest, bounds_), policy),
         positions_(std::size_t(groups()) * std::size_t(blocks_) * std::size_t(cfg.block_size), -1),
         residual_(pool_) {
     if (Cache::selects && ChannelResidual::needed(pool_))
@@ -207,15 +207,6 @@ class PagedBackend {
   }
 
  private:
-  typename kvcache::SelectionArg<Selection>::type selection_arg(const EngineConfig& cfg) {
-    if constexpr (Cache::selects) {
-      kvcache::QuestConfig q = cfg.quest;
-      q.bounds = bounds_;
-      return q;
-    } else {
-      return {};
-    }
-  }
   // Pages a compaction or rotation left stale get their bounds recomputed (every layer).
   void refresh_bounds(const Request& r) {
     if constexpr (Cache::selects) {

@@ -32,6 +32,7 @@
 #include "kvcache/groups/layer_groups.hpp"
 #include "kvcache/policy.hpp"
 #include "kvcache/selection/page_bounds_selection.hpp"
+#include "kvcache/selection/stale_rows.hpp"
 #include "kvcache/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
@@ -142,10 +143,7 @@ class GroupSelection<S> : public BoundPageSelection<S> {
   void truncated(std::span<const GroupRows> rows, const BlockPool& pool, std::uint32_t i, std::int64_t tokens) noexcept {
     for (std::size_t k = 0; k < globals_.size(); ++k) {
       const GroupRows& r = rows[std::size_t(globals_[k])];
-      const std::int32_t B = r.rule().block_size, j = std::int32_t(tokens / B);
-      if (tokens % B == 0) continue;
-      const BlockId tail = r.row(i)[std::size_t(j)];
-      if (pool.ref_count(tail) == 1 && !pool.has_hash(tail)) s_.stale().mark(stream(k, i), j);
+      stale_rows::truncated_tail(s_.stale(), stream(k, i), r.row(i), tokens, r.rule().block_size, pool);
     }
   }
 

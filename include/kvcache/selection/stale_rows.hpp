@@ -42,16 +42,24 @@ void reserved(StalePages& stale, const Table& t, std::span<const SeqId> seqs, st
   }
 }
 
+/// The rule below on one row of stream `stream`: `used` slots of `blocks`,
+/// pages of `block_size` (a layer group's rows call it too).
+template <class Pool>
+void truncated_tail(StalePages& stale, std::uint32_t stream, std::span<const BlockId> blocks, std::int64_t used,
+                    std::int32_t block_size, const Pool& pool) noexcept {
+  if (used % block_size == 0) return;
+  const auto j = std::int32_t(used / block_size);
+  const BlockId tail = blocks[std::size_t(j)];
+  if (pool.ref_count(tail) == 1 && !pool.has_hash(tail)) stale.mark(stream, j);
+}
+
 /// A rollback left a partial tail that keeps the removed keys' extremes:
 /// recompute it, unless another row shares it (that row may hold more of
 /// it) or it is still published (a prefix hit may adopt it whole): the
 /// looser bound holds for every holder.
 template <class Table, class Pool>
 void truncated(StalePages& stale, const Table& t, const Pool& pool, SeqId s) noexcept {
-  const std::int32_t used = t.front_unchecked(s) + t.tokens_unchecked(s), j = used / t.block_size();
-  if (used % t.block_size() == 0) return;
-  const BlockId tail = t.blocks_unchecked(s)[std::size_t(j)];
-  if (pool.ref_count(tail) == 1 && !pool.has_hash(tail)) stale.mark(s.index, j);
+  truncated_tail(stale, s.index, t.blocks_unchecked(s), t.front_unchecked(s) + t.tokens_unchecked(s), t.block_size(), pool);
 }
 
 /// An evict() that removed tokens (r: its EvictionResult): rotated blocks and
