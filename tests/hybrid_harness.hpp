@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -325,7 +326,15 @@ class HybridHarness {
             if (const std::int64_t pos = (gb->skip + std::int64_t(i)) * rule.block_size + o; pos < len)
               content_[key(g, gb->local[i] * rule.block_size + o)] = p.s.prefix[std::size_t(pos)];
       }
-      auto c = cache_.commit_import(p.id);
+      if (pick(4) == 0) {  // another prompt of the same length: refused, nothing changes
+        auto other = p.s.tokens;
+        other.back() += 1;
+        const auto wrong = cache_.commit_import(p.id, other);
+        need(wrong.status().code() == kvcache::Errc::invalid_argument &&
+             std::string_view(wrong.status().what()) == "prompt (not the tokens imported)" && cache_.imports().find(p.id).ok(),
+             "commit_import of another prompt");
+      }
+      auto c = cache_.commit_import(p.id, p.s.tokens);
       need(c.ok(), "commit_import");
       p.s.id = c->seq;
       p.s.reserved = p.s.computed = len;
@@ -352,7 +361,7 @@ class HybridHarness {
     const std::uint64_t gone = 1000000;  // never given
     const kvcache::BlockId bad_blocks[] = {0, cache_.pool().capacity()};
     switch (pick(6)) {
-      case 5: need(cache_.commit_import(gone).status().code() == kvcache::Errc::unknown_job &&
+      case 5: need(cache_.commit_import(gone, std::span<const std::int32_t>{}).status().code() == kvcache::Errc::unknown_job &&
                    cache_.abort_import(gone).status().code() == kvcache::Errc::unknown_job, "settling an unknown import"); break;
       case 3: need(cache_.release_hold(gone).code() == kvcache::Errc::unknown_job, "release of an unknown hold"); break;
       case 4: need(cache_.hold(std::span(bad_blocks).subspan(std::size_t(pick(2)), 1)).status().code() == kvcache::Errc::invalid_argument, "hold of an invalid block"); break;

@@ -28,6 +28,7 @@ static_assert(SequenceHolds<HybridCache<>>);
 static_assert(SequenceCache<GateCache>);  // a head-paged row is per (layer, head): no whole-sequence hold yet
 static_assert(PrefixCache<Cache<>> && PrefixCache<HybridCache<>>);
 static_assert(!PrefixCache<GateCache>);  // its rows are per head: no prompt-level prefix cache
+static_assert(ImportingCache<Cache<>> && ImportingCache<HybridCache<>>);
 
 struct Outcome {
   std::int32_t finished = 0, held = 0, events = 0, peak_running = 0;
@@ -160,6 +161,70 @@ void run_prefix_engine(C& cache, Grow grow) {
   CHECK(cache.free_blocks() == blocks0);
 }
 
+// A disaggregated decode engine, written once against ImportingCache: each
+// request's prompt arrives from a peer. The import's blocks, group by
+// group, are what it receives (their count is the plan's); a commit naming
+// another prompt is refused and changes nothing; the transfer lands (the
+// sequence holds the prompt, published: the next request hits it) or fails
+// (the sequence holds the hit, the rest to recompute). Every promise, block
+// and handle comes back.
+template <ImportingCache C>
+void run_import_engine(C& cache) {
+  const std::int32_t blocks0 = cache.free_blocks();
+  std::mt19937 rng(5);
+  std::int32_t hits = 0, landed = 0;
+  for (std::int32_t r = 0; r < 12; ++r) {
+    std::vector<std::int32_t> prompt(16);
+    for (std::int32_t i = 0; i < 16; ++i) prompt[std::size_t(i)] = 100 + i;  // the shared system prompt
+    for (std::int32_t i = 0, n = 1 + std::int32_t(rng() % 6); i < n; ++i) prompt.push_back(std::int32_t(rng() % 50000));
+    const std::int64_t seen = cache.match(prompt, {});
+    const auto plan = cache.import(prompt, {.max_new = 4});
+    REQUIRE(plan.ok());
+    CHECK(plan->cached_tokens == seen);
+    hits += plan->cached_tokens;
+    std::int32_t receive = 0;
+    for (std::int32_t g = 0; g < cache.groups(); ++g) {
+      const auto gb = cache.import_blocks(plan->id, g);
+      REQUIRE(gb.ok());
+      CHECK(gb->group == g);
+      if (g == 0) CHECK(gb->skip == plan->skip);
+      receive += std::int32_t(gb->local.size());
+    }
+    CHECK(receive == plan->num_blocks);
+    CHECK(cache.import_blocks(plan->id, cache.groups()).status().what() == std::string("group"));
+    CHECK(cache.imports().size() == 1);
+    const C before = cache;
+    auto other = prompt;
+    other.back() += 1;
+    CHECK(cache.commit_import(plan->id, other).status() ==
+          Status{Errc::invalid_argument, "prompt (not the tokens imported)", std::int64_t(prompt.size()), std::int64_t(prompt.size())});
+    CHECK(cache == before);
+    SeqId s{};
+    if (r % 4 != 3) {
+      const auto c = cache.commit_import(plan->id, prompt);
+      REQUIRE(c.ok());
+      CHECK(*cache.tokens(c->seq) == std::int64_t(prompt.size()));
+      s = c->seq;
+      ++landed;
+    } else {
+      const auto a = cache.abort_import(plan->id);
+      REQUIRE(a.ok());
+      CHECK(a->cached_tokens == plan->cached_tokens);
+      CHECK(a->recompute == std::int32_t(prompt.size()) - plan->cached_tokens);
+      CHECK(*cache.tokens(a->seq) == a->cached_tokens);
+      s = a->seq;
+    }
+    CHECK(cache.imports().size() == 0);
+    CHECK(cache.commit_import(plan->id, prompt).status().code() == Errc::unknown_job);
+    REQUIRE(cache.check_invariants().ok());
+    REQUIRE(cache.free(s).ok());
+  }
+  CHECK(landed == 9);
+  CHECK(hits >= 11 * 12);  // every later request hits the system prompt's whole blocks (12 of its 16 tokens at least)
+  CHECK(cache.promised_blocks() == 0);
+  CHECK(cache.free_blocks() == blocks0);
+}
+
 // The ids of positions [at, at + n): what a cache that publishes is given.
 std::span<const std::int32_t> ids_at(std::vector<std::int32_t>& ids, std::int64_t at, std::int64_t n) {
   ids.resize(std::size_t(n));
@@ -248,5 +313,22 @@ TEST_CASE("one prefix-caching engine over Cache<> and HybridCache: admit, match 
       }
       return c.computed(s, *c.tokens(s)).ok();
     });
+  }
+}
+
+TEST_CASE("one disaggregated decode engine over Cache<> and HybridCache: import, import_blocks, commit_import and abort_import are one vocabulary") {
+  SECTION("Cache<>") {
+    const auto g = *Geometry::make({.num_layers = 2, .num_kv_heads = 2, .head_dim = 8, .block_size = 4, .dtype = DType::f32});
+    Cache<> cache({.geometry = g, .num_blocks = 40, .max_sequences = 2, .max_blocks_per_sequence = 10});
+    run_import_engine(cache);
+  }
+  SECTION("HybridCache, full attention + a sliding window") {
+    const std::vector<std::int32_t> l0{0}, l1{1};
+    const LayerGroupSpec specs[] = {
+        {.kind = AttentionKind::full, .layers = l0, .num_kv_heads = 2, .head_dim = 8},
+        {.kind = AttentionKind::sliding_window, .layers = l1, .num_kv_heads = 2, .head_dim = 8, .window = 8}};
+    HybridCache<> cache({.groups = *LayerGroups::make({.groups = specs, .block_size = 4}), .num_blocks = 40, .max_sequences = 2,
+                         .max_tokens = 40});
+    run_import_engine(cache);
   }
 }

@@ -140,7 +140,7 @@ TEST_CASE("hybrid import: each group receives what its next query reads, and com
 
   const std::int64_t bytes = transfer(p, ps, d, imp->id);
   CHECK(bytes == std::int64_t(imp->num_blocks) * m.lg.page_bytes());  // a page is one group's: its layer fills it
-  auto c = d.cache.commit_import(imp->id);
+  auto c = d.cache.commit_import(imp->id, prompt);
   REQUIRE(c.ok());
   CHECK(c->published == 11 + 1 + 1);  // full blocks 0 .. 10; window and chunk block 4 (5 is partial); cross never
   CHECK(d.cache.imports().size() == 0);
@@ -192,7 +192,7 @@ TEST_CASE("hybrid import: a local prefix is shared, and abort keeps the hit's wi
     REQUIRE(d.cache.check_invariants().ok());
     transfer(p, ps, d, imp->id);
     if (commit) {
-      const auto c = *d.cache.commit_import(imp->id);
+      const auto c = *d.cache.commit_import(imp->id, prompt);
       CHECK(d.cache.holds().size() == 0);
       same_pages(p, ps, d, c.seq, 16);
       REQUIRE(d.cache.check_invariants().ok());
@@ -237,14 +237,37 @@ TEST_CASE("hybrid import: errors name the value and change nothing, and the pend
   CHECK(d.cache.promised_blocks() > 0);
   const HybridCache<> pending = d.cache;
   CHECK(d.cache.import(big).status().code() == Errc::out_of_blocks);
-  CHECK(d.cache.commit_import(imp->id + 1).status().code() == Errc::unknown_job);
+  {  // A promise past the free pool less the first import's promise: refused as admit() refuses it.
+    const auto small = tokens(10, 9);
+    const std::int64_t life = *d.cache.blocks_needed(10, 54);
+    const std::int64_t room = d.cache.pool().num_free() - d.cache.promised_blocks();
+    REQUIRE(life > room);
+    REQUIRE(*d.cache.blocks_needed(10, 0) <= room);  // the prompt alone fits
+    const Status over{Errc::out_of_blocks, "max_new (the lifetime need past the free pool less promises)", life, room};
+    CHECK(d.cache.import(small, {.max_new = 54}).status() == over);
+    CHECK(d.cache == pending);
+    std::vector<std::int32_t> admit_slots(4 * 10);
+    CHECK(d.cache.admit(small, admit_slots, {.max_new = 54}).status() == over);
+    CHECK(d.cache == pending);
+    HybridCache<> fits = d.cache;  // max_new 0: the prompt's blocks, within the room
+    CHECK(fits.import(small, {.max_new = 0}).ok());
+  }
+  CHECK(d.cache.commit_import(imp->id + 1, prompt).status().code() == Errc::unknown_job);
+  // The commit names the prompt imported, as on every cache: another length, other tokens or extras change nothing.
+  CHECK(d.cache.commit_import(imp->id, std::span(prompt).first(44)).status() == Status{Errc::invalid_argument, "prompt.size", 44, 45});
+  auto other = prompt;
+  other[7] += 1;
+  CHECK(d.cache.commit_import(imp->id, other).status() ==
+        Status{Errc::invalid_argument, "prompt (not the tokens imported)", 45, 45});
+  CHECK(d.cache.commit_import(imp->id, prompt, extra).status().what() == std::string("extras (a hybrid cache hashes no multimodal inputs)"));
+  CHECK(d.cache == pending);
   CHECK(d.cache.abort_import(imp->id + 1).status().code() == Errc::unknown_job);
   CHECK(d.cache.import_blocks(imp->id + 1, 0).status().code() == Errc::unknown_job);
   CHECK(d.cache.import_blocks(imp->id, 4).status() == Status{Errc::invalid_argument, "group", 4, 3});
   CHECK(d.cache.import_blocks(imp->id, -1).status().what() == std::string("group"));
   // The handle commit will give: a copy learns it, the original refuses every call naming it.
   HybridCache<> copy = d.cache;
-  const SeqId s = copy.commit_import(imp->id)->seq;
+  const SeqId s = copy.commit_import(imp->id, prompt)->seq;
   std::vector<std::int32_t> slots(4);
   const std::int32_t one[] = {1};
   const SeqId seqs[] = {s};
@@ -299,7 +322,7 @@ TEST_CASE("hybrid import: an import's row holds the abort's window beside the re
   // Blocks 1 .. 3 for the query at 16 (an abort recomputes from there), 4 .. 7 received for the query at 30.
   REQUIRE(cache.usage(0).held == 7);
   REQUIRE(cache.check_invariants().ok());
-  auto c = *cache.commit_import(imp.id);
+  auto c = *cache.commit_import(imp.id, prompt);
   REQUIRE(*cache.blocks_held(c.seq, 0) == 4);  // the query at 30 reads 19 on: blocks 4 .. 7
   REQUIRE(cache.check_invariants().ok());
 }

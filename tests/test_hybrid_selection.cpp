@@ -225,8 +225,11 @@ struct Rig {
     return {slots.begin() + std::size_t(g) * std::size_t(stride), slots.begin() + std::size_t(g) * std::size_t(stride) + n};
   }
 
+  std::vector<std::vector<std::int32_t>> imported;  // the prompts of landed imports: admitted again, they hit the received pages
+
   void admit() {
     auto p = prompt(std::uniform_int_distribution<std::int32_t>(1, 40)(rng));
+    if (!imported.empty() && rng() % 3 == 0) p = imported[rng() % imported.size()];
     std::vector<std::int32_t> slots(std::size_t(layout.lg.num_groups()) * p.size());
     auto r = cache.admit(p, slots);
     if (!r) return;
@@ -250,8 +253,12 @@ struct Rig {
     REQUIRE(cache.computed(live[q], *cache.tokens(live[q])).ok());
     prompts[q].insert(prompts[q].end(), tokens.begin(), tokens.end());
   }
-  // A peer's K/V lands in the received pages (no bounds folded), then commits, or the transfer fails.
-  void import(bool lands) {
+  // A peer's K/V lands in the received pages (no bounds folded), then
+  // commits, or the transfer fails; a request cancelled at once is freed
+  // before any stale_pages() listing, leaving its published pages unbounded.
+  enum class Import { aborts, lands, lands_then_freed };
+  void import(Import how) {
+    const bool lands = how != Import::aborts;
     auto p = prompt(std::uniform_int_distribution<std::int32_t>(1, 40)(rng));
     auto plan = cache.import(p);
     if (!plan) return;
@@ -269,7 +276,12 @@ struct Rig {
       REQUIRE(cache.free(a.seq).ok());
       return;
     }
-    const auto c = *cache.commit_import(plan->id);
+    const auto c = *cache.commit_import(plan->id, p);
+    imported.push_back(p);
+    if (how == Import::lands_then_freed) {
+      REQUIRE(cache.free(c.seq).ok());
+      return;
+    }
     live.push_back(c.seq);
     prompts.push_back(p);
   }
@@ -293,7 +305,8 @@ TEST_CASE("Quest on a hybrid's global layers: stale pages are listed and select(
         if (rig.live.size() < 2 || (op < 3 && rig.live.size() < std::size_t(kSeqs))) {
           rig.admit();
         } else if (op < 5 && rig.live.size() < std::size_t(kSeqs)) {
-          rig.import(rng() % 4 != 0);
+          const auto how = rng() % 4;
+          rig.import(how == 0 ? Rig::Import::aborts : how == 1 ? Rig::Import::lands_then_freed : Rig::Import::lands);
           imports += 1;
         } else if (op < 6) {
           rig.free(rng() % rig.live.size());
@@ -319,7 +332,7 @@ TEST_CASE("A hybrid's received pages are stale until page_bounds runs, and a rol
   std::vector<std::int32_t> p(30);
   for (std::size_t i = 0; i < p.size(); ++i) p[i] = std::int32_t(i) + 100;
   auto plan = *rig.cache.import(p);
-  const auto c = *rig.cache.commit_import(plan.id);
+  const auto c = *rig.cache.commit_import(plan.id, p);
   rig.live.push_back(c.seq);
   std::vector<std::int32_t> pages(64), fill(64);
   auto n = rig.cache.stale_pages(rig.live, {pages, fill});
@@ -358,7 +371,7 @@ TEST_CASE("Selection on a hybrid: errors name the value and change nothing") {
   // A stale-pages listing too small for the received pages lists nothing and keeps the marks.
   std::vector<std::int32_t> p(20, 7);
   auto plan = *rig.cache.import(p);
-  const auto c = *rig.cache.commit_import(plan.id);
+  const auto c = *rig.cache.commit_import(plan.id, p);
   const Hybrid committed = rig.cache;
   const std::vector<kv::SeqId> one(1, c.seq);
   auto small = rig.cache.stale_pages(one, {pages, fill});
@@ -431,4 +444,62 @@ TEST_CASE("Cache<> with Quest: an import's received pages are listed stale at co
   REQUIRE(n.ok());
   REQUIRE(*n == 4);  // 14 tokens in blocks of 4, every one received: no page_bounds_update saw them
   REQUIRE(fill[3] == 2);
+}
+
+TEST_CASE("Cache<> with Quest: received pages stay stale for a row that adopts them before any listing") {
+  const auto g = *kv::Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 4, .block_size = 4});
+  std::vector<float> store(std::size_t(kv::QuestSelection::bounds_floats(g, 32)));
+  kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::QuestSelection> c({g, 32, 3, 16}, {},
+                                                                                 kv::QuestConfig{.token_budget = 8, .dense_layers = 0, .bounds = store});
+  std::vector<std::int32_t> p(14), slots(16), pages(16), fill(16);
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] = std::int32_t(i);
+  std::vector<kv::BlockId> blocks(4);
+  auto plan = *c.import(p, blocks);
+  const auto done = *c.commit_import(plan.id, p);
+  const std::vector<kv::BlockId> received(blocks.begin(), blocks.begin() + 3);  // the 3 full blocks, published
+  REQUIRE(c.free(done.seq).ok());  // cancelled before the engine listed anything
+  // A new request hits the 3 published blocks: their bounds were never computed.
+  const auto a = *c.admit(p, slots);
+  REQUIRE(a.cached_tokens == 12);
+  const std::vector<kv::SeqId> one(1, a.seq);
+  auto n = c.stale_pages(one, {pages, fill});
+  REQUIRE(n.ok());
+  REQUIRE(*n == 4);  // the 3 hits and the fresh tail (listed from the first stale block on)
+  REQUIRE(std::vector<std::int32_t>(pages.begin(), pages.begin() + 3) == received);
+  // Listed once, bounded: the next row adopting them has nothing stale.
+  const auto b = *c.admit(p, slots);
+  const std::vector<kv::SeqId> other(1, b.seq);
+  REQUIRE(*c.stale_pages(other, {pages, fill}) == 0);
+  // And a row adopting them while the importer still lives lists them, once.
+  kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::QuestSelection> d({g, 32, 3, 16}, {},
+                                                                                 kv::QuestConfig{.token_budget = 8, .dense_layers = 0, .bounds = store});
+  plan = *d.import(p, blocks);
+  const auto importer = d.commit_import(plan.id, p)->seq;
+  const auto adopter = d.admit(p, slots)->seq;
+  const std::vector<kv::SeqId> first(1, adopter), second(1, importer);
+  REQUIRE(*d.stale_pages(first, {pages, fill}) == 4);
+  REQUIRE(std::vector<std::int32_t>(pages.begin(), pages.begin() + 3) == received);
+  REQUIRE(*d.stale_pages(second, {pages, fill}) == 4);  // its own marks: its pages, listed again (harmless)
+}
+
+TEST_CASE("A hybrid's received pages stay stale for a row that adopts them before any listing") {
+  std::mt19937_64 rng(11);
+  Rig rig(0, rng, {.token_budget = 16, .dense_layers = 0});
+  std::vector<std::int32_t> p(30);
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] = std::int32_t(i) + 100;
+  auto plan = *rig.cache.import(p);
+  const auto c = *rig.cache.commit_import(plan.id, p);
+  const std::vector<kv::BlockId> full(rig.cache.blocks(c.seq, 0)->begin(), rig.cache.blocks(c.seq, 0)->begin() + 7);
+  REQUIRE(rig.cache.free(c.seq).ok());
+  std::vector<std::int32_t> slots(2 * 30), pages(64), fill(64);
+  const auto a = *rig.cache.admit(p, slots);
+  REQUIRE(a.cached_tokens == 28);
+  const std::vector<kv::SeqId> one(1, a.seq);
+  auto n = rig.cache.stale_pages(one, {pages, fill});
+  REQUIRE(n.ok());
+  REQUIRE(*n == 8);  // the 7 full hits of the global group and its fresh tail
+  REQUIRE(std::vector<std::int32_t>(pages.begin(), pages.begin() + 7) == full);
+  const auto b = *rig.cache.admit(p, slots);
+  const std::vector<kv::SeqId> other(1, b.seq);
+  REQUIRE(*rig.cache.stale_pages(other, {pages, fill}) == 0);
 }

@@ -297,3 +297,31 @@ TEST_CASE("transfer holds: a finished prefill's blocks wait for every consumer, 
   CHECK(cache.holds().size() == 0);
   CHECK(cache.check_invariants().ok());
 }
+
+TEST_CASE("import without a blocks buffer: import_blocks lists the same blocks, group 0's, as on every cache") {
+  Node a(device_config(12)), b(device_config(12));
+  const auto toks = prompt(14);
+  const std::vector<std::int32_t> head(toks.begin(), toks.begin() + 8);
+  (void)add_published(a.cache, head);  // both hit its 2 blocks
+  (void)add_published(b.cache, head);
+  std::vector<BlockId> blocks(8, -1);
+  const auto with = *a.cache.import(toks, blocks);
+  const auto without = *b.cache.import(toks);
+  CHECK(with.cached_tokens == 8);
+  CHECK(without.cached_tokens == 8);
+  CHECK(without.skip == 2);
+  CHECK(without.num_blocks == with.num_blocks);
+  const auto gb = *b.cache.import_blocks(without.id);
+  CHECK(gb.group == 0);
+  CHECK(gb.skip == without.skip);
+  CHECK(std::vector<BlockId>(gb.local.begin(), gb.local.end()) ==
+        std::vector<BlockId>(blocks.begin(), blocks.begin() + with.num_blocks));
+  CHECK(a.cache == b.cache);  // the buffer is a copy: the caches agree
+  const Cache<> before = b.cache;
+  CHECK(b.cache.import_blocks(without.id, 1).status() == Status{Errc::invalid_argument, "group", 1, 0});
+  CHECK(b.cache.import_blocks(without.id + 1).status().code() == Errc::unknown_job);
+  CHECK(b.cache == before);
+  REQUIRE(b.cache.commit_import(without.id, toks).ok());
+  CHECK(b.cache.import_blocks(without.id).status().code() == Errc::unknown_job);
+  CHECK(b.cache.check_invariants().ok());
+}

@@ -206,7 +206,7 @@ int main() {
     }
     SeqId imported{};
     if (round % 2) {
-      auto c = hy.commit_import(imp->id);
+      auto c = hy.commit_import(imp->id, fresh);
       c ? imported = c->seq : (++bad, imported);
     } else {
       auto c = hy.abort_import(imp->id);

@@ -136,11 +136,13 @@ TEST_CASE("random operations on a hybrid cache (full, window, chunked, cross ove
       // rarer still (29-49 in 25,000 operations over eight seeds).
       CHECK(h.hits > std::int64_t(n / (quantized ? 2000 : 400)));
       CHECK(h.failures > 100);
-      CHECK(h.commits > std::int64_t(n / 200));
-      // (The quantized run also bounds what a sequence reserves ahead of its
-      // computed tokens, prefill_chunk 12: 151-192 commits and 79-106 aborts
-      // in 25,000 operations over eight seeds.)
-      CHECK(h.aborts > std::int64_t(n / 500));
+      // Imports promise their lifetime need half the time, and one past the
+      // free pool less the promises is refused (as admit refuses it): in
+      // 25,000 operations over eight seeds, 160-205 commits and 71-112
+      // aborts; the quantized run, which also bounds what a sequence reserves
+      // ahead of its computed tokens (prefill_chunk 12), 98-133 and 43-77.
+      CHECK(h.commits > std::int64_t(n / (quantized ? 300 : 200)));
+      CHECK(h.aborts > std::int64_t(n / (quantized ? 800 : 500)));
     }
   }
 }

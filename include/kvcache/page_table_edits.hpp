@@ -153,22 +153,33 @@ struct PageTableEdits {
   /// with room for n more tokens (capacity_exceeded), out room for the
   /// blocks (buffer_too_small) and the pool that many free (out_of_blocks).
   static Result<std::int32_t> append_fresh(PageTable& t, BlockPool& pool, SeqId s, std::int32_t n, std::span<BlockId> out) noexcept {
+    return append_fresh(t, pool, s, n, &out);
+  }
+  /// append_fresh() without copying the new blocks out (the row lists them).
+  static Result<std::int32_t> append_fresh(PageTable& t, BlockPool& pool, SeqId s, std::int32_t n) noexcept {
+    return append_fresh(t, pool, s, n, nullptr);
+  }
+
+ private:
+  static Result<std::int32_t> append_fresh(PageTable& t, BlockPool& pool, SeqId s, std::int32_t n, std::span<BlockId>* copy) noexcept {
     if (auto st = t.validate(s); !st) return st;
     PageTable::Stream& st = t.st_[s.index];
     if (n < 0) return Status{Errc::invalid_argument, "n_tokens", n, 0};
     if (st.front != 0 || t.mod_b(st.tokens) != 0) return Status{Errc::invalid_argument, "tokens (not whole blocks)", st.tokens, 0};
     if (n > t.max_tokens_ - st.tokens) return Status{Errc::capacity_exceeded, "n_tokens", n, t.max_tokens_ - st.tokens};
     const std::int32_t k = t.blocks_for(std::int64_t{st.tokens} + n) - st.nblocks;
-    if (out.size() < std::size_t(k)) return Status{Errc::buffer_too_small, "blocks", std::int64_t(out.size()), k};
+    if (copy && copy->size() < std::size_t(k)) return Status{Errc::buffer_too_small, "blocks", std::int64_t(copy->size()), k};
     if (k > pool.num_free()) return Status{Errc::out_of_blocks, "n_blocks", k, pool.num_free()};
     const std::span<BlockId> fresh{t.row(s.index) + st.nblocks, std::size_t(k)};
     (void)pool.allocate(fresh);  // checked: enough are free
-    std::copy(fresh.begin(), fresh.end(), out.begin());
+    if (copy) std::copy(fresh.begin(), fresh.end(), copy->begin());
     st.nblocks += k;
     st.tokens += n;
     st.appended += n;
     return k;
   }
+
+ public:
 
   /// Seals live row s: every call that names it fails (unknown_sequence), so
   /// nothing reads, writes, exports or evicts it until unseal(). It still

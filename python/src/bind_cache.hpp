@@ -273,6 +273,15 @@ void bind_cache(nb::module_& m, const char* name) {
           },
           nb::arg("prompt"), nb::arg("salt") = 0, nb::arg("extra") = 0, nb::arg("max_new") = -1)
       .def(
+          "import_blocks",  // (skip, blocks int32): as HybridCache.import_blocks; one group, 0
+          [](const C& self, std::uint64_t id, std::int32_t g) {
+            const auto gb = check(self.import_blocks(id, g));
+            auto b = new_array<std::int32_t>(gb.local.size());
+            std::copy(gb.local.begin(), gb.local.end(), b.data());
+            return nb::make_tuple(gb.skip, b);
+          },
+          nb::arg("id"), nb::arg("group") = 0)
+      .def(
           "commit_import",  // (seq, published)
           [](C& self, std::uint64_t id, nb::handle prompt) {
             Array<std::int32_t> p;

@@ -263,12 +263,24 @@ void register_hybrid(nb::module_& m) {
           },
           nb::arg("id"), nb::arg("group"))
       .def(
-          "commit_import",  // (seq, published)
-          [](Hybrid& self, std::uint64_t id) {
-            const auto r = check(self.commit_import(id));
+          "commit_import",  // (seq, published); the prompt imported, as on Cache (None: deprecated, unchecked)
+          [](Hybrid& self, std::uint64_t id, nb::handle prompt) {
+            if (prompt.is_none()) {
+              if (PyErr_WarnEx(PyExc_DeprecationWarning,
+                               "HybridCache.commit_import(id) names no prompt: pass the prompt imported, commit_import(id, prompt)", 1) < 0)
+                throw nb::python_error();
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+              const auto r = check(self.commit_import(id));
+#pragma GCC diagnostic pop
+              return std::make_pair(pack(r.seq), r.published);
+            }
+            Array<std::int32_t> p;
+            in_arg(p, prompt, "prompt");
+            const auto r = check(self.commit_import(id, cspan(p)));
             return std::make_pair(pack(r.seq), r.published);
           },
-          nb::arg("id"))
+          nb::arg("id"), nb::arg("prompt") = nb::none())
       .def(
           "abort_import",  // (seq, cached_tokens, recompute)
           [](Hybrid& self, std::uint64_t id) {

@@ -142,6 +142,10 @@ def test_import_commit_and_abort():
     p2 = np.concatenate([prompt[:8], np.arange(100, 110, dtype=np.int32)])
     imp2, cached2, skip2, blocks2 = decode.cache.import_prompt(p2)
     assert (cached2, skip2, len(blocks2)) == (8, 2, 3)
+    skip_g, blocks_g = decode.cache.import_blocks(imp2)  # HybridCache's call: group 0, the only one
+    assert skip_g == skip2 and (blocks_g == blocks2).all()
+    with pytest.raises(kv.InvalidArgument, match="group"):
+        decode.cache.import_blocks(imp2, 1)
     free = decode.cache.free_blocks
     seq2, cached_after, recompute = decode.cache.abort_import(imp2)
     assert (cached_after, recompute) == (8, 10) and decode.cache.free_blocks == free + 3
@@ -182,7 +186,9 @@ def test_hybrid_import_reads_what_each_groups_next_query_reads():
         assert skip + len(local) == len(rows[g])
         run(planner.plan(rows[g], local, group=g, skip=skip))
         received += [(int(r), int(l)) for r, l in zip(rows[g][skip:], local)]
-    seq2, published = dc.commit_import(imp)
+    with pytest.raises(kv.InvalidArgument, match="prompt"):
+        dc.commit_import(imp, prompt[::-1].copy())  # another prompt of the same length: refused
+    seq2, published = dc.commit_import(imp, prompt)
     assert published == 11 + 1 + 1 and dc.imports == 0 and dc.computed_tokens(seq2) == 45
     for r, l in received:
         assert (pmem[r * page:(r + 1) * page] == dmem[l * page:(l + 1) * page]).all()
@@ -195,6 +201,13 @@ def test_hybrid_import_reads_what_each_groups_next_query_reads():
     free = dc.free_blocks
     seq3, cached, recompute = dc.abort_import(imp)
     assert (cached, recompute) == (0, 45) and dc.free_blocks == free + n
+    dc.check_invariants()
+    # The old call without the prompt still commits, with a DeprecationWarning.
+    dc.free(seq3)
+    imp, _, _ = dc.import_prompt(prompt + 100)
+    with pytest.warns(DeprecationWarning, match="commit_import"):
+        seq4, _ = dc.commit_import(imp)
+    assert dc.computed_tokens(seq4) == 45
     dc.check_invariants()
 
 

@@ -18,6 +18,8 @@
 #include "kvcache/prefix_cache.hpp"
 #include "kvcache/sequence_id.hpp"
 #include "kvcache/status.hpp"
+#include "kvcache/transfer/pending_imports.hpp"
+#include "kvcache/transfer/transfer_plan.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -55,6 +57,21 @@ concept PrefixCache = SequenceCache<C> && requires(C& c, SeqId s, std::span<cons
   { c.admit(prompt, slots, opt) } -> std::same_as<Result<AdmitResult>>;  ///< a new sequence: the hit shared, the first chunk reserved
   { c.match(prompt, key) } -> std::same_as<std::int64_t>;                ///< tokens the cache serves now
   { c.tokens(s) } -> std::same_as<Result<std::int64_t>>;                 ///< the sequence's length
+};
+
+/// A prefix cache that admits a sequence a peer prefilled (disaggregated
+/// decode, transfer/pending_imports.hpp): import, the blocks each group
+/// receives, and the landing, the same calls on every cache. A single-group
+/// cache has one group, 0.
+template <class C>
+concept ImportingCache = PrefixCache<C> && requires(C& c, const C& cc, std::span<const std::int32_t> prompt, const ImportOptions& opt,
+                                                    std::uint64_t id, std::int32_t g) {
+  { cc.groups() } -> std::same_as<std::int32_t>;
+  { c.import(prompt, opt) } -> std::same_as<Result<ImportPlan>>;          ///< the row sealed, its fresh blocks pending
+  { cc.import_blocks(id, g) } -> std::same_as<Result<GroupBlocks>>;      ///< group g's: local[i] receives the peer's skip + i
+  { c.commit_import(id, prompt) } -> std::same_as<Result<ImportCommit>>;  ///< landed: published; the prompt must be the one imported
+  { c.abort_import(id) } -> std::same_as<Result<ImportAbort>>;            ///< failed: the hit kept, the rest to recompute
+  { cc.imports() } -> std::same_as<const PendingImports&>;
 };
 
 /// A sequence cache a disaggregated sender holds a whole sequence of (transfer/transfer_holds.hpp).

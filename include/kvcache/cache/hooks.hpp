@@ -12,6 +12,7 @@
 //   reserved_batch(rows, seqs, counts, copies)  reserve_batch() of a step
 //   truncated(rows, s, n)                       a rollback of n tokens
 //   imported(rows, s, n)                        an import's n received tokens landed (commit)
+//   adopted(rows, s, hits)                      a new row of s took `hits` published blocks (a prefix hit)
 //   evicted(rows, s, result)                    the eviction policy ran on s
 // Head rows (head-paged caches), `heads` = HeadsRef:
 //   forked(heads, parent, child), freed(heads, s), truncated(heads, s)
@@ -64,6 +65,7 @@ KVCACHE_HOOK(reserved);
 KVCACHE_HOOK(reserved_batch);
 KVCACHE_HOOK(truncated);
 KVCACHE_HOOK(imported);
+KVCACHE_HOOK(adopted);
 KVCACHE_HOOK(evicted);
 KVCACHE_HOOK(written);
 KVCACHE_HOOK(reconciled);

@@ -214,6 +214,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher, Selection>>,
       rows_[std::size_t(g)].adopt(id.index, std::int32_t(first), scratch_);
       prefix_.adopt(g, id.index, std::int32_t(h / r.block_size), hits_.chain(g, s.key));
     }
+    selection_.adopted(rows_, id.index);  // the rows hold their hits only
     s.computed = s.reserved = h;
     if (cfg_.prefill_chunk == 0) s.ahead = len;  // a whole prompt at once: what blocks_needed assumed
     for (const GroupRows& rows : rows_) fresh -= rows.live(id.index);
@@ -446,6 +447,6 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher, Selection>>,
   std::vector<BlockId> held_;            // import(): the window hits its hold keeps
 };
 
-static_assert(SequenceHolds<HybridCache<>> && PrefixCache<HybridCache<>>, "kvcache::HybridCache keeps the sequence-cache contract (cache/contract.hpp)");
+static_assert(SequenceHolds<HybridCache<>> && ImportingCache<HybridCache<>>, "kvcache::HybridCache keeps the sequence-cache contract (cache/contract.hpp)");
 
 KVCACHE_END_NAMESPACE

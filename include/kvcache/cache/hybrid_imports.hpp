@@ -20,6 +20,7 @@
 #include <span>
 #include <vector>
 
+#include "kvcache/block_hash.hpp"
 #include "kvcache/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/groups/group_hits.hpp"
@@ -32,12 +33,8 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-/// What HybridCache::import() set up.
-struct HybridImportPlan {
-  std::uint64_t id = 0;  ///< The import, for import_blocks(), commit_import(), abort_import().
-  std::int32_t cached_tokens = 0;  ///< Prompt tokens every group serves from the local cache: not transferred.
-  std::int32_t num_blocks = 0;  ///< Local blocks to receive, over every group (import_blocks() lists them).
-};
+/// HybridCache::import() returns every cache's ImportPlan (num_blocks over every group, skip group 0's).
+using HybridImportPlan [[deprecated("HybridCache::import returns ImportPlan, as every cache")]] = ImportPlan;
 
 /// The import calls of HybridCache (which derives from it and befriends it).
 template <class Cache>
@@ -48,8 +45,9 @@ class HybridImports {
   /// fresh blocks for what its next query reads past it (import_blocks()
   /// lists them), pending until commit_import() or abort_import(). All or
   /// nothing, with admit()'s errors; opt.extras must be empty (a hybrid cache
-  /// hashes no multimodal inputs); opt.max_new >= 0 promises blocks_needed(prompt, max_new).
-  Result<HybridImportPlan> import(std::span<const std::int32_t> prompt, const ImportOptions& opt = {}) {
+  /// hashes no multimodal inputs); opt.max_new >= 0 promises blocks_needed(prompt, max_new),
+  /// which must fit the free pool less every earlier promise, as admit()'s.
+  Result<ImportPlan> import(std::span<const std::int32_t> prompt, const ImportOptions& opt = {}) {
     Cache& c = self();
     const auto len = std::int64_t(prompt.size());
     if (len < 1 || len > c.cfg_.max_tokens) return Status{Errc::invalid_argument, "prompt (tokens)", len, c.cfg_.max_tokens};
@@ -63,13 +61,19 @@ class HybridImports {
     }
     if (c.free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", c.cfg_.max_sequences, c.cfg_.max_sequences};
     const std::int64_t h = c.match(prompt, opt.key);
-    std::int64_t need = 0;
+    std::int64_t need = 0, shared = 0;  // shared: hit blocks other sequences hold, drawing nothing from the pool
     for (std::int32_t g = 0; g < c.groups(); ++g) {
       const Span x = span_of(g, h, len);
-      for (std::int64_t j = x.hit_first; j < x.hits; ++j) need += c.pool_.ref_count(c.hits_.block(g, j)) == 0;
+      for (std::int64_t j = x.hit_first; j < x.hits; ++j) {
+        const bool held = c.pool_.ref_count(c.hits_.block(g, j)) > 0;
+        need += !held, shared += held;
+      }
       need += x.end - x.first;
     }
     if (need > c.pool_.num_free()) return Status{Errc::out_of_blocks, "n_blocks", need, c.pool_.num_free()};
+    if (opt.max_new >= 0)
+      if (const std::int64_t room = c.pool_.num_free() - c.promised_blocks() + shared; promise > room)
+        return Status{Errc::out_of_blocks, "max_new (the lifetime need past the free pool less promises)", promise, room};
 
     // Window hits past which the window lies go into one hold (group order), the rest into the rows.
     c.held_.clear();
@@ -89,6 +93,7 @@ class HybridImports {
       }
       c.rows_[std::size_t(g)].adopt(id.index, std::int32_t(x.first > x.hits ? x.first : x.hit_first), c.scratch_);  // nulls below
     }
+    c.selection_.adopted(c.rows_, id.index);
     std::int32_t fresh = 0;
     for (std::int32_t g = 0; g < c.groups(); ++g) {
       GroupRows& rows = c.rows_[std::size_t(g)];
@@ -116,7 +121,8 @@ class HybridImports {
     if (c.cfg_.prefill_chunk == 0) s.ahead = len;  // as admit(): after an abort, the recompute is the prompt's
     s.promised = promise;
     s.sealed = true;
-    return HybridImportPlan{imports_.add(id, std::int32_t(len), std::int32_t(h), hold), std::int32_t(h), fresh};
+    const BlockHash digest = prompt_digest(c.hits_.hasher(), prompt, opt.key);  // what commit_import checks
+    return ImportPlan{imports_.add(id, std::int32_t(len), std::int32_t(h), hold, digest), std::int32_t(h), std::int32_t(span_of(0, h, len).first), fresh};
   }
 
   /// Group g's blocks of import `id` to receive: `local` and `skip` of a
@@ -163,27 +169,26 @@ class HybridImports {
   /// The transfer of import `id` landed: the sequence (its tokens all
   /// computed) is handed out, and its received full blocks are published
   /// under the prompt's chain hashes (window blocks it never received are not
-  /// published, though their tokens stay in the chain). unknown_job for an id not in flight.
-  Result<ImportCommit> commit_import(std::uint64_t id) {
-    Cache& c = self();
+  /// published, though their tokens stay in the chain). As on every cache,
+  /// the prompt must be the one imported: a commit naming another import's
+  /// id would hand out a sequence holding another prompt's K/V. unknown_job
+  /// for an id not in flight; invalid_argument naming prompt.size for another
+  /// length, "prompt (not the tokens imported)" for other tokens, extras for
+  /// any (a hybrid cache hashes no multimodal inputs). Nothing changes on an error.
+  Result<ImportCommit> commit_import(std::uint64_t id, std::span<const std::int32_t> prompt, std::span<const ExtraKey> extras = {}) {
+    const Cache& c = self();
     auto e = imports_.find(id);
     if (!e) return e.status();
-    const std::uint32_t i = e->seq.index;
-    c.seqs_[i].sealed = false;
-    for (GroupRows& rows : c.rows_)  // the hit blocks that left the window
-      if (rows.rule().frees()) rows.free_below(c.pool_, i, std::int32_t(rows.rule().skipped_blocks(e->tokens)));
-    (void)c.mark_computed(i, e->tokens);  // fresh blocks, unhashed: publishing cannot fail
-    std::int32_t published = 0;
-    for (std::int32_t g = 0; g < c.groups(); ++g) {
-      const Span x = span_of(g, e->cached, e->tokens);
-      const auto row = c.rows_[std::size_t(g)].row(i);
-      if (c.rows_[std::size_t(g)].rule().caches())
-        for (std::int64_t j = x.first; j < std::int64_t(row.size()); ++j) published += c.pool_.has_hash(row[std::size_t(j)]);
-    }
-    c.selection_.received(c.rows_, i, e->cached);  // no page_bounds_update saw the received K
-    end(*e);
-    return ImportCommit{e->seq, published};
+    if (std::int64_t(prompt.size()) != e->tokens) return Status{Errc::invalid_argument, "prompt.size", std::int64_t(prompt.size()), e->tokens};
+    if (!extras.empty())
+      return Status{Errc::invalid_argument, "extras (a hybrid cache hashes no multimodal inputs)", std::int64_t(extras.size()), 0};
+    if (prompt_digest(c.hits_.hasher(), prompt, c.seqs_[e->seq.index].key) != e->digest)
+      return Status{Errc::invalid_argument, "prompt (not the tokens imported)", std::int64_t(prompt.size()), e->tokens};
+    return land(id);
   }
+  /// commit_import(id, prompt) without the check that the prompt is the one imported.
+  [[deprecated("name the prompt imported: commit_import(id, prompt), as on every cache")]]
+  Result<ImportCommit> commit_import(std::uint64_t id) { return land(id); }
 
   /// The transfer of import `id` failed or timed out: its received blocks go
   /// back unpublished, and the sequence is handed out holding the cached
@@ -213,6 +218,33 @@ class HybridImports {
     return ImportAbort{e->seq, e->cached, e->tokens - e->cached};
   }
 
+ private:
+  // GroupTiers lands an onboard it planned from the cache's own lookup: no engine id to confuse.
+  template <class>
+  friend class GroupTiers;
+  // Import `id` (in flight) landed: the commit itself.
+  Result<ImportCommit> land(std::uint64_t id) {
+    Cache& c = self();
+    auto e = imports_.find(id);
+    if (!e) return e.status();
+    const std::uint32_t i = e->seq.index;
+    c.seqs_[i].sealed = false;
+    for (GroupRows& rows : c.rows_)  // the hit blocks that left the window
+      if (rows.rule().frees()) rows.free_below(c.pool_, i, std::int32_t(rows.rule().skipped_blocks(e->tokens)));
+    (void)c.mark_computed(i, e->tokens);  // fresh blocks, unhashed: publishing cannot fail
+    std::int32_t published = 0;
+    for (std::int32_t g = 0; g < c.groups(); ++g) {
+      const Span x = span_of(g, e->cached, e->tokens);
+      const auto row = c.rows_[std::size_t(g)].row(i);
+      if (c.rows_[std::size_t(g)].rule().caches())
+        for (std::int64_t j = x.first; j < std::int64_t(row.size()); ++j) published += c.pool_.has_hash(row[std::size_t(j)]);
+    }
+    c.selection_.received(c.rows_, i, e->cached);  // no page_bounds_update saw the received K
+    end(*e);
+    return ImportCommit{e->seq, published};
+  }
+
+ public:
   /// The imports in flight.
   const PendingImports& imports() const noexcept { return imports_; }
 

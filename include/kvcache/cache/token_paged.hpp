@@ -27,6 +27,7 @@
 #include "kvcache/selection/row_selection.hpp"
 #include "kvcache/status.hpp"
 #include "kvcache/transfer/pending_imports.hpp"
+#include "kvcache/transfer/transfer_plan.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -86,7 +87,10 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
   Result<PrefixHit> add_sequence(std::span<const std::int32_t> prompt, const PrefixKey& key = {},
                                  std::span<const ExtraKey> extras = {}) noexcept {
     auto hit = PrefixSharing::add(table_, pool_, prompt, key, extras, hasher_);
-    if (hit) prefix_.adopted(hit->seq, std::int64_t(prompt.size()), hit->cached_tokens);
+    if (hit) {
+      prefix_.adopted(hit->seq, std::int64_t(prompt.size()), hit->cached_tokens);
+      notify(hooks::adopted, hit->seq, hit->cached_tokens / this->block_size());
+    }
     return hit;
   }
   /// Atomic admission: a new sequence with the cached prefix of `prompt`
@@ -103,6 +107,7 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
     const SeqId s = PrefixSharing::adopt(table_, pool_, opt.key, prefix_.hits(plan->hit.blocks));
     const std::int32_t cached = plan->hit.blocks * this->block_size();
     prefix_.adopted(s, std::int64_t(prompt.size()), cached);
+    notify(hooks::adopted, s, plan->hit.blocks);
     if (opt.max_new >= 0) prefix_.promise(s.index, plan->lifetime);
     auto r = reserve(s, prompt.subspan(std::size_t(cached), std::size_t(plan->reserve)), slots, opt.extras);
     if (!r) {  // unreachable: the plan checked every block and buffer
@@ -134,21 +139,28 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
 
   // --- imports: a peer computed the prompt (transfer/pending_imports.hpp) ---
   /// A sequence for `prompt` whose KV a peer computed: the cached prefix is
-  /// shared as admit() shares it, and fresh blocks for the rest go to
-  /// blocks[0 .. num_blocks), pending until commit_import() or abort_import().
-  /// All or nothing, with admit()'s errors (blocks: buffer_too_small).
+  /// shared as admit() shares it, and fresh blocks for the rest are pending
+  /// until commit_import() or abort_import(); import_blocks(id) lists them,
+  /// as on every cache. All or nothing, with admit()'s errors.
+  Result<ImportPlan> import(std::span<const std::int32_t> prompt, const ImportOptions& opt = {}) noexcept {
+    return import_row(prompt, opt, nullptr);
+  }
+  /// import(prompt, opt), the fresh blocks also copied to blocks[0 .. num_blocks) (buffer_too_small when short).
   Result<ImportPlan> import(std::span<const std::int32_t> prompt, std::span<BlockId> blocks, const ImportOptions& opt = {}) noexcept {
-    auto plan = admit_plan(prompt, {.key = opt.key, .extras = opt.extras, .max_new = opt.max_new}, -1);
-    if (!plan) return plan.status();
-    if (std::int64_t(blocks.size()) < plan->fresh) return Status{Errc::buffer_too_small, "blocks", std::int64_t(blocks.size()), plan->fresh};
-    const SeqId s = PrefixSharing::adopt(table_, pool_, opt.key, prefix_.hits(plan->hit.blocks));
-    const std::int32_t cached = plan->hit.blocks * this->block_size(), n = std::int32_t(prompt.size()) - cached;
-    prefix_.adopted(s, std::int64_t(prompt.size()), cached);
-    if (opt.max_new >= 0) prefix_.promise(s.index, plan->lifetime);
-    (void)PageTableEdits::append_fresh(table_, pool_, s, n, blocks);  // the plan checked room and blocks
-    PageTableEdits::seal(table_, s);  // no call names the row until commit or abort, a guessed handle neither
-    const BlockHash digest = prompt_digest(hasher_, prompt, opt.key, opt.extras);
-    return ImportPlan{imports_.add(s, std::int32_t(prompt.size()), cached, 0, digest), cached, plan->hit.blocks, plan->fresh};
+    return import_row(prompt, opt, &blocks);
+  }
+  /// One group of layers: every layer's rows are the same (a hybrid cache has several).
+  static constexpr std::int32_t groups() noexcept { return 1; }
+  /// The blocks of import `id` to receive, as a GroupBlocks of group 0 (the
+  /// only one): local[i] receives the peer's block skip + i; the caller sets
+  /// `remote`. unknown_job for an id not in flight; invalid_argument for
+  /// another group. Valid until commit or abort.
+  Result<GroupBlocks> import_blocks(std::uint64_t id, std::int32_t g = 0) const noexcept {
+    auto e = imports_.find(id);
+    if (!e) return e.status();
+    if (g != 0) return Status{Errc::invalid_argument, "group", g, 0};
+    const std::int32_t skip = e->cached / this->block_size();
+    return GroupBlocks{0, {}, table_.blocks_unchecked(e->seq).subspan(std::size_t(skip)), skip};
   }
   /// The transfer of import `id` landed: its blocks are published from
   /// `prompt` and the sequence is handed out. The prompt and extras must be
@@ -368,6 +380,23 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
     Hook::call(prefix_, rows, args...);
     Hook::call(eviction_, rows, args...);
     Hook::call(selection_, rows, args...);
+  }
+  // import(): the row with the hit shared and fresh blocks for the rest (copied to *copy), sealed.
+  Result<ImportPlan> import_row(std::span<const std::int32_t> prompt, const ImportOptions& opt, std::span<BlockId>* copy) noexcept {
+    auto plan = admit_plan(prompt, {.key = opt.key, .extras = opt.extras, .max_new = opt.max_new}, -1);
+    if (!plan) return plan.status();
+    if (copy && std::int64_t(copy->size()) < plan->fresh)
+      return Status{Errc::buffer_too_small, "blocks", std::int64_t(copy->size()), plan->fresh};
+    const SeqId s = PrefixSharing::adopt(table_, pool_, opt.key, prefix_.hits(plan->hit.blocks));
+    const std::int32_t cached = plan->hit.blocks * this->block_size(), n = std::int32_t(prompt.size()) - cached;
+    prefix_.adopted(s, std::int64_t(prompt.size()), cached);
+    notify(hooks::adopted, s, plan->hit.blocks);
+    if (opt.max_new >= 0) prefix_.promise(s.index, plan->lifetime);
+    if (copy) (void)PageTableEdits::append_fresh(table_, pool_, s, n, *copy);  // the plan checked room and blocks
+    else (void)PageTableEdits::append_fresh(table_, pool_, s, n);
+    PageTableEdits::seal(table_, s);  // no call names the row until commit or abort, a guessed handle neither
+    const BlockHash digest = prompt_digest(hasher_, prompt, opt.key, opt.extras);
+    return ImportPlan{imports_.add(s, std::int32_t(prompt.size()), cached, 0, digest), cached, plan->hit.blocks, plan->fresh};
   }
   // admit()'s checks and plan (prefix_cache.hpp), with the policy's lifetime
   // need; slots: the caller's slot buffer size (-1: a dry run).

@@ -125,6 +125,8 @@ class GroupHits {
   }
   /// The group whose hash chain group g shares (the first caching group of its block size); -1 for a group that caches nothing.
   std::int32_t chain_owner(std::int32_t g) const noexcept { return groups_[std::size_t(g)].chain; }
+  /// The block hasher (what an import's prompt digest is taken with).
+  const Hasher& hasher() const noexcept { return hasher_; }
   /// Hash of one block continuing `parent` (the chain every group of this block size shares).
   BlockHash hash(const BlockHash& parent, std::span<const std::int32_t> tokens, std::uint64_t extra) const noexcept {
     return hasher_(parent, tokens, extra);

@@ -15,7 +15,9 @@
 // Stale pages, per write path (the engine runs the kernels, as on Cache<>):
 //   admit / reserve / advance  page_bounds_update on the returned slots of
 //                              each global group, after the scatter
-//   commit_import              the received pages: stale_pages() lists them
+//   commit_import              the received pages: stale_pages() lists them,
+//                              for every row that adopts one as a prefix hit
+//                              before a listing too
 //   truncate                   a partial tail keeps the removed keys' extremes:
 //                              listed unless still published or shared
 #pragma once
@@ -76,6 +78,7 @@ class GroupSelection {
   const S& policy() const noexcept { return s_; }  ///< The policy.
   void freed(std::uint32_t) noexcept {}  ///< A row ended: nothing to hear.
   void received(std::span<const GroupRows>, std::uint32_t, std::int64_t) noexcept {}  ///< An import landed: nothing to hear.
+  void adopted(std::span<const GroupRows>, std::uint32_t) noexcept {}  ///< A prefix hit: nothing to hear.
   void truncated(std::span<const GroupRows>, const BlockPool&, std::uint32_t, std::int64_t) noexcept {}  ///< A rollback: nothing to hear.
   friend bool operator==(const GroupSelection&, const GroupSelection&) { return true; }
 
@@ -135,8 +138,16 @@ class GroupSelection<S> : public BoundPageSelection<S> {
     for (std::size_t k = 0; k < globals_.size(); ++k) {
       const GroupRows& r = rows[std::size_t(globals_[k])];
       const auto first = std::int32_t(cached / r.rule().block_size);
-      if (first < std::int32_t(r.row(i).size())) s_.stale().mark(stream(k, i), first);
+      if (first >= std::int32_t(r.row(i).size())) continue;
+      s_.stale().mark(stream(k, i), first);
+      this->mark_unbounded(r.row(i).subspan(std::size_t(first)));  // published at commit: a hit may adopt them first
     }
+  }
+  /// Row i was admitted holding prefix hits only: a hit page whose received
+  /// keys no listing has bounded yet is stale for row i too.
+  void adopted(std::span<const GroupRows> rows, std::uint32_t i) noexcept {
+    for (std::size_t k = 0; k < globals_.size(); ++k)
+      if (const std::int32_t j = this->first_unbounded(rows[std::size_t(globals_[k])].row(i)); j >= 0) s_.stale().mark(stream(k, i), j);
   }
   /// Row i was rolled back to `tokens`: a partial tail keeps the removed
   /// keys' extremes (recomputed unless another holder may read it whole).
@@ -177,6 +188,7 @@ class GroupSelection<S> : public BoundPageSelection<S> {
         }
         stale.clear(stream(k, s.index));
       }
+    this->listed(out.pages.first(w));
     return std::int32_t(w);  // a handle listed twice is listed once
   }
   /// The policy's select() on model layer `layer`'s group rows.

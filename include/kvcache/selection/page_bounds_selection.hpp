@@ -18,9 +18,11 @@
 //                             still holds for every live key
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kvcache/config.hpp"
 #include "kvcache/geometry.hpp"
@@ -139,6 +141,7 @@ class BoundPageSelection {
   void bind(const SelectionShape& shape) {
     if (auto st = s_.bind(shape); !st) throw ConfigError("kvcache::Cache", st);
     layers_ = shape.geometry.spec().num_layers;
+    unbounded_.assign(std::size_t(std::max(0, shape.num_blocks)), false);
   }
   const S& policy() const noexcept { return s_; }  ///< The policy.
   /// One pool layer's slice of the page-bounds store (cache.hpp's page_bounds()).
@@ -146,11 +149,35 @@ class BoundPageSelection {
     if (layer < 0 || layer >= layers_) return Status{Errc::invalid_argument, "layer", layer, layers_};
     return s_.bounds(layer);
   }
-  friend bool operator==(const BoundPageSelection& a, const BoundPageSelection& b) { return a.s_ == b.s_; }
+  friend bool operator==(const BoundPageSelection& a, const BoundPageSelection& b) {
+    return a.s_ == b.s_ && a.unbounded_ == b.unbounded_;
+  }
 
  protected:
+  // Pages whose keys arrived from outside (an import's received pages): no
+  // page_bounds_update saw them, so their bounds stay stale until a
+  // stale_pages() listing hands them out. Kept per page, not per row: the
+  // import's pages are published at commit, so another row may adopt them
+  // as a prefix hit (or the importing row may be freed) before any listing.
+  /// The received pages among `blocks` have no bounds yet (null entries skipped).
+  void mark_unbounded(std::span<const BlockId> blocks) noexcept {
+    for (const BlockId b : blocks)
+      if (b >= 0) unbounded_[std::size_t(b)] = true;
+  }
+  /// The first of `blocks` with no bounds yet, or -1.
+  std::int32_t first_unbounded(std::span<const BlockId> blocks) const noexcept {
+    for (std::size_t j = 0; j < blocks.size(); ++j)
+      if (blocks[j] >= 0 && unbounded_[std::size_t(blocks[j])]) return std::int32_t(j);
+    return -1;
+  }
+  /// The engine recomputes the listed pages (stale_pages()): their bounds will hold.
+  void listed(std::span<const std::int32_t> pages) noexcept {
+    for (const std::int32_t p : pages) unbounded_[std::size_t(p)] = false;
+  }
+
   S s_{};                     ///< The policy (its stale pages are what the hooks mark).
   std::int32_t layers_ = 0;   ///< Pool layers: the store's slices.
+  std::vector<bool> unbounded_;  ///< [num_blocks]: mark_unbounded's pages not yet listed.
 };
 
 KVCACHE_END_NAMESPACE

@@ -58,10 +58,20 @@ class RowSelection<S> : public BoundPageSelection<S> {
                       std::span<const BlockCopy> copies) noexcept {
     stale_rows::reserved(s_.stale(), r.table, seqs, counts, copies);
   }
-  /// An import's n received tokens landed: no page_bounds_update saw their keys.
+  /// An import's n received tokens landed: no page_bounds_update saw their
+  /// keys, and the pages stay unbounded for any row that adopts them until listed.
   template <class Rows>
   void imported(const Rows& r, SeqId s, std::int32_t n) noexcept {
-    if (n > 0) s_.stale().mark(s.index, stale_rows::first_new_block(r.table, s, n));
+    if (n <= 0) return;
+    const std::int32_t first = stale_rows::first_new_block(r.table, s, n);
+    s_.stale().mark(s.index, first);
+    this->mark_unbounded(r.table.blocks_unchecked(s).subspan(std::size_t(first)));
+  }
+  /// s adopted `hits` published pages (a prefix hit): one no listing has bounded yet is stale for s too.
+  template <class Rows>
+  void adopted(const Rows& r, SeqId s, std::int32_t hits) noexcept {
+    if (const std::int32_t j = this->first_unbounded(r.table.blocks_unchecked(s).first(std::size_t(hits))); j >= 0)
+      s_.stale().mark(s.index, j);
   }
   /// A rollback left a partial tail with the removed keys' extremes.
   template <class Rows>
@@ -77,7 +87,9 @@ class RowSelection<S> : public BoundPageSelection<S> {
   /// Lists and clears the stale pages of seqs (cache.hpp's stale_pages()).
   template <class Table, class Pool>
   Result<std::int32_t> stale_pages(const Table& t, const Pool& pool, std::span<const SeqId> seqs, const StaleSpans& out) noexcept {
-    return take_stale_pages(s_.stale(), t, pool, seqs, out);
+    auto n = take_stale_pages(s_.stale(), t, pool, seqs, out);
+    if (n) this->listed(out.pages.first(std::size_t(*n)));
+    return n;
   }
   /// The policy's select() on rows.
   template <class Table>

@@ -222,7 +222,7 @@ class GroupTiers {
     const std::uint64_t import = it->import;
     onboards_.erase(it);
     if (failed.empty()) {
-      auto c = cache_.commit_import(import);
+      auto c = cache_.land(import);  // planned from the cache's own lookup of the prompt
       if (!c) return c.status();
       return OnboardResult{c->seq, true, std::int32_t(*cache_.tokens(c->seq))};
     }

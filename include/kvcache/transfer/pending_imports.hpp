@@ -29,12 +29,15 @@ struct ImportOptions {
   std::int64_t max_new = -1;  ///< As AdmitOptions::max_new: the lifetime need promised in the ledger (-1: none).
 };
 
-/// What import() set up.
+/// What import() set up (every cache's; import_blocks(id, g) lists group g's blocks to receive).
 struct ImportPlan {
-  std::uint64_t id = 0;  ///< The import, for commit_import() / abort_import().
-  std::int32_t cached_tokens = 0;  ///< Prompt tokens the local prefix cache served (whole blocks): not transferred.
-  std::int32_t skip = 0;  ///< The remote sequence's leading blocks not read (cached_tokens / block_size): TransferOptions::skip.
-  std::int32_t num_blocks = 0;  ///< Local blocks to receive, in blocks[0 .. num_blocks): the remote's blocks from `skip` on.
+  std::uint64_t id = 0;  ///< The import, for import_blocks(), commit_import(), abort_import().
+  std::int32_t cached_tokens = 0;  ///< Prompt tokens the local prefix cache served in every group (whole blocks): not transferred.
+  /// The remote sequence's leading blocks not read, in group 0 (a single-group
+  /// cache's only one: cached_tokens / block_size; TransferOptions::skip);
+  /// each group's is import_blocks(id, g).skip.
+  std::int32_t skip = 0;
+  std::int32_t num_blocks = 0;  ///< Local blocks to receive, over every group (Cache<>: its blocks buffer's first num_blocks).
 };
 
 /// What commit_import() did.
