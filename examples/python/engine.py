@@ -361,17 +361,38 @@ class HybridKv:
     """One request's view of a hybrid pool (hybrid_backend.hpp's HybridKv): each
     layer is written through its group's view at the group's slots and read
     back through the group's CSR over its live blocks; a window group's layers
-    mask keys W or more behind the query."""
+    mask keys W or more behind the query. With Quest, a decoded query of a
+    global (full-attention) layer reads only the pages the cache selects."""
 
     def __init__(self, eng, r, slots):
         self.e, self.seq, self.slots = eng, r.seqs[0], slots
+        self.rows_block = None  # the last read's blocks, one per row (what select masks by)
 
     def window(self, layer):
         return self.e.group_window[self.e.groups.layer_slot(layer)[0]]
 
     def write(self, layer, k, v):
-        g, index = self.e.groups.layer_slot(layer)
-        kv.scatter(self.e.views[g], k, v, self.slots[g], first_layer=index)
+        e = self.e
+        g, index = e.groups.layer_slot(layer)
+        kv.scatter(e.views[g], k, v, self.slots[g], first_layer=index)
+        if e.quest and e.group_window[g] == 0:  # a global layer's written pages: their key bounds, which Quest ranks
+            kv.page_bounds_update(e.views[g], index, self.slots[g], e.cache.page_bounds(layer))
+
+    def select(self, layer, q, key_pos):
+        """Quest on a global layer's decoded query: each kv-head reads only the
+        pages the cache selects; the rest of its rows are masked as if in the
+        future. Window layers and prefill chunks read what they hold."""
+        e = self.e
+        if not e.quest or q.shape[0] != 1 or self.window(layer) > 0:
+            return key_pos
+        rep = q.shape[1] // e.heads
+        queries = q.reshape(1, e.heads, rep, e.head_dim).contiguous().numpy()
+        indptr, picked, _ = e.cache.select(np.array([self.seq], dtype=np.uint64), layer, queries)
+        hidden = key_pos.clone()
+        for h in range(e.heads):
+            keep = torch.from_numpy(picked[indptr[h]:indptr[h + 1]]).long()
+            hidden[h, ~torch.isin(self.rows_block, keep)] = torch.iinfo(torch.long).max
+        return hidden
 
     def read(self, layer):
         e = self.e
@@ -382,6 +403,8 @@ class HybridKv:
         k = torch.empty(rows, e.heads, e.head_dim)
         v = torch.empty_like(k)
         kv.gather(e.views[g], index, indptr, indices, np.array([0, rows], dtype=np.int32), k, v)
+        B = e.groups.block_size(g)  # row j is position first_pos + j, slot j of the CSR's pages
+        self.rows_block = torch.from_numpy(indices).long()[torch.arange(rows) // B]
         pos = torch.arange(int(first_pos[0]), int(first_pos[0]) + rows).expand(e.heads, rows)
         return k.transpose(0, 1), v.transpose(0, 1), pos
 
@@ -404,8 +427,6 @@ class Engine:
         self.residual = None  # a channel-scaled pool's open blocks (KIVI)
         if self.hybrid and cfg.kv_format != "f32":
             raise ValueError("window: the hybrid engine stores f32")
-        if self.hybrid and cfg.quest_budget:
-            raise ValueError(f"quest_budget {cfg.quest_budget}: the hybrid engine selects nothing (window {cfg.window})")
         if cfg.prefix_caching and (self.hybrid or self.token_policy or cfg.layer_streams):
             raise ValueError("prefix_caching: one stream per request under keep_all or a block policy "
                              "(a token policy's compaction rewrites the rows a hit would share)")
@@ -481,8 +502,15 @@ class Engine:
         self.blocks = len(groups) * (cfg.max_kv_tokens // cfg.block_size) + 1
         self.memory = torch.zeros(self.blocks * self.groups.page_bytes, dtype=torch.uint8)
         self.views = [kv.PoolView.of_group(self.groups, g, self.memory, self.blocks) for g in range(len(groups))]
+        # Quest on the global layers (the full-attention group); the window groups keep their window. Its
+        # dense_layers count global layers: those among the model's first two read every page, as Quest's do.
+        self.quest = None
+        if cfg.quest_budget:
+            self.quest = kv.Quest(token_budget=cfg.quest_budget, dense_layers=sum(1 for layer in full if layer < 2),
+                                  query_group=c["q_heads"] // c["kv_heads"])
         self.cache = kv.HybridCache(self.groups, num_blocks=self.blocks, max_sequences=cfg.max_batch,
-                                    max_tokens=c["context"] + 256, prefill_chunk=cfg.chunk, prefix_caching=False)
+                                    max_tokens=c["context"] + 256, prefill_chunk=cfg.chunk, prefix_caching=False,
+                                    selection=self.quest)
         self.token_policy = self.observes = self.last_query = False
 
     def kv_bytes(self, tokens):

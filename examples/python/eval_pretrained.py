@@ -75,8 +75,8 @@ STUDIES = {
         ("passkey_grass", [4096], 2, EVICTION),
     ],
     "gemma3": [
-        ("passkey", [256, 1024], 2, ["full", "layer_groups"]),
-        ("passkey", [4096], 1, ["full", "layer_groups"]),
+        ("passkey", [256, 1024], 2, ["full", "layer_groups", "layer_groups,quest:0.25", "layer_groups,quest:0.125"]),
+        ("passkey", [4096], 1, ["full", "layer_groups", "layer_groups,quest:0.25", "layer_groups,quest:0.125"]),
     ],
 }
 

@@ -44,7 +44,6 @@ from ._kvcache import (
     Geometry,
     GroupTiers,
     H2O,
-    HybridCache,
     KeepAll,
     KvFormat,
     KvPlanes,
@@ -179,6 +178,32 @@ def Cache(geometry, num_blocks, max_sequences=256, max_blocks_per_sequence=None,
         return cls(geometry, num_blocks, max_sequences, max_blocks_per_sequence, admission, eviction, *extra)
     return cls(geometry, num_blocks, max_sequences, max_blocks_per_sequence, event_capacity, publish_on_reserve,
                eviction, *extra)
+
+
+def HybridCache(groups, num_blocks, max_sequences, max_tokens, prefill_chunk=0, prefix_caching=True, event_capacity=0,
+                selection=None, bounds=None):
+    """Layer groups over one pool (``kvcache::HybridCache<FastBlockHasher,
+    Selection>``): each group's rows follow its kind (full, sliding window,
+    chunked, MLA, cross). ``selection``: ``None`` or ``Quest(...)``, which acts
+    on the global layers (the full and MLA groups'; the window and chunked
+    groups keep their own retention); its bounds store is ``bounds`` (a
+    C-contiguous float32 CPU array of ``Quest.bounds_floats(
+    groups.global_geometry(), num_blocks)`` floats) or a new numpy array,
+    kept alive by the cache and seen through ``page_bounds(layer)`` for a
+    global layer. The object is the compiled cache of that combination.
+    """
+    if selection is not None and not isinstance(selection, Quest):
+        raise _bad("selection", type(selection).__name__, "None or Quest")
+    if bounds is not None and selection is None:
+        raise _bad("bounds", "given", "only a Quest cache has a bounds store")
+    if selection is None:
+        return _kvcache.HybridCache(groups, num_blocks, max_sequences, max_tokens, prefill_chunk, prefix_caching,
+                                    event_capacity)
+    if bounds is None:
+        import numpy
+        bounds = numpy.zeros(Quest.bounds_floats(groups.global_geometry(), num_blocks), dtype=numpy.float32)
+    return _kvcache.HybridCache_Quest(groups, num_blocks, max_sequences, max_tokens, prefill_chunk, prefix_caching,
+                                      event_capacity, selection, bounds)
 
 
 __all__ = [

@@ -280,3 +280,47 @@ def test_group_tiers_bring_every_group_back_through_an_import():
     tiers.tiers.check_invariants()
     with pytest.raises(kv.InvalidArgument, match="prefix_caching"):
         kv.GroupTiers(kv.HybridCache(small(), num_blocks=8, max_sequences=1, max_tokens=16, prefix_caching=False), host_blocks=4)
+
+
+def test_quest_on_the_global_layers_selects_within_the_budget_and_lists_received_pages():
+    """kv.HybridCache(..., selection=kv.Quest(...)): the full group's layer
+    has a bounds slice, a decoded query reads its budget of pages (first,
+    best-bounded, last), a window layer is refused, and an import's
+    received pages are listed stale until bounded."""
+    lg = small(window=8)
+    assert lg.global_geometry().num_layers == 1
+    c = kv.HybridCache(lg, num_blocks=40, max_sequences=2, max_tokens=64, selection=kv.Quest(token_budget=12, dense_layers=0))
+    view = kv.PoolView.of_group(lg, 0, np.zeros(40 * lg.page_bytes, dtype=np.uint8), 40)
+    assert c.page_bounds(0).shape == (40, 2, 2, 8)
+    with pytest.raises(kv.InvalidArgument, match="layer"):
+        c.page_bounds(1)  # a window layer has no bounds
+    prompt = np.arange(1, 33, dtype=np.int32)
+    seq, cached, n, slots = c.admit(prompt)
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((n, 2, 8), dtype=np.float32)
+    kv.scatter(view, k, k, slots[0], first_layer=0)
+    kv.page_bounds_update(view, 0, slots[0], c.page_bounds(0))
+    c.computed(seq, 32)
+    pages, fill, listed = c.stale_pages(np.array([seq], dtype=np.uint64))
+    assert listed == 0
+    q = rng.standard_normal((1, 2, 1, 8), dtype=np.float32)
+    indptr, indices, total = c.select(np.array([seq], dtype=np.uint64), 0, q)
+    row = c.export_block_table(0, [seq], 8)[0]
+    assert total == 6 and list(indptr) == [0, 3, 6]  # 12 tokens: 3 pages of 4 a kv-head
+    for h in range(2):
+        picked = list(indices[indptr[h]:indptr[h + 1]])
+        assert picked[0] == row[0] and picked[-1] == row[7] and picked == sorted(picked, key=list(row).index)
+    with pytest.raises(kv.InvalidArgument, match="layer"):
+        c.select(np.array([seq], dtype=np.uint64), 1, q)
+    # A peer's prompt lands: its pages hold K no page_bounds_update saw.
+    imp, cached, _ = c.import_prompt(np.arange(100, 120, dtype=np.int32))
+    s2, _ = c.commit_import(imp, np.arange(100, 120, dtype=np.int32))
+    pages, fill, listed = c.stale_pages(np.array([s2], dtype=np.uint64))
+    assert listed == 5 and list(pages[:listed]) == list(c.export_block_table(0, [s2], 5)[0]) and list(fill[:listed]) == [4] * 5
+    with pytest.raises(kv.InvalidArgument, match="selection"):
+        kv.HybridCache(lg, num_blocks=40, max_sequences=2, max_tokens=64, selection=kv.KeepAll())
+    with pytest.raises(kv.InvalidArgument, match="bounds"):
+        kv.HybridCache(lg, num_blocks=40, max_sequences=2, max_tokens=64, bounds=np.zeros(4, dtype=np.float32))
+    window_only = kv.LayerGroups([kv.LayerGroup("sliding_window", [0], num_kv_heads=2, head_dim=8, window=8)], block_size=4)
+    with pytest.raises(kv.InvalidArgument, match="no full or MLA group"):
+        window_only.global_geometry()

@@ -208,6 +208,40 @@ def test_gemma3_layer_groups_past_the_window(gemma3):
 
 
 @pytest.mark.xdist_group("gemma3")
+def test_gemma3_quest_on_the_global_layers(gemma3, monkeypatch):
+    """Quest on Gemma 3's global layers, its window layers keeping their
+    window: a budget past the prompt serves the dense reference's logits; a
+    small one hides from each global layer's decoded query all but its
+    budget of pages, and the window layers read what they hold."""
+    m, tok = gemma3
+    prompt = [tok.bos] + text_tokens(tok, 3000, 130)
+    wide = eng.Engine(m, eng.EngineConfig(max_kv_tokens=512, chunk=64, window=512, keep_logits=True, quest_budget=1024),
+                      kv.KeepAll())
+    r = eng.Request(id=0, prompt=prompt, max_new=8)
+    wide.run([r])
+    check_dense(m, r)
+    reads = []
+    select = eng.HybridKv.select
+
+    def counting(self, layer, q, key_pos):
+        out = select(self, layer, q, key_pos)
+        if q.shape[0] == 1:
+            reads.append((layer, (out < torch.iinfo(torch.long).max).sum(1).tolist(), key_pos.shape[1]))
+        return out
+
+    monkeypatch.setattr(eng.HybridKv, "select", counting)
+    narrow = eng.Engine(m, eng.EngineConfig(max_kv_tokens=512, chunk=64, window=512, quest_budget=64), kv.KeepAll())
+    narrow.run([eng.Request(id=0, prompt=prompt, max_new=4)])
+    global_layers = [layer for layer in range(m.c["layers"]) if m.window(layer) == 0]
+    assert {layer for layer, _, _ in reads} == set(range(m.c["layers"]))
+    for layer, per_head, held in reads:
+        if layer in global_layers:
+            assert all(n <= 64 for n in per_head) and held > 130  # 4 pages of 16 of the 130+ held
+        else:
+            assert per_head == [held] * len(per_head)
+
+
+@pytest.mark.xdist_group("gemma3")
 def test_gemma3_full_layers_engine(gemma3):
     """Every layer stored whole (the paged engine), the window applied by attention alone: the same tokens."""
     m, tok = gemma3
@@ -342,7 +376,7 @@ def test_smollm2_quest_reads_its_budget(smollm2, monkeypatch):
     narrow, _ = ev.make_engine(m, "quest:0.125", len(prompt), "retrieval")  # 96 tokens: 6 pages of 16
     narrow.run([eng.Request(id=0, prompt=prompt, max_new=3)])
     assert reads
-    for bad in (dict(kv_format="int8_g32"), dict(layer_streams=True), dict(window=64)):
+    for bad in (dict(kv_format="int8_g32"), dict(layer_streams=True)):
         with pytest.raises(ValueError, match="quest_budget 64"):
             eng.Engine(m, eng.EngineConfig(max_kv_tokens=400, max_batch=1, quest_budget=64, **bad), kv.KeepAll())
     for layer, per_head, held in reads:
