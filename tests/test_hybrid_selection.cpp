@@ -413,6 +413,7 @@ TEST_CASE("Selection on a hybrid: a layout it cannot serve is a ConfigError nami
                                              {.kind = AttentionKind::sliding_window, .layers = b, .num_kv_heads = 1, .head_dim = 4, .window = 4}};
   REQUIRE(what(fine, q) == "no error");
   REQUIRE(what(fine, {.token_budget = 2, .dense_layers = 0}).find("token_budget") != std::string::npos);
+  REQUIRE(what(fine, {.token_budget = 2, .dense_layers = 0}).rfind("kvcache::HybridCache (selection): ", 0) == 0);  // names the cache it binds to
   store.resize(8);
   REQUIRE(what(fine, q).find("bounds") != std::string::npos);
 }

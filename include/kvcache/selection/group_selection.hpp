@@ -116,7 +116,8 @@ class GroupSelection<S> : public BoundPageSelection<S> {
     seqs_ = max_sequences;
     BoundPageSelection<S>::bind({.geometry = *geometry, .num_blocks = num_blocks, .model_layers = k,
                                  .streams = max_sequences * std::int32_t(globals_.size()), .max_rows = max_sequences,
-                                 .max_blocks_per_row = longest, .kv_heads = geometry->spec().num_kv_heads});
+                                 .max_blocks_per_row = longest, .kv_heads = geometry->spec().num_kv_heads},
+                                "kvcache::HybridCache (selection)");
   }
 
   /// Model layer `layer`'s slice of the store: invalid_argument for a layer
@@ -166,30 +167,18 @@ class GroupSelection<S> : public BoundPageSelection<S> {
                                    std::span<const SeqId> seqs, const StaleSpans& out) noexcept {
     for (std::size_t k = 0; k < seqs.size(); ++k)
       if (auto st = validate(seqs[k]); !st) return Status{st.code(), "seqs_at", std::int64_t(k), 0};
-    StalePages& stale = s_.stale();
-    std::int64_t n = 0;
-    for (const SeqId s : seqs)
-      for (std::size_t k = 0; k < globals_.size(); ++k) {
-        const std::int32_t from = stale.from(stream(k, s.index)), held = std::int32_t(rows[std::size_t(globals_[k])].row(s.index).size());
-        if (from < held) n += held - from;
-      }
-    if (std::int64_t(out.pages.size()) < n) return Status{Errc::buffer_too_small, "pages", std::int64_t(out.pages.size()), n};
-    if (std::int64_t(out.fill.size()) < n) return Status{Errc::buffer_too_small, "fill", std::int64_t(out.fill.size()), n};
-    std::size_t w = 0;
-    for (const SeqId s : seqs)
-      for (std::size_t k = 0; k < globals_.size(); ++k) {
-        const GroupRows& r = rows[std::size_t(globals_[k])];
-        const auto row = r.row(s.index);
-        const std::int64_t used = tokens(s.index), B = r.rule().block_size;
-        for (std::int32_t j = stale.from(stream(k, s.index)); j < std::int32_t(row.size()); ++j, ++w) {
-          out.pages[w] = row[std::size_t(j)];
-          // A page another row shares is listed whole: past this row's tokens only loosens the bound.
-          out.fill[w] = pool.ref_count(row[std::size_t(j)]) > 1 ? std::int32_t(B) : std::int32_t(std::min(B, used - j * B));
-        }
-        stale.clear(stream(k, s.index));
-      }
-    this->listed(out.pages.first(w));
-    return std::int32_t(w);  // a handle listed twice is listed once
+    auto n = take_stale_rows(
+        s_.stale(), pool,
+        [&](auto f) {
+          for (const SeqId s : seqs)
+            for (std::size_t k = 0; k < globals_.size(); ++k) {
+              const GroupRows& r = rows[std::size_t(globals_[k])];
+              f(stream(k, s.index), r.row(s.index), std::int64_t{tokens(s.index)}, r.rule().block_size);
+            }
+        },
+        out);
+    if (n) this->listed(out.pages.first(std::size_t(*n)));
+    return n;
   }
   /// The policy's select() on model layer `layer`'s group rows.
   template <class Validate>

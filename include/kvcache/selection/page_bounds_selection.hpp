@@ -83,35 +83,42 @@ concept PageBoundsSelection =
       { p.select(t, seqs, i, q, out) } -> std::same_as<Result<std::int32_t>>;
     };
 
-/// Lists the stale pages of the rows each(f) calls f with (validated table
-/// streams) as (page, fill) and marks them clean; all or nothing: a buffer too
-/// small changes nothing. Returns pages listed. A page shared with another
-/// row (a fork) is listed whole (fill = block size): its rows may hold
-/// different counts of its tokens after a rollback, and slots past a row's
-/// tokens only loosen the bound.
-template <class Table, class Pool, class Each>
-Result<std::int32_t> take_stale_rows(StalePages& stale, const Table& t, const Pool& pool, Each&& each,
-                                     const StaleSpans& out) noexcept {
+/// Lists the stale pages of the rows each(f) calls f with, f(stream, blocks,
+/// used slots, block size) (validated rows), as (page, fill), and marks them
+/// clean; all or nothing: a buffer too small changes nothing. Returns pages
+/// listed. A page shared with another row (a fork) is listed whole (fill =
+/// block size): its rows may hold different counts of its tokens after a
+/// rollback, and slots past a row's tokens only loosen the bound.
+template <class Pool, class Each>
+Result<std::int32_t> take_stale_rows(StalePages& stale, const Pool& pool, Each&& each, const StaleSpans& out) noexcept {
   std::int64_t n = 0;
-  each([&](SeqId s) {
-    const std::int32_t from = stale.from(s.index), rows = std::int32_t(t.blocks_unchecked(s).size());
+  each([&](std::uint32_t stream, std::span<const BlockId> blocks, std::int64_t, std::int32_t) {
+    const std::int32_t from = stale.from(stream), rows = std::int32_t(blocks.size());
     if (from < rows) n += rows - from;
   });
   if (std::int64_t(out.pages.size()) < n) return Status{Errc::buffer_too_small, "pages", std::int64_t(out.pages.size()), n};
   if (std::int64_t(out.fill.size()) < n) return Status{Errc::buffer_too_small, "fill", std::int64_t(out.fill.size()), n};
   std::size_t w = 0;
-  const std::int32_t B = t.block_size();
-  each([&](SeqId s) {
-    const auto blocks = t.blocks_unchecked(s);
-    const std::int64_t slots = std::int64_t{t.front_unchecked(s)} + t.tokens_unchecked(s);  // the row's used slots
-    for (std::int32_t j = stale.from(s.index); j < std::int32_t(blocks.size()); ++j, ++w) {
+  each([&](std::uint32_t stream, std::span<const BlockId> blocks, std::int64_t slots, std::int32_t B) {
+    for (std::int32_t j = stale.from(stream); j < std::int32_t(blocks.size()); ++j, ++w) {
       out.pages[w] = blocks[std::size_t(j)];
       const bool shared = pool.ref_count(blocks[std::size_t(j)]) > 1;
       out.fill[w] = shared ? B : std::int32_t(std::min<std::int64_t>(B, slots - std::int64_t{j} * B));
     }
-    stale.clear(s.index);
+    stale.clear(stream);
   });
-  return std::int32_t(w);  // a handle listed twice is listed once
+  return std::int32_t(w);  // a row listed twice is listed once
+}
+
+/// take_stale_rows over table t's rows `each` names (f(SeqId)): a row's used slots are its front and tokens.
+template <class Table, class Pool, class Each>
+Result<std::int32_t> take_stale_rows(StalePages& stale, const Table& t, const Pool& pool, Each&& each, const StaleSpans& out) noexcept {
+  return take_stale_rows(
+      stale, pool,
+      [&](auto f) {
+        each([&](SeqId s) { f(s.index, t.blocks_unchecked(s), std::int64_t{t.front_unchecked(s)} + t.tokens_unchecked(s), t.block_size()); });
+      },
+      out);
 }
 
 /// take_stale_rows over the rows of seqs (one per sequence); a bad handle is seqs_at.
@@ -137,9 +144,9 @@ class BoundPageSelection {
   BoundPageSelection() = default;
   /// The policy, from its configuration.
   explicit BoundPageSelection(const Arg& cfg) : s_(cfg) {}
-  /// Binds the policy to the cache's shape; throws ConfigError when it does not fit.
-  void bind(const SelectionShape& shape) {
-    if (auto st = s_.bind(shape); !st) throw ConfigError("kvcache::Cache", st);
+  /// Binds the policy to the cache's shape; throws ConfigError naming `cache` when it does not fit.
+  void bind(const SelectionShape& shape, const char* cache = "kvcache::Cache") {
+    if (auto st = s_.bind(shape); !st) throw ConfigError(cache, st);
     layers_ = shape.geometry.spec().num_layers;
     unbounded_.assign(std::size_t(std::max(0, shape.num_blocks)), false);
   }
