@@ -56,12 +56,15 @@ def _load(name):
         pytest.skip(str(e))
 
 
-@pytest.fixture(scope="module")
+# Loaded once a worker (a session fixture): the long tests run first (conftest.py), so other
+# modules' tests may come between two of them, and a module fixture would load the model again
+# (Gemma 3: 24-28 s each time).
+@pytest.fixture(scope="session")
 def smollm2():
     return _load("smollm2")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gemma3():
     return _load("gemma3")
 
