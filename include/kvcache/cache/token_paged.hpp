@@ -4,7 +4,8 @@
 // (prefix_cache.hpp), the eviction state with its ledger
 // (eviction/row_eviction.hpp) and the selection's stale pages
 // (selection/row_selection.hpp); the admission decides how reserve takes
-// room (admission/row_admission.hpp). The policies' logic lives with them.
+// room (admission/row_admission.hpp). The policies' logic lives with them;
+// a peer's prefill lands through cache/token_imports.hpp.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "kvcache/cache/accounting.hpp"
 #include "kvcache/cache/core.hpp"
 #include "kvcache/cache/hooks.hpp"
+#include "kvcache/cache/token_imports.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/eviction/plan.hpp"
 #include "kvcache/eviction/row_eviction.hpp"
@@ -26,18 +28,19 @@
 #include "kvcache/prefix_sharing.hpp"
 #include "kvcache/selection/row_selection.hpp"
 #include "kvcache/status.hpp"
-#include "kvcache/transfer/pending_imports.hpp"
-#include "kvcache/transfer/transfer_plan.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
 /// The token-paged cache: one row per sequence (Cache picks it for a pass-through admission).
 template <class Pool, class Table, class Admission, class Selection, class Eviction, class Hasher>
 class TokenPagedCache : public CacheCore<Pool, Table>,
-                        public RowAccounting<TokenPagedCache<Pool, Table, Admission, Selection, Eviction, Hasher>> {
+                        public RowAccounting<TokenPagedCache<Pool, Table, Admission, Selection, Eviction, Hasher>>,
+                        public TokenImports<TokenPagedCache<Pool, Table, Admission, Selection, Eviction, Hasher>> {
   using Core = CacheCore<Pool, Table>;
   using Core::pool_, Core::table_;
+  using TokenImports<TokenPagedCache>::imports_;
   friend class RowAccounting<TokenPagedCache>;  // accounting.hpp reads the parts
+  friend class TokenImports<TokenPagedCache>;   // token_imports.hpp: the import calls
 
  public:
   static constexpr bool head_paged = false;  ///< Rows are sequences.
@@ -57,12 +60,12 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
   explicit TokenPagedCache(const CacheConfig& cfg, Admission admission = {},
                            typename RowSelection<Selection>::Arg selection = {}, Eviction eviction = {}, Hasher hasher = {})
       : Core(cfg, cfg.max_sequences),
+        TokenImports<TokenPagedCache>(cfg.max_sequences),
         admission_(admission),
         selection_(selection),
         eviction_(eviction),
         hasher_(hasher),
-        prefix_(cfg.num_blocks, cfg.geometry.block_size(), cfg.max_sequences, cfg.max_blocks_per_sequence, cfg.publish_on_reserve),
-        imports_(cfg.max_sequences) {
+        prefix_(cfg.num_blocks, cfg.geometry.block_size(), cfg.max_sequences, cfg.max_blocks_per_sequence, cfg.publish_on_reserve) {
     const GeometrySpec& g = cfg.geometry.spec();
     admission_.bind(cfg.max_sequences, cfg.publish_on_reserve);
     eviction_.bind({cfg.max_sequences, cfg.max_blocks_per_sequence * g.block_size, g.block_size});
@@ -136,65 +139,6 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
     if (!blocks) return blocks.status();
     return Core::hold(*blocks);
   }
-
-  // --- imports: a peer computed the prompt (transfer/pending_imports.hpp) ---
-  /// A sequence for `prompt` whose KV a peer computed: the cached prefix is
-  /// shared as admit() shares it, and fresh blocks for the rest are pending
-  /// until commit_import() or abort_import(); import_blocks(id) lists them,
-  /// as on every cache. All or nothing, with admit()'s errors.
-  Result<ImportPlan> import(std::span<const std::int32_t> prompt, const ImportOptions& opt = {}) noexcept {
-    return import_row(prompt, opt, nullptr);
-  }
-  /// import(prompt, opt), the fresh blocks also copied to blocks[0 .. num_blocks) (buffer_too_small when short).
-  Result<ImportPlan> import(std::span<const std::int32_t> prompt, std::span<BlockId> blocks, const ImportOptions& opt = {}) noexcept {
-    return import_row(prompt, opt, &blocks);
-  }
-  /// One group of layers: every layer's rows are the same (a hybrid cache has several).
-  static constexpr std::int32_t groups() noexcept { return 1; }
-  /// The blocks of import `id` to receive, as a GroupBlocks of group 0 (the
-  /// only one): local[i] receives the peer's block skip + i; the caller sets
-  /// `remote`. unknown_job for an id not in flight; invalid_argument for
-  /// another group. Valid until commit or abort.
-  Result<GroupBlocks> import_blocks(std::uint64_t id, std::int32_t g = 0) const noexcept {
-    auto e = imports_.find(id);
-    if (!e) return e.status();
-    if (g != 0) return Status{Errc::invalid_argument, "group", g, 0};
-    const std::int32_t skip = e->cached / this->block_size();
-    return GroupBlocks{0, {}, table_.blocks_unchecked(e->seq).subspan(std::size_t(skip)), skip};
-  }
-  /// The transfer of import `id` landed: its blocks are published from
-  /// `prompt` and the sequence is handed out. The prompt and extras must be
-  /// the ones imported (the import kept their digest): other tokens would
-  /// publish the peer's K/V under another prompt's hashes. unknown_job for an
-  /// id not in flight; invalid_argument naming prompt.size for another
-  /// length, "prompt (not the tokens imported)" for other tokens or extras.
-  Result<ImportCommit> commit_import(std::uint64_t id, std::span<const std::int32_t> prompt,
-                                     std::span<const ExtraKey> extras = {}) noexcept {
-    auto e = imports_.find(id);
-    if (!e) return e.status();
-    if (std::int64_t(prompt.size()) != e->tokens) return Status{Errc::invalid_argument, "prompt.size", std::int64_t(prompt.size()), e->tokens};
-    if (auto st = PrefixSharing::check_extras(extras); !st) return st;
-    if (prompt_digest(hasher_, prompt, table_.key_unchecked(e->seq), extras) != e->digest)
-      return Status{Errc::invalid_argument, "prompt (not the tokens imported)", std::int64_t(prompt.size()), e->tokens};
-    PageTableEdits::unseal(table_, e->seq);
-    auto published = publish(e->seq, prompt, extras);  // checked: it cannot fail now
-    imports_.remove(id);
-    notify(hooks::imported, e->seq, e->tokens - e->cached);  // selection: the received pages' bounds are stale
-    return ImportCommit{e->seq, published.value_or(0)};
-  }
-  /// The transfer of import `id` failed or timed out: its received blocks go
-  /// back unpublished, and the sequence is handed out with the cached prefix
-  /// only. unknown_job for an id not in flight.
-  Result<ImportAbort> abort_import(std::uint64_t id) noexcept {
-    auto e = imports_.find(id);
-    if (!e) return e.status();
-    PageTableEdits::unseal(table_, e->seq);
-    (void)table_.truncate(pool_, e->seq, e->tokens - e->cached);  // no participant saw those tokens
-    imports_.remove(id);
-    return ImportAbort{e->seq, e->cached, e->tokens - e->cached};
-  }
-  /// The imports in flight.
-  const PendingImports& imports() const noexcept { return imports_; }
 
   // --- writes --------------------------------------------------------------
   /// Room for n more tokens of s, all or nothing: slots[0..n) get their slots, and a copy-on-write
@@ -381,23 +325,6 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
     Hook::call(eviction_, rows, args...);
     Hook::call(selection_, rows, args...);
   }
-  // import(): the row with the hit shared and fresh blocks for the rest (copied to *copy), sealed.
-  Result<ImportPlan> import_row(std::span<const std::int32_t> prompt, const ImportOptions& opt, std::span<BlockId>* copy) noexcept {
-    auto plan = admit_plan(prompt, {.key = opt.key, .extras = opt.extras, .max_new = opt.max_new}, -1);
-    if (!plan) return plan.status();
-    if (copy && std::int64_t(copy->size()) < plan->fresh)
-      return Status{Errc::buffer_too_small, "blocks", std::int64_t(copy->size()), plan->fresh};
-    const SeqId s = PrefixSharing::adopt(table_, pool_, opt.key, prefix_.hits(plan->hit.blocks));
-    const std::int32_t cached = plan->hit.blocks * this->block_size(), n = std::int32_t(prompt.size()) - cached;
-    prefix_.adopted(s, std::int64_t(prompt.size()), cached);
-    notify(hooks::adopted, s, plan->hit.blocks);
-    if (opt.max_new >= 0) prefix_.promise(s.index, plan->lifetime);
-    if (copy) (void)PageTableEdits::append_fresh(table_, pool_, s, n, *copy);  // the plan checked room and blocks
-    else (void)PageTableEdits::append_fresh(table_, pool_, s, n);
-    PageTableEdits::seal(table_, s);  // no call names the row until commit or abort, a guessed handle neither
-    const BlockHash digest = prompt_digest(hasher_, prompt, opt.key, opt.extras);
-    return ImportPlan{imports_.add(s, std::int32_t(prompt.size()), cached, 0, digest), cached, plan->hit.blocks, plan->fresh};
-  }
   // admit()'s checks and plan (prefix_cache.hpp), with the policy's lifetime
   // need; slots: the caller's slot buffer size (-1: a dry run).
   Result<AdmitPlan> admit_plan(std::span<const std::int32_t> prompt, const AdmitOptions& opt, std::int64_t slots) const noexcept {
@@ -411,7 +338,6 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
   [[no_unique_address]] RowEviction<Eviction> eviction_;
   [[no_unique_address]] Hasher hasher_;
   PrefixState prefix_;
-  PendingImports imports_;
 };
 
 KVCACHE_END_NAMESPACE
