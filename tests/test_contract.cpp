@@ -225,6 +225,15 @@ void run_import_engine(C& cache) {
   CHECK(cache.free_blocks() == blocks0);
 }
 
+// The hybrid sections' layout: full attention on layer 0, a window of 8 on layer 1, blocks of 4.
+LayerGroups full_and_window() {
+  static const std::int32_t l0[] = {0}, l1[] = {1};  // the specs' layer spans outlive the layout
+  const LayerGroupSpec specs[] = {
+      {.kind = AttentionKind::full, .layers = l0, .num_kv_heads = 2, .head_dim = 8},
+      {.kind = AttentionKind::sliding_window, .layers = l1, .num_kv_heads = 2, .head_dim = 8, .window = 8}};
+  return *LayerGroups::make({.groups = specs, .block_size = 4});
+}
+
 // The ids of positions [at, at + n): what a cache that publishes is given.
 std::span<const std::int32_t> ids_at(std::vector<std::int32_t>& ids, std::int64_t at, std::int64_t n) {
   ids.resize(std::size_t(n));
@@ -268,11 +277,7 @@ TEST_CASE("one engine over each cache: the contract's calls, and only growing a 
     contract_errors(cache);
   }
   SECTION("layer groups: HybridCache, full attention + a sliding window, with events") {
-    const std::vector<std::int32_t> l0{0}, l1{1};
-    const LayerGroupSpec specs[] = {
-        {.kind = AttentionKind::full, .layers = l0, .num_kv_heads = 2, .head_dim = 8},
-        {.kind = AttentionKind::sliding_window, .layers = l1, .num_kv_heads = 2, .head_dim = 8, .window = 8}};
-    HybridCache<> cache({.groups = *LayerGroups::make({.groups = specs, .block_size = 4}), .num_blocks = 60, .max_sequences = 6,
+    HybridCache<> cache({.groups = full_and_window(), .num_blocks = 60, .max_sequences = 6,
                          .max_tokens = 40, .event_capacity = 512});
     std::vector<std::int32_t> ids, slots(128);
     const auto grow = [&](HybridCache<>& c, SeqId s, std::int64_t at, std::int64_t n) { return c.advance(s, ids_at(ids, at, n), slots).ok(); };
@@ -299,11 +304,7 @@ TEST_CASE("one prefix-caching engine over Cache<> and HybridCache: admit, match 
     });
   }
   SECTION("HybridCache, full attention + a sliding window") {
-    const std::vector<std::int32_t> l0{0}, l1{1};
-    const LayerGroupSpec specs[] = {
-        {.kind = AttentionKind::full, .layers = l0, .num_kv_heads = 2, .head_dim = 8},
-        {.kind = AttentionKind::sliding_window, .layers = l1, .num_kv_heads = 2, .head_dim = 8, .window = 8}};
-    HybridCache<> cache({.groups = *LayerGroups::make({.groups = specs, .block_size = 4}), .num_blocks = 40, .max_sequences = 2,
+    HybridCache<> cache({.groups = full_and_window(), .num_blocks = 40, .max_sequences = 2,
                          .max_tokens = 40});
     std::vector<std::int32_t> slots(8);
     run_prefix_engine(cache, [&](HybridCache<>& c, SeqId s, const std::vector<std::int32_t>&) {
@@ -323,11 +324,7 @@ TEST_CASE("one disaggregated decode engine over Cache<> and HybridCache: import,
     run_import_engine(cache);
   }
   SECTION("HybridCache, full attention + a sliding window") {
-    const std::vector<std::int32_t> l0{0}, l1{1};
-    const LayerGroupSpec specs[] = {
-        {.kind = AttentionKind::full, .layers = l0, .num_kv_heads = 2, .head_dim = 8},
-        {.kind = AttentionKind::sliding_window, .layers = l1, .num_kv_heads = 2, .head_dim = 8, .window = 8}};
-    HybridCache<> cache({.groups = *LayerGroups::make({.groups = specs, .block_size = 4}), .num_blocks = 40, .max_sequences = 2,
+    HybridCache<> cache({.groups = full_and_window(), .num_blocks = 40, .max_sequences = 2,
                          .max_tokens = 40});
     run_import_engine(cache);
   }

@@ -275,10 +275,7 @@ void bind_cache(nb::module_& m, const char* name) {
       .def(
           "import_blocks",  // (skip, blocks int32): as HybridCache.import_blocks; one group, 0
           [](const C& self, std::uint64_t id, std::int32_t g) {
-            const auto gb = check(self.import_blocks(id, g));
-            auto b = new_array<std::int32_t>(gb.local.size());
-            std::copy(gb.local.begin(), gb.local.end(), b.data());
-            return nb::make_tuple(gb.skip, b);
+            return import_blocks_tuple(check(self.import_blocks(id, g)));
           },
           nb::arg("id"), nb::arg("group") = 0)
       .def(

@@ -14,6 +14,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <bit>
 #include <span>
 #include <string>
@@ -144,6 +145,14 @@ void bind_common(nb::class_<C>& c) {
       .def_prop_ro("max_tokens_after_eviction", &C::max_tokens_after_eviction)
       .def("check_invariants", [](const C& self) { check(self.check_invariants()); });
   bind_holds(c);
+}
+
+// An import's blocks of one group as Python gets them from every cache's
+// import_blocks: (skip, local blocks int32), local[i] receiving the peer's block skip + i.
+inline nb::object import_blocks_tuple(const kv::GroupBlocks& gb) {
+  auto b = new_array<std::int32_t>(gb.local.size());
+  std::copy(gb.local.begin(), gb.local.end(), b.data());
+  return nb::make_tuple(gb.skip, b);
 }
 
 }  // namespace kvpy

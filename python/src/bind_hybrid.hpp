@@ -64,11 +64,7 @@ void bind_hybrid_selection(nb::class_<Hybrid>& c) {
        "page_bounds",
        [](nb::handle self, std::int32_t layer) {
          const Hybrid& cache = nb::cast<const Hybrid&>(self);
-         const auto b = check(cache.page_bounds(layer));
-         const auto g = check(kv::global_geometry(cache.layer_groups())).spec();
-         const std::size_t per_block = std::size_t(g.num_kv_heads) * 2 * std::size_t(g.head_dim);
-         const std::size_t shape[4] = {b.size() / per_block, std::size_t(g.num_kv_heads), 2, std::size_t(g.head_dim)};
-         return nb::ndarray<nb::numpy, float>(b.data(), 4, shape, self);  // a view: the cache owns the store
+         return bounds_view(self, check(cache.page_bounds(layer)), check(kv::global_geometry(cache.layer_groups())).spec());
        },
        nb::arg("layer"))
       .def(
@@ -243,10 +239,7 @@ void bind_hybrid_cache(nb::module_& m, const char* name) {
       .def(
           "import_blocks",  // (skip, blocks int32): blocks[i] receives the peer's block skip + i of this group
           [](const Hybrid& self, std::uint64_t id, std::int32_t g) {
-            const auto gb = check(self.import_blocks(id, g));
-            auto b = new_array<std::int32_t>(gb.local.size());
-            std::copy(gb.local.begin(), gb.local.end(), b.data());
-            return nb::make_tuple(gb.skip, b);
+            return import_blocks_tuple(check(self.import_blocks(id, g)));
           },
           nb::arg("id"), nb::arg("group"))
       .def(

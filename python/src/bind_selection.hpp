@@ -22,17 +22,20 @@ inline std::span<float> bounds_store(nb::handle bounds) {
   return {nd.data(), nd.size()};
 }
 
+// A slice of the bounds store as a numpy view [num_blocks, kv_heads, 2, head_dim]; `owner`, the cache, keeps the store alive.
+inline nb::ndarray<nb::numpy, float> bounds_view(nb::handle owner, std::span<float> b, const kv::GeometrySpec& g) {
+  const std::size_t per_block = std::size_t(g.num_kv_heads) * 2 * std::size_t(g.head_dim);
+  const std::size_t shape[4] = {b.size() / per_block, std::size_t(g.num_kv_heads), 2, std::size_t(g.head_dim)};
+  return nb::ndarray<nb::numpy, float>(b.data(), 4, shape, owner);
+}
+
 template <class C>
 void bind_selection(nb::class_<C>& c) {
   c.def(
        "page_bounds",
        [](nb::handle self, std::int32_t layer) {
          const C& cache = nb::cast<const C&>(self);
-         const auto b = check(cache.page_bounds(layer));
-         const auto& g = cache.geometry().spec();
-         const std::size_t per_block = std::size_t(g.num_kv_heads) * 2 * std::size_t(g.head_dim);
-         const std::size_t shape[4] = {b.size() / per_block, std::size_t(g.num_kv_heads), 2, std::size_t(g.head_dim)};
-         return nb::ndarray<nb::numpy, float>(b.data(), 4, shape, self);  // a view: the cache owns the store
+         return bounds_view(self, check(cache.page_bounds(layer)), cache.geometry().spec());
        },
        nb::arg("layer"))
       .def(

@@ -89,6 +89,22 @@ def check_dense(m, r, round_trip=None):
     assert torch.equal(greedy, got), f"request {r.id}: greedy tokens differ at {(greedy != got).nonzero()[0].item()}"
 
 
+def count_reads(monkeypatch, store):
+    """Patches store.select (PagedKv or HybridKv) to record each decoded query's
+    (layer, keys each kv-head reads, keys held); returns the list it fills."""
+    reads = []
+    select = store.select
+
+    def counting(self, layer, q, key_pos):
+        out = select(self, layer, q, key_pos)
+        if q.shape[0] == 1:
+            reads.append((layer, (out < torch.iinfo(torch.long).max).sum(1).tolist(), key_pos.shape[1]))
+        return out
+
+    monkeypatch.setattr(store, "select", counting)
+    return reads
+
+
 def request(i, prompt, priority=0):
     return eng.Request(id=i, prompt=list(prompt), max_new=NEW, priority=priority)
 
@@ -223,16 +239,7 @@ def test_gemma3_quest_on_the_global_layers(gemma3, monkeypatch):
     r = eng.Request(id=0, prompt=prompt, max_new=8)
     wide.run([r])
     check_dense(m, r)
-    reads = []
-    select = eng.HybridKv.select
-
-    def counting(self, layer, q, key_pos):
-        out = select(self, layer, q, key_pos)
-        if q.shape[0] == 1:
-            reads.append((layer, (out < torch.iinfo(torch.long).max).sum(1).tolist(), key_pos.shape[1]))
-        return out
-
-    monkeypatch.setattr(eng.HybridKv, "select", counting)
+    reads = count_reads(monkeypatch, eng.HybridKv)
     narrow = eng.Engine(m, eng.EngineConfig(max_kv_tokens=512, chunk=64, window=512, quest_budget=64), kv.KeepAll())
     narrow.run([eng.Request(id=0, prompt=prompt, max_new=4)])
     global_layers = [layer for layer in range(m.c["layers"]) if m.window(layer) == 0]
@@ -361,16 +368,7 @@ def test_smollm2_quest_reads_its_budget(smollm2, monkeypatch):
     prompt = text_tokens(tok, 0, 300)
     full, _ = ev.make_engine(m, "full", len(prompt), "retrieval")
     wide = eng.Engine(m, eng.EngineConfig(max_kv_tokens=400, max_batch=1, quest_budget=512), kv.KeepAll())
-    reads = []
-    select = eng.PagedKv.select
-
-    def counting(self, layer, q, key_pos):
-        out = select(self, layer, q, key_pos)
-        if q.shape[0] == 1:
-            reads.append((layer, (out < torch.iinfo(torch.long).max).sum(1).tolist(), key_pos.shape[1]))
-        return out
-
-    monkeypatch.setattr(eng.PagedKv, "select", counting)
+    reads = count_reads(monkeypatch, eng.PagedKv)
     a, b = eng.Request(id=0, prompt=prompt, max_new=3), eng.Request(id=0, prompt=prompt, max_new=3)
     full.run([a])
     wide.run([b])
