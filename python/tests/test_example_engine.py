@@ -108,10 +108,14 @@ def test_python_engine_matches_cpp_engine(model, tmp_path, policy):
 # Their K/V agree within float32 rounding, which can carry a value across a
 # code boundary: one code step apart (an eighth of the value for e4m3, a
 # third of the group's range for int2). Tokens and statistics stay equal;
-# the largest logit difference seen is 0.036 (int2 groups of 16 under H2O)
-# on logits of magnitude ~10. The calibrated format takes the C++ engine's
-# scales from its JSON.
-QUANT_TOLERANCE = 0.1
+# the logits differ by what such a flip carries to them, which depends on
+# where the two engines' sums round, so on the CPU (OpenBLAS picks its
+# kernels by instruction set): the largest seen was 0.036 where this was
+# first measured (int2 groups of 16 under H2O) and is 0.155 on an AMD EPYC
+# without AVX-512 (int4 under SnapKV; every other case there within 0.021),
+# on logits of magnitude ~15.
+# The calibrated format takes the C++ engine's scales from its JSON.
+QUANT_TOLERANCE = 0.25
 
 
 @pytest.mark.parametrize("policy,kv_format", [("keep_all", "int8_g32"), ("h2o", "fp8_e4m3_head"),

@@ -186,7 +186,10 @@ def test_smollm2_kv_formats(smollm2, kv_format):
     int8, 97 % for int4, 89 % for fp4, 67 % for int2 over 64 steps). So each
     format is checked against a replay of the engine's own chunks on plain
     tensors through the same format: every logit equal, bit for bit, with a
-    prefix hit, chunked prefill and 64 decode steps."""
+    prefix hit, chunked prefill and 64 decode steps. How far the one-pass
+    reference agrees depends on the CPU too (OpenBLAS picks its kernels by
+    instruction set): on an AMD EPYC without AVX-512, 100 % for int8 and
+    fp4, 84 % for int4, 27 % for int2."""
     m, tok = smollm2
     m.calibration_tokens = text_tokens(tok, 20000, 512)  # fp8_e4m3_head's scales: another part of the text
     cfg = eng.EngineConfig(max_kv_tokens=1024, chunk=32, kv_format=kv_format, prefix_caching=True, keep_logits=True)
@@ -204,10 +207,10 @@ def test_smollm2_kv_formats(smollm2, kv_format):
 
 
 # The one-pass reference (through the same format) against the engine's
-# greedy tokens: a floor under the measured agreement, so a format that
-# serves wrong K/V fails here as well as in the replay.
+# greedy tokens: a floor under the agreement measured on both CPUs above, a
+# second check beside the replay's that does not follow the engine's chunks.
 MIN_AGREEMENT = {"f32": 1.0, "f16": 1.0, "fp8_e4m3_tensor": 0.9, "fp8_e4m3_head": 0.9, "int8_g32": 0.9,
-                 "int4_g32_min": 0.8, "fp4_g16": 0.7, "int2_g32_min": 0.5}
+                 "int4_g32_min": 0.7, "fp4_g16": 0.7, "int2_g32_min": 0.2}
 
 
 @pytest.mark.xdist_group("gemma3")  # one worker loads the model (scripts/python runs a worker per core)
