@@ -11,7 +11,8 @@
 //                     [--device BLOCKS] [--host BLOCKS] [--block TOKENS] [--chunk TOKENS] [--window TOKENS]
 //                     [--json FILE]
 // --json: each mode's generated tokens and statistics, the full-attention
-// modes (examples/python/tiered.py writes the same, and
+// modes and the hybrid ones ("hybrid_recompute", "hybrid_host")
+// (examples/python/tiered.py writes the same, and
 // python/tests/test_tiered_engine.py compares them).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -81,6 +82,18 @@ int main(int argc, char** argv) try {
     fmt::print("| {:-<31} | {:->9} | {:->8} | {:->9} | {:->8} | {:->8} | {:->8} | {:->9} | {:->9} | {:->7} |\n", "", "", "",
                "", "", "", "", "", "", "");
   };
+  // One mode's generated tokens and statistics in the JSON.
+  const auto add_json = [&](const char* key, const engine::MultiTurnRun& run) {
+    const auto& s = run.stats;
+    std::vector<std::string> outs;
+    for (const auto& o : run.outputs) outs.push_back(fmt::format("[{}]", fmt::join(o, ", ")));
+    text_json += fmt::format(
+        "{}\n \"{}\": {{\"outputs\": [{}], \"stats\": {{\"turns\": {}, \"generated\": {}, \"prompt_tokens\": {}, "
+        "\"device_hit_tokens\": {}, \"host_hit_tokens\": {}, \"computed_tokens\": {}, \"blocks_offloaded\": {}, "
+        "\"blocks_onboarded\": {}}}}}",
+        text_json.size() > 1 ? "," : "", key, fmt::join(outs, ", "), s.turns, s.generated, s.prompt_tokens,
+        s.device_hit_tokens, s.host_hit_tokens, s.computed_tokens, s.blocks_offloaded, s.blocks_onboarded);
+  };
   const auto mib = [](std::int64_t b) { return fmt::format("{:.1f} MiB", double(b) / (1 << 20)); };
   // One row: `run` against the first run of its table (`reference`, `base_ttft`).
   const auto row = [&](const char* name, const engine::MultiTurnRun& run, const std::vector<std::vector<std::int32_t>>& reference,
@@ -99,16 +112,8 @@ int main(int argc, char** argv) try {
     const engine::TieredConfig cfg{.device_blocks = num["--device"], .host_blocks = mode.host, .block_size = B,
                                    .chunk = num["--chunk"], .write = mode.write};
     const auto run = engine::serve_multiturn(model, cfg, text, w);
-    const auto& s = run.stats;
-    if (reference.empty()) reference = run.outputs, base_ttft = s.mean_ttft_ms();
-    std::vector<std::string> outs;
-    for (const auto& o : run.outputs) outs.push_back(fmt::format("[{}]", fmt::join(o, ", ")));
-    text_json += fmt::format(
-        "{}\n \"{}\": {{\"outputs\": [{}], \"stats\": {{\"turns\": {}, \"generated\": {}, \"prompt_tokens\": {}, "
-        "\"device_hit_tokens\": {}, \"host_hit_tokens\": {}, \"computed_tokens\": {}, \"blocks_offloaded\": {}, "
-        "\"blocks_onboarded\": {}}}}}",
-        text_json.size() > 1 ? "," : "", mode.key, fmt::join(outs, ", "), s.turns, s.generated, s.prompt_tokens,
-        s.device_hit_tokens, s.host_hit_tokens, s.computed_tokens, s.blocks_offloaded, s.blocks_onboarded);
+    if (reference.empty()) reference = run.outputs, base_ttft = run.stats.mean_ttft_ms();
+    add_json(mode.key, run);
     row(mode.name, run, reference, base_ttft);
   }
   // The hybrid model: its own recompute is the reference (a window changes what the model generates).
@@ -124,6 +129,7 @@ int main(int argc, char** argv) try {
     engine::HybridTieredEngine e(model, {.device_blocks = num["--device"], .host_blocks = host, .block_size = B, .chunk = num["--chunk"]}, W);
     const auto run = engine::serve_multiturn_on(e, text, w);
     if (hybrid_reference.empty()) hybrid_reference = run.outputs, hybrid_ttft = run.stats.mean_ttft_ms();
+    add_json(host == 0 ? "hybrid_recompute" : "hybrid_host", run);
     row(host == 0 ? "hybrid, recompute (device only)" : "hybrid, host tier (at finish)", run, hybrid_reference, hybrid_ttft);
   }
   fmt::print("\nTTFT x: recompute's mean time to first token over this mode's. device, host, computed: prompt tokens "

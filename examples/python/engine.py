@@ -108,7 +108,8 @@ class EngineConfig:
     observe_window: int = 0    # SnapKV: the prompt's last queries that score it
     layer_streams: bool = False  # one stream per (request, layer): block policies choose per layer
     window: int = 0            # > 0: a hybrid cache, the model's window layers (the tiny model: its odd layers) a
-    #                            sliding window of this many tokens (keep_all)
+    #                            sliding window of this many tokens (keep_all; any kv_format that scales no
+    #                            channel, prefix_caching through HybridCache.admit)
     prefix_caching: bool = False  # admit through the prefix cache: a prompt's cached blocks are not computed again
     kv_format: str = "f32"     # how the pool stores K/V: a name in KV_FORMATS
     kv_scales: tuple = None    # a calibrated format's (k, v) scales, [layers * kv_heads] each; None: calibrate
@@ -135,6 +136,7 @@ class Request:
     done: bool = False
     seqs: list = dataclasses.field(default_factory=list)
     peak_kv: int = 0
+    admitted: object = None  # a hybrid's admit(): the first chunk's slots [groups, n], not yet written
 
 
 @dataclasses.dataclass
@@ -374,7 +376,7 @@ class HybridKv:
     def write(self, layer, k, v):
         e = self.e
         g, index = e.groups.layer_slot(layer)
-        kv.scatter(e.views[g], k, v, self.slots[g], first_layer=index)
+        kv.scatter(e.views[g], k, v, self.slots[g], first_layer=index, **e.group_scales[g])
         if e.quest and e.group_window[g] == 0:  # a global layer's written pages: their key bounds, which Quest ranks
             kv.page_bounds_update(e.views[g], index, self.slots[g], e.cache.page_bounds(layer))
 
@@ -402,7 +404,7 @@ class HybridKv:
         rows = e.cache.tokens(self.seq) - int(first_pos[0])
         k = torch.empty(rows, e.heads, e.head_dim)
         v = torch.empty_like(k)
-        kv.gather(e.views[g], index, indptr, indices, np.array([0, rows], dtype=np.int32), k, v)
+        kv.gather(e.views[g], index, indptr, indices, np.array([0, rows], dtype=np.int32), k, v, **e.group_scales[g])
         B = e.groups.block_size(g)  # row j is position first_pos + j, slot j of the CSR's pages
         self.rows_block = torch.from_numpy(indices).long()[torch.arange(rows) // B]
         pos = torch.arange(int(first_pos[0]), int(first_pos[0]) + rows).expand(e.heads, rows)
@@ -425,14 +427,9 @@ class Engine:
         self.hybrid = cfg.window > 0
         self.scales = None  # a calibrated format's (k, v): float32 arrays [layers, kv_heads]
         self.residual = None  # a channel-scaled pool's open blocks (KIVI)
-        if self.hybrid and cfg.kv_format != "f32":
-            raise ValueError("window: the hybrid engine stores f32")
-        if cfg.prefix_caching and (self.hybrid or self.token_policy or cfg.layer_streams):
+        if cfg.prefix_caching and (self.token_policy or cfg.layer_streams):
             raise ValueError("prefix_caching: one stream per request under keep_all or a block policy "
                              "(a token policy's compaction rewrites the rows a hit would share)")
-        if self.hybrid:
-            self._init_hybrid(policy)
-            return
         if cfg.kv_format not in KV_FORMATS:
             raise ValueError(f"unknown KV format '{cfg.kv_format}' (one of: {', '.join(KV_FORMATS)})")
         dtype, fmt, calibrated, _ = KV_FORMATS[cfg.kv_format]
@@ -449,6 +446,9 @@ class Engine:
             self.scales = tuple(s.reshape(c["layers"], self.heads) for s in self.scales)
         elif cfg.kv_scales is not None:
             raise ValueError(f"kv_scales: given, but {cfg.kv_format} holds no engine-held scales")
+        if self.hybrid:
+            self._init_hybrid(policy, dtype, fmt)
+            return
         self.geometry = kv.Geometry(num_layers=1 if cfg.layer_streams else c["layers"], num_kv_heads=self.heads,
                                     head_dim=self.head_dim, block_size=cfg.block_size, dtype=dtype, format=fmt)
         self.blocks = (cfg.max_kv_tokens // cfg.block_size + 1) * self.streams
@@ -474,7 +474,7 @@ class Engine:
         if fmt.k.scales == kv.Scales.channel or fmt.v.scales == kv.Scales.channel:
             self.residual = ChannelResidual(self.pool, self.geometry.num_layers, cfg.block_size, self.heads, self.head_dim)
 
-    def _init_hybrid(self, policy):
+    def _init_hybrid(self, policy, dtype, fmt):
         """The layers in groups of one pool (hybrid_backend.hpp): the full-attention
         layers in one group, the window layers in groups of as many layers (as
         vLLM's hybrid manager groups them, so every group's page is the same
@@ -483,6 +483,11 @@ class Engine:
         c, cfg, L = self.c, self.cfg, self.c["layers"]
         if not isinstance(policy, kv.KeepAll) or cfg.optimistic or cfg.layer_streams or not cfg.evict_in_prefill:
             raise ValueError("window: keep_all, admitted by its lifetime, every chunk marked computed")
+        if kv.Scales.channel in (fmt.k.scales, fmt.v.scales):
+            raise ValueError(f"window: {cfg.kv_format} scales per channel, which a layer group does not store")
+        if cfg.quest_budget and cfg.kv_format != "f32":
+            raise ValueError(f"quest_budget {cfg.quest_budget}: Quest reads its bounds from an f32 pool "
+                             f"(kv_format {cfg.kv_format})")
         own = [self.m.window(layer) for layer in range(L)]
         if any(own):
             if set(own) - {0} != {cfg.window}:
@@ -491,13 +496,17 @@ class Engine:
         else:
             full, windowed = list(range(0, L, 2)), list(range(1, L, 2))
         size = len(full)
-        shape = dict(num_kv_heads=self.heads, head_dim=self.head_dim, dtype=kv.DType.f32)
+        shape = dict(num_kv_heads=self.heads, head_dim=self.head_dim, dtype=dtype, format=fmt)
         groups = [kv.LayerGroup("full", full, **shape)]
         groups += [kv.LayerGroup("sliding_window", windowed[i:i + size], window=cfg.window, **shape)
                    for i in range(0, len(windowed), size)]
         self.groups = kv.LayerGroups(groups, block_size=cfg.block_size)
         self.group_window = [0] + [cfg.window] * (len(groups) - 1)
         self.group_layers = [len(g.layers) for g in groups]
+        # A calibrated format's scales by the group's own layers (the kernels index them by pool layer).
+        self.group_scales = [{} if self.scales is None else
+                             {"k_scales": np.ascontiguousarray(self.scales[0][g.layers]).reshape(-1),
+                              "v_scales": np.ascontiguousarray(self.scales[1][g.layers]).reshape(-1)} for g in groups]
         # The bytes of max_kv_tokens tokens of every layer, and the null block.
         self.blocks = len(groups) * (cfg.max_kv_tokens // cfg.block_size) + 1
         self.memory = torch.zeros(self.blocks * self.groups.page_bytes, dtype=torch.uint8)
@@ -509,8 +518,8 @@ class Engine:
             self.quest = kv.Quest(token_budget=cfg.quest_budget, dense_layers=sum(1 for layer in full if layer < 2),
                                   query_group=c["q_heads"] // c["kv_heads"])
         self.cache = kv.HybridCache(self.groups, num_blocks=self.blocks, max_sequences=cfg.max_batch,
-                                    max_tokens=c["context"] + 256, prefill_chunk=cfg.chunk, prefix_caching=False,
-                                    selection=self.quest)
+                                    max_tokens=c["context"] + 256, prefill_chunk=cfg.chunk,
+                                    prefix_caching=cfg.prefix_caching, selection=self.quest)
         self.token_policy = self.observes = self.last_query = False
 
     def kv_bytes(self, tokens):
@@ -555,12 +564,17 @@ class Engine:
                 for b in self._blocks(s).tolist():
                     self.residual.drop(b)
             self.cache.free(s)
-        r.seqs = []
+        r.seqs, r.admitted = [], None
 
     def _reserve(self, r, n):
         """n slots in each of r's streams, [streams, n]; all or nothing (raises kv.OutOfBlocks)."""
-        if self.hybrid:
-            return self.cache.reserve(r.seqs[0], n)  # [groups, n]
+        if self.hybrid:  # [groups, n]; with their ids, computed() publishes the full blocks
+            if r.admitted is not None:  # admit() reserved the first chunk
+                slots, r.admitted = r.admitted, None
+                return slots
+            seq = r.prompt + r.output
+            return self.cache.reserve(r.seqs[0], np.asarray(seq[r.fed:r.fed + n], dtype=np.int32)
+                                      if self.cfg.prefix_caching else n)
         if self.cfg.prefix_caching:  # the tokens' ids go with their slots: full blocks publish themselves
             seq = r.prompt + r.output
             slots, _, copy = self.cache.reserve(r.seqs[0], np.asarray(seq[r.fed:r.fed + n], dtype=np.int32))
@@ -611,6 +625,18 @@ class Engine:
             except kv.Error:
                 break
             c = self.cache
+            if self.cfg.prefix_caching and self.hybrid:  # admit() checks the lifetime need, hit blocks counted
+                if c.free_sequences < 1:
+                    break
+                try:
+                    seq, cached, reserved, slots = c.admit(np.asarray(r.prompt + r.output, dtype=np.int32),
+                                                           max_new=remaining)
+                except kv.OutOfBlocks:
+                    break
+                r.seqs, r.running, r.fed = [seq], True, cached
+                r.admitted = np.ascontiguousarray(slots[:, :reserved])
+                self.prefix_hit_tokens += cached
+                continue
             if self.cfg.prefix_caching:  # the ledger counts the hit: what the prompt's cached blocks save
                 tokens = np.asarray(r.prompt + r.output, dtype=np.int32)
                 plan = dict(max_new=0 if self.cfg.optimistic else remaining, prefill_chunk=chunk)
@@ -630,6 +656,8 @@ class Engine:
     def _advance(self, r, reqs):
         total = self._tokens_of(r)
         n = self._chunk_before(total - r.fed, min(self.cfg.chunk, total - r.fed))
+        if r.admitted is not None:  # the chunk admit() reserved
+            n = r.admitted.shape[1]
         while True:
             try:
                 slots = self._reserve(r, n)

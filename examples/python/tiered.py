@@ -8,7 +8,12 @@ blocks the admission reserved), and only the rest is computed. Blocks go to
 host memory by the write policy (kv.WritePolicy): write-back, write-through
 or write-through by reuse. Without a host tier it recomputes: the baseline.
 
-  python3 examples/python/tiered.py [--conversations 8] [--turns 4] [--device 64] [--host 512] [--json FILE]
+  python3 examples/python/tiered.py [--conversations 8] [--turns 4] [--device 64] [--host 512] [--window 64]
+                                    [--json FILE]
+
+Then the same conversations on a hybrid model (HybridTieredEngine: the odd
+layers a sliding window of --window tokens; kv.GroupTiers moves each group's
+pages), with and without a host tier, as kvcache_multiturn's second table.
 
 With --json it writes each mode's generated tokens and statistics, the
 format kvcache_multiturn --json writes (python/tests/test_example_engine.py
@@ -203,10 +208,127 @@ class TieredEngine:
             self.cache.release_hold(hold)
 
 
+class HybridTieredEngine:
+    """tiered_hybrid.hpp's engine, call for call: the model's even layers full
+    attention, its odd layers a sliding window of `window` tokens, both groups
+    in one device pool of pages (kv.HybridCache) and one host tier of pages
+    under it (kv.GroupTiers). A prompt the device forgot is imported from host
+    memory: each group's pending pages are copied in (the full group's whole
+    prefix, the window group's last window) and the import commits. A
+    finished turn offloads what its continuation can hit, its pages held
+    until the copy completes. Without a host tier it recomputes."""
+
+    def __init__(self, model, device_blocks=64, host_blocks=0, block_size=16, chunk=64, window=64):
+        c = model.c
+        self.m, self.c, self.fwd = model, c, eng.Forward(model)
+        self.heads, self.head_dim = c["kv_heads"], c["dim"] // c["q_heads"]
+        self.chunk, self.tiered = chunk, host_blocks > 0
+        L = c["layers"]
+        shape = dict(num_kv_heads=self.heads, head_dim=self.head_dim, dtype=kv.DType.f32)
+        self.groups = kv.LayerGroups([kv.LayerGroup("full", list(range(0, L, 2)), **shape),
+                                      kv.LayerGroup("sliding_window", list(range(1, L, 2)), window=window, **shape)],
+                                     block_size=block_size)
+        # What engine.HybridKv reads of its engine: each group's window, views and held scales (f32: none).
+        self.group_window, self.group_scales, self.quest = [0, window], [{}, {}], None
+        self.page = self.groups.page_bytes
+        pages = 2 * device_blocks + 1  # device_blocks counts blocks of every layer: a page holds half of them
+        self.device = torch.zeros(pages * self.page, dtype=torch.uint8)
+        self.views = [kv.PoolView.of_group(self.groups, g, self.device, pages) for g in range(2)]
+        self.cache = kv.HybridCache(self.groups, num_blocks=pages, max_sequences=1, max_tokens=c["context"],
+                                    prefill_chunk=chunk)
+        if self.tiered:
+            self.host = torch.zeros(2 * host_blocks * self.page, dtype=torch.uint8)
+            self.tiers = kv.GroupTiers(self.cache, host_blocks=2 * host_blocks)
+        self.stats = Stats()
+
+    def _copy(self, dst, src, moves):  # whole pages, (src, dst) of each move
+        p = self.page
+        for a, b in moves[:, :2].tolist():
+            dst[b * p:(b + 1) * p] = src[a * p:(a + 1) * p]
+
+    def _forward(self, seq, tokens, at, n, slots):
+        """Tokens [at, at + n) through the model, each group's K/V into its slots [2, n]; then computed."""
+        store = eng.HybridKv(self, _Row(seq), np.ascontiguousarray(slots, dtype=np.int32))
+        logits = self.fwd.run(store, tokens[at:at + n], at, True)[0]
+        self.cache.computed(seq, at + n)
+        return logits
+
+    def serve(self, prompt, max_new):
+        """One turn: the prompt (the conversation so far), then max_new greedy tokens; returns them and the turn's stats."""
+        t0 = time.perf_counter()
+        n_prompt, c = len(prompt), self.cache
+        prompt_arr = np.asarray(prompt, dtype=np.int32)
+        tokens = list(prompt)
+        if self.tiered:
+            device_tokens, hit_tokens, _, _ = self.tiers.lookup(prompt_arr)
+        else:
+            device_tokens = hit_tokens = c.match(prompt_arr)
+        turn = dict(prompt=n_prompt, device_hit=device_tokens, host_hit=0)
+        if hit_tokens > device_tokens:  # host memory holds more: import it, onboard every group's pending pages
+            import_id, turn["device_hit"], _ = c.import_prompt(prompt_arr[:hit_tokens])
+            job = self.tiers.plan_onboard(import_id)
+            self._copy(self.device, self.host, job.moves)
+            seq, committed, have = self.tiers.complete_onboard(job.id)
+            self.stats.blocks_onboarded += len(job.moves)
+            if committed:
+                turn["host_hit"] = have - turn["device_hit"]
+        else:  # admission shares the device hit and reserves the first chunk
+            seq, have, reserved, slots = c.admit(prompt_arr)
+            turn["device_hit"] = have
+            logits = self._forward(seq, tokens, have, reserved, slots[:, :reserved])
+            have += reserved
+        turn["computed"] = n_prompt - turn["device_hit"] - turn["host_hit"]
+        while have < n_prompt:  # the prefill of what no tier held
+            n = min(self.chunk, n_prompt - have)
+            logits = self._forward(seq, tokens, have, n, c.reserve(seq, prompt_arr[have:have + n]))
+            have += n
+        out = [int(torch.argmax(logits))]
+        turn["ttft_s"] = time.perf_counter() - t0
+        for pos in range(n_prompt, n_prompt + max_new - 1):
+            tokens.append(out[-1])
+            logits = self._forward(seq, tokens, pos, 1, c.reserve(seq, np.array([out[-1]], dtype=np.int32)))
+            out.append(int(torch.argmax(logits)))
+        self._finish(seq, tokens)  # the prompt and every generated token but the last, whose K/V is not written
+        st = self.stats
+        st.turns += 1
+        st.generated += max_new
+        st.prompt_tokens += n_prompt
+        st.device_hit_tokens += turn["device_hit"]
+        st.host_hit_tokens += turn["host_hit"]
+        st.computed_tokens += turn["computed"]
+        st.ttft_s += turn["ttft_s"]
+        st.seconds += time.perf_counter() - t0
+        c.check_invariants()
+        if self.tiered:
+            self.tiers.tiers.check_invariants()
+        return out, turn
+
+    def _finish(self, seq, tokens):
+        """What the continuation can hit goes to host memory; the pages stay held until the copy completes."""
+        if not self.tiered:
+            self.cache.free(seq)
+            return
+        try:
+            job = self.tiers.plan_offload(seq, np.asarray(tokens, dtype=np.int32))
+        except kv.OutOfBlocks:  # host memory cannot take them all: a store is all or nothing
+            job = None
+        hold = self.cache.hold(np.ascontiguousarray(job.moves[:, 0]) if job is not None else np.zeros(0, np.int32))
+        self.cache.free(seq)
+        if job is not None:
+            self._copy(self.host, self.device, job.moves)
+            self.tiers.tiers.complete(job.id)
+            self.stats.blocks_offloaded += len(job.moves)
+        self.cache.release_hold(hold)
+
+
 def serve_multiturn(model, conversations=8, turns=4, first=192, user=48, max_new=32, **engine_args):
     """tiered.hpp's serve_multiturn: turns round the conversations; returns (outputs, turn stats, engine stats)."""
+    return serve_multiturn_on(TieredEngine(model, **engine_args), conversations, turns, first, user, max_new)
+
+
+def serve_multiturn_on(e, conversations=8, turns=4, first=192, user=48, max_new=32):
+    """tiered.hpp's serve_multiturn_on: the turns on engine e (a TieredEngine or a HybridTieredEngine)."""
     text = list((mdl.MODEL_DIR / "heldout.bin").read_bytes())
-    e = TieredEngine(model, **engine_args)
 
     def cut(at, n):
         at %= len(text) - n
@@ -229,6 +351,7 @@ def main():
     for name, default in [("conversations", 8), ("turns", 4), ("first", 192), ("user", 48), ("new", 32), ("device", 64),
                           ("host", 512), ("block", 16), ("chunk", 64)]:
         p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--window", type=int, default=64)
     p.add_argument("--json")
     a = p.parse_args()
     torch.set_num_threads(2)
@@ -242,6 +365,15 @@ def main():
         print(f"{name:22} TTFT {1e3 * st.ttft_s / st.turns:8.2f} ms  {st.generated / st.seconds:6.0f} tokens/s  "
               f"device {st.device_hit_tokens:6}  host {st.host_hit_tokens:6}  computed {st.computed_tokens:6}  "
               f"offloaded {st.blocks_offloaded:5} blocks  onboarded {st.blocks_onboarded:5} blocks")
+    # The hybrid model: its own recompute is the reference (a window changes what the model generates).
+    for name, host in [("hybrid_recompute", 0), ("hybrid_host", a.host)]:
+        e = HybridTieredEngine(model, device_blocks=a.device, host_blocks=host, block_size=a.block, chunk=a.chunk,
+                               window=a.window)
+        outputs, _, st = serve_multiturn_on(e, a.conversations, a.turns, a.first, a.user, a.new)
+        report[name] = dict(outputs=outputs, stats=dataclasses.asdict(st))
+        print(f"{name:22} TTFT {1e3 * st.ttft_s / st.turns:8.2f} ms  {st.generated / st.seconds:6.0f} tokens/s  "
+              f"device {st.device_hit_tokens:6}  host {st.host_hit_tokens:6}  computed {st.computed_tokens:6}  "
+              f"offloaded {st.blocks_offloaded:5} pages   onboarded {st.blocks_onboarded:5} pages")
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps(report))
 

@@ -170,8 +170,12 @@ def test_kv_format_refusals(model):
         build(kv_format="fp8_e4m3_head", kv_scales=([1.0] * cells, bad))
     with pytest.raises(ValueError, match="kv_scales: given, but int8_g32 holds no engine-held scales"):
         build(kv_format="int8_g32", kv_scales=([1.0] * cells, [1.0] * cells))
-    with pytest.raises(ValueError, match="the hybrid engine stores f32"):
-        build(kv_format="int8_g32", window=32)
+    with pytest.raises(ValueError, match="window: int2_kivi scales per channel, which a layer group does not store"):
+        build(kv_format="int2_kivi", window=32)
+    with pytest.raises(ValueError, match="quest_budget 64: Quest reads its bounds from an f32 pool"):
+        build(kv_format="int8_g32", window=32, quest_budget=64)
+    int8, f32 = build(kv_format="int8_g32", window=32).groups, build(window=32).groups
+    assert [int8.token_bytes(g) * 4 >= f32.token_bytes(g) > int8.token_bytes(g) * 3 for g in range(2)] == [True, True]
     assert build(kv_format="fp8_e4m3_head", kv_scales=([0.5] * cells, [0.25] * cells)).scales[1][0][0] == 0.25
 
 
