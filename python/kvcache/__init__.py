@@ -42,7 +42,6 @@ from ._kvcache import (
     EvictionResult,
     GateWriteInfo,
     Geometry,
-    GroupTiers,
     H2O,
     KeepAll,
     KvFormat,
@@ -204,6 +203,21 @@ def HybridCache(groups, num_blocks, max_sequences, max_tokens, prefill_chunk=0, 
         bounds = numpy.zeros(Quest.bounds_floats(groups.global_geometry(), num_blocks), dtype=numpy.float32)
     return _kvcache.HybridCache_Quest(groups, num_blocks, max_sequences, max_tokens, prefill_chunk, prefix_caching,
                                       event_capacity, selection, bounds)
+
+
+def GroupTiers(cache, host_blocks=0, disk_blocks=0, max_jobs=1024, event_capacity=0):
+    """A hybrid cache's groups in host and disk tiers
+    (``kvcache::GroupTiers<HybridCache<...>>``): lookups keyed by (hash,
+    group), offloads of what a continuation can hit, onboarding through an
+    import. ``cache`` is either compiled hybrid cache (with or without
+    ``selection=Quest(...)``: an onboarded page of a global layer is listed
+    by ``stale_pages`` until its bounds are computed); the object is the
+    compiled tiers of that cache, which it keeps alive."""
+    if isinstance(cache, _kvcache.HybridCache_Quest):
+        return _kvcache.GroupTiers_Quest(cache, host_blocks, disk_blocks, max_jobs, event_capacity)
+    if isinstance(cache, _kvcache.HybridCache):
+        return _kvcache.GroupTiers(cache, host_blocks, disk_blocks, max_jobs, event_capacity)
+    raise _bad("cache", type(cache).__name__, "a HybridCache")
 
 
 __all__ = [

@@ -4,11 +4,12 @@
 // kv.BlockPool (a cache's pool, read only: what the write policy reads),
 // kv.DiskLayout (the disk file's slots: seal, verify) and the disk load's
 // completion, which verifies every slot it read (Tiers.complete_disk_load),
-// and kv.GroupTiers (a hybrid cache's groups in the tiers: lookups, offloads,
+// and kv.GroupTiers (a hybrid cache's groups in the tiers, with or without Quest: lookups, offloads,
 // onboarding through an import; its .tiers is the kv.Tiers it plans with).
 // Tiers are named by strings ("device", "host", "disk"); block hashes are
 // uint64 arrays of [n, 2] (lo, hi), the layout of kv::BlockHash, read in place.
 #include <kvcache/cache/hybrid.hpp>
+#include <kvcache/selection/quest.hpp>
 #include <kvcache/tiers/disk_layout.hpp>
 #include <kvcache/tiers/group_tiers.hpp>
 #include <kvcache/tiers/tiers.hpp>
@@ -81,6 +82,56 @@ kv::WriteMode mode_of(const std::string& m) {
   if (m == "write_back") return kv::WriteMode::write_back;
   require(false, "mode (write_through, write_through_reused, write_back)", -1, 2);
   return {};
+}
+// kv.GroupTiers over one compiled hybrid cache (kvcache.GroupTiers picks the
+// class by the cache's: GroupTiers or GroupTiers_Quest).
+template <class Hybrid>
+void bind_group_tiers(nb::module_& m, const char* name) {
+  using GroupTiers = kv::GroupTiers<Hybrid>;
+  nb::class_<GroupTiers>(m, name)
+      .def(
+          "__init__",
+          [](GroupTiers* self, Hybrid& cache, std::int32_t host_blocks, std::int32_t disk_blocks, std::int32_t max_jobs,
+             std::int32_t event_capacity) {
+            try {
+              new (self) GroupTiers(cache, {.host_blocks = host_blocks, .disk_blocks = disk_blocks, .max_jobs = max_jobs,
+                                            .event_capacity = event_capacity});
+            } catch (const kv::ConfigError& e) {
+              check(e.status());
+            }
+          },
+          nb::arg("cache"), nb::arg("host_blocks") = 0, nb::arg("disk_blocks") = 0, nb::arg("max_jobs") = 1024,
+          nb::arg("event_capacity") = 0, nb::keep_alive<1, 2>())  // the cache lives while the tiers do
+      .def_prop_ro("tiers", [](GroupTiers& g) -> kv::Tiers& { return g.tiers(); }, nb::rv_policy::reference_internal)
+      .def(
+          "lookup",
+          [](GroupTiers& g, nb::handle prompt, std::uint64_t salt, std::uint64_t extra) {
+            Array<std::int32_t> p;
+            in_arg(p, prompt, "prompt");
+            const kv::GroupTierHits h = check(g.lookup(cspan(p), {salt, extra}));
+            return std::make_tuple(h.device_tokens, h.tokens, h.host, h.disk);
+          },
+          nb::arg("prompt"), nb::arg("salt") = 0, nb::arg("extra") = 0)
+      .def(
+          "plan_offload",
+          [](GroupTiers& g, std::uint64_t seq, nb::handle tokens, std::uint64_t salt, std::uint64_t extra) {
+            Array<std::int32_t> t;
+            in_arg(t, tokens, "tokens");
+            return job_of(check(g.plan_offload(unpack(seq), cspan(t), {salt, extra})));
+          },
+          nb::arg("seq"), nb::arg("tokens"), nb::arg("salt") = 0, nb::arg("extra") = 0)
+      .def("plan_stage", [](GroupTiers& g, std::uint64_t import) { return job_of(check(g.plan_stage(import))); }, nb::arg("import_id"))
+      .def("plan_onboard", [](GroupTiers& g, std::uint64_t import) { return job_of(check(g.plan_onboard(import))); },
+           nb::arg("import_id"))
+      .def(
+          "complete_onboard",
+          [](GroupTiers& g, std::uint64_t job, nb::handle failed) {
+            Array<std::int32_t> f;
+            if (!failed.is_none()) in_arg(f, failed, "failed");
+            const kv::OnboardResult r = check(g.complete_onboard(job, cspan(f)));
+            return std::make_tuple(pack(r.seq), r.committed, r.tokens);
+          },
+          nb::arg("job"), nb::arg("failed") = nb::none());
 }
 }  // namespace
 
@@ -251,51 +302,8 @@ void register_tiers(nb::module_& m) {
           nb::arg("slots"), nb::arg("hashes"))
       .def("check_invariants", [](const kv::Tiers& t) { check(t.check_invariants()); });
 
-  using GroupTiers = kv::GroupTiers<kv::HybridCache<>>;
-  nb::class_<GroupTiers>(m, "GroupTiers")
-      .def(
-          "__init__",
-          [](GroupTiers* self, kv::HybridCache<>& cache, std::int32_t host_blocks, std::int32_t disk_blocks, std::int32_t max_jobs,
-             std::int32_t event_capacity) {
-            try {
-              new (self) GroupTiers(cache, {.host_blocks = host_blocks, .disk_blocks = disk_blocks, .max_jobs = max_jobs,
-                                            .event_capacity = event_capacity});
-            } catch (const kv::ConfigError& e) {
-              check(e.status());
-            }
-          },
-          nb::arg("cache"), nb::arg("host_blocks") = 0, nb::arg("disk_blocks") = 0, nb::arg("max_jobs") = 1024,
-          nb::arg("event_capacity") = 0, nb::keep_alive<1, 2>())  // the cache lives while the tiers do
-      .def_prop_ro("tiers", [](GroupTiers& g) -> kv::Tiers& { return g.tiers(); }, nb::rv_policy::reference_internal)
-      .def(
-          "lookup",
-          [](GroupTiers& g, nb::handle prompt, std::uint64_t salt, std::uint64_t extra) {
-            Array<std::int32_t> p;
-            in_arg(p, prompt, "prompt");
-            const kv::GroupTierHits h = check(g.lookup(cspan(p), {salt, extra}));
-            return std::make_tuple(h.device_tokens, h.tokens, h.host, h.disk);
-          },
-          nb::arg("prompt"), nb::arg("salt") = 0, nb::arg("extra") = 0)
-      .def(
-          "plan_offload",
-          [](GroupTiers& g, std::uint64_t seq, nb::handle tokens, std::uint64_t salt, std::uint64_t extra) {
-            Array<std::int32_t> t;
-            in_arg(t, tokens, "tokens");
-            return job_of(check(g.plan_offload(unpack(seq), cspan(t), {salt, extra})));
-          },
-          nb::arg("seq"), nb::arg("tokens"), nb::arg("salt") = 0, nb::arg("extra") = 0)
-      .def("plan_stage", [](GroupTiers& g, std::uint64_t import) { return job_of(check(g.plan_stage(import))); }, nb::arg("import_id"))
-      .def("plan_onboard", [](GroupTiers& g, std::uint64_t import) { return job_of(check(g.plan_onboard(import))); },
-           nb::arg("import_id"))
-      .def(
-          "complete_onboard",
-          [](GroupTiers& g, std::uint64_t job, nb::handle failed) {
-            Array<std::int32_t> f;
-            if (!failed.is_none()) in_arg(f, failed, "failed");
-            const kv::OnboardResult r = check(g.complete_onboard(job, cspan(f)));
-            return std::make_tuple(pack(r.seq), r.committed, r.tokens);
-          },
-          nb::arg("job"), nb::arg("failed") = nb::none());
+  bind_group_tiers<kv::HybridCache<>>(m, "GroupTiers");
+  bind_group_tiers<kv::HybridCache<kv::FastBlockHasher, kv::QuestSelection>>(m, "GroupTiers_Quest");
 
   nb::class_<kv::DiskLayout>(m, "DiskLayout")
       .def(

@@ -282,6 +282,61 @@ def test_group_tiers_bring_every_group_back_through_an_import():
         kv.GroupTiers(kv.HybridCache(small(), num_blocks=8, max_sequences=1, max_tokens=16, prefix_caching=False), host_blocks=4)
 
 
+def test_group_tiers_on_a_quest_cache_list_the_onboarded_pages_stale():
+    """kv.GroupTiers over a Quest hybrid: the full group's pages an onboard
+    brings in hold K that no page_bounds_update saw, so stale_pages lists
+    each of them until page_bounds runs, and their bounds then equal the
+    ones the prompt's own pages had before they were offloaded."""
+    lg = small()
+    c = kv.HybridCache(lg, num_blocks=40, max_sequences=2, max_tokens=64, selection=kv.Quest(token_budget=8, dense_layers=0))
+    tiers = kv.GroupTiers(c, host_blocks=32)
+    assert type(tiers).__name__ == "GroupTiers_Quest"
+    P = lg.page_bytes
+    device, host = np.zeros(40 * P, dtype=np.uint8), np.zeros(32 * P, dtype=np.uint8)
+    view = kv.PoolView.of_group(lg, 0, device, 40)
+
+    def copy(dst, src, moves):
+        for a, b in moves[:, :2].tolist():
+            dst[b * P:(b + 1) * P] = src[a * P:(a + 1) * P]
+
+    prompt = np.arange(100, 133, dtype=np.int32)  # 33 tokens: a hit of 32, 8 pages of the full group
+    seq, _, n, slots = c.admit(prompt)
+    k = np.random.default_rng(3).standard_normal((n, 2, 8), dtype=np.float32)
+    kv.scatter(view, k, k, slots[0], first_layer=0)
+    kv.page_bounds_update(view, 0, slots[0], c.page_bounds(0))
+    c.computed(seq, 33)
+    before = c.page_bounds(0)[c.export_block_table(0, [seq], 9)[0][:8]].copy()  # the 8 full pages
+    job = tiers.plan_offload(seq, prompt)
+    copy(host, device, job.moves)
+    hold = c.hold(job.moves[:, 0])
+    c.free(seq)
+    tiers.tiers.complete(job.id)
+    c.release_hold(hold)
+    for j in range(3):  # other requests: the device pool recycles the prompt's pages
+        other, _, _, _ = c.admit(np.arange(5000 + 100 * j, 5060 + 100 * j, dtype=np.int32))
+        c.computed(other, 60)
+        c.free(other)
+    device_tokens, tokens, _, _ = tiers.lookup(prompt)
+    assert tokens == 32 and device_tokens < tokens
+    imp, _, _ = c.import_prompt(prompt[:tokens])
+    load = tiers.plan_onboard(imp)
+    copy(device, host, load.moves)
+    s2, committed, held = tiers.complete_onboard(load.id)
+    assert committed and held == 32
+    row = c.export_block_table(0, [s2], 8)[0]
+    pages, fill, listed = c.stale_pages(np.array([s2], dtype=np.uint64))
+    first = device_tokens // 4  # the device's own hit pages kept their bounds
+    assert list(pages[:listed]) == list(row[first:]) and list(fill[:listed]) == [4] * listed
+    kv.page_bounds(view, 0, pages[:listed], fill[:listed], c.page_bounds(0))
+    assert np.array_equal(c.page_bounds(0)[row], before)
+    assert c.stale_pages(np.array([s2], dtype=np.uint64))[2] == 0
+    with pytest.raises(kv.InvalidArgument, match="a HybridCache"):
+        kv.GroupTiers(kv.Tiers(host_blocks=4), host_blocks=4)
+    c.free(s2)
+    c.check_invariants()
+    tiers.tiers.check_invariants()
+
+
 def test_quest_on_the_global_layers_selects_within_the_budget_and_lists_received_pages():
     """kv.HybridCache(..., selection=kv.Quest(...)): the full group's layer
     has a bounds slice, a decoded query reads its budget of pages (first,
