@@ -1,17 +1,16 @@
-// What every cache is built on, whatever its rows: the geometry, the block
-// pool and the page table, with the configuration that sizes them. The two
-// modes (token_paged.hpp, head_paged.hpp) derive from it and add their
-// participants.
+// What the token- and head-paged caches are built on: the geometry and the
+// page table over the pool (pool_core.hpp, which HybridCache shares), with
+// the configuration that sizes them. The two modes (token_paged.hpp,
+// head_paged.hpp) derive from it and add their participants.
 #pragma once
 
 #include <concepts>
 #include <cstdint>
 #include <span>
 
-#include "kvcache/block_holds.hpp"
 #include "kvcache/block_pool.hpp"
+#include "kvcache/cache/pool_core.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/events.hpp"
 #include "kvcache/geometry.hpp"
 #include "kvcache/page_table.hpp"
 #include "kvcache/sequence_id.hpp"
@@ -51,51 +50,25 @@ concept BlockTableFor = requires(T& t, const T& ct, P& p, SeqId s, std::span<std
 /// The geometry, the pool and the table of a cache: `streams` table rows of
 /// cfg.max_blocks_per_sequence blocks.
 template <class Pool, class Table>
-class CacheCore {
+class CacheCore : public PoolCore<Pool> {
  public:
   /// The geometry the cache was built with.
   const Geometry& geometry() const noexcept { return geometry_; }
   /// Tokens per block.
   std::int32_t block_size() const noexcept { return table_.block_size(); }
-  /// The block pool (read-only).
-  const Pool& pool() const noexcept { return pool_; }
   /// The page table (read-only): rows, front(), blocks().
   const Table& table() const noexcept { return table_; }
-  /// Blocks allocate() can hand out now (plain free + free-but-cached).
-  std::int32_t free_blocks() const noexcept { return pool_.num_free(); }
-  /// Moves pending block events (stored / removed / all_cleared) into out; returns how many.
-  std::int32_t drain_events(std::span<BlockEvent> out) noexcept { return pool_.drain_events(out); }
-  /// drain_events() with each stored block's token ids: event i's block_size ids at token_ids[i * block_size()].
-  Result<std::int32_t> drain_events(std::span<BlockEvent> out, std::span<std::int32_t> token_ids) noexcept {
-    return pool_.drain_events(out, token_ids);
-  }
-
-  /// Keeps `blocks` (device block ids: in use, or free but cached) allocated
-  /// until release_hold(): what a transfer job that reads or writes them
-  /// needs when their sequence is freed before the copy completes (an offload
-  /// of a finished request, an onboard of an aborted one). All or nothing;
-  /// an invalid or free block is an error naming it. Returns the hold's id.
-  Result<std::uint64_t> hold(std::span<const BlockId> blocks) { return holds_.hold(pool_, blocks); }
-  /// The copy is done: hold `id`'s blocks lose this holder (a block no row
-  /// holds becomes free, cached when it has a hash). unknown_job for an id
-  /// never given or already released; nothing changes then.
-  Status release_hold(std::uint64_t id) noexcept { return holds_.release(pool_, id); }
-  /// The holds not yet released.
-  const BlockHolds& holds() const noexcept { return holds_; }
-
  protected:
   /// The pool of cfg.num_blocks blocks and a table of `streams` rows; throws ConfigError.
   CacheCore(const CacheConfig& cfg, std::int32_t streams)
-      : geometry_(usable(cfg.geometry)), pool_(make_pool(cfg)),
-        table_(pool_, streams, cfg.max_blocks_per_sequence, cfg.geometry.block_size()) {}
+      : PoolCore<Pool>(make_pool(cfg)), geometry_(usable(cfg.geometry)),
+        table_(this->pool_, streams, cfg.max_blocks_per_sequence, cfg.geometry.block_size()) {}
 
   /// The pools and the tables are equal (a mode's operator== adds its participants).
-  bool same_core(const CacheCore& o) const { return pool_ == o.pool_ && table_ == o.table_ && holds_ == o.holds_; }
+  bool same_core(const CacheCore& o) const { return this->same_pool(o) && table_ == o.table_; }
 
   Geometry geometry_;  ///< The geometry the cache was built with.
-  Pool pool_;          ///< The block pool.
   Table table_;        ///< The page table (rows per sequence, or head rows).
-  BlockHolds holds_;   ///< Blocks transfers keep after their rows let go.
 
  private:
   static const Geometry& usable(const Geometry& g) {
@@ -104,6 +77,7 @@ class CacheCore {
     return g;
   }
   static Pool make_pool(const CacheConfig& cfg) {
+    (void)usable(cfg.geometry);  // its error first: the pool is sized by it
     if constexpr (std::same_as<Pool, BlockPool>) return BlockPool(cfg.num_blocks, cfg.event_capacity, cfg.geometry.block_size(), cfg.medium);
     else return Pool(cfg.num_blocks, cfg.event_capacity);
   }

@@ -23,9 +23,11 @@
 #include "kvcache/cache/contract.hpp"
 #include "kvcache/cache/hybrid_accounting.hpp"
 #include "kvcache/cache/hybrid_exports.hpp"
+#include "kvcache/cache/hybrid_growth.hpp"
 #include "kvcache/cache/hybrid_imports.hpp"
 #include "kvcache/cache/hybrid_prefix.hpp"
 #include "kvcache/cache/hybrid_selection.hpp"
+#include "kvcache/cache/pool_core.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/groups/group_hits.hpp"
 #include "kvcache/groups/group_rows.hpp"
@@ -49,10 +51,13 @@ using HybridAdmitResult [[deprecated("kvcache: HybridCache::admit returns AdmitR
 /// selection/group_selection.hpp); the window and chunked groups keep their
 /// own retention. A page-bounds policy is given as its Config.
 template <BlockHasher Hasher = FastBlockHasher, SelectionPolicy Selection = SelectAll>
-class HybridCache : public HybridAccounting<HybridCache<Hasher, Selection>>,
+class HybridCache : public PoolCore<BlockPool>,
+                    public HybridGrowth<HybridCache<Hasher, Selection>>,
+                    public HybridAccounting<HybridCache<Hasher, Selection>>,
                     public HybridImports<HybridCache<Hasher, Selection>>,
                     public HybridExports<HybridCache<Hasher, Selection>>,
                     public HybridSelection<HybridCache<Hasher, Selection>, Selection> {
+  friend class HybridGrowth<HybridCache>;
   friend class HybridAccounting<HybridCache>;
   friend class HybridImports<HybridCache>;
   friend class HybridExports<HybridCache>;
@@ -73,9 +78,9 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher, Selection>>,
   /// page-bounds policy's Config); ConfigError names a bad field of cfg, or
   /// of the policy for this layout (selection/group_selection.hpp).
   HybridCache(const HybridConfig& cfg, const typename GroupSelection<Selection>::Arg& selection, Hasher hasher = {})
-      : cfg_(checked_hybrid_config(cfg)),
+      : PoolCore(BlockPool(checked_hybrid_config(cfg).num_blocks, cfg.event_capacity, max_block_size(cfg.groups), cfg.medium)),
+        cfg_(cfg),
         selection_(selection),
-        pool_(cfg.num_blocks, cfg.event_capacity, max_block_size(cfg.groups), cfg.medium),
         hits_(cfg.groups, cfg.max_tokens, hasher),
         owner_(std::size_t(cfg.num_blocks), -1),
         seqs_(std::size_t(cfg.max_sequences)) {
@@ -102,9 +107,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher, Selection>>,
 
   const LayerGroups& layer_groups() const noexcept { return cfg_.groups; }  ///< The groups.
   std::int32_t groups() const noexcept { return cfg_.groups.num_groups(); }  ///< Number of groups.
-  const BlockPool& pool() const noexcept { return pool_; }  ///< The shared pool.
   const HybridConfig& config() const noexcept { return cfg_; }  ///< The configuration.
-  std::int32_t free_blocks() const noexcept { return pool_.num_free(); }  ///< Pages free (cached ones included).
   std::int32_t free_sequences() const noexcept { return std::int32_t(free_.size()); }  ///< Handles free.
 
   /// A new, empty sequence; `key` salts its hash chains (tenant, LoRA).
@@ -218,7 +221,7 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher, Selection>>,
     s.computed = s.reserved = h;
     if (cfg_.prefill_chunk == 0) s.ahead = len;  // a whole prompt at once: what blocks_needed assumed
     for (const GroupRows& rows : rows_) fresh -= rows.live(id.index);
-    grow(id.index, n, prompt.subspan(std::size_t(h), std::size_t(n)), slots, stride);
+    this->grow(id.index, n, prompt.subspan(std::size_t(h), std::size_t(n)), slots, stride);
     for (const GroupRows& rows : rows_) fresh += rows.live(id.index);
     return AdmitResult{id, std::int32_t(h), n, fresh, promise};
   }
@@ -230,23 +233,23 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher, Selection>>,
   /// prefill_chunk (HybridConfig): more is invalid_argument naming n, with
   /// how many more it may reserve now as the limit.
   Result<std::int32_t> reserve(SeqId id, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots) {
-    return reserve_impl(id, std::int32_t(std::min<std::size_t>(tokens.size(), INT32_MAX)), tokens, slots, false);
+    return this->reserve_impl(id, std::int32_t(std::min<std::size_t>(tokens.size(), INT32_MAX)), tokens, slots, false);
   }
   /// n more tokens without their ids: only without prefix caching (nothing to publish).
   Result<std::int32_t> reserve(SeqId id, std::int32_t n, std::span<std::int32_t> slots) {
     if (cfg_.prefix_caching) return Status{Errc::invalid_argument, "n (prefix caching is on: pass the token ids)", n, 0};
-    return reserve_impl(id, n, {}, slots, false);
+    return this->reserve_impl(id, n, {}, slots, false);
   }
   /// The decode step in one call: every token reserved so far was computed
   /// (computed(id, tokens(id))), then `tokens` are reserved as by reserve().
   /// All or nothing: when the reserve cannot be made, nothing is marked computed either.
   Result<std::int32_t> advance(SeqId id, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots) {
-    return reserve_impl(id, std::int32_t(std::min<std::size_t>(tokens.size(), INT32_MAX)), tokens, slots, true);
+    return this->reserve_impl(id, std::int32_t(std::min<std::size_t>(tokens.size(), INT32_MAX)), tokens, slots, true);
   }
   /// advance() of n tokens without their ids: only without prefix caching.
   Result<std::int32_t> advance(SeqId id, std::int32_t n, std::span<std::int32_t> slots) {
     if (cfg_.prefix_caching) return Status{Errc::invalid_argument, "n (prefix caching is on: pass the token ids)", n, 0};
-    return reserve_impl(id, n, {}, slots, true);
+    return this->reserve_impl(id, n, {}, slots, true);
   }
 
   /// The forward pass wrote K/V for tokens [0, tokens): full blocks of every
@@ -282,38 +285,24 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher, Selection>>,
     return {};
   }
 
-  /// Keeps `blocks` (in use, or free but cached) allocated until
-  /// release_hold(), for a transfer that outlives their sequence (as
-  /// Cache<>::hold: block_holds.hpp). All or nothing; returns the hold's id.
-  Result<std::uint64_t> hold(std::span<const BlockId> blocks) { return holds_.hold(pool_, blocks); }
+  using PoolCore::hold;  // hold(blocks), as every cache (pool_core.hpp)
   /// hold() of every group's live blocks of sequence id (what a sender pins
   /// so that id can be freed before its consumers have read it).
   Result<std::uint64_t> hold(SeqId id) {
     if (auto st = this->live_blocks(id, held_); !st) return st;  // held_ has room for every group's row
     return holds_.hold(pool_, held_);
   }
-  /// Ends hold `id` (unknown_job for an id never given or already released).
-  Status release_hold(std::uint64_t id) noexcept { return holds_.release(pool_, id); }
-  /// The holds not yet released.
-  const BlockHolds& holds() const noexcept { return holds_; }
 
-  /// Moves pending block events (stored / removed / all_cleared, each naming
-  /// its group; HybridConfig::event_capacity) into out; returns how many.
-  std::int32_t drain_events(std::span<BlockEvent> out) noexcept { return pool_.drain_events(out); }
-  /// drain_events() with each stored block's token ids: event i's
-  /// block_size ids at token_ids[i * tokens_per_event()] (the largest group
-  /// block size: token_ids holds out.size() times it).
-  Result<std::int32_t> drain_events(std::span<BlockEvent> out, std::span<std::int32_t> token_ids) noexcept {
-    return pool_.drain_events(out, token_ids);
-  }
+  // Block events (each naming its group; HybridConfig::event_capacity):
+  // drain_events(out[, token_ids]), as every cache (pool_core.hpp).
   /// Token ids a drained event keeps at most: the largest group block size.
   std::int32_t tokens_per_event() const noexcept { return prefix_.max_block_size(); }
 
 
   /// Equal state (the hit finder's scratch aside): what error paths are tested against.
   friend bool operator==(const HybridCache& a, const HybridCache& b) {
-    return a.selection_ == b.selection_ && a.pool_ == b.pool_ && a.rows_ == b.rows_ && a.owner_ == b.owner_ && a.seqs_ == b.seqs_ && a.free_ == b.free_ &&
-           a.prefix_ == b.prefix_ && a.holds_ == b.holds_ && a.imports_ == b.imports_;
+    return a.same_pool(b) && a.selection_ == b.selection_ && a.rows_ == b.rows_ && a.owner_ == b.owner_ && a.seqs_ == b.seqs_ &&
+           a.free_ == b.free_ && a.prefix_ == b.prefix_ && a.imports_ == b.imports_;
   }
 
  private:
@@ -342,100 +331,12 @@ class HybridCache : public HybridAccounting<HybridCache<Hasher, Selection>>,
     if (!cfg_.prefix_caching) return {};
     return prefix_.publish(pool_, rows_, hits_, i, tokens, seqs_[i].key);
   }
-  // reserve() and advance() (which first counts every reserved token as computed).
-  // Freeing and the room it makes are counted on the computed tokens after
-  // the call, so a failed advance marks nothing: publishing frees no block.
-  Result<std::int32_t> reserve_impl(SeqId id, std::int32_t n, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots,
-                                    bool advance) {
-    if (auto st = validate(id); !st) return st;
-    Seq& s = seqs_[id.index];
-    if (n < 0 || n > cfg_.max_tokens - s.reserved) return Status{Errc::invalid_argument, "n", n, cfg_.max_tokens - s.reserved};
-    if (std::int64_t(slots.size()) < std::int64_t(groups()) * n)
-      return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), std::int64_t(groups()) * n};
-    const std::int64_t done = advance ? s.reserved : s.computed;
-    if (s.reserved + n - done > s.ahead)  // the pool was sized, and every admission promised, for this bound
-      return Status{Errc::invalid_argument, "n (past prefill_chunk: reserved, not computed)", n, s.ahead - (s.reserved - done)};
-    const bool in_place = fits_in_place(id.index, n, done);  // the common decode step: no group frees or allocates
-    if (!in_place) {
-      std::int64_t need = 0, freeable = 0;
-      for (const GroupRows& rows : rows_) {
-        const GroupRule& r = rows.rule();
-        freeable += rows.freeable_below(pool_, id.index, std::int32_t(r.skipped_blocks(done)));
-        need += r.row_blocks(s.reserved + n) - std::int64_t(rows.row(id.index).size());
-      }
-      if (need > pool_.num_free() + freeable) return Status{Errc::out_of_blocks, "n_blocks", need, pool_.num_free() + freeable};
-    }
-    if (advance && done > s.computed)
-      if (auto st = mark_computed(id.index, done); !st) return st;
-    if (in_place) {
-      write_slots(id.index, n, tokens, slots, n);
-    } else {
-      for (GroupRows& rows : rows_) rows.free_below(pool_, id.index, std::int32_t(rows.rule().skipped_blocks(done)));
-      grow(id.index, n, tokens, slots, n);
-    }
-    return n;
-  }
-
   auto owner_of() const noexcept {
     return [this](BlockId b) { return std::int32_t(owner_[std::size_t(b)]); };
-  }
-  // n more tokens of row i land in blocks every group already holds, and no
-  // group has a block to free: reserve() has nothing to count or change but the slots.
-  bool fits_in_place(std::uint32_t i, std::int32_t n, std::int64_t computed) const noexcept {
-    const Seq& s = seqs_[i];
-    for (const std::int32_t g : distinct_) {  // groups of one rule have rows of one shape: one check each
-      const GroupRows& rows = rows_[std::size_t(g)];
-      const GroupRule& r = rows.rule();
-      if (r.row_blocks(s.reserved + n) > std::int64_t(rows.row(i).size())) return false;
-      if (r.frees() && r.skipped_blocks(computed) > rows.first_live(i)) return false;
-    }
-    return true;
-  }
-  // After the checks: n more tokens in every group (a cross group takes its
-  // encoder's blocks on the first call), their slots at slots[g * stride].
-  void grow(std::uint32_t i, std::int32_t n, std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
-            std::int32_t stride) noexcept {
-    Seq& s = seqs_[i];
-    for (std::int32_t g = 0; g < groups(); ++g) {
-      GroupRows& rows = rows_[std::size_t(g)];
-      const std::int64_t want = rows.rule().row_blocks(s.reserved + n);
-      if (const auto have = std::int64_t(rows.row(i).size()); want > have) {
-        scratch_.resize(std::size_t(want - have));
-        (void)pool_.allocate(scratch_);  // counted before any change: cannot fail
-        for (const BlockId b : scratch_) owner_[std::size_t(b)] = std::int8_t(g);
-        rows.append(i, scratch_);
-      }
-    }
-    write_slots(i, n, ids, slots, stride);
-  }
-  // The slots of row i's next n tokens (-1 up to stride, and in cross groups),
-  // and their ids beside them (what publishing hashes); reserved += n.
-  void write_slots(std::uint32_t i, std::int32_t n, std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
-                   std::int32_t stride) noexcept {
-    Seq& s = seqs_[i];
-    std::int32_t* kept = cfg_.prefix_caching && !ids.empty() ? prefix_.kept() : nullptr;
-    const std::int32_t per_page = prefix_.max_block_size();
-    for (std::int32_t g = 0; g < groups(); ++g) {
-      const GroupRows& rows = rows_[std::size_t(g)];
-      const GroupRule& r = rows.rule();
-      std::int32_t* out = slots.data() + std::size_t(g) * std::size_t(stride);
-      const BlockId* row = rows.row(i).data();
-      const std::int32_t m = r.caches() ? n : 0;
-      for (std::int32_t t = 0; t < m; ++t) {
-        const std::int64_t p = s.reserved + t;
-        const BlockId b = row[r.div(p)];
-        out[t] = b * r.block_size + r.mod(p);
-        if (kept) kept[std::size_t(b) * std::size_t(per_page) + std::size_t(r.mod(p))] = ids[std::size_t(t)];
-      }
-      std::fill(out + m, out + stride, -1);
-    }
-    s.reserved += n;
   }
 
   HybridConfig cfg_;
   [[no_unique_address]] GroupSelection<Selection> selection_;
-  BlockPool pool_;
-  BlockHolds holds_;  // blocks transfers keep after their rows let go
   GroupHits<Hasher> hits_;
   std::vector<GroupRows> rows_;
   std::vector<std::int8_t> owner_;  // [block]: the group that last allocated it
