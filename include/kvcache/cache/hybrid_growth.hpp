@@ -23,9 +23,9 @@ KVCACHE_BEGIN_NAMESPACE
 template <class Cache>
 class HybridGrowth {
  protected:
-  // reserve() and advance() (which first counts every reserved token as computed).
-  // Freeing and the room it makes are counted on the computed tokens after
-  // the call, so a failed advance marks nothing: publishing frees no block.
+  /// reserve() and advance() (which first counts every reserved token as computed).
+  /// Freeing and the room it makes are counted on the computed tokens after
+  /// the call, so a failed advance marks nothing: publishing frees no block.
   Result<std::int32_t> reserve_impl(SeqId id, std::int32_t n, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots,
                                     bool advance) {
     Cache& c = self();
@@ -58,8 +58,8 @@ class HybridGrowth {
     return n;
   }
 
-  // n more tokens of row i land in blocks every group already holds, and no
-  // group has a block to free: reserve() has nothing to count or change but the slots.
+  /// n more tokens of row i land in blocks every group already holds, and no
+  /// group has a block to free: reserve() has nothing to count or change but the slots.
   bool fits_in_place(std::uint32_t i, std::int32_t n, std::int64_t computed) const noexcept {
     const Cache& c = self();
     const auto& s = c.seqs_[i];
@@ -71,8 +71,8 @@ class HybridGrowth {
     }
     return true;
   }
-  // After the checks: n more tokens in every group (a cross group takes its
-  // encoder's blocks on the first call), their slots at slots[g * stride].
+  /// After the checks: n more tokens in every group (a cross group takes its
+  /// encoder's blocks on the first call), their slots at slots[g * stride].
   void grow(std::uint32_t i, std::int32_t n, std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
             std::int32_t stride) noexcept {
     Cache& c = self();
@@ -89,8 +89,8 @@ class HybridGrowth {
     }
     write_slots(i, n, ids, slots, stride);
   }
-  // The slots of row i's next n tokens (-1 up to stride, and in cross groups),
-  // and their ids beside them (what publishing hashes); reserved += n.
+  /// The slots of row i's next n tokens (-1 up to stride, and in cross groups),
+  /// and their ids beside them (what publishing hashes); reserved += n.
   void write_slots(std::uint32_t i, std::int32_t n, std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
                    std::int32_t stride) noexcept {
     Cache& c = self();

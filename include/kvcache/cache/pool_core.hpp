@@ -47,6 +47,7 @@ class PoolCore {
   const BlockHolds& holds() const noexcept { return holds_; }
 
  protected:
+  /// Takes the cache's pool (built from its checked configuration).
   explicit PoolCore(Pool pool) : pool_(std::move(pool)) {}
   /// The pools and their holds are equal.
   bool same_pool(const PoolCore& o) const { return pool_ == o.pool_ && holds_ == o.holds_; }
