@@ -28,18 +28,22 @@ WORKLOAD = dict(conversations=3, turns=3, first=64, user=16, new=8, device=14, h
 WINDOW = 32  # the hybrid model's odd layers: prompts of 64 to 112 tokens leave it
 
 
-@pytest.fixture(scope="module")
-def runs():
+def serve_workload(engines):
+    """WORKLOAD's conversations on each named engine: {name: {outputs, turns, stats}}."""
     torch.set_num_threads(2)
-    model = mdl.load()
-    w = WORKLOAD
-    out = {}
-    for name, with_host, write in tiered.MODES:
-        outputs, turns, st = tiered.serve_multiturn(model, w["conversations"], w["turns"], w["first"], w["user"], w["new"],
-                                                    device_blocks=w["device"], host_blocks=w["host"] if with_host else 0,
-                                                    chunk=w["chunk"], write=write)
+    w, out = WORKLOAD, {}
+    for name, e in engines:
+        outputs, turns, st = tiered.serve_multiturn_on(e, w["conversations"], w["turns"], w["first"], w["user"], w["new"])
         out[name] = dict(outputs=outputs, turns=turns, stats=st)
     return out
+
+
+@pytest.fixture(scope="module")
+def runs():
+    model, w = mdl.load(), WORKLOAD
+    return serve_workload((name, tiered.TieredEngine(model, device_blocks=w["device"], chunk=w["chunk"], write=write,
+                                                     host_blocks=w["host"] if with_host else 0))
+                          for name, with_host, write in tiered.MODES)
 
 
 def test_every_write_policy_serves_recomputes_tokens_from_host_memory(runs):
@@ -56,15 +60,10 @@ def test_every_write_policy_serves_recomputes_tokens_from_host_memory(runs):
 
 @pytest.fixture(scope="module")
 def hybrid_runs():
-    torch.set_num_threads(2)
-    model = mdl.load()
-    w = WORKLOAD
-    out = {}
-    for name, host in [("hybrid_recompute", 0), ("hybrid_host", w["host"])]:
-        e = tiered.HybridTieredEngine(model, device_blocks=w["device"], host_blocks=host, chunk=w["chunk"], window=WINDOW)
-        outputs, turns, st = tiered.serve_multiturn_on(e, w["conversations"], w["turns"], w["first"], w["user"], w["new"])
-        out[name] = dict(outputs=outputs, turns=turns, stats=st)
-    return out
+    model, w = mdl.load(), WORKLOAD
+    return serve_workload((name, tiered.HybridTieredEngine(model, device_blocks=w["device"], host_blocks=host,
+                                                           chunk=w["chunk"], window=WINDOW))
+                          for name, host in [("hybrid_recompute", 0), ("hybrid_host", w["host"])])
 
 
 def test_a_hybrid_model_serves_its_recomputes_tokens_from_host_memory(hybrid_runs):
