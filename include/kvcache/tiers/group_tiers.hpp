@@ -76,7 +76,7 @@ class GroupTiers {
       Group& x = groups_[std::size_t(g)];
       x.rule = GroupRule::of(cache.layer_groups(), g);
       const auto n = std::size_t(x.rule.row_blocks(cache.config().max_tokens));
-      x.keys.resize(n), x.misses.resize(n + 1);
+      x.keys.resize(n), x.where.resize(n), x.misses.resize(n + 1);
       caches_all_ = caches_all_ && x.rule.caches();
     }
     keys_.reserve(std::size_t(cache.config().num_blocks)), dst_.reserve(keys_.capacity());
@@ -107,7 +107,10 @@ class GroupTiers {
     for (std::int32_t g = 0; g < cache_.groups(); ++g) {
       Group& x = groups_[std::size_t(g)];
       const std::int32_t n = *cache_.hash_chain(g, prompt.first(std::size_t(cap)), key, x.keys);  // a caching group
-      for (std::int32_t j = 0; j < n; ++j) x.misses[std::size_t(j) + 1] = x.misses[std::size_t(j)] + (where(x.keys[std::size_t(j)]) == 0);
+      for (std::int32_t j = 0; j < n; ++j) {  // each block's tier asked once: the count below reads it back
+        x.where[std::size_t(j)] = std::int8_t(where(x.keys[std::size_t(j)]));
+        x.misses[std::size_t(j) + 1] = x.misses[std::size_t(j)] + (x.where[std::size_t(j)] == 0);
+      }
     }
     std::int64_t h = cap;
     for (; h > hit.device_tokens; h -= align) {
@@ -122,7 +125,7 @@ class GroupTiers {
     hit.tokens = h;
     for (const Group& x : groups_) {
       const auto [first, last] = received(x.rule, hit.device_tokens, h);
-      for (std::int64_t j = first; j < last; ++j) (where(x.keys[std::size_t(j)]) == 1 ? hit.host : hit.disk) += 1;
+      for (std::int64_t j = first; j < last; ++j) (x.where[std::size_t(j)] == 1 ? hit.host : hit.disk) += 1;
     }
     return hit;
   }
@@ -235,6 +238,7 @@ class GroupTiers {
   struct Group {
     GroupRule rule;
     std::vector<BlockHash> keys;       // lookup(): the prompt's block names in this group
+    std::vector<std::int8_t> where;    // lookup(): where each block is (where()'s 1 host, 2 disk, 0 neither)
     std::vector<std::int32_t> misses;  // [j]: blocks below j that no tier holds
   };
   struct Onboard {
