@@ -51,6 +51,23 @@ class Stats:
     seconds: float = 0.0
     ttft_s: float = 0.0
 
+    def add_turn(self, turn, max_new, seconds):
+        """One served turn: its prompt's sources (turn: prompt, device_hit, host_hit, computed, ttft_s)."""
+        self.turns += 1
+        self.generated += max_new
+        self.prompt_tokens += turn["prompt"]
+        self.device_hit_tokens += turn["device_hit"]
+        self.host_hit_tokens += turn["host_hit"]
+        self.computed_tokens += turn["computed"]
+        self.ttft_s += turn["ttft_s"]
+        self.seconds += seconds
+
+    def line(self, name, unit):
+        """main()'s row for a mode; `unit`: what it moves (blocks, or a hybrid pool's pages)."""
+        return (f"{name:22} TTFT {1e3 * self.ttft_s / self.turns:8.2f} ms  {self.generated / self.seconds:6.0f} tokens/s  "
+                f"device {self.device_hit_tokens:6}  host {self.host_hit_tokens:6}  computed {self.computed_tokens:6}  "
+                f"offloaded {self.blocks_offloaded:5} {unit:6}  onboarded {self.blocks_onboarded:5} {unit}")
+
 
 class _Row:
     """What engine.PagedKv reads of a request: its one stream."""
@@ -133,15 +150,7 @@ class TieredEngine:
             logits = self._forward(seq, [out[-1]], slot, pos)
             out.append(int(torch.argmax(logits)))
         self._finish(seq)
-        st = self.stats
-        st.turns += 1
-        st.generated += max_new
-        st.prompt_tokens += n_prompt
-        st.device_hit_tokens += cached
-        st.host_hit_tokens += host_hit
-        st.computed_tokens += turn["computed"]
-        st.ttft_s += turn["ttft_s"]
-        st.seconds += time.perf_counter() - t0
+        self.stats.add_turn(turn, max_new, time.perf_counter() - t0)
         c.check_invariants()
         if self.tiered:
             self.tiers.check_invariants()
@@ -289,15 +298,7 @@ class HybridTieredEngine:
             logits = self._forward(seq, tokens, pos, 1, c.reserve(seq, np.array([out[-1]], dtype=np.int32)))
             out.append(int(torch.argmax(logits)))
         self._finish(seq, tokens)  # the prompt and every generated token but the last, whose K/V is not written
-        st = self.stats
-        st.turns += 1
-        st.generated += max_new
-        st.prompt_tokens += n_prompt
-        st.device_hit_tokens += turn["device_hit"]
-        st.host_hit_tokens += turn["host_hit"]
-        st.computed_tokens += turn["computed"]
-        st.ttft_s += turn["ttft_s"]
-        st.seconds += time.perf_counter() - t0
+        self.stats.add_turn(turn, max_new, time.perf_counter() - t0)
         c.check_invariants()
         if self.tiered:
             self.tiers.tiers.check_invariants()
@@ -362,18 +363,14 @@ def main():
                                          host_blocks=a.host if tiered else 0, block_size=a.block, chunk=a.chunk,
                                          write=write)
         report[name] = dict(outputs=outputs, stats=dataclasses.asdict(st))
-        print(f"{name:22} TTFT {1e3 * st.ttft_s / st.turns:8.2f} ms  {st.generated / st.seconds:6.0f} tokens/s  "
-              f"device {st.device_hit_tokens:6}  host {st.host_hit_tokens:6}  computed {st.computed_tokens:6}  "
-              f"offloaded {st.blocks_offloaded:5} blocks  onboarded {st.blocks_onboarded:5} blocks")
+        print(st.line(name, "blocks"))
     # The hybrid model: its own recompute is the reference (a window changes what the model generates).
     for name, host in [("hybrid_recompute", 0), ("hybrid_host", a.host)]:
         e = HybridTieredEngine(model, device_blocks=a.device, host_blocks=host, block_size=a.block, chunk=a.chunk,
                                window=a.window)
         outputs, _, st = serve_multiturn_on(e, a.conversations, a.turns, a.first, a.user, a.new)
         report[name] = dict(outputs=outputs, stats=dataclasses.asdict(st))
-        print(f"{name:22} TTFT {1e3 * st.ttft_s / st.turns:8.2f} ms  {st.generated / st.seconds:6.0f} tokens/s  "
-              f"device {st.device_hit_tokens:6}  host {st.host_hit_tokens:6}  computed {st.computed_tokens:6}  "
-              f"offloaded {st.blocks_offloaded:5} pages   onboarded {st.blocks_onboarded:5} pages")
+        print(st.line(name, "pages"))
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps(report))
 
