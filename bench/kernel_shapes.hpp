@@ -3,8 +3,8 @@
 // in its own block), prefill = 8 sequences x 2,048 tokens (blocks shuffled).
 #pragma once
 
-#include <kvcache/kernels/common.hpp>
-#include <kvcache/sequence_id.hpp>
+#include <kvcache/kernels/detail/common.hpp>
+#include <kvcache/core/sequence_id.hpp>
 
 #include <algorithm>
 #include <numeric>

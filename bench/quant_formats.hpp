@@ -3,7 +3,7 @@
 // of every token's K and V, which the memcpy / device-copy reference copies.
 #pragma once
 
-#include <kvcache/kernels/common.hpp>
+#include <kvcache/kernels/detail/common.hpp>
 
 #include <cmath>
 #include <new>

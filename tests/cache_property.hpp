@@ -25,7 +25,7 @@
 
 #include <kvcache/cache.hpp>
 #include <kvcache/kernels/block_copy.hpp>
-#include <kvcache/kernels/quant_rows.hpp>
+#include <kvcache/kernels/detail/quant_rows.hpp>
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/kernels/seal.hpp>
 #include <kvcache/transfer/transfer_holds.hpp>

@@ -2,7 +2,7 @@
 // an element lives, poisoning, and dtype-generic element access.
 #pragma once
 
-#include <kvcache/kernels/common.hpp>
+#include <kvcache/kernels/detail/common.hpp>
 
 #include <cstdint>
 #include <cstring>

@@ -3,8 +3,8 @@
 // where each row's codes and group entries are (Geometry's own offsets).
 #pragma once
 
-#include <kvcache/geometry.hpp>
-#include <kvcache/kernels/quant.hpp>
+#include <kvcache/core/geometry.hpp>
+#include <kvcache/kernels/detail/quant_groups.hpp>
 
 #include <algorithm>
 #include <cmath>

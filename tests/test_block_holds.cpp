@@ -1,4 +1,4 @@
-// Device-side holds (block_holds.hpp): a request finished or aborted while a
+// Device-side holds (pool/block_holds.hpp): a request finished or aborted while a
 // transfer copies its blocks keeps them allocated until the job completes,
 // on Cache<> and on HybridCache, with the tiers' jobs; every error names its
 // value and changes nothing. The randomized runs (cache_property.hpp,
@@ -122,6 +122,45 @@ TEST_CASE("holds: bad blocks are refused, naming the block, and nothing changes"
   CHECK(cache.check_invariants().ok());
   REQUIRE(cache.release_hold(*h).ok());
   CHECK(cache.free_blocks() == 8);
+}
+
+TEST_CASE("holds: room is taken at construction, past it the store grows, and out-of-order releases keep each hold's blocks") {
+  Cache<> cache(kvtest::device_config());  // 4 sequences, 9 blocks: room for 8 holds of 18 block references
+  CHECK(cache.holds().room_holds() == 8);
+  CHECK(cache.holds().room_blocks() == 18);
+  const SeqId s = add_published(cache, prompt(16));
+  const auto blocks = blocks_of(cache, s);  // 4 blocks
+  std::vector<std::uint64_t> ids;
+  for (int i = 0; i < 4; ++i) ids.push_back(*cache.hold(blocks));  // 16 references
+  for (int i = 0; i < 4; ++i) ids.push_back(*cache.hold(std::span(blocks).first(std::size_t(i % 2))));  // 8 holds, 18 references
+  CHECK(cache.holds().room_holds() == 8);  // within the room: nothing grew
+  CHECK(cache.holds().room_blocks() == 18);
+  for (int i = 0; i < 3; ++i) ids.push_back(*cache.hold(blocks));  // a shared prefix held past the room
+  CHECK(cache.holds().size() == 11);
+  CHECK(cache.holds().blocks() == 30);
+  CHECK(cache.holds().room_holds() >= 11);
+  CHECK(cache.holds().room_blocks() >= 30);
+  CHECK(cache.pool().ref_count(blocks[0]) == 1 + 4 + 2 + 3);  // the row, and one per hold that has it
+  CHECK(cache.check_invariants().ok());
+
+  // Released out of order, the others keep their own blocks (they move down in the store).
+  REQUIRE(cache.release_hold(ids[1]).ok());
+  REQUIRE(cache.release_hold(ids[5]).ok());
+  CHECK(cache.holds().size() == 9);
+  CHECK(cache.holds().blocks() == 25);
+  for (const std::size_t k : {0, 2, 3, 8, 9, 10})
+    CHECK(std::vector<BlockId>(cache.holds().blocks_of(ids[k]).begin(), cache.holds().blocks_of(ids[k]).end()) == blocks);
+  CHECK(cache.holds().blocks_of(ids[7]).size() == 1);
+  CHECK(cache.holds().blocks_of(ids[4]).empty());
+  CHECK(cache.holds().blocks_of(ids[1]).empty());
+  CHECK(cache.release_hold(ids[1]).code() == Errc::unknown_job);
+  CHECK(cache.check_invariants().ok());
+  REQUIRE(cache.free(s).ok());
+  for (const std::uint64_t id : ids)
+    if (id != ids[1] && id != ids[5]) REQUIRE(cache.release_hold(id).ok());
+  CHECK(cache.holds().size() == 0);
+  CHECK(cache.free_blocks() == 8);  // every block back, the published ones still cached
+  CHECK(cache.check_invariants().ok());
 }
 
 TEST_CASE("holds: a hybrid cache keeps a freed sequence's blocks of every group until the hold ends") {

@@ -1,6 +1,6 @@
 #include <catch2/catch.hpp>
 
-#include <kvcache/block_pool.hpp>
+#include <kvcache/pool/block_pool.hpp>
 
 #include <algorithm>
 #include <array>

@@ -4,8 +4,8 @@
 // fp8 a nearest-representable search over all codes.
 #include <catch2/catch.hpp>
 
-#include <kvcache/kernels/common.hpp>
-#include <kvcache/kernels/quant.hpp>
+#include <kvcache/kernels/detail/common.hpp>
+#include <kvcache/kernels/detail/quant.hpp>
 
 #include <cmath>
 #include <cstring>

@@ -1,6 +1,6 @@
 #include <catch2/catch.hpp>
 
-#include <kvcache/geometry.hpp>
+#include <kvcache/core/geometry.hpp>
 
 #include <vector>
 

@@ -9,7 +9,7 @@
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/gather.hpp>
-#include <kvcache/kernels/group_view.hpp>
+#include <kvcache/kernels/detail/group_view.hpp>
 #include <kvcache/kernels/ring_admit.hpp>
 #include <kvcache/kernels/scatter.hpp>
 

@@ -9,8 +9,8 @@
 
 #include <kvcache/groups/layer_groups.hpp>
 #include <kvcache/kernels/gather.hpp>
-#include <kvcache/kernels/group_view.hpp>
-#include <kvcache/kernels/quant.hpp>
+#include <kvcache/kernels/detail/group_view.hpp>
+#include <kvcache/kernels/detail/quant.hpp>
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/transfer/layout_handshake.hpp>
 

@@ -1,8 +1,8 @@
 #include <catch2/catch.hpp>
 
-#include <kvcache/block_hash.hpp>
-#include <kvcache/events.hpp>
-#include <kvcache/hash_index.hpp>
+#include <kvcache/core/block_hash.hpp>
+#include <kvcache/core/events.hpp>
+#include <kvcache/pool/hash_index.hpp>
 
 #include <array>
 #include <cstring>

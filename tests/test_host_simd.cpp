@@ -1,5 +1,5 @@
-// The host's AVX2 and AVX-512 row conversions (kernels/host_simd.hpp,
-// host_simd512.hpp) against the
+// The host's AVX2 and AVX-512 row conversions (kernels/host/x86/avx2_rows.hpp,
+// kernels/host/x86/avx512_rows.hpp) against the
 // scalar element conversions they replace: every 8- and 16-bit input code,
 // random float bit patterns (NaNs, infinities, subnormals included), every
 // whole-byte type pair, several multipliers, and row lengths that leave a
@@ -7,14 +7,14 @@
 // AVX2 move_row runs the scalar loop and the comparison still holds.
 #include <catch2/catch.hpp>
 
-#include <kvcache/kernels/common.hpp>
-#include <kvcache/kernels/host_groups.hpp>
-#include <kvcache/kernels/host_rows.hpp>
-#include <kvcache/kernels/host_simd.hpp>
-#include <kvcache/kernels/host_simd512.hpp>
-#include <kvcache/kernels/host_simd_channels.hpp>
-#include <kvcache/kernels/quant.hpp>
-#include <kvcache/kernels/quant_rows.hpp>
+#include <kvcache/kernels/detail/common.hpp>
+#include <kvcache/kernels/host/groups.hpp>
+#include <kvcache/kernels/host/rows.hpp>
+#include <kvcache/kernels/host/x86/avx2_rows.hpp>
+#include <kvcache/kernels/host/x86/avx512_rows.hpp>
+#include <kvcache/kernels/host/x86/avx2_channels.hpp>
+#include <kvcache/kernels/detail/quant.hpp>
+#include <kvcache/kernels/detail/quant_rows.hpp>
 
 #include <algorithm>
 #include <cmath>

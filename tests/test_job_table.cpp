@@ -4,7 +4,7 @@
 // map of the ids in flight.
 #include <catch2/catch.hpp>
 
-#include <kvcache/job_table.hpp>
+#include <kvcache/core/job_table.hpp>
 
 #include <map>
 #include <random>

@@ -1,7 +1,7 @@
 // After construction, no cache operation touches the heap: global operator
 // new is counted while a mixed workload (hits, misses, errors) runs, on the
-// token-paged cache with each kind of policy and on a hybrid cache.
-// (Holds are the exception: BlockHolds keeps each hold's blocks in a map.)
+// token-paged cache with each kind of policy and on a hybrid cache, holds
+// included (BlockHolds takes its room at construction).
 #include <kvcache/cache.hpp>
 #include <kvcache/cache/hybrid.hpp>
 #include <kvcache/eviction/h2o.hpp>
@@ -60,9 +60,15 @@ int main() {
     if (!cache.truncate(seqs[1], 5).ok()) ++bad;
     if (cache.reserve(seqs[1], 100000, slots).ok()) ++bad;  // must fail, without allocating
     (void)cache.drain_events(events);
+    // A transfer holds two rows past their frees, and lets go in the other order.
+    const auto held0 = cache.hold(seqs[0]), held1 = cache.hold(seqs[1]);
+    if (!held0 || !held1) ++bad;
     for (std::size_t i = 0; i < n; ++i)
       if (!cache.free(seqs[i]).ok()) ++bad;
     if (cache.free(seqs[0]).ok()) ++bad;  // stale handle
+    if (held0 && !cache.release_hold(*held0).ok()) ++bad;
+    if (held1 && !cache.release_hold(*held1).ok()) ++bad;
+    if (held1 && cache.release_hold(*held1).ok()) ++bad;  // released already
   }
   const long during_core = g_allocations - before;
   // Eviction: per-head H2O (scores, choice, compaction moves) and a sliding window.
@@ -195,8 +201,11 @@ int main() {
     if (n > 1 && !hy.truncate(hseqs[1], 1).ok()) ++bad;
     if (hy.advance(hseqs[0], std::span(prompt).first(100), hslots).ok()) ++bad;  // past prefill_chunk: must fail, without allocating
     if (!hy.drain_events(events, hids).ok()) ++bad;
+    const auto held = hy.hold(hseqs[0]);  // an offload in flight past the free
+    if (!held) ++bad;
     for (std::size_t k = 0; k < n; ++k)
       if (!hy.free(hseqs[k]).ok()) ++bad;
+    if (held && !hy.release_hold(*held).ok()) ++bad;
     // A peer's prefill of a prompt with no hit: imported, then committed or aborted.
     const auto fresh = std::span(prompt).subspan(300, 100);
     auto imp = hy.import(fresh, {.key = {.salt = std::uint64_t(round) + 1}});

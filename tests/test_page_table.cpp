@@ -1,8 +1,8 @@
 #include <catch2/catch.hpp>
 
-#include <kvcache/page_table.hpp>
-#include <kvcache/page_table_edits.hpp>
-#include <kvcache/page_table_export.hpp>
+#include <kvcache/table/page_table.hpp>
+#include <kvcache/table/page_table_edits.hpp>
+#include <kvcache/table/page_table_export.hpp>
 
 #include <algorithm>
 #include <array>

@@ -1,6 +1,6 @@
 #include <catch2/catch.hpp>
 
-#include <kvcache/prefix_sharing.hpp>
+#include <kvcache/prefix/prefix_sharing.hpp>
 
 #include <numeric>
 #include <vector>

@@ -4,10 +4,10 @@
 // scales; int8 and e5m2 with an engine-held scale through scatter and gather).
 #include <catch2/catch.hpp>
 
-#include <kvcache/geometry.hpp>
+#include <kvcache/core/geometry.hpp>
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/gather.hpp>
-#include <kvcache/kernels/quant.hpp>
+#include <kvcache/kernels/detail/quant.hpp>
 #include <kvcache/kernels/scatter.hpp>
 
 #include <algorithm>

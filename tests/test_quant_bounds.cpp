@@ -1,4 +1,4 @@
-// The error bound of every group-quantized format (kv_format.hpp states
+// The error bound of every group-quantized format (core/kv_format.hpp states
 // it), over every f16 and every bf16 input pattern, in adversarial groups:
 // the value beside zeros (a tiny range whose scale is subnormal in f16 or
 // e4m3), beside its neighbouring pattern (a large minimum beside a small
@@ -14,8 +14,8 @@
 // 4.99976; below -65520 it was stored as -inf).
 #include <catch2/catch.hpp>
 
-#include <kvcache/kernels/host_groups.hpp>
-#include <kvcache/kernels/quant.hpp>
+#include <kvcache/kernels/host/fast_path.hpp>
+#include <kvcache/kernels/detail/quant_groups.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -53,7 +53,7 @@ double f16_spacing(double x) {
   return std::ldexp(1.0, std::ilogb(a) - 10);
 }
 
-// The bound of kv_format.hpp for value x of a group (lo, hi, amax its range),
+// The bound of core/kv_format.hpp for value x of a group (lo, hi, amax its range),
 // with 4 ulps of float arithmetic on top.
 double bound(const Format& f, double x, double lo, double hi, double amax) {
   const double qmax = quant::code_max(f.code, f.minimum);

@@ -5,10 +5,10 @@
 // plane orders and shapes; bytes not written must be untouched.
 #include <catch2/catch.hpp>
 
-#include <kvcache/geometry.hpp>
+#include <kvcache/core/geometry.hpp>
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/gather.hpp>
-#include <kvcache/kernels/quant.hpp>
+#include <kvcache/kernels/detail/quant.hpp>
 #include <kvcache/kernels/scatter.hpp>
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // StridedSpan: every H-th element of a store, as WriteGate's head positions.
 #include <catch2/catch.hpp>
 
-#include <kvcache/strided_span.hpp>
+#include <kvcache/core/strided_span.hpp>
 
 #include <algorithm>
 #include <numeric>

@@ -13,7 +13,7 @@
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/ring_write.hpp>
 #include <kvcache/kernels/scatter.hpp>
-#include <kvcache/page_table_export.hpp>
+#include <kvcache/table/page_table_export.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -9,7 +9,7 @@
 
 #include <kvcache/admission/write_gate.hpp>
 #include <kvcache/kernels/ring_admit.hpp>
-#include <kvcache/page_table_export.hpp>
+#include <kvcache/table/page_table_export.hpp>
 
 #include "write_gate_testing.hpp"
 

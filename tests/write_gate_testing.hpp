@@ -5,8 +5,8 @@
 
 #include <catch2/catch.hpp>
 
-#include <kvcache/head_rows.hpp>
-#include <kvcache/geometry.hpp>
+#include <kvcache/table/head_rows.hpp>
+#include <kvcache/core/geometry.hpp>
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/ring_write.hpp>

@@ -8,7 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
-#include <kvcache/kernels/quant.hpp>
+#include <kvcache/kernels/detail/quant.hpp>
 #include <span>
 #include <stdexcept>
 #include <string>

@@ -68,7 +68,7 @@ struct EngineConfig {
   // Keep the logits every output token was chosen from (Request::logits), for
   // a driver that compares engines (kvcache_serve).
   bool keep_logits = false;
-  // How the pool stores K and V (kvcache/kv_format.hpp): f32 by default, so
+  // How the pool stores K and V (kvcache/core/kv_format.hpp): f32 by default, so
   // the paged engine matches the contiguous reference token for token; a
   // quantized dtype and format make scatter quantize and gather dequantize,
   // and attention reads what the pool gives back.

@@ -28,7 +28,7 @@
 #include <kvcache/kernels/block_copy.hpp>
 #include <kvcache/kernels/compaction.hpp>
 #include <kvcache/kernels/page_bounds.hpp>
-#include <kvcache/kernels/quant_rows.hpp>
+#include <kvcache/kernels/detail/quant_rows.hpp>
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/kernels/write_gate.hpp>
 #include <kvcache/kvcache.hpp>

@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <kvcache/kernels/convert.hpp>
+#include <kvcache/kernels/detail/convert.hpp>
 #include <map>
 #include <stdexcept>
 #include <string>

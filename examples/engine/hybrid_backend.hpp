@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <kvcache/cache/hybrid.hpp>
 #include <kvcache/kernels/gather.hpp>
-#include <kvcache/kernels/group_view.hpp>
+#include <kvcache/kernels/detail/group_view.hpp>
 #include <kvcache/kernels/page_bounds.hpp>
 #include <kvcache/kernels/scatter.hpp>
 #include <kvcache/selection/quest.hpp>

@@ -8,7 +8,7 @@
 #pragma once
 
 #include <algorithm>
-#include <kvcache/kv_format.hpp>
+#include <kvcache/core/kv_format.hpp>
 #include <span>
 #include <stdexcept>
 #include <string>

@@ -8,7 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <kvcache/kv_format.hpp>
+#include <kvcache/core/kv_format.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>

@@ -21,15 +21,15 @@
 #include <concepts>
 
 #include "kvcache/admission/admit_all.hpp"
-#include "kvcache/block_hash.hpp"
-#include "kvcache/block_pool.hpp"
+#include "kvcache/core/block_hash.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/cache/contract.hpp"
 #include "kvcache/cache/core.hpp"
 #include "kvcache/cache/head_paged.hpp"
 #include "kvcache/cache/token_paged.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/eviction/keep_all.hpp"
-#include "kvcache/page_table.hpp"
+#include "kvcache/table/page_table.hpp"
 #include "kvcache/policy.hpp"
 #include "kvcache/selection/select_all.hpp"
 
@@ -64,7 +64,7 @@ template <class Pool, class Table, class Admission, class Selection, class Evict
   requires(Admission::kind == AdmissionKind::head_paged)
 struct CacheFor<Pool, Table, Admission, Selection, Eviction, Hasher> : SignalsCheck<Admission, Selection, Eviction> {
   static_assert(HeadPagedAdmission<Admission>,
-                "kvcache::Cache: a head_paged admission policy must model HeadPagedAdmission (head_rows.hpp)");
+                "kvcache::Cache: a head_paged admission policy must model HeadPagedAdmission (table/head_rows.hpp)");
   static_assert(std::same_as<Pool, BlockPool> && std::same_as<Table, PageTable>,
                 "kvcache::Cache: a head-paged admission policy (WriteGate) runs on BlockPool and PageTable");
   using type = HeadPagedCache<Admission, Selection, Eviction, Hasher>;  ///< The cache.

@@ -11,7 +11,7 @@
 #include <span>
 
 #include "kvcache/config.hpp"
-#include "kvcache/slot_move.hpp"
+#include "kvcache/core/slot_move.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
@@ -71,7 +71,7 @@ enum class SelectionKind : std::uint8_t {
 
 // Admission runs per write, per (layer, kv-head): the policy's kind says
 // whether it is consulted at all (pass_through) or owns the placement of
-// every token (head_paged; its full interface: head_rows.hpp).
+// every token (head_paged; its full interface: table/head_rows.hpp).
 template <class P>
 concept AdmissionPolicy = requires {
   { P::required_signals } -> std::convertible_to<Signals>;

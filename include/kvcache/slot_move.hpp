@@ -1,19 +1,5 @@
-// One compaction move: the token in slot `src` moves to slot `dst`. Eviction
-// plans, policies and the compaction kernel all speak it, so it sits below
-// them all.
+// kvcache: forwarding header. kvcache/slot_move.hpp moved to kvcache/core/slot_move.hpp in
+// 0.3.0 (CHANGELOG.md); this path forwards to it until 0.4.0.
 #pragma once
 
-#include <cstdint>
-
-#include "kvcache/config.hpp"
-
-KVCACHE_BEGIN_NAMESPACE
-
-/// A token's K/V moves from slot src to slot dst (slot = block * B + offset).
-struct SlotMove {
-  std::int32_t src = -1;  ///< slot read
-  std::int32_t dst = -1;  ///< slot written
-  friend constexpr bool operator==(const SlotMove&, const SlotMove&) = default;
-};
-
-KVCACHE_END_NAMESPACE
+#include "kvcache/core/slot_move.hpp"

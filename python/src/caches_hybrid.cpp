@@ -5,7 +5,7 @@
 // Handles are the same packed ints as the other caches'; arrays are read and
 // written in place; errors are the typed kv exceptions.
 #include <kvcache/cache/hybrid.hpp>
-#include <kvcache/kernels/group_view.hpp>
+#include <kvcache/kernels/detail/group_view.hpp>
 
 #include <vector>
 

@@ -1,7 +1,7 @@
 // kvcache._kvcache: the bindings. The Python API (python/kvcache/__init__.py)
 // picks the compiled Cache of an eviction policy; everything else is here.
 #define KVCACHE_NUMPY_IMPORT  // this translation unit holds numpy's C API table (arrays.hpp)
-#include <kvcache/kernels/quant.hpp>
+#include <kvcache/kernels/detail/quant.hpp>
 #include <kvcache/kernels/ring_admit.hpp>
 #include <kvcache/kvcache.hpp>
 #include <nanobind/nanobind.h>

@@ -8,7 +8,7 @@
 #include "../gate_testing.hpp"
 #include "cuda_testing.hpp"
 #include <kvcache/eviction/compaction_plan.hpp>
-#include <kvcache/kernels/group_view.hpp>
+#include <kvcache/kernels/detail/group_view.hpp>
 
 #include "launchers.hpp"
 

@@ -2,7 +2,7 @@
 // that supplies the engine's names, then checked against what it promises.
 #include <catch2/catch.hpp>
 
-#include <kvcache/kernels/group_view.hpp>
+#include <kvcache/kernels/detail/group_view.hpp>
 #include <kvcache/kernels/page_bounds.hpp>
 #include <kvcache/kernels/page_select.hpp>
 #include <kvcache/kernels/scatter.hpp>

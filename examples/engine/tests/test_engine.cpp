@@ -8,7 +8,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
-#include <kvcache/kernels/quant.hpp>
+#include <kvcache/kernels/detail/quant_groups.hpp>
 #include <string>
 #include <vector>
 

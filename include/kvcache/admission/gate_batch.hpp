@@ -10,8 +10,8 @@
 
 #include "kvcache/admission/gate_writes.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/head_rows.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/table/head_rows.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

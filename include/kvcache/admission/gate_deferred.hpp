@@ -16,9 +16,9 @@
 
 #include "kvcache/admission/gate_batch.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/head_rows.hpp"
-#include "kvcache/kernels/ring_admit.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/table/head_rows.hpp"
+#include "kvcache/kernels/params/ring_admit.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

@@ -14,17 +14,17 @@
 #include <vector>
 
 #include "kvcache/admission/write_gate_config.hpp"
-#include "kvcache/block_math.hpp"
-#include "kvcache/block_pool.hpp"
+#include "kvcache/core/block_math.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/head_rows.hpp"
-#include "kvcache/page_table.hpp"
-#include "kvcache/page_table_edits.hpp"
+#include "kvcache/table/head_rows.hpp"
+#include "kvcache/table/page_table.hpp"
+#include "kvcache/table/page_table_edits.hpp"
 #include "kvcache/policy.hpp"
-#include "kvcache/sequence_id.hpp"
-#include "kvcache/slot_move.hpp"
+#include "kvcache/core/sequence_id.hpp"
+#include "kvcache/core/slot_move.hpp"
 #include "kvcache/status.hpp"
-#include "kvcache/strided_span.hpp"
+#include "kvcache/core/strided_span.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

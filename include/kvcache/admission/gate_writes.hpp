@@ -10,13 +10,13 @@
 #include <span>
 
 #include "kvcache/admission/gate_heads.hpp"
-#include "kvcache/block_pool.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/head_rows.hpp"
-#include "kvcache/page_table.hpp"
-#include "kvcache/page_table_edits.hpp"
-#include "kvcache/sequence_id.hpp"
-#include "kvcache/slot_move.hpp"
+#include "kvcache/table/head_rows.hpp"
+#include "kvcache/table/page_table.hpp"
+#include "kvcache/table/page_table_edits.hpp"
+#include "kvcache/core/sequence_id.hpp"
+#include "kvcache/core/slot_move.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "kvcache/config.hpp"
-#include "kvcache/page_table.hpp"
+#include "kvcache/table/page_table.hpp"
 #include "kvcache/policy.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

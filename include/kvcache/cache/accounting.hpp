@@ -4,7 +4,7 @@
 // makes: what a sequence holds, what a request needs over its life, what is
 // promised, what sharing pins). What a request needs is the eviction state's
 // answer (eviction/row_eviction.hpp); the cache adds the pool's free blocks
-// and the blocks it promised (prefix_cache.hpp's ledger).
+// and the blocks it promised (prefix/prefix_cache.hpp's ledger).
 #pragma once
 
 #include <cstdint>
@@ -13,8 +13,8 @@
 #include <span>
 
 #include "kvcache/config.hpp"
-#include "kvcache/prefix_cache.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/prefix/prefix_cache.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

@@ -11,12 +11,12 @@
 #include <cstdint>
 #include <span>
 
-#include "kvcache/block_holds.hpp"
-#include "kvcache/block_pool.hpp"
+#include "kvcache/pool/block_holds.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/events.hpp"
-#include "kvcache/prefix_cache.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/events.hpp"
+#include "kvcache/prefix/prefix_cache.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 #include "kvcache/transfer/pending_imports.hpp"
 #include "kvcache/transfer/transfer_plan.hpp"

@@ -8,12 +8,12 @@
 #include <cstdint>
 #include <span>
 
-#include "kvcache/block_pool.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/cache/pool_core.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/geometry.hpp"
-#include "kvcache/page_table.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/geometry.hpp"
+#include "kvcache/table/page_table.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
@@ -25,7 +25,7 @@ struct CacheConfig {
   std::int32_t max_sequences = 0;  ///< Live sequences at once (handles).
   std::int32_t max_blocks_per_sequence = 0;  ///< Longest row, in blocks.
   std::int32_t event_capacity = 0;  ///< 0: no block events
-  /// Publish full blocks as reserve() is given their token ids (block_tokens.hpp), not only through publish().
+  /// Publish full blocks as reserve() is given their token ids (prefix/block_tokens.hpp), not only through publish().
   bool publish_on_reserve = false;
   Medium medium = Medium::gpu;  ///< The tier block events name.
 };
@@ -61,7 +61,7 @@ class CacheCore : public PoolCore<Pool> {
  protected:
   /// The pool of cfg.num_blocks blocks and a table of `streams` rows; throws ConfigError.
   CacheCore(const CacheConfig& cfg, std::int32_t streams)
-      : PoolCore<Pool>(make_pool(cfg)), geometry_(usable(cfg.geometry)),
+      : PoolCore<Pool>(make_pool(cfg), hold_capacity(cfg.max_sequences, cfg.num_blocks)), geometry_(usable(cfg.geometry)),
         table_(this->pool_, streams, cfg.max_blocks_per_sequence, cfg.geometry.block_size()) {}
 
   /// The pools and the tables are equal (a mode's operator== adds its participants).

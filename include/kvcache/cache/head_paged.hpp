@@ -15,7 +15,7 @@
 #include "kvcache/cache/hooks.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/eviction/head_eviction.hpp"
-#include "kvcache/head_rows.hpp"
+#include "kvcache/table/head_rows.hpp"
 #include "kvcache/policy.hpp"
 #include "kvcache/selection/head_selection.hpp"
 #include "kvcache/status.hpp"
@@ -152,7 +152,7 @@ class HeadPagedCache : public CacheCore<BlockPool, PageTable> {
                            [&](SeqId row, std::int32_t page) { notify(hooks::region_compacted, row, page); });
   }
 
-  // --- exports for attention kernels (rows as in head_rows.hpp) ---------------
+  // --- exports for attention kernels (rows as in table/head_rows.hpp) ---------------
   /// Dense block table with one row per (sequence, kv-head) of `layer`, or of every layer (layer -1, layer-major).
   Status export_heads_block_table(std::span<const SeqId> seqs, std::int32_t layer, std::span<std::int32_t> out,
                                   std::int32_t row_stride) const noexcept {

@@ -27,7 +27,7 @@
 #include <span>
 
 #include "kvcache/config.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

@@ -17,9 +17,9 @@
 #include <span>
 #include <vector>
 
-#include "kvcache/block_hash.hpp"
-#include "kvcache/block_holds.hpp"
-#include "kvcache/block_pool.hpp"
+#include "kvcache/core/block_hash.hpp"
+#include "kvcache/pool/block_holds.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/cache/contract.hpp"
 #include "kvcache/cache/hybrid_accounting.hpp"
 #include "kvcache/cache/hybrid_exports.hpp"
@@ -34,9 +34,9 @@
 #include "kvcache/groups/group_rule.hpp"
 #include "kvcache/groups/layer_groups.hpp"
 #include "kvcache/policy.hpp"
-#include "kvcache/prefix_cache.hpp"
+#include "kvcache/prefix/prefix_cache.hpp"
 #include "kvcache/selection/select_all.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
@@ -78,7 +78,8 @@ class HybridCache : public PoolCore<BlockPool>,
   /// page-bounds policy's Config); ConfigError names a bad field of cfg, or
   /// of the policy for this layout (selection/group_selection.hpp).
   HybridCache(const HybridConfig& cfg, const typename GroupSelection<Selection>::Arg& selection, Hasher hasher = {})
-      : PoolCore(BlockPool(checked_hybrid_config(cfg).num_blocks, cfg.event_capacity, max_block_size(cfg.groups), cfg.medium)),
+      : PoolCore(BlockPool(checked_hybrid_config(cfg).num_blocks, cfg.event_capacity, max_block_size(cfg.groups), cfg.medium),
+                 hold_capacity(cfg.max_sequences, cfg.num_blocks)),
         cfg_(cfg),
         selection_(selection),
         hits_(cfg.groups, cfg.max_tokens, hasher),

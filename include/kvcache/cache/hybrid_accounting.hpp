@@ -11,12 +11,12 @@
 #include <span>
 #include <vector>
 
-#include "kvcache/block_pool.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/cache/accounting.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/groups/group_rule.hpp"
 #include "kvcache/groups/layer_groups.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

@@ -13,7 +13,7 @@
 #include "kvcache/config.hpp"
 #include "kvcache/groups/group_exports.hpp"
 #include "kvcache/groups/group_rule.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

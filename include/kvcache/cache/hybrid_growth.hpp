@@ -10,11 +10,11 @@
 #include <cstdint>
 #include <span>
 
-#include "kvcache/block_pool.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/groups/group_rows.hpp"
 #include "kvcache/groups/group_rule.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

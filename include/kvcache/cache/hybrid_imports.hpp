@@ -20,13 +20,13 @@
 #include <span>
 #include <vector>
 
-#include "kvcache/block_hash.hpp"
-#include "kvcache/block_pool.hpp"
+#include "kvcache/core/block_hash.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/groups/group_hits.hpp"
 #include "kvcache/groups/group_rows.hpp"
 #include "kvcache/groups/group_rule.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 #include "kvcache/transfer/pending_imports.hpp"
 #include "kvcache/transfer/transfer_plan.hpp"

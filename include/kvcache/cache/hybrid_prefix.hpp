@@ -19,8 +19,8 @@
 #include <span>
 #include <vector>
 
-#include "kvcache/block_hash.hpp"
-#include "kvcache/block_pool.hpp"
+#include "kvcache/core/block_hash.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/groups/group_hits.hpp"
 #include "kvcache/groups/group_rows.hpp"

@@ -10,9 +10,9 @@
 #include <span>
 
 #include "kvcache/config.hpp"
-#include "kvcache/kernels/page_select.hpp"
+#include "kvcache/kernels/params/page_select.hpp"
 #include "kvcache/selection/group_selection.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

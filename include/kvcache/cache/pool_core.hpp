@@ -8,10 +8,10 @@
 #include <span>
 #include <utility>
 
-#include "kvcache/block_holds.hpp"
+#include "kvcache/pool/block_holds.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/events.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/events.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
@@ -38,6 +38,9 @@ class PoolCore {
   /// needs when their sequence is freed before the copy completes (an offload
   /// of a finished request, an onboard of an aborted one). All or nothing;
   /// an invalid or free block is an error naming it. Returns the hold's id.
+  /// Allocates nothing within the room taken at construction (hold_capacity:
+  /// two holds per sequence, twice the pool's blocks in references); past
+  /// it the store grows.
   Result<std::uint64_t> hold(std::span<const BlockId> blocks) { return holds_.hold(pool_, blocks); }
   /// The copy is done: hold `id`'s blocks lose this holder (a block no row
   /// holds becomes free, cached when it has a hash). unknown_job for an id
@@ -47,8 +50,9 @@ class PoolCore {
   const BlockHolds& holds() const noexcept { return holds_; }
 
  protected:
-  /// Takes the cache's pool (built from its checked configuration).
-  explicit PoolCore(Pool pool) : pool_(std::move(pool)) {}
+  /// Takes the cache's pool (built from its checked configuration) and its
+  /// holds' room (hold_capacity of the same configuration).
+  PoolCore(Pool pool, BlockHolds holds) : pool_(std::move(pool)), holds_(std::move(holds)) {}
   /// The pools and their holds are equal.
   bool same_pool(const PoolCore& o) const { return pool_ == o.pool_ && holds_ == o.holds_; }
 

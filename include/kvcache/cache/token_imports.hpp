@@ -10,14 +10,14 @@
 #include <cstdint>
 #include <span>
 
-#include "kvcache/block_hash.hpp"
-#include "kvcache/block_pool.hpp"
+#include "kvcache/core/block_hash.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/cache/hooks.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/page_table_edits.hpp"
-#include "kvcache/prefix_cache.hpp"
-#include "kvcache/prefix_sharing.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/table/page_table_edits.hpp"
+#include "kvcache/prefix/prefix_cache.hpp"
+#include "kvcache/prefix/prefix_sharing.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 #include "kvcache/transfer/pending_imports.hpp"
 #include "kvcache/transfer/transfer_plan.hpp"

@@ -1,7 +1,7 @@
 // A cache whose rows are sequences (token-paged): every layer and kv-head of
 // a token shares its slot. The core (pool, table) makes each edit; then the
 // participants hear of it (cache/hooks.hpp): the prefix state
-// (prefix_cache.hpp), the eviction state with its ledger
+// (prefix/prefix_cache.hpp), the eviction state with its ledger
 // (eviction/row_eviction.hpp) and the selection's stale pages
 // (selection/row_selection.hpp); the admission decides how reserve takes
 // room (admission/row_admission.hpp). The policies' logic lives with them;
@@ -13,7 +13,7 @@
 #include <span>
 
 #include "kvcache/admission/row_admission.hpp"
-#include "kvcache/block_hash.hpp"
+#include "kvcache/core/block_hash.hpp"
 #include "kvcache/cache/accounting.hpp"
 #include "kvcache/cache/core.hpp"
 #include "kvcache/cache/hooks.hpp"
@@ -21,11 +21,11 @@
 #include "kvcache/config.hpp"
 #include "kvcache/eviction/plan.hpp"
 #include "kvcache/eviction/row_eviction.hpp"
-#include "kvcache/page_table_edits.hpp"
-#include "kvcache/page_table_export.hpp"
+#include "kvcache/table/page_table_edits.hpp"
+#include "kvcache/table/page_table_export.hpp"
 #include "kvcache/policy.hpp"
-#include "kvcache/prefix_cache.hpp"
-#include "kvcache/prefix_sharing.hpp"
+#include "kvcache/prefix/prefix_cache.hpp"
+#include "kvcache/prefix/prefix_sharing.hpp"
 #include "kvcache/selection/row_selection.hpp"
 #include "kvcache/status.hpp"
 
@@ -325,7 +325,7 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
     Hook::call(eviction_, rows, args...);
     Hook::call(selection_, rows, args...);
   }
-  // admit()'s checks and plan (prefix_cache.hpp), with the policy's lifetime
+  // admit()'s checks and plan (prefix/prefix_cache.hpp), with the policy's lifetime
   // need; slots: the caller's slot buffer size (-1: a dry run).
   Result<AdmitPlan> admit_plan(std::span<const std::int32_t> prompt, const AdmitOptions& opt, std::int64_t slots) const noexcept {
     if (this->free_sequences() == 0) return Status{Errc::capacity_exceeded, "max_sequences", table_.max_streams() + 1, table_.max_streams()};

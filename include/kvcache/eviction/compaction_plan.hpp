@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <span>
 
-#include "kvcache/block_pool.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/slot_move.hpp"
+#include "kvcache/core/slot_move.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

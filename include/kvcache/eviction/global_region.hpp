@@ -17,15 +17,15 @@
 #include <span>
 #include <vector>
 
-#include "kvcache/head_rows.hpp"
-#include "kvcache/block_pool.hpp"
+#include "kvcache/table/head_rows.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/eviction/compaction_plan.hpp"
 #include "kvcache/eviction/plan.hpp"
 #include "kvcache/eviction/scores_check.hpp"
-#include "kvcache/page_table.hpp"
+#include "kvcache/table/page_table.hpp"
 #include "kvcache/policy.hpp"
-#include "kvcache/slot_move.hpp"
+#include "kvcache/core/slot_move.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

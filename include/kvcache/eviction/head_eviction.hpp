@@ -10,9 +10,9 @@
 #include "kvcache/config.hpp"
 #include "kvcache/eviction/global_region.hpp"
 #include "kvcache/eviction/plan.hpp"
-#include "kvcache/head_rows.hpp"
+#include "kvcache/table/head_rows.hpp"
 #include "kvcache/policy.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

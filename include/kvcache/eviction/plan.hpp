@@ -5,7 +5,7 @@
 #include <span>
 
 #include "kvcache/config.hpp"
-#include "kvcache/slot_move.hpp"
+#include "kvcache/core/slot_move.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

@@ -17,7 +17,7 @@
 #include "kvcache/eviction/run.hpp"
 #include "kvcache/eviction/scores_check.hpp"
 #include "kvcache/policy.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

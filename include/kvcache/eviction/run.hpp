@@ -12,10 +12,10 @@
 #include "kvcache/config.hpp"
 #include "kvcache/eviction/compaction_plan.hpp"
 #include "kvcache/eviction/plan.hpp"
-#include "kvcache/page_table_edits.hpp"
+#include "kvcache/table/page_table_edits.hpp"
 #include "kvcache/policy.hpp"
-#include "kvcache/sequence_id.hpp"
-#include "kvcache/slot_move.hpp"
+#include "kvcache/core/sequence_id.hpp"
+#include "kvcache/core/slot_move.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

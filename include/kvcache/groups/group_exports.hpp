@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <span>
 
-#include "kvcache/block_pool.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/groups/group_rows.hpp"
 #include "kvcache/status.hpp"

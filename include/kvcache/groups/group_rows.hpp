@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "kvcache/block_pool.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/groups/group_rule.hpp"
 #include "kvcache/status.hpp"

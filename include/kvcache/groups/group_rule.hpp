@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kvcache/block_math.hpp"
+#include "kvcache/core/block_math.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/groups/layer_groups.hpp"
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "kvcache/config.hpp"
-#include "kvcache/geometry.hpp"
+#include "kvcache/core/geometry.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
@@ -48,7 +48,7 @@ struct LayerGroupSpec {
   std::int32_t chunk = 0;  ///< chunked_local: C >= 1.
   std::int32_t encoder_len = 0;  ///< cross: encoder tokens >= 1.
   DType dtype = DType::f16;  ///< Element type.
-  /// K's and V's scaling (kv_format.hpp), as a Geometry's: group entries
+  /// K's and V's scaling (core/kv_format.hpp), as a Geometry's: group entries
   /// follow each plane's codes (GroupPlaneBytes). MLA: V's stays none.
   KvFormat format{};
 };

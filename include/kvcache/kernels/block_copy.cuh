@@ -4,8 +4,8 @@
 
 #include <cuda_runtime.h>
 
-#include "block_copy.hpp"
-#include "cuda_launch.cuh"
+#include "kvcache/kernels/block_copy.hpp"
+#include "kvcache/kernels/cuda/launch.cuh"
 
 KVCACHE_BEGIN_NAMESPACE
 

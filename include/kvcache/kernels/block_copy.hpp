@@ -10,8 +10,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/kernels/detail/common.hpp"
+#include "kvcache/kernels/detail/rows.hpp"
+#include "kvcache/core/sequence_id.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

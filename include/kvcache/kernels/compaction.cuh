@@ -4,8 +4,8 @@
 
 #include <cuda_runtime.h>
 
-#include "compaction.hpp"
-#include "cuda_launch.cuh"
+#include "kvcache/kernels/compaction.hpp"
+#include "kvcache/kernels/cuda/launch.cuh"
 
 KVCACHE_BEGIN_NAMESPACE
 

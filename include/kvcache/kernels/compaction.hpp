@@ -7,9 +7,10 @@
 #include <span>
 #include <type_traits>
 
-#include "common.hpp"
-#include "quant_rows.hpp"
-#include "kvcache/slot_move.hpp"
+#include "kvcache/kernels/detail/common.hpp"
+#include "kvcache/kernels/detail/quant_rows.hpp"
+#include "kvcache/kernels/detail/rows.hpp"
+#include "kvcache/core/slot_move.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

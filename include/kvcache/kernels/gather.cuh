@@ -1,13 +1,13 @@
 // CUDA launcher of gather: one CTA per output row (token) in a grid-stride
 // loop, threads covering (K|V, head) rows x lanes; quantized rows of
-// 8-element chunks: chunk_rows_kernel (quant_chunks.cuh).
+// 8-element chunks: chunk_rows_kernel (kernels/cuda/quant_chunks.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "cuda_launch.cuh"
-#include "quant_chunks.cuh"
-#include "gather.hpp"
+#include "kvcache/kernels/cuda/launch.cuh"
+#include "kvcache/kernels/cuda/quant_chunks.cuh"
+#include "kvcache/kernels/gather.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

@@ -1,4 +1,4 @@
-// Every host kernel entry point (host_cpu.hpp), for the one translation unit
+// Every host kernel entry point (kernels/host/cpu.hpp), for the one translation unit
 // that defines them when the program builds with
 // KVCACHE_SEPARATE_HOST_KERNELS:
 //   #define KVCACHE_HOST_KERNELS_IMPLEMENTATION
@@ -6,12 +6,8 @@
 // Without that macro this header is only the kernels' headers, inline.
 #pragma once
 
-#include "host_cpu.hpp"
-#include "host_groups.hpp"
-#include "host_rows.hpp"
-#include "host_simd_channels.hpp"
-#include "host_simd_reduce.hpp"
-#include "seal.hpp"
+#include "kvcache/kernels/host/fast_path.hpp"
+#include "kvcache/kernels/seal.hpp"
 
 // A kvcache header included before the macro was defined has declared the
 // entry points already, and this translation unit would define none.

@@ -4,8 +4,8 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda_launch.cuh"
-#include "page_bounds.hpp"
+#include "kvcache/kernels/cuda/launch.cuh"
+#include "kvcache/kernels/page_bounds.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

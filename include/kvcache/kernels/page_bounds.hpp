@@ -20,8 +20,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common.hpp"
-#include "quant_rows.hpp"
+#include "kvcache/kernels/detail/common.hpp"
+#include "kvcache/kernels/detail/quant_rows.hpp"
+#include "kvcache/kernels/detail/rows.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

@@ -12,8 +12,8 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_segmented_sort.cuh>
 
-#include "cuda_launch.cuh"
-#include "page_select.hpp"
+#include "kvcache/kernels/cuda/launch.cuh"
+#include "kvcache/kernels/page_select.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

@@ -19,36 +19,13 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common.hpp"
-#include "quant_rows.hpp"
-#include "scatter.hpp"
+#include "kvcache/kernels/detail/common.hpp"
+#include "kvcache/kernels/detail/quant_rows.hpp"
+#include "kvcache/kernels/detail/rows.hpp"
+#include "kvcache/kernels/scatter.hpp"
+#include "kvcache/kernels/params/ring_admit.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
-
-/// Parameters of ring_admit: one layer's write of num_tokens tokens x num_heads kv-heads.
-/// The policy's four (num_heads, window, global_limit, tau) must be the ones
-/// the host replays in reconcile(): take them from WriteGate::ring_admit_params()
-/// and fill in the rest, never type them again.
-struct RingAdmitParams {
-  PoolView cache{};                      ///< Pool of single-head blocks (one layer, one kv-head per block).
-  KvSource src{};                        ///< New K/V: entry t * num_heads + h is token t of head h (head 0, layer 0).
-  const float* gates = nullptr;          ///< [num_tokens][num_heads], in [0, 1].
-  std::int32_t num_tokens = 0;           ///< Tokens written.
-  std::int32_t num_heads = 0;            ///< Kv-heads (rows).
-  std::int32_t window = 0;               ///< W: ring slots per head, a multiple of the block size.
-  /// Admitted tokens a head keeps at most, a number (0 admits none): the
-  /// policy's effective cap, WriteGate::global_cap(), not its config's
-  /// global_cap (where 0 means "as many as the row holds").
-  std::int32_t global_limit = 0;
-  float tau = 0.0f;                      ///< Admitted when gate >= tau (the policy's WriteGateConfig::tau).
-  const std::int32_t* ring_start = nullptr;  ///< [num_heads]: the ring's oldest slot before the call (allot).
-  const std::int32_t* ring_len = nullptr;    ///< [num_heads]: ring tokens before the call (allot).
-  std::int32_t* global_len = nullptr;    ///< [num_heads]: device state, read and advanced.
-  std::uint8_t* bits = nullptr;          ///< [num_heads][window]: device state, admission bit per ring slot.
-  const std::int32_t* rows = nullptr;    ///< [num_heads][row_stride]: each head's blocks (the allotted rows).
-  std::int32_t row_stride = 0;           ///< Entries per row in `rows`.
-};
-static_assert(std::is_trivially_copyable_v<RingAdmitParams>);
 
 namespace ring_admit_detail {
 KVCACHE_HOST_DEVICE inline std::int64_t slot(const RingAdmitParams& p, std::int32_t h, std::int32_t index) noexcept {

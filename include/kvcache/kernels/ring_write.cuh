@@ -3,8 +3,8 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda_launch.cuh"
-#include "ring_write.hpp"
+#include "kvcache/kernels/cuda/launch.cuh"
+#include "kvcache/kernels/ring_write.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

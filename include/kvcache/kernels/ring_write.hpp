@@ -9,9 +9,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common.hpp"
-#include "quant_rows.hpp"
-#include "scatter.hpp"
+#include "kvcache/kernels/detail/common.hpp"
+#include "kvcache/kernels/detail/quant_rows.hpp"
+#include "kvcache/kernels/detail/rows.hpp"
+#include "kvcache/kernels/scatter.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

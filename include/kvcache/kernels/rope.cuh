@@ -5,8 +5,8 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda_launch.cuh"
-#include "rope.hpp"
+#include "kvcache/kernels/cuda/launch.cuh"
+#include "kvcache/kernels/rope.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

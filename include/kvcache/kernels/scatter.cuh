@@ -1,15 +1,15 @@
 // CUDA launcher of scatter (append). Raw moves: one CTA per (layer, token)
 // item in a grid-stride loop, its threads covering (K|V, head) rows x
 // 16-byte lanes; quantized rows of 8-element chunks: chunk_rows_kernel
-// (quant_chunks.cuh).
+// (kernels/cuda/quant_chunks.cuh).
 // num_layers > 1 writes all layers of a decode step in one launch.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "cuda_launch.cuh"
-#include "quant_chunks.cuh"
-#include "scatter.hpp"
+#include "kvcache/kernels/cuda/launch.cuh"
+#include "kvcache/kernels/cuda/quant_chunks.cuh"
+#include "kvcache/kernels/scatter.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

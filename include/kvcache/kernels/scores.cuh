@@ -8,8 +8,8 @@
 
 #include <cub/device/device_segmented_sort.cuh>
 
-#include "cuda_launch.cuh"
-#include "scores.hpp"
+#include "kvcache/kernels/cuda/launch.cuh"
+#include "kvcache/kernels/scores.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "common.hpp"
+#include "kvcache/kernels/detail/common.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

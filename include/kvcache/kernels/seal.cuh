@@ -4,8 +4,8 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda_launch.cuh"
-#include "seal.hpp"
+#include "kvcache/kernels/cuda/launch.cuh"
+#include "kvcache/kernels/seal.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

@@ -9,10 +9,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common.hpp"
-#include "quant.hpp"
-#include "quant_rows.hpp"
-#include "scatter.hpp"
+#include "kvcache/kernels/detail/common.hpp"
+#include "kvcache/kernels/detail/quant.hpp"
+#include "kvcache/kernels/detail/quant_rows.hpp"
+#include "kvcache/kernels/detail/rows.hpp"
+#include "kvcache/kernels/scatter.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -183,10 +184,10 @@ inline void seal_host_rows(const SealParams& p, const SealHostBlock& u, std::int
 #if KVCACHE_HOST_SIMD
 namespace simd {
 /// seal_channels_host's vector paths: sixteen channels a vector where the
-/// CPU has AVX-512 (host_simd512_channels.hpp), else eight (AVX2,
-/// host_simd_channels.hpp), the scalar path's entries and codes; false when
+/// CPU has AVX-512 (kernels/host/x86/avx512_channels.hpp), else eight (AVX2,
+/// kernels/host/x86/avx2_channels.hpp), the scalar path's entries and codes; false when
 /// neither takes the side's format (nothing written). An entry point
-/// (host_cpu.hpp).
+/// (kernels/host/cpu.hpp).
 KVCACHE_HOST_KERNEL bool seal_block_channels(const SealParams& p, std::int32_t i, std::int32_t layer, std::int32_t kv,
                                              std::int32_t head, SealScratch& scratch) noexcept
 #if KVCACHE_HOST_KERNEL_DECLARED

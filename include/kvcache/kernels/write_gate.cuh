@@ -6,8 +6,8 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda_launch.cuh"
-#include "write_gate.hpp"
+#include "kvcache/kernels/cuda/launch.cuh"
+#include "kvcache/kernels/write_gate.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common.hpp"
+#include "kvcache/kernels/detail/common.hpp"
 
 // Host compilers must not fuse a product into the next sum (g++ does by
 // default wherever FMA instructions are enabled, e.g. -march=native): the

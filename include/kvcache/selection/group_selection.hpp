@@ -27,15 +27,15 @@
 #include <span>
 #include <vector>
 
-#include "kvcache/block_pool.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/geometry.hpp"
+#include "kvcache/core/geometry.hpp"
 #include "kvcache/groups/group_rows.hpp"
 #include "kvcache/groups/layer_groups.hpp"
 #include "kvcache/policy.hpp"
 #include "kvcache/selection/page_bounds_selection.hpp"
 #include "kvcache/selection/stale_rows.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

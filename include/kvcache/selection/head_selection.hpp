@@ -8,12 +8,12 @@
 #include <span>
 
 #include "kvcache/config.hpp"
-#include "kvcache/head_rows.hpp"
+#include "kvcache/table/head_rows.hpp"
 #include "kvcache/policy.hpp"
 #include "kvcache/selection/page_bounds_selection.hpp"
 #include "kvcache/selection/row_selection.hpp"
 #include "kvcache/selection/stale_heads.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

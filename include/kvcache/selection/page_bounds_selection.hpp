@@ -25,12 +25,12 @@
 #include <vector>
 
 #include "kvcache/config.hpp"
-#include "kvcache/geometry.hpp"
-#include "kvcache/kernels/page_select.hpp"
-#include "kvcache/page_table.hpp"
+#include "kvcache/core/geometry.hpp"
+#include "kvcache/kernels/params/page_select.hpp"
+#include "kvcache/table/page_table.hpp"
 #include "kvcache/policy.hpp"
 #include "kvcache/selection/stale_pages.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

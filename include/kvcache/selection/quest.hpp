@@ -21,14 +21,14 @@
 #include <span>
 #include <vector>
 
-#include "kvcache/head_rows.hpp"
+#include "kvcache/table/head_rows.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/geometry.hpp"
+#include "kvcache/core/geometry.hpp"
 #include "kvcache/kernels/page_select.hpp"
 #include "kvcache/policy.hpp"
 #include "kvcache/selection/page_bounds_selection.hpp"
 #include "kvcache/selection/stale_pages.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

@@ -11,7 +11,7 @@
 #include "kvcache/policy.hpp"
 #include "kvcache/selection/page_bounds_selection.hpp"
 #include "kvcache/selection/stale_rows.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

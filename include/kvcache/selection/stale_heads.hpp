@@ -9,11 +9,11 @@
 #include <cstdint>
 #include <span>
 
-#include "kvcache/head_rows.hpp"
+#include "kvcache/table/head_rows.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/page_table.hpp"
+#include "kvcache/table/page_table.hpp"
 #include "kvcache/selection/stale_pages.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

@@ -8,9 +8,9 @@
 #include <span>
 
 #include "kvcache/config.hpp"
-#include "kvcache/block_pool.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/selection/stale_pages.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 

@@ -18,9 +18,9 @@
 #include <cstring>
 #include <span>
 
-#include "kvcache/block_hash.hpp"
+#include "kvcache/core/block_hash.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/geometry.hpp"
+#include "kvcache/core/geometry.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

@@ -25,10 +25,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "kvcache/block_hash.hpp"
+#include "kvcache/core/block_hash.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/events.hpp"
-#include "kvcache/job_table.hpp"
+#include "kvcache/core/events.hpp"
+#include "kvcache/core/job_table.hpp"
 #include "kvcache/status.hpp"
 #include "kvcache/tiers/disk_layout.hpp"
 #include "kvcache/tiers/tier_plan.hpp"

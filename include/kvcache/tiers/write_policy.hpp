@@ -22,10 +22,10 @@
 #include <span>
 #include <vector>
 
-#include "kvcache/block_hash.hpp"
-#include "kvcache/block_pool.hpp"
+#include "kvcache/core/block_hash.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/events.hpp"
+#include "kvcache/core/events.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "kvcache/config.hpp"
-#include "kvcache/geometry.hpp"
+#include "kvcache/core/geometry.hpp"
 #include "kvcache/groups/layer_groups.hpp"
 #include "kvcache/status.hpp"
 
@@ -43,7 +43,7 @@ struct GroupLayout {
   std::int32_t head_dim = 128;  ///< K elements per head.
   std::int32_t v_head_dim = 128;  ///< V elements per head (0: no V, MLA).
   DType dtype = DType::f16;  ///< Element type.
-  /// K's and V's scaling (kv_format.hpp): a quantized block's codes are read
+  /// K's and V's scaling (core/kv_format.hpp): a quantized block's codes are read
   /// only with the scheme they were written with. Engine-held scales (tensor,
   /// head) are the engines' own to agree on; only the scheme travels.
   KvFormat format{};

@@ -12,12 +12,12 @@
 #include <span>
 #include <vector>
 
-#include "kvcache/block_hash.hpp"
-#include "kvcache/block_holds.hpp"
-#include "kvcache/block_pool.hpp"
+#include "kvcache/core/block_hash.hpp"
+#include "kvcache/pool/block_holds.hpp"
+#include "kvcache/pool/block_pool.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/page_table.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/table/page_table.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

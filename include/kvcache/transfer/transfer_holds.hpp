@@ -1,7 +1,7 @@
 // The sender's side of a disaggregated prefill: a finished prompt's blocks
 // stay pinned until every consumer (each decode rank that reads them) says it
 // has read them, or a deadline passes (a consumer that died or never came).
-// A transfer hold is a cache hold (block_holds.hpp), so the blocks are
+// A transfer hold is a cache hold (pool/block_holds.hpp), so the blocks are
 // neither recycled nor rewritten while held, and the sequence itself can be
 // freed at once. The library keeps no clock and no thread: the engine passes
 // each notification to consumed() and its clock to expire().
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kvcache/config.hpp"
-#include "kvcache/sequence_id.hpp"
+#include "kvcache/core/sequence_id.hpp"
 #include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE

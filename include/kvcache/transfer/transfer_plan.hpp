@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "kvcache/block_math.hpp"
+#include "kvcache/core/block_math.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/status.hpp"
 #include "kvcache/transfer/layout_handshake.hpp"

@@ -21,9 +21,9 @@
 #include <string_view>
 #include <vector>
 
-#include "kvcache/block_hash.hpp"
+#include "kvcache/core/block_hash.hpp"
 #include "kvcache/config.hpp"
-#include "kvcache/events.hpp"
+#include "kvcache/core/events.hpp"
 #include "kvcache/status.hpp"
 #include "kvcache/wire/msgpack.hpp"
 

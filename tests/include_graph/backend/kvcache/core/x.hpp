@@ -1,0 +1,2 @@
+#pragma once
+#include "kvcache/old.hpp"

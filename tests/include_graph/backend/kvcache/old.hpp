@@ -1,0 +1,3 @@
+// kvcache: forwarding header. old.hpp moved to core/y.hpp.
+#pragma once
+#include "kvcache/core/y.hpp"
