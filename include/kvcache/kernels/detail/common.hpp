@@ -88,7 +88,7 @@ KVCACHE_HOST_DEVICE inline float load_elem(DType t, const void* p, std::int64_t 
     case DType::int8: return static_cast<float>(static_cast<const std::int8_t*>(p)[i]);
     case DType::int4:
     case DType::fp4_e2m1:
-    case DType::int2: break;  // packed: kernels/detail/quant.hpp reads them by row
+    case DType::int2: break;  // packed: kernels/detail/quant_groups.hpp reads them by row
   }
   return 0.0f;
 }
@@ -130,7 +130,7 @@ KVCACHE_HOST_DEVICE inline void store_elem(DType t, void* p, std::int64_t i, flo
     case DType::int8: static_cast<std::int8_t*>(p)[i] = static_cast<std::int8_t>(cvt::to_int(v, -127, 127)); return;
     case DType::int4:
     case DType::fp4_e2m1:
-    case DType::int2: return;  // packed: kernels/detail/quant.hpp writes them by row
+    case DType::int2: return;  // packed: kernels/detail/quant_groups.hpp writes them by row
   }
 }
 

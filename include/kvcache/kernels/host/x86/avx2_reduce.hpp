@@ -3,7 +3,7 @@
 // which the group loops (kernels/host/x86/avx2_groups.hpp) take ranges with, a row's
 // largest magnitude (a tensor scale's amax), and out = fmaf(a, b, c) rows,
 // one rounding each as fmaf does, so the scalar code's bits. CUDA
-// translation units and other CPUs compile none of this (kernels/detail/common.hpp's
+// translation units and other CPUs compile none of this (kernels/host/fast_path.hpp's
 // fast_abs_max_bits and fast_fma return 0 and the scalar loops do the row).
 #pragma once
 
