@@ -89,7 +89,7 @@ class BlockHolds {
   std::int64_t blocks() const noexcept { return n_blocks_; }
   /// The blocks of hold `id` (empty when there is no such hold).
   std::span<const BlockId> blocks_of(std::uint64_t id) const noexcept {
-    const Entry* e = const_cast<BlockHolds*>(this)->find(id);
+    const Entry* e = find(id);
     return e == nullptr ? std::span<const BlockId>{} : std::span<const BlockId>(blocks_.data() + e->offset, std::size_t(e->count));
   }
   /// Adds each held block's count to refs[block] (a cache's invariant check
@@ -115,9 +115,12 @@ class BlockHolds {
   };
   // Holds in id order, which is also their blocks' order in blocks_ (a new
   // hold appends; a release closes its gap): a lookup is a binary search.
-  Entry* find(std::uint64_t id) noexcept {
-    Entry* end = holds_.data() + n_holds_;
-    Entry* e = std::lower_bound(holds_.data(), end, id, [](const Entry& x, std::uint64_t v) { return x.id < v; });
+  Entry* find(std::uint64_t id) noexcept { return find_in(holds_.data(), n_holds_, id); }
+  const Entry* find(std::uint64_t id) const noexcept { return find_in(holds_.data(), n_holds_, id); }
+  template <class E>
+  static E* find_in(E* first, std::int32_t n, std::uint64_t id) noexcept {
+    E* end = first + n;
+    E* e = std::lower_bound(first, end, id, [](const Entry& x, std::uint64_t v) { return x.id < v; });
     return e != end && e->id == id ? e : nullptr;
   }
 
