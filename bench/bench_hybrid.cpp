@@ -7,6 +7,8 @@
 // compiles to (LayerGroups::as_geometry) doing the same work (one reserve per
 // sequence, publishing on reserve, one CSR export), and memcpy of the bytes written.
 // BM_hybrid_match_2048: a prefix lookup per group count, beside Cache<>::match.
+// BM_group_tiers_lookup_2048: the same prompt looked up in host memory
+// (GroupTiers::lookup, the device holding none of it), per group count.
 // BM_gemma3_kv_share prints the memory table of docs/hybrid.md: Gemma 3 27B's
 // KV as the library accounts it (hybrid_blocks_needed x page bytes) over the
 // same model with every layer full attention, at 8K, 32K and 128K tokens.
@@ -144,6 +146,33 @@ void BM_cache_match_2048(benchmark::State& state) {
                                                                                benchmark::Counter::kInvert);
 }
 
+void BM_group_tiers_lookup_2048(benchmark::State& state) {
+  const auto G = std::int32_t(state.range(0));
+  std::vector<std::vector<std::int32_t>> layers;
+  const auto lg = layout(G, layers);
+  kv::HybridCache<> cache({.groups = lg, .num_blocks = std::int32_t(kv::hybrid_pool_blocks(lg, 2, kMatchTokens + 16, 0)),
+                           .max_sequences = 2, .max_tokens = kMatchTokens + 16});
+  constexpr std::int32_t blocks = kMatchTokens / 16;
+  kv::GroupTiers<kv::HybridCache<>> tiers(cache, {.host_blocks = G * blocks});
+  std::vector<std::int32_t> prompt(kMatchTokens + 1);
+  std::iota(prompt.begin(), prompt.end(), 7);
+  // Every group's blocks of the prompt in host memory under its names (as offloads left them); none on the device.
+  std::vector<kv::BlockHash> names(blocks);
+  std::vector<kv::Offload> stored;
+  for (std::int32_t g = 0; g < G; ++g) {
+    (void)cache.hash_chain(g, prompt, {}, names);
+    for (std::int32_t j = 0; j < blocks; ++j) stored.push_back({j + 1, names[std::size_t(j)], {}, g});
+  }
+  auto job = tiers.tiers().plan_store(kv::Tier::device, kv::Tier::host, stored);
+  if (!job || !tiers.tiers().complete(job->id)) state.SkipWithError("store failed");
+  std::int64_t hit = 0;
+  for (auto _ : state) benchmark::DoNotOptimize(hit = tiers.lookup(prompt)->tokens);
+  if (hit != kMatchTokens) state.SkipWithError("not a whole hit");
+  state.counters["groups"] = G;
+  state.counters["per_block"] = benchmark::Counter(double(blocks), benchmark::Counter::kIsIterationInvariantRate |
+                                                                     benchmark::Counter::kInvert);
+}
+
 // Gemma 3 27B: 62 layers, layer l full when l % 6 == 5 (10 of them), the
 // rest a 1,024-token window; 16 kv-heads of 128, fp16, pages of 16 window tokens.
 void BM_gemma3_kv_share(benchmark::State& state) {
@@ -177,6 +206,7 @@ BENCHMARK(BM_cache_decode_step_256)->Iterations(kSteps)->Unit(benchmark::kMicros
 BENCHMARK(BM_hybrid_decode_step_256)->Arg(1)->Arg(2)->Arg(6)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_cache_match_2048);
 BENCHMARK(BM_hybrid_match_2048)->Arg(1)->Arg(2)->Arg(6);
+BENCHMARK(BM_group_tiers_lookup_2048)->Arg(2)->Arg(6);
 BENCHMARK(BM_gemma3_kv_share)->Arg(8192)->Arg(32768)->Arg(131072);
 
 BENCHMARK_MAIN();

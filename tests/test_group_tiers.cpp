@@ -11,6 +11,7 @@
 
 #include <kvcache/cache/hybrid.hpp>
 #include <kvcache/tiers/group_tiers.hpp>
+#include <kvcache/tiers/write_policy.hpp>
 
 #include <cstring>
 #include <random>
@@ -140,7 +141,7 @@ struct World {
       const auto payload = std::as_bytes(std::span(host).subspan(std::size_t(m.src * P), std::size_t(P)));
       std::memcpy(&disk[off], payload.data(), payload.size());
       REQUIRE_OK(disk_layout.seal_tail(payload, std::span(disk).subspan(off + payload.size(), std::size_t(disk_layout.tail_bytes())),
-                                    m.dst, keys[std::size_t(m.index)]));
+                                    m.dst, keys[std::size_t(m.index)], tiers.tiers().host().group(m.src)));
     }
     REQUIRE_OK(tiers.tiers().complete(job->id));
   }
@@ -274,6 +275,118 @@ TEST_CASE("group tiers: conversations the device forgets come back from host mem
   }
 }
 
+TEST_CASE("group tiers: a restarted engine serves its disk blocks again, each in its group") {
+  const int kind = GENERATE(0, 1);
+  INFO("layout " << kind);
+  World w(kind, 24, 64);
+  std::mt19937 rng(21 + kind);
+  std::vector<std::vector<std::int32_t>> convo(4);
+  for (auto& c : convo) c = w.serve(fresh(rng, 20 + std::int32_t(rng() % 8)), 2, false);
+  // The engine restarts: a new cache and new tiers over the same file. It
+  // reads every slot's trailer and restores the disk tier, groups included.
+  World r(kind, 24, 64);
+  r.disk = w.disk;
+  std::vector<std::int32_t> slots, groups;
+  std::vector<BlockHash> hashes;
+  for (std::int32_t s = 0; s < r.disk_layout.num_blocks(); ++s) {
+    const auto found = r.disk_layout.sealed(std::span(r.disk).subspan(std::size_t(r.disk_layout.offset(s)),
+                                                                      std::size_t(r.disk_layout.slot_bytes())), s);
+    if (!found) continue;
+    slots.push_back(s), hashes.push_back(found->hash), groups.push_back(found->group);
+    REQUIRE((found->group == 0 || found->group == 1));
+  }
+  REQUIRE(!slots.empty());
+  REQUIRE_OK(r.tiers.tiers().restore_disk(slots, hashes, groups));
+  std::vector<BlockEvent> ev(4096);
+  const std::int32_t restored = r.tiers.tiers().drain_events(Tier::disk, ev);
+  REQUIRE(restored == std::int32_t(slots.size()));
+  for (std::int32_t e = 0; e < restored; ++e) {
+    const BlockEvent& x = ev[std::size_t(e)];
+    REQUIRE((x.group == 0 || x.group == 1));
+    CHECK(x.block_size == w.layout.lg.block_size(x.group));
+  }
+  // Each conversation's next turn comes back from disk, every group's reads exact.
+  std::int32_t from_disk = 0;
+  for (auto& c : convo) {
+    c.push_back(std::int32_t(rng() % 50000));
+    const auto hit = *r.tiers.lookup(c);
+    from_disk += hit.disk;
+    c = r.serve(c, 1, false);
+  }
+  CHECK(from_disk > 0);
+  CHECK(r.staged > 0);
+  const std::int32_t n = r.tiers.tiers().drain_events(Tier::host, ev);
+  REQUIRE(n > 0);
+  for (std::int32_t e = 0; e < n; ++e) CHECK((ev[std::size_t(e)].group == 0 || ev[std::size_t(e)].group == 1));
+}
+
+TEST_CASE("group tiers: the write policies choose a hybrid's blocks, each named and stored in its group") {
+  const WriteMode mode = GENERATE(WriteMode::write_through, WriteMode::write_through_reused, WriteMode::write_back);
+  INFO("mode " << int(mode));
+  TwoGroups layout(1);  // a full group in pages of 8 tokens, a window of 10 in pages of 4
+  HybridCache<> cache({.groups = layout.lg, .num_blocks = 24, .max_sequences = 2, .max_tokens = 64, .event_capacity = 256});
+  GroupTiers<HybridCache<>> tiers(cache, {.host_blocks = 64, .event_capacity = 256});
+  WritePolicy policy({.mode = mode});
+  std::mt19937 rng(9);
+  const auto prompt = fresh(rng, 40);
+  // Which group names each hash of the prompt (the names lookups and imports use).
+  std::vector<std::vector<BlockHash>> names(2, std::vector<BlockHash>(10));
+  for (std::int32_t g = 0; g < 2; ++g) names[std::size_t(g)].resize(std::size_t(*cache.hash_chain(g, prompt, {}, names[std::size_t(g)])));
+  const auto group_naming = [&](const BlockHash& h) {
+    for (std::int32_t g = 0; g < 2; ++g)
+      if (std::find(names[std::size_t(g)].begin(), names[std::size_t(g)].end(), h) != names[std::size_t(g)].end()) return g;
+    return -1;
+  };
+  std::vector<Offload> out(64);
+  std::vector<BlockEvent> ev(256);
+  std::int32_t chosen = 0;
+  const auto offload = [&](std::int32_t n) {  // plan, copy (nothing to copy here: names only), complete
+    for (std::int32_t i = 0; i < n; ++i) CHECK(out[std::size_t(i)].group == group_naming(out[std::size_t(i)].hash));
+    auto job = tiers.tiers().plan_store(Tier::device, Tier::host, std::span(out).first(std::size_t(n)));
+    REQUIRE_OK(job);
+    REQUIRE_OK(tiers.tiers().complete(job->id));
+    chosen += n;
+  };
+  std::vector<std::int32_t> slots(2 * 40);
+  for (int use = 0; use < 2; ++use) {  // the prompt served twice: the second time a hit
+    auto a = cache.admit(prompt, slots);
+    REQUIRE_OK(a);
+    REQUIRE_OK(cache.computed(a->seq, 40));
+    const std::int32_t n = cache.drain_events(ev);
+    if (auto k = policy.on_stored(std::span(ev).first(std::size_t(n)), out); k && *k > 0) offload(*k);  // write_through
+    std::vector<BlockId> used;
+    for (std::int32_t g = 0; g < 2; ++g)
+      for (const BlockId b : *cache.blocks(a->seq, g))
+        if (b != BlockPool::null_block) used.push_back(b);
+    if (auto k = policy.on_use(cache.pool(), used, out); k && *k > 0) offload(*k);  // write_through_reused, on the second use
+    REQUIRE_OK(cache.free(a->seq));
+  }
+  // Another prompt takes the pool: write_back offloads what its allocations recycle, just before.
+  const auto other = fresh(rng, 40);
+  const std::int32_t k = policy.before_allocate(cache.pool(), cache.pool().num_free(), out);
+  if (k > 0) offload(k);
+  auto b = cache.admit(other, slots);
+  REQUIRE_OK(b);
+  REQUIRE_OK(cache.free(b->seq));
+  CHECK(chosen > 0);
+  // Every mode brought the prompt to host memory, each block under its group's name: it comes back from there.
+  auto next = prompt;
+  next.push_back(7);
+  const auto hit = *tiers.lookup(next);
+  CHECK(hit.device_tokens < 40);  // the other prompt took some of its blocks
+  CHECK(hit.tokens == 40);
+  CHECK(hit.host > 0);
+  const std::int32_t n = tiers.tiers().drain_events(Tier::host, ev);
+  REQUIRE(n > 0);
+  for (std::int32_t e = 0; e < n; ++e) {
+    const BlockEvent& x = ev[std::size_t(e)];
+    if (x.kind != EventKind::stored) continue;
+    REQUIRE((x.group == 0 || x.group == 1));
+    CHECK(x.block_size == layout.lg.block_size(x.group));
+  }
+  CHECK(tiers.tiers().check_invariants().ok());
+}
+
 TEST_CASE("group tiers: a window group moves only its last window, a full group every block") {
   World w(0, 64, 0);  // full + a window of 10 in pages of 4
   std::mt19937 rng(3);
@@ -394,6 +507,11 @@ TEST_CASE("group tiers: the cache's names and their errors") {
   std::vector<BlockHash> w(8);
   CHECK(*c.hash_chain(1, p, {}, w) == 3);
   CHECK(!(out[0] == w[0]));  // the same tokens, two groups: two names
+  // One chain before the keys, shared by both groups (one block size): each group's names are its keys of it.
+  std::vector<BlockHash> chain(8);
+  REQUIRE(*c.block_chain(1, p, {}, chain) == 3);
+  for (std::size_t j = 0; j < 3; ++j) CHECK((group_key(chain[j], 0) == out[j] && group_key(chain[j], 1) == w[j]));
+  CHECK(c.block_chain(2, p, {}, chain).status().code() == Errc::invalid_argument);
   auto imp = c.import(p);
   REQUIRE_OK(imp);
   std::vector<BlockHash> one(1);

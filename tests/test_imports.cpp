@@ -298,6 +298,35 @@ TEST_CASE("transfer holds: a finished prefill's blocks wait for every consumer, 
   CHECK(cache.check_invariants().ok());
 }
 
+TEST_CASE("transfer holds: room from the cache, several in flight, each found and expired by its own id") {
+  Cache<> cache(device_config(9));
+  TransferHolds holds(cache);
+  CHECK(holds.room() == cache.holds().room_holds());
+  CHECK(TransferHolds(3).room() == 3);
+  const SeqId s = add_published(cache, prompt(8));
+  std::vector<std::uint64_t> ids;
+  for (std::int64_t d = 0; d < 5; ++d) {  // deadlines 40, 10, 40, 10, 40 (five readers' holds on one prompt)
+    const auto h = holds.hold(cache, s, 1, d % 2 ? 10 : 40);
+    REQUIRE(h.ok());
+    ids.push_back(*h);
+  }
+  REQUIRE(cache.free(s).ok());
+  CHECK(holds.size() == 5);
+  for (std::size_t i = 0; i < ids.size(); ++i) CHECK(holds.find(ids[i])->deadline == (i % 2 ? 10 : 40));
+  REQUIRE(*holds.consumed(cache, ids[2], 0));  // one read in the middle: the others keep their entries
+  CHECK(holds.find(ids[2]).status().code() == Errc::unknown_job);
+  std::vector<std::uint64_t> gone(1);  // room for one id: every expired hold is still released and counted
+  CHECK(holds.expire(cache, 10, gone) == 2);
+  CHECK(gone[0] == ids[1]);  // in id order
+  CHECK(holds.size() == 2);
+  CHECK(holds.find(ids[0])->deadline == 40);
+  CHECK(holds.find(ids[4])->deadline == 40);
+  CHECK(holds.expire(cache, 40) == 2);
+  CHECK(holds.size() == 0);
+  CHECK(cache.holds().size() == 0);
+  CHECK(cache.check_invariants().ok());
+}
+
 TEST_CASE("import without a blocks buffer: import_blocks lists the same blocks, group 0's, as on every cache") {
   Node a(device_config(12)), b(device_config(12));
   const auto toks = prompt(14);

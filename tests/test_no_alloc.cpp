@@ -1,12 +1,13 @@
 // After construction, no cache operation touches the heap: global operator
 // new is counted while a mixed workload (hits, misses, errors) runs, on the
 // token-paged cache with each kind of policy and on a hybrid cache, holds
-// included (BlockHolds takes its room at construction).
+// included (BlockHolds and TransferHolds take their room at construction).
 #include <kvcache/cache.hpp>
 #include <kvcache/cache/hybrid.hpp>
 #include <kvcache/eviction/h2o.hpp>
 #include <kvcache/eviction/sliding_window.hpp>
 #include <kvcache/selection/quest.hpp>
+#include <kvcache/transfer/transfer_holds.hpp>
 
 #include <array>
 #include <cstdio>
@@ -37,6 +38,8 @@ int main() {
   std::vector<SeqId> seqs(32);
   std::vector<BlockCopy> copies(32);
   std::vector<BlockEvent> events(1024);
+  TransferHolds transfers(cache);  // room for as many holds as the cache has
+  std::uint64_t expired[4];
 
   const long before = g_allocations;
   long bad = 0;
@@ -63,6 +66,11 @@ int main() {
     // A transfer holds two rows past their frees, and lets go in the other order.
     const auto held0 = cache.hold(seqs[0]), held1 = cache.hold(seqs[1]);
     if (!held0 || !held1) ++bad;
+    // A prefill's blocks held for two decode ranks (both read), and one for a reader that never comes (expires).
+    const auto sent = transfers.hold(cache, seqs[2], 2, round + 10), lost = transfers.hold(cache, seqs[3], 1, round);
+    if (!sent || !lost) ++bad;
+    if (sent && (!transfers.consumed(cache, *sent, 1).ok() || !*transfers.consumed(cache, *sent, 0))) ++bad;
+    if (transfers.expire(cache, round, expired) != 1 || transfers.size() != 0) ++bad;
     for (std::size_t i = 0; i < n; ++i)
       if (!cache.free(seqs[i]).ok()) ++bad;
     if (cache.free(seqs[0]).ok()) ++bad;  // stale handle
@@ -172,6 +180,7 @@ int main() {
   std::vector<std::int32_t> hslots(2 * 512), hindptr(9), hindices(8 * 64), hfirst(8), hids(events.size() * std::size_t(hy.tokens_per_event()));
   std::vector<std::int32_t> hstale(8 * 64), hfill(8 * 64), qindptr(8 * 2 + 1), qindices(8 * 2 * 64);
   std::vector<float> hqueries(8 * 2 * 64, 0.5f);
+  TransferHolds htransfers(hy);
   std::vector<SeqId> hseqs(8);
   const long before_hybrid = g_allocations;
   for (int round = 0; round < 40; ++round) {
@@ -203,6 +212,8 @@ int main() {
     if (!hy.drain_events(events, hids).ok()) ++bad;
     const auto held = hy.hold(hseqs[0]);  // an offload in flight past the free
     if (!held) ++bad;
+    const auto sent = htransfers.hold(hy, hseqs[0], 2, round);  // a prefill's blocks for two decode ranks, one of which never reads
+    if (!sent || !htransfers.consumed(hy, *sent, 0).ok() || htransfers.expire(hy, round, expired) != 1) ++bad;
     for (std::size_t k = 0; k < n; ++k)
       if (!hy.free(hseqs[k]).ok()) ++bad;
     if (held && !hy.release_hold(*held).ok()) ++bad;

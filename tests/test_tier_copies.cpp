@@ -4,7 +4,7 @@
 // host memory always holds whole blocks contiguously), through a real file
 // of sealed slots. The disk file's checks: a flipped byte, a torn trailer, a
 // block in the wrong slot or from another layout is a miss, and a restarted
-// engine finds its disk blocks again from their trailers.
+// engine finds its disk blocks again from their trailers, each in its layer group.
 #include <catch2/catch.hpp>
 
 #include <kvcache/kernels/block_copy.hpp>
@@ -15,7 +15,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,7 +61,7 @@ Result<std::int32_t> run_disk_job(Tiers& t, const TierJob& j, const std::vector<
     const std::span<std::byte> payload = j.to == Tier::disk ? block(mv.src) : block(mv.dst);
     iovec io[2] = {{payload.data(), payload.size()}, {tails[m].data(), tails[m].size()}};
     if (j.to == Tier::disk) {
-      REQUIRE(d.seal_tail(payload, tails[m], mv.dst, c[std::size_t(mv.index)]).ok());
+      REQUIRE(d.seal_tail(payload, tails[m], mv.dst, c[std::size_t(mv.index)], t.host().group(mv.src)).ok());
       REQUIRE(pwritev(fd, io, 2, off_t(d.offset(mv.dst))) == ssize_t(d.slot_bytes()));
     } else {
       REQUIRE(preadv(fd, io, 2, off_t(d.offset(mv.src))) == ssize_t(d.slot_bytes()));
@@ -278,4 +280,96 @@ TEST_CASE("a flipped byte on disk fails the load at that block, and a restarted 
   const BlockHash two[] = {{1, 1}, {2, 2}};
   CHECK(fresh.restore_disk(twice, two) == Status{Errc::invalid_argument, "slots (listed twice)", 1, 0});
   CHECK(Tiers({.host_blocks = 2}).restore_disk(twice, two).what() == std::string("disk_blocks (no disk tier)"));
+}
+
+TEST_CASE("a restarted disk tier names each block's layer group again, from its trailer") {
+  // Two layer groups of 4- and 8-token blocks (as GroupTiers gives the tiers), every slot holding one page.
+  const GeometrySpec spec{.num_layers = 1, .num_kv_heads = 2, .head_dim = 8, .block_size = 8, .dtype = DType::f32};
+  const Geometry g = *Geometry::make(spec);
+  constexpr std::int32_t kHost = 8, kDisk = 6;
+  const std::int32_t sizes[] = {4, 8};
+  std::vector<std::byte> host(std::size_t(*g.pool_bytes(kHost)));
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = std::byte(i * 7 + 3);
+  const DiskLayout d = *DiskLayout::make(g.block_bytes(), kDisk, layout_digest(spec));
+  TempFile file;
+  REQUIRE(ftruncate(file.fd, off_t(d.file_bytes())) == 0);
+  const auto c = chain(5, 4);
+  const std::int32_t group_of[] = {0, 1, 1, 0};
+  {
+    Tiers t({.host_blocks = kHost, .disk_blocks = kDisk, .block_size = 16}, sizes);
+    std::vector<Offload> blocks;
+    for (std::int32_t i = 0; i < 4; ++i)
+      blocks.push_back({.block = i + 1, .hash = c[std::size_t(i)], .parent = {}, .group = group_of[i]});
+    auto in = t.plan_store(Tier::device, Tier::host, blocks);
+    REQUIRE(in.ok());
+    REQUIRE(t.complete(in->id).ok());
+    std::vector<std::int32_t> slots;
+    for (const auto& h : c) slots.push_back(t.host().find(h));
+    auto j = t.plan_store(Tier::host, Tier::disk, c, slots);
+    REQUIRE(j.ok());
+    REQUIRE(*run_disk_job(t, *j, c, d, file.fd, g, host) == 4);  // each slot sealed with its host block's group
+  }
+  // A new engine scans its file: each intact trailer names the block's hash and group.
+  Tiers t({.host_blocks = kHost, .disk_blocks = kDisk, .block_size = 16, .event_capacity = 64}, sizes);
+  std::vector<std::int32_t> slots, groups;
+  std::vector<BlockHash> hashes;
+  std::vector<std::byte> image(std::size_t(d.slot_bytes()));
+  for (std::int32_t s = 0; s < kDisk; ++s) {
+    REQUIRE(pread(file.fd, image.data(), image.size(), off_t(d.offset(s))) == ssize_t(image.size()));
+    const auto found = d.sealed(image, s);
+    if (!found) continue;
+    CHECK(*d.sealed(std::span(image).last(DiskLayout::trailer_bytes), s) == *found);  // the trailer alone says the same
+    slots.push_back(s), hashes.push_back(found->hash), groups.push_back(found->group);
+  }
+  REQUIRE(slots.size() == 4);
+  // Bad lists are typed errors that change nothing.
+  const Tiers before = t;
+  const std::vector<std::int32_t> short_groups(groups.begin(), groups.begin() + 2);
+  CHECK(t.restore_disk(slots, hashes, short_groups) == Status{Errc::invalid_argument, "groups (one per slot, or none)", 2, 4});
+  auto outside = groups;
+  outside[1] = 2;
+  CHECK(t.restore_disk(slots, hashes, outside) == Status{Errc::invalid_argument, "groups", 2, 1});
+  outside[1] = -2;
+  CHECK(t.restore_disk(slots, hashes, outside) == Status{Errc::invalid_argument, "groups", -2, 1});
+  CHECK(t == before);
+  REQUIRE(t.restore_disk(slots, hashes, groups).ok());
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const auto k = std::size_t(std::find(c.begin(), c.end(), hashes[i]) - c.begin());
+    REQUIRE(k < c.size());
+    CHECK(t.disk().group(slots[i]) == group_of[k]);
+  }
+  // The restored blocks' events name their group and its block size, and so does a block staged back to host memory.
+  std::vector<BlockEvent> ev(64);
+  std::int32_t n = t.drain_events(Tier::disk, ev);
+  REQUIRE(n == 4);
+  for (std::int32_t e = 0; e < n; ++e) {
+    const BlockEvent& x = ev[std::size_t(e)];
+    const auto k = std::size_t(std::find(c.begin(), c.end(), x.hash) - c.begin());
+    REQUIRE(k < c.size());
+    CHECK(x.group == group_of[k]);
+    CHECK(x.block_size == sizes[group_of[k]]);
+  }
+  auto up = t.plan_load(Tier::disk, Tier::host, c);
+  REQUIRE(up.ok());
+  REQUIRE(*run_disk_job(t, *up, c, d, file.fd, g, host) == 4);
+  n = t.drain_events(Tier::host, ev);
+  REQUIRE(n == 4);
+  for (std::int32_t e = 0; e < n; ++e) {
+    const auto k = std::size_t(std::find(c.begin(), c.end(), ev[std::size_t(e)].hash) - c.begin());
+    CHECK(ev[std::size_t(e)].group == group_of[k]);
+  }
+  CHECK(t.check_invariants().ok());
+  // Without groups (a file written before groups, or a plain tier) every block names none.
+  Tiers plain({.host_blocks = kHost, .disk_blocks = kDisk, .block_size = 16});
+  REQUIRE(plain.restore_disk(slots, hashes).ok());
+  for (const std::int32_t s : slots) CHECK(plain.disk().group(s) == -1);
+  // A group below -1 is not sealed; a trailer of version 01 (no group) reads as unsealed: a miss, never a block.
+  CHECK(d.seal(image, 0, c[0], -2) == Status{Errc::invalid_argument, "group", -2, -1});
+  REQUIRE(d.seal(image, 0, c[0], 1).ok());
+  DiskTrailer old;
+  std::memcpy(&old, image.data() + image.size() - sizeof old, sizeof old);
+  old.magic = 0x31304b4c42564b4bULL;  // "KKVBLK01"
+  std::memcpy(image.data() + image.size() - sizeof old, &old, sizeof old);
+  CHECK(d.sealed(image, 0).status().what() == std::string("trailer"));
+  CHECK(d.sealed(image, 6).status() == Status{Errc::invalid_argument, "slot", 6, 5});
 }

@@ -152,6 +152,12 @@ void register_tiers(nb::module_& m) {
              if (!p.has_hash(b)) return nb::none();
              return nb::cast(std::make_pair(p.hash(b).lo, p.hash(b).hi));
            })
+      .def("group",
+           [](const kv::BlockPool& p, std::int32_t b) -> nb::object {
+             require(b >= 0 && b < p.capacity(), "block", b, p.capacity() - 1);
+             if (!p.has_hash(b)) return nb::none();
+             return nb::cast(p.group(b));
+           })
       .def("next_recycled", [](const kv::BlockPool& p, std::int32_t allocations) {
         require(allocations >= 0, "allocations", allocations, 0);
         std::vector<kv::BlockId> out(std::size_t(std::min(allocations, p.capacity())));
@@ -208,22 +214,33 @@ void register_tiers(nb::module_& m) {
           nb::arg("chain"), nb::arg("device_blocks"), nb::arg("prompt_tokens"))
       .def(
           "plan_store",
-          [](kv::Tiers& t, const std::string& from, const std::string& to, nb::handle chain, nb::handle src, nb::handle parents) {
+          [](kv::Tiers& t, const std::string& from, const std::string& to, nb::handle chain, nb::handle src, nb::handle parents,
+             nb::handle groups) {
             Array<std::uint64_t> c, pa;
-            Array<std::int32_t> s;
+            Array<std::int32_t> s, gr;
             in_arg(c, chain, "chain");
             in_arg(s, src, "src");
             const auto h = hashes_of(c, "chain");
-            if (parents.is_none()) return job_of(check(t.plan_store(tier_of(from), tier_of(to), h, cspan(s))));
-            in_arg(pa, parents, "parents");
-            const auto ps = hashes_of(pa, "parents");
-            require(ps.size() == h.size() && s.size() == h.size(), "parents (one per chain block)", std::int64_t(ps.size()),
-                    std::int64_t(h.size()));
+            if (parents.is_none() && groups.is_none()) return job_of(check(t.plan_store(tier_of(from), tier_of(to), h, cspan(s))));
+            std::span<const kv::BlockHash> ps;
+            if (!parents.is_none()) {
+              in_arg(pa, parents, "parents");
+              ps = hashes_of(pa, "parents");
+              require(ps.size() == h.size(), "parents (one per chain block)", std::int64_t(ps.size()), std::int64_t(h.size()));
+            }
+            if (!groups.is_none()) {
+              in_arg(gr, groups, "groups");
+              require(gr.size() == h.size(), "groups (one per chain block)", std::int64_t(gr.size()), std::int64_t(h.size()));
+            }
+            require(s.size() == h.size(), "src (one per chain block)", std::int64_t(s.size()), std::int64_t(h.size()));
+            // Without parents each block's parent is the chain's previous hash, as plan_store(chain, src) gives it.
             std::vector<kv::Offload> o(h.size());
-            for (std::size_t i = 0; i < h.size(); ++i) o[i] = {s.data()[i], h[i], ps[i], -1};
+            for (std::size_t i = 0; i < h.size(); ++i)
+              o[i] = {s.data()[i], h[i], !ps.empty() ? ps[i] : i > 0 ? h[i - 1] : kv::BlockHash{}, gr.size() ? gr.data()[i] : -1};
             return job_of(check(t.plan_store(tier_of(from), tier_of(to), o)));
           },
-          nb::arg("from_tier"), nb::arg("to_tier"), nb::arg("chain"), nb::arg("src"), nb::arg("parents") = nb::none())
+          nb::arg("from_tier"), nb::arg("to_tier"), nb::arg("chain"), nb::arg("src"), nb::arg("parents") = nb::none(),
+          nb::arg("groups") = nb::none())
       .def(
           "plan_load",
           [](kv::Tiers& t, const std::string& from, const std::string& to, nb::handle chain, nb::handle dst) {
@@ -292,14 +309,26 @@ void register_tiers(nb::module_& m) {
           nb::arg("tier"), nb::arg("max_events") = 1024)
       .def(
           "restore_disk",
-          [](kv::Tiers& t, nb::handle slots, nb::handle hashes) {
-            Array<std::int32_t> s;
+          [](kv::Tiers& t, nb::handle slots, nb::handle hashes, nb::handle groups) {
+            Array<std::int32_t> s, g;
             Array<std::uint64_t> h;
             in_arg(s, slots, "slots");
             in_arg(h, hashes, "hashes");
-            check(t.restore_disk(cspan(s), hashes_of(h, "hashes")));
+            if (!groups.is_none()) in_arg(g, groups, "groups");
+            check(t.restore_disk(cspan(s), hashes_of(h, "hashes"), groups.is_none() ? std::span<const std::int32_t>{} : cspan(g)));
           },
-          nb::arg("slots"), nb::arg("hashes"))
+          nb::arg("slots"), nb::arg("hashes"), nb::arg("groups") = nb::none())
+      .def(
+          "group",
+          [](const kv::Tiers& t, const std::string& tier, std::int32_t slot) {
+            const kv::Tier which = tier_of(tier);
+            if (which == kv::Tier::device || !t.has(which))
+              check(kv::Status{kv::Errc::invalid_argument, "tier (host or disk, present)", std::int64_t(which), 0});
+            const kv::TierPool& p = which == kv::Tier::host ? t.host() : t.disk();
+            if (slot < 0 || slot >= p.capacity()) check(kv::Status{kv::Errc::invalid_argument, "slot", slot, p.capacity() - 1});
+            return p.group(slot);
+          },
+          nb::arg("tier"), nb::arg("slot"))
       .def("check_invariants", [](const kv::Tiers& t) { check(t.check_invariants()); });
 
   bind_group_tiers<kv::HybridCache<>>(m, "GroupTiers");
@@ -321,15 +350,25 @@ void register_tiers(nb::module_& m) {
       .def("offset", &kv::DiskLayout::offset, nb::arg("slot"))
       .def(
           "seal_tail",
-          [](const kv::DiskLayout& d, nb::handle block, std::int32_t slot, std::pair<std::uint64_t, std::uint64_t> hash) {
+          [](const kv::DiskLayout& d, nb::handle block, std::int32_t slot, std::pair<std::uint64_t, std::uint64_t> hash,
+             std::int32_t group) {
             Array<std::uint8_t> b;
             in_arg(b, block, "block");
             auto tail = new_array<std::uint8_t>(std::size_t(d.tail_bytes()));
             check(d.seal_tail(std::as_bytes(b.span()), std::as_writable_bytes(std::span(tail.data(), tail.size())), slot,
-                              {hash.first, hash.second}));
+                              {hash.first, hash.second}, group));
             return tail;
           },
-          nb::arg("block"), nb::arg("slot"), nb::arg("hash"))
+          nb::arg("block"), nb::arg("slot"), nb::arg("hash"), nb::arg("group") = -1)
+      .def(
+          "sealed",
+          [](const kv::DiskLayout& d, nb::handle tail, std::int32_t slot) {
+            Array<std::uint8_t> t;
+            in_arg(t, tail, "tail");
+            const kv::SealedBlock s = check(d.sealed(std::as_bytes(t.span()), slot));
+            return std::make_pair(std::make_pair(s.hash.lo, s.hash.hi), s.group);
+          },
+          nb::arg("tail"), nb::arg("slot"))
       .def(
           "verify",
           [](const kv::DiskLayout& d, nb::handle block, nb::handle tail, std::int32_t slot, std::pair<std::uint64_t, std::uint64_t> hash) {
@@ -362,6 +401,7 @@ void register_tiers(nb::module_& m) {
                                                                                                      : kv::EventKind::all_cleared};
               if (b.kind == kv::EventKind::stored)
                 b.block = nb::cast<std::int32_t>(e["block"]), b.hash = pair_hash(e["hash"]), b.parent = pair_hash(e["parent"]);
+              if (nb::isinstance<nb::dict>(e) && nb::cast<nb::dict>(e).contains("group")) b.group = nb::cast<std::int32_t>(e["group"]);
               ev.push_back(b);
             }
             std::vector<kv::Offload> out(ev.size());

@@ -90,6 +90,31 @@ def test_write_policies_choose_what_goes_to_host():
         kv.WritePolicy("write_through_reused", counters=1000)
 
 
+def test_write_back_on_a_hybrid_cache_names_each_block_in_its_group():
+    groups = kv.LayerGroups([kv.LayerGroup("full", [0], num_kv_heads=2, head_dim=8),
+                             kv.LayerGroup("sliding_window", [1], num_kv_heads=2, head_dim=8, window=8)], block_size=4)
+    h = kv.HybridCache(groups, num_blocks=20, max_sequences=2, max_tokens=32)
+    gt = kv.GroupTiers(h, host_blocks=32, event_capacity=64)
+    prompt = np.arange(1, 25, dtype=np.int32)
+    seq, _, _, _ = h.admit(prompt)
+    h.computed(seq, 24)
+    h.free(seq)
+    back = kv.WritePolicy("write_back")
+    blocks, hashes, parents = back.before_allocate(h.pool, h.pool.num_free)  # every cached block, before another prompt takes them
+    block_groups = np.array([h.pool.group(int(b)) for b in blocks], dtype=np.int32)
+    assert sorted(set(block_groups.tolist())) == [0, 1]
+    with pytest.raises(kv.InvalidArgument, match="groups"):
+        gt.tiers.plan_store("device", "host", hashes, blocks, parents, block_groups[:1])
+    job = gt.tiers.plan_store("device", "host", hashes, blocks, parents, block_groups)
+    assert gt.tiers.complete(job.id) == len(blocks)
+    stored = [e for e in gt.tiers.drain_events("host") if e["kind"] == "stored"]
+    assert sorted({e["group"] for e in stored}) == [0, 1] and all(e["block_size"] == 4 for e in stored)
+    other, _, _, _ = h.admit(np.arange(100, 124, dtype=np.int32))  # recycles the prompt's blocks
+    h.free(other)
+    device, tokens, host, disk = gt.lookup(np.append(prompt, 7).astype(np.int32))
+    assert tokens == 24 and host > 0 and disk == 0  # the prompt comes back from host memory, every group
+
+
 def test_bad_calls_are_typed_errors_that_change_nothing():
     c = cache()
     tiers = kv.Tiers(host_blocks=2, block_size=B)
@@ -156,6 +181,36 @@ def test_a_disk_load_completes_only_through_the_librarys_verification():
     assert tiers.lookup(chain, 0, 3 * B) == (0, 1, 0, ["host"])
     with pytest.raises(kv.InvalidArgument, match="checksum=0x"):
         layout.verify(disk[stage.moves[1, 0], :32], disk[stage.moves[1, 0], 32:], int(stage.moves[1, 0]), (12, 1))
+    tiers.check_invariants()
+
+
+def test_a_restarted_disk_tier_names_each_blocks_group_from_its_trailer():
+    layout = kv.DiskLayout(block_bytes=32, num_blocks=4, digest=kv.layout_digest(geometry()), align=64)
+    disk = np.zeros((4, layout.slot_bytes), dtype=np.uint8)
+    chain = [(21, 2), (22, 2), (23, 2)]
+    for slot, (h, group) in enumerate(zip(chain, [0, 1, -1])):  # the engine seals each block with its group
+        disk[slot, :32] = slot
+        disk[slot, 32:] = layout.seal_tail(disk[slot, :32], slot, h, group)
+    with pytest.raises(kv.InvalidArgument, match="group=-2"):
+        layout.seal_tail(disk[0, :32], 0, chain[0], -2)
+    # A restart: each intact trailer (the slot's tail, or its last 64 bytes) names the hash and the group.
+    found = [layout.sealed(disk[s, 32:], s) for s in range(3)]
+    assert found == [((21, 2), 0), ((22, 2), 1), ((23, 2), -1)]
+    assert layout.sealed(disk[1, -64:], 1) == found[1]
+    with pytest.raises(kv.InvalidArgument, match="trailer"):
+        layout.sealed(disk[3, 32:], 3)  # never written
+    tiers = kv.Tiers(host_blocks=2, disk_blocks=4, block_size=B, event_capacity=8)
+    slots = np.arange(3, dtype=np.int32)
+    hashes = np.array([h for h, _ in found], dtype=np.uint64)
+    with pytest.raises(kv.InvalidArgument, match="groups"):
+        tiers.restore_disk(slots, hashes, np.array([0, 1], dtype=np.int32))
+    tiers.restore_disk(slots, hashes, np.array([g for _, g in found], dtype=np.int32))
+    assert [tiers.group("disk", s) for s in range(3)] == [0, 1, -1]
+    assert [e["group"] for e in tiers.drain_events("disk")] == [0, 1, -1]
+    with pytest.raises(kv.InvalidArgument, match="slot"):
+        tiers.group("disk", 4)
+    with pytest.raises(kv.InvalidArgument, match="tier"):
+        tiers.group("device", 0)
     tiers.check_invariants()
 
 

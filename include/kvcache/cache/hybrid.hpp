@@ -137,13 +137,23 @@ class HybridCache : public PoolCore<BlockPool>,
   /// invalid_argument for a bad group, or one that caches nothing (cross).
   Result<std::int32_t> hash_chain(std::int32_t g, std::span<const std::int32_t> tokens, const PrefixKey& key,
                                   std::span<BlockHash> out) const noexcept {
+    auto n = block_chain(g, tokens, key, out);
+    if (!n) return n;
+    for (std::size_t j = 0; j < std::size_t(*n); ++j) out[j] = group_key(out[j], g);
+    return n;
+  }
+  /// hash_chain() before the group's key: the chain every group of g's
+  /// block size shares (group_key(out[j], g) is group g's name of block j).
+  /// A caller naming blocks in several groups hashes once per block size.
+  Result<std::int32_t> block_chain(std::int32_t g, std::span<const std::int32_t> tokens, const PrefixKey& key,
+                                   std::span<BlockHash> out) const noexcept {
     if (g < 0 || g >= groups()) return Status{Errc::invalid_argument, "group", g, groups() - 1};
     const GroupRule& r = rows_[std::size_t(g)].rule();
     if (!r.caches()) return Status{Errc::invalid_argument, "group (cross-attention: its blocks are named by no prompt)", g, 0};
     const auto n = std::min<std::size_t>(tokens.size() / std::size_t(r.block_size), out.size());
     BlockHash parent = chain_root(key);
     for (std::size_t j = 0; j < n; ++j)
-      out[j] = group_key(parent = hits_.hash(parent, tokens.subspan(j * std::size_t(r.block_size), std::size_t(r.block_size)), key.extra), g);
+      out[j] = parent = hits_.hash(parent, tokens.subspan(j * std::size_t(r.block_size), std::size_t(r.block_size)), key.extra);
     return std::int32_t(n);
   }
 

@@ -69,7 +69,7 @@ class BlockPool {
         prefix_(num_blocks),
         events_(event_capacity, event_tokens, medium),
         marks_{std::vector<std::uint32_t>(static_cast<std::size_t>(num_blocks), 0u)},
-        group_(event_capacity > 0 ? static_cast<std::size_t>(num_blocks) : 0, -1),
+        group_(static_cast<std::size_t>(num_blocks), -1),
         sentinel_(num_blocks) {
     prev_[ix(sentinel_)] = next_[ix(sentinel_)] = sentinel_;
     for (BlockId b = 1; b < num_blocks; ++b) link_before(sentinel_, b);
@@ -100,6 +100,9 @@ class BlockPool {
   bool is_cached(BlockId b) const noexcept { return prefix_.has(b); }
   /// Block b's content hash (meaningful when has_hash(b)).
   const BlockHash& hash(BlockId b) const noexcept { return prefix_.hash(b); }
+  /// The layer group block b was published in (StoredBlock::group; -1: none
+  /// named, as a uniform cache's blocks; meaningful when has_hash(b)).
+  std::int32_t group(BlockId b) const noexcept { return group_[ix(b)]; }
 
   /// All-or-nothing: fills every entry of `out` with a fresh block (ref 1) or
   /// fails with out_of_blocks and changes nothing.
@@ -191,13 +194,13 @@ class BlockPool {
     if (!valid(b)) return Status{Errc::invalid_argument, "block", b, sentinel_ - 1};
     if (ref_count(b) == 0) return Status{Errc::not_allocated, "block", b, 0};
     if (has_hash(b)) return Status{Errc::already_hashed, "block", b, 0};
+    group_[ix(b)] = static_cast<std::int16_t>(info.group);  // what its events and group() name
     if (const BlockId twin = prefix_.insert(b, h, parent, info.parent_block); twin >= 0) {
       ++counters_.copies;
       if (ref_count(twin) == 0) drop(twin);  // a free twin is its hash's only other copy
       return false;
     }
     ++counters_.stored;
-    if (!group_.empty()) group_[ix(b)] = static_cast<std::int16_t>(info.group);  // what its removed event names
     events_.push(BlockEvent{.kind = EventKind::stored, .block = b, .hash = h, .parent = parent,
                             .first = prefix_.is_root(b), .key = info.key, .block_extra = info.block_extra,
                             .block_size = info.block_size > 0 ? info.block_size : events_.tokens_per_event(),
@@ -283,11 +286,12 @@ class BlockPool {
   static constexpr std::size_t ix(std::int32_t i) noexcept { return static_cast<std::size_t>(i); }
 
   // Block 0 is the null block, so a usable pool has at least 2; every block
-  // costs about 164 bytes of host bookkeeping (links, ref count, hash and
-  // parent, rings, two index slots of two entries each, next_recycled's mark).
+  // costs about 166 bytes of host bookkeeping (links, ref count, hash and
+  // parent, rings, two index slots of two entries each, next_recycled's
+  // mark, the layer group).
   static std::size_t checked(std::int32_t num_blocks) {
     if (num_blocks < 2) throw ConfigError("kvcache::BlockPool", Status{Errc::invalid_argument, "num_blocks", num_blocks, 2});
-    return checked_elements("kvcache::BlockPool", "num_blocks", num_blocks, num_blocks, 164);
+    return checked_elements("kvcache::BlockPool", "num_blocks", num_blocks, num_blocks, 166);
   }
 
   void link_before(BlockId at, BlockId b) noexcept {
@@ -308,7 +312,7 @@ class BlockPool {
     prefix_.erase(b, [&](BlockId x, bool gone) {
       if (gone)
         events_.push(BlockEvent{.kind = EventKind::removed, .block = x, .hash = prefix_.hash(x),
-                                .group = group_.empty() ? -1 : std::int32_t{group_[ix(x)]}});
+                                .group = group_[ix(x)]});
       if (x != b) ++counters_.invalidated;
       if (ref_[ix(x)] == 0) {  // free-but-cached (a cascade, or a redundant twin)
         unlink(x);
@@ -335,7 +339,7 @@ class BlockPool {
   PrefixIndex prefix_;
   EventQueue events_;
   mutable Marks marks_;
-  std::vector<std::int16_t> group_;  // [block]: the group its stored event named (only with events)
+  std::vector<std::int16_t> group_;  // [block]: the layer group it was published in (-1: none)
   PoolCounters counters_{};
   BlockId sentinel_;
   std::int32_t num_free_ = 0;

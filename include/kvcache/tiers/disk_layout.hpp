@@ -1,12 +1,13 @@
 // The disk tier's file: one preallocated file of equal slots, one block per
 // slot. A slot is the block's bytes, zero padding, and a 64-byte trailer at
-// its end holding the block's hash, a digest of the layout (what the bytes
-// mean: geometry, dtype, block size), the slot's own index and a checksum of
-// the bytes. Slots are a multiple of the alignment (4 KiB by default), so the
-// engine can read and write them with O_DIRECT. Before a disk block is used
-// the library verifies it in host memory (Tiers::complete_disk_load runs
-// verify on every slot a load read): a flipped byte, a torn write, a block
-// written to another slot or by another layout is a miss, never wrong KV.
+// its end holding the block's hash and layer group, a digest of the layout
+// (what the bytes mean: geometry, dtype, block size), the slot's own index
+// and a checksum of the bytes. Slots are a multiple of the alignment (4 KiB
+// by default), so the engine can read and write them with O_DIRECT. Before
+// a disk block is used the library verifies it in host memory
+// (Tiers::complete_disk_load runs verify on every slot a load read): a
+// flipped byte, a torn write, a block written to another slot or by another
+// layout is a miss, never wrong KV.
 // The engine does the I/O (pread/pwrite, preadv/pwritev, io_uring) on its
 // own threads, straight between the file and the host tier's blocks: the
 // trailer-only forms take the block's bytes and the slot's tail apart, so
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -81,13 +83,23 @@ struct DiskTrailer {
   std::uint64_t hash_lo = 0;  ///< The block's hash, low 64 bits.
   std::uint64_t hash_hi = 0;  ///< The block's hash, high 64 bits.
   std::uint64_t digest = 0;  ///< layout_digest of the writer.
-  std::uint64_t slot = 0;  ///< The slot it was written for.
+  std::uint32_t slot = 0;  ///< The slot it was written for.
+  std::int32_t group = -1;  ///< The block's layer group (-1: none named), what a restarted tier's events name.
   std::uint64_t bytes = 0;  ///< Payload bytes.
   std::uint64_t checksum = 0;  ///< checksum64 of the payload.
   std::uint64_t self = 0;  ///< checksum64 of the fields above.
-  static constexpr std::uint64_t kMagic = 0x31304b4c42564b4bULL;  ///< "KKVBLK01" in little-endian bytes.
+  /// "KKVBLK02" in little-endian bytes. Version 01 had no group: its slots
+  /// read as unsealed (a miss, recomputed), never as another layout's block.
+  static constexpr std::uint64_t kMagic = 0x32304b4c42564b4bULL;
 };
 static_assert(sizeof(DiskTrailer) == 64);
+
+/// What an intact trailer names: the block's hash and its layer group.
+struct SealedBlock {
+  BlockHash hash{};  ///< The block's hash.
+  std::int32_t group = -1;  ///< Its layer group (-1: none named when sealed).
+  friend constexpr bool operator==(const SealedBlock&, const SealedBlock&) = default;
+};
 
 /// A disk slot as it landed in host memory: the block's bytes (wherever the
 /// engine read them to: the host tier's block) and the slot's tail (its
@@ -131,22 +143,26 @@ class DiskLayout {
   std::int64_t tail_bytes() const noexcept { return slot_ - payload_; }  ///< A slot's bytes after the payload: padding and trailer.
 
   /// Seals a slot image whose first block_bytes() hold the block: zeroes the
-  /// padding and writes the trailer for `slot` and hash h.
-  Status seal(std::span<std::byte> image, std::int32_t slot, const BlockHash& h) const noexcept {
+  /// padding and writes the trailer for `slot`, hash h and layer group
+  /// `group` (the source tier's record: `tiers.host().group(move.src)`; -1 names none).
+  Status seal(std::span<std::byte> image, std::int32_t slot, const BlockHash& h, std::int32_t group = -1) const noexcept {
     if (auto st = shape(image.size(), slot); !st) return st;
-    return seal_tail(image.first(std::size_t(payload_)), image.subspan(std::size_t(payload_), std::size_t(tail_bytes())), slot, h);
+    return seal_tail(image.first(std::size_t(payload_)), image.subspan(std::size_t(payload_), std::size_t(tail_bytes())), slot, h,
+                     group);
   }
   /// seal() with the block's bytes where they are (the host tier's block) and
   /// the slot's tail apart (tail_bytes(): padding zeroed, then the trailer):
   /// the engine writes the slot with one pwritev of the two, no bounce copy.
-  Status seal_tail(std::span<const std::byte> payload, std::span<std::byte> tail, std::int32_t slot, const BlockHash& h) const noexcept {
+  Status seal_tail(std::span<const std::byte> payload, std::span<std::byte> tail, std::int32_t slot, const BlockHash& h,
+                   std::int32_t group = -1) const noexcept {
     if (slot < 0 || slot >= blocks_) return Status{Errc::invalid_argument, "slot", slot, blocks_ - 1};
+    if (group < -1) return Status{Errc::invalid_argument, "group", group, -1};
     if (std::int64_t(payload.size()) < payload_) return Status{Errc::buffer_too_small, "payload", std::int64_t(payload.size()), payload_};
     if (std::int64_t(tail.size()) < tail_bytes()) return Status{Errc::buffer_too_small, "tail", std::int64_t(tail.size()), tail_bytes()};
     const std::int64_t pad = tail_bytes() - trailer_bytes;
     if (pad < 0) return Status{Errc::invariant_violated, "tail_bytes", tail_bytes(), trailer_bytes};  // make() rules it out
     std::fill_n(tail.begin(), pad, std::byte{0});
-    DiskTrailer t{DiskTrailer::kMagic, h.lo, h.hi, digest_, std::uint64_t(slot), std::uint64_t(payload_),
+    DiskTrailer t{DiskTrailer::kMagic, h.lo, h.hi, digest_, std::uint32_t(slot), group, std::uint64_t(payload_),
                   checksum64(payload.first(std::size_t(payload_))), 0};
     t.self = self_check(t);
     std::memcpy(tail.data() + tail_bytes() - trailer_bytes, &t, sizeof t);
@@ -175,19 +191,29 @@ class DiskLayout {
     return {};
   }
 
-  /// The hash an intact trailer of `slot` names (rebuilding the disk tier's
-  /// index after a restart; every load of it is still verified); an error
-  /// when the slot was never sealed, or by another layout.
+  /// The hash and group an intact trailer of `slot` names (rebuilding the
+  /// disk tier's index after a restart: Tiers::restore_disk; every load of
+  /// it is still verified); an error when the slot was never sealed, or by
+  /// another layout. `image` is the slot, or (as verify) only its tail.
+  Result<SealedBlock> sealed(std::span<const std::byte> image, std::int32_t slot) const noexcept {
+    if (slot < 0 || slot >= blocks_) return Status{Errc::invalid_argument, "slot", slot, blocks_ - 1};
+    const bool whole = std::int64_t(image.size()) >= slot_;
+    auto t = trailer(whole ? image.subspan(std::size_t(payload_), std::size_t(tail_bytes())) : image, slot);
+    if (!t) return t.status();
+    return SealedBlock{{t->hash_lo, t->hash_hi}, t->group};
+  }
+  /// sealed()'s hash alone.
   Result<BlockHash> sealed_hash(std::span<const std::byte> image, std::int32_t slot) const noexcept {
     if (auto st = shape(image.size(), slot); !st) return st;
-    auto t = trailer(image.subspan(std::size_t(payload_), std::size_t(tail_bytes())), slot);
+    auto t = sealed(image, slot);
     if (!t) return t.status();
-    return BlockHash{t->hash_lo, t->hash_hi};
+    return t->hash;
   }
 
  private:
+  // The checksum of every field before `self` (the first 56 bytes).
   static std::uint64_t self_check(const DiskTrailer& t) noexcept {
-    return checksum64(std::as_bytes(std::span(&t.magic, 7)), 0x747261696c6572ULL);
+    return checksum64(std::as_bytes(std::span(&t, 1)).first(offsetof(DiskTrailer, self)), 0x747261696c6572ULL);
   }
   Status shape(std::size_t bytes, std::int32_t slot) const noexcept {
     if (slot < 0 || slot >= blocks_) return Status{Errc::invalid_argument, "slot", slot, blocks_ - 1};
@@ -204,8 +230,9 @@ class DiskLayout {
     if (t.magic != DiskTrailer::kMagic || t.self != self_check(t))
       return Status{Errc::invalid_argument, "trailer", std::int64_t(t.magic), std::int64_t(DiskTrailer::kMagic)}.hex();
     if (t.digest != digest_) return Status{Errc::invalid_argument, "digest", std::int64_t(t.digest), std::int64_t(digest_)}.hex();
-    if (t.slot != std::uint64_t(slot) || t.bytes != std::uint64_t(payload_))
+    if (t.slot != std::uint32_t(slot) || t.bytes != std::uint64_t(payload_))
       return Status{Errc::invalid_argument, "slot", std::int64_t(t.slot), slot};
+    if (t.group < -1) return Status{Errc::invalid_argument, "group", t.group, -1};  // seal() writes none
     return t;
   }
 

@@ -78,6 +78,13 @@ class GroupTiers {
       const auto n = std::size_t(x.rule.row_blocks(cache.config().max_tokens));
       x.keys.resize(n), x.where.resize(n), x.misses.resize(n + 1);
       caches_all_ = caches_all_ && x.rule.caches();
+      x.chain_owner = g;  // the first caching group of its block size hashes the prompt for every group of that size
+      for (std::int32_t o = 0; o < g && x.rule.caches(); ++o)
+        if (groups_[std::size_t(o)].rule.caches() && groups_[std::size_t(o)].rule.block_size == x.rule.block_size) {
+          x.chain_owner = o;
+          break;
+        }
+      if (x.chain_owner == g) x.chain.resize(n);
     }
     keys_.reserve(std::size_t(cache.config().num_blocks)), dst_.reserve(keys_.capacity());
     offloads_.reserve(keys_.capacity());
@@ -104,11 +111,12 @@ class GroupTiers {
     const std::int32_t align = cache_.layer_groups().hit_alignment();
     const std::int64_t cap = (len - 1) / align * align;
     if (!caches_all_ || !tiers_.has(Tier::host) || cap <= hit.device_tokens) return hit;
-    for (std::int32_t g = 0; g < cache_.groups(); ++g) {
+    for (std::int32_t g = 0; g < cache_.groups(); ++g) {  // the prompt hashed once per block size (every group caches)
       Group& x = groups_[std::size_t(g)];
-      const std::int32_t n = *cache_.hash_chain(g, prompt.first(std::size_t(cap)), key, x.keys);  // a caching group
-      for (std::int32_t j = 0; j < n; ++j) {  // each block's tier asked once: the count below reads it back
-        x.where[std::size_t(j)] = std::int8_t(where(x.keys[std::size_t(j)]));
+      if (x.chain_owner == g) x.chain_blocks = *cache_.block_chain(g, prompt.first(std::size_t(cap)), key, x.chain);
+      const Group& o = groups_[std::size_t(x.chain_owner)];
+      for (std::int32_t j = 0; j < o.chain_blocks; ++j) {  // each block's tier asked once: the count below reads it back
+        x.where[std::size_t(j)] = std::int8_t(where(group_key(o.chain[std::size_t(j)], g)));
         x.misses[std::size_t(j) + 1] = x.misses[std::size_t(j)] + (x.where[std::size_t(j)] == 0);
       }
     }
@@ -237,7 +245,10 @@ class GroupTiers {
  private:
   struct Group {
     GroupRule rule;
-    std::vector<BlockHash> keys;       // lookup(): the prompt's block names in this group
+    std::vector<BlockHash> keys;       // plan_offload(): the sequence's block names in this group
+    std::vector<BlockHash> chain;      // lookup(): the prompt's chain before any group's key (chain owners only)
+    std::int32_t chain_owner = 0;      // the first group of this block size: its chain is this group's
+    std::int32_t chain_blocks = 0;     // lookup(): hashes in chain
     std::vector<std::int8_t> where;    // lookup(): where each block is (where()'s 1 host, 2 disk, 0 neither)
     std::vector<std::int32_t> misses;  // [j]: blocks below j that no tier holds
   };

@@ -79,11 +79,21 @@ class TierPool {
   }
 
   /// Rebuilds an unused tier from what survived a restart: slots[i] holds
-  /// hashes[i] (a disk file's intact trailers), ready to be found; the other
-  /// slots are free. blocks_in_use unless the tier was never used;
-  /// invalid_argument naming a slot outside it or listed twice. Changes nothing on error.
-  Status restore(std::span<const std::int32_t> slots, std::span<const BlockHash> hashes) {
+  /// hashes[i] of layer group groups[i] (a disk file's intact trailers;
+  /// groups empty: none named), ready to be found; the other slots are free.
+  /// Their stored events name the group and its tokens: group_block_sizes[g]
+  /// when the tier's blocks have groups (a group must then be one of them),
+  /// else `block_size`. blocks_in_use unless the tier was never used;
+  /// invalid_argument naming a slot outside it or listed twice, a list of
+  /// another length, or a group outside -1 .. the last. Changes nothing on error.
+  Status restore(std::span<const std::int32_t> slots, std::span<const BlockHash> hashes, std::span<const std::int32_t> groups = {},
+                 std::span<const std::int32_t> group_block_sizes = {}, std::int32_t block_size = 0) {
     if (slots.size() != hashes.size()) return Status{Errc::invalid_argument, "hashes (one per slot)", std::int64_t(hashes.size()), std::int64_t(slots.size())};
+    if (!groups.empty() && groups.size() != slots.size())
+      return Status{Errc::invalid_argument, "groups (one per slot, or none)", std::int64_t(groups.size()), std::int64_t(slots.size())};
+    const std::int64_t last = group_block_sizes.empty() ? INT16_MAX : std::int64_t(group_block_sizes.size()) - 1;
+    for (const std::int32_t g : groups)
+      if (g < -1 || g > last) return Status{Errc::invalid_argument, "groups", g, last};
     if (pool_.num_free() != capacity() || pool_.num_published() != 0 || pool_.counters() != PoolCounters{})
       return Status{Errc::blocks_in_use, "tier (restore needs an unused one)", capacity() - pool_.num_free(), 0};
     std::vector<char> seen(std::size_t(capacity()), 0);
@@ -93,8 +103,13 @@ class TierPool {
     }
     std::vector<BlockId> all(static_cast<std::size_t>(capacity()));
     (void)pool_.allocate(all);  // every block: ids 1 .. capacity
-    for (std::size_t i = 0; i < slots.size(); ++i)
-      (void)pool_.publish(slots[i] + 1, hashes[i], {}, StoredBlock{.parent_block = PrefixIndex::kChainRoot});
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const std::int32_t g = groups.empty() ? -1 : groups[i];
+      group_[std::size_t(slots[i])] = std::int16_t(g);
+      const std::int32_t tokens = g >= 0 && std::size_t(g) < group_block_sizes.size() ? group_block_sizes[std::size_t(g)] : block_size;
+      (void)pool_.publish(slots[i] + 1, hashes[i], {},
+                          StoredBlock{.parent_block = PrefixIndex::kChainRoot, .block_size = tokens, .group = g});
+    }
     for (BlockId b = 1; b <= capacity(); ++b) (void)pool_.release(b);
     return {};
   }

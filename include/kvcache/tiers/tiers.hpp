@@ -218,12 +218,15 @@ class Tiers {
     return p ? p->drain_events(out) : 0;
   }
 
-  /// A restarted engine's disk tier: slots[i] holds hashes[i], read from the
-  /// file's intact trailers (DiskLayout::sealed_hash). Only before the disk
-  /// tier is used (TierPool::restore's errors); changes nothing on error.
-  Status restore_disk(std::span<const std::int32_t> slots, std::span<const BlockHash> hashes) {
+  /// A restarted engine's disk tier: slots[i] holds hashes[i] of layer group
+  /// groups[i], read from the file's intact trailers (DiskLayout::sealed);
+  /// groups empty names none (-1). A group names one of GroupTiers' groups
+  /// when the tiers have them. Only before the disk tier is used
+  /// (TierPool::restore's errors); changes nothing on error.
+  Status restore_disk(std::span<const std::int32_t> slots, std::span<const BlockHash> hashes,
+                      std::span<const std::int32_t> groups = {}) {
     if (!disk_) return Status{Errc::invalid_argument, "disk_blocks (no disk tier)", 0, 1};
-    return disk_->restore(slots, hashes);
+    return disk_->restore(slots, hashes, groups, group_sizes_, cfg_.block_size);
   }
 
   /// Abandons every job in flight (the engine stopped or discarded their

@@ -127,8 +127,9 @@ class WritePolicy {
       fail("counters (a power of two up to 2^26)", c.counters, 1 << 16);
     return c;
   }
-  static Offload of(const BlockPool& pool, BlockId b) noexcept {  // the parent its stored event named
-    return {b, pool.hash(b), pool.prefix_index().parent(b), -1};
+  // The parent and layer group its stored event named (a hybrid cache's blocks name their group).
+  static Offload of(const BlockPool& pool, BlockId b) noexcept {
+    return {b, pool.hash(b), pool.prefix_index().parent(b), pool.group(b)};
   }
 
   WritePolicyConfig cfg_;

@@ -5,11 +5,15 @@
 // neither recycled nor rewritten while held, and the sequence itself can be
 // freed at once. The library keeps no clock and no thread: the engine passes
 // each notification to consumed() and its clock to expire().
+//
+// The holds in flight are a sorted array (the cache's hold ids grow, so a
+// new one appends) whose room is taken at construction, from the cache's own
+// room for holds: holding and releasing allocate nothing in a running engine.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
-#include <map>
 #include <span>
 #include <vector>
 
@@ -31,6 +35,15 @@ class TransferHolds {
     std::int64_t deadline = 0;  ///< The engine's clock value past which the hold expires.
   };
 
+  /// No room taken: the first holds allocate, later ones reuse the room.
+  TransferHolds() = default;
+  /// Room for max_holds holds in flight, taken now; past it the array grows (a hold never fails for bookkeeping).
+  explicit TransferHolds(std::int32_t max_holds) { holds_.reserve(std::size_t(std::max(max_holds, 0))); }
+  /// Room for as many holds as `cache` keeps room for (its holds().room_holds()): the setting given once, to the cache.
+  template <class Cache>
+    requires requires(const Cache& c) { c.holds().room_holds(); }
+  explicit TransferHolds(const Cache& cache) : TransferHolds(cache.holds().room_holds()) {}
+
   /// Holds `blocks` of `cache` (any cache with hold / release_hold) for
   /// `consumers` readers (1 .. max_consumers) until `deadline` (the engine's
   /// clock, any unit). Returns the hold's id (the cache's), which a consumer's
@@ -40,7 +53,7 @@ class TransferHolds {
     if (consumers < 1 || consumers > max_consumers) return Status{Errc::invalid_argument, "consumers", consumers, max_consumers};
     auto id = cache.hold(blocks);
     if (!id) return id.status();
-    holds_[*id] = Entry{consumers, 0, deadline};
+    add(*id, Entry{consumers, 0, deadline});
     return *id;
   }
   /// hold() of sequence s's blocks (the cache's hold(SeqId): a token-paged
@@ -50,7 +63,7 @@ class TransferHolds {
     if (consumers < 1 || consumers > max_consumers) return Status{Errc::invalid_argument, "consumers", consumers, max_consumers};
     auto id = cache.hold(s);
     if (!id) return id.status();
-    holds_[*id] = Entry{consumers, 0, deadline};
+    add(*id, Entry{consumers, 0, deadline});
     return *id;
   }
 
@@ -60,9 +73,9 @@ class TransferHolds {
   /// out of range or one that already read.
   template <class Cache>
   Result<bool> consumed(Cache& cache, std::uint64_t id, std::int32_t consumer) noexcept {
-    const auto it = holds_.find(id);
+    const auto it = at(id);
     if (it == holds_.end()) return Status{Errc::unknown_job, "transfer hold", std::int64_t(id & INT64_MAX), 0};
-    Entry& e = it->second;
+    Entry& e = it->entry;
     if (consumer < 0 || consumer >= e.consumers) return Status{Errc::invalid_argument, "consumer", consumer, e.consumers - 1};
     const std::uint64_t bit = std::uint64_t{1} << consumer;
     if (e.read & bit) return Status{Errc::invalid_argument, "consumer (already read)", consumer, e.consumers - 1};
@@ -78,16 +91,14 @@ class TransferHolds {
   template <class Cache>
   std::int32_t expire(Cache& cache, std::int64_t now, std::span<std::uint64_t> out = {}) noexcept {
     std::int32_t n = 0;
-    for (auto it = holds_.begin(); it != holds_.end();) {
-      if (it->second.deadline > now) {
-        ++it;
-        continue;
-      }
-      (void)cache.release_hold(it->first);
-      if (std::size_t(n) < out.size()) out[std::size_t(n)] = it->first;
+    const auto kept = std::remove_if(holds_.begin(), holds_.end(), [&](const Held& h) {
+      if (h.entry.deadline > now) return false;
+      (void)cache.release_hold(h.id);
+      if (std::size_t(n) < out.size()) out[std::size_t(n)] = h.id;
       ++n;
-      it = holds_.erase(it);
-    }
+      return true;
+    });
+    holds_.erase(kept, holds_.end());
     return n;
   }
 
@@ -95,13 +106,38 @@ class TransferHolds {
   std::int32_t size() const noexcept { return std::int32_t(holds_.size()); }
   /// Hold `id`'s state, or unknown_job.
   Result<Entry> find(std::uint64_t id) const noexcept {
-    const auto it = holds_.find(id);
+    const auto it = at(id);
     if (it == holds_.end()) return Status{Errc::unknown_job, "transfer hold", std::int64_t(id & INT64_MAX), 0};
-    return it->second;
+    return it->entry;
   }
+  /// Holds there is room for without allocating.
+  std::int32_t room() const noexcept { return std::int32_t(holds_.capacity()); }
 
  private:
-  std::map<std::uint64_t, Entry> holds_;
+  struct Held {
+    std::uint64_t id = 0;
+    Entry entry;
+  };
+  // holds_ is sorted by id: binary search, and an insert at the end for a growing id.
+  template <class It>
+  static It first_not_below(It first, It last, std::uint64_t id) noexcept {
+    return std::lower_bound(first, last, id, [](const Held& h, std::uint64_t v) { return h.id < v; });
+  }
+  template <class It>
+  static It exact(It first, It last, std::uint64_t id) noexcept {
+    const It it = first_not_below(first, last, id);
+    return it != last && it->id == id ? it : last;
+  }
+  std::vector<Held>::iterator at(std::uint64_t id) noexcept { return exact(holds_.begin(), holds_.end(), id); }
+  std::vector<Held>::const_iterator at(std::uint64_t id) const noexcept { return exact(holds_.cbegin(), holds_.cend(), id); }
+  // A cache never gives an id twice; one held again (another cache's hold) replaces its entry, as a map's slot would.
+  void add(std::uint64_t id, const Entry& e) {
+    const auto it = first_not_below(holds_.begin(), holds_.end(), id);
+    if (it != holds_.end() && it->id == id) it->entry = e;
+    else holds_.insert(it, Held{id, e});
+  }
+
+  std::vector<Held> holds_;  // the holds in flight, by id
 };
 
 KVCACHE_END_NAMESPACE
