@@ -1,7 +1,8 @@
 // A randomized harness for Tiers, shared by the tiers property test (a
 // seeded generator, Catch's REQUIRE) and the fuzzer (its bytes, abort):
 // random store and load plans over chains that share prefixes, lookups,
-// completions with random failed moves in any order, and resets. Every copy
+// completions with random failed moves in any order, resets, and restarts
+// (host memory lost, the disk tier restored from the file's trailers). Every copy
 // is modelled: a plan's target blocks hold garbage from the plan on (the
 // engine writes them), a landed move gets its source's content, a failed one
 // stays garbage. A host block's bytes are its hash; a disk slot is a real
@@ -36,7 +37,7 @@ class TiersHarness {
         layout_(*kvcache::DiskLayout::make(sizeof(kvcache::BlockHash), std::max(cfg.disk_blocks, 1), 0x6a, 64)),
         disk_(std::size_t(cfg.disk_blocks), std::vector<std::byte>(std::size_t(layout_.slot_bytes()), std::byte{0xbd})),
         corrupt_(std::size_t(cfg.disk_blocks), 0) {}
-  std::int64_t landed = 0, refused = 0, rejected = 0;
+  std::int64_t landed = 0, refused = 0, rejected = 0, restarts = 0;
 
   void step() {
     using kvcache::Tier;
@@ -142,6 +143,7 @@ class TiersHarness {
         for (const kvcache::BlockMove& m : p.moves) spoil(p.job.to, m.dst);
       for (const Planned& p : jobs_) need(t_.complete(p.job.id).status().code() == kvcache::Errc::unknown_job, "a job from before a reset completed");
       jobs_.clear();
+      if (t_.has(Tier::disk) && pick(4) == 0) restart();
       return;
     }
     const std::size_t k = std::size_t(pick(std::int32_t(jobs_.size())));
@@ -163,7 +165,7 @@ class TiersHarness {
       if (p.job.to == Tier::host) host_[std::size_t(mv.dst)] = bad ? garbage() : src;  // a corrupt read lands corrupt
       if (p.job.to == Tier::disk && !bad) {  // the engine seals what it writes
         std::memcpy(disk_[std::size_t(mv.dst)].data(), &src, sizeof src);
-        need(layout_.seal(disk_[std::size_t(mv.dst)], mv.dst, want).ok(), "seal");
+        need(layout_.seal(disk_[std::size_t(mv.dst)], mv.dst, want, t_.host().group(mv.src)).ok(), "seal");
       }
       landed += !bad;
     }
@@ -185,6 +187,25 @@ class TiersHarness {
         need(t_.disk().find(p.chain[std::size_t(p.moves[m].index)]) != p.moves[m].src, "a slot that failed verification is still offered");
       }
     need(t_.complete(p.job.id).status().code() == kvcache::Errc::unknown_job, "a second complete");
+  }
+
+  // The engine restarts: host memory is lost, the disk file stays. New tiers
+  // restore the disk tier from every slot whose trailer is intact (its hash
+  // and group as sealed); step()'s checks then hold each restored block to
+  // the slot it names (a slot corrupted in its bytes since is restored, and
+  // its load must fail verification).
+  void restart() {
+    std::vector<std::int32_t> slots, groups;
+    std::vector<kvcache::BlockHash> hashes;
+    for (std::int32_t s = 0; s < std::int32_t(disk_.size()); ++s)
+      if (const auto b = layout_.sealed(disk_[std::size_t(s)], s)) slots.push_back(s), hashes.push_back(b->hash), groups.push_back(b->group);
+    kvcache::Tiers fresh(t_.config());
+    need(fresh.restore_disk(slots, hashes, groups).ok(), "restore_disk");
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      need(fresh.disk().find(hashes[i]) >= 0 && fresh.disk().group(slots[i]) == groups[i], "a restored slot is not found");
+    t_ = fresh;
+    std::fill(host_.begin(), host_.end(), garbage());
+    ++restarts;
   }
 
   Pick pick_;
