@@ -510,6 +510,7 @@ TEST_CASE("group tiers: the cache's names and their errors") {
   // One chain before the keys, shared by both groups (one block size): each group's names are its keys of it.
   std::vector<BlockHash> chain(8);
   REQUIRE(*c.block_chain(1, p, {}, chain) == 3);
+  CHECK((c.chain_owner(0) == 0 && c.chain_owner(1) == 0));  // one block size: group 0 hashes for both
   for (std::size_t j = 0; j < 3; ++j) CHECK((group_key(chain[j], 0) == out[j] && group_key(chain[j], 1) == w[j]));
   CHECK(c.block_chain(2, p, {}, chain).status().code() == Errc::invalid_argument);
   auto imp = c.import(p);

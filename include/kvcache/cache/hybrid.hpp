@@ -142,9 +142,12 @@ class HybridCache : public PoolCore<BlockPool>,
     for (std::size_t j = 0; j < std::size_t(*n); ++j) out[j] = group_key(out[j], g);
     return n;
   }
+  /// The group whose block_chain() group g shares: the first caching group
+  /// of g's block size (-1 for a group that caches nothing). A caller naming
+  /// blocks in several groups hashes once per owner.
+  std::int32_t chain_owner(std::int32_t g) const noexcept { return hits_.chain_owner(g); }
   /// hash_chain() before the group's key: the chain every group of g's
   /// block size shares (group_key(out[j], g) is group g's name of block j).
-  /// A caller naming blocks in several groups hashes once per block size.
   Result<std::int32_t> block_chain(std::int32_t g, std::span<const std::int32_t> tokens, const PrefixKey& key,
                                    std::span<BlockHash> out) const noexcept {
     if (g < 0 || g >= groups()) return Status{Errc::invalid_argument, "group", g, groups() - 1};

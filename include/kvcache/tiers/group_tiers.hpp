@@ -78,12 +78,7 @@ class GroupTiers {
       const auto n = std::size_t(x.rule.row_blocks(cache.config().max_tokens));
       x.keys.resize(n), x.where.resize(n), x.misses.resize(n + 1);
       caches_all_ = caches_all_ && x.rule.caches();
-      x.chain_owner = g;  // the first caching group of its block size hashes the prompt for every group of that size
-      for (std::int32_t o = 0; o < g && x.rule.caches(); ++o)
-        if (groups_[std::size_t(o)].rule.caches() && groups_[std::size_t(o)].rule.block_size == x.rule.block_size) {
-          x.chain_owner = o;
-          break;
-        }
+      x.chain_owner = cache.chain_owner(g);  // it hashes the prompt for every group of its block size
       if (x.chain_owner == g) x.chain.resize(n);
     }
     keys_.reserve(std::size_t(cache.config().num_blocks)), dst_.reserve(keys_.capacity());
@@ -247,7 +242,7 @@ class GroupTiers {
     GroupRule rule;
     std::vector<BlockHash> keys;       // plan_offload(): the sequence's block names in this group
     std::vector<BlockHash> chain;      // lookup(): the prompt's chain before any group's key (chain owners only)
-    std::int32_t chain_owner = 0;      // the first group of this block size: its chain is this group's
+    std::int32_t chain_owner = -1;     // the group whose chain is this group's (HybridCache::chain_owner)
     std::int32_t chain_blocks = 0;     // lookup(): hashes in chain
     std::vector<std::int8_t> where;    // lookup(): where each block is (where()'s 1 host, 2 disk, 0 neither)
     std::vector<std::int32_t> misses;  // [j]: blocks below j that no tier holds

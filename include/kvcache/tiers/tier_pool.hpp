@@ -32,7 +32,7 @@ class TierPool {
   /// event_capacity > 0 keeps stored/removed events naming the medium.
   /// ConfigError when num_blocks < 1.
   TierPool(Medium medium, std::int32_t num_blocks, std::int32_t event_capacity = 0)
-      : pool_(checked(num_blocks) + 1, event_capacity, 0, medium), filling_(num_blocks), group_(std::size_t(num_blocks), -1),
+      : pool_(checked(num_blocks) + 1, event_capacity, 0, medium), filling_(num_blocks),
         medium_(medium) {}
 
   Medium medium() const noexcept { return medium_; }  ///< The tier's medium.
@@ -57,8 +57,8 @@ class TierPool {
   bool filling(const BlockHash& h) const noexcept { return filling_.find(h) >= 0; }
   /// Slot s's hash (meaningful when find() returned s).
   const BlockHash& hash(std::int32_t s) const noexcept { return pool_.hash(s + 1); }
-  /// The layer group of the block slot s holds (-1: none named; a restored block): what its events name.
-  std::int32_t group(std::int32_t s) const noexcept { return group_[std::size_t(s)]; }
+  /// The layer group of the block slot s holds (-1: none named): what its events name (the pool keeps it).
+  std::int32_t group(std::int32_t s) const noexcept { return pool_.group(s + 1); }
 
   /// Moves up to out.size() pending events into out (block = the slot + 1: the pool's id), oldest first.
   std::int32_t drain_events(std::span<BlockEvent> out) noexcept { return pool_.drain_events(out); }
@@ -75,7 +75,7 @@ class TierPool {
     return st;
   }
   friend bool operator==(const TierPool& a, const TierPool& b) {
-    return a.pool_ == b.pool_ && a.filling_ == b.filling_ && a.group_ == b.group_ && a.medium_ == b.medium_;
+    return a.pool_ == b.pool_ && a.filling_ == b.filling_ && a.medium_ == b.medium_;
   }
 
   /// Rebuilds an unused tier from what survived a restart: slots[i] holds
@@ -105,7 +105,6 @@ class TierPool {
     (void)pool_.allocate(all);  // every block: ids 1 .. capacity
     for (std::size_t i = 0; i < slots.size(); ++i) {
       const std::int32_t g = groups.empty() ? -1 : groups[i];
-      group_[std::size_t(slots[i])] = std::int16_t(g);
       const std::int32_t tokens = g >= 0 && std::size_t(g) < group_block_sizes.size() ? group_block_sizes[std::size_t(g)] : block_size;
       (void)pool_.publish(slots[i] + 1, hashes[i], {},
                           StoredBlock{.parent_block = PrefixIndex::kChainRoot, .block_size = tokens, .group = g});
@@ -129,7 +128,6 @@ class TierPool {
   void commit_store(std::int32_t s, const BlockHash& h, const BlockHash& parent, std::int32_t group = -1,
                     std::int32_t block_size = 0) noexcept {
     filling_.erase(h);
-    group_[std::size_t(s)] = std::int16_t(group);
     (void)pool_.publish(s + 1, h, parent,
                         StoredBlock{.parent_block = PrefixIndex::kChainRoot, .block_size = block_size, .group = group});
     (void)pool_.release(s + 1);
@@ -158,7 +156,6 @@ class TierPool {
   }
   BlockPool pool_;
   HashIndex filling_;  // stores in flight, by hash: sized once, no allocation per store
-  std::vector<std::int16_t> group_;  // [slot]: the layer group of the block it holds (its events name it)
   Medium medium_;
 };
 

@@ -73,7 +73,7 @@ class TransferHolds {
   /// out of range or one that already read.
   template <class Cache>
   Result<bool> consumed(Cache& cache, std::uint64_t id, std::int32_t consumer) noexcept {
-    const auto it = at(id);
+    const auto it = at(holds_, id);
     if (it == holds_.end()) return Status{Errc::unknown_job, "transfer hold", std::int64_t(id & INT64_MAX), 0};
     Entry& e = it->entry;
     if (consumer < 0 || consumer >= e.consumers) return Status{Errc::invalid_argument, "consumer", consumer, e.consumers - 1};
@@ -91,14 +91,17 @@ class TransferHolds {
   template <class Cache>
   std::int32_t expire(Cache& cache, std::int64_t now, std::span<std::uint64_t> out = {}) noexcept {
     std::int32_t n = 0;
-    const auto kept = std::remove_if(holds_.begin(), holds_.end(), [&](const Held& h) {
-      if (h.entry.deadline > now) return false;
+    std::size_t kept = 0;  // the holds still in flight close up, in id order
+    for (const Held& h : holds_) {
+      if (h.entry.deadline > now) {
+        holds_[kept++] = h;
+        continue;
+      }
       (void)cache.release_hold(h.id);
       if (std::size_t(n) < out.size()) out[std::size_t(n)] = h.id;
       ++n;
-      return true;
-    });
-    holds_.erase(kept, holds_.end());
+    }
+    holds_.resize(kept);
     return n;
   }
 
@@ -106,7 +109,7 @@ class TransferHolds {
   std::int32_t size() const noexcept { return std::int32_t(holds_.size()); }
   /// Hold `id`'s state, or unknown_job.
   Result<Entry> find(std::uint64_t id) const noexcept {
-    const auto it = at(id);
+    const auto it = at(holds_, id);
     if (it == holds_.end()) return Status{Errc::unknown_job, "transfer hold", std::int64_t(id & INT64_MAX), 0};
     return it->entry;
   }
@@ -118,21 +121,16 @@ class TransferHolds {
     std::uint64_t id = 0;
     Entry entry;
   };
-  // holds_ is sorted by id: binary search, and an insert at the end for a growing id.
-  template <class It>
-  static It first_not_below(It first, It last, std::uint64_t id) noexcept {
-    return std::lower_bound(first, last, id, [](const Held& h, std::uint64_t v) { return h.id < v; });
+  // holds_ is sorted by id: a binary search, and an insert at the end for a growing id.
+  static bool before(const Held& h, std::uint64_t id) noexcept { return h.id < id; }
+  template <class Holds>  // the array, or the const one
+  static auto at(Holds& holds, std::uint64_t id) noexcept -> decltype(holds.begin()) {
+    const auto it = std::lower_bound(holds.begin(), holds.end(), id, before);
+    return it != holds.end() && it->id == id ? it : holds.end();
   }
-  template <class It>
-  static It exact(It first, It last, std::uint64_t id) noexcept {
-    const It it = first_not_below(first, last, id);
-    return it != last && it->id == id ? it : last;
-  }
-  std::vector<Held>::iterator at(std::uint64_t id) noexcept { return exact(holds_.begin(), holds_.end(), id); }
-  std::vector<Held>::const_iterator at(std::uint64_t id) const noexcept { return exact(holds_.cbegin(), holds_.cend(), id); }
   // A cache never gives an id twice; one held again (another cache's hold) replaces its entry, as a map's slot would.
   void add(std::uint64_t id, const Entry& e) {
-    const auto it = first_not_below(holds_.begin(), holds_.end(), id);
+    const auto it = std::lower_bound(holds_.begin(), holds_.end(), id, before);
     if (it != holds_.end() && it->id == id) it->entry = e;
     else holds_.insert(it, Held{id, e});
   }
