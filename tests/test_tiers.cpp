@@ -385,6 +385,100 @@ TEST_CASE("tiers: a disk tier needs a host tier, and a disk load completes only 
   CHECK(*t.complete(dev->id) == 1);
 }
 
+TEST_CASE("tier pool: one index for filling and ready blocks, the least recently used recycled first") {
+  TierPool p(Medium::cpu, 3, 16);
+  const auto c = chain(9, 5);
+  const std::int32_t a = p.begin_store(c[0]);
+  CHECK(p.begin_store(c[0]) == -1);  // already filling: a second store takes nothing
+  CHECK(p.state_of(c[0]) == -1);
+  CHECK(p.filling(c[0]));
+  CHECK(p.find(c[0]) == -1);  // invisible while filling
+  CHECK(p.state_of(c[1]) == -2);
+  const std::int32_t b = p.begin_store(c[1]), d = p.begin_store(c[2]);
+  CHECK(p.num_free() == 0);
+  CHECK(p.num_filling() == 3);
+  CHECK(p.holders(b) == 1);
+  REQUIRE(p.check().ok());
+  p.commit_store(a, c[0], {}, 1, 8);
+  p.commit_store(d, c[2], c[1], -1, 4);
+  p.abort_store(b, c[1]);  // free again, never visible, and taken before any ready block
+  CHECK(p.state_of(c[0]) == a);
+  CHECK(p.find(c[2]) == d);
+  CHECK(p.find(c[1]) == -1);
+  CHECK_FALSE(p.filling(c[1]));
+  CHECK(p.num_free() == 3);
+  CHECK(p.num_ready() == 2);
+  CHECK(p.num_published() == 2);
+  CHECK(p.group(a) == 1);
+  CHECK(p.begin_store(c[0]) == -1);  // ready: nothing taken
+  CHECK(p.begin_store(c[3]) == b);   // the plain block first
+  const std::int32_t touched[] = {a};
+  p.touch(touched);                  // a is now the most recent: d goes first
+  CHECK(p.begin_store(c[4]) == d);
+  CHECK(p.find(c[2]) == -1);         // recycled: its hash left the tier
+  CHECK(p.num_ready() == 1);
+  p.pin(a);
+  CHECK(p.num_free() == 0);
+  CHECK(p.num_ready() == 0);
+  p.forget(a);                       // read back wrong: dropped, still pinned
+  CHECK(p.find(c[0]) == -1);
+  CHECK(p.num_published() == 0);
+  p.unpin(a);
+  CHECK(p.num_free() == 1);
+  CHECK(p.num_ready() == 0);
+  REQUIRE(p.check().ok());
+  BlockEvent ev[8];
+  REQUIRE(p.drain_events(ev) == 4);
+  CHECK((ev[0].kind == EventKind::stored && ev[0].block == a + 1 && ev[0].hash == c[0] && ev[0].group == 1 && ev[0].block_size == 8));
+  CHECK((ev[0].medium == Medium::cpu && ev[0].first));
+  CHECK((ev[1].kind == EventKind::stored && ev[1].hash == c[2] && ev[1].parent == c[1] && ev[1].group == -1 && ev[1].block_size == 4));
+  CHECK((ev[2].kind == EventKind::removed && ev[2].block == d + 1 && ev[2].hash == c[2]));
+  CHECK((ev[3].kind == EventKind::removed && ev[3].block == a + 1 && ev[3].hash == c[0] && ev[3].group == 1));
+  // A tier of one block: each store recycles the last (its hash is indexed
+  // before the recycled one leaves: the index has room for both).
+  TierPool one(Medium::cpu, 1);
+  for (std::int32_t i = 0; i < 5; ++i) {
+    REQUIRE(one.begin_store(c[std::size_t(i)]) == 0);
+    one.commit_store(0, c[std::size_t(i)], {});
+    CHECK(one.find(c[std::size_t(i)]) == 0);
+    CHECK((i == 0 || one.find(c[std::size_t(i - 1)]) == -1));
+    REQUIRE(one.check().ok());
+  }
+}
+
+TEST_CASE("tier pool: a restore keeps a hash listed twice in its first slot, and queues the rest free first") {
+  TierPool r(Medium::disk, 4, 8);
+  const auto c = chain(4, 3);
+  const std::int32_t slots[] = {2, 0, 3};
+  const BlockHash hashes[] = {c[0], c[1], c[0]};
+  const std::int32_t groups[] = {0, 1, 1}, sizes[] = {16, 32};
+  const TierPool before = r;
+  CHECK(r.restore(slots, hashes, groups, std::span(sizes, 1)) == Status{Errc::invalid_argument, "groups", 1, 0});
+  CHECK(r == before);
+  REQUIRE(r.restore(slots, hashes, groups, sizes).ok());
+  CHECK(r.find(c[0]) == 2);
+  CHECK(r.find(c[1]) == 0);
+  CHECK(r.num_ready() == 2);
+  CHECK(r.num_published() == 2);
+  CHECK(r.group(0) == 1);
+  REQUIRE(r.check().ok());
+  BlockEvent ev[8];
+  REQUIRE(r.drain_events(ev) == 2);
+  CHECK((ev[0].hash == c[0] && ev[0].block == 3 && ev[0].block_size == 16 && ev[0].medium == Medium::disk));
+  CHECK((ev[1].hash == c[1] && ev[1].group == 1 && ev[1].block_size == 32));
+  const TierPool restored = r;
+  CHECK(r.restore(slots, hashes).code() == Errc::blocks_in_use);
+  CHECK(r == restored);
+  // Free slots first (1, then 3: the duplicate's), then the ready ones by slot.
+  CHECK(r.begin_store(c[2]) == 1);
+  CHECK(r.begin_store({77, 77}) == 3);
+  CHECK(r.begin_store({78, 78}) == 0);
+  CHECK(r.find(c[1]) == -1);
+  CHECK(r.begin_store({79, 79}) == 2);
+  CHECK(r.num_free() == 0);
+  REQUIRE(r.check().ok());
+}
+
 // Random plans, lookups, completions with failed moves, resets and restarts
 // over two tiers, every copy modelled (tests/tiers_harness.hpp, shared with fuzz_tiers).
 TEST_CASE("tiers property: every hash a tier serves points at a block holding exactly it") {

@@ -139,7 +139,7 @@ class Tiers {
     TierPool& src_tier = *tier(from);
     scratch_.clear();
     for (const BlockHash& h : chain) {
-      const bool staged = to == Tier::host && (host_->find(h) >= 0 || host_->filling(h));  // no read: skipped below
+      const bool staged = to == Tier::host && host_->state_of(h) != -2;  // held or filling: no read, skipped below
       const std::int32_t s = staged ? -1 : src_tier.find(h);
       if (s < 0 && !staged) break;
       scratch_.push_back(s);
@@ -153,9 +153,7 @@ class Tiers {
     for (std::size_t i = 0; i < found.size(); ++i) {
       src_tier.pin(scratch_[i]);
       j.moves.push_back({scratch_[i], dst[i], std::int32_t(i)});
-      j.hashes.push_back(found[i]);
-      j.parents.push_back(i == 0 ? parent : found[i - 1]);
-      j.groups.push_back(src_tier.group(scratch_[i]));
+      j.blocks.push_back({found[i], i == 0 ? parent : found[i - 1], src_tier.group(scratch_[i])});
     }
     return view(j);
   }
@@ -204,7 +202,7 @@ class Tiers {
     for (std::size_t i = 0; i < job.moves.size(); ++i) {
       if (bad_[i]) continue;
       const LandedSlot x = landed(job.moves[i]);
-      bad_[i] = !layout.verify(x.payload, x.tail, job.moves[i].src, job.hashes[i]).ok();
+      bad_[i] = !layout.verify(x.payload, x.tail, job.moves[i].src, job.blocks[i].hash).ok();
     }
     return finish(*j);
   }
@@ -235,7 +233,7 @@ class Tiers {
   void reset() noexcept {
     jobs_.for_each([&](std::uint32_t, const Job& j) {
       if (TierPool* t = tier(j.to))
-        for (std::size_t i = 0; i < j.moves.size(); ++i) t->abort_store(j.moves[i].dst, j.hashes[i]);
+        for (std::size_t i = 0; i < j.moves.size(); ++i) t->abort_store(j.moves[i].dst, j.blocks[i].hash);
       release_sources(j);
     });
     jobs_.clear();
@@ -289,12 +287,16 @@ class Tiers {
     return plan_into(*tier(to), from, to, chain.first(n), src.first(n), parent, parents.first(std::min(n, parents.size())),
                      groups.first(std::min(n, groups.size())));
   }
+  struct Moved {
+    BlockHash hash, parent;
+    std::int32_t group = -1;  // the layer group (-1: none)
+    friend bool operator==(const Moved&, const Moved&) = default;
+  };
   struct Job {
     std::uint64_t id = 0;
     Tier from = Tier::device, to = Tier::host;
     std::vector<BlockMove> moves;
-    std::vector<BlockHash> hashes, parents;  // of each move's block
-    std::vector<std::int32_t> groups;        // each move's layer group (-1: none), for the target's events
+    std::vector<Moved> blocks;  // of each move, what the target's events name
     std::vector<std::int32_t> pins;  // target blocks a staging load skipped, pinned until it completes
     std::int32_t skipped = 0;
     friend bool operator==(const Job&, const Job&) = default;
@@ -327,7 +329,7 @@ class Tiers {
     const std::uint32_t serial = jobs_.add();
     Job& j = *jobs_.find(serial);
     j.id = (std::uint64_t(epoch_) << 32) | serial, j.from = from, j.to = to, j.skipped = 0;
-    j.moves.clear(), j.hashes.clear(), j.parents.clear(), j.groups.clear(), j.pins.clear();
+    j.moves.clear(), j.blocks.clear(), j.pins.clear();
     return j;
   }
   static TierJob view(const Job& j) noexcept { return TierJob{j.id, j.from, j.to, j.moves, j.skipped}; }
@@ -345,13 +347,13 @@ class Tiers {
                             std::span<const std::int32_t> groups, bool keep_pins = false) {
     // The blocks t already holds are pinned while the rest are allocated, so
     // the allocation cannot recycle a block this plan counts on.
-    held_.clear(), state_.clear();
+    held_.clear(), state_.resize(chain.size());
     std::int32_t need = 0;  // a hash twice in the chain counts twice here and is stored once below
-    for (const BlockHash& h : chain) {
-      std::int32_t s = t.find(h);  // each block's state, looked up once: its slot, or filling (-1), or new (-2)
+    for (std::size_t i = 0; i < chain.size(); ++i) {
+      const std::int32_t s = t.state_of(chain[i]);  // each block's state, looked up once: its slot, or filling (-1), or new (-2)
       if (s >= 0) held_.push_back(s);
-      else s = t.filling(h) ? -1 : -2, need += s == -2;
-      state_.push_back(s);
+      need += s == -2;
+      state_[i] = s;
     }
     scratch_.assign(held_.begin(), held_.end());
     std::sort(scratch_.begin(), scratch_.end());
@@ -364,12 +366,13 @@ class Tiers {
     TierPool* s_tier = tier(from);
     for (std::size_t i = 0; i < chain.size(); ++i) {
       const BlockHash& h = chain[i];
-      if (state_[i] != -2 || t.filling(h)) continue;  // held, filling, or new but listed before in this chain
+      if (state_[i] != -2) continue;  // held or filling
+      const std::int32_t dst = t.begin_store(h);
+      if (dst < 0) continue;  // new, but listed before in this chain
       if (s_tier) s_tier->pin(src[i]);
-      j.moves.push_back({src[i], t.begin_store(h), std::int32_t(i)});
-      j.hashes.push_back(h);
-      j.parents.push_back(!parents.empty() ? parents[i] : i == 0 ? parent : chain[i - 1]);
-      j.groups.push_back(!groups.empty() ? groups[i] : s_tier ? s_tier->group(src[i]) : -1);
+      j.moves.push_back({src[i], dst, std::int32_t(i)});
+      j.blocks.push_back({h, !parents.empty() ? parents[i] : i == 0 ? parent : chain[i - 1],
+                          !groups.empty() ? groups[i] : s_tier ? s_tier->group(src[i]) : -1});
     }
     j.skipped = std::int32_t(chain.size() - j.moves.size());
     if (keep_pins) j.pins.assign(held_.begin(), held_.end());
@@ -409,9 +412,9 @@ class Tiers {
     if (TierPool* t = tier(j.to))
       for (std::int32_t i = n - 1; i >= 0; --i) {  // the chain's head ends most recent in the LRU
         const BlockMove& m = j.moves[std::size_t(i)];
-        if (bad_[std::size_t(i)]) t->abort_store(m.dst, j.hashes[std::size_t(i)]);
-        else t->commit_store(m.dst, j.hashes[std::size_t(i)], j.parents[std::size_t(i)], j.groups[std::size_t(i)],
-                             block_size_of(j.groups[std::size_t(i)]));
+        const Moved& b = j.blocks[std::size_t(i)];
+        if (bad_[std::size_t(i)]) t->abort_store(m.dst, b.hash);
+        else t->commit_store(m.dst, b.hash, b.parent, b.group, block_size_of(b.group));
       }
     // A block that could not be read back intact is not offered again.
     if (TierPool* s = tier(j.from); s && (j.to == Tier::device || j.from == Tier::disk))
