@@ -28,9 +28,9 @@
 #include "kvcache/core/block_hash.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/core/events.hpp"
-#include "kvcache/core/job_table.hpp"
 #include "kvcache/status.hpp"
 #include "kvcache/tiers/disk_layout.hpp"
+#include "kvcache/tiers/tier_jobs.hpp"
 #include "kvcache/tiers/tier_plan.hpp"
 #include "kvcache/tiers/tier_pool.hpp"
 #include "kvcache/tiers/write_policy.hpp"
@@ -56,8 +56,8 @@ class Tiers {
   const TierPool& host() const { return host_.value(); }
   /// The disk tier's blocks; std::bad_optional_access when there is none (has(Tier::disk) false).
   const TierPool& disk() const { return disk_.value(); }
-  std::int32_t jobs_in_flight() const noexcept { return std::int32_t(jobs_.size()); }  ///< Jobs planned, not completed.
-  std::uint32_t epoch() const noexcept { return epoch_; }  ///< Resets so far.
+  std::int32_t jobs_in_flight() const noexcept { return jobs_.size(); }  ///< Jobs planned, not completed.
+  std::uint32_t epoch() const noexcept { return jobs_.epoch(); }  ///< Resets so far.
 
   /// How far `chain` (the hashes of a prompt's full blocks, in order) is
   /// cached: `device_blocks` leading blocks the device cache holds (its
@@ -135,7 +135,7 @@ class Tiers {
     if (!has(to)) return Status{Errc::invalid_argument, "to (no such tier)", std::int64_t(to), 0};
     if (to == Tier::device && dst.size() != chain.size())
       return Status{Errc::invalid_argument, "dst (one device block per chain block)", std::int64_t(dst.size()), std::int64_t(chain.size())};
-    if (auto st = room_for_job(); !st) return st;
+    if (auto st = jobs_.room(); !st) return st;
     TierPool& src_tier = *tier(from);
     scratch_.clear();
     for (const BlockHash& h : chain) {
@@ -149,13 +149,13 @@ class Tiers {
       const std::vector<std::int32_t> src(scratch_.begin(), scratch_.end());
       return plan_into(*host_, from, to, found, src, parent, {}, {}, true);
     }
-    Job& j = new_job(from, to);
+    Job& j = jobs_.add(from, to);
     for (std::size_t i = 0; i < found.size(); ++i) {
       src_tier.pin(scratch_[i]);
       j.moves.push_back({scratch_[i], dst[i], std::int32_t(i)});
       j.blocks.push_back({found[i], i == 0 ? parent : found[i - 1], src_tier.group(scratch_[i])});
     }
-    return view(j);
+    return TierJobs::view(j);
   }
 
   /// The engine ran job `id`: every move but those at the indices in `failed`
@@ -171,7 +171,7 @@ class Tiers {
   /// A disk load (disk to host) completes through complete_disk_load():
   /// invalid_argument naming the job here.
   Result<std::int32_t> complete(std::uint64_t id, std::span<const std::int32_t> failed = {}) {
-    auto j = failed_moves(id, failed);
+    auto j = jobs_.completing(id, failed);
     if (!j) return j.status();
     if ((*j)->from == Tier::disk)
       return Status{Errc::invalid_argument, "job (a disk load: complete_disk_load checks its slots)", std::int64_t(id & 0xffffffffu), 0};
@@ -192,7 +192,7 @@ class Tiers {
     requires std::is_invocable_r_v<LandedSlot, Landed&, const BlockMove&>
   Result<std::int32_t> complete_disk_load(std::uint64_t id, const DiskLayout& layout, Landed&& landed,
                                           std::span<const std::int32_t> failed = {}) {
-    auto j = failed_moves(id, failed);
+    auto j = jobs_.completing(id, failed);
     if (!j) return j.status();
     Job& job = **j;
     if (job.from != Tier::disk)
@@ -200,9 +200,9 @@ class Tiers {
     if (layout.num_blocks() < disk_->capacity())
       return Status{Errc::invalid_argument, "layout.num_blocks (the disk tier's slots)", layout.num_blocks(), disk_->capacity()};
     for (std::size_t i = 0; i < job.moves.size(); ++i) {
-      if (bad_[i]) continue;
+      if (jobs_.failed(i)) continue;
       const LandedSlot x = landed(job.moves[i]);
-      bad_[i] = !layout.verify(x.payload, x.tail, job.moves[i].src, job.blocks[i].hash).ok();
+      if (!layout.verify(x.payload, x.tail, job.moves[i].src, job.blocks[i].hash).ok()) jobs_.fail(i);
     }
     return finish(*j);
   }
@@ -231,13 +231,12 @@ class Tiers {
   /// copies): blocks being filled go back free and unseen, pins are dropped,
   /// and their later completions are unknown_job.
   void reset() noexcept {
-    jobs_.for_each([&](std::uint32_t, const Job& j) {
+    jobs_.for_each([&](const Job& j) {
       if (TierPool* t = tier(j.to))
         for (std::size_t i = 0; i < j.moves.size(); ++i) t->abort_store(j.moves[i].dst, j.blocks[i].hash);
       release_sources(j);
     });
     jobs_.clear();
-    ++epoch_;
   }
 
   /// Every tier's invariants, and every pin and fill accounted for by exactly one job.
@@ -248,7 +247,7 @@ class Tiers {
       if (auto st = p->check(); !st) return st;
       std::vector<std::int32_t> holds(std::size_t(p->capacity()), 0);
       std::int32_t fills = 0;
-      jobs_.for_each([&](std::uint32_t, const Job& j) {
+      jobs_.for_each([&](const Job& j) {
         for (const BlockMove& m : j.moves) {
           if (j.from == t) ++holds[std::size_t(m.src)];
           if (j.to == t) ++holds[std::size_t(m.dst)], ++fills;
@@ -266,10 +265,12 @@ class Tiers {
   /// Equal state: tiers, jobs, epoch (what error paths are tested against).
   friend bool operator==(const Tiers& a, const Tiers& b) {
     const auto same = [](const std::optional<TierPool>& x, const std::optional<TierPool>& y) { return x.has_value() == y.has_value() && (!x || *x == *y); };
-    return same(a.host_, b.host_) && same(a.disk_, b.disk_) && a.jobs_ == b.jobs_ && a.epoch_ == b.epoch_;
+    return same(a.host_, b.host_) && same(a.disk_, b.disk_) && a.jobs_ == b.jobs_;
   }
 
  private:
+  using Job = TierJobs::Job;
+
   // plan_store(): each block's parent is parents[i], or (none given) the
   // chain's previous hash; its group groups[i], or (none given) the source tier's record.
   Result<TierJob> store(Tier from, Tier to, std::span<const BlockHash> chain, std::span<const std::int32_t> src,
@@ -279,7 +280,7 @@ class Tiers {
     if (!has(from)) return Status{Errc::invalid_argument, "from (no such tier)", std::int64_t(from), 0};
     if (!has(to)) return Status{Errc::invalid_argument, "to (no such tier)", std::int64_t(to), 0};
     if (src.size() != chain.size()) return Status{Errc::invalid_argument, "src (one per chain block)", std::int64_t(src.size()), std::int64_t(chain.size())};
-    if (auto st = room_for_job(); !st) return st;
+    if (auto st = jobs_.room(); !st) return st;
     std::size_t n = chain.size();
     if (from == Tier::host)  // sources must still hold their hashes
       for (std::size_t i = 0; i < n; ++i)
@@ -287,20 +288,6 @@ class Tiers {
     return plan_into(*tier(to), from, to, chain.first(n), src.first(n), parent, parents.first(std::min(n, parents.size())),
                      groups.first(std::min(n, groups.size())));
   }
-  struct Moved {
-    BlockHash hash, parent;
-    std::int32_t group = -1;  // the layer group (-1: none)
-    friend bool operator==(const Moved&, const Moved&) = default;
-  };
-  struct Job {
-    std::uint64_t id = 0;
-    Tier from = Tier::device, to = Tier::host;
-    std::vector<BlockMove> moves;
-    std::vector<Moved> blocks;  // of each move, what the target's events name
-    std::vector<std::int32_t> pins;  // target blocks a staging load skipped, pinned until it completes
-    std::int32_t skipped = 0;
-    friend bool operator==(const Job&, const Job&) = default;
-  };
   static const TiersConfig& checked(const TiersConfig& c) {
     const auto fail = [](const char* what, std::int64_t v, std::int64_t lim) {
       throw ConfigError("kvcache::Tiers", Status{Errc::invalid_argument, what, v, lim});
@@ -320,19 +307,6 @@ class Tiers {
   const TierPool* tier(Tier t) const noexcept {
     return t == Tier::host && host_ ? &*host_ : t == Tier::disk && disk_ ? &*disk_ : nullptr;
   }
-  Status room_for_job() const noexcept {
-    if (jobs_.full()) return Status{Errc::capacity_exceeded, "max_jobs", cfg_.max_jobs, cfg_.max_jobs};
-    return {};
-  }
-  // A job in a free slot (room_for_job() checked), its lists emptied with their capacity kept.
-  Job& new_job(Tier from, Tier to) {
-    const std::uint32_t serial = jobs_.add();
-    Job& j = *jobs_.find(serial);
-    j.id = (std::uint64_t(epoch_) << 32) | serial, j.from = from, j.to = to, j.skipped = 0;
-    j.moves.clear(), j.blocks.clear(), j.pins.clear();
-    return j;
-  }
-  static TierJob view(const Job& j) noexcept { return TierJob{j.id, j.from, j.to, j.moves, j.skipped}; }
   std::int32_t block_size_of(std::int32_t group) const noexcept {
     return group >= 0 && std::size_t(group) < group_sizes_.size() ? group_sizes_[std::size_t(group)] : cfg_.block_size;
   }
@@ -362,7 +336,7 @@ class Tiers {
       room -= (i == 0 || scratch_[i] != scratch_[i - 1]) && t.holders(scratch_[i]) == 0;
     if (need > room) return Status{Errc::out_of_blocks, "n_blocks", need, room};
     for (const std::int32_t s : held_) t.pin(s);
-    Job& j = new_job(from, to);
+    Job& j = jobs_.add(from, to);
     TierPool* s_tier = tier(from);
     for (std::size_t i = 0; i < chain.size(); ++i) {
       const BlockHash& h = chain[i];
@@ -378,7 +352,7 @@ class Tiers {
     if (keep_pins) j.pins.assign(held_.begin(), held_.end());
     else
       for (auto it = held_.rbegin(); it != held_.rend(); ++it) t.unpin(*it);  // the chain's head ends most recent
-    return view(j);
+    return TierJobs::view(j);
   }
   void release_sources(const Job& j) noexcept {
     if (TierPool* s = tier(j.from))
@@ -386,52 +360,35 @@ class Tiers {
     if (TierPool* t = tier(j.to))
       for (auto it = j.pins.rbegin(); it != j.pins.rend(); ++it) t->unpin(*it);
   }
-  // complete()'s and complete_disk_load()'s checks: the job in flight, and
-  // bad_[i] set for each failed move (a valid index, each at most once).
-  Result<Job*> failed_moves(std::uint64_t id, std::span<const std::int32_t> failed) {
-    Job* it = std::uint32_t(id >> 32) == epoch_ ? jobs_.find(std::uint32_t(id)) : nullptr;
-    if (it == nullptr) return Status{Errc::unknown_job, "job", std::int64_t(id & 0xffffffffu), epoch_};
-    const auto n = std::int32_t(it->moves.size());
-    bad_.assign(std::size_t(n), 0);
-    for (const std::int32_t f : failed) {
-      if (n == 0) return Status{Errc::invalid_argument, "failed (the job has no moves)", f, 0};
-      if (f < 0 || f >= n) return Status{Errc::invalid_argument, "failed (a move index)", f, n - 1};
-      if (bad_[std::size_t(f)]) return Status{Errc::invalid_argument, "failed (an index listed twice)", f, n - 1};
-      bad_[std::size_t(f)] = 1;
-    }
-    return it;
-  }
-  // The job's moves landed but those bad_ marks: stored blocks are published
+  // The job's moves landed but those marked failed: stored blocks are published
   // (failed ones go back free), a load's failed sources are dropped from
   // their tier, pins end. Returns the leading moves that landed.
   std::int32_t finish(Job* it) {
     Job& j = *it;
     const auto n = std::int32_t(j.moves.size());
     std::int32_t lead = 0;
-    while (lead < n && !bad_[std::size_t(lead)]) ++lead;
+    while (lead < n && !jobs_.failed(std::size_t(lead))) ++lead;
     if (TierPool* t = tier(j.to))
       for (std::int32_t i = n - 1; i >= 0; --i) {  // the chain's head ends most recent in the LRU
         const BlockMove& m = j.moves[std::size_t(i)];
-        const Moved& b = j.blocks[std::size_t(i)];
-        if (bad_[std::size_t(i)]) t->abort_store(m.dst, b.hash);
+        const TierJobs::Moved& b = j.blocks[std::size_t(i)];
+        if (jobs_.failed(std::size_t(i))) t->abort_store(m.dst, b.hash);
         else t->commit_store(m.dst, b.hash, b.parent, b.group, block_size_of(b.group));
       }
     // A block that could not be read back intact is not offered again.
     if (TierPool* s = tier(j.from); s && (j.to == Tier::device || j.from == Tier::disk))
       for (std::int32_t i = 0; i < n; ++i)
-        if (bad_[std::size_t(i)]) s->forget(j.moves[std::size_t(i)].src);
+        if (jobs_.failed(std::size_t(i))) s->forget(j.moves[std::size_t(i)].src);
     release_sources(j);
-    jobs_.remove(std::uint32_t(j.id));
+    jobs_.remove(j);
     return lead;
   }
 
   TiersConfig cfg_;
   std::optional<TierPool> host_, disk_;
-  JobTable<Job> jobs_;  // the jobs in flight: max_jobs slots, ids never given twice
-  std::uint32_t epoch_ = 0;
+  TierJobs jobs_;  // the jobs in flight
   std::vector<std::int32_t> scratch_, held_, state_, off_src_, off_group_;
   std::vector<std::int32_t> group_sizes_;  // tokens of a block of each layer group (GroupTiers)
-  std::vector<char> bad_;  // complete()'s failed moves (scratch)
   std::vector<BlockHash> off_hash_, off_parent_;
 };
 
