@@ -457,8 +457,12 @@ class Engine:
         self.max_blocks_per_stream = c["context"] // cfg.block_size + 2
         self.quest = None
         if cfg.quest_budget:
-            if cfg.kv_format != "f32" or cfg.layer_streams:
-                raise ValueError(f"quest_budget {cfg.quest_budget}: Quest reads its bounds from an f32 pool of one "
+            # Bounds fold the keys as the pool holds them (page_bounds_update dequantizes a quantized pool's),
+            # so a quantized format ranks its pages by the keys attention reads. A per-channel format keeps its
+            # open block's keys outside the pool (ChannelResidual): their bounds would miss them.
+            channel = kv.Scales.channel in (fmt.k.scales, fmt.v.scales)
+            if channel or cfg.layer_streams:
+                raise ValueError(f"quest_budget {cfg.quest_budget}: Quest bounds the keys the pool holds, for one "
                                  f"stream per request (kv_format {cfg.kv_format}, layer_streams {cfg.layer_streams})")
             self.quest = kv.Quest(token_budget=cfg.quest_budget, query_group=c["q_heads"] // c["kv_heads"])
         self.cache = kv.Cache(self.geometry, num_blocks=self.blocks, max_sequences=cfg.max_batch * self.streams,
@@ -485,9 +489,6 @@ class Engine:
             raise ValueError("window: keep_all, admitted by its lifetime, every chunk marked computed")
         if kv.Scales.channel in (fmt.k.scales, fmt.v.scales):
             raise ValueError(f"window: {cfg.kv_format} scales per channel, which a layer group does not store")
-        if cfg.quest_budget and cfg.kv_format != "f32":
-            raise ValueError(f"quest_budget {cfg.quest_budget}: Quest reads its bounds from an f32 pool "
-                             f"(kv_format {cfg.kv_format})")
         own = [self.m.window(layer) for layer in range(L)]
         if any(own):
             if set(own) - {0} != {cfg.window}:

@@ -26,6 +26,7 @@ import engine as eng  # noqa: E402
 import model as mdl  # noqa: E402
 import serve  # noqa: E402
 from engine_binaries import binary  # noqa: E402
+from engine_reads import count_reads  # noqa: E402
 
 import kvcache as kv  # noqa: E402
 
@@ -172,11 +173,76 @@ def test_kv_format_refusals(model):
         build(kv_format="int8_g32", kv_scales=([1.0] * cells, [1.0] * cells))
     with pytest.raises(ValueError, match="window: int2_kivi scales per channel, which a layer group does not store"):
         build(kv_format="int2_kivi", window=32)
-    with pytest.raises(ValueError, match="quest_budget 64: Quest reads its bounds from an f32 pool"):
-        build(kv_format="int8_g32", window=32, quest_budget=64)
+    with pytest.raises(ValueError, match="quest_budget 64: Quest bounds the keys the pool holds"):
+        build(kv_format="int2_kivi", quest_budget=64)  # its open block's keys live outside the pool
     int8, f32 = build(kv_format="int8_g32", window=32).groups, build(window=32).groups
     assert [int8.token_bytes(g) * 4 >= f32.token_bytes(g) > int8.token_bytes(g) * 3 for g in range(2)] == [True, True]
     assert build(kv_format="fp8_e4m3_head", kv_scales=([0.5] * cells, [0.25] * cells)).scales[1][0][0] == 0.25
+
+
+@pytest.mark.parametrize("kv_format", ["int8_g32", "fp8_e4m3_head"])
+@pytest.mark.parametrize("window", [0, 32])
+def test_quest_on_a_quantized_format(model, monkeypatch, kv_format, window):
+    """Quest over a quantized pool, on one group or on a hybrid's global
+    layers: a page's bounds are the max and min of its keys as the pool holds
+    them (dequantized; an engine-held per-head scale left out, which scales
+    all of a head's page scores alike and so ranks them in the same order);
+    a budget past the prompt reads every page, so the logits equal the
+    format's without Quest bit for bit; a small one (4 pages: the forced
+    first and last, and the two best bounded) reads its budget."""
+    prompt = serve.heldout()[:200]
+
+    def engine(budget):
+        return eng.Engine(model, eng.EngineConfig(max_kv_tokens=512, chunk=64, max_batch=1, kv_format=kv_format,
+                                                  window=window, quest_budget=budget, keep_logits=True), kv.KeepAll())
+
+    plain, wide = eng.Request(id=0, prompt=prompt, max_new=4), eng.Request(id=0, prompt=prompt, max_new=4)
+    engine(0).run([plain])
+    engine(512).run([wide])
+    assert wide.output == plain.output and all(torch.equal(a, b) for a, b in zip(wide.logits, plain.logits))
+
+    reads = count_reads(monkeypatch, eng.HybridKv if window else eng.PagedKv)
+    e = engine(64)
+    r = eng.Request(id=0, prompt=prompt, max_new=4)
+    while len(r.output) < 2:
+        e.step([r])
+    global_layers = [layer for layer in range(model.c["layers"]) if not window or layer % 2 == 0]
+    dense = global_layers[:sum(1 for layer in global_layers if layer < 2)]  # Quest's dense layers read every page
+    assert reads and {layer for layer, _, _ in reads} == set(range(model.c["layers"]))
+    for layer, per_head, held in reads:
+        if layer in global_layers and layer not in dense:
+            assert all(n <= 64 for n in per_head) and held > 150, (layer, per_head, held)
+        else:
+            assert per_head == [held] * len(per_head), layer
+
+    # The bounds of every page of the request's full-attention row, against its keys gathered without scales.
+    seq = np.array([r.seqs[0]], dtype=np.uint64)
+    B = e.cfg.block_size
+    for layer in global_layers:
+        if window:
+            g, index = e.groups.layer_slot(layer)
+            indptr, indices, first_pos, _ = e.cache.export_group_csr(g, seq)
+            pool, held = e.views[g], e.cache.tokens(r.seqs[0]) - int(first_pos[0])
+        else:
+            indptr, indices = e.cache.export_csr(seq, e.indptr, None, e.last)[:2]
+            pool, index, held = e.pool, layer, e.cache.tokens_held(r.seqs[0])
+        k = torch.empty(held, e.heads, e.head_dim)
+        kv.gather(pool, index, indptr, indices, np.array([0, held], dtype=np.int32), k, torch.empty_like(k))
+        bounds = np.asarray(e.cache.page_bounds(layer))
+        for j, page in enumerate(indices):
+            rows = k[j * B:min((j + 1) * B, held)].numpy()
+            np.testing.assert_array_equal(bounds[page, :, 0], rows.max(0))
+            np.testing.assert_array_equal(bounds[page, :, 1], rows.min(0))
+        if e.scales is not None and layer not in dense:  # a head's positive scale changes no choice
+            rep = model.c["q_heads"] // model.c["kv_heads"]
+            q = np.random.default_rng(layer).standard_normal((1, e.heads, rep, e.head_dim)).astype(np.float32)
+            picked = e.cache.select(seq, layer, q)[1].copy()
+            kept = bounds.copy()
+            bounds[...] = kept * e.scales[0][layer].reshape(1, -1, 1, 1)  # the real keys' bounds
+            assert np.array_equal(e.cache.select(seq, layer, q)[1], picked), layer
+            bounds[...] = np.random.default_rng(5).standard_normal(bounds.shape)  # other bounds: another choice
+            assert not np.array_equal(e.cache.select(seq, layer, q)[1], picked), layer
+            bounds[...] = kept
 
 
 def test_workload_preempts_and_evicts(tmp_path):

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "examples" / "python"))
 import engine as eng  # noqa: E402
 import model as mdl  # noqa: E402
 import pretrained  # noqa: E402
+from engine_reads import count_reads  # noqa: E402
 
 import kvcache as kv  # noqa: E402
 
@@ -87,22 +88,6 @@ def check_dense(m, r, round_trip=None):
     got = torch.tensor(r.output)
     greedy = ref[len(r.prompt) - 1:].argmax(-1)
     assert torch.equal(greedy, got), f"request {r.id}: greedy tokens differ at {(greedy != got).nonzero()[0].item()}"
-
-
-def count_reads(monkeypatch, store):
-    """Patches store.select (PagedKv or HybridKv) to record each decoded query's
-    (layer, keys each kv-head reads, keys held); returns the list it fills."""
-    reads = []
-    select = store.select
-
-    def counting(self, layer, q, key_pos):
-        out = select(self, layer, q, key_pos)
-        if q.shape[0] == 1:
-            reads.append((layer, (out < torch.iinfo(torch.long).max).sum(1).tolist(), key_pos.shape[1]))
-        return out
-
-    monkeypatch.setattr(store, "select", counting)
-    return reads
 
 
 def request(i, prompt, priority=0):
@@ -407,7 +392,7 @@ def test_smollm2_quest_reads_its_budget(smollm2, monkeypatch):
     narrow, _ = ev.make_engine(m, "quest:0.125", len(prompt), "retrieval")  # 96 tokens: 6 pages of 16
     narrow.run([eng.Request(id=0, prompt=prompt, max_new=3)])
     assert reads
-    for bad in (dict(kv_format="int8_g32"), dict(layer_streams=True)):
+    for bad in (dict(kv_format="int2_kivi"), dict(layer_streams=True)):
         with pytest.raises(ValueError, match="quest_budget 64"):
             eng.Engine(m, eng.EngineConfig(max_kv_tokens=400, max_batch=1, quest_budget=64, **bad), kv.KeepAll())
     for layer, per_head, held in reads:
