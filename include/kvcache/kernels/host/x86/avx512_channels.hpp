@@ -31,10 +31,7 @@ KVCACHE_BEGIN_NAMESPACE
 namespace simd {
 
 #if KVCACHE_HOST_SIMD && !defined(KVCACHE_NO_AVX512)
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in kernels/host/x86/avx512_rows.hpp
-#endif
+KVCACHE_AVX512_BEGIN
 namespace avx512 {
 
 // x[0, n) = src (S) / k (the call's scale), n a multiple of 16: a block's rows for the seal.
@@ -207,9 +204,7 @@ inline std::int32_t dequantize_channels(void* out, DType ot, const std::byte* co
   return n16;
 }
 }  // namespace avx512
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+KVCACHE_AVX512_END
 #endif
 
 }  // namespace simd

@@ -35,10 +35,7 @@ KVCACHE_BEGIN_NAMESPACE
 namespace simd {
 
 #if KVCACHE_HOST_SIMD && !defined(KVCACHE_NO_AVX512)
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in kernels/host/x86/avx512_rows.hpp
-#endif
+KVCACHE_AVX512_BEGIN
 namespace avx512 {
 
 // quant::order_key in 32-bit lanes (u ^ ((u >> 31) & 0x7fffffff)), or in
@@ -279,9 +276,7 @@ inline bool dequantize_groups_min(std::byte* out, DType ot, const std::byte* cod
   return true;
 }
 }  // namespace avx512
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+KVCACHE_AVX512_END
 #endif
 
 }  // namespace simd

@@ -23,10 +23,7 @@ KVCACHE_BEGIN_NAMESPACE
 namespace simd {
 
 #if KVCACHE_HOST_SIMD && !defined(KVCACHE_NO_AVX512)
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in kernels/host/x86/avx512_rows.hpp
-#endif
+KVCACHE_AVX512_BEGIN
 namespace avx512 {
 
 // Symmetric codes of sixteen values, one a lane, below 2^bits.
@@ -136,9 +133,7 @@ KVCACHE_AVX512_INLINE inline V load_codes(const std::byte* codes, std::int32_t i
 }
 
 }  // namespace avx512
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+KVCACHE_AVX512_END
 #endif
 
 }  // namespace simd

@@ -23,13 +23,7 @@ KVCACHE_BEGIN_NAMESPACE
 namespace simd {
 
 #if KVCACHE_HOST_SIMD && !defined(KVCACHE_NO_AVX512)
-// g++ 12's AVX-512 intrinsics start from a self-initialized "undefined"
-// vector, which -Wmaybe-uninitialized reports wherever they are inlined
-// (GCC bug 105593, fixed in 13).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+KVCACHE_AVX512_BEGIN
 namespace avx512 {
 using I = __m512i;
 using V = __m512;
@@ -369,9 +363,7 @@ inline std::int32_t move_rows(void* dst, DType dt, const void* src, DType st, st
   return n64;
 }
 }  // namespace avx512
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+KVCACHE_AVX512_END
 #endif
 
 }  // namespace simd
