@@ -10,11 +10,8 @@
 #pragma once
 
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <span>
-#include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "kvcache/core/block_hash.hpp"
