@@ -411,6 +411,8 @@ TEST_CASE("tier pool: one index for filling and ready blocks, the least recently
   CHECK(p.num_published() == 2);
   CHECK(p.group(a) == 1);
   CHECK(p.begin_store(c[0]) == -1);  // ready: nothing taken
+  const std::int32_t plain[] = {b};
+  p.touch(plain);                    // a plain block stays first in line
   CHECK(p.begin_store(c[3]) == b);   // the plain block first
   const std::int32_t touched[] = {a};
   p.touch(touched);                  // a is now the most recent: d goes first

@@ -214,10 +214,12 @@ class TierPool {
     state_[ix(s)] = kPlain;
     events_.push(BlockEvent{.kind = EventKind::removed, .block = s + 1, .hash = x.hash, .group = x.group});
   }
-  /// Marks slots used, the last first, so a chain's head is the most recent and evicted last.
+  /// Marks ready slots used, the last first, so a chain's head is the most
+  /// recent and evicted last (a pinned or filling slot is out of the queue, a
+  /// plain one stays where stores take it first).
   void touch(std::span<const std::int32_t> slots) noexcept {
     for (auto it = slots.rbegin(); it != slots.rend(); ++it)
-      if (slots_[ix(*it)].ref == 0) unlink(*it), link_before(capacity(), *it);
+      if (slots_[ix(*it)].ref == 0 && state_[ix(*it)] == kHashed) unlink(*it), link_before(capacity(), *it);
   }
 
  private:
