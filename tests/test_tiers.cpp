@@ -470,6 +470,10 @@ TEST_CASE("tier pool: a restore keeps a hash listed twice in its first slot, and
   CHECK((ev[1].hash == c[1] && ev[1].group == 1 && ev[1].block_size == 32));
   const TierPool restored = r;
   CHECK(r.restore(slots, hashes).code() == Errc::blocks_in_use);
+  TierPool empty(Medium::disk, 4);
+  REQUIRE(empty.restore({}, {}).ok());  // restoring nothing leaves it unused
+  CHECK(empty.restore(std::span(slots, 1), std::span(hashes, 1)).ok());
+  CHECK(empty.find(c[0]) == 2);
   CHECK(r == restored);
   // Free slots first (1, then 3: the duplicate's), then the ready ones by slot.
   CHECK(r.begin_store(c[2]) == 1);

@@ -142,7 +142,7 @@ class TierPool {
       if (s < 0 || s >= capacity()) return Status{Errc::invalid_argument, "slots", s, capacity() - 1};
       if (seen[std::size_t(s)]++) return Status{Errc::invalid_argument, "slots (listed twice)", s, 0};
     }
-    used_ = true;
+    used_ = !slots.empty();  // restoring nothing leaves the tier unused
     for (std::size_t i = 0; i < slots.size(); ++i) {
       if (!index_.insert(hashes[i], slots[i])) continue;
       const std::int32_t g = groups.empty() ? -1 : groups[i];
