@@ -23,18 +23,20 @@ class TierJobs {
  public:
   /// What a move's block is: its hash, the hash before it and its layer group (-1: none).
   struct Moved {
-    BlockHash hash, parent;
-    std::int32_t group = -1;
+    BlockHash hash;           ///< The block's hash.
+    BlockHash parent;         ///< The hash before it in its chain (for the target's stored event).
+    std::int32_t group = -1;  ///< Its layer group (-1: none).
     friend bool operator==(const Moved&, const Moved&) = default;
   };
   /// One job in flight.
   struct Job {
-    std::uint64_t id = 0;
-    Tier from = Tier::device, to = Tier::host;
-    std::vector<BlockMove> moves;
-    std::vector<Moved> blocks;       // of each move
-    std::vector<std::int32_t> pins;  // target blocks a staging load skipped, pinned until it completes
-    std::int32_t skipped = 0;
+    std::uint64_t id = 0;             ///< What complete() takes: the epoch, then the serial.
+    Tier from = Tier::device;         ///< Source tier.
+    Tier to = Tier::host;             ///< Target tier.
+    std::vector<BlockMove> moves;     ///< The moves the engine runs.
+    std::vector<Moved> blocks;        ///< Of each move, what it carries.
+    std::vector<std::int32_t> pins;   ///< Target blocks a staging load skipped, pinned until it completes.
+    std::int32_t skipped = 0;         ///< Blocks of the plan's chain left out.
     friend bool operator==(const Job&, const Job&) = default;
   };
 
