@@ -39,7 +39,7 @@ class HybridPrefix {
   template <class ChainOwner>
   HybridPrefix(const std::vector<GroupRows>& rows, ChainOwner&& chain_owner, std::int32_t sequences, std::int32_t num_blocks,
                bool keep_ids)
-      : groups_(std::int32_t(rows.size())), sequences_(sequences) {
+      : groups_(std::int32_t(rows.size())) {
     std::size_t longest = 0;
     for (std::int32_t g = 0; g < groups_; ++g) {
       const GroupRule& r = rows[std::size_t(g)].rule();
@@ -167,7 +167,8 @@ class HybridPrefix {
     std::int32_t end = 0;  // the first block past the gap (0: none)
     BlockHash hash{};      // the chain hash at its end
   };
-  std::size_t at(std::int32_t g, std::uint32_t i) const noexcept { return std::size_t(g) * std::size_t(sequences_) + i; }
+  // [sequence][group]: a decode step's checks read a row's groups from one line, not one line a group.
+  std::size_t at(std::int32_t g, std::uint32_t i) const noexcept { return std::size_t(i) * std::size_t(groups_) + std::size_t(g); }
   // Block j of row i in a group of ch that has not published it yet; null when none holds it.
   BlockId holder(const std::vector<GroupRows>& rows, const Chain& ch, std::uint32_t i, std::int64_t j) const noexcept {
     for (const std::int32_t g : ch.groups)
@@ -176,11 +177,11 @@ class HybridPrefix {
     return BlockPool::null_block;
   }
 
-  std::int32_t groups_ = 0, sequences_ = 0, stride_ = 1;
+  std::int32_t groups_ = 0, stride_ = 1;
   std::vector<Chain> chains_;
-  std::vector<BlockHash> chain_;         // [group][seq]: the chain hash where its published blocks end
-  std::vector<std::int32_t> published_;  // [group][seq]: blocks published
-  std::vector<Gap> gaps_;                // [group][seq]: an import's window blocks never received
+  std::vector<BlockHash> chain_;         // [seq][group]: the chain hash where its published blocks end
+  std::vector<std::int32_t> published_;  // [seq][group]: blocks published
+  std::vector<Gap> gaps_;                // [seq][group]: an import's window blocks never received
   std::vector<std::int32_t> ids_;        // [page][stride_]: the token id reserved into each slot
   std::vector<BlockHash> hashes_;        // publish(): one chain's new block hashes
 };
