@@ -175,9 +175,9 @@ class TieredEngine:
             return
         pool = self.cache.pool
         taken = sum(pool.ref_count(int(b)) == 0 for b in hit)
-        blocks, hashes, parents = self.policy.before_allocate(pool, self._blocks_for(end) - len(hit) + taken)
+        blocks, hashes, parents, groups = self.policy.before_allocate(pool, self._blocks_for(end) - len(hit) + taken)
         keep = ~np.isin(blocks, hit)
-        self._store((blocks[keep], hashes[keep], parents[keep]))
+        self._store((blocks[keep], hashes[keep], parents[keep], groups[keep]))
 
     def _offload_before(self, allocations):
         if self.tiered and self.write == "write_back" and allocations:
@@ -191,9 +191,9 @@ class TieredEngine:
     def _plan(self, offloads):
         if offloads is None or len(offloads[0]) == 0:
             return None
-        blocks, hashes, parents = offloads
+        blocks, hashes, parents, groups = offloads
         try:
-            return self.tiers.plan_store("device", "host", hashes, blocks, parents=parents)
+            return self.tiers.plan_store("device", "host", hashes, blocks, parents=parents, groups=groups)
         except kv.OutOfBlocks:  # host memory cannot take them all: a store is all or nothing
             return None
 

@@ -65,16 +65,17 @@ Job job_of(const kv::TierJob& j) {
   return {j.id, j.from, j.to, nb::cast(m), j.skipped};
 }
 
-// Offloads as the policy returns them: (blocks int32 [n], hashes uint64 [n, 2], parents uint64 [n, 2]).
+// Offloads as the policy returns them: (blocks int32 [n], hashes uint64 [n, 2], parents uint64 [n, 2],
+// groups int32 [n]: each block's layer group, -1 on a single-group cache), what Tiers.plan_store takes.
 nb::object offloads(std::span<const kv::Offload> o) {
-  auto blocks = new_array<std::int32_t>(o.size());
+  auto blocks = new_array<std::int32_t>(o.size()), groups = new_array<std::int32_t>(o.size());
   auto hashes = new_array<std::uint64_t, 2>(o.size(), 2), parents = new_array<std::uint64_t, 2>(o.size(), 2);
   for (std::size_t i = 0; i < o.size(); ++i) {
-    blocks.data()[i] = o[i].block;
+    blocks.data()[i] = o[i].block, groups.data()[i] = o[i].group;
     hashes.data()[2 * i] = o[i].hash.lo, hashes.data()[2 * i + 1] = o[i].hash.hi;
     parents.data()[2 * i] = o[i].parent.lo, parents.data()[2 * i + 1] = o[i].parent.hi;
   }
-  return nb::make_tuple(blocks, hashes, parents);
+  return nb::make_tuple(blocks, hashes, parents, groups);
 }
 kv::WriteMode mode_of(const std::string& m) {
   if (m == "write_through") return kv::WriteMode::write_through;

@@ -64,8 +64,8 @@ def test_write_policies_choose_what_goes_to_host():
     a = c.admit(prompt)
     events = c.drain_events()
     through = kv.WritePolicy("write_through")
-    blocks, hashes, parents = through.on_stored(events)
-    assert len(blocks) == 3 and hashes.shape == (3, 2)
+    blocks, hashes, parents, groups = through.on_stored(events)
+    assert len(blocks) == 3 and hashes.shape == (3, 2) and list(groups) == [-1] * 3  # a single-group cache's
     assert tuple(int(x) for x in parents[1]) == tuple(int(x) for x in hashes[0])
     tiers = kv.Tiers(host_blocks=8, block_size=B, event_capacity=8)
     job = tiers.plan_store("device", "host", hashes, blocks, parents=parents)
@@ -82,7 +82,7 @@ def test_write_policies_choose_what_goes_to_host():
     back = kv.WritePolicy("write_back")
     c.free(a.seq)
     assert len(back.before_allocate(c.pool, 4)[0]) == 0  # 4 plain free blocks go first
-    recycled, _, _ = back.before_allocate(c.pool, 8)
+    recycled, _, _, _ = back.before_allocate(c.pool, 8)
     assert list(recycled) == c.pool.next_recycled(8) and len(recycled) == 3  # the 3 full blocks, tail first
     with pytest.raises(kv.InvalidArgument, match="mode"):
         kv.WritePolicy("sometimes")
@@ -100,9 +100,8 @@ def test_write_back_on_a_hybrid_cache_names_each_block_in_its_group():
     h.computed(seq, 24)
     h.free(seq)
     back = kv.WritePolicy("write_back")
-    blocks, hashes, parents = back.before_allocate(h.pool, h.pool.num_free)  # every cached block, before another prompt takes them
-    block_groups = np.array([h.pool.group(int(b)) for b in blocks], dtype=np.int32)
-    assert sorted(set(block_groups.tolist())) == [0, 1]
+    blocks, hashes, parents, block_groups = back.before_allocate(h.pool, h.pool.num_free)  # every cached block, before another prompt takes them
+    assert list(block_groups) == [h.pool.group(int(b)) for b in blocks] and sorted(set(block_groups.tolist())) == [0, 1]
     with pytest.raises(kv.InvalidArgument, match="groups"):
         gt.tiers.plan_store("device", "host", hashes, blocks, parents, block_groups[:1])
     job = gt.tiers.plan_store("device", "host", hashes, blocks, parents, block_groups)
