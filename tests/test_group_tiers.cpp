@@ -1,12 +1,14 @@
 // Tiers under a hybrid cache (tiers/group_tiers.hpp): multi-turn
 // conversations over a device pool that forgets them, each group's blocks
 // offloaded to host memory (and behind it to a disk file of sealed slots)
-// and onboarded through an import. Every page is modelled: a slot holds a
-// value that depends on its group, its position and every token before it
-// (as K/V does), so a block served under another prompt's name, from the
-// wrong group, or at the wrong place reads back wrong. After every turn the
-// values every group's last query reads are the prompt's, and the cache's
-// and the tiers' invariants hold; onboards fail now and then (recomputed).
+// and onboarded through an import (and, in half the runs, written back by
+// the write-back policy just before the pool recycles it). Every page is
+// modelled: a slot holds a value that depends on its group, its position
+// and every token before it (as K/V does), so a block served under another
+// prompt's name, from the wrong group, or at the wrong place reads back
+// wrong. After every turn the values every group's last query reads are the
+// prompt's, and the cache's and the tiers' invariants hold; onboards fail
+// now and then (recomputed).
 #include <catch2/catch.hpp>
 
 #include <kvcache/cache/hybrid.hpp>
@@ -14,6 +16,7 @@
 #include <kvcache/tiers/write_policy.hpp>
 
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -67,7 +70,9 @@ struct World {
   std::vector<std::int64_t> dev, host;
   std::vector<std::byte> disk;
   std::mt19937 rng{7};
-  std::int64_t onboarded = 0, staged = 0, aborted = 0, refused = 0;
+  std::int64_t onboarded = 0, staged = 0, aborted = 0, refused = 0, written_back = 0;
+  std::optional<WritePolicy> write_back;  // when set, what the pool is about to recycle goes to host memory first
+  std::vector<Offload> recycled = std::vector<Offload>(40);
 
   World(int kind, std::int32_t host_blocks, std::int32_t disk_blocks)
       : layout(kind),
@@ -109,6 +114,20 @@ struct World {
   void check() {
     if (auto st = cache.check_invariants(); !st) FAIL(st.message());
     if (auto st = tiers.tiers().check_invariants(); !st) FAIL(st.message());
+  }
+
+  // Write-back before a call that may allocate: the cached blocks its
+  // allocations would recycle are copied to host memory now, each under its
+  // group's name (a store host memory cannot take is skipped: all or nothing).
+  void before_allocating() {
+    if (!write_back) return;
+    const std::int32_t n = write_back->before_allocate(cache.pool(), kChunk / 4 + 2, recycled);
+    if (n == 0) return;
+    auto job = tiers.tiers().plan_store(Tier::device, Tier::host, std::span(recycled).first(std::size_t(n)));
+    if (!job) return;
+    for (const BlockMove& m : job->moves) copy_page(dev, m.src, host, m.dst, P);
+    REQUIRE_OK(tiers.tiers().complete(job->id));
+    written_back += std::int64_t(job->moves.size());
   }
 
   // Stages the import's disk blocks into host memory: one read a slot, verified by the library.
@@ -155,6 +174,7 @@ struct World {
     REQUIRE(hit->tokens < len);
     SeqId seq{};
     std::int64_t have = 0;
+    before_allocating();
     if (hit->tokens > hit->device_tokens) {
       auto imp = cache.import(std::span(tokens).first(std::size_t(hit->tokens)));
       REQUIRE_OK(imp);
@@ -200,6 +220,7 @@ struct World {
     while (have < len) {  // the rest of the prompt, a chunk at a time
       const auto n = std::int32_t(std::min<std::int64_t>(len - have, kChunk));
       std::vector<std::int32_t> slots(std::size_t(cache.groups()) * std::size_t(n));
+      before_allocating();
       REQUIRE_OK(cache.reserve(seq, std::span(tokens).subspan(std::size_t(have), std::size_t(n)), slots));
       write(tokens, have, n, slots);
       have += n;
@@ -210,6 +231,7 @@ struct World {
     for (std::int32_t d = 0; d < decode; ++d) {  // the model's answer: a token of everything before it
       tokens.push_back(std::int32_t(kv_value(0, tokens, std::int64_t(tokens.size()) - 1) % 50000));
       std::vector<std::int32_t> slots(std::size_t(cache.groups()));
+      before_allocating();
       REQUIRE_OK(cache.reserve(seq, std::span(tokens).last(1), slots));
       write(tokens, std::int64_t(tokens.size()) - 1, 1, slots);
       REQUIRE_OK(cache.computed(seq, std::int64_t(tokens.size())));
@@ -246,8 +268,10 @@ std::vector<std::int32_t> fresh(std::mt19937& rng, std::int32_t n) {
 TEST_CASE("group tiers: conversations the device forgets come back from host memory and disk, every group's reads exact") {
   const int kind = GENERATE(0, 1, 2);
   const std::int32_t disk_blocks = GENERATE(0, 64);
-  INFO("layout " << kind << ", disk " << disk_blocks);
+  const bool write_back = GENERATE(false, true);  // also write-back: blocks offloaded just before the pool recycles them
+  INFO("layout " << kind << ", disk " << disk_blocks << ", write-back " << write_back);
   World w(kind, /*host_blocks=*/disk_blocks > 0 ? 24 : 48, disk_blocks);
+  if (write_back) w.write_back.emplace(WritePolicyConfig{.mode = WriteMode::write_back});
   std::mt19937 rng(11 + kind);
   std::vector<std::vector<std::int32_t>> convo(5);
   for (std::int32_t turn = 0; turn < 5; ++turn)
@@ -259,6 +283,7 @@ TEST_CASE("group tiers: conversations the device forgets come back from host mem
   CHECK(w.onboarded > 0);
   CHECK(w.aborted > 0);
   if (disk_blocks > 0) CHECK(w.staged > 0);
+  CHECK((w.written_back > 0) == write_back);
   // The tiers' events name each block's group and its size.
   // A block stored behind to disk, or staged back from it, keeps its group.
   for (const Tier t : {Tier::host, Tier::disk}) {
