@@ -112,8 +112,10 @@ void contract_errors(C& cache) {
   REQUIRE(s.ok());
   REQUIRE(cache.free(*s).ok());
   const C before = cache;
-  CHECK(cache.free(*s).code() == Errc::unknown_sequence);  // a stale handle
-  CHECK(cache.blocks_held(*s).status().code() == Errc::unknown_sequence);
+  // A stale handle, and one past the slots: the same words on every cache (check_handle).
+  CHECK(cache.free(*s) == Status{Errc::unknown_sequence, "seq.generation", s->generation, s->generation + 1});
+  CHECK(cache.blocks_held(*s).status() == Status{Errc::unknown_sequence, "seq.generation", s->generation, s->generation + 1});
+  CHECK(cache.free(SeqId{1000, 0}).what() == std::string("seq.index"));
   CHECK(cache.release_hold(999999).code() == Errc::unknown_job);
   const BlockId bad[] = {cache.pool().capacity() + 3};
   CHECK(cache.hold(bad).status() == Status{Errc::invalid_argument, "block", bad[0], cache.pool().capacity() - 1});
@@ -125,6 +127,15 @@ void contract_errors(C& cache) {
   if (cache.pool().events().tokens_per_event() > 0)
     CHECK(cache.drain_events(events, ids).status().code() == Errc::buffer_too_small);
   CHECK(cache == before);
+  // Every handle in use: a new one is refused with the same words on every cache (no_free_handle).
+  std::vector<SeqId> all;
+  const std::int32_t slots = cache.free_sequences();
+  for (std::int32_t i = 0; i < slots; ++i) all.push_back(*cache.add_sequence());
+  const auto full = cache.add_sequence();
+  CHECK(full.status().code() == Errc::capacity_exceeded);
+  CHECK(full.status().what() == std::string("max_sequences"));
+  CHECK(full.status().limit() + 1 == full.status().value());
+  for (const SeqId x : all) REQUIRE(cache.free(x).ok());
 }
 
 // A prefix-caching engine, written once against PrefixCache: requests that

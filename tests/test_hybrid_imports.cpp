@@ -272,7 +272,7 @@ TEST_CASE("hybrid import: errors name the value and change nothing, and the pend
   const std::int32_t one[] = {1};
   const SeqId seqs[] = {s};
   std::vector<std::int32_t> table(64);
-  const Status sealed{Errc::unknown_sequence, "seq (an import in flight)", s.index, 4};
+  const Status sealed{Errc::unknown_sequence, "seq (an import in flight)", s.index, 0};
   CHECK(d.cache.reserve(s, one, slots).status() == sealed);
   CHECK(d.cache.advance(s, one, slots).status() == sealed);
   CHECK(d.cache.computed(s, 45) == sealed);
@@ -297,7 +297,7 @@ TEST_CASE("hybrid import: errors name the value and change nothing, and the pend
   std::vector<std::int32_t> s4(4 * 4);
   for (int i = 0; i < 4; ++i) REQUIRE(full.cache.admit(tokens(4, 10 + i), s4).ok());
   const HybridCache<> all = full.cache;
-  CHECK(full.cache.import(prompt).status() == Status{Errc::capacity_exceeded, "max_sequences", 4, 4});
+  CHECK(full.cache.import(prompt).status() == Status{Errc::capacity_exceeded, "max_sequences", 5, 4});
   CHECK(full.cache == all);
 }
 

@@ -230,13 +230,13 @@ inline GateHeads::GateHeads(const WriteGateConfig& cfg, std::int32_t max_sequenc
 }
 
 inline Status GateHeads::validate(SeqId s) const noexcept {
-  if (s.index >= std::uint32_t(max_seqs_) || !live_[s.index] || gen_[s.index] != s.generation)
-    return Status{Errc::unknown_sequence, "seq", s.index == UINT32_MAX ? -1 : std::int64_t(s.index), max_seqs_};
-  return {};
+  return check_handle(s, std::uint32_t(max_seqs_), [&](std::uint32_t i) {
+    return HandleSlot{.in_use = live_[i] != 0, .sealed = false, .generation = gen_[i]};
+  });
 }
 
 inline Result<SeqId> GateHeads::add(PageTable&) noexcept {
-  if (free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", max_seqs_ + std::int64_t{1}, max_seqs_};
+  if (free_.empty()) return no_free_handle(max_seqs_);
   const auto i = std::uint32_t(free_.back());
   free_.pop_back();
   for (std::int32_t l = 0; l < cfg_.num_layers; ++l)
@@ -250,7 +250,7 @@ inline Result<SeqId> GateHeads::add(PageTable&) noexcept {
 inline Result<SeqId> GateHeads::fork(PageTable& table, BlockPool& pool, SeqId s) noexcept {
   if (auto st = validate(s); !st) return st;
   if (any_pending(s.index)) return Status{Errc::invalid_argument, "pending_writes (reconcile first)", 1, 0};
-  if (free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", max_seqs_ + std::int64_t{1}, max_seqs_};
+  if (free_.empty()) return no_free_handle(max_seqs_);
   const auto c = std::uint32_t(free_.back());
   free_.pop_back();
   for (std::int32_t l = 0; l < cfg_.num_layers; ++l)

@@ -113,7 +113,7 @@ class HybridCache : public PoolCore<BlockPool>,
 
   /// A new, empty sequence; `key` salts its hash chains (tenant, LoRA).
   Result<SeqId> add_sequence(const PrefixKey& key = {}) noexcept {
-    if (free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", cfg_.max_sequences, cfg_.max_sequences};
+    if (free_.empty()) return no_free_handle(cfg_.max_sequences);
     const std::uint32_t i = free_.back();
     free_.pop_back();
     Seq& s = seqs_[i];
@@ -191,7 +191,7 @@ class HybridCache : public PoolCore<BlockPool>,
     const auto stride = std::int32_t(std::min<std::int64_t>(len, opt.reserve));
     if (std::int64_t(slots.size()) < std::int64_t(groups()) * stride)
       return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), std::int64_t(groups()) * stride};
-    if (free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", cfg_.max_sequences, cfg_.max_sequences};
+    if (free_.empty()) return no_free_handle(cfg_.max_sequences);
     const std::int64_t h = match(prompt, opt.key);
     auto n = std::int32_t(std::min<std::int64_t>(stride, len - h));
     if (const std::int32_t chunk = cfg_.prefill_chunk; chunk > 0 && n > chunk) {
@@ -334,10 +334,9 @@ class HybridCache : public PoolCore<BlockPool>,
     return m;
   }
   Status validate(SeqId id) const noexcept {
-    if (id.index >= seqs_.size() || !seqs_[id.index].live || seqs_[id.index].generation != id.generation)
-      return Status{Errc::unknown_sequence, "seq", id.index, std::int64_t(seqs_.size())};
-    if (seqs_[id.index].sealed) return Status{Errc::unknown_sequence, "seq (an import in flight)", id.index, std::int64_t(seqs_.size())};
-    return {};
+    return check_handle(id, std::uint32_t(seqs_.size()), [&](std::uint32_t i) {
+      return HandleSlot{.in_use = seqs_[i].live, .sealed = seqs_[i].sealed, .generation = seqs_[i].generation};
+    });
   }
   // After the checks: tokens [0, tokens) are computed; every caching group publishes its full blocks there.
   Status mark_computed(std::uint32_t i, std::int64_t tokens) noexcept {

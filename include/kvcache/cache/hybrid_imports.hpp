@@ -59,7 +59,7 @@ class HybridImports {
       if (!need) return need.status();
       promise = *need;
     }
-    if (c.free_.empty()) return Status{Errc::capacity_exceeded, "max_sequences", c.cfg_.max_sequences, c.cfg_.max_sequences};
+    if (c.free_.empty()) return no_free_handle(c.cfg_.max_sequences);
     const std::int64_t h = c.match(prompt, opt.key);
     std::int64_t need = 0, shared = 0;  // shared: hit blocks other sequences hold, drawing nothing from the pool
     for (std::int32_t g = 0; g < c.groups(); ++g) {

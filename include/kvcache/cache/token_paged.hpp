@@ -28,6 +28,7 @@
 #include "kvcache/prefix/prefix_sharing.hpp"
 #include "kvcache/selection/row_selection.hpp"
 #include "kvcache/status.hpp"
+#include "kvcache/core/sequence_id.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -328,7 +329,7 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
   // admit()'s checks and plan (prefix/prefix_cache.hpp), with the policy's lifetime
   // need; slots: the caller's slot buffer size (-1: a dry run).
   Result<AdmitPlan> admit_plan(std::span<const std::int32_t> prompt, const AdmitOptions& opt, std::int64_t slots) const noexcept {
-    if (this->free_sequences() == 0) return Status{Errc::capacity_exceeded, "max_sequences", table_.max_streams() + 1, table_.max_streams()};
+    if (this->free_sequences() == 0) return no_free_handle(table_.max_streams());
     const auto life = this->blocks_needed(std::int64_t(prompt.size()), std::max<std::int64_t>(opt.max_new, 0), opt.prefill_chunk);
     return prefix_.plan(table_, pool_, prompt, opt, life, hasher_, slots);
   }

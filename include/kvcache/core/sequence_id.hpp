@@ -1,10 +1,14 @@
 // Dense sequence (stream) handles with a generation counter: O(1) lookup
 // without hashing, and a stale or freed handle is detected, never aliased.
+// Every cache keeps its handles' state beside its rows (a decode step reads
+// them in one line), but checks a handle and refuses a new one with the same
+// calls here, so the errors are the same words on every cache.
 #pragma once
 
 #include <cstdint>
 
 #include "kvcache/config.hpp"
+#include "kvcache/status.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -14,6 +18,31 @@ struct SeqId {
   std::uint32_t generation = 0;  ///< bumped each time the slot is freed
   friend constexpr bool operator==(const SeqId&, const SeqId&) = default;
 };
+
+/// A handle slot as a cache keeps it: in use (a sequence, or an import in
+/// flight), sealed (an import in flight: named by no call until it lands), and its generation.
+struct HandleSlot {
+  bool in_use = false;  ///< The slot holds a sequence.
+  bool sealed = false;  ///< ... an import's row, not handed out yet.
+  std::uint32_t generation = 0;  ///< The slot's generation now.
+};
+
+/// Every cache's check of handle s among `slots` slots (slot_of(index) ->
+/// HandleSlot): unknown_sequence naming the index past the slots, or the
+/// stale generation (with the slot's own), or a sealed row.
+template <class SlotOf>
+constexpr Status check_handle(SeqId s, std::uint32_t slots, SlotOf&& slot_of) noexcept {
+  if (s.index >= slots) return Status{Errc::unknown_sequence, "seq.index", s.index, slots};
+  const HandleSlot x = slot_of(s.index);
+  if (!x.in_use || x.generation != s.generation) return Status{Errc::unknown_sequence, "seq.generation", s.generation, x.generation};
+  if (x.sealed) return Status{Errc::unknown_sequence, "seq (an import in flight)", s.index, 0};
+  return {};
+}
+
+/// Every cache's refusal of a new sequence when all `max_sequences` handles are in use.
+constexpr Status no_free_handle(std::int64_t max_sequences) noexcept {
+  return Status{Errc::capacity_exceeded, "max_sequences", max_sequences + 1, max_sequences};
+}
 
 /// A page-table row's blocks are copied before a write into a shared block.
 struct BlockCopy {

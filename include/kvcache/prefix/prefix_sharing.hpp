@@ -18,6 +18,7 @@
 #include "kvcache/config.hpp"
 #include "kvcache/table/page_table.hpp"
 #include "kvcache/status.hpp"
+#include "kvcache/core/sequence_id.hpp"
 
 KVCACHE_BEGIN_NAMESPACE
 
@@ -83,7 +84,7 @@ struct PrefixSharing {
   template <BlockHasher H>
   static Result<PrefixHit> add(PageTable& t, BlockPool& pool, std::span<const std::int32_t> tokens,
                                const PrefixKey& key, std::span<const ExtraKey> extras, const H& hasher) noexcept {
-    if (t.nfree_ == 0) return Status{Errc::capacity_exceeded, "max_sequences", t.max_streams_ + 1, t.max_streams_};
+    if (t.nfree_ == 0) return no_free_handle(t.max_streams_);
     if (auto st = check_extras(extras); !st) return st;
     // Match straight into the row add() hands out next (still all null blocks).
     const auto next = static_cast<std::uint32_t>(t.free_[static_cast<std::size_t>(t.nfree_ - 1)]);

@@ -84,12 +84,9 @@ class PageTableRows {
   /// ok, or unknown_sequence naming the stale index or generation, or a
   /// sealed row (an import in flight: no call reads or edits it).
   Status validate(SeqId s) const noexcept {
-    if (s.index >= static_cast<std::uint32_t>(max_streams_))
-      return Status{Errc::unknown_sequence, "seq.index", s.index, max_streams_};
-    if (!st_[s.index].alive || st_[s.index].gen != s.generation)
-      return Status{Errc::unknown_sequence, "seq.generation", s.generation, st_[s.index].gen};
-    if (st_[s.index].alive != 1) return Status{Errc::unknown_sequence, "seq (an import in flight)", s.index, 0};
-    return {};
+    return check_handle(s, static_cast<std::uint32_t>(max_streams_), [&](std::uint32_t i) {
+      return HandleSlot{.in_use = st_[i].alive != 0, .sealed = st_[i].alive == 2, .generation = st_[i].gen};
+    });
   }
 
   /// Unchecked accessors (call validate first): the hot paths of exporters.
@@ -137,7 +134,7 @@ class PageTableRows {
 
   /// A new empty row; capacity_exceeded when every handle is in use.
   Result<SeqId> add(const PrefixKey& key = {}) noexcept {
-    if (nfree_ == 0) return Status{Errc::capacity_exceeded, "max_sequences", max_streams_ + 1, max_streams_};
+    if (nfree_ == 0) return no_free_handle(max_streams_);
     const std::uint32_t i = static_cast<std::uint32_t>(free_[static_cast<std::size_t>(--nfree_)]);
     st_[i].alive = 1;
     st_[i].key = key;
