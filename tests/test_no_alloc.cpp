@@ -4,6 +4,7 @@
 // included (BlockHolds and TransferHolds take their room at construction).
 #include <kvcache/cache.hpp>
 #include <kvcache/cache/hybrid.hpp>
+#include <kvcache/eviction/block_scores.hpp>
 #include <kvcache/eviction/h2o.hpp>
 #include <kvcache/eviction/sliding_window.hpp>
 #include <kvcache/selection/quest.hpp>
@@ -182,6 +183,13 @@ int main() {
   std::vector<float> hqueries(8 * 2 * 64, 0.5f);
   TransferHolds htransfers(hy);
   std::vector<SeqId> hseqs(8);
+  // Block scores on the same layout's full layers: scores observed, blocks evicted as holes, the rows exported.
+  HybridCache<FastBlockHasher, SelectAll, BlockScoreEviction> he(
+      {.groups = hlg, .num_blocks = 400, .max_sequences = 8, .max_tokens = 512, .prefill_chunk = 64}, {},
+      BlockScoreEviction({.start = 32, .recent = 64, .max = 160}));
+  std::vector<float> hscores(512, 1.0f);
+  std::vector<std::int32_t> hevicted(64);
+  std::int64_t hevictions = 0;
   const long before_hybrid = g_allocations;
   for (int round = 0; round < 40; ++round) {
     std::size_t n = 0;
@@ -234,8 +242,37 @@ int main() {
     }
     if (!hy.free(imported).ok()) ++bad;
   }
+  // The same run with block scores on the full layers (blocks evicted as holes).
+  for (int round = 0; round < 10; ++round) {
+    std::size_t n = 0;
+    for (; n < 4; ++n) {
+      const auto p = std::span(prompt).subspan(std::size_t(round % 2), 150 + 40 * n);
+      auto a = he.admit(p, hslots);
+      if (!a) break;
+      hseqs[n] = a->seq;
+      for (std::int64_t done = a->cached_tokens + a->reserved; done < std::int64_t(p.size());) {
+        const auto chunk = std::min<std::int64_t>(64, std::int64_t(p.size()) - done);
+        if (!he.advance(a->seq, p.subspan(std::size_t(done), std::size_t(chunk)), hslots).ok()) ++bad;
+        done += chunk;
+      }
+    }
+    for (int step = 0; step < 30; ++step)
+      for (std::size_t k = 0; k < n; ++k) {
+        const std::int32_t next[] = {round * 100 + step};
+        if (!he.advance(hseqs[k], next, hslots).ok()) ++bad;
+        const auto held_tokens = he.tokens_held(hseqs[k], 0);
+        if (!held_tokens || !he.observe(hseqs[k], 0, {ScoreKind::attention_sums, std::span(hscores).first(std::size_t(*held_tokens)), 1}).ok()) ++bad;
+        auto r = he.evict(hseqs[k], {.blocks = hevicted});
+        r ? hevictions += r->evicted : ++bad;
+      }
+    for (std::int32_t group = 0; group < 2; ++group)
+      if (!he.export_group_csr(group, std::span(hseqs).first(n), hindptr, hindices, hfirst).ok()) ++bad;
+    for (std::size_t k = 0; k < n; ++k)
+      if (!he.free(hseqs[k]).ok()) ++bad;
+  }
   const long during_hybrid = g_allocations - before_hybrid;
   if (!hy.check_invariants().ok() || hy.free_sequences() != 8 || hy.pool().counters().stored == 0) ++bad;  // it ran, and ends clean
+  if (!he.check_invariants().ok() || he.free_sequences() != 8 || hevictions == 0) ++bad;
   const long during = during_core + during_eviction + during_selection + during_prefix + during_hybrid;
   std::printf("heap allocations during the workload: %ld (eviction part: %ld, selection part: %ld, prefix part: %ld, "
               "hybrid part: %ld); unexpected results: %ld\n",

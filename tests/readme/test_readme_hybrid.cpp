@@ -259,3 +259,41 @@ TEST_CASE_METHOD(HybridQuest, "docs hybrid_quest: Quest on a hybrid's global lay
   // A window layer takes no selection: its window is its retention.
   REQUIRE(cache.select(seqs, 4, queries(4), {indptr, indices}).status().code() == kv::Errc::invalid_argument);
 }
+
+namespace {
+// Gemma 3 27B's groups (as the hybrid snippet), a pool for four 8K requests, a 5,000-token prompt.
+struct HybridEviction {
+  std::vector<int32_t> full_layers, window_layers;
+  kv::LayerGroups groups;
+  int32_t pages = 0;
+  std::vector<int32_t> prompt = text(5000, 1);
+  int forwards = 0;
+  HybridEviction() {
+    for (int32_t l = 0; l < 62; ++l) (l % 6 == 5 ? full_layers : window_layers).push_back(l);
+    const kv::LayerGroupSpec gemma[] = {
+        {.kind = kv::AttentionKind::full, .layers = full_layers, .num_kv_heads = 16, .head_dim = 128},
+        {.kind = kv::AttentionKind::sliding_window, .layers = window_layers, .num_kv_heads = 16, .head_dim = 128, .window = 1024}};
+    groups = kv::LayerGroups::make({.groups = gemma, .block_size = 16, .block_multiple = 16}).value();
+    pages = int32_t(kv::hybrid_pool_blocks(groups, 4, 8192, 0));
+  }
+  void forward(std::span<const int32_t>) { ++forwards; }
+};
+}  // namespace
+
+TEST_CASE_METHOD(HybridEviction, "docs hybrid_eviction: sinks and a window on a Gemma-3-shaped model's full layers") {
+#include "snippets/hybrid_eviction.inc"
+  REQUIRE(forwards == 1);
+  REQUIRE(groups.block_size(0) == 80);
+  // 63 blocks of 80: block 0 holds the sinks, the last 2,048 tokens reach back into block 36; blocks 1 .. 35 leave.
+  REQUIRE(r.evicted == 35);
+  for (int32_t k = 0; k < 35; ++k) REQUIRE(evicted[std::size_t(k)] == k + 1);
+  REQUIRE(kv_len == 5000 - 35 * 80);
+  REQUIRE(first_pos[0] == 35 * 80);
+  REQUIRE(indptr[1] == 63 - 35);
+  const auto row = *cache.blocks(a.seq, 0);
+  REQUIRE(indices[0] == row[0]);
+  REQUIRE(indices[1] == row[36]);
+  REQUIRE(cache.blocks_held(a.seq, 1).value() == 313);  // the window group: all 5,000 tokens until the next reserve frees
+  REQUIRE(cache.evicted(a.seq).value());
+  REQUIRE(cache.check_invariants().ok());
+}

@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kvcache/core/block_hash.hpp"
@@ -22,6 +24,7 @@
 #include "kvcache/pool/block_pool.hpp"
 #include "kvcache/cache/contract.hpp"
 #include "kvcache/cache/hybrid_accounting.hpp"
+#include "kvcache/cache/hybrid_eviction.hpp"
 #include "kvcache/cache/hybrid_exports.hpp"
 #include "kvcache/cache/hybrid_growth.hpp"
 #include "kvcache/cache/hybrid_imports.hpp"
@@ -29,6 +32,7 @@
 #include "kvcache/cache/hybrid_selection.hpp"
 #include "kvcache/cache/pool_core.hpp"
 #include "kvcache/config.hpp"
+#include "kvcache/eviction/keep_all.hpp"
 #include "kvcache/groups/group_hits.hpp"
 #include "kvcache/groups/group_rows.hpp"
 #include "kvcache/groups/group_rule.hpp"
@@ -47,41 +51,64 @@ using HybridAdmitOptions [[deprecated("kvcache: HybridCache::admit takes AdmitOp
 using HybridAdmitResult [[deprecated("kvcache: HybridCache::admit returns AdmitResult")]] = AdmitResult;
 
 /// Layer groups over one pool: all-or-nothing reserves across groups, per-group tables, hits and accounting.
-/// Selection: a policy on the global layers (the full and MLA groups,
-/// selection/group_selection.hpp); the window and chunked groups keep their
-/// own retention. A page-bounds policy is given as its Config.
-template <BlockHasher Hasher = FastBlockHasher, SelectionPolicy Selection = SelectAll>
+/// Policies act on the global layers (the full and MLA groups); the window
+/// and chunked groups keep their own retention. Selection: a page-bounds
+/// policy (Quest), given as its Config (selection/group_selection.hpp).
+/// Eviction: a block policy, one stream per (sequence, global group)
+/// (eviction/group_eviction.hpp). Not both on one cache yet.
+template <BlockHasher Hasher = FastBlockHasher, SelectionPolicy Selection = SelectAll, EvictionPolicy Eviction = KeepAll>
 class HybridCache : public PoolCore<BlockPool>,
-                    public HybridGrowth<HybridCache<Hasher, Selection>>,
-                    public HybridAccounting<HybridCache<Hasher, Selection>>,
-                    public HybridImports<HybridCache<Hasher, Selection>>,
-                    public HybridExports<HybridCache<Hasher, Selection>>,
-                    public HybridSelection<HybridCache<Hasher, Selection>, Selection> {
+                    public HybridGrowth<HybridCache<Hasher, Selection, Eviction>>,
+                    public HybridAccounting<HybridCache<Hasher, Selection, Eviction>>,
+                    public HybridImports<HybridCache<Hasher, Selection, Eviction>>,
+                    public HybridExports<HybridCache<Hasher, Selection, Eviction>>,
+                    public HybridSelection<HybridCache<Hasher, Selection, Eviction>, Selection>,
+                    public HybridEviction<HybridCache<Hasher, Selection, Eviction>, Eviction> {
   friend class HybridGrowth<HybridCache>;
   friend class HybridAccounting<HybridCache>;
   friend class HybridImports<HybridCache>;
   friend class HybridExports<HybridCache>;
   friend class HybridSelection<HybridCache, Selection>;
+  friend class HybridEviction<HybridCache, Eviction>;
   static_assert(Selection::kind == SelectionKind::dense || Selection::kind == SelectionKind::page_bounds,
                 "kvcache::HybridCache: a selection policy on layer groups is dense or page_bounds (Quest)");
   static_assert(Signals{Signals::page_key_bounds}.covers(Selection::required_signals),
                 "kvcache::HybridCache: the selection policy needs score signals a layer group does not provide "
                 "(its global layers keep page key bounds, nothing else)");
+  static_assert(std::is_same_v<Eviction, KeepAll> || BlockEviction<Eviction>,
+                "kvcache::HybridCache: an eviction policy on layer groups drops whole blocks (a block policy: "
+                "SinkWindowEviction, BlockScoreEviction); token and window policies compact or shift a row of consecutive positions");
+  static_assert(Signals{Signals::attention_sums}.covers(Eviction::required_signals),
+                "kvcache::HybridCache: the eviction policy needs score signals a layer group does not provide "
+                "(its global layers take attention sums per held token, observe(seq, group, scores))");
+  static_assert(!(GroupSelection<Selection>::selects && GroupEviction<Eviction>::evicts),
+                "kvcache::HybridCache: a selection and an eviction policy on the same global layers are not composed yet");
 
  public:
   /// The selection policy reads key bounds per page of the global layers: the cache lists the stale ones.
   static constexpr bool selects = GroupSelection<Selection>::selects;
 
   /// An empty cache; ConfigError names a bad field of cfg.
-  explicit HybridCache(const HybridConfig& cfg, Hasher hasher = {}) : HybridCache(cfg, typename GroupSelection<Selection>::Arg{}, hasher) {}
+  explicit HybridCache(const HybridConfig& cfg, Hasher hasher = {})
+    requires std::is_default_constructible_v<Eviction>
+      : HybridCache(cfg, typename GroupSelection<Selection>::Arg{}, hasher) {}
   /// An empty cache with a selection policy on its global layers (a
   /// page-bounds policy's Config); ConfigError names a bad field of cfg, or
   /// of the policy for this layout (selection/group_selection.hpp).
   HybridCache(const HybridConfig& cfg, const typename GroupSelection<Selection>::Arg& selection, Hasher hasher = {})
+    requires std::is_default_constructible_v<Eviction>
+      : HybridCache(cfg, selection, Eviction{}, hasher) {}
+  /// An empty cache with policies on its global layers: a selection (a
+  /// page-bounds policy's Config, or SelectAll{}) and an eviction policy (a
+  /// block policy, bound here to each global group's block size);
+  /// ConfigError names a bad field of cfg, or of a policy for this layout.
+  HybridCache(const HybridConfig& cfg, const typename GroupSelection<Selection>::Arg& selection, Eviction eviction,
+              Hasher hasher = {})
       : PoolCore(BlockPool(checked_hybrid_config(cfg).num_blocks, cfg.event_capacity, max_block_size(cfg.groups), cfg.medium),
                  hold_capacity(cfg.max_sequences, cfg.num_blocks)),
         cfg_(cfg),
         selection_(selection),
+        eviction_(std::move(eviction)),
         hits_(cfg.groups, cfg.max_tokens, hasher),
         owner_(std::size_t(cfg.num_blocks), -1),
         seqs_(std::size_t(cfg.max_sequences)) {
@@ -104,6 +131,7 @@ class HybridCache : public PoolCore<BlockPool>,
     this->idx_.reserve(seqs_.size());
     this->imports_ = PendingImports(cfg.max_sequences);
     if constexpr (selects) selection_.bind(cfg.groups, cfg.num_blocks, cfg.max_sequences, cfg.max_tokens);
+    eviction_.bind(cfg.groups, cfg.max_sequences, cfg.max_tokens);
   }
 
   const LayerGroups& layer_groups() const noexcept { return cfg_.groups; }  ///< The groups.
@@ -117,7 +145,7 @@ class HybridCache : public PoolCore<BlockPool>,
     const std::uint32_t i = free_.back();
     free_.pop_back();
     Seq& s = seqs_[i];
-    s.live = true, s.sealed = false, s.reserved = s.computed = s.promised = 0, s.key = key;
+    s.live = true, s.sealed = s.evicted = false, s.reserved = s.computed = s.promised = 0, s.key = key;
     s.ahead = cfg_.prefill_chunk > 0 ? cfg_.prefill_chunk : cfg_.max_tokens;  // admit() and import() bound it by the prompt
     prefix_.start(i, chain_root(key));
     return SeqId{i, s.generation};
@@ -284,6 +312,7 @@ class HybridCache : public PoolCore<BlockPool>,
     for (GroupRows& rows : rows_)
       if (rows.rule().caches()) rows.cut(pool_, id.index, std::int32_t(rows.rule().blocks_for(s.reserved)));
     selection_.truncated(rows_, pool_, id.index, s.reserved);
+    eviction_.truncated(rows_, id.index, s.reserved);
     return {};
   }
 
@@ -292,6 +321,7 @@ class HybridCache : public PoolCore<BlockPool>,
     if (auto st = validate(id); !st) return st;
     for (GroupRows& rows : rows_) rows.cut(pool_, id.index, 0), rows.clear(id.index);
     selection_.freed(id.index);
+    eviction_.freed(id.index);
     Seq& s = seqs_[id.index];
     s.live = false;
     ++s.generation;
@@ -315,7 +345,7 @@ class HybridCache : public PoolCore<BlockPool>,
 
   /// Equal state (the hit finder's scratch aside): what error paths are tested against.
   friend bool operator==(const HybridCache& a, const HybridCache& b) {
-    return a.same_pool(b) && a.selection_ == b.selection_ && a.rows_ == b.rows_ && a.owner_ == b.owner_ && a.seqs_ == b.seqs_ &&
+    return a.same_pool(b) && a.selection_ == b.selection_ && a.eviction_ == b.eviction_ && a.rows_ == b.rows_ && a.owner_ == b.owner_ && a.seqs_ == b.seqs_ &&
            a.free_ == b.free_ && a.prefix_ == b.prefix_ && a.imports_ == b.imports_;
   }
 
@@ -324,6 +354,7 @@ class HybridCache : public PoolCore<BlockPool>,
     friend bool operator==(const Seq&, const Seq&) = default;
     std::uint32_t generation = 0;
     bool live = false, sealed = false;  // sealed: an import's row (hybrid_imports.hpp), named by no call
+    bool evicted = false;  // a block left a global row: nothing more is published (group_eviction.hpp)
     std::int64_t reserved = 0, computed = 0, promised = 0;
     std::int64_t ahead = 0;  // the most tokens it may hold reserved and not computed (HybridConfig::prefill_chunk)
     PrefixKey key{};
@@ -341,7 +372,7 @@ class HybridCache : public PoolCore<BlockPool>,
   // After the checks: tokens [0, tokens) are computed; every caching group publishes its full blocks there.
   Status mark_computed(std::uint32_t i, std::int64_t tokens) noexcept {
     seqs_[i].computed = tokens;
-    if (!cfg_.prefix_caching) return {};
+    if (!cfg_.prefix_caching || seqs_[i].evicted) return {};
     return prefix_.publish(pool_, rows_, hits_, i, tokens, seqs_[i].key);
   }
   auto owner_of() const noexcept {
@@ -350,6 +381,7 @@ class HybridCache : public PoolCore<BlockPool>,
 
   HybridConfig cfg_;
   [[no_unique_address]] GroupSelection<Selection> selection_;
+  [[no_unique_address]] GroupEviction<Eviction> eviction_;
   GroupHits<Hasher> hits_;
   std::vector<GroupRows> rows_;
   std::vector<std::int8_t> owner_;  // [block]: the group that last allocated it

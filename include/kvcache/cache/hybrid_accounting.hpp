@@ -89,13 +89,15 @@ class HybridAccounting {
     if (auto st = self().validate(s); !st) return st;
     return self().seqs_[s.index].computed;
   }
-  /// Tokens s holds in group g: those of its live blocks (a cross group: the encoder's).
+  /// Tokens s holds in group g: those of its live blocks (a cross group: the
+  /// encoder's). A kernel's length for the group's rows as exported: less
+  /// than tokens(s) where a window freed blocks or an eviction left holes.
   Result<std::int64_t> tokens_held(SeqId s, std::int32_t g) const noexcept {
     if (auto st = check(s, g); !st) return st;
     const auto& rows = self().rows_[std::size_t(g)];
     const GroupRule& r = rows.rule();
     if (!r.caches()) return rows.live(s.index) > 0 ? std::int64_t{r.span} : 0;
-    return self().seqs_[s.index].reserved - std::int64_t(rows.first_live(s.index)) * r.block_size;
+    return self().seqs_[s.index].reserved - std::int64_t(rows.first_live(s.index) + rows.holes(s.index)) * r.block_size;
   }
   /// Blocks s holds in group g.
   Result<std::int32_t> blocks_held(SeqId s, std::int32_t g) const noexcept {
@@ -103,7 +105,8 @@ class HybridAccounting {
     return self().rows_[std::size_t(g)].live(s.index);
   }
   /// Group g's row of s: block j holds positions [j * block_size(g), ...),
-  /// the null block where a window or chunk freed it (Cache<>'s table().blocks(s)).
+  /// the null block where a window or chunk freed it or an eviction let it go
+  /// (Cache<>'s table().blocks(s), which an eviction compacts instead).
   Result<std::span<const BlockId>> blocks(SeqId s, std::int32_t g) const noexcept {
     if (auto st = check(s, g); !st) return st;
     return self().rows_[std::size_t(g)].row(s.index);
@@ -114,7 +117,9 @@ class HybridAccounting {
     return held_blocks(s.index);
   }
   /// Blocks a request of prompt_len then max_new tokens holds at most, summed
-  /// over the groups, reserving at most the configured prefill chunk ahead of what is computed.
+  /// over the groups, reserving at most the configured prefill chunk ahead of
+  /// what is computed; a global group under an eviction policy within the
+  /// policy's bound (the prompt, or a chunk past the bound, held until it first runs).
   /// prefill_chunk: 0 or the configured one (the arguments every cache takes;
   /// HybridConfig::prefill_chunk is the one bound), else invalid_argument naming it.
   Result<std::int64_t> blocks_needed(std::int64_t prompt_len, std::int64_t max_new, std::int64_t prefill_chunk = 0) const noexcept {
@@ -124,8 +129,11 @@ class HybridAccounting {
                     self().cfg_.prefill_chunk};
     const std::int64_t len = prompt_len + max_new;
     if (len > self().cfg_.max_tokens) return Status{Errc::invalid_argument, "max_new", max_new, self().cfg_.max_tokens - prompt_len};
-    const std::int64_t chunk = self().cfg_.prefill_chunk;
-    return hybrid_blocks_needed(self().cfg_.groups, len, chunk > 0 ? chunk : std::max<std::int64_t>(prompt_len, 1));
+    const std::int64_t chunk = self().cfg_.prefill_chunk, in_flight = chunk > 0 ? chunk : std::max<std::int64_t>(prompt_len, 1);
+    std::int64_t n = 0;  // hybrid_blocks_needed, each global group within its eviction policy's bound
+    for (std::int32_t g = 0; g < self().groups(); ++g)
+      n += self().eviction_.blocks_needed(g, self().rows_[std::size_t(g)].rule().max_blocks(len, in_flight), prompt_len, max_new, chunk);
+    return n;
   }
   /// A handle is free and blocks_needed fits the free pool less the blocks promised to running sequences.
   bool can_admit(std::int64_t prompt_len, std::int64_t max_new) const noexcept {
@@ -176,7 +184,8 @@ class HybridAccounting {
   }
 
   /// Every invariant, O(pool + rows): the pool's own; each row null below its
-  /// first live block and live after it, as long as its tokens need; the
+  /// first live block and live after it but for the holes an eviction left
+  /// (wholly computed blocks, counted), as long as its tokens need; the
   /// pool's reference counts equal the rows' references (conservation: free
   /// + held by all groups = capacity - 1, cached blocks among the free); no
   /// block in two groups; a cached block's group is known; published blocks
@@ -205,10 +214,15 @@ class HybridAccounting {
         if (std::int64_t(row.size()) != want) return Status{Errc::invariant_violated, "row_length", g, std::int64_t(row.size())};
         if (const std::int64_t live = rows.live(i); live > r.max_blocks(self().cfg_.max_tokens, in_flight))
           return Status{Errc::invariant_violated, "blocks past the group's bound", g, live};
+        std::int32_t holes = 0;  // null entries past the first live block: an eviction's, and only where one may act
         for (std::size_t j = 0; j < row.size(); ++j) {
           const bool live = std::int32_t(j) >= rows.first_live(i);
-          if (live != (row[j] != BlockPool::null_block)) return Status{Errc::invariant_violated, "row_entry", g, std::int64_t(j)};
-          if (!live) continue;
+          if (!live && row[j] != BlockPool::null_block) return Status{Errc::invariant_violated, "row_entry", g, std::int64_t(j)};
+          if (live && row[j] == BlockPool::null_block) {
+            if (!s.evicted || std::int64_t(j + 1) * r.block_size > s.computed) return Status{Errc::invariant_violated, "row_entry", g, std::int64_t(j)};
+            ++holes;
+          }
+          if (row[j] == BlockPool::null_block) continue;
           ++refs[std::size_t(row[j])];
           if (group[std::size_t(row[j])] >= 0 && group[std::size_t(row[j])] != g)
             return Status{Errc::invariant_violated, "block_in_two_groups", row[j], g};
@@ -219,8 +233,10 @@ class HybridAccounting {
           const std::int32_t pub = self().prefix_.published(g, i);
           if (std::int64_t(pub) * r.block_size > s.computed) return Status{Errc::invariant_violated, "published", g, pub};
           for (std::int32_t j = rows.first_live(i); j < pub; ++j)
-            if (!pool.has_hash(row[std::size_t(j)])) return Status{Errc::invariant_violated, "unhashed", g, j};
+            if (row[std::size_t(j)] != BlockPool::null_block && !pool.has_hash(row[std::size_t(j)]))
+              return Status{Errc::invariant_violated, "unhashed", g, j};
         }
+        if (holes != rows.holes(i)) return Status{Errc::invariant_violated, "holes", g, holes};
       }
     }
     if (auto st = self().check_imports(); !st) return st;

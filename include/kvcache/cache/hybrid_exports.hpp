@@ -22,16 +22,17 @@ KVCACHE_BEGIN_NAMESPACE
 template <class Cache>
 class HybridExports {
  public:
-  /// Group g's dense block table of `seqs` (export_group_table: null ids where blocks were skipped).
+  /// Group g's dense block table of `seqs` (export_group_table: null ids
+  /// where blocks were skipped; a row an eviction left holes in, compacted).
   Status export_block_table(std::int32_t g, std::span<const SeqId> seqs, std::span<std::int32_t> out,
                             std::int32_t row_stride) const {
     if (auto st = rows_of(g, seqs); !st) return st;
     return export_group_table(self().rows_[std::size_t(g)], idx_, out, row_stride);
   }
-  /// Group g's CSR over the live blocks of `seqs`, with each row's first
-  /// token position (groups/group_exports.hpp): a window's row starts past
-  /// the blocks it freed. Named apart from Cache<>::export_csr, whose last
-  /// buffer is last_page_len.
+  /// Group g's CSR over the live blocks of `seqs`, with the positions each
+  /// row does not hold before them (groups/group_exports.hpp): a window's
+  /// row starts past the blocks it freed, an evicting row's count its holes
+  /// too. Named apart from Cache<>::export_csr, whose last buffer is last_page_len.
   Result<std::int32_t> export_group_csr(std::int32_t g, std::span<const SeqId> seqs, std::span<std::int32_t> indptr,
                                         std::span<std::int32_t> indices, std::span<std::int32_t> first_pos) const {
     if (auto st = rows_of(g, seqs); !st) return st;

@@ -255,7 +255,8 @@ class HybridImports {
     out.clear();
     for (const GroupRows& rows : c.rows_) {
       const auto row = rows.row(s.index);
-      out.insert(out.end(), row.begin() + rows.first_live(s.index), row.end());
+      for (std::size_t j = std::size_t(rows.first_live(s.index)); j < row.size(); ++j)
+        if (row[j] != BlockPool::null_block) out.push_back(row[j]);  // an eviction's holes hold nothing
     }
     return {};
   }

@@ -1,0 +1,389 @@
+// Eviction on a hybrid model's global layers: a block policy on the full and
+// MLA groups leaves holes in their rows while the window group keeps its own
+// retention. Every slot a reserve hands out is "written" with the prefix hash
+// of its position (or, once its sequence evicted, a different value: its K/V
+// read another context), and the kernels' view of every row (the CSR and the
+// dense table) must read back the positions the row holds, in order.
+#include <catch2/catch.hpp>
+#include <kvcache/cache/hybrid.hpp>
+#include <kvcache/eviction/block_scores.hpp>
+#include <kvcache/eviction/sink_window.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace kv = kvcache;
+using kv::AttentionKind;
+
+namespace {
+
+// Full attention (4 tokens a page), a window of 8 (4), and MLA (a latent of 8: 8 tokens a page).
+kv::LayerGroups layout() {
+  static const std::vector<std::int32_t> l0{0}, l1{1}, l2{2};
+  static const kv::LayerGroupSpec g[] = {
+      {.kind = AttentionKind::full, .layers = l0, .num_kv_heads = 1, .head_dim = 8},
+      {.kind = AttentionKind::sliding_window, .layers = l1, .num_kv_heads = 1, .head_dim = 8, .window = 8},
+      {.kind = AttentionKind::mla, .layers = l2, .num_kv_heads = 1, .head_dim = 8}};
+  return *kv::LayerGroups::make({.groups = g, .block_size = 4, .block_multiple = 2, .max_padding_permille = 999});
+}
+
+using SinkCache = kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::SinkWindowEviction>;
+using ScoreCache = kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::BlockScoreEviction>;
+
+std::uint64_t extend(std::uint64_t h, std::int32_t t) { return (h ^ std::uint64_t(t + 1)) * 0x100000001b3ULL + 7; }
+
+// A model of the pool's bytes and of what each sequence wrote.
+template <class Cache>
+struct Model {
+  Cache& cache;
+  std::map<std::int64_t, std::uint64_t> content{};  // (group, slot) -> what was written there
+  struct Seq {
+    std::vector<std::int32_t> tokens;
+    std::vector<std::uint64_t> prefix;  // [p]: hash of tokens 0 .. p
+    std::vector<std::uint64_t> wrote = std::vector<std::uint64_t>(128);  // [p]: what its K/V at p is
+    std::int64_t reserved = 0, computed = 0;
+    bool evicted = false;
+    // A hit's positions hold the prompt's prefix.
+    void hit(std::int64_t n) { std::copy(prefix.begin(), prefix.begin() + n, wrote.begin()); }
+  };
+  std::map<std::uint32_t, std::pair<kv::SeqId, Seq>> seqs{};
+
+  static std::int64_t key(std::int32_t g, std::int32_t slot) { return std::int64_t(g) << 32 | std::uint32_t(slot); }
+  // What the forward pass writes at position p: the prompt's prefix, or (after an eviction) K/V of another context.
+  static std::uint64_t written(const Seq& s, std::int64_t p) { return s.prefix[std::size_t(p)] ^ (s.evicted ? 0x5555 : 0); }
+  void write(Seq& s, std::int64_t from, std::int32_t n, const std::vector<std::int32_t>& slots, std::int32_t stride) {
+    for (std::int32_t t = 0; t < n; ++t) s.wrote[std::size_t(from + t)] = written(s, from + t);
+    for (std::int32_t g = 0; g < cache.groups(); ++g)
+      for (std::int32_t t = 0; t < n; ++t) content[key(g, slots[std::size_t(g * stride + t)])] = s.wrote[std::size_t(from + t)];
+  }
+  // The positions row g of s holds, in order: each live block's.
+  std::vector<std::int64_t> held_positions(kv::SeqId id, const Seq& s, std::int32_t g) const {
+    const auto row = *cache.blocks(id, g);
+    const std::int32_t b = cache.layer_groups().block_size(g);
+    std::vector<std::int64_t> out;
+    for (std::int64_t p = 0; p < s.reserved; ++p)
+      if (row[std::size_t(p / b)] != kv::BlockPool::null_block) out.push_back(p);
+    return out;
+  }
+  // The kernels' view (CSR and dense table) reads back, in order, what was written at each held position.
+  void read_back(kv::SeqId id, const Seq& s) const {
+    for (std::int32_t g = 0; g < cache.groups(); ++g) {
+      const std::int32_t b = cache.layer_groups().block_size(g);
+      const auto pos = held_positions(id, s, g);
+      REQUIRE(std::int64_t(pos.size()) == *cache.tokens_held(id, g));
+      const kv::SeqId one[] = {id};
+      std::vector<std::int32_t> indptr(2), indices(256), first(1), table(64);
+      const auto n = cache.export_group_csr(g, one, indptr, indices, first);
+      REQUIRE(n.ok());
+      REQUIRE(s.reserved - first[0] == std::int64_t(pos.size()));
+      REQUIRE(cache.export_block_table(g, one, table, std::int32_t(table.size())).ok());
+      for (std::size_t k = 0; k < pos.size(); ++k) {
+        // CSR: the k-th held token. Table: a window row keeps its positions (null ids before its
+        // first live block); a global row is its live blocks one after another, from index 0.
+        const auto csr = std::int64_t(k);
+        const std::int32_t slot = indices[std::size_t(csr / b)] * b + std::int32_t(csr % b);
+        const std::int64_t t = g == 1 ? first[0] + csr : csr;
+        const std::int32_t dense = table[std::size_t(t / b)] * b + std::int32_t(t % b);
+        REQUIRE(content.at(key(g, slot)) == s.wrote[std::size_t(pos[k])]);
+        REQUIRE(dense == slot);
+      }
+      REQUIRE(indptr[1] == *cache.blocks_held(id, g));
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("eviction on a hybrid's global layers: sinks and a window leave holes in the full and MLA rows, the window group keeps its own") {
+  SinkCache cache({.groups = layout(), .num_blocks = 64, .max_sequences = 2, .max_tokens = 128, .event_capacity = 64}, {},
+                  kv::SinkWindowEviction({.sinks = 4, .window = 8}));
+  Model<SinkCache> m{cache};
+  Model<SinkCache>::Seq s;
+  for (std::int32_t t = 0; t < 40; ++t) s.tokens.push_back(100 + t);
+  for (const auto t : s.tokens) s.prefix.push_back(extend(s.prefix.empty() ? 1 : s.prefix.back(), t));
+  const std::int32_t full_b = cache.layer_groups().block_size(0), mla_b = cache.layer_groups().block_size(2);
+  REQUIRE(full_b == 4);
+  REQUIRE(mla_b == 8);
+
+  std::vector<std::int32_t> slots(3 * 40);
+  const auto a = cache.admit(std::span(s.tokens).first(32), slots, {.reserve = 32}).value();
+  s.reserved = 32;
+  m.write(s, 0, 32, slots, 32);
+  REQUIRE(cache.computed(a.seq, 32).ok());
+  s.computed = 32;
+  m.read_back(a.seq, s);
+
+  std::vector<std::int32_t> out(32);
+  const auto r = cache.evict(a.seq, {.blocks = out}).value();
+  // Full (B 4): sinks [0, 4) and the last 8 tokens [24, 32) stay: blocks 1 .. 5 leave.
+  // MLA (B 8): the sinks pin block 0, the window [24, 32) block 3: blocks 1 and 2 leave.
+  REQUIRE(r.evicted == 5 + 2);
+  REQUIRE(r.tokens == 5 * 4 + 2 * 8);
+  REQUIRE(r.rotations == 0);
+  REQUIRE(r.first_changed == 4);
+  const std::vector<std::int32_t> want{1, 2, 3, 4, 5, 1, 2};
+  REQUIRE(std::vector<std::int32_t>(out.begin(), out.begin() + r.evicted) == want);
+  REQUIRE(*cache.tokens_held(a.seq, 0) == 12);
+  REQUIRE(*cache.tokens_held(a.seq, 2) == 16);
+  REQUIRE(*cache.tokens_held(a.seq, 1) == 32);  // the window group frees on its own rule, at the next reserve
+  REQUIRE(*cache.blocks_held(a.seq, 0) == 3);
+  REQUIRE((*cache.blocks(a.seq, 0))[1] == kv::BlockPool::null_block);
+  REQUIRE(cache.evicted(a.seq).value());
+  REQUIRE(cache.check_invariants().ok());
+  m.read_back(a.seq, s);
+
+  // A held position's slot is there; an evicted one is refused, naming it.
+  std::vector<std::int32_t> one(4);
+  REQUIRE(cache.slot_mapping(0, a.seq, 0, 4, one).ok());
+  const auto hole = cache.slot_mapping(0, a.seq, 2, 6, one);
+  REQUIRE(hole.code() == kv::Errc::invalid_argument);
+  REQUIRE(hole.value() == 4);
+
+  // Decode: each step computes the last token, reserves the next, and evicts.
+  s.evicted = true;
+  for (std::int32_t t = 32; t < 40; ++t) {
+    const std::int32_t tok[] = {s.tokens[std::size_t(t)]};
+    REQUIRE(cache.advance(a.seq, tok, slots).value() == 1);
+    s.computed = s.reserved;
+    m.write(s, s.reserved, 1, slots, 1);
+    ++s.reserved;
+    REQUIRE(cache.evict(a.seq, {.blocks = out}).ok());
+    REQUIRE(cache.check_invariants().ok());
+    m.read_back(a.seq, s);
+    for (const std::int32_t g : {0, 2}) {
+      const auto pos = m.held_positions(a.seq, s, g);
+      REQUIRE(std::vector<std::int64_t>(pos.begin(), pos.begin() + 4) == std::vector<std::int64_t>{0, 1, 2, 3});
+      REQUIRE(pos.back() == s.reserved - 1);
+      REQUIRE(std::int64_t(pos.size()) <= cache.eviction(g).value()->max_tokens_held(s.reserved));
+      for (std::int64_t p = s.reserved - 8; p < s.reserved; ++p) REQUIRE(std::count(pos.begin(), pos.end(), p) == 1);
+    }
+  }
+  REQUIRE(cache.free(a.seq).ok());
+  REQUIRE(cache.check_invariants().ok());
+}
+
+TEST_CASE("a hybrid sequence that evicted publishes nothing more, and what it published before stays served") {
+  SinkCache cache({.groups = layout(), .num_blocks = 96, .max_sequences = 3, .max_tokens = 128}, {},
+                  kv::SinkWindowEviction({.sinks = 4, .window = 8}));
+  std::vector<std::int32_t> prompt(48);
+  std::iota(prompt.begin(), prompt.end(), 7);
+  std::vector<std::int32_t> slots(3 * 48), out(64);
+  const auto a = cache.admit(std::span(prompt).first(32), slots, {.reserve = 32}).value();
+  REQUIRE(cache.computed(a.seq, 32).ok());
+  REQUIRE(cache.evict(a.seq, {.blocks = out}).value().evicted > 0);
+  // The next 16 tokens are computed after the eviction: none of them may be served.
+  REQUIRE(cache.reserve(a.seq, std::span(prompt).subspan(32, 16), slots).ok());
+  REQUIRE(cache.computed(a.seq, 48).ok());
+  REQUIRE(cache.match(prompt) == 32);  // the 32 computed before the eviction, the evicted blocks included
+  REQUIRE(cache.check_invariants().ok());
+  // A second request adopts the prompt's blocks the first one let go (they stayed cached) and publishes on.
+  const auto b = cache.admit(std::span(prompt).first(40), slots, {.reserve = 8}).value();
+  REQUIRE(b.cached_tokens == 32);
+  REQUIRE(cache.computed(b.seq, 40).ok());
+  REQUIRE(cache.match(prompt) == 40);
+  REQUIRE(cache.check_invariants().ok());
+}
+
+TEST_CASE("block scores on a hybrid's global layers: observe per group, the lowest-scored blocks leave") {
+  // start 8, recent 8, max 24 tokens: each global group binds its own copy (4- and 8-token blocks).
+  ScoreCache cache({.groups = layout(), .num_blocks = 64, .max_sequences = 2, .max_tokens = 64}, {},
+                   kv::BlockScoreEviction({.start = 8, .recent = 8, .max = 24, .aggregation = kv::Aggregation::sum}));
+  std::vector<std::int32_t> prompt(40), slots(3 * 40), out(32);
+  std::iota(prompt.begin(), prompt.end(), 1);
+  const auto a = cache.admit(prompt, slots, {.reserve = 40}).value();
+  REQUIRE(cache.computed(a.seq, 40).ok());
+  // Full: 40 held, 16 leave from the evictable blocks 2 .. 7: blocks 3, 5, 6 and 7 score lowest.
+  // MLA: 40 held, 16 leave from blocks 1 .. 3: blocks 1 and 3 score lowest.
+  std::vector<float> full(40, 1.0f), mla(40, 1.0f);
+  for (const int blk : {3, 5, 6, 7}) std::fill_n(full.begin() + blk * 4, 4, 0.1f);
+  for (const int blk : {1, 3}) std::fill_n(mla.begin() + blk * 8, 8, 0.0f);
+  REQUIRE(cache.observe(a.seq, 0, {kv::ScoreKind::attention_sums, full, 1}).ok());
+  REQUIRE(cache.observe(a.seq, 2, {kv::ScoreKind::attention_sums, mla, 1}).ok());
+  const auto r = cache.evict(a.seq, {.blocks = out}).value();
+  REQUIRE(r.evicted == 4 + 2);
+  REQUIRE(std::vector<std::int32_t>(out.begin(), out.begin() + 6) == std::vector<std::int32_t>{3, 5, 6, 7, 1, 3});
+  REQUIRE(*cache.tokens_held(a.seq, 0) == 24);
+  REQUIRE(*cache.tokens_held(a.seq, 2) == 24);
+  // The next scores have one value per held token (tokens_held), in the CSR's order.
+  std::vector<float> next(24, 1.0f);
+  REQUIRE(cache.observe(a.seq, 0, {kv::ScoreKind::attention_sums, next, 1}).ok());
+  REQUIRE(cache.check_invariants().ok());
+}
+
+TEST_CASE("eviction on a hybrid: errors name the value and change nothing") {
+  ScoreCache cache({.groups = layout(), .num_blocks = 64, .max_sequences = 2, .max_tokens = 64}, {},
+                   kv::BlockScoreEviction({.start = 8, .recent = 8, .max = 24}));
+  std::vector<std::int32_t> prompt(40), slots(3 * 40), out(64);
+  std::iota(prompt.begin(), prompt.end(), 1);
+  const auto a = cache.admit(std::span(prompt).first(32), slots, {.reserve = 32}).value();
+  REQUIRE(cache.computed(a.seq, 32).ok());
+  const auto before = cache;
+  std::vector<float> sums(32, 1.0f);
+
+  SECTION("a window group takes no scores") {
+    const auto st = cache.observe(a.seq, 1, {kv::ScoreKind::attention_sums, sums, 1});
+    REQUIRE(st.code() == kv::Errc::invalid_argument);
+    REQUIRE(std::string(st.what()).find("window") != std::string::npos);
+  }
+  SECTION("a group past the layout") { REQUIRE(cache.observe(a.seq, 3, {kv::ScoreKind::attention_sums, sums, 1}).code() == kv::Errc::invalid_argument); }
+  SECTION("scores of the wrong size name scores.size and the tokens held") {
+    const auto st = cache.observe(a.seq, 0, {kv::ScoreKind::attention_sums, std::span(sums).first(31), 1});
+    REQUIRE(st.code() == kv::Errc::invalid_argument);
+    REQUIRE(std::string(st.what()) == "scores.size");
+    REQUIRE(st.limit() == 32);
+  }
+  SECTION("a NaN names its index") {
+    sums[5] = std::nanf("");
+    const auto st = cache.observe(a.seq, 0, {kv::ScoreKind::attention_sums, sums, 1});
+    REQUIRE(std::string(st.what()) == "scores_at");
+    REQUIRE(st.value() == 5);
+  }
+  SECTION("a span too small for the blocks names blocks and the size every group needs") {
+    // Full: 32 held, max 24: 2 blocks leave; MLA: 1. Room for 1, then for 2.
+    for (const std::size_t room : {1u, 2u}) {
+      const auto r = cache.evict(a.seq, {.blocks = std::span(out).first(room)});
+      REQUIRE(r.status().code() == kv::Errc::buffer_too_small);
+      REQUIRE(std::string(r.status().what()) == "blocks");
+      REQUIRE(r.status().limit() == 2 + 1);
+    }
+  }
+  SECTION("a stale handle") {
+    const kv::SeqId stale{a.seq.index, a.seq.generation + 1};
+    REQUIRE(cache.evict(stale, {.blocks = out}).status().code() == kv::Errc::unknown_sequence);
+    REQUIRE(cache.observe(stale, 0, {kv::ScoreKind::attention_sums, sums, 1}).code() == kv::Errc::unknown_sequence);
+  }
+  SECTION("a plan whose blocks are all computed runs with tokens pending") {
+    // 8 more reserved and not computed: 40 held, the policy's recent area (8) covers only them.
+    auto c2 = cache;
+    REQUIRE(c2.reserve(a.seq, std::span(prompt).subspan(32, 8), slots).ok());
+    const auto mid = c2;
+    REQUIRE(c2.evict(a.seq, {.blocks = out}).value().evicted == 4 + 2);
+    REQUIRE(c2.check_invariants().ok());
+    REQUIRE(!(c2 == mid));
+  }
+  REQUIRE(cache == before);
+  REQUIRE(cache.check_invariants().ok());
+}
+
+TEST_CASE("eviction on a hybrid: a plan that takes a block not yet computed is refused, nothing changed") {
+  SinkCache cache({.groups = layout(), .num_blocks = 64, .max_sequences = 2, .max_tokens = 64}, {},
+                  kv::SinkWindowEviction({.sinks = 4, .window = 8}));
+  std::vector<std::int32_t> prompt(32), slots(3 * 32), out(32);
+  std::iota(prompt.begin(), prompt.end(), 1);
+  const auto a = cache.admit(std::span(prompt).first(16), slots, {.reserve = 16}).value();
+  REQUIRE(cache.computed(a.seq, 16).ok());
+  REQUIRE(cache.reserve(a.seq, std::span(prompt).subspan(16, 16), slots).ok());
+  // 32 held, 16 computed: the full group's plan (blocks 1 .. 5) reaches positions 16 .. 23.
+  const auto before = cache;
+  const auto r = cache.evict(a.seq, {.blocks = out});
+  REQUIRE(r.status().code() == kv::Errc::invalid_argument);
+  REQUIRE(r.status().value() == 20);  // block 4 ends at 20, past the 16 computed
+  REQUIRE(r.status().limit() == 16);
+  REQUIRE(cache == before);
+  REQUIRE(cache.computed(a.seq, 32).ok());
+  REQUIRE(cache.evict(a.seq, {.blocks = out}).value().evicted == 5 + 2);
+  REQUIRE(cache.check_invariants().ok());
+}
+
+TEST_CASE("eviction on a hybrid: lifetime need within the policy's bound") {
+  SinkCache cache({.groups = layout(), .num_blocks = 64, .max_sequences = 2, .max_tokens = 1024}, {},
+                  kv::SinkWindowEviction({.sinks = 4, .window = 8}));
+  kv::HybridCache<> plain({.groups = layout(), .num_blocks = 64, .max_sequences = 2, .max_tokens = 1024});
+  // The window group's need is its own either way; the full (B 4) and MLA (B 8) groups' differ.
+  const auto window = [&](std::int64_t prompt) { return plain.blocks_needed(prompt, 900).value() - (prompt + 900 + 3) / 4 - (prompt + 900 + 7) / 8; };
+  // A 64-token prompt is held whole before the policy first runs: 16 and 8 blocks.
+  REQUIRE(cache.blocks_needed(64, 900).value() == 16 + 8 + window(64));
+  // An 8-token prompt: the bound for the request's length (pinned + window + B - 1, and the token it reserves).
+  REQUIRE(cache.blocks_needed(8, 900).value() == kv::blocks_for_tokens(4 + 8 + 4, 4) + kv::blocks_for_tokens(8 + 8 + 8, 8) + window(8));
+  REQUIRE(cache.blocks_needed(8, 900).value() < plain.blocks_needed(8, 900).value());
+}
+
+TEST_CASE("eviction on a hybrid: randomized conversations keep every invariant and read back what they hold") {
+  std::mt19937 rng(GENERATE(1u, 2u, 3u));
+  const auto pick = [&](std::int32_t n) { return std::int32_t(rng() % std::uint32_t(n)); };
+  SinkCache cache({.groups = layout(), .num_blocks = 80, .max_sequences = 4, .max_tokens = 96, .prefill_chunk = 16}, {},
+                  kv::SinkWindowEviction({.sinks = 2, .window = 6}));
+  Model<SinkCache> m{cache};
+  std::vector<std::int32_t> stem(96);
+  for (auto& t : stem) t = pick(50);
+  std::vector<std::int32_t> slots(3 * 96), out(128);
+  std::int64_t evictions = 0, hits = 0;
+  for (int op = 0; op < 1500; ++op) {
+    const auto before = cache;
+    bool failed = false;
+    auto it = m.seqs.begin();
+    if (!m.seqs.empty()) std::advance(it, pick(std::int32_t(m.seqs.size())));
+    switch (pick(6)) {
+      case 0: {  // admit a prompt sharing the stem's start
+        Model<SinkCache>::Seq s;
+        const std::int32_t len = 1 + pick(60);
+        s.tokens.assign(stem.begin(), stem.begin() + len);
+        if (pick(2)) s.tokens.back() = 50 + pick(50);
+        for (std::int32_t t = len; t < 96; ++t) s.tokens.push_back(pick(50));
+        for (const auto t : s.tokens) s.prefix.push_back(extend(s.prefix.empty() ? 1 : s.prefix.back(), t));
+        auto r = cache.admit(std::span(s.tokens).first(std::size_t(len)), slots);
+        if (!r) { failed = true; break; }
+        hits += r->cached_tokens > 0;
+        s.reserved = r->cached_tokens + r->reserved;
+        s.computed = r->cached_tokens;
+        s.hit(r->cached_tokens);
+        m.write(s, r->cached_tokens, r->reserved, slots, len);
+        m.seqs[r->seq.index] = {r->seq, s};
+        break;
+      }
+      case 1: case 2: {  // compute what is reserved, reserve the next tokens
+        if (m.seqs.empty()) break;
+        auto& [id, s] = it->second;
+        const std::int32_t n = std::min<std::int32_t>(1 + pick(4), std::int32_t(96 - s.reserved));
+        if (n <= 0) break;
+        auto r = cache.advance(id, std::span(s.tokens).subspan(std::size_t(s.reserved), std::size_t(n)), slots);
+        if (!r) { failed = true; break; }
+        s.computed = s.reserved;
+        m.write(s, s.reserved, n, slots, n);
+        s.reserved += n;
+        break;
+      }
+      case 3: {  // the policy runs
+        if (m.seqs.empty()) break;
+        auto& [id, s] = it->second;
+        auto r = cache.evict(id, {.blocks = out});
+        if (!r) {
+          REQUIRE(r.status().code() == kv::Errc::invalid_argument);  // a pending block the window does not cover
+          failed = true;
+          break;
+        }
+        if (r->evicted > 0) s.evicted = true, ++evictions;
+        for (const std::int32_t g : {0, 2})
+          REQUIRE(*cache.tokens_held(id, g) <= cache.eviction(g).value()->max_tokens_held(s.reserved) + (s.reserved - s.computed));
+        break;
+      }
+      case 4: {  // a rejected draft, or computed up to here
+        if (m.seqs.empty()) break;
+        auto& [id, s] = it->second;
+        if (pick(2) && s.reserved > s.computed) {
+          const auto n = std::int32_t(1 + pick(std::int32_t(s.reserved - s.computed)));
+          REQUIRE(cache.truncate(id, n).ok());
+          s.reserved -= n;
+        } else {
+          REQUIRE(cache.computed(id, s.reserved).ok());
+          s.computed = s.reserved;
+        }
+        break;
+      }
+      default:
+        if (m.seqs.empty() || pick(2)) break;
+        REQUIRE(cache.free(it->second.first).ok());
+        m.seqs.erase(it);
+    }
+    if (failed) REQUIRE(cache == before);
+    REQUIRE(cache.check_invariants().ok());
+    for (const auto& [index, e] : m.seqs) m.read_back(e.first, e.second);
+  }
+  REQUIRE(evictions > 20);
+  REQUIRE(hits > 20);
+}
