@@ -5,13 +5,21 @@
 // which changes each group's tokens a page), then random admits with prefix hits, reserves, computed
 // marks, rollbacks, frees and stale handles (tests/hybrid_harness.hpp: the
 // shadow of every slot's content, the invariants, failed calls changing
-// nothing, every hit and every live position reading back its own prefix).
+// nothing, every hit and every live position reading back its own prefix);
+// or, where a group is full or MLA, the same with a block eviction policy on
+// those groups (tests/hybrid_eviction_harness.hpp: K/V written after an
+// eviction differs from the prompt's, and every row reads back what it holds).
 #include <kvcache/cache/hybrid.hpp>
+#include <kvcache/eviction/block_scores.hpp>
+#include <kvcache/eviction/sink_window.hpp>
+
+#include <numeric>
 
 #include <vector>
 
 #include "input.hpp"
 
+#include "hybrid_eviction_harness.hpp"
 #include "hybrid_harness.hpp"
 
 namespace kv = kvcache;
@@ -51,7 +59,32 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                              .max_tokens = max_tokens, .prefill_chunk = in.pick(9), .prefix_caching = in.pick(8) != 0};
   const auto pick = [&in](std::int32_t n) { return in.pick(n); };
   const auto need = fuzz_input::need_for("fuzz_hybrid");
-  kvtest::HybridHarness<decltype(pick), decltype(need)> h(pick, need, cfg);
-  for (int ops = 0; ops < 400 && in.n > 0; ++ops) h.step();
-  return 0;
+  // A block eviction policy on the global groups, when there is one: sinks and a window, or block scores
+  // in multiples of every global group's block size.
+  std::int32_t step = 0;
+  for (std::int32_t g = 0; g < lg->num_groups(); ++g)
+    if (const auto k = lg->spec(g).kind; k == kv::AttentionKind::full || k == kv::AttentionKind::mla)
+      step = step == 0 ? lg->block_size(g) : std::lcm(step, lg->block_size(g));
+  switch (step > 0 ? in.pick(3) : 0) {
+    case 1: {
+      kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::SinkWindowEviction> cache(
+          cfg, {}, kv::SinkWindowEviction({.sinks = in.pick(9), .window = 1 + in.pick(16)}));
+      kvtest::HybridEvictionHarness h(cache, pick, need);
+      for (int ops = 0; ops < 400 && in.n > 0; ++ops) h.step();
+      return 0;
+    }
+    case 2: {
+      const std::int32_t start = step * (1 + in.pick(2)), recent = step * (1 + in.pick(2));
+      kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::BlockScoreEviction> cache(
+          cfg, {}, kv::BlockScoreEviction({.start = start, .recent = recent, .max = start + recent + step * (1 + in.pick(3))}));
+      kvtest::HybridEvictionHarness h(cache, pick, need);
+      for (int ops = 0; ops < 400 && in.n > 0; ++ops) h.step();
+      return 0;
+    }
+    default: {
+      kvtest::HybridHarness<decltype(pick), decltype(need)> h(pick, need, cfg);
+      for (int ops = 0; ops < 400 && in.n > 0; ++ops) h.step();
+      return 0;
+    }
+  }
 }

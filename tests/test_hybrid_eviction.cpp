@@ -9,6 +9,8 @@
 #include <kvcache/eviction/block_scores.hpp>
 #include <kvcache/eviction/sink_window.hpp>
 
+#include "hybrid_eviction_harness.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,77 +37,22 @@ kv::LayerGroups layout() {
 using SinkCache = kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::SinkWindowEviction>;
 using ScoreCache = kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::BlockScoreEviction>;
 
-std::uint64_t extend(std::uint64_t h, std::int32_t t) { return (h ^ std::uint64_t(t + 1)) * 0x100000001b3ULL + 7; }
-
-// A model of the pool's bytes and of what each sequence wrote.
-template <class Cache>
-struct Model {
-  Cache& cache;
-  std::map<std::int64_t, std::uint64_t> content{};  // (group, slot) -> what was written there
-  struct Seq {
-    std::vector<std::int32_t> tokens;
-    std::vector<std::uint64_t> prefix;  // [p]: hash of tokens 0 .. p
-    std::vector<std::uint64_t> wrote = std::vector<std::uint64_t>(128);  // [p]: what its K/V at p is
-    std::int64_t reserved = 0, computed = 0;
-    bool evicted = false;
-    // A hit's positions hold the prompt's prefix.
-    void hit(std::int64_t n) { std::copy(prefix.begin(), prefix.begin() + n, wrote.begin()); }
-  };
-  std::map<std::uint32_t, std::pair<kv::SeqId, Seq>> seqs{};
-
-  static std::int64_t key(std::int32_t g, std::int32_t slot) { return std::int64_t(g) << 32 | std::uint32_t(slot); }
-  // What the forward pass writes at position p: the prompt's prefix, or (after an eviction) K/V of another context.
-  static std::uint64_t written(const Seq& s, std::int64_t p) { return s.prefix[std::size_t(p)] ^ (s.evicted ? 0x5555 : 0); }
-  void write(Seq& s, std::int64_t from, std::int32_t n, const std::vector<std::int32_t>& slots, std::int32_t stride) {
-    for (std::int32_t t = 0; t < n; ++t) s.wrote[std::size_t(from + t)] = written(s, from + t);
-    for (std::int32_t g = 0; g < cache.groups(); ++g)
-      for (std::int32_t t = 0; t < n; ++t) content[key(g, slots[std::size_t(g * stride + t)])] = s.wrote[std::size_t(from + t)];
-  }
-  // The positions row g of s holds, in order: each live block's.
-  std::vector<std::int64_t> held_positions(kv::SeqId id, const Seq& s, std::int32_t g) const {
-    const auto row = *cache.blocks(id, g);
-    const std::int32_t b = cache.layer_groups().block_size(g);
-    std::vector<std::int64_t> out;
-    for (std::int64_t p = 0; p < s.reserved; ++p)
-      if (row[std::size_t(p / b)] != kv::BlockPool::null_block) out.push_back(p);
-    return out;
-  }
-  // The kernels' view (CSR and dense table) reads back, in order, what was written at each held position.
-  void read_back(kv::SeqId id, const Seq& s) const {
-    for (std::int32_t g = 0; g < cache.groups(); ++g) {
-      const std::int32_t b = cache.layer_groups().block_size(g);
-      const auto pos = held_positions(id, s, g);
-      REQUIRE(std::int64_t(pos.size()) == *cache.tokens_held(id, g));
-      const kv::SeqId one[] = {id};
-      std::vector<std::int32_t> indptr(2), indices(256), first(1), table(64);
-      const auto n = cache.export_group_csr(g, one, indptr, indices, first);
-      REQUIRE(n.ok());
-      REQUIRE(s.reserved - first[0] == std::int64_t(pos.size()));
-      REQUIRE(cache.export_block_table(g, one, table, std::int32_t(table.size())).ok());
-      for (std::size_t k = 0; k < pos.size(); ++k) {
-        // CSR: the k-th held token. Table: a window row keeps its positions (null ids before its
-        // first live block); a global row is its live blocks one after another, from index 0.
-        const auto csr = std::int64_t(k);
-        const std::int32_t slot = indices[std::size_t(csr / b)] * b + std::int32_t(csr % b);
-        const std::int64_t t = g == 1 ? first[0] + csr : csr;
-        const std::int32_t dense = table[std::size_t(t / b)] * b + std::int32_t(t % b);
-        REQUIRE(content.at(key(g, slot)) == s.wrote[std::size_t(pos[k])]);
-        REQUIRE(dense == slot);
-      }
-      REQUIRE(indptr[1] == *cache.blocks_held(id, g));
-    }
-  }
+const auto require = [](bool ok, const char* what) {
+  INFO(what);
+  REQUIRE(ok);
 };
+template <class Cache>
+using Model = kvtest::EvictionModel<Cache, decltype(require)>;
 
 }  // namespace
 
 TEST_CASE("eviction on a hybrid's global layers: sinks and a window leave holes in the full and MLA rows, the window group keeps its own") {
   SinkCache cache({.groups = layout(), .num_blocks = 64, .max_sequences = 2, .max_tokens = 128, .event_capacity = 64}, {},
                   kv::SinkWindowEviction({.sinks = 4, .window = 8}));
-  Model<SinkCache> m{cache};
-  Model<SinkCache>::Seq s;
-  for (std::int32_t t = 0; t < 40; ++t) s.tokens.push_back(100 + t);
-  for (const auto t : s.tokens) s.prefix.push_back(extend(s.prefix.empty() ? 1 : s.prefix.back(), t));
+  Model<SinkCache> m{cache, require};
+  std::vector<std::int32_t> tokens(40);
+  std::iota(tokens.begin(), tokens.end(), 100);
+  auto s = Model<SinkCache>::make(tokens);
   const std::int32_t full_b = cache.layer_groups().block_size(0), mla_b = cache.layer_groups().block_size(2);
   REQUIRE(full_b == 4);
   REQUIRE(mla_b == 8);
@@ -304,86 +251,22 @@ TEST_CASE("eviction on a hybrid: lifetime need within the policy's bound") {
 }
 
 TEST_CASE("eviction on a hybrid: randomized conversations keep every invariant and read back what they hold") {
-  std::mt19937 rng(GENERATE(1u, 2u, 3u));
+  const unsigned seed = GENERATE(1u, 2u, 3u);
+  std::mt19937 rng(seed);
   const auto pick = [&](std::int32_t n) { return std::int32_t(rng() % std::uint32_t(n)); };
-  SinkCache cache({.groups = layout(), .num_blocks = 80, .max_sequences = 4, .max_tokens = 96, .prefill_chunk = 16}, {},
-                  kv::SinkWindowEviction({.sinks = 2, .window = 6}));
-  Model<SinkCache> m{cache};
-  std::vector<std::int32_t> stem(96);
-  for (auto& t : stem) t = pick(50);
-  std::vector<std::int32_t> slots(3 * 96), out(128);
-  std::int64_t evictions = 0, hits = 0;
-  for (int op = 0; op < 1500; ++op) {
-    const auto before = cache;
-    bool failed = false;
-    auto it = m.seqs.begin();
-    if (!m.seqs.empty()) std::advance(it, pick(std::int32_t(m.seqs.size())));
-    switch (pick(6)) {
-      case 0: {  // admit a prompt sharing the stem's start
-        Model<SinkCache>::Seq s;
-        const std::int32_t len = 1 + pick(60);
-        s.tokens.assign(stem.begin(), stem.begin() + len);
-        if (pick(2)) s.tokens.back() = 50 + pick(50);
-        for (std::int32_t t = len; t < 96; ++t) s.tokens.push_back(pick(50));
-        for (const auto t : s.tokens) s.prefix.push_back(extend(s.prefix.empty() ? 1 : s.prefix.back(), t));
-        auto r = cache.admit(std::span(s.tokens).first(std::size_t(len)), slots);
-        if (!r) { failed = true; break; }
-        hits += r->cached_tokens > 0;
-        s.reserved = r->cached_tokens + r->reserved;
-        s.computed = r->cached_tokens;
-        s.hit(r->cached_tokens);
-        m.write(s, r->cached_tokens, r->reserved, slots, len);
-        m.seqs[r->seq.index] = {r->seq, s};
-        break;
-      }
-      case 1: case 2: {  // compute what is reserved, reserve the next tokens
-        if (m.seqs.empty()) break;
-        auto& [id, s] = it->second;
-        const std::int32_t n = std::min<std::int32_t>(1 + pick(4), std::int32_t(96 - s.reserved));
-        if (n <= 0) break;
-        auto r = cache.advance(id, std::span(s.tokens).subspan(std::size_t(s.reserved), std::size_t(n)), slots);
-        if (!r) { failed = true; break; }
-        s.computed = s.reserved;
-        m.write(s, s.reserved, n, slots, n);
-        s.reserved += n;
-        break;
-      }
-      case 3: {  // the policy runs
-        if (m.seqs.empty()) break;
-        auto& [id, s] = it->second;
-        auto r = cache.evict(id, {.blocks = out});
-        if (!r) {
-          REQUIRE(r.status().code() == kv::Errc::invalid_argument);  // a pending block the window does not cover
-          failed = true;
-          break;
-        }
-        if (r->evicted > 0) s.evicted = true, ++evictions;
-        for (const std::int32_t g : {0, 2})
-          REQUIRE(*cache.tokens_held(id, g) <= cache.eviction(g).value()->max_tokens_held(s.reserved) + (s.reserved - s.computed));
-        break;
-      }
-      case 4: {  // a rejected draft, or computed up to here
-        if (m.seqs.empty()) break;
-        auto& [id, s] = it->second;
-        if (pick(2) && s.reserved > s.computed) {
-          const auto n = std::int32_t(1 + pick(std::int32_t(s.reserved - s.computed)));
-          REQUIRE(cache.truncate(id, n).ok());
-          s.reserved -= n;
-        } else {
-          REQUIRE(cache.computed(id, s.reserved).ok());
-          s.computed = s.reserved;
-        }
-        break;
-      }
-      default:
-        if (m.seqs.empty() || pick(2)) break;
-        REQUIRE(cache.free(it->second.first).ok());
-        m.seqs.erase(it);
-    }
-    if (failed) REQUIRE(cache == before);
-    REQUIRE(cache.check_invariants().ok());
-    for (const auto& [index, e] : m.seqs) m.read_back(e.first, e.second);
+  const kv::HybridConfig cfg{.groups = layout(), .num_blocks = 80, .max_sequences = 4, .max_tokens = 96, .prefill_chunk = 16};
+  SECTION("sinks and a window") {
+    SinkCache cache(cfg, {}, kv::SinkWindowEviction({.sinks = 2, .window = 6}));
+    kvtest::HybridEvictionHarness h(cache, pick, require);
+    while (h.ops < 1500) h.step();
+    REQUIRE(h.evictions > 20);
+    REQUIRE(h.hits > 20);
   }
-  REQUIRE(evictions > 20);
-  REQUIRE(hits > 20);
+  SECTION("block scores, random scores before every evict") {
+    ScoreCache cache(cfg, {}, kv::BlockScoreEviction({.start = 8, .recent = 8, .max = 24, .aggregation = kv::Aggregation::sum}));
+    kvtest::HybridEvictionHarness h(cache, pick, require);
+    while (h.ops < 1500) h.step();
+    REQUIRE(h.evictions > 20);
+    REQUIRE(h.hits > 20);
+  }
 }

@@ -164,7 +164,7 @@ def policy_by_name(name, budget, c, cfg):
         return kv.SinkWindow(sinks=4, window=budget - 2 * B), cfg
     if name in ("block_scores", "block_scores_summed"):
         recent = max(B, min(4 * B, (budget - 3 * B) // B * B))
-        cfg.layer_streams = name == "block_scores"
+        cfg.layer_streams = name == "block_scores" and cfg.window == 0  # a hybrid's global group is one stream
         return kv.BlockScores(start=B, recent=recent, max=budget - B), cfg
     if name in ("h2o", "h2o_summed"):  # half heavy hitters, half recent
         summed = name == "h2o_summed"
@@ -485,8 +485,13 @@ class Engine:
         size). The window layers are the model's own (Gemma 3's), or, for a
         model with none, the odd layers."""
         c, cfg, L = self.c, self.cfg, self.c["layers"]
-        if not isinstance(policy, kv.KeepAll) or cfg.optimistic or cfg.layer_streams or not cfg.evict_in_prefill:
-            raise ValueError("window: keep_all, admitted by its lifetime, every chunk marked computed")
+        if (not isinstance(policy, (kv.KeepAll, kv.SinkWindow, kv.BlockScores)) or cfg.optimistic or cfg.layer_streams
+                or not cfg.evict_in_prefill):
+            raise ValueError("window: keep_all or a block policy on the global layers (sink_window, block_scores), "
+                             "admitted by its lifetime, every chunk marked computed")
+        if cfg.quest_budget and not isinstance(policy, kv.KeepAll):
+            raise ValueError(f"quest_budget {cfg.quest_budget}: Quest and an eviction policy on a hybrid's global "
+                             f"layers are not composed")
         if kv.Scales.channel in (fmt.k.scales, fmt.v.scales):
             raise ValueError(f"window: {cfg.kv_format} scales per channel, which a layer group does not store")
         own = [self.m.window(layer) for layer in range(L)]
@@ -518,10 +523,16 @@ class Engine:
         if cfg.quest_budget:
             self.quest = kv.Quest(token_budget=cfg.quest_budget, dense_layers=sum(1 for layer in full if layer < 2),
                                   query_group=c["q_heads"] // c["kv_heads"])
+        # A block policy on the global layers (the full group): its blocks leave as holes after every chunk and
+        # decoded token; the window groups keep their window. Block scores read the full layers' attention sums.
+        self.full_layers = full
+        self.hybrid_evicts = not isinstance(policy, kv.KeepAll)
         self.cache = kv.HybridCache(self.groups, num_blocks=self.blocks, max_sequences=cfg.max_batch,
                                     max_tokens=c["context"] + 256, prefill_chunk=cfg.chunk,
-                                    prefix_caching=cfg.prefix_caching, selection=self.quest)
-        self.token_policy = self.observes = self.last_query = False
+                                    prefix_caching=cfg.prefix_caching, selection=self.quest,
+                                    eviction=policy if self.hybrid_evicts else None)
+        self.token_policy = self.last_query = False
+        self.observes = isinstance(policy, kv.BlockScores)
 
     def kv_bytes(self, tokens):
         """(bytes one request of `tokens` tokens holds at its peak in this
@@ -667,7 +678,8 @@ class Engine:
                 if not self._preempt_lowest(reqs, r):
                     return  # r itself was preempted
         seq = r.prompt + r.output
-        trace = None if self.hybrid else Trace(ragged=self.streams > 1)  # a hybrid feeds no policy
+        # A hybrid feeds only block scores (its global layers' sums, each layer's rows as it holds them).
+        trace = (Trace(ragged=True) if self.observes else None) if self.hybrid else Trace(ragged=self.streams > 1)
         store = HybridKv(self, r, slots) if self.hybrid else PagedKv(self, r, slots, r.fed)
         logits = self.fwd.run(store, seq[r.fed:r.fed + n], r.fed, not self.cfg.keep_logits, trace,
                               self.cfg.observe_window)
@@ -707,7 +719,12 @@ class Engine:
     def _feed_and_evict(self, r, trace, evict=True):
         c, cache = self.c, self.cache
         if self.hybrid:  # the chunk is computed: a later reserve may free what left the window
-            cache.computed(r.seqs[0], cache.tokens(r.seqs[0]))
+            seq = r.seqs[0]
+            cache.computed(seq, cache.tokens(seq))
+            if self.hybrid_evicts and evict:  # then the global group's policy: its blocks leave as holes
+                if self.observes:
+                    cache.observe(seq, 0, sum(trace.layer_sums[layer] for layer in self.full_layers).contiguous().numpy())
+                cache.evict(seq)
             return
         if self.streams > 1:  # one stream per layer, scored by that layer's attention
             for layer, seq in enumerate(r.seqs):

@@ -63,6 +63,9 @@ FORMATS = ("f16", "fp8_e4m3_head", "int8_g32", "int4_g32_min", "fp4_g16", "int2_
 EVICTION = ["full"] + [f"{p}:{f}" for p in POLICIES for f in FRACTIONS] + [f"quest:{f}" for f in FRACTIONS]
 BEST = "tova:0.25"  # the best policy at a quarter of the prompt on passkey (measured first): the combined rows'
 COMBINED = [f"{BEST},format={f}" for f in ("int8_g32", "int4_g32_min", "int2_kivi")]
+# Gemma 3: its layers whole, in groups, and Quest or a block eviction policy on the global (full) group.
+GEMMA3 = ["full", "layer_groups", "layer_groups,quest:0.25", "layer_groups,quest:0.125",
+          "layer_groups,sink_window:0.25", "layer_groups,block_scores:0.25"]
 # The studies scripts/eval --model runs, part by part (task, lengths, samples, rows); each part's CSV resumes.
 STUDIES = {
     "smollm2": [
@@ -75,8 +78,8 @@ STUDIES = {
         ("passkey_grass", [4096], 2, EVICTION),
     ],
     "gemma3": [
-        ("passkey", [256, 1024], 2, ["full", "layer_groups", "layer_groups,quest:0.25", "layer_groups,quest:0.125"]),
-        ("passkey", [4096], 1, ["full", "layer_groups", "layer_groups,quest:0.25", "layer_groups,quest:0.125"]),
+        ("passkey", [256, 1024], 2, GEMMA3),
+        ("passkey", [4096], 1, GEMMA3),
     ],
 }
 

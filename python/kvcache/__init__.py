@@ -180,7 +180,7 @@ def Cache(geometry, num_blocks, max_sequences=256, max_blocks_per_sequence=None,
 
 
 def HybridCache(groups, num_blocks, max_sequences, max_tokens, prefill_chunk=0, prefix_caching=True, event_capacity=0,
-                selection=None, bounds=None):
+                selection=None, bounds=None, eviction=None):
     """Layer groups over one pool (``kvcache::HybridCache<FastBlockHasher,
     Selection>``): each group's rows follow its kind (full, sliding window,
     chunked, MLA, cross). ``selection``: ``None`` or ``Quest(...)``, which acts
@@ -189,12 +189,25 @@ def HybridCache(groups, num_blocks, max_sequences, max_tokens, prefill_chunk=0, 
     C-contiguous float32 CPU array of ``Quest.bounds_floats(
     groups.global_geometry(), num_blocks)`` floats) or a new numpy array,
     kept alive by the cache and seen through ``page_bounds(layer)`` for a
-    global layer. The object is the compiled cache of that combination.
+    global layer. ``eviction``: ``None`` or a block policy, ``SinkWindow(...)``
+    or ``BlockScores(...)``, which acts on the global layers too (a copy bound
+    to each group's block size; ``evict(seq)``, and ``observe(seq, group,
+    scores)`` for block scores). The object is the compiled cache of that
+    combination.
     """
     if selection is not None and not isinstance(selection, Quest):
         raise _bad("selection", type(selection).__name__, "None or Quest")
     if bounds is not None and selection is None:
         raise _bad("bounds", "given", "only a Quest cache has a bounds store")
+    if eviction is not None and not isinstance(eviction, KeepAll):
+        if type(eviction) not in (SinkWindow, BlockScores):
+            raise _bad("eviction", type(eviction).__name__,
+                       "None, KeepAll, SinkWindow or BlockScores: a hybrid's global rows drop whole blocks; token and "
+                       "window policies compact or shift a row of consecutive positions")
+        if selection is not None:
+            raise _bad("eviction", type(eviction).__name__, "Quest and an eviction policy on one hybrid are not composed yet")
+        cls = getattr(_kvcache, "HybridCache_" + _EVICTIONS[type(eviction)])
+        return cls(groups, num_blocks, max_sequences, max_tokens, prefill_chunk, prefix_caching, event_capacity, eviction)
     if selection is None:
         return _kvcache.HybridCache(groups, num_blocks, max_sequences, max_tokens, prefill_chunk, prefix_caching,
                                     event_capacity)

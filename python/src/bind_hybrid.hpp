@@ -1,14 +1,19 @@
 // kv.HybridCache's calls, bound once for each HybridCache the module
-// compiles: the dense one (caches_hybrid.cpp) and the one with Quest on the
+// compiles: the dense one (caches_hybrid.cpp), the one with Quest on the
 // global layers (caches_hybrid_quest.cpp), whose selection calls are
-// bind_hybrid_selection's. Handles are the same packed ints as the other
+// bind_hybrid_selection's, and those with a block eviction policy there
+// (caches_hybrid_eviction.cpp), whose calls are bind_hybrid_eviction's. Handles are the same packed ints as the other
 // caches'; arrays are read and written in place; errors are the typed kv exceptions.
 #pragma once
 
 #include <kvcache/cache/hybrid.hpp>
+#include <kvcache/eviction/block_scores.hpp>
+#include <kvcache/eviction/sink_window.hpp>
 #include <kvcache/selection/quest.hpp>
 #include <nanobind/ndarray.h>
 
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bind_common.hpp"
@@ -97,6 +102,36 @@ void bind_hybrid_selection(nb::class_<Hybrid>& c) {
           nb::arg("seqs"), nb::arg("layer"), nb::arg("queries"), nb::arg("indptr") = nb::none(), nb::arg("indices") = nb::none());
 }
 
+// A block eviction policy on the global layers: evict (the blocks that
+// left, as holes), observe one global group's attention sums (a scored
+// policy), evicted (the sequence publishes no more).
+template <class Hybrid>
+void bind_hybrid_eviction(nb::class_<Hybrid>& c) {
+  using E = std::remove_cvref_t<decltype(std::declval<const Hybrid&>().eviction())>;
+  if constexpr (kv::ObservingEviction<E>) {
+    c.def(
+        "observe",
+        [](Hybrid& self, std::uint64_t s, std::int32_t group, nb::handle scores, std::string kind) {
+          Array<float> a;
+          if (!a.borrow(scores, false)) bad_array("scores", "float32 [tokens_held(seq, group)]");
+          require(a.ndim() == 1, "scores.ndim", std::int64_t(a.ndim()), 1);
+          check(self.observe(unpack(s), group, kv::Scores{score_kind(kind), {a.data(), a.size()}, 1}));
+        },
+        nb::arg("seq"), nb::arg("group"), nb::arg("scores"), nb::arg("kind") = "attention_sums");
+  }
+  c.def(
+       "evict",
+       [](Hybrid& self, std::uint64_t s, nb::handle blocks) {
+         const auto held = std::size_t(check(self.blocks_held(unpack(s))));
+         Array<std::int32_t> b;
+         nb::object bobj = out_arg(b, blocks, held, "blocks");
+         const auto e = check(self.evict(unpack(s), kv::EvictionSpans{.blocks = b.span()}));
+         return std::make_tuple(e, rows(bobj, e.evicted));
+       },
+       nb::arg("seq"), nb::arg("blocks") = nb::none())
+      .def("evicted", [](const Hybrid& self, std::uint64_t s) { return check(self.evicted(unpack(s))); }, nb::arg("seq"));
+}
+
 // The HybridCache H as Python class `name`.
 template <class Hybrid>
 void bind_hybrid_cache(nb::module_& m, const char* name) {
@@ -121,6 +156,22 @@ void bind_hybrid_cache(nb::module_& m, const char* name) {
         nb::arg("groups"), nb::arg("num_blocks"), nb::arg("max_sequences"), nb::arg("max_tokens"), nb::arg("prefill_chunk"),
         nb::arg("prefix_caching"), nb::arg("event_capacity"), nb::arg("selection"), nb::arg("bounds"), nb::keep_alive<1, 10>());
     bind_hybrid_selection(hybrid);
+  } else if constexpr (Hybrid::evicts) {  // a block policy on the global layers, bound per group by the cache
+    using E = std::remove_cvref_t<decltype(std::declval<const Hybrid&>().eviction())>;
+    hybrid.def(
+        "__init__",
+        [make](Hybrid* self, const Groups& g, std::int32_t num_blocks, std::int32_t max_sequences, std::int32_t max_tokens,
+               std::int32_t prefill_chunk, bool prefix_caching, std::int32_t event_capacity, const E& eviction) {
+          try {
+            new (self) Hybrid(make(g, num_blocks, max_sequences, max_tokens, prefill_chunk, prefix_caching, event_capacity),
+                              kv::SelectAll{}, eviction);
+          } catch (const kv::ConfigError& e) {
+            check(e.status());
+          }
+        },
+        nb::arg("groups"), nb::arg("num_blocks"), nb::arg("max_sequences"), nb::arg("max_tokens"), nb::arg("prefill_chunk"),
+        nb::arg("prefix_caching"), nb::arg("event_capacity"), nb::arg("eviction"));
+    bind_hybrid_eviction(hybrid);
   } else {
     hybrid.def(
         "__init__",
@@ -208,6 +259,15 @@ void bind_hybrid_cache(nb::module_& m, const char* name) {
       .def("tokens", [](const Hybrid& self, std::uint64_t s) { return check(self.tokens(unpack(s))); })
       .def("computed_tokens", [](const Hybrid& self, std::uint64_t s) { return check(self.computed_tokens(unpack(s))); })
       .def("tokens_held", [](const Hybrid& self, std::uint64_t s, std::int32_t g) { return check(self.tokens_held(unpack(s), g)); })
+      .def(
+          "blocks",  // group g's row: block j holds positions [j * block_size(g), ...), 0 (the null block) where freed or evicted
+          [](const Hybrid& self, std::uint64_t s, std::int32_t g) {
+            const auto row = check(self.blocks(unpack(s), g));
+            auto out = new_array<std::int32_t, 1>(row.size());
+            std::copy(row.begin(), row.end(), out.data());
+            return out;
+          },
+          nb::arg("seq"), nb::arg("group"))
       .def("blocks_held",
            [](const Hybrid& self, std::uint64_t s, nb::handle g) {
              return g.is_none() ? check(self.blocks_held(unpack(s))) : check(self.blocks_held(unpack(s), nb::cast<std::int32_t>(g)));

@@ -16,6 +16,7 @@ void register_caches(nanobind::module_& m);         // caches.cpp
 void register_quest_caches(nanobind::module_& m);   // caches_quest.cpp
 void register_hybrid(nanobind::module_& m);         // caches_hybrid.cpp
 void register_hybrid_quest(nanobind::module_& m);   // caches_hybrid_quest.cpp
+void register_hybrid_eviction(nanobind::module_& m);  // caches_hybrid_eviction.cpp
 void register_gated_caches(nanobind::module_& m);   // caches_gated.cpp
 void register_tiers(nanobind::module_& m);          // tiers.cpp
 void register_transfer(nanobind::module_& m);       // transfer.cpp
@@ -218,6 +219,7 @@ NB_MODULE(_kvcache, m) {
   kvpy::register_gated_caches(m);
   kvpy::register_hybrid(m);
   kvpy::register_hybrid_quest(m);
+  kvpy::register_hybrid_eviction(m);
   kvpy::register_tiers(m);
   kvpy::register_transfer(m);
 }

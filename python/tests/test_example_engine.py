@@ -245,6 +245,72 @@ def test_quest_on_a_quantized_format(model, monkeypatch, kv_format, window):
             bounds[...] = kept
 
 
+@pytest.mark.parametrize("policy", ["sink_window", "block_scores"])
+def test_a_block_policy_on_a_hybrids_global_layers(model, monkeypatch, policy):
+    """A block policy on a hybrid's global layers (the tiny model's even
+    layers; its odd ones a window of 32): with a budget past the request it
+    changes nothing, bit for bit; with 64 tokens the global rows lose blocks
+    as holes after every chunk and decoded token, every read of a layer
+    returns the K and V written at the positions its row holds, in order
+    (keys at the positions they were rotated at, the chunk's own last), the
+    global layers hold at most the budget and a chunk, and the window
+    layers keep their window."""
+    prompt = serve.heldout()[:200]
+
+    def engine(budget):
+        cfg = eng.EngineConfig(max_kv_tokens=512, chunk=64, max_batch=1, window=32, keep_logits=True)
+        pol, cfg = eng.policy_by_name(policy, budget, model.c, cfg) if budget else (kv.KeepAll(), cfg)
+        return eng.Engine(model, cfg, pol)
+
+    plain, wide = eng.Request(id=0, prompt=prompt, max_new=4), eng.Request(id=0, prompt=prompt, max_new=4)
+    engine(0).run([plain])
+    engine(512).run([wide])
+    assert wide.output == plain.output and all(torch.equal(a, b) for a, b in zip(wide.logits, plain.logits))
+
+    written, checked, chunk = {}, [], {}  # (layer, position) -> (k, v) as the forward pass wrote them
+    write, read = eng.HybridKv.write, eng.HybridKv.read
+
+    def recording_write(self, layer, k, v):
+        first = self.e.cache.tokens(self.seq) - k.shape[0]
+        chunk[layer] = range(first, first + k.shape[0])
+        for i in range(k.shape[0]):
+            written[(layer, first + i)] = (k[i].clone(), v[i].clone())
+        return write(self, layer, k, v)
+
+    def checking_read(self, layer):
+        keys, values, key_pos = read(self, layer)
+        e, seq = self.e, self.seq
+        g, _ = e.groups.layer_slot(layer)
+        B, tokens = e.groups.block_size(g), e.cache.tokens(seq)
+        row = e.cache.blocks(seq, g)
+        held = [p for p in range(tokens) if row[p // B] != 0]
+        assert keys.shape[1] == len(held) == e.cache.tokens_held(seq, g)
+        for j, p in enumerate(held):
+            k, v = written[(layer, p)]
+            torch.testing.assert_close(keys[:, j], k, rtol=0, atol=0)
+            torch.testing.assert_close(values[:, j], v, rtol=0, atol=0)
+        # The rows count back from the last position; the chunk's own keys are the last rows, at their
+        # positions, so every earlier key reads as before the chunk's first query (causal as positions).
+        assert torch.equal(key_pos[0], torch.arange(tokens - len(held), tokens))
+        assert held[-len(chunk[layer]):] == list(chunk[layer])
+        checked.append((layer, len(held), tokens))
+        return keys, values, key_pos
+
+    monkeypatch.setattr(eng.HybridKv, "write", recording_write)
+    monkeypatch.setattr(eng.HybridKv, "read", checking_read)
+    e = engine(64)
+    r = eng.Request(id=0, prompt=prompt, max_new=6)
+    e.run([r])
+    assert len(r.output) == 6
+    global_layers = set(range(0, model.c["layers"], 2))
+    for layer, held, tokens in checked:
+        if layer in global_layers:
+            assert held <= 64 + 64 + 2 * e.cfg.block_size, (layer, held, tokens)
+        else:
+            assert held <= 32 + 64 + e.cfg.block_size, (layer, held, tokens)
+    assert any(held < tokens - 64 for layer, held, tokens in checked if layer in global_layers)  # it evicted
+
+
 def test_workload_preempts_and_evicts(tmp_path):
     """The comparison exercises what it claims: preemption and eviction."""
     keep = run_cpp(tmp_path, "keep_all")["stats"]

@@ -154,6 +154,43 @@ def test_errors_name_the_value_and_change_nothing():
         kv.HybridCache(small(), num_blocks=1, max_sequences=1, max_tokens=8)
 
 
+def test_a_block_policy_on_the_global_layers_leaves_holes():
+    """eviction=SinkWindow on the full group: its blocks between the sinks and
+    the window leave as holes (0 in blocks()), the CSR lists the live ones, the
+    window group keeps its own; a sequence that evicted publishes no more."""
+    c = kv.HybridCache(small(), num_blocks=64, max_sequences=2, max_tokens=128, eviction=kv.SinkWindow(sinks=4, window=8))
+    prompt = np.arange(40, dtype=np.int32)
+    seq, _, _, _ = c.admit(prompt[:32])
+    c.computed(seq, 32)
+    res, blocks = c.evict(seq)
+    assert res.evicted == 5 and res.rotations == 0 and blocks.tolist() == [1, 2, 3, 4, 5]
+    assert c.evicted(seq) and c.tokens_held(seq, 0) == 12 and c.tokens_held(seq, 1) == 32
+    row = c.blocks(seq, 0)
+    assert row[1:6].tolist() == [0] * 5 and (row[[0, 6, 7]] != 0).all()
+    indptr, indices, first_pos, _ = c.export_group_csr(0, np.array([seq], dtype=np.uint64))
+    assert indices.tolist() == row[[0, 6, 7]].tolist() and first_pos.tolist() == [20]
+    c.reserve(seq, prompt[32:40])
+    c.computed(seq, 40)
+    assert c.match(prompt) == 32  # what it computed after the eviction is never served
+
+
+def test_a_hybrid_eviction_refuses_what_it_cannot_serve():
+    scored = kv.HybridCache(small(), num_blocks=64, max_sequences=2, max_tokens=64,
+                            eviction=kv.BlockScores(start=4, recent=8, max=16))
+    seq, _, _, _ = scored.admit(np.arange(32, dtype=np.int32))
+    scored.computed(seq, 32)
+    with pytest.raises(kv.InvalidArgument, match="window, chunked or cross group"):
+        scored.observe(seq, 1, np.ones(32, dtype=np.float32))
+    with pytest.raises(kv.InvalidArgument, match="scores.size=31"):
+        scored.observe(seq, 0, np.ones(31, dtype=np.float32))
+    assert scored.evict(seq)[0].evicted == 4 and scored.tokens_held(seq, 0) == 16  # the errors changed nothing
+    with pytest.raises(kv.InvalidArgument, match="eviction=H2O"):
+        kv.HybridCache(small(), num_blocks=64, max_sequences=2, max_tokens=64, eviction=kv.H2O(heavy=4, recent=4, groups=1))
+    with pytest.raises(kv.InvalidArgument, match="not composed"):
+        kv.HybridCache(small(), num_blocks=64, max_sequences=2, max_tokens=64, eviction=kv.SinkWindow(sinks=4, window=8),
+                       selection=kv.Quest(token_budget=16))
+
+
 def test_the_admission_bound_sizes_the_pool_and_the_ledger_keeps_it():
     g = small()
     blocks = g.pool_blocks(2, 64, 8)

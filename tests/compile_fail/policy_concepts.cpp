@@ -1,8 +1,10 @@
 // Compiled by expect.cmake, once per KVCACHE_MODE_*: only "good" may compile.
 #include <kvcache/admission/write_gate.hpp>
 #include <kvcache/cache.hpp>
+#include <kvcache/cache/hybrid.hpp>
 #include <kvcache/eviction/block_scores.hpp>
 #include <kvcache/eviction/h2o.hpp>
+#include <kvcache/eviction/sink_window.hpp>
 #include <kvcache/eviction/sliding_window.hpp>
 #include <kvcache/selection/quest.hpp>
 
@@ -35,6 +37,9 @@ std::size_t size_of_gated() { return sizeof(G); }
 using All = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate, kv::QuestSelection, kv::H2OEviction>;
 std::size_t size_of_all() { return sizeof(All); }
 std::size_t size_of_quest_h2o() { return sizeof(kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::QuestSelection, kv::H2OEviction>); }
+// Block policies on a hybrid's global layers.
+std::size_t size_of_hybrid_sinks() { return sizeof(kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::SinkWindowEviction>); }
+std::size_t size_of_hybrid_scores() { return sizeof(kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::BlockScoreEviction>); }
 #elif defined(KVCACHE_MODE_bad_eviction)
 using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::SelectAll, EvictionMissingBound>;
 #elif defined(KVCACHE_MODE_bad_signals)
@@ -45,6 +50,10 @@ using C = kv::Cache<kv::BlockPool, kv::PageTable, AdmissionWithoutKind>;
 using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate, kv::SelectAll, kv::SlidingWindow>;
 #elif defined(KVCACHE_MODE_bad_composition_block)
 using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate, kv::QuestSelection, kv::BlockScoreEviction>;
+#elif defined(KVCACHE_MODE_bad_hybrid_token)
+using C = kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::H2OEviction>;
+#elif defined(KVCACHE_MODE_bad_hybrid_composition)
+using C = kv::HybridCache<kv::FastBlockHasher, kv::QuestSelection, kv::SinkWindowEviction>;
 #elif defined(KVCACHE_MODE_bad_selection)
 using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, SelectionWithoutSignals>;
 #endif

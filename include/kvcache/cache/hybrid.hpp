@@ -87,6 +87,8 @@ class HybridCache : public PoolCore<BlockPool>,
  public:
   /// The selection policy reads key bounds per page of the global layers: the cache lists the stale ones.
   static constexpr bool selects = GroupSelection<Selection>::selects;
+  /// An eviction policy acts on the global layers: the cache answers evict (and observe, for a scored policy).
+  static constexpr bool evicts = GroupEviction<Eviction>::evicts;
 
   /// An empty cache; ConfigError names a bad field of cfg.
   explicit HybridCache(const HybridConfig& cfg, Hasher hasher = {})

@@ -189,7 +189,8 @@ class HybridAccounting {
   /// pool's reference counts equal the rows' references (conservation: free
   /// + held by all groups = capacity - 1, cached blocks among the free); no
   /// block in two groups; a cached block's group is known; published blocks
-  /// of chained groups still hashed (prefix closure per group).
+  /// of chained groups still hashed (prefix closure per group; past an
+  /// eviction's hole a block may have lost its hash with its recycled parent).
   Status check_invariants() const {
     const BlockPool& pool = self().pool_;
     if (auto st = pool.check(); !st) return st;
@@ -232,9 +233,14 @@ class HybridAccounting {
         if (r.caches() && self().cfg_.prefix_caching) {
           const std::int32_t pub = self().prefix_.published(g, i);
           if (std::int64_t(pub) * r.block_size > s.computed) return Status{Errc::invariant_violated, "published", g, pub};
-          for (std::int32_t j = rows.first_live(i); j < pub; ++j)
-            if (row[std::size_t(j)] != BlockPool::null_block && !pool.has_hash(row[std::size_t(j)]))
-              return Status{Errc::invariant_violated, "unhashed", g, j};
+          // Past an eviction's hole a chained block may have lost its hash: its
+          // parent, let go, was recycled, and the index drops what chains from it.
+          bool past_hole = false;
+          for (std::int32_t j = rows.first_live(i); j < pub; ++j) {
+            const bool hole = row[std::size_t(j)] == BlockPool::null_block;
+            if (!hole && !past_hole && !pool.has_hash(row[std::size_t(j)])) return Status{Errc::invariant_violated, "unhashed", g, j};
+            past_hole = past_hole || hole;
+          }
         }
         if (holes != rows.holes(i)) return Status{Errc::invariant_violated, "holes", g, holes};
       }
