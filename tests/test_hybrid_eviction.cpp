@@ -8,6 +8,7 @@
 #include <kvcache/cache/hybrid.hpp>
 #include <kvcache/eviction/block_scores.hpp>
 #include <kvcache/eviction/sink_window.hpp>
+#include <kvcache/tiers/group_tiers.hpp>
 
 #include "hybrid_eviction_harness.hpp"
 
@@ -17,6 +18,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace kv = kvcache;
@@ -83,6 +85,10 @@ TEST_CASE("eviction on a hybrid's global layers: sinks and a window leave holes 
   REQUIRE(cache.evicted(a.seq).value());
   REQUIRE(cache.check_invariants().ok());
   m.read_back(a.seq, s);
+  // A sender cannot pin it for a peer: its rows are not its prompt's K/V.
+  const auto held = cache.hold(a.seq);
+  REQUIRE(held.status().code() == kv::Errc::invalid_argument);
+  REQUIRE(std::string(held.status().what()).find("evicted") != std::string::npos);
 
   // A held position's slot is there; an evicted one is refused, naming it.
   std::vector<std::int32_t> one(4);
@@ -133,6 +139,34 @@ TEST_CASE("a hybrid sequence that evicted publishes nothing more, and what it pu
   REQUIRE(b.cached_tokens == 32);
   REQUIRE(cache.computed(b.seq, 40).ok());
   REQUIRE(cache.match(prompt) == 40);
+  REQUIRE(cache.check_invariants().ok());
+}
+
+TEST_CASE("host tiers over an evicting hybrid: only blocks published before the eviction are offloaded and served") {
+  SinkCache cache({.groups = layout(), .num_blocks = 64, .max_sequences = 2, .max_tokens = 128}, {},
+                  kv::SinkWindowEviction({.sinks = 4, .window = 8}));
+  kv::GroupTiers<SinkCache> tiers(cache, {.host_blocks = 64});
+  std::vector<std::int32_t> prompt(48), slots(3 * 48);
+  std::iota(prompt.begin(), prompt.end(), 300);
+  const auto a = cache.admit(std::span(prompt).first(32), slots, {.reserve = 32}).value();
+  REQUIRE(cache.computed(a.seq, 32).ok());
+  std::vector<std::int32_t> out(32);
+  REQUIRE(cache.evict(a.seq, {.blocks = out}).value().evicted == 5 + 2);
+  REQUIRE(cache.reserve(a.seq, std::span(prompt).subspan(32, 16), slots).ok());
+  REQUIRE(cache.computed(a.seq, 48).ok());
+  // The request ends: every block it offloads is named by the first 32 tokens, in its own group.
+  const auto job = tiers.plan_offload(a.seq, prompt).value();
+  REQUIRE(!job.moves.empty());
+  for (const kv::BlockMove& m : job.moves) {
+    const std::int32_t g = cache.pool().group(m.src);
+    std::vector<kv::BlockHash> names(16);
+    names.resize(std::size_t(cache.hash_chain(g, std::span(prompt).first(32), {}, names).value()));
+    REQUIRE(std::find(names.begin(), names.end(), cache.pool().hash(m.src)) != names.end());
+  }
+  REQUIRE(tiers.tiers().complete(job.id).ok());
+  REQUIRE(cache.free(a.seq).ok());
+  const auto hits = tiers.lookup(prompt).value();
+  REQUIRE(hits.tokens == 32);  // never the 16 tokens computed after the eviction
   REQUIRE(cache.check_invariants().ok());
 }
 

@@ -222,12 +222,14 @@ def GroupTiers(cache, host_blocks=0, disk_blocks=0, max_jobs=1024, event_capacit
     """A hybrid cache's groups in host and disk tiers
     (``kvcache::GroupTiers<HybridCache<...>>``): lookups keyed by (hash,
     group), offloads of what a continuation can hit, onboarding through an
-    import. ``cache`` is either compiled hybrid cache (with or without
-    ``selection=Quest(...)``: an onboarded page of a global layer is listed
-    by ``stale_pages`` until its bounds are computed); the object is the
-    compiled tiers of that cache, which it keeps alive."""
-    if isinstance(cache, _kvcache.HybridCache_Quest):
-        return _kvcache.GroupTiers_Quest(cache, host_blocks, disk_blocks, max_jobs, event_capacity)
+    import. ``cache`` is any compiled hybrid cache (with
+    ``selection=Quest(...)`` an onboarded page of a global layer is listed
+    by ``stale_pages`` until its bounds are computed; with an eviction
+    policy, a sequence that evicted offloads only what it published before);
+    the object is the compiled tiers of that cache, which it keeps alive."""
+    for cls in ("Quest", "SinkWindow", "BlockScores"):
+        if isinstance(cache, getattr(_kvcache, "HybridCache_" + cls)):
+            return getattr(_kvcache, "GroupTiers_" + cls)(cache, host_blocks, disk_blocks, max_jobs, event_capacity)
     if isinstance(cache, _kvcache.HybridCache):
         return _kvcache.GroupTiers(cache, host_blocks, disk_blocks, max_jobs, event_capacity)
     raise _bad("cache", type(cache).__name__, "a HybridCache")

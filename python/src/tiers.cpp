@@ -9,6 +9,8 @@
 // Tiers are named by strings ("device", "host", "disk"); block hashes are
 // uint64 arrays of [n, 2] (lo, hi), the layout of kv::BlockHash, read in place.
 #include <kvcache/cache/hybrid.hpp>
+#include <kvcache/eviction/block_scores.hpp>
+#include <kvcache/eviction/sink_window.hpp>
 #include <kvcache/selection/quest.hpp>
 #include <kvcache/tiers/disk_layout.hpp>
 #include <kvcache/tiers/group_tiers.hpp>
@@ -334,6 +336,8 @@ void register_tiers(nb::module_& m) {
 
   bind_group_tiers<kv::HybridCache<>>(m, "GroupTiers");
   bind_group_tiers<kv::HybridCache<kv::FastBlockHasher, kv::QuestSelection>>(m, "GroupTiers_Quest");
+  bind_group_tiers<kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::SinkWindowEviction>>(m, "GroupTiers_SinkWindow");
+  bind_group_tiers<kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::BlockScoreEviction>>(m, "GroupTiers_BlockScores");
 
   nb::class_<kv::DiskLayout>(m, "DiskLayout")
       .def(

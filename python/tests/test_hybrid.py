@@ -174,6 +174,26 @@ def test_a_block_policy_on_the_global_layers_leaves_holes():
     assert c.match(prompt) == 32  # what it computed after the eviction is never served
 
 
+def test_host_tiers_over_an_evicting_hybrid_keep_only_what_it_published():
+    """kv.GroupTiers over a hybrid with sinks and a window on its full group:
+    the blocks a sequence computed after it evicted are never offloaded, so
+    a later lookup serves the 32 tokens computed before, not the 48."""
+    c = kv.HybridCache(small(), num_blocks=64, max_sequences=2, max_tokens=128, eviction=kv.SinkWindow(sinks=4, window=8))
+    tiers = kv.GroupTiers(c, host_blocks=64)
+    prompt = np.arange(300, 348, dtype=np.int32)
+    seq, _, _, _ = c.admit(prompt[:32])
+    c.computed(seq, 32)
+    assert c.evict(seq)[0].evicted == 5
+    c.reserve(seq, prompt[32:48])
+    c.computed(seq, 48)
+    job = tiers.plan_offload(seq, prompt)
+    assert len(job.moves) > 0
+    tiers.tiers.complete(job.id)
+    c.free(seq)
+    device_tokens, tokens, _, _ = tiers.lookup(prompt)
+    assert tokens == 32
+
+
 def test_a_hybrid_eviction_refuses_what_it_cannot_serve():
     scored = kv.HybridCache(small(), num_blocks=64, max_sequences=2, max_tokens=64,
                             eviction=kv.BlockScores(start=4, recent=8, max=16))

@@ -51,11 +51,9 @@ using HybridAdmitOptions [[deprecated("kvcache: HybridCache::admit takes AdmitOp
 using HybridAdmitResult [[deprecated("kvcache: HybridCache::admit returns AdmitResult")]] = AdmitResult;
 
 /// Layer groups over one pool: all-or-nothing reserves across groups, per-group tables, hits and accounting.
-/// Policies act on the global layers (the full and MLA groups); the window
-/// and chunked groups keep their own retention. Selection: a page-bounds
-/// policy (Quest), given as its Config (selection/group_selection.hpp).
-/// Eviction: a block policy, one stream per (sequence, global group)
-/// (eviction/group_eviction.hpp). Not both on one cache yet.
+/// Policies act on the global layers (the full and MLA groups; the others keep their own retention): a
+/// page-bounds selection given as its Config (selection/group_selection.hpp), or a block eviction policy,
+/// one stream per (sequence, global group) (eviction/group_eviction.hpp); not both on one cache yet.
 template <BlockHasher Hasher = FastBlockHasher, SelectionPolicy Selection = SelectAll, EvictionPolicy Eviction = KeepAll>
 class HybridCache : public PoolCore<BlockPool>,
                     public HybridGrowth<HybridCache<Hasher, Selection, Eviction>>,
@@ -332,10 +330,12 @@ class HybridCache : public PoolCore<BlockPool>,
   }
 
   using PoolCore::hold;  // hold(blocks), as every cache (pool_core.hpp)
-  /// hold() of every group's live blocks of sequence id (what a sender pins
-  /// so that id can be freed before its consumers have read it).
+  /// hold() of every group's live blocks of sequence id (what a sender pins so that id can be freed before
+  /// its consumers have read it); invalid_argument once id evicted (a peer would take them for its prompt's).
   Result<std::uint64_t> hold(SeqId id) {
     if (auto st = this->live_blocks(id, held_); !st) return st;  // held_ has room for every group's row
+    if (seqs_[id.index].evicted)
+      return Status{Errc::invalid_argument, "seq (it evicted: its rows are not its prompt's K/V for a peer)", id.index, 0};
     return holds_.hold(pool_, held_);
   }
 
