@@ -8,6 +8,7 @@
 #include <kvcache/cache/hybrid.hpp>
 #include <kvcache/eviction/block_scores.hpp>
 #include <kvcache/eviction/sink_window.hpp>
+#include <kvcache/selection/quest.hpp>
 #include <kvcache/tiers/group_tiers.hpp>
 
 #include "hybrid_eviction_harness.hpp"
@@ -167,6 +168,41 @@ TEST_CASE("host tiers over an evicting hybrid: only blocks published before the 
   REQUIRE(cache.free(a.seq).ok());
   const auto hits = tiers.lookup(prompt).value();
   REQUIRE(hits.tokens == 32);  // never the 16 tokens computed after the eviction
+  REQUIRE(cache.check_invariants().ok());
+}
+
+TEST_CASE("Quest beside sinks and a window on a hybrid's global layers: it ranks the live pages, a listing skips the holes") {
+  using QuestSink = kv::HybridCache<kv::FastBlockHasher, kv::QuestSelection, kv::SinkWindowEviction>;
+  std::vector<float> bounds(std::size_t(kv::QuestSelection::bounds_floats(kv::global_geometry(layout()).value(), 64)), 0.0f);
+  QuestSink cache({.groups = layout(), .num_blocks = 64, .max_sequences = 2, .max_tokens = 128},
+                  {.token_budget = 16, .first_pages = 1, .last_pages = 1, .dense_layers = 0, .bounds = bounds},
+                  kv::SinkWindowEviction({.sinks = 4, .window = 8}));
+  std::vector<std::int32_t> prompt(40), slots(3 * 40), out(32);
+  std::iota(prompt.begin(), prompt.end(), 1);
+  const auto a = cache.admit(std::span(prompt).first(32), slots, {.reserve = 32}).value();
+  REQUIRE(cache.computed(a.seq, 32).ok());
+  // Every page's bounds: page b's keys are -b in every dimension, so a query of ones ranks the null page
+  // (bounds 0) above every live one: a selection that saw the holes would pick it.
+  for (std::int32_t b = 1; b < 64; ++b)
+    for (const std::int32_t layer : {0, 2}) std::fill_n(cache.page_bounds(layer)->data() + std::size_t(b) * 16, 16, -float(b));
+  const std::vector<std::int32_t> before(cache.blocks(a.seq, 0)->begin(), cache.blocks(a.seq, 0)->end());
+  REQUIRE(cache.evict(a.seq, {.blocks = out}).value().evicted == 5 + 2);
+  // Layer 0 (the full group): 3 live pages within a budget of 4 pages of 4: each read, never a hole's null page.
+  const kv::SeqId seqs[] = {a.seq};
+  std::vector<float> q(8, 1.0f);
+  std::vector<std::int32_t> indptr(2), indices(16);
+  const std::int32_t n = cache.select(seqs, 0, q, {indptr, indices}).value();
+  std::vector<std::int32_t> picked(indices.begin(), indices.begin() + n), live{before[0], before[6], before[7]};
+  std::sort(picked.begin(), picked.end());
+  std::sort(live.begin(), live.end());
+  REQUIRE(picked == live);
+  // A rollback of a partial tail lists that page stale, and no hole.
+  REQUIRE(cache.reserve(a.seq, std::span(prompt).subspan(32, 3), slots).ok());
+  REQUIRE(cache.truncate(a.seq, 2).ok());
+  std::vector<std::int32_t> stale(16), fill(16);
+  const std::int32_t listed = cache.stale_pages(seqs, {stale, fill}).value();
+  REQUIRE(listed >= 1);
+  for (std::int32_t k = 0; k < listed; ++k) REQUIRE(stale[std::size_t(k)] != kv::BlockPool::null_block);
   REQUIRE(cache.check_invariants().ok());
 }
 

@@ -489,9 +489,6 @@ class Engine:
                 or not cfg.evict_in_prefill):
             raise ValueError("window: keep_all or a block policy on the global layers (sink_window, block_scores), "
                              "admitted by its lifetime, every chunk marked computed")
-        if cfg.quest_budget and not isinstance(policy, kv.KeepAll):
-            raise ValueError(f"quest_budget {cfg.quest_budget}: Quest and an eviction policy on a hybrid's global "
-                             f"layers are not composed")
         if kv.Scales.channel in (fmt.k.scales, fmt.v.scales):
             raise ValueError(f"window: {cfg.kv_format} scales per channel, which a layer group does not store")
         own = [self.m.window(layer) for layer in range(L)]

@@ -192,7 +192,8 @@ def HybridCache(groups, num_blocks, max_sequences, max_tokens, prefill_chunk=0, 
     global layer. ``eviction``: ``None`` or a block policy, ``SinkWindow(...)``
     or ``BlockScores(...)``, which acts on the global layers too (a copy bound
     to each group's block size; ``evict(seq)``, and ``observe(seq, group,
-    scores)`` for block scores). The object is the compiled cache of that
+    scores)`` for block scores), alone or beside Quest (which then ranks the
+    pages the policy kept). The object is the compiled cache of that
     combination.
     """
     if selection is not None and not isinstance(selection, Quest):
@@ -204,10 +205,15 @@ def HybridCache(groups, num_blocks, max_sequences, max_tokens, prefill_chunk=0, 
             raise _bad("eviction", type(eviction).__name__,
                        "None, KeepAll, SinkWindow or BlockScores: a hybrid's global rows drop whole blocks; token and "
                        "window policies compact or shift a row of consecutive positions")
-        if selection is not None:
-            raise _bad("eviction", type(eviction).__name__, "Quest and an eviction policy on one hybrid are not composed yet")
-        cls = getattr(_kvcache, "HybridCache_" + _EVICTIONS[type(eviction)])
-        return cls(groups, num_blocks, max_sequences, max_tokens, prefill_chunk, prefix_caching, event_capacity, eviction)
+        if selection is None:
+            cls = getattr(_kvcache, "HybridCache_" + _EVICTIONS[type(eviction)])
+            return cls(groups, num_blocks, max_sequences, max_tokens, prefill_chunk, prefix_caching, event_capacity, eviction)
+        if bounds is None:
+            import numpy
+            bounds = numpy.zeros(Quest.bounds_floats(groups.global_geometry(), num_blocks), dtype=numpy.float32)
+        cls = getattr(_kvcache, "HybridCache_Quest_" + _EVICTIONS[type(eviction)])
+        return cls(groups, num_blocks, max_sequences, max_tokens, prefill_chunk, prefix_caching, event_capacity, selection,
+                   bounds, eviction)
     if selection is None:
         return _kvcache.HybridCache(groups, num_blocks, max_sequences, max_tokens, prefill_chunk, prefix_caching,
                                     event_capacity)
@@ -227,7 +233,7 @@ def GroupTiers(cache, host_blocks=0, disk_blocks=0, max_jobs=1024, event_capacit
     by ``stale_pages`` until its bounds are computed; with an eviction
     policy, a sequence that evicted offloads only what it published before);
     the object is the compiled tiers of that cache, which it keeps alive."""
-    for cls in ("Quest", "SinkWindow", "BlockScores"):
+    for cls in ("Quest_SinkWindow", "Quest_BlockScores", "Quest", "SinkWindow", "BlockScores"):
         if isinstance(cache, getattr(_kvcache, "HybridCache_" + cls)):
             return getattr(_kvcache, "GroupTiers_" + cls)(cache, host_blocks, disk_blocks, max_jobs, event_capacity)
     if isinstance(cache, _kvcache.HybridCache):

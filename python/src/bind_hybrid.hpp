@@ -141,7 +141,26 @@ void bind_hybrid_cache(nb::module_& m, const char* name) {
     return kv::HybridConfig{.groups = g.groups, .num_blocks = num_blocks, .max_sequences = max_sequences, .max_tokens = max_tokens,
                             .prefill_chunk = prefill_chunk, .prefix_caching = prefix_caching, .event_capacity = event_capacity};
   };
-  if constexpr (Hybrid::selects) {  // Quest on the global layers: its config, and the bounds store (float32, kept alive by the cache)
+  if constexpr (Hybrid::selects && Hybrid::evicts) {  // Quest and a block policy on the global layers
+    using E = std::remove_cvref_t<decltype(std::declval<const Hybrid&>().eviction())>;
+    hybrid.def(
+        "__init__",
+        [make](Hybrid* self, const Groups& g, std::int32_t num_blocks, std::int32_t max_sequences, std::int32_t max_tokens,
+               std::int32_t prefill_chunk, bool prefix_caching, std::int32_t event_capacity, kv::QuestConfig q, nb::handle bounds,
+               const E& eviction) {
+          q.bounds = bounds_store(bounds);
+          try {
+            new (self) Hybrid(make(g, num_blocks, max_sequences, max_tokens, prefill_chunk, prefix_caching, event_capacity), q, eviction);
+          } catch (const kv::ConfigError& e) {
+            check(e.status());
+          }
+        },
+        nb::arg("groups"), nb::arg("num_blocks"), nb::arg("max_sequences"), nb::arg("max_tokens"), nb::arg("prefill_chunk"),
+        nb::arg("prefix_caching"), nb::arg("event_capacity"), nb::arg("selection"), nb::arg("bounds"), nb::arg("eviction"),
+        nb::keep_alive<1, 10>());
+    bind_hybrid_selection(hybrid);
+    bind_hybrid_eviction(hybrid);
+  } else if constexpr (Hybrid::selects) {  // Quest on the global layers: its config, and the bounds store (float32, kept alive by the cache)
     hybrid.def(
         "__init__",
         [make](Hybrid* self, const Groups& g, std::int32_t num_blocks, std::int32_t max_sequences, std::int32_t max_tokens,

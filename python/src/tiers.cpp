@@ -338,6 +338,8 @@ void register_tiers(nb::module_& m) {
   bind_group_tiers<kv::HybridCache<kv::FastBlockHasher, kv::QuestSelection>>(m, "GroupTiers_Quest");
   bind_group_tiers<kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::SinkWindowEviction>>(m, "GroupTiers_SinkWindow");
   bind_group_tiers<kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::BlockScoreEviction>>(m, "GroupTiers_BlockScores");
+  bind_group_tiers<kv::HybridCache<kv::FastBlockHasher, kv::QuestSelection, kv::SinkWindowEviction>>(m, "GroupTiers_Quest_SinkWindow");
+  bind_group_tiers<kv::HybridCache<kv::FastBlockHasher, kv::QuestSelection, kv::BlockScoreEviction>>(m, "GroupTiers_Quest_BlockScores");
 
   nb::class_<kv::DiskLayout>(m, "DiskLayout")
       .def(

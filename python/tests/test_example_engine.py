@@ -245,8 +245,9 @@ def test_quest_on_a_quantized_format(model, monkeypatch, kv_format, window):
             bounds[...] = kept
 
 
+@pytest.mark.parametrize("quest", [0, 64])
 @pytest.mark.parametrize("policy", ["sink_window", "block_scores"])
-def test_a_block_policy_on_a_hybrids_global_layers(model, monkeypatch, policy):
+def test_a_block_policy_on_a_hybrids_global_layers(model, monkeypatch, policy, quest):
     """A block policy on a hybrid's global layers (the tiny model's even
     layers; its odd ones a window of 32): with a budget past the request it
     changes nothing, bit for bit; with 64 tokens the global rows lose blocks
@@ -254,11 +255,12 @@ def test_a_block_policy_on_a_hybrids_global_layers(model, monkeypatch, policy):
     returns the K and V written at the positions its row holds, in order
     (keys at the positions they were rotated at, the chunk's own last), the
     global layers hold at most the budget and a chunk, and the window
-    layers keep their window."""
+    layers keep their window. With Quest beside it (a budget of 64), the
+    same holds of what each layer holds."""
     prompt = serve.heldout()[:200]
 
     def engine(budget):
-        cfg = eng.EngineConfig(max_kv_tokens=512, chunk=64, max_batch=1, window=32, keep_logits=True)
+        cfg = eng.EngineConfig(max_kv_tokens=512, chunk=64, max_batch=1, window=32, keep_logits=True, quest_budget=quest)
         pol, cfg = eng.policy_by_name(policy, budget, model.c, cfg) if budget else (kv.KeepAll(), cfg)
         return eng.Engine(model, cfg, pol)
 

@@ -206,9 +206,21 @@ def test_a_hybrid_eviction_refuses_what_it_cannot_serve():
     assert scored.evict(seq)[0].evicted == 4 and scored.tokens_held(seq, 0) == 16  # the errors changed nothing
     with pytest.raises(kv.InvalidArgument, match="eviction=H2O"):
         kv.HybridCache(small(), num_blocks=64, max_sequences=2, max_tokens=64, eviction=kv.H2O(heavy=4, recent=4, groups=1))
-    with pytest.raises(kv.InvalidArgument, match="not composed"):
-        kv.HybridCache(small(), num_blocks=64, max_sequences=2, max_tokens=64, eviction=kv.SinkWindow(sinks=4, window=8),
-                       selection=kv.Quest(token_budget=16))
+
+
+def test_quest_beside_a_block_policy_ranks_only_the_live_pages():
+    c = kv.HybridCache(small(), num_blocks=64, max_sequences=2, max_tokens=64, eviction=kv.SinkWindow(sinks=4, window=8),
+                       selection=kv.Quest(token_budget=16, dense_layers=0))
+    seq, _, _, _ = c.admit(np.arange(32, dtype=np.int32))
+    c.computed(seq, 32)
+    bounds = c.page_bounds(0)
+    for b in range(1, 64):
+        bounds[b] = -b  # the null page's zero bounds would outrank every live page
+    assert c.evict(seq)[0].evicted == 5
+    indptr, picked, n = c.select(np.array([seq], dtype=np.uint64), 0, np.ones((1, 2, 1, 8), dtype=np.float32))
+    live = c.blocks(seq, 0)[[0, 6, 7]]
+    assert sorted(picked[indptr[0]:indptr[1]].tolist()) == sorted(live.tolist())
+    assert type(kv.GroupTiers(c, host_blocks=8)).__name__ == "GroupTiers_Quest_SinkWindow"
 
 
 def test_the_admission_bound_sizes_the_pool_and_the_ledger_keeps_it():

@@ -25,6 +25,9 @@ struct EvictionNeedingKeyNorms {  // a signal the cache cannot supply
   std::int64_t max_tokens_after_eviction() const { return n_max; }
   static constexpr std::int64_t n_max = 1 << 20;
 };
+struct KeyNormBlocks : kv::SinkWindowEviction {  // a block policy that reads a signal no layer group gives
+  static constexpr kv::Signals required_signals{kv::Signals::key_norms};
+};
 struct SelectionWithoutSignals {  // no required_signals
   static constexpr kv::SelectionKind kind = kv::SelectionKind::dense;
 };
@@ -40,6 +43,7 @@ std::size_t size_of_quest_h2o() { return sizeof(kv::Cache<kv::BlockPool, kv::Pag
 // Block policies on a hybrid's global layers.
 std::size_t size_of_hybrid_sinks() { return sizeof(kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::SinkWindowEviction>); }
 std::size_t size_of_hybrid_scores() { return sizeof(kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::BlockScoreEviction>); }
+std::size_t size_of_hybrid_quest_sinks() { return sizeof(kv::HybridCache<kv::FastBlockHasher, kv::QuestSelection, kv::SinkWindowEviction>); }
 #elif defined(KVCACHE_MODE_bad_eviction)
 using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, kv::SelectAll, EvictionMissingBound>;
 #elif defined(KVCACHE_MODE_bad_signals)
@@ -52,8 +56,8 @@ using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate, kv::SelectAll, 
 using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate, kv::QuestSelection, kv::BlockScoreEviction>;
 #elif defined(KVCACHE_MODE_bad_hybrid_token)
 using C = kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, kv::H2OEviction>;
-#elif defined(KVCACHE_MODE_bad_hybrid_composition)
-using C = kv::HybridCache<kv::FastBlockHasher, kv::QuestSelection, kv::SinkWindowEviction>;
+#elif defined(KVCACHE_MODE_bad_hybrid_signals)
+using C = kv::HybridCache<kv::FastBlockHasher, kv::SelectAll, KeyNormBlocks>;
 #elif defined(KVCACHE_MODE_bad_selection)
 using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::AdmitAll, SelectionWithoutSignals>;
 #endif

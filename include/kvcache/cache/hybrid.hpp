@@ -53,7 +53,7 @@ using HybridAdmitResult [[deprecated("kvcache: HybridCache::admit returns AdmitR
 /// Layer groups over one pool: all-or-nothing reserves across groups, per-group tables, hits and accounting.
 /// Policies act on the global layers (the full and MLA groups; the others keep their own retention): a
 /// page-bounds selection given as its Config (selection/group_selection.hpp), or a block eviction policy,
-/// one stream per (sequence, global group) (eviction/group_eviction.hpp); not both on one cache yet.
+/// one stream per (sequence, global group) (eviction/group_eviction.hpp), or both.
 template <BlockHasher Hasher = FastBlockHasher, SelectionPolicy Selection = SelectAll, EvictionPolicy Eviction = KeepAll>
 class HybridCache : public PoolCore<BlockPool>,
                     public HybridGrowth<HybridCache<Hasher, Selection, Eviction>>,
@@ -79,8 +79,6 @@ class HybridCache : public PoolCore<BlockPool>,
   static_assert(Signals{Signals::attention_sums}.covers(Eviction::required_signals),
                 "kvcache::HybridCache: the eviction policy needs score signals a layer group does not provide "
                 "(its global layers take attention sums per held token, observe(seq, group, scores))");
-  static_assert(!(GroupSelection<Selection>::selects && GroupEviction<Eviction>::evicts),
-                "kvcache::HybridCache: a selection and an eviction policy on the same global layers are not composed yet");
 
  public:
   /// The selection policy reads key bounds per page of the global layers: the cache lists the stale ones.

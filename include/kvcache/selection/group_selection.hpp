@@ -20,6 +20,9 @@
 //                              before a listing too
 //   truncate                   a partial tail keeps the removed keys' extremes:
 //                              listed unless still published or shared
+//   evict (a block policy)     nothing: a hole rewrites no page; the policy
+//                              plans on the row's live pages (RowView), and
+//                              a listing skips the holes
 #pragma once
 
 #include <algorithm>
@@ -114,6 +117,7 @@ class GroupSelection<S> : public BoundPageSelection<S> {
     for (std::int32_t g = 0; g < lg.num_groups(); ++g)
       if (global_kind(lg.spec(g).kind)) globals_.push_back(g);
     seqs_ = max_sequences;
+    compact_.resize(std::size_t(longest));
     BoundPageSelection<S>::bind({.geometry = *geometry, .num_blocks = num_blocks, .model_layers = k,
                                  .streams = max_sequences * std::int32_t(globals_.size()), .max_rows = max_sequences,
                                  .max_blocks_per_row = longest, .kv_heads = geometry->spec().num_kv_heads},
@@ -186,7 +190,7 @@ class GroupSelection<S> : public BoundPageSelection<S> {
                               std::span<const float> q, const SelectSpans& out) noexcept {
     auto k = slice(layer);
     if (!k) return k.status();
-    return s_.select(RowView<Validate>{rows[std::size_t(group_of_[std::size_t(*k)])], validate}, seqs, *k, q, out);
+    return s_.select(RowView<Validate>{rows[std::size_t(group_of_[std::size_t(*k)])], validate, compact_}, seqs, *k, q, out);
   }
   /// The policy's plan() on model layer `layer`'s group rows.
   template <class Validate>
@@ -194,19 +198,28 @@ class GroupSelection<S> : public BoundPageSelection<S> {
                                          std::int32_t layer, const SelectPlanSpans& plan) const noexcept {
     auto k = slice(layer);
     if (!k) return k.status();
-    return s_.plan(RowView<Validate>{rows[std::size_t(group_of_[std::size_t(*k)])], validate}, seqs, *k, plan);
+    return s_.plan(RowView<Validate>{rows[std::size_t(group_of_[std::size_t(*k)])], validate, compact_}, seqs, *k, plan);
   }
 
   friend bool operator==(const GroupSelection& a, const GroupSelection& b) { return a.s_ == b.s_; }
 
  private:
-  // One group's rows as the table a page-bounds policy plans on.
+  // One group's rows as the table a page-bounds policy plans on: a row an
+  // eviction left holes in is its live blocks, compacted into `compact`
+  // (valid until the next call: the policy reads each row at once).
   template <class Validate>
   struct RowView {
     const GroupRows& rows;
     Validate& check;
+    std::vector<BlockId>& compact;
     Status validate(SeqId s) const noexcept { return check(s); }
-    std::span<const BlockId> blocks_unchecked(SeqId s) const noexcept { return rows.row(s.index); }
+    std::span<const BlockId> blocks_unchecked(SeqId s) const noexcept {
+      const auto row = rows.row(s.index);
+      if (rows.holes(s.index) == 0) return row;
+      const auto end = std::copy_if(row.begin() + rows.first_live(s.index), row.end(), compact.begin(),
+                                    [](BlockId b) { return b != BlockPool::null_block; });
+      return {compact.data(), std::size_t(end - compact.begin())};
+    }
     std::int32_t block_size() const noexcept { return rows.rule().block_size; }
   };
   Result<std::int32_t> slice(std::int32_t layer) const noexcept {
@@ -221,6 +234,7 @@ class GroupSelection<S> : public BoundPageSelection<S> {
   std::vector<std::int32_t> group_of_;  // [slice]: the group whose rows its queries read
   std::vector<std::int32_t> globals_;   // the full and MLA groups, in group order
   std::int32_t seqs_ = 0;
+  mutable std::vector<BlockId> compact_;  // a row with eviction holes, as RowView hands it to the policy
 };
 
 KVCACHE_END_NAMESPACE

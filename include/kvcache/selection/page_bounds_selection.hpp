@@ -93,17 +93,17 @@ template <class Pool, class Each>
 Result<std::int32_t> take_stale_rows(StalePages& stale, const Pool& pool, Each&& each, const StaleSpans& out) noexcept {
   std::int64_t n = 0;
   each([&](std::uint32_t stream, std::span<const BlockId> blocks, std::int64_t, std::int32_t) {
-    const std::int32_t from = stale.from(stream), rows = std::int32_t(blocks.size());
-    if (from < rows) n += rows - from;
+    for (std::int32_t j = stale.from(stream); j < std::int32_t(blocks.size()); ++j) n += blocks[std::size_t(j)] != BlockPool::null_block;
   });
   if (std::int64_t(out.pages.size()) < n) return Status{Errc::buffer_too_small, "pages", std::int64_t(out.pages.size()), n};
   if (std::int64_t(out.fill.size()) < n) return Status{Errc::buffer_too_small, "fill", std::int64_t(out.fill.size()), n};
   std::size_t w = 0;
   each([&](std::uint32_t stream, std::span<const BlockId> blocks, std::int64_t slots, std::int32_t B) {
-    for (std::int32_t j = stale.from(stream); j < std::int32_t(blocks.size()); ++j, ++w) {
+    for (std::int32_t j = stale.from(stream); j < std::int32_t(blocks.size()); ++j) {
+      if (blocks[std::size_t(j)] == BlockPool::null_block) continue;  // an eviction's hole holds no keys
       out.pages[w] = blocks[std::size_t(j)];
       const bool shared = pool.ref_count(blocks[std::size_t(j)]) > 1;
-      out.fill[w] = shared ? B : std::int32_t(std::min<std::int64_t>(B, slots - std::int64_t{j} * B));
+      out.fill[w++] = shared ? B : std::int32_t(std::min<std::int64_t>(B, slots - std::int64_t{j} * B));
     }
     stale.clear(stream);
   });
