@@ -97,6 +97,7 @@ TEST_CASE("eviction on a hybrid's global layers: sinks and a window leave holes 
   const auto hole = cache.slot_mapping(0, a.seq, 2, 6, one);
   REQUIRE(hole.code() == kv::Errc::invalid_argument);
   REQUIRE(hole.value() == 4);
+  REQUIRE(cache.slot_mapping(0, a.seq, 6, 6, one).ok());  // an empty range reads nothing, even inside a hole
 
   // Decode: each step computes the last token, reserves the next, and evicts.
   s.evicted = true;

@@ -82,7 +82,7 @@ inline Status export_group_slots(const GroupRows& g, std::uint32_t i, std::int64
   if (end > stored) return Status{Errc::invalid_argument, "end", end, stored};
   if (std::int64_t(out.size()) < end - begin) return Status{Errc::buffer_too_small, "out", std::int64_t(out.size()), end - begin};
   const auto row = g.row(i);
-  if (g.holes(i) > 0)
+  if (g.holes(i) > 0 && begin < end)
     for (std::int64_t j = begin / B; j < (end + B - 1) / B; ++j)
       if (row[std::size_t(j)] == BlockPool::null_block)
         return Status{Errc::invalid_argument, "begin (an evicted position in range)", j * B, begin};
