@@ -204,6 +204,18 @@ TEST_CASE("Quest beside sinks and a window on a hybrid's global layers: it ranks
   const std::int32_t listed = cache.stale_pages(seqs, {stale, fill}).value();
   REQUIRE(listed >= 1);
   for (std::int32_t k = 0; k < listed; ++k) REQUIRE(stale[std::size_t(k)] != kv::BlockPool::null_block);
+  // A peer's prefill lands (its pages stale until bounded), and the policy runs before any listing: the
+  // listing is the pages the rows still hold, never a hole's null page.
+  std::vector<std::int32_t> other(32);
+  std::iota(other.begin(), other.end(), 500);
+  const auto plan = cache.import(other).value();
+  const kv::SeqId imported = cache.commit_import(plan.id, other).value().seq;
+  const auto r = cache.evict(imported, {.blocks = out}).value();
+  REQUIRE(r.evicted > 0);
+  const kv::SeqId both[] = {imported};
+  const std::int32_t again = cache.stale_pages(both, {stale, fill}).value();
+  REQUIRE(again == cache.blocks_held(imported, 0).value() + cache.blocks_held(imported, 2).value());
+  for (std::int32_t k = 0; k < again; ++k) REQUIRE(stale[std::size_t(k)] != kv::BlockPool::null_block);
   REQUIRE(cache.check_invariants().ok());
 }
 

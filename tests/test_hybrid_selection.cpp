@@ -9,6 +9,9 @@
 //   other row or prefix hit can read has the exact bounds of its keys;
 //   select() on every global layer equals a plain top-k over the rows'
 //   pages, and select_params() plans the same rows.
+// The same run with sinks and a window evicting from the global rows after
+// decode steps: the rows' holes are never a candidate, never listed stale.
+#include <kvcache/eviction/sink_window.hpp>
 #include <catch2/catch.hpp>
 
 #include <kvcache/cache/hybrid.hpp>
@@ -26,6 +29,7 @@ using kv::AttentionKind;
 namespace {
 
 using Hybrid = kv::HybridCache<kv::FastBlockHasher, kv::QuestSelection>;
+using Evicting = kv::HybridCache<kv::FastBlockHasher, kv::QuestSelection, kv::SinkWindowEviction>;
 constexpr std::int32_t D = 4, kSeqs = 4, kTokens = 96, kBlocks = 160;
 
 struct Layout {
@@ -54,11 +58,20 @@ struct Layout {
   }
 };
 
+// A row's live blocks (an eviction's holes left out): what Quest ranks.
+std::vector<std::int32_t> live_blocks(std::span<const kv::BlockId> row) {
+  std::vector<std::int32_t> out;
+  for (const kv::BlockId b : row)
+    if (b != kv::BlockPool::null_block) out.push_back(b);
+  return out;
+}
+
+template <class Cache = Hybrid>
 struct Rig {
   Layout layout;
   std::int32_t H;
   std::vector<float> store;
-  Hybrid cache;
+  Cache cache;
   std::mt19937_64& rng;
   std::vector<std::int32_t> slice_group;  // [slice]: its group
   std::int32_t slices = 0, max_bs = 0;
@@ -70,8 +83,8 @@ struct Rig {
       : layout(which),
         H(layout.H),
         store(std::size_t(kv::QuestSelection::bounds_floats(*kv::global_geometry(layout.lg), kBlocks)), 0.0f),
-        cache({.groups = layout.lg, .num_blocks = kBlocks, .max_sequences = kSeqs, .max_tokens = kTokens, .prefix_caching = true},
-              with(q)),
+        cache(make({.groups = layout.lg, .num_blocks = kBlocks, .max_sequences = kSeqs, .max_tokens = kTokens, .prefix_caching = true},
+                   with(q))),
         rng(r) {
     for (std::int32_t l = 0; l < layout.lg.num_layers(); ++l) {
       const std::int32_t g = layout.lg.layer_slot(l).group;
@@ -80,6 +93,10 @@ struct Rig {
     slices = std::int32_t(slice_group.size());
     for (std::int32_t g = 0; g < layout.lg.num_groups(); ++g) max_bs = std::max(max_bs, layout.lg.block_size(g));
     keys.assign(std::size_t(slices) * kBlocks * std::size_t(max_bs) * H * D, 0.0f);
+  }
+  static Cache make(const kv::HybridConfig& cfg, const kv::QuestConfig& q) {
+    if constexpr (Cache::evicts) return Cache(cfg, q, kv::SinkWindowEviction({.sinks = 2, .window = 8}));
+    else return Cache(cfg, q);
   }
   kv::QuestConfig with(kv::QuestConfig q) {
     q.bounds = store;
@@ -145,6 +162,7 @@ struct Rig {
         const auto row = *cache.blocks(live[q], g);
         REQUIRE(std::int64_t(row.size()) == (used + B - 1) / B);
         for (std::size_t j = 0; j < row.size(); ++j) {
+          if (row[j] == kv::BlockPool::null_block) continue;  // an eviction's hole
           const auto fill = std::int32_t(std::min<std::int64_t>(B, used - std::int64_t(j) * B));
           const float* b = bound(k, row[j]);
           const bool exact = cache.pool().ref_count(row[j]) == 1 && !cache.pool().has_hash(row[j]);
@@ -179,7 +197,7 @@ struct Rig {
     p.queries = queries.data(), p.group = q.query_group;
     std::int32_t total = 0;
     for (std::int32_t s = 0; s < std::int32_t(live.size()); ++s) {
-      const auto blocks = *cache.blocks(live[std::size_t(s)], g);
+      const auto blocks = live_blocks(*cache.blocks(live[std::size_t(s)], g));
       const auto nb = std::int32_t(blocks.size());
       for (std::int32_t h = 0; h < H; ++h) {
         std::vector<std::int32_t> pick;
@@ -210,8 +228,8 @@ struct Rig {
     REQUIRE(plan->num_seqs == std::int32_t(live.size()));
     REQUIRE(plan->budget == (k < q.dense_layers ? INT32_MAX : budget));
     for (std::size_t s = 0; s < live.size(); ++s) {
-      const auto blocks = *cache.blocks(live[s], g);
-      REQUIRE(std::vector<std::int32_t>(px.begin() + pi[s], px.begin() + pi[s + 1]) == std::vector<std::int32_t>(blocks.begin(), blocks.end()));
+      const auto blocks = live_blocks(*cache.blocks(live[s], g));
+      REQUIRE(std::vector<std::int32_t>(px.begin() + pi[s], px.begin() + pi[s + 1]) == blocks);
     }
   }
 
@@ -252,6 +270,10 @@ struct Rig {
     }
     REQUIRE(cache.computed(live[q], *cache.tokens(live[q])).ok());
     prompts[q].insert(prompts[q].end(), tokens.begin(), tokens.end());
+    if constexpr (Cache::evicts) {  // sinks and a window on the global rows: holes, no page rewritten
+      std::vector<std::int32_t> out(std::size_t(*cache.blocks_held(live[q])));
+      REQUIRE(cache.evict(live[q], {.blocks = out}).ok());
+    }
   }
   // A peer's K/V lands in the received pages (no bounds folded), then
   // commits, or the transfer fails; a request cancelled at once is freed
@@ -294,11 +316,13 @@ struct Rig {
 
 }  // namespace
 
-TEST_CASE("Quest on a hybrid's global layers: stale pages are listed and select() is a top-k over the group's rows") {
+template <class Cache>
+void randomized_quest(std::int32_t holes_wanted) {
+  std::int32_t holes = 0;
   for (int which = 0; which < 3; ++which) {
     for (std::int32_t dense = 0; dense < 2; ++dense) {
       std::mt19937_64 rng(std::uint64_t(7 + which * 10 + dense));
-      Rig rig(which, rng, {.token_budget = 32, .first_pages = 1, .last_pages = 1, .dense_layers = dense});
+      Rig<Cache> rig(which, rng, {.token_budget = 32, .first_pages = 1, .last_pages = 1, .dense_layers = dense});
       std::int32_t imports = 0;
       for (int step = 0; step < 300; ++step) {
         const auto op = rng() % 10;
@@ -306,7 +330,8 @@ TEST_CASE("Quest on a hybrid's global layers: stale pages are listed and select(
           rig.admit();
         } else if (op < 5 && rig.live.size() < std::size_t(kSeqs)) {
           const auto how = rng() % 4;
-          rig.import(how == 0 ? Rig::Import::aborts : how == 1 ? Rig::Import::lands_then_freed : Rig::Import::lands);
+          using Import = typename Rig<Cache>::Import;
+          rig.import(how == 0 ? Import::aborts : how == 1 ? Import::lands_then_freed : Import::lands);
           imports += 1;
         } else if (op < 6) {
           rig.free(rng() % rig.live.size());
@@ -320,10 +345,23 @@ TEST_CASE("Quest on a hybrid's global layers: stale pages are listed and select(
         REQUIRE(again.ok());
         REQUIRE(*again == 0);
         rig.check();
+        for (const kv::SeqId s : rig.live)
+          for (std::int32_t g = 0; g < rig.layout.lg.num_groups(); ++g)
+            if (kv::global_kind(rig.layout.lg.spec(g).kind))
+              holes += std::int32_t(rig.cache.blocks(s, g)->size()) - *rig.cache.blocks_held(s, g);
       }
       REQUIRE(imports > 20);
     }
   }
+  REQUIRE(holes >= holes_wanted);
+}
+
+TEST_CASE("Quest on a hybrid's global layers: stale pages are listed and select() is a top-k over the group's rows") {
+  randomized_quest<Hybrid>(0);
+}
+
+TEST_CASE("Quest beside sinks and a window on a hybrid's global layers: the same run, the rows' holes never a candidate") {
+  randomized_quest<Evicting>(100);
 }
 
 TEST_CASE("A hybrid's received pages are stale until page_bounds runs, and a rolled-back tail with them") {
