@@ -65,7 +65,8 @@ BEST = "tova:0.25"  # the best policy at a quarter of the prompt on passkey (mea
 COMBINED = [f"{BEST},format={f}" for f in ("int8_g32", "int4_g32_min", "int2_kivi")]
 # Gemma 3: its layers whole, in groups, and Quest or a block eviction policy on the global (full) group.
 GEMMA3 = ["full", "layer_groups", "layer_groups,quest:0.25", "layer_groups,quest:0.125",
-          "layer_groups,sink_window:0.25", "layer_groups,block_scores:0.25"]
+          "layer_groups,sink_window:0.25", "layer_groups,sink_window:0.5",
+          "layer_groups,block_scores:0.25", "layer_groups,block_scores:0.5"]
 # The studies scripts/eval --model runs, part by part (task, lengths, samples, rows); each part's CSV resumes.
 STUDIES = {
     "smollm2": [
