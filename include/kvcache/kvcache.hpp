@@ -14,6 +14,7 @@
 #include "kvcache/eviction/average_attention.hpp"
 #include "kvcache/eviction/block_scores.hpp"
 #include "kvcache/eviction/compaction_plan.hpp"
+#include "kvcache/eviction/group_eviction.hpp"
 #include "kvcache/eviction/h2o.hpp"
 #include "kvcache/eviction/keep_all.hpp"
 #include "kvcache/eviction/plan.hpp"
