@@ -63,7 +63,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // in multiples of every global group's block size.
   std::int32_t step = 0;
   for (std::int32_t g = 0; g < lg->num_groups(); ++g)
-    if (const auto k = lg->spec(g).kind; k == kv::AttentionKind::full || k == kv::AttentionKind::mla)
+    if (kv::global_kind(lg->spec(g).kind))
       step = step == 0 ? lg->block_size(g) : std::lcm(step, lg->block_size(g));
   switch (step > 0 ? in.pick(3) : 0) {
     case 1: {

@@ -77,7 +77,7 @@ struct EvictionModel {
       need(cache.export_group_csr(g, one, indptr, indices, first).ok(), "export_group_csr");
       need(s.reserved - first[0] == std::int64_t(pos.size()), "first_pos is not the positions not held");
       need(cache.export_block_table(g, one, table, std::int32_t(table.size())).ok(), "export_block_table");
-      const bool global = kind == kvcache::AttentionKind::full || kind == kvcache::AttentionKind::mla;
+      const bool global = kvcache::global_kind(kind);
       for (std::size_t k = 0; k < pos.size(); ++k) {
         // CSR: the k-th held token. Table: a window or chunk row keeps its positions (null ids before its
         // first live block); a global row is its live blocks one after another, from index 0.
@@ -197,7 +197,7 @@ class HybridEvictionHarness {
   std::vector<std::int32_t> globals() const {
     std::vector<std::int32_t> out;
     for (std::int32_t g = 0; g < m_.cache.groups(); ++g)
-      if (const auto k = m_.cache.layer_groups().spec(g).kind; k == kvcache::AttentionKind::full || k == kvcache::AttentionKind::mla)
+      if (kvcache::global_kind(m_.cache.layer_groups().spec(g).kind))
         out.push_back(g);
     return out;
   }

@@ -97,7 +97,7 @@ class HybridAccounting {
     const auto& rows = self().rows_[std::size_t(g)];
     const GroupRule& r = rows.rule();
     if (!r.caches()) return rows.live(s.index) > 0 ? std::int64_t{r.span} : 0;
-    return self().seqs_[s.index].reserved - std::int64_t(rows.first_live(s.index) + rows.holes(s.index)) * r.block_size;
+    return self().seqs_[s.index].reserved - rows.not_held(s.index);
   }
   /// Blocks s holds in group g.
   Result<std::int32_t> blocks_held(SeqId s, std::int32_t g) const noexcept {

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <vector>
 
@@ -253,11 +254,7 @@ class HybridImports {
     const Cache& c = self();
     if (auto st = c.validate(s); !st) return st;
     out.clear();
-    for (const GroupRows& rows : c.rows_) {
-      const auto row = rows.row(s.index);
-      for (std::size_t j = std::size_t(rows.first_live(s.index)); j < row.size(); ++j)
-        if (row[j] != BlockPool::null_block) out.push_back(row[j]);  // an eviction's holes hold nothing
-    }
+    for (const GroupRows& rows : c.rows_) (void)rows.copy_live(s.index, std::back_inserter(out));  // holes hold nothing
     return {};
   }
 

@@ -72,8 +72,7 @@ class GroupEviction<E> {
   /// ConfigError when the layout has no global group or the policy does not fit.
   void bind(const LayerGroups& lg, std::int32_t max_sequences, std::int32_t max_tokens) {
     for (std::int32_t g = 0; g < lg.num_groups(); ++g) {
-      const AttentionKind k = lg.spec(g).kind;
-      if (k != AttentionKind::full && k != AttentionKind::mla) continue;
+      if (!global_kind(lg.spec(g).kind)) continue;
       globals_.push_back(g);
       policies_.push_back(e_);
       policies_.back().bind(EvictionShape{.streams = max_sequences, .max_tokens = max_tokens, .block_size = lg.block_size(g)});
@@ -194,9 +193,9 @@ class GroupEviction<E> {
       return Status{Errc::invalid_argument, "group (a window, chunked or cross group: eviction acts on full and MLA groups)", g, 0};
     return index_[std::size_t(g)];
   }
-  // Tokens of row i's live blocks, `tokens` reserved: positions past its first live block, less its holes.
+  // Tokens of row i's live blocks, `tokens` reserved.
   static std::int32_t held(const GroupRows& r, std::uint32_t i, std::int64_t tokens) noexcept {
-    return std::int32_t(tokens - std::int64_t(r.first_live(i) + r.holes(i)) * r.rule().block_size);
+    return std::int32_t(tokens - r.not_held(i));
   }
   static StreamView view(const GroupRows& r, std::uint32_t i, std::int64_t tokens) noexcept {
     return {held(r, i, tokens), tokens, 0};

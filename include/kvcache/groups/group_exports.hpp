@@ -32,11 +32,8 @@ inline Status export_group_table(const GroupRows& g, std::span<const std::uint32
       return Status{Errc::buffer_too_small, "row_stride", row_stride, len};
   std::int32_t* dst = out.data();
   for (const std::uint32_t i : rows_at) {
-    const auto row = g.row(i);
-    std::int32_t* end = g.holes(i) == 0 ? std::copy(row.begin(), row.end(), dst)
-                                              : std::copy_if(row.begin() + g.first_live(i), row.end(),
-                                                             std::fill_n(dst, g.first_live(i), BlockPool::null_block),
-                                                             [](BlockId b) { return b != BlockPool::null_block; });
+    // Null ids before the first live block (a window's), then the live blocks.
+    std::int32_t* end = g.copy_live(i, std::fill_n(dst, g.first_live(i), BlockPool::null_block));
     std::fill(end, dst + row_stride, BlockPool::null_block);
     dst += row_stride;
   }
@@ -61,13 +58,10 @@ inline Result<std::int32_t> export_group_csr(const GroupRows& g, std::span<const
   indptr[0] = 0;
   for (std::size_t k = 0; k < rows_at.size(); ++k) {
     const std::uint32_t i = rows_at[k];
-    const auto row = g.row(i);
-    const std::int32_t first = g.first_live(i);
-    if (g.holes(i) == 0) std::copy(row.begin() + first, row.end(), indices.begin() + at);
-    else std::copy_if(row.begin() + first, row.end(), indices.begin() + at, [](BlockId b) { return b != BlockPool::null_block; });
+    (void)g.copy_live(i, indices.begin() + at);
     at += g.live(i);
     indptr[k + 1] = at;
-    first_pos[k] = (first + g.holes(i)) * g.rule().block_size;
+    first_pos[k] = std::int32_t(g.not_held(i));
   }
   return at;
 }

@@ -42,6 +42,15 @@ class GroupRows {
   std::int32_t live(std::uint32_t i) const noexcept { return len_[i] - first_[i] - holes_[i]; }
   /// Null entries of row i past its first live block: the blocks an eviction removed.
   std::int32_t holes(std::uint32_t i) const noexcept { return holes_[i]; }
+  /// Positions row i holds no block for: before its first live block and in its holes.
+  std::int64_t not_held(std::uint32_t i) const noexcept { return std::int64_t(first_[i] + holes_[i]) * rule_.block_size; }
+  /// Row i's live blocks, in order, to `out` (compacted past holes); returns the end.
+  template <class Out>
+  Out copy_live(std::uint32_t i, Out out) const noexcept {
+    const BlockId* b = at(i);
+    if (holes_[i] == 0) return std::copy(b + first_[i], b + len_[i], out);
+    return std::copy_if(b + first_[i], b + len_[i], out, [](BlockId x) { return x != BlockPool::null_block; });
+  }
   /// Blocks of row i below index `upto` that would go back to the free pool if released (held by nobody else).
   std::int32_t freeable_below(const BlockPool& pool, std::uint32_t i, std::int32_t upto) const noexcept {
     std::int32_t n = 0;

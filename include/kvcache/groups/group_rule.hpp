@@ -39,7 +39,7 @@ struct GroupRule {
   /// Its published blocks chain to their parents, so the index keeps them
   /// prefix-closed (full, MLA). A window's or a chunk's blocks are published
   /// alone: an early block recycled must not take the later ones with it.
-  constexpr bool chained() const noexcept { return kind == AttentionKind::full || kind == AttentionKind::mla; }
+  constexpr bool chained() const noexcept { return global_kind(kind); }
   /// Its rows free blocks as the sequence advances (window, chunk).
   constexpr bool frees() const noexcept {
     return kind == AttentionKind::sliding_window || kind == AttentionKind::chunked_local;

@@ -31,6 +31,9 @@ KVCACHE_BEGIN_NAMESPACE
 ///   cross           the `encoder_len` encoder tokens, stored once per sequence
 enum class AttentionKind : std::uint8_t { full, sliding_window, chunked_local, mla, cross };
 
+/// The kinds whose rows grow with the context (full and MLA): where selection and eviction policies act.
+constexpr bool global_kind(AttentionKind k) noexcept { return k == AttentionKind::full || k == AttentionKind::mla; }
+
 /// An AttentionKind's name ("sliding_window"), for messages (Status::named); "?" outside the enum.
 constexpr const char* attention_kind_name(std::int64_t k) noexcept {
   constexpr const char* names[] = {"full", "sliding_window", "chunked_local", "mla", "cross"};

@@ -43,8 +43,6 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-/// True for the groups a selection policy acts on: full and MLA attention.
-constexpr bool global_kind(AttentionKind k) noexcept { return k == AttentionKind::full || k == AttentionKind::mla; }
 
 /// The bounds store's shape for a layout's global layers: num_layers = the
 /// full and MLA groups' layers, their kv_heads and head_dim, the largest of
@@ -214,11 +212,8 @@ class GroupSelection<S> : public BoundPageSelection<S> {
     std::vector<BlockId>& compact;
     Status validate(SeqId s) const noexcept { return check(s); }
     std::span<const BlockId> blocks_unchecked(SeqId s) const noexcept {
-      const auto row = rows.row(s.index);
-      if (rows.holes(s.index) == 0) return row;
-      const auto end = std::copy_if(row.begin() + rows.first_live(s.index), row.end(), compact.begin(),
-                                    [](BlockId b) { return b != BlockPool::null_block; });
-      return {compact.data(), std::size_t(end - compact.begin())};
+      if (rows.holes(s.index) == 0) return rows.row(s.index);
+      return {compact.data(), std::size_t(rows.copy_live(s.index, compact.begin()) - compact.begin())};
     }
     std::int32_t block_size() const noexcept { return rows.rule().block_size; }
   };
