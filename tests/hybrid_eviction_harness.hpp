@@ -34,6 +34,7 @@ struct EvictionModel {
     std::vector<std::uint64_t> wrote{};   // [p]: what its K/V at p is
     std::int64_t reserved = 0, computed = 0;
     bool evicted = false;
+    std::int64_t exact = 0;  // computed tokens at the first eviction
     void hit(std::int64_t n) { std::copy(prefix.begin(), prefix.begin() + n, wrote.begin()); }  // a hit holds the prefix
   };
 
@@ -177,8 +178,11 @@ class HybridEvictionHarness {
       need_(cache == before, "a failed evict changed the cache");
       return;
     }
+    if (r->evicted > 0 && !s.evicted) s.exact = s.computed;  // the prompt's own K/V end here
     if (r->evicted > 0) s.evicted = true, ++evictions;
     need_(*cache.evicted(id) == s.evicted, "evicted(seq)");
+    need_(*cache.computed_before_eviction(id) == (s.evicted ? std::min(s.exact, s.computed) : s.computed),
+          "computed_before_eviction(seq)");
     for (const std::int32_t g : globals())
       need_(*cache.tokens_held(id, g) <= (*cache.eviction(g))->max_tokens_held(s.reserved) + (s.reserved - s.computed),
             "a global row holds past its policy's bound");

@@ -165,6 +165,14 @@ TEST_CASE("host tiers over an evicting hybrid: only blocks published before the 
     names.resize(std::size_t(cache.hash_chain(g, std::span(prompt).first(32), {}, names).value()));
     REQUIRE(std::find(names.begin(), names.end(), cache.pool().hash(m.src)) != names.end());
   }
+  // The window group's blocks that a hit at 32 reads (positions 24..31, let go by its row, still cached) go too:
+  // the boundary is where the prompt's own K/V ends, not the 48 computed.
+  REQUIRE(cache.computed_before_eviction(a.seq).value() == 32);
+  std::vector<kv::BlockHash> window(16);
+  window.resize(std::size_t(cache.hash_chain(1, std::span(prompt).first(32), {}, window).value()));
+  for (const std::size_t j : {std::size_t(6), std::size_t(7)})
+    REQUIRE(std::any_of(job.moves.begin(), job.moves.end(),
+                        [&](const kv::BlockMove& m) { return cache.pool().hash(m.src) == window[j]; }));
   REQUIRE(tiers.tiers().complete(job.id).ok());
   REQUIRE(cache.free(a.seq).ok());
   const auto hits = tiers.lookup(prompt).value();

@@ -129,7 +129,10 @@ void bind_hybrid_eviction(nb::class_<Hybrid>& c) {
          return std::make_tuple(e, rows(bobj, e.evicted));
        },
        nb::arg("seq"), nb::arg("blocks") = nb::none())
-      .def("evicted", [](const Hybrid& self, std::uint64_t s) { return check(self.evicted(unpack(s))); }, nb::arg("seq"));
+      .def("evicted", [](const Hybrid& self, std::uint64_t s) { return check(self.evicted(unpack(s))); }, nb::arg("seq"))
+      .def(  // the tokens whose K/V read the prompt's own context (what a tier or a peer may take)
+          "computed_before_eviction", [](const Hybrid& self, std::uint64_t s) { return check(self.computed_before_eviction(unpack(s))); },
+          nb::arg("seq"));
 }
 
 // The HybridCache H as Python class `name`.

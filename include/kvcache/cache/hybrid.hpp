@@ -68,6 +68,7 @@ class HybridCache : public PoolCore<BlockPool>,
   friend class HybridExports<HybridCache>;
   friend class HybridSelection<HybridCache, Selection>;
   friend class HybridEviction<HybridCache, Eviction>;
+  friend class HybridEvictionState<HybridCache>;
   static_assert(Selection::kind == SelectionKind::dense || Selection::kind == SelectionKind::page_bounds,
                 "kvcache::HybridCache: a selection policy on layer groups is dense or page_bounds (Quest)");
   static_assert(Signals{Signals::page_key_bounds}.covers(Selection::required_signals),
@@ -143,7 +144,7 @@ class HybridCache : public PoolCore<BlockPool>,
     const std::uint32_t i = free_.back();
     free_.pop_back();
     Seq& s = seqs_[i];
-    s.live = true, s.sealed = s.evicted = false, s.reserved = s.computed = s.promised = 0, s.key = key;
+    s.live = true, s.sealed = false, s.evicted_at = -1, s.reserved = s.computed = s.promised = 0, s.key = key;
     s.ahead = cfg_.prefill_chunk > 0 ? cfg_.prefill_chunk : cfg_.max_tokens;  // admit() and import() bound it by the prompt
     prefix_.start(i, chain_root(key));
     return SeqId{i, s.generation};
@@ -332,7 +333,7 @@ class HybridCache : public PoolCore<BlockPool>,
   /// its consumers have read it); invalid_argument once id evicted (a peer would take them for its prompt's).
   Result<std::uint64_t> hold(SeqId id) {
     if (auto st = this->live_blocks(id, held_); !st) return st;  // held_ has room for every group's row
-    if (seqs_[id.index].evicted)
+    if (seqs_[id.index].evicted_at >= 0)
       return Status{Errc::invalid_argument, "seq (it evicted: its rows are not its prompt's K/V for a peer)", id.index, 0};
     return holds_.hold(pool_, held_);
   }
@@ -354,7 +355,7 @@ class HybridCache : public PoolCore<BlockPool>,
     friend bool operator==(const Seq&, const Seq&) = default;
     std::uint32_t generation = 0;
     bool live = false, sealed = false;  // sealed: an import's row (hybrid_imports.hpp), named by no call
-    bool evicted = false;  // a block left a global row: nothing more is published (group_eviction.hpp)
+    std::int64_t evicted_at = -1;  // computed when a block first left a global row (-1: never); nothing more is published
     std::int64_t reserved = 0, computed = 0, promised = 0;
     std::int64_t ahead = 0;  // the most tokens it may hold reserved and not computed (HybridConfig::prefill_chunk)
     PrefixKey key{};
@@ -372,7 +373,7 @@ class HybridCache : public PoolCore<BlockPool>,
   // After the checks: tokens [0, tokens) are computed; every caching group publishes its full blocks there.
   Status mark_computed(std::uint32_t i, std::int64_t tokens) noexcept {
     seqs_[i].computed = tokens;
-    if (!cfg_.prefix_caching || seqs_[i].evicted) return {};
+    if (!cfg_.prefix_caching || seqs_[i].evicted_at >= 0) return {};
     return prefix_.publish(pool_, rows_, hits_, i, tokens, seqs_[i].key);
   }
   auto owner_of() const noexcept {

@@ -220,7 +220,7 @@ class HybridAccounting {
           const bool live = std::int32_t(j) >= rows.first_live(i);
           if (!live && row[j] != BlockPool::null_block) return Status{Errc::invariant_violated, "row_entry", g, std::int64_t(j)};
           if (live && row[j] == BlockPool::null_block) {
-            if (!s.evicted || std::int64_t(j + 1) * r.block_size > s.computed) return Status{Errc::invariant_violated, "row_entry", g, std::int64_t(j)};
+            if (s.evicted_at < 0 || std::int64_t(j + 1) * r.block_size > s.computed) return Status{Errc::invariant_violated, "row_entry", g, std::int64_t(j)};
             ++holes;
           }
           if (row[j] == BlockPool::null_block) continue;

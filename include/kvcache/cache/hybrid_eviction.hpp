@@ -5,6 +5,7 @@
 // holes live in eviction/group_eviction.hpp; KeepAll adds no call.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kvcache/config.hpp"
@@ -16,9 +17,34 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// What every HybridCache says of a sequence's evictions (none without a policy).
+template <class Cache>
+class HybridEvictionState {
+ public:
+  /// Sequence id let a block go: it publishes no more blocks (what kernels
+  /// read of it is no longer its prompt's context).
+  Result<bool> evicted(SeqId id) const noexcept {
+    if (auto st = self().validate(id); !st) return st;
+    return self().seqs_[id.index].evicted_at >= 0;
+  }
+
+  /// The tokens of sequence id whose K/V read its prompt's own context: what
+  /// it computed before its first block left (every computed token if none
+  /// left, fewer after a truncate). Past them the K/V is not the prompt's for
+  /// a tier or a peer (GroupTiers::plan_offload names no block past them).
+  Result<std::int64_t> computed_before_eviction(SeqId id) const noexcept {
+    if (auto st = self().validate(id); !st) return st;
+    const auto& s = self().seqs_[id.index];
+    return s.evicted_at < 0 ? s.computed : std::min(s.evicted_at, s.computed);
+  }
+
+ private:
+  const Cache& self() const noexcept { return static_cast<const Cache&>(*this); }
+};
+
 /// No eviction: the policy alone.
 template <class Cache, class Eviction>
-class HybridEviction {
+class HybridEviction : public HybridEvictionState<Cache> {
  public:
   /// The eviction policy.
   const Eviction& eviction() const noexcept { return static_cast<const Cache&>(*this).eviction_.policy(); }
@@ -27,7 +53,7 @@ class HybridEviction {
 /// A block policy on the global layers (HybridCache derives from it and befriends it).
 template <class Cache, class Eviction>
   requires(GroupEviction<Eviction>::evicts)
-class HybridEviction<Cache, Eviction> {
+class HybridEviction<Cache, Eviction> : public HybridEvictionState<Cache> {
  public:
   /// The eviction policy as given (each global group runs a copy bound to its block size).
   const Eviction& eviction() const noexcept { return self().eviction_.policy(); }
@@ -65,15 +91,8 @@ class HybridEviction<Cache, Eviction> {
     if (auto st = c.validate(id); !st) return st;
     auto& s = c.seqs_[id.index];
     auto r = c.eviction_.evict(c.rows_, c.pool_, id.index, s.reserved, s.computed, out);
-    if (r && r->evicted > 0) s.evicted = true;
+    if (r && r->evicted > 0 && s.evicted_at < 0) s.evicted_at = s.computed;
     return r;
-  }
-
-  /// Sequence id let a block go: it publishes no more blocks (what kernels
-  /// read of it is no longer its prompt's context).
-  Result<bool> evicted(SeqId id) const noexcept {
-    if (auto st = self().validate(id); !st) return st;
-    return self().seqs_[id.index].evicted;
   }
 
  private:

@@ -136,10 +136,11 @@ class GroupTiers {
   /// Offload: a store into host memory of the blocks of `seq` that a later
   /// prompt continuing it can hit, in every group: a full group's published
   /// blocks; a window's or a chunk's blocks that a hit at the last whole
-  /// boundary (computed tokens, rounded down to the hit alignment) reads,
-  /// those its row already let go included while the device still caches
-  /// them. `tokens`: the sequence's tokens (its first computed_tokens(seq)
-  /// are read), checked against the names its published blocks carry:
+  /// boundary reads, those its row already let go included while the device
+  /// still caches them. The boundary: the tokens whose K/V are the prompt's
+  /// (computed_before_eviction: all computed ones unless a policy evicted),
+  /// rounded down to the hit alignment. `tokens`: the sequence's tokens (its
+  /// first computed_tokens(seq) are read), checked against the names its published blocks carry:
   /// invalid_argument naming the block when they are another prompt's, so
   /// no block is offloaded under a name it does not hold. Blocks host memory
   /// holds or receives are skipped (Tiers::plan_store). The engine holds the
@@ -151,6 +152,7 @@ class GroupTiers {
     if (!computed) return computed.status();
     if (std::int64_t(tokens.size()) < *computed)
       return Status{Errc::invalid_argument, "tokens (fewer than the sequence computed)", std::int64_t(tokens.size()), *computed};
+    computed = cache_.computed_before_eviction(seq);  // past it the K/V is not the prompt's: named by nothing
     const BlockPool& pool = cache_.pool();
     const std::int64_t boundary = *computed / cache_.layer_groups().hit_alignment() * cache_.layer_groups().hit_alignment();
     for (std::int32_t g = 0; g < cache_.groups(); ++g) {  // first check every name, then plan: nothing changes on error
