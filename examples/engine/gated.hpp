@@ -66,6 +66,7 @@ class GatedBackend {
   const Cache& cache() const { return cache_; }
   const GateCounts& counts() const { return counts_; }
   std::int32_t handles() const { return 1; }
+  bool ragged_trace() const { return false; }  // one stream: the trace sums over layers
   kvcache::Result<std::int64_t> blocks_needed(std::int64_t tokens, std::int64_t new_tokens, std::int64_t chunk) const {
     return cache_.blocks_needed(tokens, new_tokens, chunk);
   }

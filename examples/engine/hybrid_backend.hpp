@@ -10,6 +10,10 @@
 // HybridEngine<QuestSelection> runs Quest on the full layers (the hybrid's
 // global layers): every write folds its keys into the page bounds, and a
 // decode query of a full layer reads only the pages the cache selects.
+// HybridEngine<Selection, Eviction> runs a block policy (sinks and a window,
+// or block scores fed the full layers' attention sums) on the full layers
+// after every chunk and decoded token: its blocks leave as holes, and the
+// full layers read what their rows still hold.
 #pragma once
 
 #include <array>
@@ -19,6 +23,8 @@
 #include <kvcache/kernels/detail/group_view.hpp>
 #include <kvcache/kernels/page_bounds.hpp>
 #include <kvcache/kernels/scatter.hpp>
+#include <kvcache/eviction/block_scores.hpp>
+#include <kvcache/eviction/sink_window.hpp>
 #include <kvcache/selection/quest.hpp>
 #include <span>
 #include <stdexcept>
@@ -169,14 +175,14 @@ class HybridKv {
 // twice as many pages as the full-attention engine's blocks. With
 // QuestSelection, EngineConfig::quest configures it (its bounds are the
 // backend's store, [full layers][pages][kv-heads][2][head dim]).
-template <class Selection = kvcache::SelectAll>
+template <class Selection = kvcache::SelectAll, class Eviction = kvcache::KeepAll>
 class HybridBackend {
  public:
-  using Cache = kvcache::HybridCache<kvcache::FastBlockHasher, Selection>;
-  static constexpr bool traces = false;                   // no eviction policy to feed
+  using Cache = kvcache::HybridCache<kvcache::FastBlockHasher, Selection, Eviction>;
+  static constexpr bool traces = kvcache::ObservingEviction<Eviction>;  // block scores read the full layers' sums
   static constexpr bool decode_selects = Cache::selects;  // Quest serves the full layers' decode queries
 
-  HybridBackend(const Model& m, const EngineConfig& cfg, std::int32_t window)
+  HybridBackend(const Model& m, const EngineConfig& cfg, std::int32_t window, Eviction eviction = {})
       : window_(window),
         groups_(interleaved_groups(m, cfg.block_size, window, layers_)),
         pages_(2 * (cfg.max_kv_tokens / cfg.block_size) + 1),
@@ -184,7 +190,8 @@ class HybridBackend {
         bounds_(Cache::selects ? std::size_t(kvcache::QuestSelection::bounds_floats(*kvcache::global_geometry(groups_), pages_)) : 0),
         cache_({.groups = groups_, .num_blocks = pages_, .max_sequences = cfg.max_batch, .max_tokens = m.config().context + 256,
                 .prefill_chunk = cfg.chunk, .prefix_caching = false},
-               selection_arg<typename kvcache::GroupSelection<Selection>::Arg>(cfg.quest, bounds_)) {
+               selection_arg<typename kvcache::GroupSelection<Selection>::Arg>(cfg.quest, bounds_), eviction),
+        evicted_(Cache::evicts ? std::size_t(pages_) : 0) {
     if (cfg.optimistic) throw std::invalid_argument("optimistic: the hybrid backend admits by the lifetime bound");
     if (cfg.layer_streams) throw std::invalid_argument("layer_streams: not with layer groups");
     if (!cfg.evict_in_prefill) throw std::invalid_argument("evict_in_prefill: every chunk is marked computed (the window's bound)");
@@ -193,6 +200,7 @@ class HybridBackend {
 
   const Cache& cache() const { return cache_; }
   std::int32_t handles() const { return 1; }
+  bool ragged_trace() const { return traces; }  // each layer's sums over the rows it holds (full and window differ)
   kvcache::Result<std::int64_t> blocks_needed(std::int64_t tokens, std::int64_t new_tokens, std::int64_t) const {
     return cache_.blocks_needed(tokens, new_tokens);  // the configured chunk: the bound the pool is sized with
   }
@@ -216,10 +224,26 @@ class HybridBackend {
     return {cache_, views_, r.seqs[0], slots, window_, none_, keys};
   }
   // The chunk is computed: a later reserve may free what left the window.
-  // With Quest, pages whose bounds went stale (none in this engine's calls:
-  // it imports nothing and rolls nothing back) are recomputed first.
-  void after_forward(Request& r, const AttentionTrace&) {
+  // Then the policy on the full layers (block scores fed the sum of their
+  // attention over the rows they hold). With Quest, pages whose bounds went
+  // stale (none in this engine's calls: it imports nothing and rolls nothing
+  // back, and an eviction rewrites no page) are recomputed first.
+  void after_forward(Request& r, const AttentionTrace& trace) {
     if (auto st = cache_.computed(r.seqs[0], *cache_.tokens(r.seqs[0])); !st) throw std::runtime_error(st.message());
+    if constexpr (Cache::evicts) {
+      if constexpr (traces) {
+        sums_.assign(trace.layer_sums[std::size_t(layers_[0][0])].size(), 0.0f);
+        for (const std::int32_t l : layers_[0])
+          for (std::size_t t = 0; t < sums_.size(); ++t) sums_[t] += trace.layer_sums[std::size_t(l)][t];
+        if (auto st = cache_.observe(r.seqs[0], 0, {kvcache::ScoreKind::attention_sums, sums_, 1}); !st)
+          throw std::runtime_error("observe: " + st.message());
+      } else {
+        (void)trace;
+      }
+      if (auto e = cache_.evict(r.seqs[0], {.blocks = evicted_}); !e) throw std::runtime_error("evict: " + e.status().message());
+    } else {
+      (void)trace;
+    }
     if constexpr (Cache::selects) {
       stale_.resize(std::size_t(*cache_.blocks_held(r.seqs[0], 0)) + 1);
       fill_.resize(stale_.size());
@@ -248,15 +272,19 @@ class HybridBackend {
   std::array<kvcache::PoolView, 2> views_{};
   std::vector<std::uint8_t> none_;  // a window layer's "admitted" flags: none
   std::vector<std::int32_t> stale_, fill_;
+  std::vector<std::int32_t> evicted_;  // evict()'s block indices (the pool's size bounds every plan)
+  std::vector<float> sums_;            // the full layers' attention sums, one per row they hold
 };
 
 // The scheduler over the hybrid backend: Gemma-style interleaved layers on the
-// shipped model (HybridEngine<QuestSelection>: Quest on the full layers).
-template <class Selection = kvcache::SelectAll>
-class HybridEngine : public Scheduler<HybridBackend<Selection>> {
+// shipped model (HybridEngine<QuestSelection>: Quest on the full layers; a
+// block policy as Eviction: on the full layers).
+template <class Selection = kvcache::SelectAll, class Eviction = kvcache::KeepAll>
+class HybridEngine : public Scheduler<HybridBackend<Selection, Eviction>> {
  public:
-  HybridEngine(const Model& m, const EngineConfig& cfg, std::int32_t window) : Scheduler<HybridBackend<Selection>>(m, cfg, window) {}
-  const typename HybridBackend<Selection>::Cache& cache() const { return this->backend().cache(); }
+  HybridEngine(const Model& m, const EngineConfig& cfg, std::int32_t window, Eviction eviction = {})
+      : Scheduler<HybridBackend<Selection, Eviction>>(m, cfg, window, eviction) {}
+  const typename HybridBackend<Selection, Eviction>::Cache& cache() const { return this->backend().cache(); }
 };
 
 }  // namespace engine

@@ -65,6 +65,7 @@ class PagedBackend {
 
   const Cache& cache() const { return cache_; }
   std::int32_t handles() const { return streams_; }
+  bool ragged_trace() const { return streams_ > 1; }  // one stream per layer: each layer's rows
 
   // What r holds, read back through the page table as the forward pass
   // reads it: view(r).read(layer, kv_head) gives each held token's K/V and

@@ -17,6 +17,8 @@
 //   held(r)                          tokens held, as one stream counts them
 //   traces / decode_selects          whether it reads the attention trace;
 //                                    whether its decode queries select pages
+//   ragged_trace()                   whether the trace is per layer, over the
+//                                    rows each layer holds (layers differ)
 #pragma once
 
 #include <algorithm>
@@ -46,6 +48,7 @@ concept KvBackend = requires(B& b, const B& cb, Request& r, std::vector<std::int
   b.store(r, std::int64_t{}, std::span<const std::int32_t>{}, &keys);
   b.after_forward(r, trace);
   { cb.held(r) } -> std::convertible_to<std::int64_t>;
+  { cb.ragged_trace() } -> std::convertible_to<bool>;
   { B::traces } -> std::convertible_to<bool>;
   { B::decode_selects } -> std::convertible_to<bool>;
 };
@@ -143,7 +146,7 @@ class Scheduler {
   void forward(Request& r, std::span<const std::int32_t> tokens, std::int64_t at, std::span<const std::int32_t> slots,
                std::vector<float>& logits, bool last_only, bool observe) {
     trace_ = {};
-    trace_.ragged = kv_.handles() > 1;
+    trace_.ragged = kv_.ragged_trace();
     auto store = kv_.store(r, at, slots, &stats_.keys);
     fwd_.run(store, tokens, at, logits, last_only, Backend::traces ? &trace_ : nullptr, observe ? cfg_.observe_window : 0);
   }

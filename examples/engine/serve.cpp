@@ -8,7 +8,8 @@
 //                 [--pool TOKENS] [--chunk TOKENS] [--batch N] [--block TOKENS] [--optimistic]
 //                 [--window TOKENS] [--kv-format NAME] [--json FILE]
 //                 [--model FILE] [--prompts FILE] [--reference]
-// --window: the hybrid engine (keep_all; odd layers a sliding window of that many tokens, one pool).
+// --window: the hybrid engine (odd layers a sliding window of that many tokens, one pool; keep_all, or
+//           sink_window or block_scores on the even, full layers).
 // --kv-format: how the pool stores K/V (kv_formats.hpp: f32, the default, f16, fp8_e4m3_tensor,
 //              fp8_e4m3_head, int8_g32, ...); a calibrated format's scales come from the held-out
 //              text's last context window. int2_kivi (KIVI's keys per channel) sets blocks of 32;
@@ -30,6 +31,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "forward.hpp"
@@ -212,13 +214,23 @@ int main(int argc, char** argv) try {
     }
     text.insert(text.size() - 2, field + "]");  // before the closing "}\n"
   };
-  if (window > 0) {  // the hybrid engine: keep-all over layer groups
-    if (policy != "keep_all") return fmt::print(stderr, "--window: the hybrid engine runs keep_all\n"), 2;
-    const auto served = engine::serve_hybrid(model, cfg0, reqs, window);
-    fmt::print("hybrid, window {}: {} steps, {} tokens generated, high-water {} tokens ({:.0f} tokens/s)\n", window,
-               served.stats.steps, served.stats.tokens_generated, served.stats.kv_high_water, served.tokens_per_second());
-    text = to_json(served, policy, num["--budget"], kv_format, cfg0.kv_scales);
-    check(served);
+  if (window > 0) {  // the hybrid engine: keep-all, or a block policy on the full layers
+    if (policy != "keep_all" && policy != "sink_window" && policy != "block_scores")
+      return fmt::print(stderr, "--window: the hybrid engine runs keep_all, sink_window or block_scores, not {}\n", policy), 2;
+    engine::with(policy, num["--budget"], model.config(), cfg0, [&](auto p, engine::EngineConfig cfg) {
+      using P = decltype(p);
+      if constexpr (std::is_same_v<P, kvcache::KeepAll> || std::is_same_v<P, kvcache::SinkWindowEviction> ||
+                    std::is_same_v<P, kvcache::BlockScoreEviction>) {
+        cfg.layer_streams = false;  // the full layers' group is one stream
+        const auto served = engine::serve_hybrid(model, cfg, reqs, window, p);
+        fmt::print("hybrid, window {}, {} at {} on the full layers: {} steps, {} tokens generated, high-water {} tokens "
+                   "({:.0f} tokens/s)\n",
+                   window, policy, num["--budget"], served.stats.steps, served.stats.tokens_generated,
+                   served.stats.kv_high_water, served.tokens_per_second());
+        text = to_json(served, policy, num["--budget"], kv_format, cfg.kv_scales);
+        check(served);
+      }
+    });
   } else {
     engine::with(policy, num["--budget"], model.config(), cfg0, [&](auto p, const engine::EngineConfig& cfg) {
       const auto served = engine::serve(model, p, cfg, reqs);

@@ -86,9 +86,12 @@ Served serve(const Model& m, Policy p, const EngineConfig& cfg, std::vector<Requ
   return {e.stats(), reqs, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
 
-// The same workload on the hybrid engine: odd layers a sliding window of `window` tokens.
-inline Served serve_hybrid(const Model& m, const EngineConfig& cfg, std::vector<Request> reqs, std::int32_t window) {
-  HybridEngine e(m, cfg, window);
+// The same workload on the hybrid engine: odd layers a sliding window of
+// `window` tokens, the even ones under `eviction` (KeepAll, or a block policy).
+template <class Eviction = kvcache::KeepAll>
+Served serve_hybrid(const Model& m, const EngineConfig& cfg, std::vector<Request> reqs, std::int32_t window,
+                    Eviction eviction = {}) {
+  HybridEngine<kvcache::SelectAll, Eviction> e(m, cfg, window, eviction);
   const auto t0 = std::chrono::steady_clock::now();
   e.run(reqs);
   return {e.stats(), reqs, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};

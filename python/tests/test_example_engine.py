@@ -397,27 +397,39 @@ def test_unknown_policy_and_oversized_request(model):
 HYBRID = dict(requests=4, prompt=160, new=32, pool=448, chunk=32)
 
 
-@pytest.mark.parametrize("window", [48, 2048])
-def test_the_hybrid_engine_matches_kvcache_serve(model, tmp_path, window):
-    out = tmp_path / f"hybrid_{window}.json"
-    args = [serve_binary(), "--window", str(window), "--json", str(out)]
+# A block policy on the full layers at a budget of 128 tokens: sinks and a
+# window, and block scores (which there keep other blocks than sinks and a
+# window would: the full layers' attention sums choose).
+@pytest.mark.parametrize("window,policy", [(48, "keep_all"), (2048, "keep_all"), (48, "sink_window"),
+                                           (48, "block_scores")])
+def test_the_hybrid_engine_matches_kvcache_serve(model, tmp_path, window, policy):
+    out = tmp_path / f"hybrid_{window}_{policy}.json"
+    budget = 256 if policy == "keep_all" else 128
+    args = [serve_binary(), "--window", str(window), "--policy", policy, "--budget", str(budget), "--json", str(out)]
     for k, v in HYBRID.items():
         args += [f"--{k}", str(v)]
     subprocess.run(args, check=True, capture_output=True)
     want = json.loads(out.read_text())
     cfg = eng.EngineConfig(max_kv_tokens=HYBRID["pool"], chunk=HYBRID["chunk"], window=window)
+    p, cfg = eng.policy_by_name(policy, budget, model.c, cfg)
     reqs = serve.workload(serve.heldout(), HYBRID["requests"], HYBRID["prompt"], HYBRID["new"])
-    e = eng.Engine(model, cfg, kv.KeepAll())
+    e = eng.Engine(model, cfg, p)
+    full_held, evicted = [0], False
     while not all(r.done for r in reqs):
         e.step(reqs)
         e.cache.check_invariants()
-    got = serve.to_json(e, "keep_all", 256, reqs)
+        for r in (r for r in reqs if r.running):
+            full_held.append(e.cache.tokens_held(r.seqs[0], 0))
+            evicted = evicted or full_held[-1] < e.cache.tokens(r.seqs[0]) - HYBRID["chunk"]
+    got = serve.to_json(e, policy, budget, reqs)
     assert got["stats"] == want["stats"]
     for g, w in zip(got["requests"], want["requests"]):
         assert g["output"] == w["output"] and g["peak_kv"] == w["peak_kv"]
         assert np.max(np.abs(np.array(g["logits"]) - np.array(w["logits"]))) < LOGIT_TOLERANCE
     if window == 48:  # the window layers held less than the whole request (its mean over the layers)
         assert max(r.peak_kv for r in reqs) < HYBRID["prompt"] + HYBRID["new"]
+    if policy != "keep_all":  # the full layers held at most the budget and a chunk, and let blocks go
+        assert max(full_held) <= budget + HYBRID["chunk"] + cfg.block_size and evicted
     if window == 2048:  # covering the context: the all-full engine's tokens
         full_cfg = eng.EngineConfig(max_kv_tokens=HYBRID["pool"], chunk=HYBRID["chunk"])
         full = serve.workload(serve.heldout(), HYBRID["requests"], HYBRID["prompt"], HYBRID["new"])

@@ -148,3 +148,46 @@ TEST_CASE("Quest on the hybrid's full layers: a budget covering the context serv
       moved = std::max(moved, std::fabs(tight[i].logits[j] - dense[i].logits[j]));
   CHECK(moved > 1e-3f);  // what was left out moved the logits: the mask was applied
 }
+
+TEST_CASE("a block policy on the hybrid's full layers: past the request it changes nothing, within it the full rows hold its budget") {
+  const engine::Model model(kDir + "/kjv-tiny.bin");
+  constexpr std::int32_t W = 64, B = 16, kChunk = 64;
+  const auto reqs = requests(heldout(4096), 3, 700, 300, 40, 40);
+  const engine::EngineConfig cfg{.max_kv_tokens = 4096, .block_size = B, .chunk = kChunk, .max_batch = 3, .keep_logits = true};
+  auto plain = reqs;
+  engine::HybridEngine(model, cfg, W).run(plain);
+  // Runs the workload with the policy, checking the full rows after every step; returns the requests.
+  auto with = [&](auto policy, std::int64_t bound) {
+    engine::HybridEngine<kv::SelectAll, decltype(policy)> e(model, cfg, W, policy);
+    auto rs = reqs;
+    bool let_go = false;
+    while (std::any_of(rs.begin(), rs.end(), [](const auto& r) { return !r.done; })) {
+      e.step(rs);
+      REQUIRE(e.cache().check_invariants().ok());
+      for (const auto& r : rs) {
+        if (!r.running) continue;
+        const std::int64_t held = *e.cache().tokens_held(r.seqs[0], 0);
+        CHECK(held <= bound + kChunk + B);
+        let_go = let_go || *e.cache().evicted(r.seqs[0]);
+      }
+    }
+    CHECK(let_go == (bound < 4096));
+    CHECK(e.cache().free_blocks() == e.cache().pool().capacity() - 1);  // every page back
+    return rs;
+  };
+  // Sinks and a window past every request: nothing leaves, the same tokens and logits bit for bit.
+  const auto wide = with(kv::SinkWindowEviction({.sinks = 4, .window = 4096}), 4096);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    CHECK(wide[i].output == plain[i].output);
+    CHECK(wide[i].logits == plain[i].logits);
+  }
+  // 128 tokens: sinks and a window, and block scores fed the full layers' attention, keep other blocks.
+  const auto sinks = with(kv::SinkWindowEviction({.sinks = 4, .window = 128 - 2 * B}), 128);
+  const auto scored = with(kv::BlockScoreEviction({.start = B, .recent = 4 * B, .max = 128 - B}), 128);
+  bool differ = false;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    CHECK(sinks[i].peak_kv < plain[i].peak_kv);
+    differ = differ || scored[i].logits != sinks[i].logits;
+  }
+  CHECK(differ);
+}
