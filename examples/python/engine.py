@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 import kvcache as kv
+from group_io import Handoff, HostTier, PeerHold, layout_of
 from model import MODEL_DIR, Forward, Trace
 
 TOKEN_POLICIES = (kv.H2O, kv.Tova, kv.SnapKV, kv.AverageAttention)
@@ -116,6 +117,9 @@ class EngineConfig:
     keep_logits: bool = False  # every position's logits, each chunk's in Request.chunk_logits (for the dense checks)
     quest_budget: int = 0      # > 0: Quest selection, each decoded query reads about this many tokens per kv-head
     #                            (its pages with the best bound; the first two layers dense, as its paper runs it)
+    layer_groups: bool = False  # the layers in kv.HybridCache groups with window 0 too: a model without window
+    #                             layers in one full group (what window > 0 does, and everything it takes)
+    host_blocks: int = 0       # > 0 (layer groups, prefix_caching): a host tier of this many pages (kv.GroupTiers)
 
     def __post_init__(self):  # a format that groups over blocks sets the block size (kv_formats.hpp's with_kv_format)
         if self.kv_format in KV_FORMATS and KV_FORMATS[self.kv_format][3]:
@@ -137,6 +141,9 @@ class Request:
     seqs: list = dataclasses.field(default_factory=list)
     peak_kv: int = 0
     admitted: object = None  # a hybrid's admit(): the first chunk's slots [groups, n], not yet written
+    hand_off: bool = False   # layer groups: when done, keep the prompt's pages for a peer (handoff)
+    handoff: object = None   # hand_off's group_io.Handoff (None when the policy evicted: no longer the prompt's K/V)
+    remote: object = None    # a group_io.Handoff of this prompt from a peer: imported, not computed (if it lands)
 
 
 @dataclasses.dataclass
@@ -424,7 +431,11 @@ class Engine:
         self.stats = Stats()
         # Prompt tokens the prefix cache served (prefix_caching; not in Stats: the C++ twin has none).
         self.prefix_hit_tokens = 0
-        self.hybrid = cfg.window > 0
+        self.hybrid = cfg.window > 0 or cfg.layer_groups
+        self.host = None  # layer groups: the host tier (group_io.HostTier)
+        if cfg.host_blocks and not (self.hybrid and cfg.prefix_caching and cfg.host_blocks > 0):
+            raise ValueError(f"host_blocks {cfg.host_blocks}: a host tier holds published pages of layer groups "
+                             f"(window > 0 or layer_groups, with prefix_caching)")
         self.scales = None  # a calibrated format's (k, v): float32 arrays [layers, kv_heads]
         self.residual = None  # a channel-scaled pool's open blocks (KIVI)
         if cfg.prefix_caching and (self.token_policy or cfg.layer_streams):
@@ -496,6 +507,8 @@ class Engine:
             if set(own) - {0} != {cfg.window}:
                 raise ValueError(f"window {cfg.window}: the model's window layers attend to {max(own)} tokens")
             full, windowed = [i for i in range(L) if own[i] == 0], [i for i in range(L) if own[i] > 0]
+        elif cfg.window == 0:  # layer_groups alone: every layer in one full group
+            full, windowed = list(range(L)), []
         else:
             full, windowed = list(range(0, L, 2)), list(range(1, L, 2))
         size = len(full)
@@ -530,6 +543,9 @@ class Engine:
                                     eviction=policy if self.hybrid_evicts else None)
         self.token_policy = self.last_query = False
         self.observes = isinstance(policy, kv.BlockScores)
+        self.layout = layout_of(self.groups, [g.layers for g in groups], self.group_window, cfg.kv_format)
+        if cfg.host_blocks:
+            self.host = HostTier(self.cache, self.groups.page_bytes, cfg.host_blocks)
 
     def kv_bytes(self, tokens):
         """(bytes one request of `tokens` tokens holds at its peak in this
@@ -634,17 +650,16 @@ class Engine:
             except kv.Error:
                 break
             c = self.cache
-            if self.cfg.prefix_caching and self.hybrid:  # admit() checks the lifetime need, hit blocks counted
+            if (r.remote is not None or r.hand_off) and not self.hybrid:
+                raise ValueError(f"request {r.id}: a hand-off or a remote prompt moves layer groups' pages "
+                                 "(window > 0 or layer_groups)")
+            if self.hybrid and (self.cfg.prefix_caching or r.remote is not None):
                 if c.free_sequences < 1:
                     break
-                try:
-                    seq, cached, reserved, slots = c.admit(np.asarray(r.prompt + r.output, dtype=np.int32),
-                                                           max_new=remaining)
+                try:  # each checks the lifetime need, hit blocks counted
+                    self._admit_layer_groups(r, remaining)
                 except kv.OutOfBlocks:
                     break
-                r.seqs, r.running, r.fed = [seq], True, cached
-                r.admitted = np.ascontiguousarray(slots[:, :reserved])
-                self.prefix_hit_tokens += cached
                 continue
             if self.cfg.prefix_caching:  # the ledger counts the hit: what the prompt's cached blocks save
                 tokens = np.asarray(r.prompt + r.output, dtype=np.int32)
@@ -695,8 +710,89 @@ class Engine:
             r.output.append(int(torch.argmax(logits[0])))
             self.stats.tokens_generated += 1
             if len(r.output) >= r.max_new:
-                self._free_streams(r)
-                r.running, r.done = False, True
+                self._finish(r)
+
+    def _admit_layer_groups(self, r, remaining):
+        """r's sequence on layer groups: imported from its peer (r.remote), else
+        the device's prefix hit, or host memory's longer one; kv.OutOfBlocks
+        when it does not fit (nothing changed)."""
+        c, tokens = self.cache, np.asarray(r.prompt + r.output, dtype=np.int32)
+        if r.remote is not None:
+            return self._import(r, remaining)
+        if self.host is not None:
+            onboarded = self.host.admit(c, self.memory, tokens, remaining)
+            if onboarded is not None:
+                seq, r.fed, device_tokens = onboarded
+                r.seqs, r.running = [seq], True
+                self.prefix_hit_tokens += device_tokens
+                self._bound_received(seq)
+                return
+        seq, cached, reserved, slots = c.admit(tokens, max_new=remaining)
+        r.seqs, r.running, r.fed = [seq], True, cached
+        r.admitted = np.ascontiguousarray(slots[:, :reserved])
+        self.prefix_hit_tokens += cached
+
+    def _import(self, r, remaining):
+        """The prompt a peer prefilled (r.remote): the device's own prefix hit
+        shared, the rest of every group's pages read from the peer's pool, and
+        the peer's first token; what cannot be read is computed here."""
+        h, c = r.remote, self.cache
+        if h.layout != self.layout:
+            raise ValueError(f"request {r.id}: remote layout {h.layout} is not this engine's {self.layout}")
+        if r.output or list(h.prompt) != list(r.prompt):
+            raise ValueError(f"request {r.id}: remote holds another prompt ({len(h.prompt)} tokens) "
+                             f"than the request's ({len(r.prompt)} tokens, {len(r.output)} generated)")
+        if (h.scales is None) != (self.scales is None) or (
+                h.scales is not None and not all(np.array_equal(a, b) for a, b in zip(h.scales, self.scales))):
+            raise ValueError(f"request {r.id}: remote codes are scaled by other kv_scales than this engine's")
+        prompt = np.asarray(r.prompt, dtype=np.int32)
+        imp, cached, _ = c.import_prompt(prompt, max_new=remaining)
+        if h.read_into(c, imp, self.memory):
+            seq, _ = c.commit_import(imp, prompt)
+            r.fed = len(prompt)
+            r.output.append(h.first)
+            r.logits.append(h.logits)
+            self.stats.tokens_generated += 1
+        else:  # the peer let a page go: compute what did not arrive
+            seq, cached, _ = c.abort_import(imp)
+            r.fed = cached
+        h.hold.release()
+        r.remote = None
+        r.seqs, r.running = [seq], True
+        self.prefix_hit_tokens += cached
+        self._bound_received(seq)
+        if len(r.output) >= r.max_new:
+            self._finish(r)
+
+    def _bound_received(self, seq):
+        """Quest: the global layers' pages an import or an onboard wrote get their key bounds."""
+        if not self.quest:
+            return
+        pages, fill, listed = self.cache.stale_pages(np.array([seq], dtype=np.uint64))
+        for layer in self.full_layers if listed else []:
+            g, index = self.groups.layer_slot(layer)
+            kv.page_bounds(self.views[g], index, pages[:listed], fill[:listed], self.cache.page_bounds(layer))
+
+    def _finish(self, r):
+        """r is done: its pages handed off (r.hand_off), offloaded to host memory (a host tier), then freed."""
+        if r.hand_off:
+            r.handoff = self._hand_off(r)
+        if self.host is not None:
+            self.host.finish(self.cache, self.memory, r.seqs[0], (r.prompt + r.output)[:-1])
+            r.seqs, r.admitted = [], None
+        else:
+            self._free_streams(r)
+        r.running, r.done = False, True
+
+    def _hand_off(self, r):
+        """r's prompt for a peer: its rows and a hold on its pages (released by the peer's
+        import); None when the policy evicted (its K/V past the eviction read another context)."""
+        c, seq = self.cache, r.seqs[0]
+        if self.hybrid_evicts and c.evicted(seq):
+            return None
+        return Handoff(prompt=list(r.prompt), first=r.output[0], logits=r.logits[0],
+                       rows=[c.blocks(seq, g).copy() for g in range(self.groups.num_groups)], memory=self.memory,
+                       layout=self.layout, scales=self.scales, hold=PeerHold(c, c.live_blocks(seq)))
 
     def _preempt_lowest(self, reqs, keep):
         """Frees the lowest-priority running request (perhaps `keep`: then False)."""

@@ -31,63 +31,13 @@ import engine as eng  # noqa: E402
 import model as mdl  # noqa: E402
 import pretrained  # noqa: E402
 from engine_reads import count_reads  # noqa: E402
+from pretrained_checks import LOGIT_TOLERANCE, check_dense, text_tokens  # noqa: E402
 
 import kvcache as kv  # noqa: E402
 
-# float32 throughout; torch sums a chunk's products in another order than the
-# one-pass reference (BLAS blocking): seen up to 1.3e-4 on logits up to ~50.
-LOGIT_TOLERANCE = 1e-3
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 NEW = 64  # greedy tokens per request
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """OpenBLAS threads the products; torch's own threads on top of them only
-    contend on 2 cores (a decode step 2.7x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _load(name):
-    try:
-        return pretrained.load(name)
-    except pretrained.NotInstalled as e:
-        pytest.skip(str(e))
-
-
-# Loaded once a worker (a session fixture): the long tests run first (conftest.py), so other
-# modules' tests may come between two of them, and a module fixture would load the model again
-# (Gemma 3: 24-28 s each time).
-@pytest.fixture(scope="session")
-def smollm2():
-    return _load("smollm2")
-
-
-@pytest.fixture(scope="session")
-def gemma3():
-    return _load("gemma3")
-
-
-def text_tokens(tok, start, count):
-    """`count` tokens of the KJV held-out text (the tiny model's, shipped) from byte `start`."""
-    text = (mdl.MODEL_DIR / "heldout.bin").read_bytes().decode("latin-1")
-    return tok.encode(text[start:start + 8 * count], bos=False)[:count]
-
-
-def check_dense(m, r, round_trip=None):
-    """r's logits, at every position the engine computed them, against the reference's."""
-    seq = r.prompt + r.output
-    ref = mdl.reference_logits(m, seq[:-1], round_trip)
-    assert r.chunk_logits, "keep_logits: no logits kept"
-    for first, logits in r.chunk_logits:
-        want = ref[first:first + logits.shape[0]]
-        diff = (logits - want).abs().max().item()
-        assert diff <= LOGIT_TOLERANCE, f"request {r.id}: positions {first}..: logits differ by {diff}"
-    got = torch.tensor(r.output)
-    greedy = ref[len(r.prompt) - 1:].argmax(-1)
-    assert torch.equal(greedy, got), f"request {r.id}: greedy tokens differ at {(greedy != got).nonzero()[0].item()}"
 
 
 def request(i, prompt, priority=0):
