@@ -82,8 +82,8 @@ def main():
         ap.error(f"--prompt {a.prompt}: prompts are cut 32 shorter in turn")
     if a.threads:
         torch.set_num_threads(a.threads)
-    if a.window < 0 or (a.window and a.policy != "keep_all"):
-        ap.error("--window: a positive token count, with the keep_all policy")
+    if a.window < 0 or (a.window and a.policy not in ("keep_all", "sink_window", "block_scores")):
+        ap.error("--window: a positive token count, with keep_all, sink_window or block_scores (on the full layers)")
     if a.window and a.kv_format != "f32":
         ap.error("--window: the hybrid engine stores f32")
     cfg = eng.EngineConfig(max_kv_tokens=a.pool, block_size=a.block, chunk=a.chunk, max_batch=a.batch,

@@ -437,3 +437,13 @@ def test_the_hybrid_engine_matches_kvcache_serve(model, tmp_path, window, policy
         assert [r.output for r in full] == [r.output for r in reqs]
     with pytest.raises(ValueError, match="window"):
         eng.Engine(model, eng.EngineConfig(window=window, optimistic=True), kv.KeepAll())
+
+
+def test_both_command_lines_refuse_a_token_policy_on_a_hybrid():
+    """kvcache_serve and serve.py: --window takes keep_all or a block policy on
+    the full layers; a token policy is refused (exit 2) naming what it takes."""
+    cpp = subprocess.run([serve_binary(), "--window", "48", "--policy", "h2o"], capture_output=True, text=True)
+    assert cpp.returncode == 2 and "keep_all, sink_window or block_scores, not h2o" in cpp.stderr
+    py = subprocess.run([sys.executable, str(ROOT / "examples" / "python" / "serve.py"), "--window", "48", "--policy", "h2o"],
+                        capture_output=True, text=True)
+    assert py.returncode == 2 and "keep_all, sink_window or block_scores" in py.stderr
