@@ -198,3 +198,58 @@ def test_an_evicting_engine_moves_only_its_prompts_own_kv():
     assert same[0].output == a.output and roomy.prefix_hit_tokens == c.chunk_logits[0][0]
     assert same[1].output == c.output
     assert all(torch.equal(x, y) for (_, x), (_, y) in zip(c.chunk_logits, same[1].chunk_logits))
+
+
+@pytest.mark.parametrize("window,kv_format,seed", [(0, "f32", 1), (32, "f32", 2), (0, "int8_g32", 3), (32, "int8_g32", 4)])
+def test_randomized_turns_hand_offs_and_host_hits_serve_what_a_plain_engine_does(window, kv_format, seed):
+    """The tiny model on layer groups (one full group, or its odd layers a
+    window of 32; f32 or int8), sinks and a window wider than any request on
+    its global layers: 16 requests, each a new prompt or the next turn of an
+    earlier one, a random half of them prefilled by a peer and imported, on
+    a device pool too small to keep them (a host tier under it). Every
+    request's tokens are a plain engine's (a pool that keeps everything, no
+    peer, no host tier), its logits within 1e-4 (the two engines' hits end
+    at other blocks, so their chunks differ), the caches' invariants hold
+    after each request, the peer's holds are all released and every page
+    comes back."""
+    import random
+
+    import model as mdl
+    import serve as srv
+    torch.set_num_threads(2)
+    rng = random.Random(seed)
+    m, text = mdl.load(), srv.heldout()
+
+    def cfg(tokens, host=0):
+        c = eng.EngineConfig(max_kv_tokens=tokens, chunk=32, window=window, layer_groups=True, prefix_caching=True,
+                             kv_format=kv_format, host_blocks=host)
+        return eng.policy_by_name("sink_window", 4096, m.c, c)
+
+    prefill, plain, decode = (eng.Engine(m, *reversed(cfg(t, h))) for t, h in ((512, 0), (4096, 0), (256, 96)))
+    turns = []  # (prompt, output) of each request served
+    for i in range(16):
+        if len(turns) > 1 and rng.random() < 0.5:  # an earlier conversation's next turn (not the last one's)
+            prompt, output = rng.choice(turns[:-1])
+            prompt = prompt + output + text[rng.randrange(20000):][:rng.randrange(8, 40)]
+        else:
+            prompt = text[rng.randrange(20000):][:rng.randrange(40, 150)]
+        prompt = prompt[:300]
+        new = rng.randrange(1, 10)
+        remote = None
+        if rng.random() < 0.5:
+            sent = eng.Request(id=i, prompt=prompt, max_new=1, hand_off=True)
+            serve(prefill, [sent])
+            remote = sent.handoff
+        r = eng.Request(id=i, prompt=prompt, max_new=new, remote=remote)
+        want = eng.Request(id=i, prompt=prompt, max_new=new)
+        serve(decode, [r])
+        serve(plain, [want])
+        assert r.output == want.output, f"request {i}"
+        assert max((a - b).abs().max().item() for a, b in zip(r.logits, want.logits)) <= 1e-4
+        if remote is not None:
+            assert not remote.hold.held
+        turns.append((prompt, r.output))
+        decode.host.tiers.tiers.check_invariants()
+    assert decode.host.onboarded > 0 and decode.host.offloaded > 0
+    for e in (prefill, decode, plain):
+        assert e.cache.free_blocks == e.blocks - 1 and e.cache.promised_blocks == 0
