@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Disaggregated serving with the example engine, in PyTorch: a prefill
 process and a decode process on one machine, NIXL moving the KV over UCX on
-127.0.0.1 (kvcache.nixl.NixlLink). The decode process sends each prompt to
-the prefill process, which computes it, returns its first token and block
-ids, and holds the blocks (kv.TransferHolds) until the decode process's
-NIXL notification says it has read them. The decode process imports the
-prompt (its own prefix cache serves what it can; only the rest is read),
-reads, commits and decodes. The tokens are those of one process serving
-alone (the reference, computed first).
+127.0.0.1 (kvcache.nixl.NixlLink). Both run engine.py's one engine on layer
+groups (EngineConfig(layer_groups=True); --window W: the odd layers a
+window of W tokens). The decode process sends each prompt to the prefill
+process, which computes it (Request(hand_off=True)), returns its first
+token and every group's row, and holds the pages (kv.TransferHolds) until
+the decode process's NIXL notification says it has read them. The decode
+process imports the prompt (Request(remote=...): its own prefix cache
+serves what it can; only the rest of every group is read), commits and
+decodes. The tokens are those of one process serving alone (the
+reference, computed first).
 
 Failures, as a deployment sees them: --die-at K kills the prefill process
 after it answered request K and before the read (the decode process aborts
@@ -16,11 +19,13 @@ the import and computes the prompt itself, from then on for every request);
 prefill process's hold expires after --ttl-ms and its blocks return).
 
   python3 examples/python/disagg.py [--requests 6] [--first 128] [--user 32] [--new 16] [--die-at -1] [--skip-read -1]
+                                    [--window 0]
 
 It prints each request's source of KV and whether its tokens match, and with
 --json writes them (python/tests/test_disagg_engine.py runs every variant).
 """
 import argparse
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -37,72 +42,66 @@ import torch  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import engine as eng  # noqa: E402
 import model as mdl  # noqa: E402
+from group_io import Handoff  # noqa: E402
 import kvcache as kv  # noqa: E402
 
 
-class _Row:
-    def __init__(self, seq):
-        self.seqs = [seq]
+def config(window=0):
+    """Both processes' engine: the layers on kv.HybridCache (one full group of
+    96 pages, or the odd layers a window of `window` tokens), prefix caching."""
+    return eng.EngineConfig(max_kv_tokens=95 * 16, chunk=64, max_batch=4, window=window, layer_groups=True,
+                            prefix_caching=True)
 
 
-class Node:
-    """One engine's cache, pool and forward pass (tiered.py's engine without tiers)."""
+def node(model, window=0):
+    return eng.Engine(model, config(window), kv.KeepAll())
 
-    def __init__(self, model, blocks=96, block_size=16, chunk=64, max_sequences=4):
-        c = model.c
-        self.m, self.fwd, self.B, self.chunk = model, eng.Forward(model), block_size, chunk
-        self.heads, self.head_dim = c["kv_heads"], c["dim"] // c["q_heads"]
-        self.cfg = eng.EngineConfig(block_size=block_size)
-        self.geometry = kv.Geometry(num_layers=c["layers"], num_kv_heads=c["kv_heads"], head_dim=c["dim"] // c["q_heads"],
-                                    block_size=block_size, dtype=kv.DType.f32)
-        self.blocks = blocks
-        self.memory = torch.zeros(self.geometry.pool_bytes(blocks), dtype=torch.uint8)
-        self.pool = kv.PoolView(self.geometry, self.memory, blocks)
-        self.cache = kv.Cache(self.geometry, num_blocks=blocks, max_sequences=max_sequences,
-                              max_blocks_per_sequence=c["context"] // block_size + 1, publish_on_reserve=True)
-        self.positions = torch.full((1, blocks * block_size), -1, dtype=torch.long)
-        self.indptr, self.last = np.zeros(2, dtype=np.int32), np.zeros(1, dtype=np.int32)
 
-    def group_of(self, layer, head):  # engine.PagedKv's position table: one group
-        return 0
+def handshake(e, name):
+    """The pool's layout for NIXL: every group's pages, registered once."""
+    return kv.LayoutHandshake.describe(e.groups, e.blocks, e.memory.data_ptr(), engine_id=name, memory="host")
 
-    def handshake(self, name):
-        return kv.LayoutHandshake.describe(self.geometry, self.blocks, self.memory.data_ptr(), engine_id=name, memory="host")
 
-    def blocks_of(self, seq, n_tokens):
-        return self.cache.export_block_table([seq], -(-n_tokens // self.B))[0]
+class RemoteHold:
+    """The prefill process's hold on a hand-off (kv.TransferHolds there): released
+    by the read's notification, or at its deadline; nothing to do here."""
 
-    def _forward(self, seq, tokens, slots, at):
-        return self.fwd.run(eng.PagedKv(self, _Row(seq), np.asarray(slots, dtype=np.int32)[None], at), tokens, at, True)[0]
+    def __init__(self, hold_id):
+        self.id, self.held = hold_id, True
 
-    def compute(self, seq, prompt, at, slots=None):
-        """Computes prompt[at:] on seq (which holds prompt[:at]) in chunks; returns the first token."""
-        arr = np.asarray(prompt, dtype=np.int32)
-        logits = None
-        while at < len(prompt):
-            n = min(self.chunk, len(prompt) - at)
-            slot, _, _ = self.cache.reserve(seq, arr[at:at + n])
-            logits = self._forward(seq, prompt[at:at + n], slot, at)
-            at += n
-        return int(torch.argmax(logits))
+    def release(self):
+        self.held = False
 
-    def prefill(self, prompt):
-        """A new sequence holding the prompt's KV; returns (seq, first token)."""
-        a = self.cache.admit(np.asarray(prompt, dtype=np.int32), reserve=0)
-        return a.seq, self.compute(a.seq, prompt, a.cached_tokens)
 
-    def received(self, blocks, first_block):
-        """Imported blocks hold their tokens' KV now: the forward pass reads their positions."""
-        for i, b in enumerate(blocks):
-            base = int(b) * self.B
-            self.positions[0, base:base + self.B] = torch.arange((first_block + i) * self.B, (first_block + i + 1) * self.B)
+@dataclasses.dataclass
+class NixlHandoff(Handoff):
+    """A hand-off whose pages are read over NIXL: every group's, one read after
+    another; the last one's notification tells the prefill process it may
+    release its hold (an import always receives the last group's last block:
+    a hit never covers a whole prompt)."""
+    link: object = None
+    peer: str = ""
+    timeout: float = 20.0
+    skip_read: bool = False  # never read: the prefill process's hold expires
+    landed: bool = False
+    blocks: tuple = (0, 0)   # (read, the prompt's blocks over every group)
 
-    def decode(self, seq, first, n_prompt, max_new):
-        out = [first]
-        for pos in range(n_prompt, n_prompt + max_new - 1):
-            slot, _, _ = self.cache.reserve(seq, np.array([out[-1]], dtype=np.int32))
-            out.append(int(torch.argmax(self._forward(seq, [out[-1]], slot, pos))))
-        return out
+    def read_into(self, cache, import_id, memory):
+        if self.skip_read:
+            return False
+        notify, read, total = b"read:%d" % self.hold.id, 0, 0
+        try:
+            for g, row in enumerate(self.rows):
+                skip, local = cache.import_blocks(import_id, g)
+                last = g == len(self.rows) - 1
+                h = self.link.read(self.peer, row, local, group=g, skip=skip, notify=notify if last else b"")
+                if not self.link.wait(h, self.timeout):
+                    return False
+                read, total = read + len(local), total + skip + len(local)
+        except Exception:  # NIXL may refuse a read from a dead peer
+            return False
+        self.landed, self.blocks = True, (read, total)
+        return True
 
 
 def requests(n, first=128, user=32):
@@ -115,107 +114,98 @@ def requests(n, first=128, user=32):
     return out
 
 
-def reference(model, prompts, max_new):
-    """One process serving alone: prefill and decode on one node."""
-    node, out = Node(model), []
-    for p in prompts:
-        seq, first = node.prefill(p)
-        out.append(node.decode(seq, first, len(p), max_new))
-        node.cache.free(seq)
-    return out
+def serve_alone(e, prompt, max_new, remote=None):
+    r = eng.Request(id=0, prompt=list(prompt), max_new=max_new, remote=remote)
+    e.run([r])
+    e.cache.check_invariants()
+    return r.output
 
 
-def prefill_process(conn, ttl_ms):
-    """The prefill node: answers ("prefill", prompt) with (first token, blocks, hold id), releases holds on
-    "read:<hold>" notifications or at their deadline, dies on ("die",), reports on ("stop",)."""
+def reference(model, prompts, max_new, window=0):
+    """One process serving alone: prefill and decode on one engine."""
+    e = node(model, window)
+    return [serve_alone(e, p, max_new) for p in prompts]
+
+
+def prefill_process(conn, ttl_ms, window):
+    """The prefill node: answers ("prefill", prompt) with its hand-off (first token, logits, rows, layout, hold
+    id), releases holds on "read:<hold>" notifications or at their deadline, dies on ("die",), reports on ("stop",)."""
     from kvcache.nixl import NixlLink
 
     torch.set_num_threads(1)
-    node = Node(mdl.load())
-    link = NixlLink(node.handshake("prefill-0"))
+    e = node(mdl.load(), window)
+    link = NixlLink(handshake(e, "prefill-0"))
     holds, stats = kv.TransferHolds(), {"read": 0, "expired": 0}
     conn.send(link.metadata())
-    while True:
+
+    def settle():
         for msgs in link.notifications().values():
             for m in msgs:
-                if m.startswith(b"read:") and holds.consumed(node.cache, int(m[5:]), 0):
+                if m.startswith(b"read:") and holds.consumed(e.cache, int(m[5:]), 0):
                     stats["read"] += 1
-        stats["expired"] += len(holds.expire(node.cache, int(time.monotonic() * 1000)))
+        stats["expired"] += len(holds.expire(e.cache, int(time.monotonic() * 1000)))
+
+    while True:
+        settle()
         if not conn.poll(0.002):
             continue
         msg = conn.recv()
         if msg[0] == "prefill":
-            seq, first = node.prefill(msg[1])
-            blocks = node.blocks_of(seq, len(msg[1]))
-            hold = holds.hold(node.cache, blocks, consumers=1, deadline=int(time.monotonic() * 1000) + ttl_ms)
-            node.cache.free(seq)  # done here; the hold keeps the blocks until they are read
-            conn.send((first, [int(b) for b in blocks], hold))
+            r = eng.Request(id=0, prompt=list(msg[1]), max_new=1, hand_off=True)
+            e.run([r])
+            h = r.handoff  # held by the engine: the transfer's hold (with its deadline) takes over
+            pages = np.concatenate([row[row != 0] for row in h.rows])
+            hold = holds.hold(e.cache, pages, consumers=1, deadline=int(time.monotonic() * 1000) + ttl_ms)
+            h.hold.release()
+            conn.send((h.first, h.logits, [row.tolist() for row in h.rows], h.layout, hold))
         elif msg[0] == "die":
             os._exit(3)
         elif msg[0] == "stop":
             while holds.size:  # the last holds: read, or expire
-                for msgs in link.notifications().values():
-                    for m in msgs:
-                        if m.startswith(b"read:") and holds.consumed(node.cache, int(m[5:]), 0):
-                            stats["read"] += 1
-                stats["expired"] += len(holds.expire(node.cache, int(time.monotonic() * 1000)))
+                settle()
                 time.sleep(0.002)
-            node.cache.check_invariants()
-            stats["free_blocks"], stats["usable_blocks"] = node.cache.free_blocks, node.blocks - 1
+            e.cache.check_invariants()
+            stats["free_blocks"], stats["usable_blocks"] = e.cache.free_blocks, e.blocks - 1
             conn.send(stats)
             conn.recv()
             link.close()
             return
 
 
-def disaggregated(model, prompts, max_new, die_at=-1, skip_read=-1, ttl_ms=300, timeout=20.0):
+def disaggregated(model, prompts, max_new, die_at=-1, skip_read=-1, ttl_ms=300, timeout=20.0, window=0):
     """The decode node: returns (tokens per request, how each got its KV, the prefill node's report)."""
     from kvcache.nixl import NixlLink
 
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
-    proc = ctx.Process(target=prefill_process, args=(child, ttl_ms))
+    proc = ctx.Process(target=prefill_process, args=(child, ttl_ms, window))
     proc.start()
-    node = Node(model)
-    link = NixlLink(node.handshake("decode-0"))
+    e = node(model, window)
+    link = NixlLink(handshake(e, "decode-0"))
     out, how, report, alive = [], [], None, True
     try:
         if not conn.poll(120):
             raise RuntimeError("the prefill process did not start")
         peer = link.add_peer(conn.recv())
         for i, p in enumerate(prompts):
-            arr = np.asarray(p, dtype=np.int32)
             if not alive:  # no prefill node: compute here
-                seq, first = node.prefill(p)
-                out.append(node.decode(seq, first, len(p), max_new))
+                out.append(serve_alone(e, p, max_new))
                 how.append("local")
-                node.cache.free(seq)
                 continue
             conn.send(("prefill", p))
-            first, remote, hold = conn.recv()
+            first, logits, rows, layout, hold = conn.recv()
             if i == die_at:
                 conn.send(("die",))
                 proc.join(30)
                 alive = False
-            imp, cached, skip, blocks = node.cache.import_prompt(arr)
-            landed = False
-            if i != skip_read:
-                try:
-                    h = link.read(peer, remote, blocks, skip=skip, notify=b"read:%d" % hold)
-                    landed = link.wait(h, timeout if alive else 2.0)
-                except Exception:  # NIXL may refuse a read from a dead peer
-                    landed = False
-            if landed:
-                seq, _ = node.cache.commit_import(imp, arr)
-                node.received(blocks, skip)
-                how.append("read" if skip == 0 else f"read {len(blocks)} of {skip + len(blocks)} blocks")
-            else:  # the transfer failed: compute what did not arrive
-                seq, cached, _ = node.cache.abort_import(imp)
-                first = node.compute(seq, p, cached)
-                how.append("recomputed")
-            out.append(node.decode(seq, first, len(p), max_new))
-            node.cache.free(seq)
-            node.cache.check_invariants()
+            h = NixlHandoff(prompt=list(p), first=first, logits=logits, rows=[np.asarray(r, dtype=np.int32) for r in rows],
+                            memory=None, layout=layout, scales=None, hold=RemoteHold(hold), link=link, peer=peer,
+                            timeout=timeout if alive else 2.0, skip_read=i == skip_read)
+            hit = e.prefix_hit_tokens
+            out.append(serve_alone(e, p, max_new, remote=h))
+            read, total = h.blocks
+            how.append(("read" if e.prefix_hit_tokens == hit else f"read {read} of {total} blocks") if h.landed
+                       else "recomputed")
         if alive:
             conn.send(("stop",))
             report = conn.recv()
@@ -231,15 +221,15 @@ def disaggregated(model, prompts, max_new, die_at=-1, skip_read=-1, ttl_ms=300, 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for name, default in [("requests", 6), ("first", 128), ("user", 32), ("new", 16), ("die-at", -1), ("skip-read", -1),
-                          ("ttl-ms", 300)]:
+                          ("ttl-ms", 300), ("window", 0)]:
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--json")
     a = p.parse_args()
     torch.set_num_threads(1)
     model = mdl.load()
     prompts = requests(a.requests, a.first, a.user)
-    ref = reference(model, prompts, a.new)
-    out, how, report = disaggregated(model, prompts, a.new, a.die_at, a.skip_read, a.ttl_ms)
+    ref = reference(model, prompts, a.new, a.window)
+    out, how, report = disaggregated(model, prompts, a.new, a.die_at, a.skip_read, a.ttl_ms, window=a.window)
     for i, (o, h) in enumerate(zip(out, how)):
         print(f"request {i}: prompt {len(prompts[i]):4} tokens, KV {h:24} tokens {'match' if o == ref[i] else 'DIFFER'}")
     print("prefill node:", report)

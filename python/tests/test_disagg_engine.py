@@ -63,3 +63,15 @@ def test_a_prompt_never_read_lets_the_hold_expire(setup):
     assert how[2] == "recomputed"
     assert report["read"] == 3 and report["expired"] == 1
     assert report["free_blocks"] == report["usable_blocks"]
+
+
+def test_a_hybrid_layout_reads_each_groups_pages(setup):
+    """The odd layers a window of 32 (two groups): each group's pages are read
+    (the window group's last window only), and the tokens are one process's."""
+    model, prompts, _ = setup
+    ref = disagg.reference(model, prompts, NEW, window=32)
+    out, how, report = disagg.disaggregated(model, prompts, NEW, window=32)
+    assert out == ref
+    # Requests 1 and 3 continue 0 and 2: each group reads its 2 blocks past the 6 its own cache holds.
+    assert how == ["read", "read 4 of 16 blocks", "read", "read 4 of 16 blocks"]
+    assert report["read"] == 4 and report["free_blocks"] == report["usable_blocks"]
