@@ -1,9 +1,10 @@
 // One engine, written once against the sequence-cache contract
 // (cache/contract.hpp), runs over each cache: token-paged (Cache<>),
-// head-paged (Cache<..., WriteGate>) and layer groups (HybridCache). Only
-// growing a sequence by n tokens is the cache's own call (its rows); the
+// head-paged (Cache<..., WriteGate>) and layer groups (HybridCache). The
 // admission ledger, frees, holds that outlive their sequence, events and
-// invariants go through the contract alone. After every step the invariants
+// invariants go through the contract alone, and so does growth on the two
+// caches with token rows (GrowingCache: advance, computed); only a
+// head-paged sequence grows by its own call (write). After every step the invariants
 // hold; at the end every block and handle is back, and the contract's errors
 // name their value and change nothing.
 #include <catch2/catch.hpp>
@@ -29,6 +30,8 @@ static_assert(SequenceCache<GateCache>);  // a head-paged row is per (layer, hea
 static_assert(PrefixCache<Cache<>> && PrefixCache<HybridCache<>>);
 static_assert(!PrefixCache<GateCache>);  // its rows are per head: no prompt-level prefix cache
 static_assert(ImportingCache<Cache<>> && ImportingCache<HybridCache<>>);
+static_assert(GrowingCache<Cache<>> && GrowingCache<HybridCache<>>);
+static_assert(!GrowingCache<GateCache>);  // a head-paged sequence grows by write(): per layer, gated
 
 struct Outcome {
   std::int32_t finished = 0, held = 0, events = 0, peak_running = 0;
@@ -127,6 +130,20 @@ void contract_errors(C& cache) {
   if (cache.pool().events().tokens_per_event() > 0)
     CHECK(cache.drain_events(events, ids).status().code() == Errc::buffer_too_small);
   CHECK(cache == before);
+  if constexpr (GrowingCache<C>) {  // growth's errors: the same words on both caches with token rows
+    const auto t = cache.add_sequence();
+    REQUIRE(t.ok());
+    std::vector<std::int32_t> one{5}, out(std::size_t(cache.groups()));
+    REQUIRE(cache.advance(*t, one, out).ok());
+    const C grown = cache;
+    CHECK(cache.computed(*t, 2) == Status{Errc::invalid_argument, "tokens (computed)", 2, 1});
+    CHECK(cache.computed(*s, 0).code() == Errc::unknown_sequence);
+    CHECK(cache.advance(*s, one, out).status().code() == Errc::unknown_sequence);
+    CHECK(cache.reserve(*t, one, std::span(out).first(0)).status().code() == Errc::buffer_too_small);
+    CHECK(cache.truncate(*t, 2).code() == Errc::truncate_too_many);
+    CHECK(cache == grown);
+    REQUIRE(cache.free(*t).ok());
+  }
   // Every handle in use: a new one is refused with the same words on every cache (no_free_handle).
   std::vector<SeqId> all;
   const std::int32_t slots = cache.free_sequences();
@@ -245,6 +262,16 @@ LayerGroups full_and_window() {
   return *LayerGroups::make({.groups = specs, .block_size = 4});
 }
 
+// Four decode steps by the contract's growth (GrowingCache), then the last token computed.
+template <GrowingCache C>
+bool decode_four(C& c, SeqId s, std::span<std::int32_t> slots) {
+  for (std::int32_t t = 0; t < 4; ++t) {
+    const std::int32_t tok[] = {7 + t};
+    if (!c.advance(s, tok, slots).ok()) return false;
+  }
+  return c.computed(s, *c.tokens(s)).ok();
+}
+
 // The ids of positions [at, at + n): what a cache that publishes is given.
 std::span<const std::int32_t> ids_at(std::vector<std::int32_t>& ids, std::int64_t at, std::int64_t n) {
   ids.resize(std::size_t(n));
@@ -252,17 +279,22 @@ std::span<const std::int32_t> ids_at(std::vector<std::int32_t>& ids, std::int64_
   return ids;
 }
 
+// Growing a token-row cache by the contract: tokens [at, at + n) advanced with their ids.
+template <GrowingCache C>
+auto grow_by_contract(std::vector<std::int32_t>& ids, std::vector<std::int32_t>& slots) {
+  return [&ids, &slots](C& c, SeqId s, std::int64_t at, std::int64_t n) { return c.advance(s, ids_at(ids, at, n), slots).ok(); };
+}
+
 }  // namespace
 
-TEST_CASE("one engine over each cache: the contract's calls, and only growing a sequence is the cache's own") {
+TEST_CASE("one engine over each cache: the contract's calls, growth included where rows are token rows") {
   const auto g = *Geometry::make({.num_layers = 2, .num_kv_heads = 2, .head_dim = 8, .block_size = 4, .dtype = DType::f32});
 
   SECTION("token-paged: Cache<> publishing on reserve, with events") {
     Cache<> cache({.geometry = g, .num_blocks = 40, .max_sequences = 6, .max_blocks_per_sequence = 10, .event_capacity = 512,
                    .publish_on_reserve = true});
     std::vector<std::int32_t> ids, slots(64);
-    const auto grow = [&](Cache<>& c, SeqId s, std::int64_t at, std::int64_t n) { return c.reserve(s, ids_at(ids, at, n), slots).ok(); };
-    const Outcome o = run_engine(cache, grow, 24);
+    const Outcome o = run_engine(cache, grow_by_contract<Cache<>>(ids, slots), 24);
     CHECK(o.finished == 24);
     CHECK(o.held == 8);
     CHECK(o.events > 0);
@@ -291,8 +323,7 @@ TEST_CASE("one engine over each cache: the contract's calls, and only growing a 
     HybridCache<> cache({.groups = full_and_window(), .num_blocks = 60, .max_sequences = 6,
                          .max_tokens = 40, .event_capacity = 512});
     std::vector<std::int32_t> ids, slots(128);
-    const auto grow = [&](HybridCache<>& c, SeqId s, std::int64_t at, std::int64_t n) { return c.advance(s, ids_at(ids, at, n), slots).ok(); };
-    const Outcome o = run_engine(cache, grow, 24);
+    const Outcome o = run_engine(cache, grow_by_contract<HybridCache<>>(ids, slots), 24);
     CHECK(o.finished == 24);
     CHECK(o.held == 8);
     CHECK(o.events > 0);
@@ -301,30 +332,17 @@ TEST_CASE("one engine over each cache: the contract's calls, and only growing a 
   }
 }
 
-TEST_CASE("one prefix-caching engine over Cache<> and HybridCache: admit, match and tokens are one vocabulary") {
+TEST_CASE("one prefix-caching engine over Cache<> and HybridCache: admit, match, tokens and growth are one vocabulary") {
+  std::vector<std::int32_t> slots(8);
   SECTION("Cache<>, publishing on reserve") {
     const auto g = *Geometry::make({.num_layers = 2, .num_kv_heads = 2, .head_dim = 8, .block_size = 4, .dtype = DType::f32});
     Cache<> cache({.geometry = g, .num_blocks = 40, .max_sequences = 2, .max_blocks_per_sequence = 10, .publish_on_reserve = true});
-    std::vector<std::int32_t> slots(8);
-    run_prefix_engine(cache, [&](Cache<>& c, SeqId s, const std::vector<std::int32_t>& prompt) {
-      for (std::int32_t t = 0; t < 4; ++t) {
-        const std::int32_t tok[] = {7 + t};
-        if (!c.reserve(s, tok, slots).ok()) return false;
-      }
-      return c.publish(s, prompt).ok();
-    });
+    run_prefix_engine(cache, [&](Cache<>& c, SeqId s, const std::vector<std::int32_t>&) { return decode_four(c, s, slots); });
   }
   SECTION("HybridCache, full attention + a sliding window") {
     HybridCache<> cache({.groups = full_and_window(), .num_blocks = 40, .max_sequences = 2,
                          .max_tokens = 40});
-    std::vector<std::int32_t> slots(8);
-    run_prefix_engine(cache, [&](HybridCache<>& c, SeqId s, const std::vector<std::int32_t>&) {
-      for (std::int32_t t = 0; t < 4; ++t) {
-        const std::int32_t tok[] = {7 + t};
-        if (!c.advance(s, tok, slots).ok()) return false;
-      }
-      return c.computed(s, *c.tokens(s)).ok();
-    });
+    run_prefix_engine(cache, [&](HybridCache<>& c, SeqId s, const std::vector<std::int32_t>&) { return decode_four(c, s, slots); });
   }
 }
 

@@ -163,7 +163,10 @@ TEST_CASE("advance is computed up to what is reserved, then reserve, and when th
   for (std::int32_t p = 10; p < 24; ++p) {  // decode: b in two calls, a in one
     REQUIRE(b.computed(s, p).ok());
     REQUIRE(b.reserve(s, std::span(t).subspan(std::size_t(p), 1), sb).ok());
-    REQUIRE(*a.advance(s, std::span(t).subspan(std::size_t(p), 1), sa) == 1);
+    const auto r = a.advance(s, std::span(t).subspan(std::size_t(p), 1), sa);
+    REQUIRE(r.ok());
+    CHECK(r->new_blocks == (p % 4 == 0 ? 2 : 0));  // a block in each group where one begins; never a copy
+    CHECK(r->copy.src == -1);
     REQUIRE(a == b);  // same tables, published blocks, freed window blocks
     REQUIRE(std::equal(sa.begin(), sa.begin() + 2, sb.begin()));
     REQUIRE(*a.computed_tokens(s) == p);

@@ -103,7 +103,7 @@ TEST_CASE("eviction on a hybrid's global layers: sinks and a window leave holes 
   s.evicted = true;
   for (std::int32_t t = 32; t < 40; ++t) {
     const std::int32_t tok[] = {s.tokens[std::size_t(t)]};
-    REQUIRE(cache.advance(a.seq, tok, slots).value() == 1);
+    REQUIRE(cache.advance(a.seq, tok, slots).ok());
     s.computed = s.reserved;
     m.write(s, s.reserved, 1, slots, 1);
     ++s.reserved;

@@ -84,6 +84,7 @@ template <BlockAllocator Pool = BlockPool, BlockTableFor<Pool> Table = PageTable
           SelectionPolicy Selection = SelectAll, EvictionPolicy Eviction = KeepAll, BlockHasher Hasher = FastBlockHasher>
 using Cache = typename CacheFor<Pool, Table, Admission, Selection, Eviction, Hasher>::type;
 
-static_assert(SequenceHolds<Cache<>> && ImportingCache<Cache<>>, "kvcache::Cache<> keeps the sequence-cache contract (cache/contract.hpp)");
+static_assert(SequenceHolds<Cache<>> && ImportingCache<Cache<>> && GrowingCache<Cache<>>,
+              "kvcache::Cache<> keeps the sequence-cache contract (cache/contract.hpp)");
 
 KVCACHE_END_NAMESPACE

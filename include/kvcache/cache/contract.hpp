@@ -3,8 +3,9 @@
 // over a shared pool, hold blocks for transfers, follow the pool's events
 // and keep the admission ledger. Each is the same name, arguments and result
 // on every cache; static_asserts beside each cache (cache.hpp, hybrid.hpp)
-// keep it so. What differs is the rows: how tokens get slots (reserve,
-// write, advance) and how a kernel reads them (the exports).
+// keep it so. What differs is the rows: how a head-paged cache's tokens get
+// slots (write), and how a kernel reads them (the exports); token rows and
+// layer groups grow by the same calls (GrowingCache).
 #pragma once
 
 #include <concepts>
@@ -57,6 +58,23 @@ concept PrefixCache = SequenceCache<C> && requires(C& c, SeqId s, std::span<cons
   { c.admit(prompt, slots, opt) } -> std::same_as<Result<AdmitResult>>;  ///< a new sequence: the hit shared, the first chunk reserved
   { c.match(prompt, key) } -> std::same_as<std::int64_t>;                ///< tokens the cache serves now
   { c.tokens(s) } -> std::same_as<Result<std::int64_t>>;                 ///< the sequence's length
+};
+
+/// A prefix cache whose sequences grow by calls every such cache makes the
+/// same (Cache<>, HybridCache<>): slots are [groups()][n] (one group: [n]),
+/// the result the blocks taken and a copy-on-write to run first (none on
+/// layer groups). computed() tells the cache the forward pass wrote K/V up
+/// to a length (what a hybrid publishes and frees windows by; Cache<>
+/// publishes on reserve and only checks it); advance() is the decode step,
+/// every reserved token computed and the next ones reserved; truncate()
+/// rolls back reserved tokens.
+template <class C>
+concept GrowingCache = PrefixCache<C> && requires(C& c, SeqId s, std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
+                                                  std::int64_t tokens, std::int32_t n) {
+  { c.reserve(s, ids, slots) } -> std::same_as<Result<ReserveInfo>>;
+  { c.advance(s, ids, slots) } -> std::same_as<Result<ReserveInfo>>;
+  { c.computed(s, tokens) } -> std::same_as<Status>;
+  { c.truncate(s, n) } -> std::same_as<Status>;
 };
 
 /// A prefix cache that admits a sequence a peer prefilled (disaggregated

@@ -270,25 +270,26 @@ class HybridCache : public PoolCore<BlockPool>,
   /// The next tokens of sequence id (their ids: what computed() publishes),
   /// all or nothing across groups: what left each window (on computed tokens)
   /// is freed first and counts as room. slots: [groups][tokens.size()].
+  /// Returns the blocks taken (ReserveInfo, as every cache's; never a copy).
   /// Tokens reserved and not computed stay within the configured
   /// prefill_chunk (HybridConfig): more is invalid_argument naming n, with
   /// how many more it may reserve now as the limit.
-  Result<std::int32_t> reserve(SeqId id, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots) {
+  Result<ReserveInfo> reserve(SeqId id, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots) {
     return this->reserve_impl(id, std::int32_t(std::min<std::size_t>(tokens.size(), INT32_MAX)), tokens, slots, false);
   }
   /// n more tokens without their ids: only without prefix caching (nothing to publish).
-  Result<std::int32_t> reserve(SeqId id, std::int32_t n, std::span<std::int32_t> slots) {
+  Result<ReserveInfo> reserve(SeqId id, std::int32_t n, std::span<std::int32_t> slots) {
     if (cfg_.prefix_caching) return Status{Errc::invalid_argument, "n (prefix caching is on: pass the token ids)", n, 0};
     return this->reserve_impl(id, n, {}, slots, false);
   }
   /// The decode step in one call: every token reserved so far was computed
   /// (computed(id, tokens(id))), then `tokens` are reserved as by reserve().
   /// All or nothing: when the reserve cannot be made, nothing is marked computed either.
-  Result<std::int32_t> advance(SeqId id, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots) {
+  Result<ReserveInfo> advance(SeqId id, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots) {
     return this->reserve_impl(id, std::int32_t(std::min<std::size_t>(tokens.size(), INT32_MAX)), tokens, slots, true);
   }
   /// advance() of n tokens without their ids: only without prefix caching.
-  Result<std::int32_t> advance(SeqId id, std::int32_t n, std::span<std::int32_t> slots) {
+  Result<ReserveInfo> advance(SeqId id, std::int32_t n, std::span<std::int32_t> slots) {
     if (cfg_.prefix_caching) return Status{Errc::invalid_argument, "n (prefix caching is on: pass the token ids)", n, 0};
     return this->reserve_impl(id, n, {}, slots, true);
   }
@@ -394,6 +395,7 @@ class HybridCache : public PoolCore<BlockPool>,
   std::vector<BlockId> held_;            // import(): the window hits its hold keeps
 };
 
-static_assert(SequenceHolds<HybridCache<>> && ImportingCache<HybridCache<>>, "kvcache::HybridCache keeps the sequence-cache contract (cache/contract.hpp)");
+static_assert(SequenceHolds<HybridCache<>> && ImportingCache<HybridCache<>> && GrowingCache<HybridCache<>>,
+              "kvcache::HybridCache keeps the sequence-cache contract (cache/contract.hpp)");
 
 KVCACHE_END_NAMESPACE

@@ -26,7 +26,9 @@ class HybridGrowth {
   /// reserve() and advance() (which first counts every reserved token as computed).
   /// Freeing and the room it makes are counted on the computed tokens after
   /// the call, so a failed advance marks nothing: publishing frees no block.
-  Result<std::int32_t> reserve_impl(SeqId id, std::int32_t n, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots,
+  /// new_blocks: the blocks every group took; a hybrid row shares no
+  /// partial block, so there is never a copy to run.
+  Result<ReserveInfo> reserve_impl(SeqId id, std::int32_t n, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots,
                                     bool advance) {
     Cache& c = self();
     if (auto st = c.validate(id); !st) return st;
@@ -51,11 +53,10 @@ class HybridGrowth {
       if (auto st = c.mark_computed(id.index, done); !st) return st;
     if (in_place) {
       write_slots(id.index, n, tokens, slots, n);
-    } else {
-      for (GroupRows& rows : c.rows_) rows.free_below(c.pool_, id.index, std::int32_t(rows.rule().skipped_blocks(done)));
-      grow(id.index, n, tokens, slots, n);
+      return ReserveInfo{};
     }
-    return n;
+    for (GroupRows& rows : c.rows_) rows.free_below(c.pool_, id.index, std::int32_t(rows.rule().skipped_blocks(done)));
+    return ReserveInfo{.new_blocks = grow(id.index, n, tokens, slots, n)};
   }
 
   /// n more tokens of row i land in blocks every group already holds, and no
@@ -73,10 +74,12 @@ class HybridGrowth {
   }
   /// After the checks: n more tokens in every group (a cross group takes its
   /// encoder's blocks on the first call), their slots at slots[g * stride].
-  void grow(std::uint32_t i, std::int32_t n, std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
-            std::int32_t stride) noexcept {
+  /// Returns the blocks allocated.
+  std::int32_t grow(std::uint32_t i, std::int32_t n, std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
+                    std::int32_t stride) noexcept {
     Cache& c = self();
     auto& s = c.seqs_[i];
+    std::int32_t allocated = 0;
     for (std::int32_t g = 0; g < c.groups(); ++g) {
       GroupRows& rows = c.rows_[std::size_t(g)];
       const std::int64_t want = rows.rule().row_blocks(s.reserved + n);
@@ -85,9 +88,11 @@ class HybridGrowth {
         (void)c.pool_.allocate(c.scratch_);  // counted before any change: cannot fail
         for (const BlockId b : c.scratch_) c.owner_[std::size_t(b)] = std::int8_t(g);
         rows.append(i, c.scratch_);
+        allocated += std::int32_t(want - have);
       }
     }
     write_slots(i, n, ids, slots, stride);
+    return allocated;
   }
   /// The slots of row i's next n tokens (-1 up to stride, and in cross groups),
   /// and their ids beside them (what publishing hashes); reserved += n.

@@ -161,6 +161,25 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
     if (r) prefix_.publish_reserved(table_, pool_, s, ids, slots, extras, hasher_);
     return r;
   }
+  /// The decode step in one call, as on every cache (GrowingCache in
+  /// cache/contract.hpp): every token reserved so far counts as computed,
+  /// then ids are reserved. This cache publishes when it reserves
+  /// (publish_on_reserve) or on publish(), never on computed(), so it is reserve(s, ids, slots).
+  Result<ReserveInfo> advance(SeqId s, std::span<const std::int32_t> ids, std::span<std::int32_t> slots) noexcept {
+    return reserve(s, ids, slots);
+  }
+  /// advance() of n tokens without their ids: reserve(s, n, slots).
+  Result<ReserveInfo> advance(SeqId s, std::int32_t n, std::span<std::int32_t> slots) noexcept { return reserve(s, n, slots); }
+  /// The forward pass wrote K/V for tokens [0, tokens) of s, as every cache
+  /// is told (GrowingCache). Nothing waits on it here (blocks publish on
+  /// reserve or on publish()), so it only checks: unknown_sequence, and
+  /// invalid_argument for tokens outside [0, tokens(s)].
+  Status computed(SeqId s, std::int64_t tokens) const noexcept {
+    const auto n = this->tokens(s);
+    if (!n) return n.status();
+    if (tokens < 0 || tokens > *n) return Status{Errc::invalid_argument, "tokens (computed)", tokens, *n};
+    return {};
+  }
   /// Reserves counts[k] tokens for seqs[k], all or nothing; slots padded with -1, copy-on-write commands in copies.
   Result<BatchInfo> reserve_batch(std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
                                   std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept {

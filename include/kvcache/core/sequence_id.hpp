@@ -51,4 +51,13 @@ struct BlockCopy {
   friend constexpr bool operator==(const BlockCopy&, const BlockCopy&) = default;
 };
 
+/// What every cache's reserve() and advance() return. copy.src < 0: nothing
+/// to copy. Otherwise the engine copies block src to dst before writing the
+/// new tokens (copy-on-write of a shared tail block; a layer-group row never
+/// shares one, so HybridCache's is always none).
+struct ReserveInfo {
+  std::int32_t new_blocks = 0;  ///< Blocks allocated for this reservation (over every group).
+  BlockCopy copy{};  ///< Copy-on-write command to run before writing (src < 0: none).
+};
+
 KVCACHE_END_NAMESPACE

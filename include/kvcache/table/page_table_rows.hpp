@@ -24,13 +24,6 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-/// copy.src < 0: nothing to copy. Otherwise the engine copies block src to dst
-/// before writing the new tokens (copy-on-write of a shared tail block).
-struct ReserveInfo {
-  std::int32_t new_blocks = 0;  ///< Blocks allocated for this reservation.
-  BlockCopy copy{};  ///< Copy-on-write command to run before writing (src < 0: none).
-};
-
 /// Logical to physical blocks per stream, with dense generation-checked handles
 /// (the base of PageTable, which adds reserve_batch).
 class PageTableRows {
