@@ -1,4 +1,5 @@
-// How a HybridCache's sequences grow: reserve() and advance() as one
+// How a HybridCache's sequences grow (its GrowingCache calls: reserve,
+// advance, computed, truncate): reserve() and advance() as one
 // all-or-nothing step over every group (what left each window, on computed
 // tokens, is freed first and counts as room), the blocks each group takes,
 // and the slots of the tokens added, with their ids kept beside them for
@@ -19,9 +20,61 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-/// The growth of a HybridCache's rows (HybridCache's reserve, advance and admit run it).
+/// The growth of a HybridCache's rows: reserve, advance, computed and truncate (admit runs grow()).
 template <class Cache>
 class HybridGrowth {
+ public:
+  /// The next tokens of sequence id (their ids: what computed() publishes),
+  /// all or nothing across groups: what left each window (on computed tokens)
+  /// is freed first and counts as room. slots: [groups][tokens.size()].
+  /// Returns the blocks taken (ReserveInfo, as every cache's; never a copy).
+  /// Tokens reserved and not computed stay within the configured
+  /// prefill_chunk (HybridConfig): more is invalid_argument naming n, with
+  /// how many more it may reserve now as the limit.
+  Result<ReserveInfo> reserve(SeqId id, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots) {
+    return reserve_impl(id, std::int32_t(std::min<std::size_t>(tokens.size(), INT32_MAX)), tokens, slots, false);
+  }
+  /// n more tokens without their ids: only without prefix caching (nothing to publish).
+  Result<ReserveInfo> reserve(SeqId id, std::int32_t n, std::span<std::int32_t> slots) {
+    if (self().cfg_.prefix_caching) return Status{Errc::invalid_argument, "n (prefix caching is on: pass the token ids)", n, 0};
+    return reserve_impl(id, n, {}, slots, false);
+  }
+  /// The decode step in one call: every token reserved so far was computed
+  /// (computed(id, tokens(id))), then `tokens` are reserved as by reserve().
+  /// All or nothing: when the reserve cannot be made, nothing is marked computed either.
+  Result<ReserveInfo> advance(SeqId id, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots) {
+    return reserve_impl(id, std::int32_t(std::min<std::size_t>(tokens.size(), INT32_MAX)), tokens, slots, true);
+  }
+  /// advance() of n tokens without their ids: only without prefix caching.
+  Result<ReserveInfo> advance(SeqId id, std::int32_t n, std::span<std::int32_t> slots) {
+    if (self().cfg_.prefix_caching) return Status{Errc::invalid_argument, "n (prefix caching is on: pass the token ids)", n, 0};
+    return reserve_impl(id, n, {}, slots, true);
+  }
+
+  /// The forward pass wrote K/V for tokens [0, tokens): full blocks of every
+  /// caching group are published (prefix caching), and later reserves may free what left a window.
+  Status computed(SeqId id, std::int64_t tokens) {
+    Cache& c = self();
+    if (auto st = c.validate(id); !st) return st;
+    auto& s = c.seqs_[id.index];
+    if (tokens < s.computed || tokens > s.reserved) return Status{Errc::invalid_argument, "tokens (computed)", tokens, s.reserved};
+    return c.mark_computed(id.index, tokens);
+  }
+
+  /// Rolls back the last n reserved tokens (not computed: a rejected draft, a cancelled chunk).
+  Status truncate(SeqId id, std::int32_t n) {
+    Cache& c = self();
+    if (auto st = c.validate(id); !st) return st;
+    auto& s = c.seqs_[id.index];
+    if (n < 0 || n > s.reserved - s.computed) return Status{Errc::truncate_too_many, "n", n, s.reserved - s.computed};
+    s.reserved -= n;  // the ids of the tokens left stay in their slots (hybrid_prefix.hpp)
+    for (GroupRows& rows : c.rows_)
+      if (rows.rule().caches()) rows.cut(c.pool_, id.index, std::int32_t(rows.rule().blocks_for(s.reserved)));
+    c.selection_.truncated(c.rows_, c.pool_, id.index, s.reserved);
+    c.eviction_.truncated(c.rows_, id.index, s.reserved);
+    return {};
+  }
+
  protected:
   /// reserve() and advance() (which first counts every reserved token as computed).
   /// Freeing and the room it makes are counted on the computed tokens after
