@@ -4,9 +4,9 @@ EngineConfig(host_blocks=N)), and prompts a peer engine prefilled, imported
 as a disaggregated decode node imports them (Request(remote=Handoff)).
 
 Pages are copied whole (a page holds one block of every layer of its group,
-in the group's format). The peer's pool is read in this process, as NIXL
-would read it over the wire (disagg.py moves a single-group pool between two
-processes that way).
+in the group's format). A Handoff reads the peer's pool in this process, as
+NIXL would read it over the wire (disagg.py's NixlHandoff does, between two
+processes).
 """
 import dataclasses
 
