@@ -16,8 +16,12 @@ kv.HybridCache, with everything at once:
 Checked: every logit the decode engine computed equals, bit for bit, a plain
 engine's that computes every prompt itself on a pool large enough to keep it
 (the import's and the host tier's pages hold the same bytes, and a policy
-that lets nothing go changes nothing); in f32, every logit within
-LOGIT_TOLERANCE of the dense reference and every greedy token its argmax.
+that lets nothing go changes nothing). Against the real-models issue's
+references: in f32, every logit within LOGIT_TOLERANCE of the dense one and
+every greedy token its argmax; in fp8, the next turn's logits equal, bit
+for bit, a replay on plain tensors through the same format of the chunks
+that computed what it was served (the peer's prompt chunks, the decode
+engine's steps) and of its own.
 
 The models' wheels are installed by scripts/python; without them these
 tests are skipped, never passed.
@@ -32,7 +36,7 @@ torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples" / "python"))
 import engine as eng  # noqa: E402
-from pretrained_checks import check_dense, text_tokens  # noqa: E402
+from pretrained_checks import check_dense, check_replay, chunks_of, round_trip_through, text_tokens  # noqa: E402
 
 import kvcache as kv  # noqa: E402
 
@@ -88,6 +92,19 @@ def one_engine(m, tok, window, kv_format):
     return decode, [a, b, c], sent, ref
 
 
+def check_against_references(m, decode, reqs, sent):
+    """f32: the dense reference; a quantized format: the replay of the chunks."""
+    a, b, c = reqs
+    if decode.cfg.kv_format == "f32":
+        sent.output = list(a.output)  # a's prompt logits are the peer's
+        for r in (sent, b, c):
+            check_dense(m, r)
+        return
+    served = (len(a.prompt) + NEW - 1) // 16 * 16  # c's hit: a's written blocks
+    steps = chunks_of(sent) + chunks_of(a) + [("truncate", served)] + chunks_of(c)
+    check_replay(m, c, steps, round_trip_through(decode))
+
+
 def check_same(decode_reqs, sent, ref):
     a = decode_reqs[0]
     assert torch.equal(sent.logits[0], ref[0].logits[0])  # the peer's first token's logits
@@ -106,10 +123,7 @@ def test_one_engine_on_a_single_group_model(smollm2, kv_format):
     decode, reqs, sent, ref = one_engine(m, tok, 0, kv_format)
     assert decode.group_layers == [m.c["layers"]]
     check_same(reqs, sent, ref)
-    if kv_format == "f32":
-        sent.output = list(reqs[0].output)  # the prompt's logits are the peer's
-        for r in [sent] + reqs[1:]:
-            check_dense(m, r)
+    check_against_references(m, decode, reqs, sent)
 
 
 @pytest.mark.xdist_group("gemma3")
@@ -119,10 +133,7 @@ def test_one_engine_on_a_hybrid_model(gemma3, kv_format):
     decode, reqs, sent, ref = one_engine(m, tok, 512, kv_format)
     assert decode.group_layers == [3, 3, 3, 3, 3, 3] and decode.group_window == [0] + [512] * 5
     check_same(reqs, sent, ref)
-    if kv_format == "f32":
-        sent.output = list(reqs[0].output)
-        for r in [sent] + reqs[1:]:
-            check_dense(m, r)
+    check_against_references(m, decode, reqs, sent)
 
 
 def test_a_remote_prompt_is_checked_before_anything_moves(smollm2):
