@@ -181,7 +181,7 @@ class HybridEvictionHarness {
     if (r->evicted > 0 && !s.evicted) s.exact = s.computed;  // the prompt's own K/V end here
     if (r->evicted > 0) s.evicted = true, ++evictions;
     need_(*cache.evicted(id) == s.evicted, "evicted(seq)");
-    need_(*cache.computed_before_eviction(id) == (s.evicted ? std::min(s.exact, s.computed) : s.computed),
+    need_(*cache.computed_before_eviction(id) == (s.evicted ? s.exact : s.computed),
           "computed_before_eviction(seq)");
     for (const std::int32_t g : globals())
       need_(*cache.tokens_held(id, g) <= (*cache.eviction(g))->max_tokens_held(s.reserved) + (s.reserved - s.computed),

@@ -2,10 +2,11 @@
 // groups) carry a block eviction policy: evict() as Cache<>'s, run on every
 // global group's row of the sequence, and observe() for a policy that reads
 // attention sums, per group. What the policy decides and how the rows keep
-// holes live in eviction/group_eviction.hpp; KeepAll adds no call.
+// holes live in eviction/group_eviction.hpp; KeepAll adds no call of its
+// own, and every HybridCache says whether and where a sequence evicted
+// (HybridEvictionState: evicted, computed_before_eviction).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
 #include "kvcache/config.hpp"
@@ -29,13 +30,13 @@ class HybridEvictionState {
   }
 
   /// The tokens of sequence id whose K/V read its prompt's own context: what
-  /// it computed before its first block left (every computed token if none
-  /// left, fewer after a truncate). Past them the K/V is not the prompt's for
-  /// a tier or a peer (GroupTiers::plan_offload names no block past them).
+  /// it had computed when its first block left (every computed token if none
+  /// left; computed tokens never roll back). Past them the K/V is not the
+  /// prompt's for a tier or a peer (GroupTiers::plan_offload names no block past them).
   Result<std::int64_t> computed_before_eviction(SeqId id) const noexcept {
     if (auto st = self().validate(id); !st) return st;
     const auto& s = self().seqs_[id.index];
-    return s.evicted_at < 0 ? s.computed : std::min(s.evicted_at, s.computed);
+    return s.evicted_at < 0 ? s.computed : s.evicted_at;
   }
 
  private:
