@@ -98,15 +98,21 @@ class HostTier:
 
     def admit(self, cache, device, prompt, max_new):
         """(seq, tokens it holds, tokens the device served) when host memory
-        holds more of `prompt` than the device's prefix cache, else None. The import promises the request's
-        lifetime (`max_new` tokens past the prompt); kv.OutOfBlocks when it
-        does not fit, nothing changed."""
+        holds more of `prompt` than the device's prefix cache, else None. The
+        import promises the request's lifetime (`max_new` tokens past the
+        prompt); kv.OutOfBlocks when it does not fit, nothing changed. An
+        onboard that cannot be planned aborts the import: the sequence holds
+        the device's hit, and the rest is computed."""
         arr = np.asarray(prompt, dtype=np.int32)
         device_tokens, tokens, _, _ = self.tiers.lookup(arr)
         if tokens <= device_tokens:
             return None
         import_id, _, _ = cache.import_prompt(arr[:tokens], max_new=len(arr) - tokens + max_new)
-        job = self.tiers.plan_onboard(import_id)
+        try:
+            job = self.tiers.plan_onboard(import_id)
+        except kv.Error:
+            seq, held, _ = cache.abort_import(import_id)
+            return seq, held, device_tokens
         copy_pages(device, self.memory, self.page, job.moves)
         seq, committed, held = self.tiers.complete_onboard(job.id)
         self.onboarded += len(job.moves)

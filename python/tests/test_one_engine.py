@@ -264,3 +264,47 @@ def test_randomized_turns_hand_offs_and_host_hits_serve_what_a_plain_engine_does
     assert decode.host.onboarded > 0 and decode.host.offloaded > 0
     for e in (prefill, decode, plain):
         assert e.cache.free_blocks == e.blocks - 1 and e.cache.promised_blocks == 0
+
+
+def test_an_onboard_that_cannot_be_planned_leaves_no_import_behind(monkeypatch):
+    """Host memory's hit found, but its onboard refused (kv.OutOfBlocks from
+    plan_onboard): the import is aborted, the request computes what the
+    device did not hold, and it generates what a plain engine does; no
+    import stays pending and every page comes back."""
+    import model as mdl
+    import serve as srv
+    torch.set_num_threads(2)
+    m, text = mdl.load(), srv.heldout()
+
+    def engine(tokens, host):
+        return eng.Engine(m, eng.EngineConfig(max_kv_tokens=tokens, chunk=32, layer_groups=True, prefix_caching=True,
+                                              host_blocks=host), kv.KeepAll())
+
+    tiered, plain = engine(256, 64), engine(1024, 0)
+    a = eng.Request(id=0, prompt=text[:150], max_new=4)
+    serve(tiered, [a, eng.Request(id=1, prompt=text[4000:4200], max_new=4)])  # a's pages to host memory, then pushed out
+    refused = []
+
+    class Refusing:  # the tiers, but every onboard refused
+        def __init__(self, tiers):
+            self.inner = tiers
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def plan_onboard(self, import_id):
+            refused.append(import_id)
+            raise kv.OutOfBlocks("host blocks")
+    monkeypatch.setattr(tiered.host, "tiers", Refusing(tiered.host.tiers))
+    c = eng.Request(id=2, prompt=a.prompt + a.output + text[9000:9020], max_new=4)
+    for _ in range(100):  # a pending import left behind would keep c from ever being admitted
+        tiered.step([c])
+        if c.done:
+            break
+    assert c.done
+    tiered.cache.check_invariants()
+    assert refused and tiered.host.onboarded == 0 and tiered.cache.imports == 0
+    want = eng.Request(id=2, prompt=c.prompt, max_new=4)
+    plain.run([want])
+    assert c.output == want.output
+    assert tiered.cache.free_blocks == tiered.blocks - 1 and tiered.cache.promised_blocks == 0
