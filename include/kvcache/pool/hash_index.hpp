@@ -35,6 +35,9 @@ class HashIndex {
       : slots_(std::bit_ceil(static_cast<std::uint64_t>(max_entries < 1 ? 1 : max_entries) * 2)),
         mask_(slots_.size() - 1) {}
 
+  /// How a key's high half enters its placement: bucket(k) mixes lo ^ hi * kHiMix (and the group).
+  static constexpr std::uint64_t kHiMix = 0x9e3779b97f4a7c15ULL;
+
   /// Hashes indexed.
   std::int32_t size() const noexcept { return size_; }
 
@@ -124,7 +127,7 @@ class HashIndex {
     friend bool operator==(const Slot&, const Slot&) = default;
   };
   std::uint64_t bucket(const IndexKey& k) const noexcept {
-    const std::uint64_t x = k.hash.lo ^ (k.hash.hi * 0x9e3779b97f4a7c15ULL) ^ (std::uint64_t{k.group} << 32);
+    const std::uint64_t x = k.hash.lo ^ (k.hash.hi * kHiMix) ^ (std::uint64_t{k.group} << 32);
     return (x * 0xbf58476d1ce4e5b9ULL >> 17) & mask_;
   }
   std::vector<Slot> slots_;
