@@ -316,7 +316,7 @@ class Engine:
                 return slots
             seq = r.prompt + r.output
             return self.cache.reserve(r.seqs[0], np.asarray(seq[r.fed:r.fed + n], dtype=np.int32)
-                                      if self.cfg.prefix_caching else n)
+                                      if self.cfg.prefix_caching else n)[0]
         if self.cfg.prefix_caching:  # the tokens' ids go with their slots: full blocks publish themselves
             seq = r.prompt + r.output
             slots, _, copy = self.cache.reserve(r.seqs[0], np.asarray(seq[r.fed:r.fed + n], dtype=np.int32))
@@ -444,10 +444,10 @@ class Engine:
                 self.prefix_hit_tokens += device_tokens
                 self._bound_received(seq)
                 return
-        seq, cached, reserved, slots = c.admit(tokens, max_new=remaining)
-        r.seqs, r.running, r.fed = [seq], True, cached
-        r.admitted = np.ascontiguousarray(slots[:, :reserved])
-        self.prefix_hit_tokens += cached
+        a = c.admit(tokens, max_new=remaining)
+        r.seqs, r.running, r.fed = [a.seq], True, a.cached_tokens
+        r.admitted = np.ascontiguousarray(a.slots[:, :a.reserved])
+        self.prefix_hit_tokens += a.cached_tokens
 
     def _import(self, r, remaining):
         """The prompt a peer prefilled (r.remote): the device's own prefix hit

@@ -282,20 +282,21 @@ class HybridTieredEngine:
             if committed:
                 turn["host_hit"] = have - turn["device_hit"]
         else:  # admission shares the device hit and reserves the first chunk
-            seq, have, reserved, slots = c.admit(prompt_arr)
+            a = c.admit(prompt_arr)
+            seq, have = a.seq, a.cached_tokens
             turn["device_hit"] = have
-            logits = self._forward(seq, tokens, have, reserved, slots[:, :reserved])
-            have += reserved
+            logits = self._forward(seq, tokens, have, a.reserved, a.slots[:, :a.reserved])
+            have += a.reserved
         turn["computed"] = n_prompt - turn["device_hit"] - turn["host_hit"]
         while have < n_prompt:  # the prefill of what no tier held
             n = min(self.chunk, n_prompt - have)
-            logits = self._forward(seq, tokens, have, n, c.reserve(seq, prompt_arr[have:have + n]))
+            logits = self._forward(seq, tokens, have, n, c.reserve(seq, prompt_arr[have:have + n])[0])
             have += n
         out = [int(torch.argmax(logits))]
         turn["ttft_s"] = time.perf_counter() - t0
         for pos in range(n_prompt, n_prompt + max_new - 1):
             tokens.append(out[-1])
-            logits = self._forward(seq, tokens, pos, 1, c.reserve(seq, np.array([out[-1]], dtype=np.int32)))
+            logits = self._forward(seq, tokens, pos, 1, c.reserve(seq, np.array([out[-1]], dtype=np.int32))[0])
             out.append(int(torch.argmax(logits)))
         self._finish(seq, tokens)  # the prompt and every generated token but the last, whose K/V is not written
         self.stats.add_turn(turn, max_new, time.perf_counter() - t0)

@@ -33,6 +33,7 @@ from ._errors import (
     UnknownSequence,
 )
 from ._kvcache import (
+    Admitted,
     AverageAttention,
     BlockPool,
     BlockScores,
@@ -242,7 +243,7 @@ def GroupTiers(cache, host_blocks=0, disk_blocks=0, max_jobs=1024, event_capacit
 
 
 __all__ = [
-    "AlreadyHashed", "AverageAttention", "BlockPool", "BlockScores", "BlocksInUse", "BufferTooSmall", "Cache",
+    "Admitted", "AlreadyHashed", "AverageAttention", "BlockPool", "BlockScores", "BlocksInUse", "BufferTooSmall", "Cache",
     "CapacityExceeded", "DiskLayout", "DType", "DuplicateSequence", "Error", "EventReplay", "EvictionResult", "GateWriteInfo", "Geometry",
     "GeometryOverflow", "GroupTiers", "H2O", "HybridCache", "InvalidArgument", "InvariantViolated", "KeepAll", "KvFormat", "KvPlanes",
     "LayerGroup", "LayerGroups", "Layout", "LayoutHandshake", "LayoutMismatch", "TransferFailed",

@@ -24,6 +24,13 @@
 
 namespace kvpy {
 
+struct Admitted {  // every cache's admit() result (Cache.admit, HybridCache.admit)
+  std::uint64_t seq;
+  std::int32_t cached_tokens, reserved, new_blocks;
+  std::int64_t promised;
+  nb::object slots;
+};
+
 namespace kv = kvcache;
 static_assert(sizeof(kv::SeqId) == sizeof(std::uint64_t) && std::endian::native == std::endian::little);
 static_assert(sizeof(kv::BlockCopy) == 2 * sizeof(std::int32_t) && sizeof(kv::SlotMove) == 2 * sizeof(std::int32_t));

@@ -21,22 +21,25 @@
 
 namespace kvpy {
 
-// reserve() and advance(): n (a count, without prefix caching) or the ids; the slots [groups][n].
+// reserve() and advance(), as Cache.reserve takes and returns them: n (a
+// count, without prefix caching) or the ids; the slots [groups][n] into a new
+// array or the caller's; (slots, new_blocks, copy), the copy always (-1, -1)
+// (a hybrid row shares no partial block).
 template <class Hybrid>
-nb::object hybrid_reserve(Hybrid& self, std::uint64_t s, nb::handle n_or_ids, bool advance) {
+nb::object hybrid_reserve(Hybrid& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots, bool advance) {
   const bool count = PyLong_Check(n_or_ids.ptr());
   Array<std::int32_t> ids;
   std::int64_t n = 0;
   if (count) n = nb::cast<std::int64_t>(n_or_ids);
   else in_arg(ids, n_or_ids, "ids"), n = std::int64_t(ids.size());
   require(n >= 0 && n <= INT32_MAX, "n", n, INT32_MAX);
-  auto slots = new_array<std::int32_t, 2>(std::size_t(self.groups()), std::size_t(n));
   Array<std::int32_t> o;
-  nb::object obj = out_arg(o, nb::cast(slots), std::size_t(self.groups()) * std::size_t(n), "slots", n ? std::size_t(n) : 1);
+  nb::object obj = out_arg(o, slots.is_none() ? nb::cast(new_array<std::int32_t, 2>(std::size_t(self.groups()), std::size_t(n))) : slots,
+                           std::size_t(self.groups()) * std::size_t(n), "slots", n ? std::size_t(n) : 1);
   const kv::SeqId id = unpack(s);
-  if (count) check(advance ? self.advance(id, std::int32_t(n), o.span()) : self.reserve(id, std::int32_t(n), o.span()));
-  else check(advance ? self.advance(id, cspan(ids), o.span()) : self.reserve(id, cspan(ids), o.span()));
-  return obj;
+  const kv::ReserveInfo r = count ? check(advance ? self.advance(id, std::int32_t(n), o.span()) : self.reserve(id, std::int32_t(n), o.span()))
+                                  : check(advance ? self.advance(id, cspan(ids), o.span()) : self.reserve(id, cspan(ids), o.span()));
+  return nb::make_tuple(obj, r.new_blocks, std::make_pair(r.copy.src, r.copy.dst));
 }
 
 // Group g's CSR over the live blocks of seqs: (indptr, indices, first_pos, nnz).
@@ -224,23 +227,28 @@ void bind_hybrid_cache(nb::module_& m, const char* name) {
            nb::arg("prompt"), nb::arg("salt") = 0, nb::arg("extra") = 0)
       .def(
           "admit",
-          [](Hybrid& self, nb::handle prompt, std::int32_t reserve, std::uint64_t salt, std::uint64_t extra, std::int64_t max_new) {
+          [](Hybrid& self, nb::handle prompt, nb::handle slots, std::uint64_t salt, std::uint64_t extra, std::int64_t max_new,
+             std::int32_t prefill_chunk, std::int32_t reserve) {
             Array<std::int32_t> p;
             in_arg(p, prompt, "prompt");
             const auto stride = std::size_t(std::max<std::int64_t>(std::min<std::int64_t>(std::int64_t(p.size()), reserve), 0));
-            auto slots = new_array<std::int32_t, 2>(std::size_t(self.groups()), stride);
             Array<std::int32_t> o;
-            nb::object obj = out_arg(o, nb::cast(slots), std::size_t(self.groups()) * stride, "slots", stride ? stride : 1);
-            const auto a = check(self.admit(cspan(p), o.span(), {.key = {salt, extra}, .max_new = max_new, .reserve = reserve}));
-            return std::make_tuple(pack(a.seq), a.cached_tokens, a.reserved, obj);
+            nb::object obj = out_arg(o, slots.is_none() ? nb::cast(new_array<std::int32_t, 2>(std::size_t(self.groups()), stride)) : slots,
+                                     std::size_t(self.groups()) * stride, "slots", stride ? stride : 1);
+            const auto a = check(self.admit(cspan(p), o.span(),
+                                            {.key = {salt, extra}, .max_new = max_new, .prefill_chunk = prefill_chunk, .reserve = reserve}));
+            return Admitted{pack(a.seq), a.cached_tokens, a.reserved, a.new_blocks, a.promised, obj};
           },
-          nb::arg("prompt"), nb::arg("reserve") = INT32_MAX, nb::arg("salt") = 0, nb::arg("extra") = 0, nb::arg("max_new") = -1)
+          nb::arg("prompt"), nb::arg("slots") = nb::none(), nb::arg("salt") = 0, nb::arg("extra") = 0, nb::arg("max_new") = -1,
+          nb::arg("prefill_chunk") = 0, nb::arg("reserve") = INT32_MAX)
       .def(
-          "reserve", [](Hybrid& self, std::uint64_t s, nb::handle n_or_ids) { return hybrid_reserve(self, s, n_or_ids, false); },
-          nb::arg("seq"), nb::arg("n"))
+          "reserve",
+          [](Hybrid& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots) { return hybrid_reserve(self, s, n_or_ids, slots, false); },
+          nb::arg("seq"), nb::arg("n"), nb::arg("slots") = nb::none())
       .def(
-          "advance", [](Hybrid& self, std::uint64_t s, nb::handle n_or_ids) { return hybrid_reserve(self, s, n_or_ids, true); },
-          nb::arg("seq"), nb::arg("n"))
+          "advance",
+          [](Hybrid& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots) { return hybrid_reserve(self, s, n_or_ids, slots, true); },
+          nb::arg("seq"), nb::arg("n"), nb::arg("slots") = nb::none())
       .def("computed", [](Hybrid& self, std::uint64_t s, std::int64_t tokens) { check(self.computed(unpack(s), tokens)); },
            nb::arg("seq"), nb::arg("tokens"))
       .def("truncate", [](Hybrid& self, std::uint64_t s, std::int32_t n) { check(self.truncate(unpack(s), n)); })

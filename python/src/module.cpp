@@ -7,7 +7,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
-#include "bind_cache.hpp"  // Admitted
+#include "bind_cache.hpp"
 #include "errors.hpp"
 
 namespace kvpy {

@@ -45,12 +45,14 @@ def test_layer_groups_share_one_page_size():
 def test_a_window_hit_needs_only_the_blocks_its_next_query_reads():
     c = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64)
     prompt = np.arange(100, 133, dtype=np.int32)
-    seq, cached, reserved, slots = c.admit(prompt)
+    a = c.admit(prompt)
+    seq, cached, reserved, slots = a.seq, a.cached_tokens, a.reserved, a.slots
     assert (cached, reserved) == (0, 33) and slots.shape == (2, 33)
     c.computed(seq, 33)
     c.free(seq)
     assert c.match(prompt) == 32
-    seq, cached, reserved, slots = c.admit(prompt)
+    a = c.admit(prompt)
+    seq, cached, reserved, slots = a.seq, a.cached_tokens, a.reserved, a.slots
     assert (cached, reserved) == (32, 1)
     assert c.blocks_held(seq, 1) == 3 and c.blocks_held(seq, 0) == 9  # the window: blocks 6, 7 and the new one
     table = c.export_block_table(1, [seq], 9)
@@ -62,19 +64,39 @@ def test_a_window_hit_needs_only_the_blocks_its_next_query_reads():
 
 
 def test_one_vocabulary_with_cache():
-    """admit's max_new promise, match and tokens mean on a hybrid cache what they mean on Cache."""
+    """admit, reserve, advance and computed take and return on a hybrid cache what they do on Cache,
+    and admit's max_new promise, match and tokens mean the same."""
     c = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64)
     prompt = np.arange(100, 113, dtype=np.int32)
-    seq, cached, reserved, _ = c.admit(prompt, max_new=8)
-    assert c.tokens(seq) == cached + reserved == 13
-    assert c.promised_blocks == c.blocks_needed(13, 8) - c.blocks_held(seq, 0) - c.blocks_held(seq, 1)
+    h = c.admit(prompt, max_new=8)
+    seq = h.seq
+    assert isinstance(h, kv.Admitted) and c.tokens(seq) == h.cached_tokens + h.reserved == 13
+    assert h.new_blocks == c.blocks_held(seq, 0) + c.blocks_held(seq, 1) == 8 and h.slots.shape == (2, 13)
+    assert h.promised == c.blocks_needed(13, 8) and c.promised_blocks == h.promised - h.new_blocks  # the need not yet held
+    c.computed(seq, 13)
+    slots, new_blocks, copy = c.reserve(seq, np.array([7, 8, 9], dtype=np.int32))  # 16 tokens: 4 blocks in each group
+    assert slots.shape == (2, 3) and new_blocks == 0 and copy == (-1, -1)
+    out = np.full((2, 1), -5, dtype=np.int32)
+    slots, new_blocks, copy = c.advance(seq, np.array([10], dtype=np.int32), out)  # into the caller's array
+    assert slots is out and out.min() > 0 and (new_blocks, copy) == (2, (-1, -1)) and c.computed_tokens(seq) == 16
+    c.computed(seq, 17)
+    with pytest.raises(kv.InvalidArgument, match="tokens"):
+        c.computed(seq, 18)
     with pytest.warns(DeprecationWarning, match="export_group_csr"):
         old = c.export_csr(0, [seq])
     assert [list(a) for a in old[:3]] == [list(a) for a in c.export_group_csr(0, [seq])[:3]]
     g = kv.Geometry(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4, dtype=kv.DType.f32)
     tp = kv.Cache(g, num_blocks=32, max_sequences=2, max_blocks_per_sequence=8, publish_on_reserve=True)
     a = tp.admit(prompt)
+    assert isinstance(a, kv.Admitted) and (a.cached_tokens, a.reserved, a.new_blocks, a.slots.shape) == (0, 13, 4, (13,))
     assert tp.tokens(a.seq) == 13 and tp.match(prompt) == 12  # three whole blocks published on reserve
+    slots, new_blocks, copy = tp.reserve(a.seq, np.array([7, 8, 9], dtype=np.int32))
+    assert slots.shape == (3,) and new_blocks == 0 and copy == (-1, -1)
+    slots, new_blocks, copy = tp.advance(a.seq, np.array([10], dtype=np.int32))  # publish on reserve: nothing to compute
+    assert slots.shape == (1,) and (new_blocks, copy) == (1, (-1, -1)) and tp.tokens(a.seq) == 17
+    tp.computed(a.seq, 17)
+    with pytest.raises(kv.InvalidArgument, match="tokens"):
+        tp.computed(a.seq, 18)
     c.free(seq)
     c.check_invariants()
 
@@ -82,14 +104,14 @@ def test_one_vocabulary_with_cache():
 def test_block_events_name_their_group_and_reach_the_wire():
     c = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64, event_capacity=32)
     prompt = np.arange(100, 110, dtype=np.int32)
-    seq, _, _, _ = c.admit(prompt)
+    seq = c.admit(prompt).seq
     c.computed(seq, 10)
     events = c.drain_events()
     assert [(e["kind"], e["group"], e["block_size"]) for e in events] == [("stored", 0, 4)] * 2 + [("stored", 1, 4)] * 2
     assert events[0]["token_ids"] == list(range(100, 104)) and events[3]["token_ids"] == list(range(104, 108))
     assert events[0]["hash"] != events[2]["hash"]  # one chain, keyed by group
     c.free(seq)
-    seq, _, _, _ = c.admit(prompt + 1)
+    seq = c.admit(prompt + 1).seq
     c.computed(seq, 10)
     wire = c.drain_kv_events(ts=1.0)
     assert wire is not None and b"BlockStored" in wire
@@ -100,7 +122,7 @@ def test_block_events_name_their_group_and_reach_the_wire():
 def test_the_window_frees_on_computed_tokens_only():
     c = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64, prefill_chunk=24)
     t = np.arange(40, dtype=np.int32)
-    seq, _, _, _ = c.admit(t[:16])
+    seq = c.admit(t[:16]).seq
     c.reserve(seq, t[16:24])  # the next chunk before the first is computed (24 in flight): nothing freed
     assert c.blocks_held(seq, 1) == 6
     c.computed(seq, 16)
@@ -113,11 +135,11 @@ def test_advance_is_computed_then_reserve_in_one_call():
     a = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64)
     b = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64)
     t = np.arange(40, dtype=np.int32)
-    sa, _, _, _ = a.admit(t[:10])
-    sb, _, _, _ = b.admit(t[:10])
+    sa = a.admit(t[:10]).seq
+    sb = b.admit(t[:10]).seq
     for p in range(10, 30):
         b.computed(sb, p)
-        assert (a.advance(sa, t[p:p + 1]) == b.reserve(sb, t[p:p + 1])).all()
+        assert (a.advance(sa, t[p:p + 1])[0] == b.reserve(sb, t[p:p + 1])[0]).all()
         assert a.computed_tokens(sa) == p and a.blocks_held(sa, 1) == b.blocks_held(sb, 1)
     assert a.usage(0) == b.usage(0) and a.usage(1) == b.usage(1)
     a.check_invariants()
@@ -134,7 +156,7 @@ def test_one_full_group_is_a_geometry_for_cache():
 def test_errors_name_the_value_and_change_nothing():
     c = kv.HybridCache(small(), num_blocks=16, max_sequences=2, max_tokens=64)
     t = np.arange(12, dtype=np.int32)
-    seq, _, _, _ = c.admit(t, reserve=8)
+    seq = c.admit(t, reserve=8).seq
     free = c.free_blocks
     with pytest.raises(kv.InvalidArgument, match=r"n \(prefix caching is on: pass the token ids\)=4"):
         c.reserve(seq, 4)
@@ -160,7 +182,7 @@ def test_a_block_policy_on_the_global_layers_leaves_holes():
     window group keeps its own; a sequence that evicted publishes no more."""
     c = kv.HybridCache(small(), num_blocks=64, max_sequences=2, max_tokens=128, eviction=kv.SinkWindow(sinks=4, window=8))
     prompt = np.arange(40, dtype=np.int32)
-    seq, _, _, _ = c.admit(prompt[:32])
+    seq = c.admit(prompt[:32]).seq
     c.computed(seq, 32)
     res, blocks = c.evict(seq)
     assert res.evicted == 5 and res.rotations == 0 and blocks.tolist() == [1, 2, 3, 4, 5]
@@ -182,7 +204,7 @@ def test_host_tiers_over_an_evicting_hybrid_keep_only_what_it_published():
     c = kv.HybridCache(small(), num_blocks=64, max_sequences=2, max_tokens=128, eviction=kv.SinkWindow(sinks=4, window=8))
     tiers = kv.GroupTiers(c, host_blocks=64)
     prompt = np.arange(300, 348, dtype=np.int32)
-    seq, _, _, _ = c.admit(prompt[:32])
+    seq = c.admit(prompt[:32]).seq
     c.computed(seq, 32)
     assert c.evict(seq)[0].evicted == 5
     c.reserve(seq, prompt[32:48])
@@ -200,7 +222,7 @@ def test_host_tiers_over_an_evicting_hybrid_keep_only_what_it_published():
 def test_a_hybrid_eviction_refuses_what_it_cannot_serve():
     scored = kv.HybridCache(small(), num_blocks=64, max_sequences=2, max_tokens=64,
                             eviction=kv.BlockScores(start=4, recent=8, max=16))
-    seq, _, _, _ = scored.admit(np.arange(32, dtype=np.int32))
+    seq = scored.admit(np.arange(32, dtype=np.int32)).seq
     scored.computed(seq, 32)
     with pytest.raises(kv.InvalidArgument, match="window, chunked or cross group"):
         scored.observe(seq, 1, np.ones(32, dtype=np.float32))
@@ -214,7 +236,7 @@ def test_a_hybrid_eviction_refuses_what_it_cannot_serve():
 def test_quest_beside_a_block_policy_ranks_only_the_live_pages():
     c = kv.HybridCache(small(), num_blocks=64, max_sequences=2, max_tokens=64, eviction=kv.SinkWindow(sinks=4, window=8),
                        selection=kv.Quest(token_budget=16, dense_layers=0))
-    seq, _, _, _ = c.admit(np.arange(32, dtype=np.int32))
+    seq = c.admit(np.arange(32, dtype=np.int32)).seq
     c.computed(seq, 32)
     bounds = c.page_bounds(0)
     for b in range(1, 64):
@@ -231,11 +253,11 @@ def test_the_admission_bound_sizes_the_pool_and_the_ledger_keeps_it():
     blocks = g.pool_blocks(2, 64, 8)
     c = kv.HybridCache(g, num_blocks=blocks, max_sequences=2, max_tokens=64, prefill_chunk=8)
     assert c.max_concurrency(64) == 2 and c.can_admit(64, 0)
-    seq, _, _, _ = c.admit(np.arange(8, dtype=np.int32))
+    seq = c.admit(np.arange(8, dtype=np.int32)).seq
     c.promise(seq, c.blocks_needed(64, 0))
     assert c.promised_blocks == c.blocks_needed(64, 0) - c.blocks_held(seq)
     assert c.can_admit(64, 0)
-    seq2, _, _, _ = c.admit(np.arange(50, 58, dtype=np.int32))
+    seq2 = c.admit(np.arange(50, 58, dtype=np.int32)).seq
     c.promise(seq2, c.blocks_needed(64, 0))
     assert not c.can_admit(1, 0)
 
@@ -321,7 +343,7 @@ def test_group_tiers_bring_every_group_back_through_an_import():
     c = kv.HybridCache(small(), num_blocks=40, max_sequences=2, max_tokens=64)
     tiers = kv.GroupTiers(c, host_blocks=32, event_capacity=64)
     prompt = np.arange(100, 141, dtype=np.int32)  # 41 tokens: a hit of 40 (10 full blocks, the window's last 2)
-    seq, _, _, _ = c.admit(prompt)
+    seq = c.admit(prompt).seq
     c.computed(seq, 41)
     with pytest.raises(kv.InvalidArgument, match="not this sequence's"):
         tiers.plan_offload(seq, prompt + 1)
@@ -333,7 +355,7 @@ def test_group_tiers_bring_every_group_back_through_an_import():
     c.release_hold(hold)
     assert {(e["group"], e["block_size"]) for e in tiers.tiers.drain_events("host")} == {(0, 4), (1, 4)}
     for k in range(3):  # other requests: the device pool recycles the prompt's pages
-        other, _, _, _ = c.admit(np.arange(5000 + 100 * k, 5060 + 100 * k, dtype=np.int32))
+        other = c.admit(np.arange(5000 + 100 * k, 5060 + 100 * k, dtype=np.int32)).seq
         c.computed(other, 60)
         c.free(other)
     nxt = np.concatenate([prompt, np.array([7], dtype=np.int32)])
@@ -372,7 +394,8 @@ def test_group_tiers_on_a_quest_cache_list_the_onboarded_pages_stale():
             dst[b * P:(b + 1) * P] = src[a * P:(a + 1) * P]
 
     prompt = np.arange(100, 133, dtype=np.int32)  # 33 tokens: a hit of 32, 8 pages of the full group
-    seq, _, n, slots = c.admit(prompt)
+    a = c.admit(prompt)
+    seq, n, slots = a.seq, a.reserved, a.slots
     k = np.random.default_rng(3).standard_normal((n, 2, 8), dtype=np.float32)
     kv.scatter(view, k, k, slots[0], first_layer=0)
     kv.page_bounds_update(view, 0, slots[0], c.page_bounds(0))
@@ -385,7 +408,7 @@ def test_group_tiers_on_a_quest_cache_list_the_onboarded_pages_stale():
     tiers.tiers.complete(job.id)
     c.release_hold(hold)
     for j in range(3):  # other requests: the device pool recycles the prompt's pages
-        other, _, _, _ = c.admit(np.arange(5000 + 100 * j, 5060 + 100 * j, dtype=np.int32))
+        other = c.admit(np.arange(5000 + 100 * j, 5060 + 100 * j, dtype=np.int32)).seq
         c.computed(other, 60)
         c.free(other)
     device_tokens, tokens, _, _ = tiers.lookup(prompt)
@@ -422,7 +445,8 @@ def test_quest_on_the_global_layers_selects_within_the_budget_and_lists_received
     with pytest.raises(kv.InvalidArgument, match="layer"):
         c.page_bounds(1)  # a window layer has no bounds
     prompt = np.arange(1, 33, dtype=np.int32)
-    seq, cached, n, slots = c.admit(prompt)
+    a = c.admit(prompt)
+    seq, cached, n, slots = a.seq, a.cached_tokens, a.reserved, a.slots
     rng = np.random.default_rng(0)
     k = rng.standard_normal((n, 2, 8), dtype=np.float32)
     kv.scatter(view, k, k, slots[0], first_layer=0)

@@ -72,8 +72,9 @@ def test_composed_runs_and_prints_a_head_row():
 def test_hybrid_runs_and_prints_what_each_group_holds():
     out = printed("python_hybrid", "docs/hybrid.md")
     # 128 tokens in the full layers; the window's next query (at 64) reads 1 on: blocks 0 .. 7, 8 held;
-    # none freed yet (the first reserve after computed 64 frees below first_read(64) = 1, i.e. nothing whole)
-    assert out == "128 8 (8, 0)\n"
+    # none freed yet (the first reserve after computed 64 frees below first_read(64) = 1, i.e. nothing whole);
+    # the second chunk took 4 blocks in each group
+    assert out == "128 8 (8, 0) 8\n"
 
 
 def test_tiers_runs_and_prints_the_host_hits():

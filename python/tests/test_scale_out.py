@@ -167,7 +167,7 @@ def test_hybrid_import_reads_what_each_groups_next_query_reads():
         nodes.append((cache, mem, kv.LayoutHandshake.describe(lg, blocks, mem.ctypes.data, engine_id="h")))
     (pc, pmem, ph), (dc, dmem, dh) = nodes
     prompt = np.arange(1, 46, dtype=np.int32)
-    seq = pc.admit(prompt)[0]
+    seq = pc.admit(prompt).seq
     pc.computed(seq, 45)
     rows = [pc.export_block_table(g, [seq], 16)[0][:-(-45 // lg.block_size(g))] for g in range(3)]
     holds = kv.TransferHolds()

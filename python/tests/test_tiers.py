@@ -96,7 +96,7 @@ def test_write_back_on_a_hybrid_cache_names_each_block_in_its_group():
     h = kv.HybridCache(groups, num_blocks=20, max_sequences=2, max_tokens=32)
     gt = kv.GroupTiers(h, host_blocks=32, event_capacity=64)
     prompt = np.arange(1, 25, dtype=np.int32)
-    seq, _, _, _ = h.admit(prompt)
+    seq = h.admit(prompt).seq
     h.computed(seq, 24)
     h.free(seq)
     back = kv.WritePolicy("write_back")
@@ -108,7 +108,7 @@ def test_write_back_on_a_hybrid_cache_names_each_block_in_its_group():
     assert gt.tiers.complete(job.id) == len(blocks)
     stored = [e for e in gt.tiers.drain_events("host") if e["kind"] == "stored"]
     assert sorted({e["group"] for e in stored}) == [0, 1] and all(e["block_size"] == 4 for e in stored)
-    other, _, _, _ = h.admit(np.arange(100, 124, dtype=np.int32))  # recycles the prompt's blocks
+    other = h.admit(np.arange(100, 124, dtype=np.int32)).seq  # recycles the prompt's blocks
     h.free(other)
     device, tokens, host, disk = gt.lookup(np.append(prompt, 7).astype(np.int32))
     assert tokens == 24 and host > 0 and disk == 0  # the prompt comes back from host memory, every group
@@ -217,7 +217,7 @@ def test_a_hybrid_cache_holds_blocks_too():
     groups = kv.LayerGroups([kv.LayerGroup("full", [0], num_kv_heads=2, head_dim=8),
                              kv.LayerGroup("sliding_window", [1], num_kv_heads=2, head_dim=8, window=8)], block_size=4)
     h = kv.HybridCache(groups, num_blocks=13, max_sequences=2, max_tokens=32)
-    seq, _, _, _ = h.admit(np.arange(1, 17, dtype=np.int32))
+    seq = h.admit(np.arange(1, 17, dtype=np.int32)).seq
     blocks = [int(b) for g in range(2) for b in h.export_block_table(g, [seq], 8)[0] if b != 0]
     hold = h.hold(blocks)
     h.free(seq)
