@@ -3,6 +3,7 @@
 #include <kvcache/core/block_hash.hpp>
 #include <kvcache/core/events.hpp>
 #include <kvcache/pool/hash_index.hpp>
+#include <kvcache/groups/group_hits.hpp>
 
 #include <array>
 #include <cstring>
@@ -101,6 +102,21 @@ TEST_CASE("HashIndex agrees with std::unordered_map under churn") {
     REQUIRE(ref.count(static_cast<std::uint64_t>(v)) == 1);
   });
   CHECK(seen == ref.size());
+}
+
+TEST_CASE("a block's group keys are distinct and keep the chain hash's placement in the index") {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 1000; ++trial) {
+    const BlockHash h{rng(), trial % 2 ? rng() : 0};  // FastBlockHasher leaves hi 0; SipHasher128 fills both
+    const auto placed = [](const BlockHash& k) { return k.lo ^ (k.hi * HashIndex::kHiMix); };
+    std::vector<BlockHash> keys{h};
+    for (std::int32_t g = 0; g < 8; ++g) {
+      const BlockHash k = group_key(h, g);
+      CHECK(placed(k) == placed(h));  // one neighborhood for every group's copy
+      for (const BlockHash& o : keys) CHECK_FALSE(o == k);
+      keys.push_back(k);
+    }
+  }
 }
 
 TEST_CASE("EventQueue is FIFO, bounded, and counts what it drops") {
