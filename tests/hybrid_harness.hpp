@@ -221,7 +221,25 @@ class HybridHarness {
       toks.push_back(p < s->tokens.size() ? s->tokens[p] : pick(1000));
     }
     std::vector<std::int32_t> slots(std::size_t(cache_.groups() * n));
-    auto r = advance ? cache_.advance(s->id, toks, slots) : cache_.reserve(s->id, toks, slots);
+    kvcache::Result<kvcache::ReserveInfo> r = kvcache::ReserveInfo{};
+    if (pick(4) == 0) {  // as a batch of one, padded by a slot a group: the same checks, the same slots, -1 past them
+      const kvcache::SeqId one[] = {s->id};
+      const std::int32_t count[] = {n};
+      std::vector<std::int32_t> padded(std::size_t(cache_.groups() * (n + 1)), 5);
+      auto b = advance ? cache_.advance_batch(one, count, toks, padded) : cache_.reserve_batch(one, count, toks, padded);
+      if (!b) {
+        need(std::all_of(padded.begin(), padded.end(), [](std::int32_t x) { return x == -1; }), "a refused batch leaves every slot -1");
+        r = b.status();
+      } else {
+        need(b->slots == n && b->copies == 0, "a batch's counts");
+        for (std::int32_t g = 0; g < cache_.groups(); ++g) {
+          std::copy_n(padded.begin() + g * (n + 1), n, slots.begin() + g * n);
+          need(padded[std::size_t(g * (n + 1) + n)] == -1, "a batch's padding");
+        }
+      }
+    } else {
+      r = advance ? cache_.advance(s->id, toks, slots) : cache_.reserve(s->id, toks, slots);
+    }
     if (!r) {
       need(r.status().code() == (too_long || past_chunk ? kvcache::Errc::invalid_argument : kvcache::Errc::out_of_blocks),
            "reserve failed otherwise");

@@ -187,6 +187,24 @@ void run_prefix_engine(C& cache, Grow grow) {
   CHECK(hits >= 11 * 12);  // every later request hits the system prompt's whole blocks (12 of its 16 tokens at least)
   CHECK(cache.promised_blocks() == 0);
   CHECK(cache.free_blocks() == blocks0);
+  // What prefix_stats() reports, and reset_prefix_cache(): refused while a block is held, changing nothing.
+  const PrefixStats st = cache.prefix_stats();
+  CHECK((st.queries == 12 && st.hit_tokens == hits && st.query_tokens >= 12 * 17 && st.query_tokens <= 12 * 22));
+  CHECK((st.hashes > 0 && st.used_hashed == 0 && st.used_plain == 0 && st.free_cached + st.free_plain == blocks0));
+  std::vector<std::int32_t> system(17);
+  for (std::int32_t i = 0; i < 17; ++i) system[std::size_t(i)] = 100 + i;
+  const std::int64_t cached = cache.match(system, {});
+  CHECK(cached >= 12);
+  const auto a = cache.admit(system, slots, {});
+  REQUIRE(a.ok());
+  const C before = cache;
+  const Status busy = cache.reset_prefix_cache();
+  CHECK(busy.code() == Errc::blocks_in_use);
+  CHECK(cache == before);
+  REQUIRE(cache.free(a->seq).ok());
+  REQUIRE(cache.reset_prefix_cache().ok());
+  CHECK((cache.match(system, {}) == 0 && cache.prefix_stats().hashes == 0 && cache.prefix_stats().queries == 13));
+  REQUIRE(cache.check_invariants().ok());
 }
 
 // A disaggregated decode engine, written once against ImportingCache: each
@@ -356,5 +374,85 @@ TEST_CASE("one disaggregated decode engine over Cache<> and HybridCache: import,
     HybridCache<> cache({.groups = full_and_window(), .num_blocks = 40, .max_sequences = 2,
                          .max_tokens = 40});
     run_import_engine(cache);
+  }
+}
+
+// Two copies of one cache run the same decode steps, one by advance() of
+// each sequence, the other by one advance_batch() a step (ragged counts,
+// zeros included): after every step their states are equal and so are the
+// slots, laid out [groups][stride] with -1 past the batch's. Then the
+// batch's refusals: each changes nothing and leaves every slot -1.
+template <GrowingCache C>
+void batch_is_each_in_order(C a, std::int32_t groups) {
+  C b = a;
+  std::mt19937 rng(11);
+  std::vector<SeqId> seqs;
+  std::vector<std::int32_t> ids, slots(std::size_t(groups) * 64);
+  for (std::int32_t r = 0; r < 4; ++r) {
+    std::vector<std::int32_t> prompt(std::size_t(5 + 3 * r));
+    for (auto& t : prompt) t = std::int32_t(rng() % 1000);
+    const auto x = a.admit(prompt, slots, {}), y = b.admit(prompt, slots, {});
+    REQUIRE((x.ok() && y.ok() && x->seq == y->seq));
+    seqs.push_back(x->seq);
+  }
+  constexpr std::int32_t stride = 12;  // a padded batch; got is one longer: slots.size() / groups() is still 12 a group on two
+  std::vector<std::int32_t> want(std::size_t(groups) * stride), got(want.size() + 1), one(std::size_t(groups) * 3), counts(4);
+  std::vector<BlockCopy> copies(4);
+  for (std::int32_t step = 0; step < 24; ++step) {
+    ids.clear();
+    std::fill(want.begin(), want.end(), -1);
+    std::int32_t at = 0;
+    for (std::size_t k = 0; k < seqs.size(); ++k) {
+      counts[k] = std::int32_t(rng() % 4);
+      for (std::int32_t j = 0; j < counts[k]; ++j) ids.push_back(std::int32_t(rng() % 1000));
+      const auto r = a.advance(seqs[k], std::span<const std::int32_t>(ids).subspan(std::size_t(at), std::size_t(counts[k])), one);
+      REQUIRE(r.ok());
+      for (std::int32_t g = 0; g < groups; ++g)
+        for (std::int32_t j = 0; j < counts[k]; ++j) want[std::size_t(g * stride + at + j)] = one[std::size_t(g * counts[k] + j)];
+      at += counts[k];
+    }
+    std::fill(got.begin(), got.end(), 5);
+    const auto r = b.advance_batch(seqs, counts, ids, got, copies);
+    REQUIRE(r.ok());
+    CHECK((r->slots == at && r->copies == 0));
+    CHECK(std::equal(want.begin(), want.end(), got.begin()));
+    CHECK(std::all_of(got.begin() + std::ptrdiff_t(want.size()), got.end(), [](std::int32_t x) { return x == -1; }));
+    CHECK(a == b);
+    REQUIRE(b.check_invariants().ok());
+  }
+  // Refusals: another count list, a sequence twice, a freed handle, ids of another length, too few slots, too much.
+  const C before = b;
+  const auto refused = [&](std::span<const SeqId> s, std::span<const std::int32_t> c, std::span<const std::int32_t> i,
+                           std::span<std::int32_t> out) {
+    std::fill(out.begin(), out.end(), 5);
+    const auto r = b.advance_batch(s, c, i, out, copies);
+    CHECK(!r.ok());
+    CHECK(std::all_of(out.begin(), out.end(), [](std::int32_t x) { return x == -1; }));
+    CHECK(b == before);
+    return r.ok() ? Errc::ok : r.status().code();
+  };
+  const std::int32_t two[] = {1, 1}, tok[] = {3, 4};
+  const SeqId dup[] = {seqs[0], seqs[0]};
+  CHECK(refused(seqs, std::span(two), tok, got) == Errc::invalid_argument);  // 4 sequences, 2 counts
+  CHECK(refused(dup, std::span(two), tok, got) == Errc::duplicate_sequence);
+  const SeqId gone[] = {seqs[1], SeqId{seqs[2].index, seqs[2].generation + 1}};
+  CHECK(refused(gone, std::span(two), tok, got) != Errc::ok);
+  CHECK(refused(std::span(seqs).first(2), std::span(two), std::span(tok).first(1), got) == Errc::invalid_argument);
+  CHECK(refused(std::span(seqs).first(2), std::span(two), tok, std::span(got).first(std::size_t(groups))) == Errc::buffer_too_small);
+  std::vector<std::int32_t> many(4000, 1);
+  const std::int32_t lots[] = {1, 3998};
+  std::vector<std::int32_t> wide(std::size_t(groups) * 4000);
+  CHECK(refused(std::span(seqs).first(2), std::span(lots), std::span(many).first(3999), wide) != Errc::ok);
+}
+
+TEST_CASE("advance_batch is advance() of each entry in order, all or nothing, on Cache<> and HybridCache") {
+  SECTION("Cache<>, publishing on reserve") {
+    const auto g = *Geometry::make({.num_layers = 2, .num_kv_heads = 2, .head_dim = 8, .block_size = 4, .dtype = DType::f32});
+    batch_is_each_in_order(Cache<>({.geometry = g, .num_blocks = 200, .max_sequences = 4, .max_blocks_per_sequence = 40,
+                                    .publish_on_reserve = true}),
+                           1);
+  }
+  SECTION("HybridCache, full attention + a sliding window") {
+    batch_is_each_in_order(HybridCache<>({.groups = full_and_window(), .num_blocks = 200, .max_sequences = 4, .max_tokens = 120}), 2);
   }
 }

@@ -209,6 +209,14 @@ int main() {
         const std::int32_t next[] = {round * 100 + step};
         if (!hy.advance(hseqs[k], next, hslots).ok()) ++bad;
       }
+    std::int32_t ones[8] = {1, 1, 1, 1, 1, 1, 1, 1}, batch_ids[8];
+    for (int step = 0; step < 10; ++step) {  // the decode step as one batch
+      for (std::size_t k = 0; k < n; ++k) batch_ids[k] = round * 100 + 50 + step;
+      if (!hy.advance_batch(std::span(hseqs).first(n), std::span(ones).first(n), std::span(batch_ids).first(n), hslots).ok()) ++bad;
+    }
+    const SeqId twice[] = {hseqs[0], hseqs[0]};  // refused: one sequence twice
+    if (hy.advance_batch(twice, std::span(ones).first(2), std::span(batch_ids).first(2), hslots).ok()) ++bad;
+    if (hy.prefix_stats().queries == 0) ++bad;
     for (std::int32_t group = 0; group < 2; ++group)
       if (!hy.export_group_csr(group, std::span(hseqs).first(n), hindptr, hindices, hfirst).ok()) ++bad;
     if (!hy.stale_pages(std::span(hseqs).first(n), {hstale, hfill}).ok()) ++bad;

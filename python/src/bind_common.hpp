@@ -24,16 +24,26 @@
 
 namespace kvpy {
 
+namespace kv = kvcache;
+static_assert(sizeof(kv::SeqId) == sizeof(std::uint64_t) && std::endian::native == std::endian::little);
+static_assert(sizeof(kv::BlockCopy) == 2 * sizeof(std::int32_t) && sizeof(kv::SlotMove) == 2 * sizeof(std::int32_t));
+
+// prefix_stats() as a dict (every cache's).
+inline nb::dict stats_dict(const kv::PrefixStats& s) {
+  nb::dict d;
+  d["queries"] = s.queries, d["query_tokens"] = s.query_tokens, d["hit_tokens"] = s.hit_tokens;
+  d["stored"] = s.pool.stored, d["copies"] = s.pool.copies, d["recycled"] = s.pool.recycled;
+  d["invalidated"] = s.pool.invalidated, d["hashes"] = s.hashes, d["used_hashed"] = s.used_hashed;
+  d["used_plain"] = s.used_plain, d["free_cached"] = s.free_cached, d["free_plain"] = s.free_plain;
+  return d;
+}
+
 struct Admitted {  // every cache's admit() result (Cache.admit, HybridCache.admit)
   std::uint64_t seq;
   std::int32_t cached_tokens, reserved, new_blocks;
   std::int64_t promised;
   nb::object slots;
 };
-
-namespace kv = kvcache;
-static_assert(sizeof(kv::SeqId) == sizeof(std::uint64_t) && std::endian::native == std::endian::little);
-static_assert(sizeof(kv::BlockCopy) == 2 * sizeof(std::int32_t) && sizeof(kv::SlotMove) == 2 * sizeof(std::int32_t));
 
 inline std::uint64_t pack(kv::SeqId s) { return std::bit_cast<std::uint64_t>(s); }
 inline kv::SeqId unpack(std::uint64_t h) { return std::bit_cast<kv::SeqId>(h); }

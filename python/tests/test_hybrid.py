@@ -101,6 +101,58 @@ def test_one_vocabulary_with_cache():
     c.check_invariants()
 
 
+def test_prefix_stats_and_reset_prefix_cache_as_on_cache():
+    c = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64)
+    prompt = np.arange(100, 117, dtype=np.int32)  # 17 tokens: 4 whole blocks in each group
+    a = c.admit(prompt)
+    c.computed(a.seq, 17)
+    c.free(a.seq)
+    b = c.admit(prompt)  # a hit of 16: the full group's 4 blocks, the window's last 2
+    st = c.prefix_stats()
+    assert (st["queries"], st["query_tokens"], st["hit_tokens"], st["hashes"]) == (2, 34, 16, 8)
+    assert st["used_hashed"] == 6 and st["free_cached"] == 2  # the window's blocks 0 and 1 stay cached, free
+    with pytest.raises(kv.BlocksInUse, match="num_used"):
+        c.reset_prefix_cache()
+    assert c.prefix_stats() == st  # refused: nothing changed
+    c.free(b.seq)
+    c.reset_prefix_cache()
+    assert c.match(prompt) == 0 and c.prefix_stats()["hashes"] == 0 and c.prefix_stats()["free_cached"] == 0
+    c.check_invariants()
+
+
+def test_advance_batch_is_advance_of_each_entry_in_order():
+    a = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64)
+    b = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 1000, 5 + 3 * k, dtype=np.int32) for k in range(3)]
+    sa = [a.admit(p).seq for p in prompts]
+    sb = np.array([b.admit(p).seq for p in prompts], dtype=np.uint64)
+    for step in range(12):
+        counts = rng.integers(0, 3, 3, dtype=np.int32)
+        ids = rng.integers(0, 1000, int(counts.sum()), dtype=np.int32)
+        want, at = [], 0
+        for k in range(3):
+            want.append(a.advance(sa[k], ids[at:at + counts[k]])[0])
+            at += counts[k]
+        slots, copies, n_copies = b.advance_batch(sb, counts, ids=ids)
+        assert slots.shape == (2, at) and n_copies == 0
+        assert (slots == np.concatenate(want, axis=1)).all()
+        assert [a.usage(g) for g in (0, 1)] == [b.usage(g) for g in (0, 1)]
+    out = np.full((2, 4), 9, dtype=np.int32)
+    with pytest.raises(kv.DuplicateSequence, match="seqs_at=1"):
+        b.advance_batch(np.array([sb[0], sb[0]], dtype=np.uint64), np.array([1, 1], dtype=np.int32), out,
+                        ids=np.array([1, 2], dtype=np.int32))
+    assert (out == -1).all()  # refused: every slot -1, nothing changed
+    assert [a.usage(g) for g in (0, 1)] == [b.usage(g) for g in (0, 1)]
+    b.check_invariants()
+    g = kv.Geometry(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4, dtype=kv.DType.f32)
+    tp = kv.Cache(g, num_blocks=32, max_sequences=2, max_blocks_per_sequence=8, publish_on_reserve=True)
+    t = tp.admit(prompts[0]).seq
+    slots, _, n_copies = tp.advance_batch(np.array([t], dtype=np.uint64), np.array([2], dtype=np.int32),
+                                          ids=np.array([3, 4], dtype=np.int32))
+    assert slots.shape == (2,) and n_copies == 0 and tp.tokens(t) == 7
+
+
 def test_block_events_name_their_group_and_reach_the_wire():
     c = kv.HybridCache(small(), num_blocks=64, max_sequences=4, max_tokens=64, event_capacity=32)
     prompt = np.arange(100, 110, dtype=np.int32)

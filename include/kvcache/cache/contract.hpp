@@ -11,6 +11,7 @@
 #include <concepts>
 #include <cstdint>
 #include <span>
+#include <utility>
 
 #include "kvcache/pool/block_holds.hpp"
 #include "kvcache/pool/block_pool.hpp"
@@ -58,6 +59,8 @@ concept PrefixCache = SequenceCache<C> && requires(C& c, SeqId s, std::span<cons
   { c.admit(prompt, slots, opt) } -> std::same_as<Result<AdmitResult>>;  ///< a new sequence: the hit shared, the first chunk reserved
   { c.match(prompt, key) } -> std::same_as<std::int64_t>;                ///< tokens the cache serves now
   { c.tokens(s) } -> std::same_as<Result<std::int64_t>>;                 ///< the sequence's length
+  { std::as_const(c).prefix_stats() } -> std::same_as<PrefixStats>;     ///< what admissions looked up and hit; block states
+  { c.reset_prefix_cache() } -> std::same_as<Status>;                    ///< every hash dropped (blocks_in_use while any is held)
 };
 
 /// A prefix cache whose sequences grow by calls every such cache makes the
@@ -67,12 +70,17 @@ concept PrefixCache = SequenceCache<C> && requires(C& c, SeqId s, std::span<cons
 /// to a length (what a hybrid publishes and frees windows by; Cache<>
 /// publishes on reserve and only checks it); advance() is the decode step,
 /// every reserved token computed and the next ones reserved; truncate()
-/// rolls back reserved tokens.
+/// rolls back reserved tokens. reserve_batch() and advance_batch() do a
+/// batch's reserve() or advance() all or nothing, slots [groups()][stride]
+/// (stride = slots.size() / groups(), -1 past the batch's).
 template <class C>
 concept GrowingCache = PrefixCache<C> && requires(C& c, SeqId s, std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
-                                                  std::int64_t tokens, std::int32_t n) {
+                                                  std::int64_t tokens, std::int32_t n, std::span<const SeqId> seqs,
+                                                  std::span<const std::int32_t> counts, std::span<BlockCopy> copies) {
   { c.reserve(s, ids, slots) } -> std::same_as<Result<ReserveInfo>>;
   { c.advance(s, ids, slots) } -> std::same_as<Result<ReserveInfo>>;
+  { c.reserve_batch(seqs, counts, ids, slots, copies) } -> std::same_as<Result<BatchInfo>>;
+  { c.advance_batch(seqs, counts, ids, slots, copies) } -> std::same_as<Result<BatchInfo>>;
   { c.computed(s, tokens) } -> std::same_as<Status>;
   { c.truncate(s, n) } -> std::same_as<Status>;
 };

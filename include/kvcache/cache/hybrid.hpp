@@ -128,6 +128,7 @@ class HybridCache : public PoolCore<BlockPool>,
     scratch_.reserve(longest);  // the most blocks one call hands one group
     held_.reserve(std::size_t(groups()) * longest);
     this->idx_.reserve(seqs_.size());
+    this->stamps_.assign(seqs_.size(), 0u);
     this->imports_ = PendingImports(cfg.max_sequences);
     if constexpr (selects) selection_.bind(cfg.groups, cfg.num_blocks, cfg.max_sequences, cfg.max_tokens);
     eviction_.bind(cfg.groups, cfg.max_sequences, cfg.max_tokens);
@@ -245,6 +246,7 @@ class HybridCache : public PoolCore<BlockPool>,
     const SeqId id = *add_sequence(opt.key);
     Seq& s = seqs_[id.index];
     s.promised = promise;
+    queries_.queried(len, h);
     std::int32_t fresh = 0;
     for (std::int32_t g = 0; g < groups(); ++g) {  // retain every group's hits, then allocate
       const GroupRule& r = rows_[std::size_t(g)].rule();
@@ -263,6 +265,8 @@ class HybridCache : public PoolCore<BlockPool>,
     if (cfg_.prefill_chunk == 0) s.ahead = len;  // a whole prompt at once: what blocks_needed assumed
     for (const GroupRows& rows : rows_) fresh -= rows.live(id.index);
     this->grow(id.index, n, prompt.subspan(std::size_t(h), std::size_t(n)), slots, stride);
+    for (std::int32_t g = 0; g < groups(); ++g)  // -1 past what was reserved
+      std::fill(slots.begin() + std::ptrdiff_t(g) * stride + n, slots.begin() + std::ptrdiff_t(g + 1) * stride, -1);
     for (const GroupRows& rows : rows_) fresh += rows.live(id.index);
     return AdmitResult{id, std::int32_t(h), n, fresh, promise};
   }
@@ -294,12 +298,19 @@ class HybridCache : public PoolCore<BlockPool>,
   // drain_events(out[, token_ids]), as every cache (pool_core.hpp).
   /// Token ids a drained event keeps at most: the largest group block size.
   std::int32_t tokens_per_event() const noexcept { return prefix_.max_block_size(); }
+  /// Prefix-cache counters (admissions and imports looked up, tokens they
+  /// hit; the pool's hashes stored, recycled, invalidated) and block states,
+  /// over every group: what Cache<>::prefix_stats() reports.
+  PrefixStats prefix_stats() const noexcept { return queries_.stats(pool_); }
+  /// Drops every cached hash of every group (free-but-cached blocks become
+  /// plain free; emits all_cleared); blocks_in_use while any block is held, as Cache<>.
+  Status reset_prefix_cache() noexcept { return pool_.reset_prefix_cache(); }
 
 
   /// Equal state (the hit finder's scratch aside): what error paths are tested against.
   friend bool operator==(const HybridCache& a, const HybridCache& b) {
     return a.same_pool(b) && a.selection_ == b.selection_ && a.eviction_ == b.eviction_ && a.rows_ == b.rows_ && a.owner_ == b.owner_ && a.seqs_ == b.seqs_ &&
-           a.free_ == b.free_ && a.prefix_ == b.prefix_ && a.imports_ == b.imports_;
+           a.free_ == b.free_ && a.prefix_ == b.prefix_ && a.imports_ == b.imports_ && a.queries_ == b.queries_;
   }
 
  private:
@@ -341,6 +352,7 @@ class HybridCache : public PoolCore<BlockPool>,
   std::vector<Seq> seqs_;
   std::vector<std::uint32_t> free_;
   HybridPrefix prefix_;  // what is published, and the ids it is hashed from
+  PrefixQueries queries_;  // what admissions and imports looked up and hit
   std::vector<std::int32_t> distinct_;  // the first group of each rule (kind, block size, span)
   std::vector<BlockId> scratch_;
   std::vector<BlockId> held_;            // import(): the window hits its hold keeps

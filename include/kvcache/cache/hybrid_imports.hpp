@@ -85,6 +85,7 @@ class HybridImports {
     if (!c.held_.empty()) hold = *c.holds_.hold(c.pool_, c.held_);  // valid hits, retained: cannot fail
     const SeqId id = *c.add_sequence(opt.key);
     auto& s = c.seqs_[id.index];
+    c.queries_.queried(len, h);
     for (std::int32_t g = 0; g < c.groups(); ++g) {  // every group's hits retained before any allocation recycles one
       const Span x = span_of(g, h, len);
       c.scratch_.clear();

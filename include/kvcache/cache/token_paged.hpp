@@ -170,6 +170,16 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
   }
   /// advance() of n tokens without their ids: reserve(s, n, slots).
   Result<ReserveInfo> advance(SeqId s, std::int32_t n, std::span<std::int32_t> slots) noexcept { return reserve(s, n, slots); }
+  /// advance() of a batch (GrowingCache): reserve_batch(), as advance() is reserve().
+  Result<BatchInfo> advance_batch(std::span<const SeqId> seqs, std::span<const std::int32_t> counts, std::span<const std::int32_t> ids,
+                                  std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept {
+    return reserve_batch(seqs, counts, ids, slots, copies);
+  }
+  /// advance_batch() without the ids: reserve_batch(seqs, counts, slots, copies).
+  Result<BatchInfo> advance_batch(std::span<const SeqId> seqs, std::span<const std::int32_t> counts, std::span<std::int32_t> slots,
+                                  std::span<BlockCopy> copies) noexcept {
+    return reserve_batch(seqs, counts, slots, copies);
+  }
   /// The forward pass wrote K/V for tokens [0, tokens) of s, as every cache
   /// is told (GrowingCache). Nothing waits on it here (blocks publish on
   /// reserve or on publish()), so it only checks: unknown_sequence, and
@@ -192,7 +202,10 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
   Result<BatchInfo> reserve_batch(std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
                                   std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
                                   std::span<BlockCopy> copies) noexcept {
-    if (auto st = PrefixState::check_batch_ids(seqs, counts, ids); !st) return st;
+    if (auto st = PrefixState::check_batch_ids(seqs, counts, ids); !st) {
+      std::fill(slots.begin(), slots.end(), -1);  // as every refused batch leaves them
+      return st;
+    }
     auto r = reserve_batch(seqs, counts, slots, copies);
     if (r) prefix_.publish_reserved_batch(table_, pool_, seqs, counts, ids, slots, hasher_);
     return r;

@@ -60,4 +60,10 @@ struct ReserveInfo {
   BlockCopy copy{};  ///< Copy-on-write command to run before writing (src < 0: none).
 };
 
+/// What a batched reserve did (reserve_batch(), advance_batch(); every cache's).
+struct BatchInfo {
+  std::int32_t slots = 0;  ///< slots written (a group's, on layer groups; the rest of the buffer is -1)
+  std::int32_t copies = 0;  ///< copy commands written
+};
+
 KVCACHE_END_NAMESPACE

@@ -69,6 +69,32 @@ struct PrefixStats {
   std::int32_t free_plain = 0;  ///< Free blocks without content.
 };
 
+/// The query counters every cache keeps (Cache<> in its PrefixState, HybridCache beside its groups), and the
+/// PrefixStats they give over a pool: one definition of what prefix_stats() reports.
+class PrefixQueries {
+ public:
+  /// A prompt of `tokens` was looked up by an admission; `cached` of them hit.
+  void queried(std::int64_t tokens, std::int64_t cached) noexcept {
+    ++queries_;
+    query_tokens_ += tokens;
+    hit_tokens_ += cached;
+  }
+  /// The counters, with pool's counters and block states now.
+  PrefixStats stats(const BlockPool& pool) const noexcept {
+    PrefixStats st{.queries = queries_, .query_tokens = query_tokens_, .hit_tokens = hit_tokens_, .pool = pool.counters()};
+    st.hashes = pool.num_published();
+    st.free_cached = pool.num_cached();
+    st.free_plain = pool.num_free() - pool.num_cached();
+    st.used_hashed = pool.prefix_index().members() - pool.num_cached();
+    st.used_plain = pool.num_used() - st.used_hashed;
+    return st;
+  }
+  friend bool operator==(const PrefixQueries&, const PrefixQueries&) = default;
+
+ private:
+  std::int64_t queries_ = 0, query_tokens_ = 0, hit_tokens_ = 0;
+};
+
 /// Publish-on-reserve ids, the lifetime ledger and the query counters.
 class PrefixState {
  public:
@@ -152,11 +178,7 @@ class PrefixState {
   std::span<const BlockId> hits(std::int32_t n) const noexcept { return std::span(hits_).first(static_cast<std::size_t>(n)); }
 
   /// A prompt was looked up; `cached` of its tokens hit.
-  void queried(std::int64_t tokens, std::int64_t cached) noexcept {
-    ++queries_;
-    query_tokens_ += tokens;
-    hit_tokens_ += cached;
-  }
+  void queried(std::int64_t tokens, std::int64_t cached) noexcept { queries_.queried(tokens, cached); }
 
   /// A sequence started with `cached` positions (a hit, or empty).
   void started(std::uint32_t s, std::int64_t cached) noexcept {
@@ -237,20 +259,11 @@ class PrefixState {
   }
 
   /// The counters and the pool's block states now.
-  PrefixStats stats(const BlockPool& pool) const noexcept {
-    PrefixStats st{.queries = queries_, .query_tokens = query_tokens_, .hit_tokens = hit_tokens_, .pool = pool.counters()};
-    st.hashes = pool.num_published();
-    st.free_cached = pool.num_cached();
-    st.free_plain = pool.num_free() - pool.num_cached();
-    st.used_hashed = pool.prefix_index().members() - pool.num_cached();
-    st.used_plain = pool.num_used() - st.used_hashed;
-    return st;
-  }
+  PrefixStats stats(const BlockPool& pool) const noexcept { return queries_.stats(pool); }
 
   /// Equality of state (the ledger and the counters included; scratch excluded).
   friend bool operator==(const PrefixState& a, const PrefixState& b) {
-    return a.store_ == b.store_ && a.promised_ == b.promised_ && a.queries_ == b.queries_ &&
-           a.query_tokens_ == b.query_tokens_ && a.hit_tokens_ == b.hit_tokens_;
+    return a.store_ == b.store_ && a.promised_ == b.promised_ && a.queries_ == b.queries_;
   }
 
  private:
@@ -262,7 +275,7 @@ class PrefixState {
 
   BlockTokens store_;
   std::vector<std::int64_t> promised_;  // per stream
-  std::int64_t queries_ = 0, query_tokens_ = 0, hit_tokens_ = 0;
+  PrefixQueries queries_;
   std::vector<std::uint32_t> due_;  // reserved_batch(): streams with a block to publish (scratch)
   mutable std::vector<BlockId> hits_;  // plan(): the hit blocks (scratch; a const dry run writes it too)
 };

@@ -25,12 +25,6 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
-/// What reserve_batch() did.
-struct BatchInfo {
-  std::int32_t slots = 0;  ///< slots written (the rest of the buffer is -1)
-  std::int32_t copies = 0;  ///< copy commands written
-};
-
 /// Logical to physical blocks per stream (PageTableRows), with the batched reserve of a decode step.
 class PageTable : public PageTableRows {
  public:
