@@ -1,6 +1,7 @@
 // Hybrid caches (layer groups over one pool). One decode step of 256
-// sequences: each advances (what it reserved is computed, a full block is
-// published; its next token is reserved, its id given, prefix caching on),
+// sequences (advance() of each, or one advance_batch()): each advances
+// (what it reserved is computed, a full block is published; its next token
+// is reserved, its id given, prefix caching on),
 // and every group's CSR is exported; for 1 group (full attention), 2 (full +
 // a 256-token window) and 6 (full + 5 windows, Gemma's pattern as groups).
 // References in the same run: the token-paged Cache<> that one full group
@@ -43,8 +44,10 @@ std::int64_t step_out_bytes(std::int32_t groups) {  // slots + each group's CSR 
   return 4 * std::int64_t(groups) * (kSeqs + (kSeqs + 1) + kSeqs * ((kContext + kSteps / 2) / 16 + 1) + kSeqs);
 }
 
+// state.range(1): 0 advances each sequence by advance(), 1 the batch by one advance_batch().
 void BM_hybrid_decode_step_256(benchmark::State& state) {
   const auto G = std::int32_t(state.range(0));
+  const bool batched = state.range(1) != 0;
   std::vector<std::vector<std::int32_t>> layers;
   const auto lg = layout(G, layers);
   kv::HybridCache<> cache({.groups = lg, .num_blocks = std::int32_t(kv::hybrid_pool_blocks(lg, kSeqs, kMaxTokens, kContext)),
@@ -58,11 +61,17 @@ void BM_hybrid_decode_step_256(benchmark::State& state) {
     seqs.push_back(a->seq);
   }
   std::vector<std::int32_t> indptr(kSeqs + 1), indices(std::size_t(kSeqs) * (kMaxTokens / 16 + 1)), first(kSeqs);
+  std::vector<std::int32_t> ones(kSeqs, 1), ids(kSeqs), batch_slots(std::size_t(G) * kSeqs);
   std::int32_t step = 0;
   for (auto _ : state) {
-    for (std::int32_t k = 0; k < kSeqs; ++k) {
-      const std::int32_t id[] = {step * 7 + k};
-      benchmark::DoNotOptimize(cache.advance(seqs[std::size_t(k)], id, one));
+    if (batched) {
+      for (std::int32_t k = 0; k < kSeqs; ++k) ids[std::size_t(k)] = step * 7 + k;
+      benchmark::DoNotOptimize(cache.advance_batch(seqs, ones, ids, batch_slots));
+    } else {
+      for (std::int32_t k = 0; k < kSeqs; ++k) {
+        const std::int32_t id[] = {step * 7 + k};
+        benchmark::DoNotOptimize(cache.advance(seqs[std::size_t(k)], id, one));
+      }
     }
     for (std::int32_t g = 0; g < G; ++g) benchmark::DoNotOptimize(cache.export_group_csr(g, seqs, indptr, indices, first));
     benchmark::ClobberMemory();
@@ -203,7 +212,11 @@ void BM_gemma3_kv_share(benchmark::State& state) {
 
 BENCHMARK(BM_memcpy)->Arg(std::int32_t(step_out_bytes(1)))->Arg(std::int32_t(step_out_bytes(2)))->Arg(std::int32_t(step_out_bytes(6)));
 BENCHMARK(BM_cache_decode_step_256)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_hybrid_decode_step_256)->Arg(1)->Arg(2)->Arg(6)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_hybrid_decode_step_256)
+    ->ArgsProduct({{1, 2, 6}, {0, 1}})
+    ->ArgNames({"groups", "batch"})
+    ->Iterations(kSteps)
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_cache_match_2048);
 BENCHMARK(BM_hybrid_match_2048)->Arg(1)->Arg(2)->Arg(6);
 BENCHMARK(BM_group_tiers_lookup_2048)->Arg(2)->Arg(6);
