@@ -45,29 +45,6 @@ nb::object cache_reserve(C& self, std::uint64_t s, nb::handle n_or_ids, nb::hand
   return nb::make_tuple(obj, r.new_blocks, std::make_pair(r.copy.src, r.copy.dst));
 }
 
-// reserve_batch() and advance_batch(): (slots, copies [n, 2], copies written).
-template <class C>
-nb::object cache_batch(C& self, nb::handle seqs, nb::handle counts, nb::handle slots, nb::handle copies, nb::handle ids,
-                       bool advance) {
-  Array<std::uint64_t> sq;
-  Array<std::int32_t> ct, o, cp, id;
-  in_arg(sq, seqs, "seqs");
-  in_arg(ct, counts, "counts");
-  std::size_t total = 0;
-  for (std::size_t k = 0; k < ct.size(); ++k) total += std::size_t(std::max(ct.data()[k], 0));
-  nb::object sobj = out_arg(o, slots, total, "slots"), cobj = out_arg(cp, copies, sq.size(), "copies", 2);
-  std::span<kv::BlockCopy> cps(reinterpret_cast<kv::BlockCopy*>(cp.data()), cp.size() / 2);
-  kv::BatchInfo r;
-  if (ids.is_none()) {
-    r = check(advance ? self.advance_batch(seq_span(sq), cspan(ct), o.span(), cps) : self.reserve_batch(seq_span(sq), cspan(ct), o.span(), cps));
-  } else {
-    in_arg(id, ids, "ids");
-    r = check(advance ? self.advance_batch(seq_span(sq), cspan(ct), cspan(id), o.span(), cps)
-                      : self.reserve_batch(seq_span(sq), cspan(ct), cspan(id), o.span(), cps));
-  }
-  return nb::make_tuple(sobj, cobj, r.copies);
-}
-
 // observe and evict, by the policy's kind. evict returns what the engine acts
 // on: (result, blocks, rotations) for block policies ([n] and [n, 3] int32),
 // (result, moves, group_moves) for token policies ([n, 2] and [groups + 1]),
@@ -217,14 +194,14 @@ void bind_cache(nb::module_& m, const char* name) {
       .def(
           "reserve_batch",
           [](C& self, nb::handle seqs, nb::handle counts, nb::handle slots, nb::handle copies, nb::handle ids) {
-            return cache_batch(self, seqs, counts, slots, copies, ids, false);
+            return batch_call(self, seqs, counts, slots, copies, ids, false, false);
           },
           nb::arg("seqs"), nb::arg("counts"), nb::arg("slots") = nb::none(), nb::arg("copies") = nb::none(),
           nb::arg("ids") = nb::none())
       .def(
           "advance_batch",
           [](C& self, nb::handle seqs, nb::handle counts, nb::handle slots, nb::handle copies, nb::handle ids) {
-            return cache_batch(self, seqs, counts, slots, copies, ids, true);
+            return batch_call(self, seqs, counts, slots, copies, ids, true, false);
           },
           nb::arg("seqs"), nb::arg("counts"), nb::arg("slots") = nb::none(), nb::arg("copies") = nb::none(),
           nb::arg("ids") = nb::none())

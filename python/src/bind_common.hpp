@@ -54,11 +54,48 @@ template <class T>
 std::span<const T> cspan(const Array<T>& a) {
   return {a.data(), a.size()};
 }
+
 inline std::span<kv::BlockCopy> copy_span(const Array<std::int32_t>& a) {
   return {reinterpret_cast<kv::BlockCopy*>(a.data()), a.size() / 2};
 }
 inline std::span<kv::SlotMove> move_span(const Array<std::int32_t>& a) {
   return {reinterpret_cast<kv::SlotMove*>(a.data()), a.size() / 2};
+}
+
+// reserve_batch() and advance_batch(), every cache's: (slots, copies [n, 2],
+// copies written). The slots are [n] on a token-paged cache; on layer groups
+// (group_rows) [groups, stride], a new [groups, sum of counts] array or the
+// caller's, which may be wider than the batch (a padded one).
+template <class C>
+nb::object batch_call(C& self, nb::handle seqs, nb::handle counts, nb::handle slots, nb::handle copies, nb::handle ids, bool advance,
+                      bool group_rows) {
+  Array<std::uint64_t> sq;
+  Array<std::int32_t> ct, o, cp, id;
+  in_arg(sq, seqs, "seqs");
+  in_arg(ct, counts, "counts");
+  std::size_t total = 0;
+  for (std::size_t k = 0; k < ct.size(); ++k) total += std::size_t(std::max(ct.data()[k], 0));
+  nb::object sobj;
+  if (group_rows) {
+    const auto groups = std::size_t(self.groups());
+    sobj = slots.is_none() ? nb::cast(new_array<std::int32_t, 2>(groups, total)) : nb::borrow(slots);
+    if (!o.borrow(sobj, true)) bad_array("slots", "[groups, n] int32");
+    require(o.ndim() == 2 && o.shape(0) == groups, "slots.shape[0] (one row a group)", std::int64_t(o.ndim() == 2 ? o.shape(0) : 0),
+            std::int64_t(groups));
+  } else {
+    sobj = out_arg(o, slots, total, "slots");
+  }
+  nb::object cobj = out_arg(cp, copies, sq.size(), "copies", 2);
+  const auto cps = copy_span(cp);
+  kv::BatchInfo r;
+  if (ids.is_none()) {
+    r = check(advance ? self.advance_batch(seq_span(sq), cspan(ct), o.span(), cps) : self.reserve_batch(seq_span(sq), cspan(ct), o.span(), cps));
+  } else {
+    in_arg(id, ids, "ids");
+    r = check(advance ? self.advance_batch(seq_span(sq), cspan(ct), cspan(id), o.span(), cps)
+                      : self.reserve_batch(seq_span(sq), cspan(ct), cspan(id), o.span(), cps));
+  }
+  return nb::make_tuple(sobj, cobj, r.copies);
 }
 
 // Blocks the rows of seqs hold (head-paged: every head row): the size of an

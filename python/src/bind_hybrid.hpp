@@ -42,32 +42,6 @@ nb::object hybrid_reserve(Hybrid& self, std::uint64_t s, nb::handle n_or_ids, nb
   return nb::make_tuple(obj, r.new_blocks, std::make_pair(r.copy.src, r.copy.dst));
 }
 
-// reserve_batch() and advance_batch() as Cache's take and return them: the
-// slots [groups, stride] (a new [groups, sum of counts] array, or the
-// caller's); copies is never written (returned as given, or a new [n, 2]), 0 copies.
-template <class Hybrid>
-nb::object hybrid_batch(Hybrid& self, nb::handle seqs, nb::handle counts, nb::handle slots, nb::handle copies, nb::handle ids,
-                        bool advance) {
-  Array<std::uint64_t> sq;
-  Array<std::int32_t> ct, o, cp, id;
-  in_arg(sq, seqs, "seqs");
-  in_arg(ct, counts, "counts");
-  std::size_t total = 0;
-  for (std::size_t k = 0; k < ct.size(); ++k) total += std::size_t(std::max(ct.data()[k], 0));
-  const auto groups = std::size_t(self.groups());
-  // The caller's array may be wider than the batch (a padded one): [groups, stride], stride >= the sum of counts.
-  nb::object sobj = slots.is_none() ? nb::cast(new_array<std::int32_t, 2>(groups, total)) : nb::borrow(slots);
-  if (!o.borrow(sobj, true)) bad_array("slots", "[groups, n] int32");
-  require(o.ndim() == 2 && o.shape(0) == groups, "slots.shape[0] (one row a group)", std::int64_t(o.ndim() == 2 ? o.shape(0) : 0),
-          std::int64_t(groups));
-  nb::object cobj = out_arg(cp, copies, sq.size(), "copies", 2);
-  if (!ids.is_none()) in_arg(id, ids, "ids");
-  const auto r = ids.is_none() ? check(advance ? self.advance_batch(seq_span(sq), cspan(ct), o.span()) : self.reserve_batch(seq_span(sq), cspan(ct), o.span()))
-                               : check(advance ? self.advance_batch(seq_span(sq), cspan(ct), cspan(id), o.span())
-                                               : self.reserve_batch(seq_span(sq), cspan(ct), cspan(id), o.span()));
-  return nb::make_tuple(sobj, cobj, r.copies);
-}
-
 // Group g's CSR over the live blocks of seqs: (indptr, indices, first_pos, nnz).
 template <class Hybrid>
 nb::object group_csr(const Hybrid& self, std::int32_t g, nb::handle seqs) {
@@ -282,13 +256,13 @@ void bind_hybrid_cache(nb::module_& m, const char* name) {
       .def(
           "reserve_batch",
           [](Hybrid& self, nb::handle seqs, nb::handle counts, nb::handle slots, nb::handle copies, nb::handle ids) {
-            return hybrid_batch(self, seqs, counts, slots, copies, ids, false);
+            return batch_call(self, seqs, counts, slots, copies, ids, false, true);
           },
           nb::arg("seqs"), nb::arg("counts"), nb::arg("slots") = nb::none(), nb::arg("copies") = nb::none(), nb::arg("ids") = nb::none())
       .def(
           "advance_batch",
           [](Hybrid& self, nb::handle seqs, nb::handle counts, nb::handle slots, nb::handle copies, nb::handle ids) {
-            return hybrid_batch(self, seqs, counts, slots, copies, ids, true);
+            return batch_call(self, seqs, counts, slots, copies, ids, true, true);
           },
           nb::arg("seqs"), nb::arg("counts"), nb::arg("slots") = nb::none(), nb::arg("copies") = nb::none(), nb::arg("ids") = nb::none())
       .def("prefix_stats", [](const Hybrid& self) { return stats_dict(self.prefix_stats()); })
