@@ -144,6 +144,24 @@ void contract_errors(C& cache) {
     CHECK(cache == grown);
     REQUIRE(cache.free(*t).ok());
   }
+  if constexpr (PrefixCache<C>) {  // the ledger: one implementation, the same checks and words on every cache
+    const auto p = cache.add_sequence();
+    REQUIRE(p.ok());
+    const C fresh = cache;
+    CHECK(cache.promise(*p, -1) == Status{Errc::invalid_argument, "blocks", -1, 0});
+    const Status too_many = cache.promise(*p, std::int64_t{1} << 40);  // past what one sequence can ever hold
+    CHECK(too_many.code() == Errc::invalid_argument);
+    CHECK(too_many.what() == std::string("blocks"));
+    CHECK(too_many.limit() > 0);
+    CHECK(cache.promise(*s, 1).code() == Errc::unknown_sequence);
+    CHECK(cache == fresh);
+    REQUIRE(cache.promise(*p, too_many.limit()).ok());  // the most is accepted
+    CHECK(cache.promised_blocks() == too_many.limit() - *cache.blocks_held(*p));
+    CHECK(cache.check_invariants().ok());
+    REQUIRE(cache.free(*p).ok());  // and forgotten with its sequence
+    CHECK(cache.promised_blocks() == 0);
+    CHECK(cache.check_invariants().ok());
+  }
   // Every handle in use: a new one is refused with the same words on every cache (no_free_handle).
   std::vector<SeqId> all;
   const std::int32_t slots = cache.free_sequences();
@@ -455,4 +473,37 @@ TEST_CASE("advance_batch is advance() of each entry in order, all or nothing, on
   SECTION("HybridCache, full attention + a sliding window") {
     batch_is_each_in_order(HybridCache<>({.groups = full_and_window(), .num_blocks = 200, .max_sequences = 4, .max_tokens = 120}), 2);
   }
+}
+
+TEST_CASE("the core every cache keeps its sequences in: FreeHandles and PromiseLedger") {
+  FreeHandles free(3);
+  CHECK(free.size() == 3);
+  CHECK(*free.next() == 0);  // slot 0 first, then in order
+  CHECK(*free.take() == 0);
+  CHECK(*free.take() == 1);
+  free.give(0);
+  CHECK(*free.next() == 0);  // the last given back goes out next
+  CHECK(*free.take() == 0);
+  CHECK(*free.take() == 2);
+  CHECK(free.empty());
+  CHECK(free.take().status() == Status{Errc::capacity_exceeded, "max_sequences", 4, 3});  // no_free_handle's words
+  CHECK(free.next().status() == free.take().status());
+  FreeHandles other(3);
+  CHECK_FALSE(free == other);
+
+  PromiseLedger ledger(3);
+  CHECK(ledger.promise(1, 7, 6) == Status{Errc::invalid_argument, "blocks", 7, 6});
+  CHECK(ledger.promise(1, -2, 6) == Status{Errc::invalid_argument, "blocks", -2, 0});
+  CHECK(ledger == PromiseLedger(3));  // refused: nothing changed
+  REQUIRE(ledger.promise(1, 6, 6).ok());
+  ledger.record(2, 4);
+  const std::int64_t held[] = {9, 2, 5};  // slot 0 holds blocks but promised nothing: owes nothing
+  CHECK(ledger.outstanding([&](std::uint32_t i) { return held[i]; }) == 4);  // 6 - 2, and slot 2 holds past its 4
+  ledger.copy(1, 0);
+  CHECK(ledger.promised(0) == 6);
+  CHECK(ledger.outstanding([&](std::uint32_t i) { return held[i]; }) == 4);
+  // A free slot that still owes is a bug the caches' check_invariants() reports.
+  CHECK(ledger.check([](std::uint32_t i) { return i != 2; }) == Status{Errc::invariant_violated, "promise (a free handle)", 2, 4});
+  ledger.forget(2);
+  CHECK(ledger.check([](std::uint32_t i) { return i != 2; }).ok());
 }

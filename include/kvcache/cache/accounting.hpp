@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <span>
+#include <vector>
 
 #include "kvcache/config.hpp"
 #include "kvcache/prefix/prefix_cache.hpp"
@@ -93,7 +94,7 @@ class RowAccounting {
   /// Promises s `blocks` (at most a row's blocks) over its lifetime (0 withdraws); admissions leave them free for it.
   Status promise(SeqId s, std::int64_t blocks) noexcept {
     if (auto st = self().table_.validate(s); !st) return st;
-    return self().prefix_.promise(s.index, blocks, self().table_.max_blocks_per_stream());
+    return self().prefix_.ledger().promise(s.index, blocks, self().table_.max_blocks_per_stream());
   }
   /// Sequence handles still free.
   std::int32_t free_sequences() const noexcept { return self().table_.free_streams(); }
@@ -120,6 +121,9 @@ class RowAccounting {
     if (auto st = self().pool_.check(); !st) return st;
     if (auto st = self().table_.check(self().pool_, self().holds_); !st) return st;
     if (auto st = self().imports_.check(self().table_, self().pool_, self().holds_); !st) return st;
+    std::vector<bool> live(static_cast<std::size_t>(self().table_.max_streams()));  // a free handle owes nothing
+    self().table_.for_each_stream([&](SeqId s) { live[s.index] = true; });
+    if (auto st = self().prefix_.ledger().check([&](std::uint32_t i) { return bool(live[i]); }); !st) return st;
     return self().eviction_.check(self().table_);
   }
 

@@ -55,8 +55,9 @@ concept SequenceCache = requires(C& c, const C& cc, SeqId s, std::span<const Blo
 /// HybridCache<>): admission with a hit, the sequence's length, the hit's length.
 template <class C>
 concept PrefixCache = SequenceCache<C> && requires(C& c, SeqId s, std::span<const std::int32_t> prompt, std::span<std::int32_t> slots,
-                                                   const AdmitOptions& opt, const PrefixKey& key) {
+                                                   const AdmitOptions& opt, const PrefixKey& key, std::int64_t blocks) {
   { c.admit(prompt, slots, opt) } -> std::same_as<Result<AdmitResult>>;  ///< a new sequence: the hit shared, the first chunk reserved
+  { c.promise(s, blocks) } -> std::same_as<Status>;                      ///< the ledger: s's lifetime need (core/promise_ledger.hpp)
   { c.match(prompt, key) } -> std::same_as<std::int64_t>;                ///< tokens the cache serves now
   { c.tokens(s) } -> std::same_as<Result<std::int64_t>>;                 ///< the sequence's length
   { std::as_const(c).prefix_stats() } -> std::same_as<PrefixStats>;     ///< what admissions looked up and hit; block states

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kvcache/core/block_hash.hpp"
+#include "kvcache/core/promise_ledger.hpp"
 #include "kvcache/pool/block_holds.hpp"
 #include "kvcache/pool/block_pool.hpp"
 #include "kvcache/cache/contract.hpp"
@@ -110,7 +111,9 @@ class HybridCache : public PoolCore<BlockPool>,
         eviction_(std::move(eviction)),
         hits_(cfg.groups, cfg.max_tokens, hasher),
         owner_(std::size_t(cfg.num_blocks), -1),
-        seqs_(std::size_t(cfg.max_sequences)) {
+        seqs_(std::size_t(cfg.max_sequences)),
+        free_(cfg.max_sequences),
+        promises_(cfg.max_sequences) {
     std::size_t longest = 0;
     for (std::int32_t g = 0; g < groups(); ++g) {
       const GroupRule r = GroupRule::of(cfg.groups, g);
@@ -124,7 +127,6 @@ class HybridCache : public PoolCore<BlockPool>,
     }
     prefix_ = HybridPrefix(rows_, [&](std::int32_t g) { return hits_.chain_owner(g); }, cfg.max_sequences, cfg.num_blocks,
                            cfg.prefix_caching);
-    for (std::int32_t i = cfg.max_sequences - 1; i >= 0; --i) free_.push_back(std::uint32_t(i));
     scratch_.reserve(longest);  // the most blocks one call hands one group
     held_.reserve(std::size_t(groups()) * longest);
     this->idx_.reserve(seqs_.size());
@@ -137,15 +139,15 @@ class HybridCache : public PoolCore<BlockPool>,
   const LayerGroups& layer_groups() const noexcept { return cfg_.groups; }  ///< The groups.
   std::int32_t groups() const noexcept { return cfg_.groups.num_groups(); }  ///< Number of groups.
   const HybridConfig& config() const noexcept { return cfg_; }  ///< The configuration.
-  std::int32_t free_sequences() const noexcept { return std::int32_t(free_.size()); }  ///< Handles free.
+  std::int32_t free_sequences() const noexcept { return free_.size(); }  ///< Handles free.
 
   /// A new, empty sequence; `key` salts its hash chains (tenant, LoRA).
   Result<SeqId> add_sequence(const PrefixKey& key = {}) noexcept {
-    if (free_.empty()) return no_free_handle(cfg_.max_sequences);
-    const std::uint32_t i = free_.back();
-    free_.pop_back();
+    auto slot = free_.take();
+    if (!slot) return slot.status();
+    const std::uint32_t i = *slot;
     Seq& s = seqs_[i];
-    s.live = true, s.sealed = false, s.evicted_at = -1, s.reserved = s.computed = s.promised = 0, s.key = key;
+    s.live = true, s.sealed = false, s.evicted_at = -1, s.reserved = s.computed = 0, s.key = key;
     s.ahead = cfg_.prefill_chunk > 0 ? cfg_.prefill_chunk : cfg_.max_tokens;  // admit() and import() bound it by the prompt
     prefix_.start(i, chain_root(key));
     return SeqId{i, s.generation};
@@ -245,7 +247,7 @@ class HybridCache : public PoolCore<BlockPool>,
     }
     const SeqId id = *add_sequence(opt.key);
     Seq& s = seqs_[id.index];
-    s.promised = promise;
+    promises_.record(id.index, promise);
     queries_.queried(len, h);
     std::int32_t fresh = 0;
     for (std::int32_t g = 0; g < groups(); ++g) {  // retain every group's hits, then allocate
@@ -280,7 +282,8 @@ class HybridCache : public PoolCore<BlockPool>,
     Seq& s = seqs_[id.index];
     s.live = false;
     ++s.generation;
-    free_.push_back(id.index);
+    promises_.forget(id.index);
+    free_.give(id.index);
     return {};
   }
 
@@ -310,7 +313,7 @@ class HybridCache : public PoolCore<BlockPool>,
   /// Equal state (the hit finder's scratch aside): what error paths are tested against.
   friend bool operator==(const HybridCache& a, const HybridCache& b) {
     return a.same_pool(b) && a.selection_ == b.selection_ && a.eviction_ == b.eviction_ && a.rows_ == b.rows_ && a.owner_ == b.owner_ && a.seqs_ == b.seqs_ &&
-           a.free_ == b.free_ && a.prefix_ == b.prefix_ && a.imports_ == b.imports_ && a.queries_ == b.queries_;
+           a.free_ == b.free_ && a.promises_ == b.promises_ && a.prefix_ == b.prefix_ && a.imports_ == b.imports_ && a.queries_ == b.queries_;
   }
 
  private:
@@ -319,7 +322,7 @@ class HybridCache : public PoolCore<BlockPool>,
     std::uint32_t generation = 0;
     bool live = false, sealed = false;  // sealed: an import's row (hybrid_imports.hpp), named by no call
     std::int64_t evicted_at = -1;  // computed when a block first left a global row (-1: never); nothing more is published
-    std::int64_t reserved = 0, computed = 0, promised = 0;
+    std::int64_t reserved = 0, computed = 0;
     std::int64_t ahead = 0;  // the most tokens it may hold reserved and not computed (HybridConfig::prefill_chunk)
     PrefixKey key{};
   };
@@ -350,7 +353,8 @@ class HybridCache : public PoolCore<BlockPool>,
   std::vector<GroupRows> rows_;
   std::vector<std::int8_t> owner_;  // [block]: the group that last allocated it
   std::vector<Seq> seqs_;
-  std::vector<std::uint32_t> free_;
+  FreeHandles free_;        // handle slots no sequence holds
+  PromiseLedger promises_;  // the scheduler's ledger (core/promise_ledger.hpp)
   HybridPrefix prefix_;  // what is published, and the ids it is hashed from
   PrefixQueries queries_;  // what admissions and imports looked up and hit
   std::vector<std::int32_t> distinct_;  // the first group of each rule (kind, block size, span)

@@ -143,21 +143,17 @@ class HybridAccounting {
   /// The scheduler's ledger: s will hold up to `blocks` over its life (its
   /// blocks_needed); until it does, promised_blocks() counts the difference,
   /// so admitting by lifetime need never has to preempt. 0 withdraws it.
+  /// At most the blocks one sequence's rows hold at max_tokens (every
+  /// group's row); a negative or larger promise is invalid_argument naming it, as on every cache.
   Status promise(SeqId s, std::int64_t blocks) noexcept {
     if (auto st = self().validate(s); !st) return st;
-    if (blocks < 0) return Status{Errc::invalid_argument, "blocks", blocks, 0};
-    static_cast<Cache&>(*this).seqs_[s.index].promised = blocks;
-    return {};
+    std::int64_t most = 0;
+    for (const auto& rows : self().rows_) most += rows.rule().row_blocks(self().cfg_.max_tokens);
+    return static_cast<Cache&>(*this).promises_.promise(s.index, blocks, most);
   }
   /// Blocks promised to live sequences that they do not hold yet. O(sequences).
   std::int64_t promised_blocks() const noexcept {
-    std::int64_t owed = 0;
-    for (std::uint32_t i = 0; i < self().seqs_.size(); ++i) {
-      const auto& s = self().seqs_[i];
-      if (!s.live || s.promised == 0) continue;
-      owed += std::max<std::int64_t>(0, s.promised - held_blocks(i));
-    }
-    return owed;
+    return self().promises_.outstanding([&](std::uint32_t i) { return held_blocks(i); });
   }
   /// Requests of max_len tokens the whole pool holds at once: (num_blocks -
   /// 1) / blocks_needed(max_len, 0), the null block not counted. (vLLM's
@@ -246,6 +242,7 @@ class HybridAccounting {
       }
     }
     if (auto st = self().check_imports(); !st) return st;
+    if (auto st = self().promises_.check([&](std::uint32_t i) { return self().seqs_[i].live; }); !st) return st;
     for (BlockId b = 1; b < pool.capacity(); ++b) {
       if (refs[std::size_t(b)] != pool.ref_count(b)) return Status{Errc::invariant_violated, "ref_count", b, refs[std::size_t(b)]};
       if (pool.has_hash(b) && self().owner_[std::size_t(b)] < 0) return Status{Errc::invariant_violated, "hash_owner", b, -1};

@@ -121,7 +121,7 @@ class HybridImports {
     s.computed = h;
     s.reserved = len;
     if (c.cfg_.prefill_chunk == 0) s.ahead = len;  // as admit(): after an abort, the recompute is the prompt's
-    s.promised = promise;
+    c.promises_.record(id.index, promise);
     s.sealed = true;
     const BlockHash digest = prompt_digest(c.hits_.hasher(), prompt, opt.key);  // what commit_import checks
     return ImportPlan{imports_.add(id, std::int32_t(len), std::int32_t(h), hold, digest), std::int32_t(h), std::int32_t(span_of(0, h, len).first), fresh};

@@ -107,7 +107,7 @@ class TokenImports {
     const std::int32_t cached = plan->hit.blocks * c.block_size(), n = std::int32_t(prompt.size()) - cached;
     c.prefix_.adopted(s, std::int64_t(prompt.size()), cached);
     c.notify(hooks::adopted, s, plan->hit.blocks);
-    if (opt.max_new >= 0) c.prefix_.promise(s.index, plan->lifetime);
+    if (opt.max_new >= 0) c.prefix_.ledger().record(s.index, plan->lifetime);
     if (copy) (void)PageTableEdits::append_fresh(c.table_, c.pool_, s, n, *copy);  // the plan checked room and blocks
     else (void)PageTableEdits::append_fresh(c.table_, c.pool_, s, n);
     PageTableEdits::seal(c.table_, s);  // no call names the row until commit or abort, a guessed handle neither

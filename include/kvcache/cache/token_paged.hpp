@@ -112,7 +112,7 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
     const std::int32_t cached = plan->hit.blocks * this->block_size();
     prefix_.adopted(s, std::int64_t(prompt.size()), cached);
     notify(hooks::adopted, s, plan->hit.blocks);
-    if (opt.max_new >= 0) prefix_.promise(s.index, plan->lifetime);
+    if (opt.max_new >= 0) prefix_.ledger().record(s.index, plan->lifetime);
     auto r = reserve(s, prompt.subspan(std::size_t(cached), std::size_t(plan->reserve)), slots, opt.extras);
     if (!r) {  // unreachable: the plan checked every block and buffer
       (void)free(s);

@@ -1,11 +1,14 @@
 // Dense sequence (stream) handles with a generation counter: O(1) lookup
 // without hashing, and a stale or freed handle is detected, never aliased.
 // Every cache keeps its handles' state beside its rows (a decode step reads
-// them in one line), but checks a handle and refuses a new one with the same
-// calls here, so the errors are the same words on every cache.
+// them in one line), but checks a handle, refuses a new one and keeps its
+// free slots with the same code here, so the errors are the same words on
+// every cache.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "kvcache/config.hpp"
 #include "kvcache/status.hpp"
@@ -43,6 +46,42 @@ constexpr Status check_handle(SeqId s, std::uint32_t slots, SlotOf&& slot_of) no
 constexpr Status no_free_handle(std::int64_t max_sequences) noexcept {
   return Status{Errc::capacity_exceeded, "max_sequences", max_sequences + 1, max_sequences};
 }
+
+/// Every cache's free handle slots: a stack sized once (no allocation after
+/// construction), handing out slot 0 first and the last one given back next.
+class FreeHandles {
+ public:
+  FreeHandles() = default;
+  /// All of `slots` slots free.
+  explicit FreeHandles(std::int32_t slots) : free_(std::size_t(slots > 0 ? slots : 0)), size_(std::int32_t(free_.size())) {
+    for (std::int32_t i = 0; i < size_; ++i) free_[std::size_t(i)] = std::uint32_t(size_ - 1 - i);
+  }
+  /// Slots free now.
+  std::int32_t size() const noexcept { return size_; }
+  /// No slot is free.
+  bool empty() const noexcept { return size_ == 0; }
+  /// A free slot, now in use; no_free_handle when none is (the error every cache gives).
+  Result<std::uint32_t> take() noexcept {
+    if (size_ == 0) return no_free_handle(std::int64_t(free_.size()));
+    return free_[std::size_t(--size_)];
+  }
+  /// The slot take() hands out next, left free; no_free_handle when none is.
+  Result<std::uint32_t> next() const noexcept {
+    if (size_ == 0) return no_free_handle(std::int64_t(free_.size()));
+    return free_[std::size_t(size_ - 1)];
+  }
+  /// Slot i (taken, and ended by its cache) is free again.
+  void give(std::uint32_t i) noexcept { free_[std::size_t(size_++)] = i; }
+  /// The free slots are the same, in the same order.
+  friend bool operator==(const FreeHandles& a, const FreeHandles& b) noexcept {
+    return a.size_ == b.size_ && a.free_.size() == b.free_.size() &&
+           std::equal(a.free_.begin(), a.free_.begin() + a.size_, b.free_.begin());
+  }
+
+ private:
+  std::vector<std::uint32_t> free_;  // [0, size_): the free slots, the next one last
+  std::int32_t size_ = 0;
+};
 
 /// A page-table row's blocks are copied before a write into a shared block.
 struct BlockCopy {

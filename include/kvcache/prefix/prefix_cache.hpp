@@ -14,6 +14,7 @@
 
 #include "kvcache/core/block_hash.hpp"
 #include "kvcache/core/block_math.hpp"
+#include "kvcache/core/promise_ledger.hpp"
 #include "kvcache/pool/block_pool.hpp"
 #include "kvcache/prefix/block_tokens.hpp"
 #include "kvcache/config.hpp"
@@ -103,7 +104,7 @@ class PrefixState {
   PrefixState(std::int32_t num_blocks, std::int32_t block_size, std::int32_t streams, std::int32_t max_blocks,
               bool publish_on_reserve)
       : store_(publish_on_reserve ? BlockTokens(num_blocks, block_size, streams) : BlockTokens()),
-        promised_(static_cast<std::size_t>(streams), 0),
+        ledger_(streams),
         due_(publish_on_reserve ? static_cast<std::size_t>(streams) : 0),
         hits_(static_cast<std::size_t>(max_blocks)) {}
 
@@ -111,18 +112,10 @@ class PrefixState {
   const BlockTokens& store() const noexcept { return store_; }
   /// The id store, for publish().
   BlockTokens& store() noexcept { return store_; }
-  /// Lifetime blocks promised to stream s (0: none).
-  std::int64_t promised(std::uint32_t s) const noexcept { return promised_[s]; }
-  /// Records a promise for stream s.
-  void promise(std::uint32_t s, std::int64_t blocks) noexcept { promised_[s] = blocks; }
-  /// Records a promise for stream s of at most `row_blocks` (a row's blocks:
-  /// more is never owed); a negative or larger one is invalid_argument naming it.
-  Status promise(std::uint32_t s, std::int64_t blocks, std::int64_t row_blocks) noexcept {
-    if (blocks < 0) return Status{Errc::invalid_argument, "blocks", blocks, 0};
-    if (blocks > row_blocks) return Status{Errc::invalid_argument, "blocks", blocks, row_blocks};
-    promised_[s] = blocks;
-    return {};
-  }
+  /// The scheduler's ledger (core/promise_ledger.hpp), every cache's.
+  const PromiseLedger& ledger() const noexcept { return ledger_; }
+  /// The ledger, for admit(), import() and promise().
+  PromiseLedger& ledger() noexcept { return ledger_; }
   /// reserve_batch()'s ids are packed as its slots: one per token counted
   /// (counts that the table will refuse are the table's error to report).
   static Status check_batch_ids(std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
@@ -137,11 +130,7 @@ class PrefixState {
 
   /// Blocks still owed to running sequences: each one's promise less the blocks it holds. O(sequences).
   std::int64_t outstanding(const PageTable& t) const noexcept {
-    std::int64_t owed = 0;
-    t.for_each_stream([&](SeqId s) {
-      owed += std::max<std::int64_t>(0, promised_[s.index] - std::int64_t(t.blocks_unchecked(s).size()));
-    });
-    return owed;
+    return ledger_.outstanding([&](std::uint32_t i) { return t.blocks_unchecked(SeqId{i, 0}).size(); });
   }
 
   /// admit()'s checks and plan, changing nothing: `lifetime` is the policy's
@@ -195,13 +184,13 @@ class PrefixState {
   template <class Rows>
   void forked(const Rows&, SeqId p, SeqId c) noexcept {
     if (store_.on()) store_.start(c.index, store_.known(p.index));
-    promised_[c.index] = promised_[p.index];
+    ledger_.copy(p.index, c.index);
   }
   /// The sequence ended.
   template <class Rows>
   void freed(const Rows&, SeqId s) noexcept {
     if (store_.on()) store_.start(s.index, 0);
-    promised_[s.index] = 0;
+    ledger_.forget(s.index);
   }
   /// A rollback: the ids past the row's new end are forgotten.
   template <class Rows>
@@ -263,7 +252,7 @@ class PrefixState {
 
   /// Equality of state (the ledger and the counters included; scratch excluded).
   friend bool operator==(const PrefixState& a, const PrefixState& b) {
-    return a.store_ == b.store_ && a.promised_ == b.promised_ && a.queries_ == b.queries_;
+    return a.store_ == b.store_ && a.ledger_ == b.ledger_ && a.queries_ == b.queries_;
   }
 
  private:
@@ -274,7 +263,7 @@ class PrefixState {
   }
 
   BlockTokens store_;
-  std::vector<std::int64_t> promised_;  // per stream
+  PromiseLedger ledger_;  // lifetime blocks promised per stream
   PrefixQueries queries_;
   std::vector<std::uint32_t> due_;  // reserved_batch(): streams with a block to publish (scratch)
   mutable std::vector<BlockId> hits_;  // plan(): the hit blocks (scratch; a const dry run writes it too)

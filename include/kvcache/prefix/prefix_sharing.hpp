@@ -84,11 +84,11 @@ struct PrefixSharing {
   template <BlockHasher H>
   static Result<PrefixHit> add(PageTable& t, BlockPool& pool, std::span<const std::int32_t> tokens,
                                const PrefixKey& key, std::span<const ExtraKey> extras, const H& hasher) noexcept {
-    if (t.nfree_ == 0) return no_free_handle(t.max_streams_);
+    const auto next = t.free_.next();
+    if (!next) return next.status();
     if (auto st = check_extras(extras); !st) return st;
     // Match straight into the row add() hands out next (still all null blocks).
-    const auto next = static_cast<std::uint32_t>(t.free_[static_cast<std::size_t>(t.nfree_ - 1)]);
-    std::span<BlockId> row{t.row(next), static_cast<std::size_t>(t.max_blocks_)};
+    std::span<BlockId> row{t.row(*next), static_cast<std::size_t>(t.max_blocks_)};
     const PrefixMatch m = match(t, pool, tokens, key, extras, hasher, row);
     const SeqId s = adopt(t, pool, key, row.first(static_cast<std::size_t>(m.blocks)));
     return PrefixHit{s, m.blocks * t.block_size_};

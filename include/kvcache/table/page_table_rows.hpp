@@ -41,11 +41,9 @@ class PageTableRows {
         block_size_(positive(block_size, "block_size")),
         blocks_(checked_sizes(pool, max_streams, max_blocks_per_stream, block_size), BlockPool::null_block),
         st_(static_cast<std::size_t>(max_streams)),
-        free_(st_.size()),
+        free_(max_streams),
         max_tokens_(max_blocks_per_stream * block_size),  // checked_sizes: fits int32
         shift_(BlockMath::of(block_size).shift) {
-    for (std::int32_t i = 0; i < max_streams; ++i) free_[static_cast<std::size_t>(i)] = max_streams - 1 - i;
-    nfree_ = max_streams;
   }
 
   /// Tokens per block.
@@ -59,9 +57,9 @@ class PageTableRows {
   /// Longest row, in blocks.
   std::int32_t max_blocks_per_stream() const noexcept { return max_blocks_; }
   /// Rows in use.
-  std::int32_t num_streams() const noexcept { return max_streams_ - nfree_; }
+  std::int32_t num_streams() const noexcept { return max_streams_ - free_.size(); }
   /// Rows free.
-  std::int32_t free_streams() const noexcept { return nfree_; }
+  std::int32_t free_streams() const noexcept { return free_.size(); }
   /// Blocks that `tokens` tokens fill.
   std::int32_t blocks_for(std::int64_t tokens) const noexcept { return math().blocks_for(tokens); }
 
@@ -127,8 +125,9 @@ class PageTableRows {
 
   /// A new empty row; capacity_exceeded when every handle is in use.
   Result<SeqId> add(const PrefixKey& key = {}) noexcept {
-    if (nfree_ == 0) return no_free_handle(max_streams_);
-    const std::uint32_t i = static_cast<std::uint32_t>(free_[static_cast<std::size_t>(--nfree_)]);
+    auto slot = free_.take();
+    if (!slot) return slot.status();
+    const std::uint32_t i = *slot;
     st_[i].alive = 1;
     st_[i].key = key;
     return SeqId{i, st_[i].gen};
@@ -146,7 +145,7 @@ class PageTableRows {
     st_[i].key = PrefixKey{};
     st_[i].alive = 0;
     ++st_[i].gen;
-    free_[static_cast<std::size_t>(nfree_++)] = static_cast<std::int32_t>(i);
+    free_.give(i);
     return {};
   }
 
@@ -229,7 +228,7 @@ class PageTableRows {
         ++refs[static_cast<std::size_t>(blk)];
       }
     }
-    if (alive + nfree_ != max_streams_) return Status{Errc::invariant_violated, "handles", alive, nfree_};
+    if (alive + free_.size() != max_streams_) return Status{Errc::invariant_violated, "handles", alive, free_.size()};
     for (BlockId b = 1; b < pool.capacity(); ++b)
       if (refs[static_cast<std::size_t>(b)] != pool.ref_count(b))
         return Status{Errc::invariant_violated, "holders", b, pool.ref_count(b)};
@@ -239,7 +238,7 @@ class PageTableRows {
   /// Equality of observable state (batch scratch stamps excluded).
   friend bool operator==(const PageTableRows& a, const PageTableRows& b) {
     return a.max_streams_ == b.max_streams_ && a.max_blocks_ == b.max_blocks_ && a.block_size_ == b.block_size_ &&
-           a.blocks_ == b.blocks_ && a.st_ == b.st_ && a.free_ == b.free_ && a.nfree_ == b.nfree_;
+           a.blocks_ == b.blocks_ && a.st_ == b.st_ && a.free_ == b.free_;
   }
 
  private:
@@ -380,8 +379,7 @@ class PageTableRows {
     return true;
   }
 
-  std::vector<std::int32_t> free_;         // stack of free stream slots
-  std::int32_t nfree_ = 0;
+  FreeHandles free_;                       // free stream slots (core/sequence_id.hpp)
   std::int32_t max_tokens_;                // max_blocks_per_stream * block_size
   std::int32_t shift_;                     // log2(block_size), or -1 if not a power of two
 };
