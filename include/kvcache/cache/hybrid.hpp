@@ -136,11 +136,13 @@ class HybridCache : public PoolCore<BlockPool>,
     eviction_.bind(cfg.groups, cfg.max_sequences, cfg.max_tokens);
   }
 
+  // --- the layout -----------------------------------------------------------
   const LayerGroups& layer_groups() const noexcept { return cfg_.groups; }  ///< The groups.
   std::int32_t groups() const noexcept { return cfg_.groups.num_groups(); }  ///< Number of groups.
   const HybridConfig& config() const noexcept { return cfg_; }  ///< The configuration.
   std::int32_t free_sequences() const noexcept { return free_.size(); }  ///< Handles free.
 
+  // --- sequences (growth: hybrid_growth.hpp; accounting: hybrid_accounting.hpp) ---
   /// A new, empty sequence; `key` salts its hash chains (tenant, LoRA).
   Result<SeqId> add_sequence(const PrefixKey& key = {}) noexcept {
     auto slot = free_.take();
@@ -153,6 +155,7 @@ class HybridCache : public PoolCore<BlockPool>,
     return SeqId{i, s.generation};
   }
 
+  // --- prefix cache: hits and the names of blocks ------------------------------
   /// The prefix of `prompt` every group can serve now (a multiple of
   /// hit_alignment(), below the prompt's length; a prompt past max_tokens is
   /// looked up as its first max_tokens); changes nothing but the scratch it looks up with.
@@ -190,6 +193,7 @@ class HybridCache : public PoolCore<BlockPool>,
     return std::int32_t(n);
   }
 
+  // --- admission and release ---------------------------------------------------
   /// Atomic admission: a new sequence with the longest prefix of `prompt`
   /// every group serves from the cache, and its next uncached tokens reserved
   /// (all of them, or opt.reserve; by default at most the configured
@@ -287,6 +291,8 @@ class HybridCache : public PoolCore<BlockPool>,
     return {};
   }
 
+  // --- holds, events and the prefix cache's counters (imports: hybrid_imports.hpp;
+  // exports: hybrid_exports.hpp; policies: hybrid_selection.hpp, hybrid_eviction.hpp) ---
   using PoolCore::hold;  // hold(blocks), as every cache (pool_core.hpp)
   /// hold() of every group's live blocks of sequence id (what a sender pins so that id can be freed before
   /// its consumers have read it); invalid_argument once id evicted (a peer would take them for its prompt's).
