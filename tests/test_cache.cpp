@@ -51,11 +51,26 @@ static_assert(sizeof(Cache<>) == sizeof(BareLayout));
 TEST_CASE("cache construction rejects an empty geometry and bad capacities") {
   CHECK_THROWS_WITH(Cache<>(CacheConfig{}), Catch::Contains("geometry (empty"));
   auto cfg = config();
+  // The configuration's own names (not the page table's max_streams), with every cache's words (check_pool_config).
   cfg.max_sequences = 0;
-  CHECK_THROWS_WITH(Cache<>(cfg), Catch::Contains("max_streams=0"));
+  CHECK_THROWS_WITH(Cache<>(cfg), "kvcache::Cache: invalid_argument: max_sequences=0 (limit 1)");
   cfg = config();
   cfg.num_blocks = 1;
-  CHECK_THROWS_WITH(Cache<>(cfg), Catch::Contains("num_blocks=1"));
+  CHECK_THROWS_WITH(Cache<>(cfg), "kvcache::Cache: invalid_argument: num_blocks=1 (limit 2)");
+  cfg = config();
+  cfg.event_capacity = -1;
+  CHECK_THROWS_WITH(Cache<>(cfg), "kvcache::Cache: invalid_argument: event_capacity=-1 (limit 0)");
+  cfg = config();
+  cfg.max_blocks_per_sequence = 0;
+  CHECK_THROWS_WITH(Cache<>(cfg), "kvcache::Cache: invalid_argument: max_blocks_per_sequence=0 (limit 1)");
+  try {  // typed: the status names the field
+    cfg = config();
+    cfg.max_sequences = -3;
+    Cache<> c(cfg);
+    FAIL("constructed");
+  } catch (const ConfigError& e) {
+    CHECK(e.status() == Status{Errc::invalid_argument, "max_sequences", -3, 1});
+  }
 }
 
 TEST_CASE("accounting agrees with what the page table holds") {

@@ -507,3 +507,37 @@ TEST_CASE("the core every cache keeps its sequences in: FreeHandles and PromiseL
   ledger.forget(2);
   CHECK(ledger.check([](std::uint32_t i) { return i != 2; }).ok());
 }
+
+TEST_CASE("every cache refuses the configuration fields they share with the same words (check_pool_config)") {
+  const auto g = *Geometry::make({.num_layers = 2, .num_kv_heads = 2, .head_dim = 8, .block_size = 4, .dtype = DType::f32});
+  const auto one = *Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 2, .dtype = DType::f32});
+  const CacheConfig paged{.geometry = g, .num_blocks = 40, .max_sequences = 6, .max_blocks_per_sequence = 10};
+  const HybridConfig hybrid{.groups = full_and_window(), .num_blocks = 60, .max_sequences = 6, .max_tokens = 40};
+  const auto refusal = [](auto make) -> Status {
+    try {
+      make();
+    } catch (const ConfigError& e) {
+      return e.status();
+    }
+    return {};
+  };
+  const struct {
+    std::int32_t num_blocks, max_sequences, event_capacity;
+    Status want;
+  } bad[] = {{1, 6, 0, Status{Errc::invalid_argument, "num_blocks", 1, 2}},
+             {40, 0, 0, Status{Errc::invalid_argument, "max_sequences", 0, 1}},
+             {40, 6, -1, Status{Errc::invalid_argument, "event_capacity", -1, 0}}};
+  for (const auto& b : bad) {
+    CacheConfig p = paged;
+    HybridConfig h = hybrid;
+    p.num_blocks = h.num_blocks = b.num_blocks;
+    p.max_sequences = h.max_sequences = b.max_sequences;
+    p.event_capacity = h.event_capacity = b.event_capacity;
+    CHECK(refusal([&] { Cache<> c(p); }) == b.want);
+    CHECK(refusal([&] { HybridCache<> c(h); }) == b.want);
+    p.geometry = one;  // head-paged: one layer and kv-head a block
+    CHECK(refusal([&] {
+            GateCache c(p, WriteGateConfig{.num_layers = 2, .num_kv_heads = 2, .local_window = 4, .tau = 0.5f, .global_cap = 36});
+          }) == b.want);
+  }
+}

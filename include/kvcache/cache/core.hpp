@@ -78,6 +78,9 @@ class CacheCore : public PoolCore<Pool> {
   }
   static Pool make_pool(const CacheConfig& cfg) {
     (void)usable(cfg.geometry);  // its error first: the pool is sized by it
+    check_pool_config("kvcache::Cache", cfg.num_blocks, cfg.max_sequences, cfg.event_capacity);  // the config's names, not the parts'
+    if (cfg.max_blocks_per_sequence < 1)
+      throw ConfigError("kvcache::Cache", Status{Errc::invalid_argument, "max_blocks_per_sequence", cfg.max_blocks_per_sequence, 1});
     if constexpr (std::same_as<Pool, BlockPool>) return BlockPool(cfg.num_blocks, cfg.event_capacity, cfg.geometry.block_size(), cfg.medium);
     else return Pool(cfg.num_blocks, cfg.event_capacity);
   }

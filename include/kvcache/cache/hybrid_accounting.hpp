@@ -13,6 +13,7 @@
 
 #include "kvcache/pool/block_pool.hpp"
 #include "kvcache/cache/accounting.hpp"
+#include "kvcache/cache/pool_core.hpp"
 #include "kvcache/config.hpp"
 #include "kvcache/groups/group_rule.hpp"
 #include "kvcache/groups/layer_groups.hpp"
@@ -48,11 +49,9 @@ inline const HybridConfig& checked_hybrid_config(const HybridConfig& c) {
     throw ConfigError("kvcache::HybridCache", Status{Errc::invalid_argument, what, v, lim});
   };
   if (c.groups.num_groups() < 1) fail("groups (LayerGroups::make builds them)", 0, 1);
-  if (c.num_blocks < 2) fail("num_blocks", c.num_blocks, 2);
-  if (c.max_sequences < 1) fail("max_sequences", c.max_sequences, 1);
+  check_pool_config("kvcache::HybridCache", c.num_blocks, c.max_sequences, c.event_capacity);  // every cache's fields
   if (c.max_tokens < 1) fail("max_tokens", c.max_tokens, 1);
   if (c.prefill_chunk < 0) fail("prefill_chunk", c.prefill_chunk, 0);
-  if (c.event_capacity < 0) fail("event_capacity", c.event_capacity, 0);
   return c;
 }
 

@@ -16,6 +16,19 @@
 
 KVCACHE_BEGIN_NAMESPACE
 
+/// The fields every cache's configuration has (CacheConfig, HybridConfig),
+/// checked once with the same words: ConfigError from `who` naming the first
+/// bad one (the pool's blocks, the null block included; the sequence handles;
+/// the block event ring, 0 for none).
+inline void check_pool_config(const char* who, std::int32_t num_blocks, std::int32_t max_sequences, std::int32_t event_capacity) {
+  const auto fail = [who](const char* what, std::int64_t v, std::int64_t limit) {
+    throw ConfigError(who, Status{Errc::invalid_argument, what, v, limit});
+  };
+  if (num_blocks < 2) fail("num_blocks", num_blocks, 2);
+  if (max_sequences < 1) fail("max_sequences", max_sequences, 1);
+  if (event_capacity < 0) fail("event_capacity", event_capacity, 0);
+}
+
 /// A cache's pool, its block events and its holds.
 template <class Pool>
 class PoolCore {
