@@ -22,29 +22,6 @@
 
 namespace kvpy {
 
-// reserve() and advance() (reserve, then, for advance, every reserved token
-// computed first): n (a count) or the ids; (slots, new_blocks, copy).
-template <class C>
-nb::object cache_reserve(C& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots, bool advance) {
-  std::int32_t n = 0;
-  const bool count = PyLong_Check(n_or_ids.ptr());
-  if (count) {  // a count: an int past int32 is invalid_argument naming it, not "ids must be ..."
-    int overflow = 0;
-    long long wide = PyLong_AsLongLongAndOverflow(n_or_ids.ptr(), &overflow);
-    if (overflow != 0) wide = overflow > 0 ? INT64_MAX : INT64_MIN;
-    require(wide <= INT32_MAX, "n", wide, INT32_MAX);
-    require(wide >= INT32_MIN, "n", wide, INT32_MIN);
-    n = std::int32_t(wide);
-  }
-  Array<std::int32_t> ids, o;
-  if (!count) in_arg(ids, n_or_ids, "ids");
-  const auto want = std::size_t(count ? std::max(n, 0) : std::int32_t(ids.size()));
-  nb::object obj = out_arg(o, slots, want, "slots");
-  const auto r = count ? check(advance ? self.advance(unpack(s), n, o.span()) : self.reserve(unpack(s), n, o.span()))
-                       : check(advance ? self.advance(unpack(s), cspan(ids), o.span()) : self.reserve(unpack(s), cspan(ids), o.span()));
-  return nb::make_tuple(obj, r.new_blocks, std::make_pair(r.copy.src, r.copy.dst));
-}
-
 // observe and evict, by the policy's kind. evict returns what the engine acts
 // on: (result, blocks, rotations) for block policies ([n] and [n, 3] int32),
 // (result, moves, group_moves) for token policies ([n, 2] and [groups + 1]),
@@ -183,11 +160,11 @@ void bind_cache(nb::module_& m, const char* name) {
       // Slots.
       .def(
           "reserve",
-          [](C& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots) { return cache_reserve(self, s, n_or_ids, slots, false); },
+          [](C& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots) { return reserve_call<false>(self, s, n_or_ids, slots, false); },
           nb::arg("seq"), nb::arg("n"), nb::arg("slots") = nb::none())
       .def(
           "advance",
-          [](C& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots) { return cache_reserve(self, s, n_or_ids, slots, true); },
+          [](C& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots) { return reserve_call<false>(self, s, n_or_ids, slots, true); },
           nb::arg("seq"), nb::arg("n"), nb::arg("slots") = nb::none())
       .def("computed", [](const C& self, std::uint64_t s, std::int64_t tokens) { check(self.computed(unpack(s), tokens)); },
            nb::arg("seq"), nb::arg("tokens"))

@@ -62,6 +62,40 @@ inline std::span<kv::SlotMove> move_span(const Array<std::int32_t>& a) {
   return {reinterpret_cast<kv::SlotMove*>(a.data()), a.size() / 2};
 }
 
+// reserve() and advance(), every cache's (advance: every reserved token
+// computed first): n (a count; an int past int32 is invalid_argument naming
+// n, not "ids must be ...") or the ids; the slots into a new array or the
+// caller's: [n] on a token-paged cache, [groups, n] on layer groups
+// (GroupRows); (slots, new_blocks, copy), the copy (-1, -1) when none.
+template <bool GroupRows, class C>
+nb::object reserve_call(C& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots, bool advance) {
+  std::int32_t n = 0;
+  const bool count = PyLong_Check(n_or_ids.ptr());
+  if (count) {
+    int overflow = 0;
+    long long wide = PyLong_AsLongLongAndOverflow(n_or_ids.ptr(), &overflow);
+    if (overflow != 0) wide = overflow > 0 ? INT64_MAX : INT64_MIN;
+    require(wide <= INT32_MAX, "n", wide, INT32_MAX);
+    require(wide >= INT32_MIN, "n", wide, INT32_MIN);
+    n = std::int32_t(wide);
+  }
+  Array<std::int32_t> ids, o;
+  if (!count) in_arg(ids, n_or_ids, "ids");
+  const auto want = std::size_t(count ? std::max(n, 0) : std::int32_t(ids.size()));
+  nb::object obj;
+  if constexpr (GroupRows) {  // a caller's array is exactly [groups, n]: group g's slots start at g * n
+    const auto groups = std::size_t(self.groups());
+    obj = out_arg(o, slots.is_none() ? nb::cast(new_array<std::int32_t, 2>(groups, want)) : nb::borrow(slots), groups * want, "slots",
+                  want ? want : 1);
+  } else {
+    obj = out_arg(o, slots, want, "slots");
+  }
+  const kv::SeqId id = unpack(s);
+  const kv::ReserveInfo r = count ? check(advance ? self.advance(id, n, o.span()) : self.reserve(id, n, o.span()))
+                                  : check(advance ? self.advance(id, cspan(ids), o.span()) : self.reserve(id, cspan(ids), o.span()));
+  return nb::make_tuple(obj, r.new_blocks, std::make_pair(r.copy.src, r.copy.dst));
+}
+
 // reserve_batch() and advance_batch(), every cache's: (slots, copies [n, 2],
 // copies written). The slots are [n] on a token-paged cache; on layer groups
 // (group_rows) [groups, stride], a new [groups, sum of counts] array or the

@@ -21,27 +21,6 @@
 
 namespace kvpy {
 
-// reserve() and advance(), as Cache.reserve takes and returns them: n (a
-// count, without prefix caching) or the ids; the slots [groups][n] into a new
-// array or the caller's; (slots, new_blocks, copy), the copy always (-1, -1)
-// (a hybrid row shares no partial block).
-template <class Hybrid>
-nb::object hybrid_reserve(Hybrid& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots, bool advance) {
-  const bool count = PyLong_Check(n_or_ids.ptr());
-  Array<std::int32_t> ids;
-  std::int64_t n = 0;
-  if (count) n = nb::cast<std::int64_t>(n_or_ids);
-  else in_arg(ids, n_or_ids, "ids"), n = std::int64_t(ids.size());
-  require(n >= 0 && n <= INT32_MAX, "n", n, INT32_MAX);
-  Array<std::int32_t> o;
-  nb::object obj = out_arg(o, slots.is_none() ? nb::cast(new_array<std::int32_t, 2>(std::size_t(self.groups()), std::size_t(n))) : slots,
-                           std::size_t(self.groups()) * std::size_t(n), "slots", n ? std::size_t(n) : 1);
-  const kv::SeqId id = unpack(s);
-  const kv::ReserveInfo r = count ? check(advance ? self.advance(id, std::int32_t(n), o.span()) : self.reserve(id, std::int32_t(n), o.span()))
-                                  : check(advance ? self.advance(id, cspan(ids), o.span()) : self.reserve(id, cspan(ids), o.span()));
-  return nb::make_tuple(obj, r.new_blocks, std::make_pair(r.copy.src, r.copy.dst));
-}
-
 // Group g's CSR over the live blocks of seqs: (indptr, indices, first_pos, nnz).
 template <class Hybrid>
 nb::object group_csr(const Hybrid& self, std::int32_t g, nb::handle seqs) {
@@ -243,11 +222,11 @@ void bind_hybrid_cache(nb::module_& m, const char* name) {
           nb::arg("prefill_chunk") = 0, nb::arg("reserve") = INT32_MAX)
       .def(
           "reserve",
-          [](Hybrid& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots) { return hybrid_reserve(self, s, n_or_ids, slots, false); },
+          [](Hybrid& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots) { return reserve_call<true>(self, s, n_or_ids, slots, false); },
           nb::arg("seq"), nb::arg("n"), nb::arg("slots") = nb::none())
       .def(
           "advance",
-          [](Hybrid& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots) { return hybrid_reserve(self, s, n_or_ids, slots, true); },
+          [](Hybrid& self, std::uint64_t s, nb::handle n_or_ids, nb::handle slots) { return reserve_call<true>(self, s, n_or_ids, slots, true); },
           nb::arg("seq"), nb::arg("n"), nb::arg("slots") = nb::none())
       .def("computed", [](Hybrid& self, std::uint64_t s, std::int64_t tokens) { check(self.computed(unpack(s), tokens)); },
            nb::arg("seq"), nb::arg("tokens"))

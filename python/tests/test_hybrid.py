@@ -97,7 +97,18 @@ def test_one_vocabulary_with_cache():
     tp.computed(a.seq, 17)
     with pytest.raises(kv.InvalidArgument, match="tokens"):
         tp.computed(a.seq, 18)
+    # The same bad call gets the same words on both: a count past int32, a
+    # promise past what one sequence's rows can hold (every group's, on the hybrid).
+    for cache, s, most in ((c, seq, 2 * 16), (tp, a.seq, 8)):
+        with pytest.raises(kv.InvalidArgument, match=r"n=2147483648 \(limit 2147483647\)"):
+            cache.reserve(s, 2 ** 31)
+        with pytest.raises(kv.InvalidArgument, match=r"blocks=%d \(limit %d\)" % (most + 1, most)):
+            cache.promise(s, most + 1)
+        cache.promise(s, most)
+        assert cache.promised_blocks == most - cache.blocks_held(s)
+        cache.check_invariants()
     c.free(seq)
+    assert c.promised_blocks == 0
     c.check_invariants()
 
 
