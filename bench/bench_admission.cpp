@@ -22,7 +22,7 @@ namespace kv = kvcache;
 namespace {
 constexpr std::int32_t kSeqs = 256, kLayers = 32, kHeads = 8, kW = 256, kB = 16, kPrefill = 512, kSteps = 256;
 constexpr std::int32_t kRowBlocks = 40;  // ring 16 blocks + a global region that stays under 24 blocks here
-using GateCache = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate>;
+using GateCache = kv::GatedCache<kv::WriteGate>;
 
 // Gates: a fifth admitted, fixed seed.
 std::vector<float> gates_for(std::int64_t n, std::uint32_t seed) {

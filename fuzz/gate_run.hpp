@@ -34,7 +34,7 @@ namespace kv = kvcache;
 
 template <class In, class Fail, class Selection = kv::SelectAll, class Eviction = kv::KeepAll>
 struct GateRun {
-  using C = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate, Selection, Eviction>;
+  using C = kv::GatedCache<kv::WriteGate, Selection, Eviction>;
   static constexpr bool quest = C::selects;
   static constexpr std::int32_t B = 2, kBlocks = 48, kSeqs = 3, kRow = 8;
   kv::Geometry geo = *kv::Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = 1, .block_size = B, .dtype = kv::DType::f32});

@@ -12,7 +12,7 @@
 #include "write_gate_testing.hpp"
 
 namespace gate_testing {
-using GateCache = Cache<BlockPool, PageTable, WriteGate>;
+using GateCache = GatedCache<WriteGate>;
 
 inline std::vector<std::int32_t> ints(std::int64_t n) { return std::vector<std::int32_t>(static_cast<std::size_t>(n)); }
 

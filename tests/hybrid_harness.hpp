@@ -81,7 +81,7 @@ class HybridHarness {
       case 7: failed = truncate(); break;
       case 8: pick(3) == 0 ? release_one() : free_one(); break;
       case 9: failed = pending_.empty() || pick(2) == 0 ? import() : (settle(), false); break;
-      default: failed = bad_call(); break;
+      default: failed = pick(2) == 0 ? promise() : bad_call(); break;
     }
     if (failed) {
       ++failures;
@@ -297,6 +297,35 @@ class HybridHarness {
     }
     need(cache_.free(s->id).ok(), "free");
     seqs_.erase(s->id.index);
+  }
+  // The ledger (core/promise_ledger.hpp): a negative promise, or one past
+  // what one sequence's rows can hold (every group's row at max_tokens), is
+  // refused naming blocks and changes nothing; one within counts in
+  // promised_blocks() what the sequence does not hold yet.
+  bool promise() {
+    Seq* s = any();
+    if (!s) return false;
+    std::int64_t most = 0;
+    for (std::int32_t g = 0; g < cache_.groups(); ++g) most += kvcache::GroupRule::of(cache_.layer_groups(), g).row_blocks(max_);
+    const std::int64_t held = *cache_.blocks_held(s->id);
+    std::int64_t v = std::min<std::int64_t>(most, held + pick(4));
+    switch (pick(5)) {
+      case 0: v = -1 - pick(3); break;
+      case 1: v = most + 1 + pick(3); break;
+      case 2: v = most; break;
+      default: break;
+    }
+    if (v < 0 || v > most) {
+      need(cache_.promise(s->id, v) == kvcache::Status{kvcache::Errc::invalid_argument, "blocks", v, v < 0 ? 0 : most},
+           "a promise out of range is refused naming blocks");
+      return true;
+    }
+    need(cache_.promise(s->id, 0).ok(), "a promise withdrawn");
+    const std::int64_t without = cache_.promised_blocks();
+    need(cache_.promise(s->id, v).ok(), "a promise within range");
+    need(cache_.promised_blocks() - without == std::max<std::int64_t>(0, v - held), "promised_blocks counts what is not held yet");
+    if (v > held + 3) need(cache_.promise(s->id, 0).ok(), "a large promise withdrawn");  // the imports still find room
+    return false;
   }
   // A peer's prefill arrives: the import's blocks stay pending (unwritten) until settle().
   bool import() {

@@ -1,4 +1,4 @@
-// Cache<BlockPool, PageTable, WriteGate>: Write-Gated KV through the composed
+// GatedCache<WriteGate>: Write-Gated KV through the composed
 // cache. Random writes (prefill chunks, decode), rollbacks, forks and frees
 // against the per-head list reference; after every step the K/V read back
 // through each head-folded export (all layers, and each layer) are the

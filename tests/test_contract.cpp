@@ -17,13 +17,15 @@
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace kvcache;
 
 namespace {
 
-using GateCache = Cache<BlockPool, PageTable, WriteGate>;
+using GateCache = GatedCache<WriteGate>;
+static_assert(std::is_same_v<GateCache, Cache<BlockPool, PageTable, WriteGate>>);  // the head-paged cache's own name
 static_assert(SequenceHolds<Cache<>>);
 static_assert(SequenceHolds<HybridCache<>>);
 static_assert(SequenceCache<GateCache>);  // a head-paged row is per (layer, head): no whole-sequence hold yet

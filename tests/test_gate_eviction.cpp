@@ -32,7 +32,7 @@ constexpr std::int32_t B = 4, W = 8, L = 2, H = 2, kBlocks = 600, kRow = 40, kSe
 
 template <class P>
 struct Run {
-  using Gated = Cache<BlockPool, PageTable, WriteGate, SelectAll, P>;
+  using Gated = GatedCache<WriteGate, SelectAll, P>;
   using Plain = Cache<BlockPool, PageTable, AdmitAll, SelectAll, P>;
   std::mt19937_64& rng;
   KvMemory mem{B, kBlocks, H};

@@ -66,7 +66,7 @@ TEST_CASE("Write-Gated KV on an MLA pool: every head row reads back the latents 
   constexpr std::int32_t L = 2, H = 1, W = 8, B = 4, D = 6, kBlocks = 64;
   const auto geometry = *Geometry::make({.num_layers = 1, .num_kv_heads = 1, .head_dim = D, .block_size = B,
                                          .dtype = DType::f32, .v_head_dim = 0});
-  Cache<BlockPool, PageTable, WriteGate> cache({.geometry = geometry, .num_blocks = kBlocks, .max_sequences = 2,
+  GatedCache<WriteGate> cache({.geometry = geometry, .num_blocks = kBlocks, .max_sequences = 2,
                                                 .max_blocks_per_sequence = 16},
                                                WriteGateConfig{.num_layers = L, .num_kv_heads = H, .local_window = W, .tau = 0.5f,
                                                                .global_cap = 12, .at_cap = GlobalCapAction::drop});

@@ -36,7 +36,7 @@ struct Rig {
   std::mt19937_64& rng;
   KvMemory mem{B, kBlocks, H};
   std::vector<float> store = std::vector<float>(std::size_t(QuestSelection::bounds_floats(mem.geo, kBlocks)));
-  Cache<BlockPool, PageTable, WriteGate, QuestSelection, E> cache;
+  GatedCache<WriteGate, QuestSelection, E> cache;
   std::vector<SeqId> live;
   std::vector<std::int32_t> tag;  // key_of's sequence number per handle index (forks copy it)
 

@@ -1,6 +1,6 @@
 // Write-Gated KV in the example engine: the trained gates (model/gates-<λ>.bin,
 // from train/train_gates.py) and the K/V store the forward pass reads and
-// writes for one request over Cache<BlockPool, PageTable, WriteGate>
+// writes for one request over GatedCache<WriteGate>
 // (gated.hpp's backend hands it to the scheduler).
 //
 // Each layer's write: the library's write_gate kernel turns the chunk's pre-
@@ -95,7 +95,7 @@ class GateSet {
 };
 
 template <class Selection = kvcache::SelectAll, class Eviction = kvcache::KeepAll>
-using GatedCacheOf = kvcache::Cache<kvcache::BlockPool, kvcache::PageTable, kvcache::WriteGate, Selection, Eviction>;
+using GatedCacheOf = kvcache::GatedCache<kvcache::WriteGate, Selection, Eviction>;
 using GatedCache = GatedCacheOf<>;
 
 // What gated requests did, over every layer and kv-head: tokens that left

@@ -46,7 +46,7 @@ int main() {
   std::vector<std::byte> memory(std::size_t(g.pool_bytes(kBlocks).value()));
   const auto pool = kv::make_pool_view(g, memory.data(), kBlocks).value();
   std::vector<float> bounds(std::size_t(kv::QuestSelection::bounds_floats(g, kBlocks)));
-  kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate, kv::QuestSelection, kv::H2OEviction> cache(
+  kv::GatedCache<kv::WriteGate, kv::QuestSelection, kv::H2OEviction> cache(
       {.geometry = g, .num_blocks = kBlocks, .max_sequences = 2, .max_blocks_per_sequence = kRow},
       kv::WriteGateConfig{.num_layers = L, .num_kv_heads = H, .local_window = W, .tau = 0.5f,
                           .at_cap = kv::GlobalCapAction::drop},  // deferred writes need drop

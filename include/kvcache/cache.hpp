@@ -11,7 +11,8 @@
 //   TokenPagedCache (cache/token_paged.hpp)  a row per sequence: reserve,
 //       prefix sharing, per-sequence exports (every pass-through admission)
 //   HeadPagedCache (cache/head_paged.hpp)    a row per (sequence, layer,
-//       kv-head) that the admission places writes in (WriteGate)
+//       kv-head) that the admission places writes in (WriteGate); its own
+//       name is GatedCache<WriteGate, Selection, Eviction>
 // Both are thin coordinators over the same core (cache/core.hpp): a method
 // makes its edit and then tells each participant (cache/hooks.hpp). What a
 // policy decides lives in its own folder, behind those hooks; adding a policy
@@ -83,6 +84,15 @@ struct SelectionArg {
 template <BlockAllocator Pool = BlockPool, BlockTableFor<Pool> Table = PageTable, AdmissionPolicy Admission = AdmitAll,
           SelectionPolicy Selection = SelectAll, EvictionPolicy Eviction = KeepAll, BlockHasher Hasher = FastBlockHasher>
 using Cache = typename CacheFor<Pool, Table, Admission, Selection, Eviction, Hasher>::type;
+
+/// The head-paged cache by its own name: rows per (sequence, layer, kv-head)
+/// that a head-paged admission places writes in (GatedCache<WriteGate>, with
+/// a selection and an eviction policy as Cache<> takes them). The same type
+/// as Cache<BlockPool, PageTable, Admission, Selection, Eviction, Hasher>.
+template <AdmissionPolicy Admission, SelectionPolicy Selection = SelectAll, EvictionPolicy Eviction = KeepAll,
+          BlockHasher Hasher = FastBlockHasher>
+  requires(Admission::kind == AdmissionKind::head_paged)
+using GatedCache = Cache<BlockPool, PageTable, Admission, Selection, Eviction, Hasher>;
 
 static_assert(SequenceHolds<Cache<>> && ImportingCache<Cache<>> && GrowingCache<Cache<>>,
               "kvcache::Cache<> keeps the sequence-cache contract (cache/contract.hpp)");

@@ -7,7 +7,7 @@
 namespace kvpy {
 
 template <class S, class E>
-using Gated = kv::Cache<kv::BlockPool, kv::PageTable, kv::WriteGate, S, E>;
+using Gated = kv::GatedCache<kv::WriteGate, S, E>;
 
 template <class S>
 void register_gated(nb::module_& m, const std::string& prefix) {
