@@ -1,6 +1,7 @@
 // What the composed cache keeps for prefix caching beside the pool's index:
 //   - the token ids per block when it publishes on reserve (prefix/block_tokens.hpp);
-//   - the scheduler's ledger: blocks promised to running sequences over their
+//   - the scheduler's ledger (a PromiseLedger, core/promise_ledger.hpp, as
+//     every cache keeps it): blocks promised to running sequences over their
 //     lifetime, so that admitting by lifetime need never has to preempt;
 //   - the query counters a router or dashboard reads (hit rate).
 // And the plan of an atomic admission: the prefix hit and every block it
