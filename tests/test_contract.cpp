@@ -458,6 +458,9 @@ void batch_is_each_in_order(C a, std::int32_t groups) {
   const SeqId gone[] = {seqs[1], SeqId{seqs[2].index, seqs[2].generation + 1}};
   CHECK(refused(gone, std::span(two), tok, got) != Errc::ok);
   CHECK(refused(std::span(seqs).first(2), std::span(two), std::span(tok).first(1), got) == Errc::invalid_argument);
+  CHECK(b.advance_batch(std::span(seqs).first(2), std::span(two), std::span(tok).first(1), got, copies).status() ==
+        Status{Errc::invalid_argument, "ids.size (the sum of counts)", 1, 2});  // one check, the same words on both caches
+  CHECK(b == before);
   CHECK(refused(std::span(seqs).first(2), std::span(two), tok, std::span(got).first(std::size_t(groups))) == Errc::buffer_too_small);
   std::vector<std::int32_t> many(4000, 1);
   const std::int32_t lots[] = {1, 3998};

@@ -14,6 +14,7 @@
 
 #include "kvcache/pool/block_pool.hpp"
 #include "kvcache/config.hpp"
+#include "kvcache/prefix/prefix_cache.hpp"
 #include "kvcache/groups/group_rows.hpp"
 #include "kvcache/groups/group_rule.hpp"
 #include "kvcache/core/sequence_id.hpp"
@@ -188,8 +189,8 @@ class HybridGrowth {
       if (n < 0) return fail(Status{Errc::invalid_argument, "n", n, 0});
       total += n;
     }
-    if (with_ids && std::int64_t(ids.size()) != total)
-      return fail(Status{Errc::invalid_argument, "ids.size (the sum of counts)", std::int64_t(ids.size()), total});
+    if (with_ids)  // Cache<>::reserve_batch's check, the same words
+      if (auto st = PrefixState::check_batch_ids(seqs, counts, ids); !st) return fail(st);
     const std::int64_t stride = std::int64_t(slots.size()) / c.groups();
     if (stride < total) return fail(Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), total * c.groups()});
     // A stamp is the epoch of the batch that last named the handle, its low
