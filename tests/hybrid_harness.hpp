@@ -241,8 +241,12 @@ class HybridHarness {
       r = advance ? cache_.advance(s->id, toks, slots) : cache_.reserve(s->id, toks, slots);
     }
     if (!r) {
-      need(r.status().code() == (too_long || past_chunk ? kvcache::Errc::invalid_argument : kvcache::Errc::out_of_blocks),
+      need(r.status().code() == (too_long     ? kvcache::Errc::capacity_exceeded  // Cache<>'s words, checked first
+                                 : past_chunk ? kvcache::Errc::invalid_argument
+                                              : kvcache::Errc::out_of_blocks),
            "reserve failed otherwise");
+      need(std::string_view(r.status().what()).starts_with(too_long || past_chunk ? "n_tokens" : "n_blocks"),
+           "reserve's refusal names the count");
       return true;
     }
     need(!too_long, "a reserve past max_tokens succeeded");

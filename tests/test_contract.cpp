@@ -142,7 +142,15 @@ void contract_errors(C& cache) {
     CHECK(cache.computed(*s, 0).code() == Errc::unknown_sequence);
     CHECK(cache.advance(*s, one, out).status().code() == Errc::unknown_sequence);
     CHECK(cache.reserve(*t, one, std::span(out).first(0)).status().code() == Errc::buffer_too_small);
-    CHECK(cache.truncate(*t, 2).code() == Errc::truncate_too_many);
+    // A count out of range: the same status, word and limit on both.
+    CHECK(cache.truncate(*t, 2) == Status{Errc::truncate_too_many, "n_tokens", 2, 1});
+    CHECK(cache.truncate(*t, -1) == Status{Errc::invalid_argument, "n_tokens", -1, 0});
+    std::vector<std::int32_t> many(40, 3), room(std::size_t(cache.groups()) * 40);
+    CHECK(cache.reserve(*t, many, room).status() == Status{Errc::capacity_exceeded, "n_tokens", 40, 39});
+    const SeqId batch[] = {*t};
+    const std::int32_t negative[] = {-1};
+    std::vector<BlockCopy> copies(1);
+    CHECK(cache.advance_batch(batch, negative, {}, room, copies).status() == Status{Errc::invalid_argument, "n_tokens", -1, 0});
     CHECK(cache == grown);
     REQUIRE(cache.free(*t).ok());
   }

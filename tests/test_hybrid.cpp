@@ -179,7 +179,7 @@ TEST_CASE("advance is computed up to what is reserved, then reserve, and when th
   CHECK(a.advance(s, std::span(t).subspan(24, 12), sa).status() == Status{Errc::out_of_blocks, "n_blocks", 6, 3});
   CHECK(a == before);
   CHECK(*a.computed_tokens(s) == 23);
-  CHECK(a.advance(s, 4, sa).status() == Status{Errc::invalid_argument, "n (prefix caching is on: pass the token ids)", 4, 0});
+  CHECK(a.advance(s, 4, sa).status() == Status{Errc::invalid_argument, "n_tokens (prefix caching is on: pass the token ids)", 4, 0});
   CHECK(a.check_invariants().ok());
 }
 
@@ -359,16 +359,16 @@ TEST_CASE("prefill_chunk is enforced: no reserve holds more ahead of the compute
   const SeqId s = a->seq;
   const HybridCache<> before = c;
   CHECK(c.reserve(s, std::span(t).subspan(8, 40), slots).status() ==
-        Status{Errc::invalid_argument, "n (past prefill_chunk: reserved, not computed)", 40, 0});
+        Status{Errc::invalid_argument, "n_tokens (past prefill_chunk: reserved, not computed)", 40, 0});
   CHECK(c.reserve(s, std::span(t).subspan(8, 1), slots).status().limit() == 0);
   CHECK(c == before);
   REQUIRE(c.computed(s, 5).ok());
   CHECK(c.reserve(s, std::span(t).subspan(8, 6), slots).status() ==
-        Status{Errc::invalid_argument, "n (past prefill_chunk: reserved, not computed)", 6, 5});
+        Status{Errc::invalid_argument, "n_tokens (past prefill_chunk: reserved, not computed)", 6, 5});
   REQUIRE(c.reserve(s, std::span(t).subspan(8, 5), slots).ok());
   // advance counts every reserved token as computed: a whole chunk again.
   REQUIRE(c.advance(s, std::span(t).subspan(13, 8), slots).ok());
-  CHECK(c.advance(s, std::span(t).subspan(21, 9), slots).status().what() == std::string("n (past prefill_chunk: reserved, not computed)"));
+  CHECK(c.advance(s, std::span(t).subspan(21, 9), slots).status().what() == std::string("n_tokens (past prefill_chunk: reserved, not computed)"));
   CHECK(*c.blocks_held(s, 1) <= bound);
   CHECK(c.check_invariants().ok());
   // An explicit admission reserve past the chunk is refused; within it, or the prompt's rest within it, is fine.
@@ -382,7 +382,7 @@ TEST_CASE("prefill_chunk is enforced: no reserve holds more ahead of the compute
   REQUIRE(w.ok());
   CHECK(w->reserved == 16);
   CHECK(whole.reserve(w->seq, std::span(t).subspan(16, 8), slots).status() ==
-        Status{Errc::invalid_argument, "n (past prefill_chunk: reserved, not computed)", 8, 0});
+        Status{Errc::invalid_argument, "n_tokens (past prefill_chunk: reserved, not computed)", 8, 0});
   REQUIRE(whole.computed(w->seq, 16).ok());
   CHECK(whole.reserve(w->seq, std::span(t).subspan(16, 8), slots).ok());
   // A sequence from add_sequence() has no prompt to bound it by.
@@ -442,10 +442,10 @@ TEST_CASE("hybrid cache errors name the value and change nothing") {
   CHECK(c.admit({}, slots).status() == Status{Errc::invalid_argument, "prompt (tokens)", 0, 64});
   CHECK(c.admit(std::span(t).first(12), std::span(slots).first(23)).status() == Status{Errc::buffer_too_small, "slots", 23, 24});
   CHECK(c.reserve(s, std::span(t).first(4), std::span(slots).first(7)).status() == Status{Errc::buffer_too_small, "slots", 7, 8});
-  CHECK(c.reserve(s, 4, slots).status() == Status{Errc::invalid_argument, "n (prefix caching is on: pass the token ids)", 4, 0});
-  CHECK(c.reserve(s, std::span(t).first(57), slots).status() == Status{Errc::invalid_argument, "n", 57, 56});
+  CHECK(c.reserve(s, 4, slots).status() == Status{Errc::invalid_argument, "n_tokens (prefix caching is on: pass the token ids)", 4, 0});
+  CHECK(c.reserve(s, std::span(t).first(57), slots).status() == Status{Errc::capacity_exceeded, "n_tokens", 57, 56});
   CHECK(c.computed(s, 9) == Status{Errc::invalid_argument, "tokens (computed)", 9, 8});
-  CHECK(c.truncate(s, 9) == Status{Errc::truncate_too_many, "n", 9, 8});
+  CHECK(c.truncate(s, 9) == Status{Errc::truncate_too_many, "n_tokens", 9, 8});
   CHECK(c.tokens_held(s, 2).status() == Status{Errc::invalid_argument, "group", 2, 1});
   std::vector<std::int32_t> table(4);
   const SeqId one[] = {s};

@@ -221,9 +221,9 @@ def test_errors_name_the_value_and_change_nothing():
     t = np.arange(12, dtype=np.int32)
     seq = c.admit(t, reserve=8).seq
     free = c.free_blocks
-    with pytest.raises(kv.InvalidArgument, match=r"n \(prefix caching is on: pass the token ids\)=4"):
+    with pytest.raises(kv.InvalidArgument, match=r"n_tokens \(prefix caching is on: pass the token ids\)=4"):
         c.reserve(seq, 4)
-    with pytest.raises(kv.TruncateTooMany, match="n=9"):
+    with pytest.raises(kv.TruncateTooMany, match="n_tokens=9"):
         c.truncate(seq, 9)
     with pytest.raises(kv.InvalidArgument, match="group=2"):
         c.tokens_held(seq, 2)

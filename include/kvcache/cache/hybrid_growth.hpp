@@ -31,14 +31,14 @@ class HybridGrowth {
   /// is freed first and counts as room. slots: [groups][tokens.size()].
   /// Returns the blocks taken (ReserveInfo, as every cache's; never a copy).
   /// Tokens reserved and not computed stay within the configured
-  /// prefill_chunk (HybridConfig): more is invalid_argument naming n, with
+  /// prefill_chunk (HybridConfig): more is invalid_argument naming n_tokens, with
   /// how many more it may reserve now as the limit.
   Result<ReserveInfo> reserve(SeqId id, std::span<const std::int32_t> tokens, std::span<std::int32_t> slots) {
     return reserve_impl(id, clamp(tokens.size()), tokens, slots, clamp(tokens.size()), false);
   }
   /// n more tokens without their ids: only without prefix caching (nothing to publish).
   Result<ReserveInfo> reserve(SeqId id, std::int32_t n, std::span<std::int32_t> slots) {
-    if (self().cfg_.prefix_caching) return Status{Errc::invalid_argument, "n (prefix caching is on: pass the token ids)", n, 0};
+    if (self().cfg_.prefix_caching) return Status{Errc::invalid_argument, "n_tokens (prefix caching is on: pass the token ids)", n, 0};
     return reserve_impl(id, n, {}, slots, n, false);
   }
   /// The decode step in one call: every token reserved so far was computed
@@ -49,7 +49,7 @@ class HybridGrowth {
   }
   /// advance() of n tokens without their ids: only without prefix caching.
   Result<ReserveInfo> advance(SeqId id, std::int32_t n, std::span<std::int32_t> slots) {
-    if (self().cfg_.prefix_caching) return Status{Errc::invalid_argument, "n (prefix caching is on: pass the token ids)", n, 0};
+    if (self().cfg_.prefix_caching) return Status{Errc::invalid_argument, "n_tokens (prefix caching is on: pass the token ids)", n, 0};
     return reserve_impl(id, n, {}, slots, n, true);
   }
 
@@ -105,7 +105,8 @@ class HybridGrowth {
     Cache& c = self();
     if (auto st = c.validate(id); !st) return st;
     auto& s = c.seqs_[id.index];
-    if (n < 0 || n > s.reserved - s.computed) return Status{Errc::truncate_too_many, "n", n, s.reserved - s.computed};
+    if (n < 0) return Status{Errc::invalid_argument, "n_tokens", n, 0};  // Cache<>::truncate's words
+    if (n > s.reserved - s.computed) return Status{Errc::truncate_too_many, "n_tokens", n, s.reserved - s.computed};
     s.reserved -= n;  // the ids of the tokens left stay in their slots (hybrid_prefix.hpp)
     for (GroupRows& rows : c.rows_)
       if (rows.rule().caches()) rows.cut(c.pool_, id.index, std::int32_t(rows.rule().blocks_for(s.reserved)));
@@ -153,12 +154,13 @@ class HybridGrowth {
     const Cache& c = self();
     if (auto st = c.validate(id); !st) return st;
     const auto& s = c.seqs_[id.index];
-    if (n < 0 || n > c.cfg_.max_tokens - s.reserved) return Status{Errc::invalid_argument, "n", n, c.cfg_.max_tokens - s.reserved};
+    if (n < 0) return Status{Errc::invalid_argument, "n_tokens", n, 0};  // Cache<>::reserve's words
+    if (n > c.cfg_.max_tokens - s.reserved) return Status{Errc::capacity_exceeded, "n_tokens", n, c.cfg_.max_tokens - s.reserved};
     if (const std::int64_t want = n == 0 ? 0 : std::int64_t(c.groups() - 1) * stride + n; std::int64_t(slots.size()) < want)
       return Status{Errc::buffer_too_small, "slots", std::int64_t(slots.size()), want};
     const std::int64_t done = advance ? s.reserved : s.computed;
     if (s.reserved + n - done > s.ahead)  // the pool was sized, and every admission promised, for this bound
-      return Status{Errc::invalid_argument, "n (past prefill_chunk: reserved, not computed)", n, s.ahead - (s.reserved - done)};
+      return Status{Errc::invalid_argument, "n_tokens (past prefill_chunk: reserved, not computed)", n, s.ahead - (s.reserved - done)};
     if (fits_in_place(id.index, n, done)) return kInPlace;
     std::int64_t need = 0, freeable = 0;
     for (const GroupRows& rows : c.rows_) {
@@ -186,7 +188,7 @@ class HybridGrowth {
       return fail(Status{Errc::invalid_argument, "counts.size", std::int64_t(counts.size()), std::int64_t(seqs.size())});
     std::int64_t total = 0;
     for (const std::int32_t n : counts) {
-      if (n < 0) return fail(Status{Errc::invalid_argument, "n", n, 0});
+      if (n < 0) return fail(Status{Errc::invalid_argument, "n_tokens", n, 0});
       total += n;
     }
     if (with_ids)  // Cache<>::reserve_batch's check, the same words
