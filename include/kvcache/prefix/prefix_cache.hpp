@@ -107,6 +107,7 @@ class PrefixState {
       : store_(publish_on_reserve ? BlockTokens(num_blocks, block_size, streams) : BlockTokens()),
         ledger_(streams),
         due_(publish_on_reserve ? static_cast<std::size_t>(streams) : 0),
+        due_hash_(due_.size()),
         hits_(static_cast<std::size_t>(max_blocks)) {}
 
   /// The id store (off unless publishing on reserve).
@@ -238,13 +239,13 @@ class PrefixState {
       const std::int64_t first = t.appended_unchecked(s) - n;
       store_.write(s.index, first, [&](std::size_t j) { return slots[at + j]; }, ids.subspan(at, std::size_t(n)),
                    t.key_unchecked(s).extra, {});
-      if (n > 0 && (mask >= 0 ? first & mask : first % B) + n >= B && PrefixSharing::prefetch_known(t, pool, s.index, store_, hasher))
-        due_[due++] = s.index;
+      if (n > 0 && (mask >= 0 ? first & mask : first % B) + n >= B)
+        if (const auto h = PrefixSharing::prefetch_known(t, pool, s.index, store_, hasher)) due_[due] = s.index, due_hash_[due++] = *h;
       at += std::size_t(n);
     }
     // ...then publish them.
     std::int32_t stored = 0;
-    for (std::size_t k = 0; k < due; ++k) stored += PrefixSharing::publish_known(t, pool, due_[k], store_, hasher);
+    for (std::size_t k = 0; k < due; ++k) stored += PrefixSharing::publish_known(t, pool, due_[k], store_, hasher, due_hash_[k]);
     return stored;
   }
 
@@ -267,6 +268,7 @@ class PrefixState {
   PromiseLedger ledger_;  // lifetime blocks promised per stream
   PrefixQueries queries_;
   std::vector<std::uint32_t> due_;  // reserved_batch(): streams with a block to publish (scratch)
+  std::vector<BlockHash> due_hash_;  // reserved_batch(): the hash of each one's first block, taken once (scratch)
   mutable std::vector<BlockId> hits_;  // plan(): the hit blocks (scratch; a const dry run writes it too)
 };
 

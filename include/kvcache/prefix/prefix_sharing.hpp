@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <utility>
 
@@ -125,26 +126,31 @@ struct PrefixSharing {
   }
 
   /// Publish on reserve, step one of a batch: when stream i has a full block
-  /// to publish, starts loading its index slot and returns true.
+  /// to publish, hashes it, starts loading its index slot, and returns the
+  /// hash (publish_known's `first`); nullopt when it has none.
   template <BlockHasher H>
-  static bool prefetch_known(const PageTable& t, const BlockPool& pool, std::uint32_t i, const BlockTokens& store,
-                             const H& hasher) noexcept {
+  static std::optional<BlockHash> prefetch_known(const PageTable& t, const BlockPool& pool, std::uint32_t i,
+                                                 const BlockTokens& store, const H& hasher) noexcept {
     const std::int32_t next = t.st_[i].nhashed;
-    if (known_full(t, i, store) <= next) return false;
+    if (known_full(t, i, store) <= next) return std::nullopt;
     const BlockId blk = t.row(i)[next];
-    pool.prefetch(hasher(chain_parent(t, pool, i), store.ids(blk), store.extra(blk)));
-    return true;
+    const BlockHash h = hasher(chain_parent(t, pool, i), store.ids(blk), store.extra(blk));
+    pool.prefetch(h);
+    return h;
   }
 
   /// Publish on reserve: the full blocks of stream i whose ids the store has.
   /// Nothing once the stream has evicted (its row no longer holds the prefix).
+  /// `first`: the hash of its first unpublished block when prefetch_known()
+  /// just took it (the row unchanged since), so it is not hashed twice.
   template <BlockHasher H>
   static std::int32_t publish_known(PageTable& t, BlockPool& pool, std::uint32_t i, const BlockTokens& store,
-                                    const H& hasher) noexcept {
+                                    const H& hasher, std::optional<BlockHash> first = std::nullopt) noexcept {
     const std::int32_t full = known_full(t, i, store);
     if (full <= t.st_[i].nhashed) return 0;
     const BlockId* r = t.row(i);
-    return publish_blocks(t, pool, i, full, hasher, [&](std::int32_t b) { return std::pair{store.ids(r[b]), store.extra(r[b])}; });
+    return publish_blocks(t, pool, i, full, hasher, [&](std::int32_t b) { return std::pair{store.ids(r[b]), store.extra(r[b])}; },
+                          first);
   }
 
  private:
@@ -182,16 +188,17 @@ struct PrefixSharing {
 
   // Hashes and publishes blocks [nhashed, full) of row i; block(b) gives a
   // block's token ids and extra. Returns the hashes new to the cache.
+  // `first`, when given, is block nhashed's hash (taken by prefetch_known).
   template <BlockHasher H, class Block>
   static std::int32_t publish_blocks(PageTable& t, BlockPool& pool, std::uint32_t i, std::int32_t full, const H& hasher,
-                                     Block&& block) noexcept {
+                                     Block&& block, std::optional<BlockHash> first = std::nullopt) noexcept {
     PageTable::Stream& st = t.st_[i];
     std::int32_t stored = 0;
     BlockHash parent = chain_parent(t, pool, i);
     for (std::int32_t b = st.nhashed; b < full; ++b) {
       const BlockId blk = t.row(i)[b];
       const auto [ids, extra] = block(b);
-      const BlockHash h = hasher(parent, ids, extra);
+      const BlockHash h = b == st.nhashed && first ? *first : hasher(parent, ids, extra);
       if (!pool.has_hash(blk)) {
         const BlockId up = b == 0 ? PrefixIndex::kChainRoot : t.row(i)[b - 1];
         auto r = pool.publish(blk, h, parent, StoredBlock{.key = st.key, .block_extra = extra, .tokens = ids, .parent_block = up});
