@@ -47,6 +47,21 @@ class HybridHarness {
     return {.groups = *kvcache::LayerGroups::make({.groups = g, .block_size = 2}), .num_blocks = 48, .max_sequences = 5,
             .max_tokens = 48};
   }
+  // Groups of one rule side by side, as a Gemma-shaped model's window layers
+  // split over groups: two full groups and two windows of one shape each.
+  // The cache keeps their token ids once per rule (HybridPrefix::keeper), so
+  // every hit and publish here reads a twin's ids.
+  static kvcache::HybridConfig twin_config() {
+    using kvcache::AttentionKind;
+    static const std::vector<std::int32_t> l0{0}, l1{1}, l2{2}, l3{3};
+    static const kvcache::LayerGroupSpec g[] = {
+        {.kind = AttentionKind::sliding_window, .layers = l0, .num_kv_heads = 1, .head_dim = 8, .window = 6},
+        {.kind = AttentionKind::full, .layers = l1, .num_kv_heads = 1, .head_dim = 8},
+        {.kind = AttentionKind::sliding_window, .layers = l2, .num_kv_heads = 1, .head_dim = 8, .window = 6},
+        {.kind = AttentionKind::full, .layers = l3, .num_kv_heads = 1, .head_dim = 8}};
+    return {.groups = *kvcache::LayerGroups::make({.groups = g, .block_size = 2}), .num_blocks = 48, .max_sequences = 5,
+            .max_tokens = 48};
+  }
   // The same four kinds, quantized: int8 in 16-groups (full), fp8 with
   // engine-held per-head scales (window), int4 in 16-groups with a minimum
   // (chunk), f16 (cross). Each group's entries change its tokens a page.
@@ -352,6 +367,22 @@ class HybridHarness {
       blocks += std::int32_t(gb->local.size());
     }
     need(blocks == r->num_blocks, "import_blocks lists num_blocks");
+    // The names a tier load would find the blocks by: the prompt's chain in
+    // each group, from the first block received (none without prefix caching).
+    std::vector<kvcache::BlockHash> names(static_cast<std::size_t>(len)), chain(static_cast<std::size_t>(len));
+    for (std::int32_t g = 0; g < cache_.groups(); ++g) {
+      const auto n = cache_.import_keys(p.id, g, names);
+      const auto gb = cache_.import_blocks(p.id, g);
+      if (!cache_.config().prefix_caching) {
+        need(n.status().code() == kvcache::Errc::invalid_argument, "import_keys without prefix caching");
+        continue;
+      }
+      need(n.ok() && gb.ok(), "import_keys");
+      if (*n == 0) continue;
+      const auto all = cache_.hash_chain(g, p.s.tokens, {}, chain);
+      need(all.ok() && *all == gb->skip + *n && std::equal(names.begin(), names.begin() + *n, chain.begin() + gb->skip),
+           "import_keys names the prompt's blocks");
+    }
     pending_.push_back(std::move(p));
     return false;
   }

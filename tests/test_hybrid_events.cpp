@@ -136,3 +136,38 @@ TEST_CASE("hybrid events: an overflowing ring counts what it dropped, and a cach
   CHECK_THROWS_AS(HybridCache<>({.groups = m.lg, .num_blocks = 12, .max_sequences = 2, .max_tokens = 32, .event_capacity = -1}),
                   ConfigError);
 }
+
+TEST_CASE("hybrid events: groups of one rule side by side each publish their blocks with the block's ids, kept once per rule") {
+  // Gemma-shaped: a full group between two windows of one shape. Their token
+  // ids are kept in the first window's pages alone (HybridPrefix::keeper):
+  // every group's event still carries the ids of the block it names.
+  const std::vector<std::int32_t> l0{0}, l1{1}, l2{2};
+  const LayerGroupSpec specs[] = {
+      {.kind = AttentionKind::sliding_window, .layers = l0, .num_kv_heads = 1, .head_dim = 8, .window = 8},
+      {.kind = AttentionKind::full, .layers = l1, .num_kv_heads = 1, .head_dim = 8},
+      {.kind = AttentionKind::sliding_window, .layers = l2, .num_kv_heads = 1, .head_dim = 8, .window = 8}};
+  const auto lg = *LayerGroups::make({.groups = specs, .block_size = 4});
+  HybridCache<> c({.groups = lg, .num_blocks = 40, .max_sequences = 2, .max_tokens = 32, .event_capacity = 128});
+  const auto p = tokens(26, 3);
+  std::vector<std::int32_t> slots(3 * 26);
+  auto a = c.admit(std::span(p).first(10), slots);  // prefill 10, then decode one token at a time to 26
+  REQUIRE(a.ok());
+  REQUIRE(c.computed(a->seq, 10).ok());
+  for (std::int32_t t = 10; t < 26; ++t) REQUIRE(c.advance(a->seq, std::span(p).subspan(std::size_t(t), 1), slots).ok());
+  REQUIRE(c.computed(a->seq, 26).ok());
+  REQUIRE(c.check_invariants().ok());
+
+  std::vector<BlockEvent> ev(128);
+  std::vector<std::int32_t> ids(128 * 4, -1);
+  const std::int32_t n = *c.drain_events(ev, ids);
+  std::map<std::int32_t, std::int32_t> per_group;
+  for (std::int32_t e = 0; e < n; ++e) {
+    const BlockEvent& x = ev[std::size_t(e)];
+    REQUIRE(x.kind == EventKind::stored);
+    const std::int32_t j = per_group[x.group]++;  // each group publishes its blocks in order
+    for (std::int32_t t = 0; t < 4; ++t) CHECK(ids[std::size_t(e * 4 + t)] == p[std::size_t(j * 4 + t)]);
+  }
+  CHECK(per_group == std::map<std::int32_t, std::int32_t>{{0, 6}, {1, 6}, {2, 6}});
+  // The twins' names differ only by their group: a later request finds the prompt in every group.
+  CHECK(c.match(p) == 24);
+}

@@ -271,11 +271,12 @@ class HybridGrowth {
       std::int32_t* out = slots.data() + std::size_t(g) * std::size_t(stride);
       const BlockId* row = rows.row(i).data();
       const std::int32_t m = r.caches() ? n : 0;
+      std::int32_t* keep = kept && c.prefix_.keeper(g) == g ? kept : nullptr;  // once per rule (HybridPrefix::keeper)
       for (std::int32_t t = 0; t < m; ++t) {
         const std::int64_t p = s.reserved + t;
         const BlockId b = row[r.div(p)];
         out[t] = b * r.block_size + r.mod(p);
-        if (kept) kept[std::size_t(b) * std::size_t(per_page) + std::size_t(r.mod(p))] = ids[std::size_t(t)];
+        if (keep) keep[std::size_t(b) * std::size_t(per_page) + std::size_t(r.mod(p))] = ids[std::size_t(t)];
       }
       std::fill(out + m, out + n, -1);
     }

@@ -109,8 +109,9 @@ class HybridImports {
       if (!r.caches()) continue;
       c.prefix_.adopt(g, id.index, std::int32_t(x.hits), c.hits_.chain(g, s.key));
       if (!c.cfg_.prefix_caching) continue;
-      const auto row = rows.row(id.index);  // the received tokens' ids, what commit publishes
-      for (std::int64_t p = x.first * r.block_size; p < len; ++p) c.prefix_.keep(row[std::size_t(r.div(p))], r.mod(p), prompt[std::size_t(p)]);
+      const auto row = rows.row(id.index);  // the received tokens' ids, what commit publishes (once per rule)
+      if (c.prefix_.keeper(g) == g)
+        for (std::int64_t p = x.first * r.block_size; p < len; ++p) c.prefix_.keep(row[std::size_t(r.div(p))], r.mod(p), prompt[std::size_t(p)]);
       if (x.first > x.hits) {  // window blocks never received: their chain hashes now, from the prompt
         BlockHash at = c.prefix_.chain(g, id.index);
         for (std::int64_t j = x.hits; j < x.first; ++j)
@@ -159,7 +160,7 @@ class HybridImports {
     const Span x = span_of(g, e->cached, e->tokens);
     const std::int64_t n = std::max<std::int64_t>(0, e->tokens / r.block_size - x.first);
     if (std::int64_t(out.size()) < n) return Status{Errc::buffer_too_small, "out", std::int64_t(out.size()), n};
-    const auto row = c.rows_[std::size_t(g)].row(e->seq.index);
+    const auto row = c.rows_[std::size_t(c.prefix_.keeper(g))].row(e->seq.index);  // where g's ids are kept
     BlockHash h = c.prefix_.resume(g, e->seq.index);
     for (std::int64_t j = 0; j < n; ++j) {
       h = c.hits_.hash(h, c.prefix_.ids(row[std::size_t(x.first + j)], r.block_size), c.seqs_[e->seq.index].key.extra);

@@ -6,7 +6,10 @@
 // The token ids a publish hashes live in the slots they were reserved into
 // (one int32 per pool slot, written beside the slot mapping), so nothing
 // grows per sequence and a rollback needs no bookkeeping: the ids left are
-// still in their slots. Groups of one block size share one hash chain:
+// still in their slots. Groups of one rule (kind, block size, span) hold
+// the same positions in blocks of the same indices, so the ids are kept in
+// the blocks of the first of them alone (keeper(g)): a token reserved into
+// six groups is written once per rule, not six times. Groups of one block size share one hash chain:
 // mark a block computed, and it is hashed once, then published in each group
 // of that size that holds it, group by group (a group's new blocks are one
 // run of events, as vLLM publishes them). An import's window blocks that a
@@ -41,8 +44,12 @@ class HybridPrefix {
                bool keep_ids)
       : groups_(std::int32_t(rows.size())) {
     std::size_t longest = 0;
+    keeper_.resize(std::size_t(groups_));
     for (std::int32_t g = 0; g < groups_; ++g) {
       const GroupRule& r = rows[std::size_t(g)].rule();
+      keeper_[std::size_t(g)] = g;
+      for (std::int32_t o = g - 1; o >= 0; --o)
+        if (rows[std::size_t(o)].rule() == r) keeper_[std::size_t(g)] = o;
       stride_ = std::max(stride_, r.block_size);
       longest = std::max(longest, std::size_t(rows[std::size_t(g)].max_blocks()));
       if (const std::int32_t c = chain_owner(g); c >= 0) {  // each chain (block size) and its groups, owner first
@@ -59,6 +66,11 @@ class HybridPrefix {
 
   /// The largest group block size: the ids kept per page, the token ids a block event carries at most.
   std::int32_t max_block_size() const noexcept { return stride_; }
+  /// The group whose blocks keep group g's token ids: the first group of g's
+  /// rule. Its row holds a block wherever g's does (one rule, one shape: the
+  /// same hits, windows, chunks, gaps and rollbacks); only an eviction can
+  /// part them, and a sequence that evicted publishes nothing more.
+  std::int32_t keeper(std::int32_t g) const noexcept { return keeper_[std::size_t(g)]; }
   /// Blocks of group g's row i published (a hit's blocks count as published).
   std::int32_t published(std::int32_t g, std::uint32_t i) const noexcept { return published_[at(g, i)]; }
 
@@ -70,7 +82,7 @@ class HybridPrefix {
   void adopt(std::int32_t g, std::uint32_t i, std::int32_t blocks, const BlockHash& chain) noexcept {
     published_[at(g, i)] = blocks, chain_[at(g, i)] = chain;
   }
-  /// Token `id` was reserved into slot `offset` of page b (nothing without prefix caching).
+  /// Token `id` was reserved into slot `offset` of page b, a keeper's (nothing without prefix caching).
   void keep(BlockId b, std::int64_t offset, std::int32_t id) noexcept {
     if (!ids_.empty()) ids_[std::size_t(b) * std::size_t(stride_) + std::size_t(offset)] = id;
   }
@@ -91,7 +103,7 @@ class HybridPrefix {
     const Gap& x = gaps_[at(g, i)];
     return x.end > 0 ? x.hash : chain_[at(g, i)];
   }
-  /// The n token ids kept in page b (meaningful with prefix caching).
+  /// The n token ids kept in page b (meaningful with prefix caching, for a keeper's block).
   std::span<const std::int32_t> ids(BlockId b, std::int32_t n) const noexcept {
     return std::span(ids_).subspan(std::size_t(b) * std::size_t(stride_), std::size_t(n));
   }
@@ -132,6 +144,7 @@ class HybridPrefix {
         for (std::int64_t j = published_[at(g, i)]; j < end; ++j) pool.prefetch(group_key(hashes_[std::size_t(j - j0)], g));
       for (const std::int32_t g : ch.groups) {
         const auto row = rows[std::size_t(g)].row(i);
+        const auto kept = rows[std::size_t(keeper(g))].row(i);  // where g's ids are
         const bool chained = rows[std::size_t(g)].rule().chained();
         for (std::int64_t j = published_[at(g, i)]; j < end; ++j) {
           const BlockHash h = hashes_[std::size_t(j - j0)];
@@ -141,7 +154,7 @@ class HybridPrefix {
             const std::int32_t up = !chained || j == 0                  ? PrefixIndex::kChainRoot
                                     : before == BlockPool::null_block ? PrefixIndex::kUnknownParent
                                                                       : before;
-            const StoredBlock info{.key = key, .block_extra = key.extra, .tokens = ids(b, B), .parent_block = up,
+            const StoredBlock info{.key = key, .block_extra = key.extra, .tokens = ids(kept[std::size_t(j)], B), .parent_block = up,
                                    .block_size = B, .group = g};
             if (auto p = pool.publish(b, group_key(h, g), group_key(chain_[at(g, i)], g), info); !p) return p.status();
           }
@@ -154,7 +167,8 @@ class HybridPrefix {
 
   /// Equal state (the hash scratch aside).
   friend bool operator==(const HybridPrefix& a, const HybridPrefix& b) {
-    return a.chain_ == b.chain_ && a.published_ == b.published_ && a.gaps_ == b.gaps_ && a.ids_ == b.ids_;
+    return a.keeper_ == b.keeper_ && a.chain_ == b.chain_ && a.published_ == b.published_ && a.gaps_ == b.gaps_ &&
+           a.ids_ == b.ids_;
   }
 
  private:
@@ -169,15 +183,18 @@ class HybridPrefix {
   };
   // [sequence][group]: a decode step's checks read a row's groups from one line, not one line a group.
   std::size_t at(std::int32_t g, std::uint32_t i) const noexcept { return std::size_t(i) * std::size_t(groups_) + std::size_t(g); }
-  // Block j of row i in a group of ch that has not published it yet; null when none holds it.
+  // The block keeping the ids of block j of row i, for a group of ch that
+  // holds it and has not published it yet; null when none does.
   BlockId holder(const std::vector<GroupRows>& rows, const Chain& ch, std::uint32_t i, std::int64_t j) const noexcept {
     for (const std::int32_t g : ch.groups)
       if (published_[at(g, i)] <= j)
-        if (const BlockId b = rows[std::size_t(g)].row(i)[std::size_t(j)]; b != BlockPool::null_block) return b;
+        if (rows[std::size_t(g)].row(i)[std::size_t(j)] != BlockPool::null_block)
+          return rows[std::size_t(keeper(g))].row(i)[std::size_t(j)];
     return BlockPool::null_block;
   }
 
   std::int32_t groups_ = 0, stride_ = 1;
+  std::vector<std::int32_t> keeper_;     // [group]: the group whose blocks keep its ids
   std::vector<Chain> chains_;
   std::vector<BlockHash> chain_;         // [seq][group]: the chain hash where its published blocks end
   std::vector<std::int32_t> published_;  // [seq][group]: blocks published
