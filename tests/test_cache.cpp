@@ -2,6 +2,7 @@
 
 #include <kvcache/cache.hpp>
 
+#include <algorithm>
 #include <vector>
 
 using namespace kvcache;
@@ -151,4 +152,26 @@ TEST_CASE("the composed cache forwards sharing, rollback and exports") {
   std::vector<BlockEvent> ev(8);
   CHECK(cache.drain_events(ev) == 0);  // events are off unless asked for
   CHECK(cache.reset_prefix_cache().code() == Errc::blocks_in_use);
+}
+
+TEST_CASE("reserve_batch without copies: fine while no entry shares a partial block, buffer_too_small naming copies after a fork") {
+  Cache<> cache(config());
+  std::vector<std::int32_t> slots(64);
+  const SeqId a = *cache.add_sequence();
+  REQUIRE(cache.reserve(a, 10, slots).ok());  // a partial tail block
+  const SeqId one[] = {a};
+  const std::int32_t count[] = {1};
+  CHECK(cache.reserve_batch(one, count, slots).ok());  // no copy needed: copies may be left out
+  const SeqId child = *cache.fork(a);  // now both share a's partial tail
+  const auto before = cache;
+  const SeqId both[] = {a, child};
+  const std::int32_t counts[] = {1, 1};
+  CHECK(cache.reserve_batch(both, counts, slots).status() == Status{Errc::buffer_too_small, "copies", 0, 2});  // each sharer counted, as planned
+  CHECK(std::all_of(slots.begin(), slots.end(), [](std::int32_t s) { return s == -1; }));
+  CHECK(cache == before);  // refused: nothing changed
+  std::vector<BlockCopy> copies(2);
+  const auto r = cache.advance_batch(both, counts, slots, copies);
+  REQUIRE(r.ok());
+  CHECK(r->copies == 1);  // the first writer copies; the other keeps the block
+  REQUIRE(cache.check_invariants().ok());
 }

@@ -149,8 +149,7 @@ void contract_errors(C& cache) {
     CHECK(cache.reserve(*t, many, room).status() == Status{Errc::capacity_exceeded, "n_tokens", 40, 39});
     const SeqId batch[] = {*t};
     const std::int32_t negative[] = {-1};
-    std::vector<BlockCopy> copies(1);
-    CHECK(cache.advance_batch(batch, negative, {}, room, copies).status() == Status{Errc::invalid_argument, "n_tokens", -1, 0});
+    CHECK(cache.advance_batch(batch, negative, {}, room).status() == Status{Errc::invalid_argument, "n_tokens", -1, 0});
     CHECK(cache == grown);
     REQUIRE(cache.free(*t).ok());
   }

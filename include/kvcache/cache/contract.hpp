@@ -82,6 +82,8 @@ concept GrowingCache = PrefixCache<C> && requires(C& c, SeqId s, std::span<const
   { c.advance(s, ids, slots) } -> std::same_as<Result<ReserveInfo>>;
   { c.reserve_batch(seqs, counts, ids, slots, copies) } -> std::same_as<Result<BatchInfo>>;
   { c.advance_batch(seqs, counts, ids, slots, copies) } -> std::same_as<Result<BatchInfo>>;
+  { c.reserve_batch(seqs, counts, ids, slots) } -> std::same_as<Result<BatchInfo>>;  ///< no copies: none needed without a fork
+  { c.advance_batch(seqs, counts, ids, slots) } -> std::same_as<Result<BatchInfo>>;
   { c.computed(s, tokens) } -> std::same_as<Status>;
   { c.truncate(s, n) } -> std::same_as<Status>;
 };

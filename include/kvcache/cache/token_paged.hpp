@@ -172,12 +172,12 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
   Result<ReserveInfo> advance(SeqId s, std::int32_t n, std::span<std::int32_t> slots) noexcept { return reserve(s, n, slots); }
   /// advance() of a batch (GrowingCache): reserve_batch(), as advance() is reserve().
   Result<BatchInfo> advance_batch(std::span<const SeqId> seqs, std::span<const std::int32_t> counts, std::span<const std::int32_t> ids,
-                                  std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept {
+                                  std::span<std::int32_t> slots, std::span<BlockCopy> copies = {}) noexcept {
     return reserve_batch(seqs, counts, ids, slots, copies);
   }
   /// advance_batch() without the ids: reserve_batch(seqs, counts, slots, copies).
   Result<BatchInfo> advance_batch(std::span<const SeqId> seqs, std::span<const std::int32_t> counts, std::span<std::int32_t> slots,
-                                  std::span<BlockCopy> copies) noexcept {
+                                  std::span<BlockCopy> copies = {}) noexcept {
     return reserve_batch(seqs, counts, slots, copies);
   }
   /// The forward pass wrote K/V for tokens [0, tokens) of s, as every cache
@@ -191,8 +191,10 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
     return {};
   }
   /// Reserves counts[k] tokens for seqs[k], all or nothing; slots padded with -1, copy-on-write commands in copies.
+  /// copies may be left out (as on every cache) while no entry shares a partial
+  /// tail block (no fork): a batch that needs a copy then is buffer_too_small naming copies.
   Result<BatchInfo> reserve_batch(std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
-                                  std::span<std::int32_t> slots, std::span<BlockCopy> copies) noexcept {
+                                  std::span<std::int32_t> slots, std::span<BlockCopy> copies = {}) noexcept {
     auto r = admission_.reserve_batch(table_, pool_, seqs, counts, slots, copies);
     if (r) notify(hooks::reserved_batch, seqs, counts, std::span<const BlockCopy>(copies.first(std::size_t(r->copies))));
     return r;
@@ -201,7 +203,7 @@ class TokenPagedCache : public CacheCore<Pool, Table>,
   /// publish_on_reserve, the blocks they fill are published (the decode step).
   Result<BatchInfo> reserve_batch(std::span<const SeqId> seqs, std::span<const std::int32_t> counts,
                                   std::span<const std::int32_t> ids, std::span<std::int32_t> slots,
-                                  std::span<BlockCopy> copies) noexcept {
+                                  std::span<BlockCopy> copies = {}) noexcept {
     if (auto st = PrefixState::check_batch_ids(seqs, counts, ids); !st) {
       std::fill(slots.begin(), slots.end(), -1);  // as every refused batch leaves them
       return st;
