@@ -433,9 +433,9 @@ TEST_CASE("group tiers: bad calls are typed errors that change nothing") {
   std::mt19937 rng(5);
   auto c = w.serve(fresh(rng, 30), 0, false);
   const Tiers before = w.tiers.tiers();
-  CHECK(w.tiers.lookup(std::span<const std::int32_t>{}).status().code() == Errc::invalid_argument);
-  const std::vector<std::int32_t> too_long(97, 1);
-  CHECK(w.tiers.lookup(too_long).status().code() == Errc::invalid_argument);
+  CHECK(w.tiers.lookup(std::span<const std::int32_t>{}).status() == Status{Errc::invalid_argument, "prompt.size", 0, 1});
+  const std::vector<std::int32_t> too_long(97, 1);  // admit()'s words: past max_tokens (96)
+  CHECK(w.tiers.lookup(too_long).status() == Status{Errc::capacity_exceeded, "n_tokens", 97, 96});
   CHECK(w.tiers.plan_onboard(12345).status().code() == Errc::unknown_job);
   CHECK(w.tiers.plan_stage(12345).status().code() == Errc::unknown_job);
   CHECK(w.tiers.complete_onboard(12345).status().code() == Errc::unknown_job);

@@ -439,7 +439,8 @@ TEST_CASE("hybrid cache errors name the value and change nothing") {
   const SeqId s = c.admit(std::span(t).first(12), slots, {.reserve = 8})->seq;
   const auto before = c;
   CHECK(c.admit(std::span(t).first(12), slots, {.reserve = 0}).status() == Status{Errc::invalid_argument, "reserve", 0, 1});
-  CHECK(c.admit({}, slots).status() == Status{Errc::invalid_argument, "prompt (tokens)", 0, 64});
+  CHECK(c.admit({}, slots).status() == Status{Errc::invalid_argument, "prompt.size", 0, 1});  // Cache<>'s words
+  CHECK(c.admit(tokens(65), slots).status() == Status{Errc::capacity_exceeded, "n_tokens", 65, 64});
   CHECK(c.admit(std::span(t).first(12), std::span(slots).first(23)).status() == Status{Errc::buffer_too_small, "slots", 23, 24});
   CHECK(c.reserve(s, std::span(t).first(4), std::span(slots).first(7)).status() == Status{Errc::buffer_too_small, "slots", 7, 8});
   CHECK(c.reserve(s, 4, slots).status() == Status{Errc::invalid_argument, "n_tokens (prefix caching is on: pass the token ids)", 4, 0});

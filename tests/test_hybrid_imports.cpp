@@ -223,9 +223,10 @@ TEST_CASE("hybrid import: errors name the value and change nothing, and the pend
   Node d(m.lg, 40);
   const auto prompt = tokens(45, 3);
   const HybridCache<> before = d.cache;
-  CHECK(d.cache.import(std::span(prompt).first(0)).status() == Status{Errc::invalid_argument, "prompt (tokens)", 0, 64});
+  CHECK(d.cache.import(std::span(prompt).first(0)).status() == Status{Errc::invalid_argument, "prompt.size", 0, 1});
   const auto long_prompt = tokens(65);
-  CHECK(d.cache.import(long_prompt).status().what() == std::string("prompt (tokens)"));
+  CHECK(d.cache.import(long_prompt).status().what() == std::string("n_tokens"));
+  CHECK(d.cache.import(long_prompt).status().code() == Errc::capacity_exceeded);
   const ExtraKey extra[] = {{}};
   CHECK(d.cache.import(prompt, {.extras = extra}).status().code() == Errc::invalid_argument);
   CHECK(d.cache.import(prompt, {.max_new = 20}).status().what() == std::string("max_new"));

@@ -208,9 +208,12 @@ class HybridCache : public PoolCore<BlockPool>,
   /// pool less every earlier promise (out_of_blocks naming max_new);
   /// opt.extras must be empty (a hybrid cache hashes no multimodal inputs);
   /// opt.prefill_chunk is 0 or the configured one (HybridConfig's: one bound).
+  /// An empty prompt is invalid_argument naming prompt.size, one past
+  /// max_tokens capacity_exceeded naming n_tokens, as on Cache<>.
   Result<AdmitResult> admit(std::span<const std::int32_t> prompt, std::span<std::int32_t> slots, const AdmitOptions& opt = {}) {
     const auto len = std::int64_t(prompt.size());
-    if (len < 1 || len > cfg_.max_tokens) return Status{Errc::invalid_argument, "prompt (tokens)", len, cfg_.max_tokens};
+    if (len < 1) return Status{Errc::invalid_argument, "prompt.size", len, 1};  // Cache<>'s words, as the next
+    if (len > cfg_.max_tokens) return Status{Errc::capacity_exceeded, "n_tokens", len, cfg_.max_tokens};
     if (opt.reserve < 1) return Status{Errc::invalid_argument, "reserve", opt.reserve, 1};
     if (!opt.extras.empty())
       return Status{Errc::invalid_argument, "extras (a hybrid cache hashes no multimodal inputs)", std::int64_t(opt.extras.size()), 0};
