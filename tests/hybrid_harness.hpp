@@ -359,30 +359,28 @@ class HybridHarness {
     ++imports;
     p.id = r->id;
     p.cached = r->cached_tokens;
+    // Each group's blocks, and the names a tier load would find them by: the
+    // prompt's chain in the group, from the first block received (none
+    // without prefix caching).
     std::int32_t blocks = 0;
+    std::vector<kvcache::BlockHash> names(static_cast<std::size_t>(len)), chain(static_cast<std::size_t>(len));
     for (std::int32_t g = 0; g < cache_.groups(); ++g) {
       const auto gb = cache_.import_blocks(p.id, g);
       need(gb.ok(), "import_blocks");
       for (const auto b : gb->local) need(b != kvcache::BlockPool::null_block && !held_.contains(b), "an import block null or held");
       blocks += std::int32_t(gb->local.size());
-    }
-    need(blocks == r->num_blocks, "import_blocks lists num_blocks");
-    // The names a tier load would find the blocks by: the prompt's chain in
-    // each group, from the first block received (none without prefix caching).
-    std::vector<kvcache::BlockHash> names(static_cast<std::size_t>(len)), chain(static_cast<std::size_t>(len));
-    for (std::int32_t g = 0; g < cache_.groups(); ++g) {
       const auto n = cache_.import_keys(p.id, g, names);
-      const auto gb = cache_.import_blocks(p.id, g);
       if (!cache_.config().prefix_caching) {
         need(n.status().code() == kvcache::Errc::invalid_argument, "import_keys without prefix caching");
         continue;
       }
-      need(n.ok() && gb.ok(), "import_keys");
+      need(n.ok(), "import_keys");
       if (*n == 0) continue;
       const auto all = cache_.hash_chain(g, p.s.tokens, {}, chain);
       need(all.ok() && *all == gb->skip + *n && std::equal(names.begin(), names.begin() + *n, chain.begin() + gb->skip),
            "import_keys names the prompt's blocks");
     }
+    need(blocks == r->num_blocks, "import_blocks lists num_blocks");
     pending_.push_back(std::move(p));
     return false;
   }

@@ -120,13 +120,10 @@ class HybridCache : public PoolCore<BlockPool>,
       rows_.emplace_back(r, cfg.max_sequences, std::int32_t(r.row_blocks(cfg.max_tokens)));
       longest = std::max(longest, std::size_t(r.row_blocks(cfg.max_tokens)));
     }
-    for (std::int32_t g = 0; g < groups(); ++g) {
-      bool seen = false;
-      for (const std::int32_t o : distinct_) seen = seen || rows_[std::size_t(o)].rule() == rows_[std::size_t(g)].rule();
-      if (!seen) distinct_.push_back(g);
-    }
     prefix_ = HybridPrefix(rows_, [&](std::int32_t g) { return hits_.chain_owner(g); }, cfg.max_sequences, cfg.num_blocks,
                            cfg.prefix_caching);
+    for (std::int32_t g = 0; g < groups(); ++g)
+      if (prefix_.keeper(g) == g) distinct_.push_back(g);  // the first group of each rule
     scratch_.reserve(longest);  // the most blocks one call hands one group
     held_.reserve(std::size_t(groups()) * longest);
     this->idx_.reserve(seqs_.size());
@@ -194,6 +191,15 @@ class HybridCache : public PoolCore<BlockPool>,
   }
 
   // --- admission and release ---------------------------------------------------
+  /// What admit(), import() and GroupTiers::lookup() say of a prompt's
+  /// length, in Cache<>'s words: empty is invalid_argument naming
+  /// prompt.size, past max_tokens capacity_exceeded naming n_tokens.
+  Status check_prompt(std::span<const std::int32_t> prompt) const noexcept {
+    const auto len = std::int64_t(prompt.size());
+    if (len < 1) return Status{Errc::invalid_argument, "prompt.size", len, 1};
+    if (len > cfg_.max_tokens) return Status{Errc::capacity_exceeded, "n_tokens", len, cfg_.max_tokens};
+    return {};
+  }
   /// Atomic admission: a new sequence with the longest prefix of `prompt`
   /// every group serves from the cache, and its next uncached tokens reserved
   /// (all of them, or opt.reserve; by default at most the configured
@@ -208,12 +214,10 @@ class HybridCache : public PoolCore<BlockPool>,
   /// pool less every earlier promise (out_of_blocks naming max_new);
   /// opt.extras must be empty (a hybrid cache hashes no multimodal inputs);
   /// opt.prefill_chunk is 0 or the configured one (HybridConfig's: one bound).
-  /// An empty prompt is invalid_argument naming prompt.size, one past
-  /// max_tokens capacity_exceeded naming n_tokens, as on Cache<>.
+  /// A prompt's length is refused as check_prompt() refuses it.
   Result<AdmitResult> admit(std::span<const std::int32_t> prompt, std::span<std::int32_t> slots, const AdmitOptions& opt = {}) {
     const auto len = std::int64_t(prompt.size());
-    if (len < 1) return Status{Errc::invalid_argument, "prompt.size", len, 1};  // Cache<>'s words, as the next
-    if (len > cfg_.max_tokens) return Status{Errc::capacity_exceeded, "n_tokens", len, cfg_.max_tokens};
+    if (auto st = check_prompt(prompt); !st) return st;
     if (opt.reserve < 1) return Status{Errc::invalid_argument, "reserve", opt.reserve, 1};
     if (!opt.extras.empty())
       return Status{Errc::invalid_argument, "extras (a hybrid cache hashes no multimodal inputs)", std::int64_t(opt.extras.size()), 0};

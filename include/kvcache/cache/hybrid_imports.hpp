@@ -51,8 +51,7 @@ class HybridImports {
   Result<ImportPlan> import(std::span<const std::int32_t> prompt, const ImportOptions& opt = {}) {
     Cache& c = self();
     const auto len = std::int64_t(prompt.size());
-    if (len < 1) return Status{Errc::invalid_argument, "prompt.size", len, 1};  // Cache<>'s words, as the next
-    if (len > c.cfg_.max_tokens) return Status{Errc::capacity_exceeded, "n_tokens", len, c.cfg_.max_tokens};
+    if (auto st = c.check_prompt(prompt); !st) return st;
     if (!opt.extras.empty())
       return Status{Errc::invalid_argument, "extras (a hybrid cache hashes no multimodal inputs)", std::int64_t(opt.extras.size()), 0};
     std::int64_t promise = 0;

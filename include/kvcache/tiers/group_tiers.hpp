@@ -95,13 +95,11 @@ class GroupTiers {
   /// disk each block an import of the hit would receive (a window group its
   /// last window's blocks, a chunked group the current chunk's). A model
   /// with a cross-attention group gets the device hit only (its blocks have
-  /// no names). invalid_argument naming prompt.size for an empty prompt,
-  /// capacity_exceeded naming n_tokens for one past max_tokens (admit()'s words).
+  /// no names). A prompt's length is refused as HybridCache::check_prompt() refuses it.
   /// Changes nothing but scratch.
   Result<GroupTierHits> lookup(std::span<const std::int32_t> prompt, const PrefixKey& key = {}) {
     const auto len = std::int64_t(prompt.size());
-    if (len < 1) return Status{Errc::invalid_argument, "prompt.size", len, 1};  // admit()'s words, as the next
-    if (len > cache_.config().max_tokens) return Status{Errc::capacity_exceeded, "n_tokens", len, cache_.config().max_tokens};
+    if (auto st = cache_.check_prompt(prompt); !st) return st;  // admit()'s words
     GroupTierHits hit{.device_tokens = cache_.match(prompt, key)};
     hit.tokens = hit.device_tokens;
     const std::int32_t align = cache_.layer_groups().hit_alignment();
